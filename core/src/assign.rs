@@ -1,0 +1,113 @@
+//! Writing into tensors and views: `assign`, `fill`, `set`.
+
+use crate::dtype::Scalar;
+use crate::error::Result;
+use crate::index::IndexArgs;
+use crate::ir::Expr;
+use crate::tensor::{launch_map, Tensor};
+
+/// What can be written into a view: a tensor (broadcast to the view) or a scalar.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor, Value};
+/// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
+/// assert!(matches!(Value::from(3u8), Value::Scalar(_)));
+/// assert!(matches!(Value::from(&t), Value::Tensor(_)));
+/// ```
+#[derive(Debug, Clone)]
+pub enum Value {
+    /// A tensor, broadcast to the destination's shape and converted to its dtype.
+    Tensor(Tensor),
+    /// A scalar, converted to the destination's dtype.
+    Scalar(Scalar),
+}
+
+impl From<&Tensor> for Value {
+    fn from(t: &Tensor) -> Value {
+        Value::Tensor(t.clone())
+    }
+}
+impl From<Tensor> for Value {
+    fn from(t: Tensor) -> Value {
+        Value::Tensor(t)
+    }
+}
+impl From<Scalar> for Value {
+    fn from(s: Scalar) -> Value {
+        Value::Scalar(s)
+    }
+}
+macro_rules! value_from_scalar {
+    ($($t:ty),*) => {$(
+        impl From<$t> for Value {
+            fn from(v: $t) -> Value {
+                Value::Scalar(v.into())
+            }
+        }
+    )*};
+}
+value_from_scalar!(
+    bool,
+    u8,
+    u16,
+    u32,
+    u64,
+    i8,
+    i16,
+    i32,
+    i64,
+    half::f16,
+    half::bf16,
+    f32,
+    f64
+);
+
+impl Tensor {
+    /// Writes `value` into every element of this view (through to the shared storage). A
+    /// tensor is broadcast to the view's shape; values are converted to the view's dtype.
+    ///
+    /// ```
+    /// use strata_core::{s, Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([2, 3], DType::I32, &dev).unwrap();
+    /// let row = Tensor::from_slice(&[1i32, 2, 3], [3], &dev).unwrap();
+    /// t.assign(&row).unwrap();
+    /// assert_eq!(t.to_vec::<i32>().unwrap(), vec![1, 2, 3, 1, 2, 3]);
+    /// ```
+    pub fn assign(&self, value: impl Into<Value>) -> Result<()> {
+        match value.into() {
+            Value::Scalar(s) => self.fill(s),
+            Value::Tensor(src) => {
+                self.same_device(&src, "cannot assign")?;
+                let src = src.broadcast_to(self.shape())?;
+                let expr = Expr::input(0, src.dtype).cast(self.dtype, false);
+                launch_map(expr, self, &[&src], vec![])
+            }
+        }
+    }
+
+    /// Writes `value` (converted to the dtype) into every element of this view.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::zeros([3], DType::U8, &Device::cpu()).unwrap();
+    /// t.fill(300).unwrap(); // wraps like a cast: 300 as u8 = 44
+    /// assert_eq!(t.to_vec::<u8>().unwrap(), vec![44; 3]);
+    /// ```
+    pub fn fill(&self, value: impl Into<Scalar>) -> Result<()> {
+        let value = value.into().cast(self.dtype, false);
+        launch_map(Expr::scalar(0, self.dtype), self, &[], vec![value])
+    }
+
+    /// Writes `value` into the view selected by `index` (like `t[index] = value`).
+    ///
+    /// ```
+    /// use strata_core::{s, Device, DType, Tensor};
+    /// let t = Tensor::zeros([2, 3], DType::F32, &Device::cpu()).unwrap();
+    /// t.set(s![.., 2], 1.0).unwrap();
+    /// assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 1.0, 0.0, 0.0, 1.0]);
+    /// ```
+    pub fn set(&self, index: impl IndexArgs, value: impl Into<Value>) -> Result<()> {
+        self.slice(index)?.assign(value)
+    }
+}

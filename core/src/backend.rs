@@ -1,0 +1,147 @@
+//! The [`Backend`] trait: what a device must do for core. Designed for asynchronous GPUs:
+//! `upload` and `run` only enqueue work on a stream; `download` and the `synchronize_*` calls
+//! are the only ones that wait.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ir::{Kernel, KernelArgs};
+use std::any::Any;
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// Which implementation a device uses.
+///
+/// ```
+/// assert_eq!(strata_core::Device::cpu().kind(), strata_core::BackendKind::Cpu);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    /// The CPU reference backend.
+    Cpu,
+    /// NVIDIA GPUs through CUDA.
+    Cuda,
+    /// Vulkan, Metal or DX12 through wgpu.
+    Wgpu,
+}
+
+/// A stream: an ordered queue of work on one device. `StreamId(0)` is the default stream.
+///
+/// ```
+/// assert_eq!(strata_core::StreamId::DEFAULT, strata_core::StreamId(0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamId(pub u64);
+
+impl StreamId {
+    /// The stream every device starts with.
+    pub const DEFAULT: StreamId = StreamId(0);
+}
+
+/// A marker recorded on a stream; complete once the work before it is done.
+///
+/// ```
+/// let e = strata_core::EventId(3);
+/// assert_eq!(e.0, 3);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EventId(pub u64);
+
+/// Memory use of a device's allocator, in bytes.
+///
+/// ```
+/// let dev = strata_core::Device::cpu();
+/// let t = strata_core::Tensor::zeros([256], strata_core::DType::F32, &dev).unwrap();
+/// assert!(dev.memory_stats().allocated >= 1024);
+/// drop(t);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryStats {
+    /// Bytes held by live tensors.
+    pub allocated: usize,
+    /// Bytes held by the allocator, cached blocks included.
+    pub reserved: usize,
+    /// The highest `allocated` seen.
+    pub peak: usize,
+}
+
+/// A block of device memory. Dropping the last reference returns it to its device's
+/// allocator.
+///
+/// ```
+/// let dev = strata_core::Device::cpu();
+/// let buf = dev.backend().allocate(64).unwrap();
+/// assert_eq!(buf.len_bytes(), 64);
+/// ```
+pub trait DeviceBuffer: Any + Send + Sync + Debug {
+    /// Size in bytes.
+    fn len_bytes(&self) -> usize;
+    /// For the owning backend to downcast to its own buffer type.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// What a device implements. Core holds it as `Arc<dyn Backend>` inside a
+/// [`Device`](crate::Device); all state (caches, pools, streams) lives in the implementing
+/// value, never in statics.
+///
+/// ```
+/// use strata_core::{Backend, Device, StreamId};
+/// let dev = Device::cpu();
+/// let b = dev.backend();
+/// let buf = b.allocate(4).unwrap();
+/// b.upload(buf.as_ref(), 0, &[1, 2, 3, 4], StreamId::DEFAULT).unwrap();
+/// assert_eq!(b.download(buf.as_ref(), 1, 2, StreamId::DEFAULT).unwrap(), vec![2, 3]);
+/// ```
+pub trait Backend: Send + Sync + Debug {
+    /// Which implementation this is.
+    fn kind(&self) -> BackendKind;
+    /// A short name for messages and display: `cpu`, `cuda:0`, `wgpu:<adapter>`.
+    fn name(&self) -> String;
+    /// `Err` naming the dtype, the device and what to use instead when this device cannot
+    /// hold or compute `dtype`.
+    fn check_dtype(&self, dtype: DType) -> Result<()>;
+
+    /// A new buffer of `bytes` bytes with unspecified contents, or `Err(OutOfMemory)`.
+    fn allocate(&self, bytes: usize) -> Result<Arc<dyn DeviceBuffer>>;
+    /// Enqueues a copy of `data` into `dst` at `byte_offset`.
+    fn upload(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<()>;
+    /// Waits for `stream`, then copies `len` bytes from `byte_offset` of `src` to the host.
+    fn download(
+        &self,
+        src: &dyn DeviceBuffer,
+        byte_offset: usize,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<Vec<u8>>;
+    /// Enqueues `kernel` with `args` on `stream`.
+    fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()>;
+
+    /// The allocator's statistics.
+    fn memory_stats(&self) -> MemoryStats;
+    /// Returns cached, unused blocks to the system.
+    fn empty_cache(&self);
+
+    /// A new stream.
+    fn new_stream(&self) -> Result<StreamId>;
+    /// Releases a stream created by `new_stream` (after its work completes).
+    fn destroy_stream(&self, stream: StreamId);
+    /// Records an event on `stream`, capturing all work enqueued there so far.
+    fn record_event(&self, stream: StreamId) -> Result<EventId>;
+    /// Makes later work on `stream` wait until `event` completes.
+    fn wait_event(&self, stream: StreamId, event: EventId) -> Result<()>;
+    /// Blocks the host until `event` completes.
+    fn synchronize_event(&self, event: EventId) -> Result<()>;
+    /// Milliseconds between two completed events.
+    fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64>;
+    /// Releases an event.
+    fn destroy_event(&self, event: EventId);
+    /// Blocks the host until all work on `stream` completes.
+    fn synchronize_stream(&self, stream: StreamId) -> Result<()>;
+    /// Blocks the host until all work on the device completes.
+    fn synchronize(&self) -> Result<()>;
+}

@@ -1,0 +1,163 @@
+//! The CPU reference backend: the oracle every other backend is compared with. Work runs
+//! when it is enqueued, so streams are only names here and events record host times, but
+//! callers go through the same asynchronous API as on a GPU.
+
+mod buffer;
+mod map;
+mod values;
+
+pub use buffer::CpuBuffer;
+
+use crate::backend::{Backend, BackendKind, DeviceBuffer, EventId, MemoryStats, StreamId};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::{Kernel, KernelArgs};
+use buffer::Counters;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The CPU backend. Create devices with [`Device::cpu`](crate::Device::cpu).
+///
+/// ```
+/// use strata_core::{cpu::CpuBackend, Backend, BackendKind};
+/// let b = CpuBackend::new();
+/// assert_eq!(b.kind(), BackendKind::Cpu);
+/// assert!(b.check_dtype(strata_core::DType::BF16).is_ok());
+/// ```
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    counters: Arc<Counters>,
+    next_id: AtomicU64,
+    events: Mutex<HashMap<u64, Instant>>,
+}
+
+impl CpuBackend {
+    /// A new CPU backend with its own allocation statistics.
+    ///
+    /// ```
+    /// let b = strata_core::cpu::CpuBackend::new();
+    /// use strata_core::Backend;
+    /// assert_eq!(b.memory_stats().allocated, 0);
+    /// ```
+    pub fn new() -> CpuBackend {
+        CpuBackend {
+            next_id: AtomicU64::new(1),
+            ..CpuBackend::default()
+        }
+    }
+
+    fn fresh_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn event_time(&self, e: EventId) -> Result<Instant> {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&e.0)
+            .copied()
+            .ok_or_else(|| Error::Invalid(format!("event {} does not exist on cpu", e.0)))
+    }
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn name(&self) -> String {
+        "cpu".into()
+    }
+
+    fn check_dtype(&self, _dtype: DType) -> Result<()> {
+        Ok(())
+    }
+
+    fn allocate(&self, bytes: usize) -> Result<Arc<dyn DeviceBuffer>> {
+        Ok(Arc::new(CpuBuffer::new(bytes, self.counters.clone())?))
+    }
+
+    fn upload(
+        &self,
+        dst: &dyn DeviceBuffer,
+        offset: usize,
+        data: &[u8],
+        _: StreamId,
+    ) -> Result<()> {
+        let buf = CpuBuffer::of(dst)?;
+        buf.range_check(offset, data.len())?;
+        // SAFETY: range checked; the source is host memory distinct from the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.ptr().add(offset), data.len()) };
+        Ok(())
+    }
+
+    fn download(
+        &self,
+        src: &dyn DeviceBuffer,
+        offset: usize,
+        len: usize,
+        _: StreamId,
+    ) -> Result<Vec<u8>> {
+        let buf = CpuBuffer::of(src)?;
+        buf.range_check(offset, len)?;
+        // SAFETY: range checked.
+        Ok(unsafe { std::slice::from_raw_parts(buf.ptr().add(offset), len) }.to_vec())
+    }
+
+    fn run(&self, kernel: &Kernel, args: &KernelArgs, _: StreamId) -> Result<()> {
+        match kernel {
+            Kernel::Map { expr } => map::run(expr, args),
+        }
+    }
+
+    fn memory_stats(&self) -> MemoryStats {
+        self.counters.stats()
+    }
+
+    fn empty_cache(&self) {}
+
+    fn new_stream(&self) -> Result<StreamId> {
+        Ok(StreamId(self.fresh_id()))
+    }
+
+    fn destroy_stream(&self, _stream: StreamId) {}
+
+    fn record_event(&self, _stream: StreamId) -> Result<EventId> {
+        let id = self.fresh_id();
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Instant::now());
+        Ok(EventId(id))
+    }
+
+    fn wait_event(&self, _stream: StreamId, event: EventId) -> Result<()> {
+        self.event_time(event).map(|_| ())
+    }
+
+    fn synchronize_event(&self, event: EventId) -> Result<()> {
+        self.event_time(event).map(|_| ())
+    }
+
+    fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64> {
+        let (a, b) = (self.event_time(start)?, self.event_time(end)?);
+        Ok(b.saturating_duration_since(a).as_secs_f64() * 1e3)
+    }
+
+    fn destroy_event(&self, event: EventId) {
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&event.0);
+    }
+
+    fn synchronize_stream(&self, _stream: StreamId) -> Result<()> {
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+}

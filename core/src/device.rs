@@ -1,0 +1,446 @@
+//! [`Device`] handles and the user-visible [`Stream`] and [`Event`] objects.
+//!
+//! A `Device` is an `Arc` handle: cloning is cheap, and all backend state (caches, pools,
+//! streams, the current stream) lives in it. There is no process-wide state, so a notebook
+//! cell that keeps a `Device` in a variable keeps its caches.
+
+use crate::backend::{Backend, BackendKind, EventId, MemoryStats, StreamId};
+use crate::cpu::CpuBackend;
+use crate::error::{Error, Result};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A handle to one device and its backend.
+///
+/// ```
+/// use strata_core::Device;
+/// let dev = Device::cpu();
+/// let same = dev.clone();
+/// assert_eq!(dev, same);
+/// assert_ne!(dev, Device::cpu()); // a second CPU device has its own state
+/// assert_eq!(dev.name(), "cpu");
+/// ```
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    backend: Arc<dyn Backend>,
+    current: Mutex<Arc<StreamHandle>>,
+    default: Arc<StreamHandle>,
+    blocking: AtomicBool,
+}
+
+/// Owns one backend stream; destroys it when the last handle goes.
+pub(crate) struct StreamHandle {
+    backend: Arc<dyn Backend>,
+    pub(crate) id: StreamId,
+}
+
+impl Drop for StreamHandle {
+    fn drop(&mut self) {
+        if self.id != StreamId::DEFAULT {
+            self.backend.destroy_stream(self.id);
+        }
+    }
+}
+
+impl Device {
+    /// A new CPU reference device.
+    ///
+    /// ```
+    /// assert_eq!(strata_core::Device::cpu().kind(), strata_core::BackendKind::Cpu);
+    /// ```
+    pub fn cpu() -> Device {
+        Device::from_backend(Arc::new(CpuBackend::new()))
+    }
+
+    /// Wraps a backend (used by the backend crates). Blocking mode starts on when the
+    /// environment has `STRATA_LAUNCH_BLOCKING=1`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let dev = strata_core::Device::from_backend(Arc::new(strata_core::cpu::CpuBackend::new()));
+    /// assert_eq!(dev.name(), "cpu");
+    /// ```
+    pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
+        let default = Arc::new(StreamHandle {
+            backend: backend.clone(),
+            id: StreamId::DEFAULT,
+        });
+        let blocking = std::env::var("STRATA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1");
+        Device {
+            inner: Arc::new(DeviceInner {
+                backend,
+                current: Mutex::new(default.clone()),
+                default,
+                blocking: AtomicBool::new(blocking),
+            }),
+        }
+    }
+
+    /// The backend behind this device.
+    ///
+    /// ```
+    /// assert_eq!(strata_core::Device::cpu().backend().name(), "cpu");
+    /// ```
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.inner.backend
+    }
+
+    /// Which backend this device uses.
+    ///
+    /// ```
+    /// assert_eq!(strata_core::Device::cpu().kind(), strata_core::BackendKind::Cpu);
+    /// ```
+    pub fn kind(&self) -> BackendKind {
+        self.inner.backend.kind()
+    }
+
+    /// The device's name: `cpu`, `cuda:0`, `wgpu:<adapter>`.
+    ///
+    /// ```
+    /// assert_eq!(strata_core::Device::cpu().name(), "cpu");
+    /// ```
+    pub fn name(&self) -> String {
+        self.inner.backend.name()
+    }
+
+    /// Waits until all work queued on this device is done.
+    ///
+    /// ```
+    /// strata_core::Device::cpu().synchronize().unwrap();
+    /// ```
+    pub fn synchronize(&self) -> Result<()> {
+        self.inner.backend.synchronize()
+    }
+
+    /// The allocator's statistics.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.memory_stats().allocated, 0);
+    /// ```
+    pub fn memory_stats(&self) -> MemoryStats {
+        self.inner.backend.memory_stats()
+    }
+
+    /// Returns cached, unused memory to the system.
+    ///
+    /// ```
+    /// strata_core::Device::cpu().empty_cache();
+    /// ```
+    pub fn empty_cache(&self) {
+        self.inner.backend.empty_cache()
+    }
+
+    /// Whether every op waits for its own completion (`STRATA_LAUNCH_BLOCKING=1`), so that an
+    /// error surfaces at the op that caused it.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// dev.set_blocking(true);
+    /// assert!(dev.blocking());
+    /// ```
+    pub fn blocking(&self) -> bool {
+        self.inner.blocking.load(Ordering::Relaxed)
+    }
+
+    /// Turns blocking mode on or off for this device.
+    ///
+    /// ```
+    /// strata_core::Device::cpu().set_blocking(false);
+    /// ```
+    pub fn set_blocking(&self, on: bool) {
+        self.inner.blocking.store(on, Ordering::Relaxed)
+    }
+
+    /// A new stream on this device.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let s = dev.new_stream().unwrap();
+    /// assert_ne!(s.id(), dev.default_stream().id());
+    /// ```
+    pub fn new_stream(&self) -> Result<Stream> {
+        let id = self.inner.backend.new_stream()?;
+        Ok(Stream {
+            device: self.clone(),
+            handle: Arc::new(StreamHandle {
+                backend: self.inner.backend.clone(),
+                id,
+            }),
+        })
+    }
+
+    /// The stream the device starts with.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.default_stream().id(), strata_core::StreamId::DEFAULT);
+    /// ```
+    pub fn default_stream(&self) -> Stream {
+        Stream {
+            device: self.clone(),
+            handle: self.inner.default.clone(),
+        }
+    }
+
+    /// The stream new work goes to.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.current_stream(), dev.default_stream());
+    /// ```
+    pub fn current_stream(&self) -> Stream {
+        Stream {
+            device: self.clone(),
+            handle: self.current_handle(),
+        }
+    }
+
+    /// Sends later work on this device to `stream`.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let s = dev.new_stream().unwrap();
+    /// dev.set_stream(&s).unwrap();
+    /// assert_eq!(dev.current_stream(), s);
+    /// ```
+    pub fn set_stream(&self, stream: &Stream) -> Result<()> {
+        if stream.device != *self {
+            return Err(Error::DeviceMismatch(format!(
+                "stream {:?} belongs to device {}, not to {}",
+                stream.id(),
+                stream.device.name(),
+                self.name()
+            )));
+        }
+        *self.lock_current() = stream.handle.clone();
+        Ok(())
+    }
+
+    /// Runs `f` with `stream` as the current stream, then restores the previous one.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let s = dev.new_stream().unwrap();
+    /// let t = dev.with_stream(&s, || Tensor::ones([2], DType::F32, &dev)).unwrap().unwrap();
+    /// assert_eq!(dev.current_stream(), dev.default_stream());
+    /// assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+    /// ```
+    pub fn with_stream<R>(&self, stream: &Stream, f: impl FnOnce() -> R) -> Result<R> {
+        let previous = self.current_handle();
+        self.set_stream(stream)?;
+        let result = f();
+        *self.lock_current() = previous;
+        Ok(result)
+    }
+
+    pub(crate) fn current_handle(&self) -> Arc<StreamHandle> {
+        self.lock_current().clone()
+    }
+
+    fn lock_current(&self) -> MutexGuard<'_, Arc<StreamHandle>> {
+        // A poisoned lock only means a panic elsewhere; the stream id inside is still valid.
+        self.inner
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.name())
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name())
+    }
+}
+
+/// An ordered queue of work on a device. Ops run on the device's current stream
+/// ([`Device::set_stream`], [`Device::with_stream`]).
+///
+/// ```
+/// let dev = strata_core::Device::cpu();
+/// let s = dev.new_stream().unwrap();
+/// let e = s.record_event().unwrap();
+/// dev.default_stream().wait_event(&e).unwrap();
+/// s.synchronize().unwrap();
+/// ```
+#[derive(Clone)]
+pub struct Stream {
+    device: Device,
+    handle: Arc<StreamHandle>,
+}
+
+impl Stream {
+    /// The backend's id of this stream.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.default_stream().id().0, 0);
+    /// ```
+    pub fn id(&self) -> StreamId {
+        self.handle.id
+    }
+
+    /// The device the stream belongs to.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.default_stream().device(), &dev);
+    /// ```
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Records an event capturing the work queued on this stream so far.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let e = dev.current_stream().record_event().unwrap();
+    /// e.synchronize().unwrap();
+    /// ```
+    pub fn record_event(&self) -> Result<Event> {
+        let id = self.device.backend().record_event(self.id())?;
+        Ok(Event {
+            device: self.device.clone(),
+            id: Arc::new(EventHandle {
+                backend: self.device.backend().clone(),
+                id,
+            }),
+        })
+    }
+
+    /// Makes later work on this stream wait for `event`.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let a = dev.new_stream().unwrap();
+    /// let b = dev.new_stream().unwrap();
+    /// b.wait_event(&a.record_event().unwrap()).unwrap();
+    /// ```
+    pub fn wait_event(&self, event: &Event) -> Result<()> {
+        if event.device != self.device {
+            return Err(Error::DeviceMismatch(format!(
+                "an event of device {} cannot be waited for on a stream of device {}",
+                event.device.name(),
+                self.device.name()
+            )));
+        }
+        self.device.backend().wait_event(self.id(), event.id.id)
+    }
+
+    /// Blocks until all work queued on this stream is done.
+    ///
+    /// ```
+    /// strata_core::Device::cpu().default_stream().synchronize().unwrap();
+    /// ```
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.backend().synchronize_stream(self.id())
+    }
+}
+
+impl PartialEq for Stream {
+    fn eq(&self, other: &Stream) -> bool {
+        self.device == other.device && self.id() == other.id()
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Stream({} #{})", self.device.name(), self.id().0)
+    }
+}
+
+struct EventHandle {
+    backend: Arc<dyn Backend>,
+    id: EventId,
+}
+
+impl Drop for EventHandle {
+    fn drop(&mut self) {
+        self.backend.destroy_event(self.id);
+    }
+}
+
+/// A marker in a stream: complete once the work recorded before it is done. Used to order
+/// streams and to time work.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let s = dev.current_stream();
+/// let start = s.record_event().unwrap();
+/// let _t = Tensor::ones([1000], DType::F32, &dev).unwrap();
+/// let end = s.record_event().unwrap();
+/// end.synchronize().unwrap();
+/// assert!(start.elapsed_ms(&end).unwrap() >= 0.0);
+/// ```
+#[derive(Clone)]
+pub struct Event {
+    device: Device,
+    id: Arc<EventHandle>,
+}
+
+impl Event {
+    /// Blocks until the event completes.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// dev.current_stream().record_event().unwrap().synchronize().unwrap();
+    /// ```
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.backend().synchronize_event(self.id.id)
+    }
+
+    /// Milliseconds from this event to `end` (both must be complete; synchronize `end` first).
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let s = dev.current_stream();
+    /// let (a, b) = (s.record_event().unwrap(), s.record_event().unwrap());
+    /// assert!(a.elapsed_ms(&b).unwrap() >= 0.0);
+    /// ```
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f64> {
+        if end.device != self.device {
+            return Err(Error::DeviceMismatch(format!(
+                "events of devices {} and {} cannot be timed against each other",
+                self.device.name(),
+                end.device.name()
+            )));
+        }
+        self.device.backend().elapsed_ms(self.id.id, end.id.id)
+    }
+
+    /// The device the event belongs to.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.current_stream().record_event().unwrap().device(), &dev);
+    /// ```
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Event({} #{})", self.device.name(), self.id.id.0)
+    }
+}

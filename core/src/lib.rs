@@ -1,0 +1,40 @@
+//! # strata-core
+//!
+//! The semantics of strata: dtypes ([`DType`]), layouts and views ([`Layout`], [`s!`]),
+//! the [`Tensor`] type, the kernel IR ([`ir`]) that every op lowers to, the [`Backend`] trait
+//! every device implements, the CPU reference backend ([`cpu`]), display and errors.
+//! Backends depend on this crate; it names none of them.
+//!
+//! ```
+//! use strata_core::{s, Device, DType, Tensor};
+//! let dev = Device::cpu();
+//! let t = Tensor::arange(0, 12, 1, DType::I32, &dev)?.reshape([3, 4])?;
+//! let v = t.slice(s![1.., ..;-2])?;
+//! assert_eq!(v.to_vec::<i32>()?, vec![7, 5, 11, 9]);
+//! # Ok::<(), strata_core::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+mod assign;
+pub mod backend;
+pub mod cpu;
+mod creation;
+pub mod device;
+mod display;
+pub mod dtype;
+pub mod error;
+pub mod index;
+pub mod ir;
+pub mod layout;
+mod tensor;
+mod transfer;
+mod view;
+
+pub use assign::Value;
+pub use backend::{Backend, BackendKind, DeviceBuffer, EventId, MemoryStats, StreamId};
+pub use device::{Device, Event, Stream};
+pub use dtype::{Category, DType, Element, Scalar};
+pub use error::{Error, Result};
+pub use index::{Ellipsis, IndexArgs, NewAxis, SliceArg};
+pub use layout::{IntoDims, Layout};
+pub use tensor::Tensor;

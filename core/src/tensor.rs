@@ -1,0 +1,327 @@
+//! The [`Tensor`] type: a view (layout + dtype) of shared device storage, its introspection,
+//! and the one path by which core launches kernels.
+
+use crate::backend::DeviceBuffer;
+use crate::device::{Device, StreamHandle};
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::{Expr, Kernel, KernelArgs, Operand};
+use crate::layout::Layout;
+use std::sync::{Arc, Mutex};
+
+/// Device memory shared by every view of it, with the stream that last wrote it.
+pub(crate) struct Storage {
+    pub(crate) buffer: Arc<dyn DeviceBuffer>,
+    pub(crate) device: Device,
+    last_write: Mutex<Arc<StreamHandle>>,
+}
+
+impl Storage {
+    fn last_write(&self) -> Arc<StreamHandle> {
+        self.last_write
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_last_write(&self, stream: &Arc<StreamHandle>) {
+        *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) = stream.clone();
+    }
+}
+
+/// An n-dimensional array on a [`Device`]: shared storage seen through a [`Layout`] with a
+/// [`DType`]. `clone()` is cheap and shares storage, like every view.
+///
+/// Ops are asynchronous on GPU backends: they enqueue work and return. Reading on the host
+/// (`to_vec`, `item`, `Display`) waits for exactly the work the tensor needs.
+///
+/// ```
+/// use strata_core::{s, Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], &dev).unwrap();
+/// let col = t.slice(s![.., 1]).unwrap();
+/// assert_eq!(col.to_vec::<f32>().unwrap(), vec![2.0, 5.0]);
+/// col.fill(0.0).unwrap(); // writes through to t
+/// assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 0.0, 3.0, 4.0, 0.0, 6.0]);
+/// ```
+#[derive(Clone)]
+pub struct Tensor {
+    pub(crate) storage: Arc<Storage>,
+    pub(crate) layout: Layout,
+    pub(crate) dtype: DType,
+}
+
+impl Tensor {
+    /// A new tensor with unspecified contents (like `torch.empty`): do not read it before
+    /// writing it. On the CPU backend the memory happens to be zeroed.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::empty([2, 3], DType::U8, &Device::cpu()).unwrap();
+    /// assert_eq!(t.nbytes(), 6);
+    /// ```
+    pub fn empty(dims: impl crate::IntoDims, dtype: DType, device: &Device) -> Result<Tensor> {
+        let shape = crate::layout::shape_arg(dims)?;
+        Tensor::alloc(&shape, dtype, device)
+    }
+
+    pub(crate) fn alloc(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        device.backend().check_dtype(dtype)?;
+        let layout = Layout::contiguous(shape)?;
+        let bytes = layout
+            .numel()
+            .checked_mul(dtype.itemsize())
+            .ok_or_else(|| {
+                Error::Shape(format!("{shape:?} of {dtype} overflows the byte count"))
+            })?;
+        let buffer = device.backend().allocate(bytes)?;
+        Ok(Tensor {
+            storage: Arc::new(Storage {
+                buffer,
+                device: device.clone(),
+                last_write: Mutex::new(device.current_handle()),
+            }),
+            layout,
+            dtype,
+        })
+    }
+
+    /// A view of the same storage with another layout (checked to lie inside the storage).
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor {
+            storage: self.storage.clone(),
+            layout,
+            dtype: self.dtype,
+        }
+    }
+
+    /// The size of each axis.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([4, 2], strata_core::DType::F32, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.shape(), &[4, 2]);
+    /// ```
+    pub fn shape(&self) -> &[usize] {
+        self.layout.shape()
+    }
+
+    /// The step, in elements, between neighbours along each axis (0 for broadcast axes,
+    /// negative for reversed ones).
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([4, 2], strata_core::DType::F32, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.strides(), &[2, 1]);
+    /// ```
+    pub fn strides(&self) -> &[isize] {
+        self.layout.strides()
+    }
+
+    /// The position of element `[0, ...]` in the storage, in elements.
+    ///
+    /// ```
+    /// use strata_core::{s, Device, DType, Tensor};
+    /// let t = Tensor::zeros([4, 2], DType::F32, &Device::cpu()).unwrap();
+    /// assert_eq!(t.slice(s![1..]).unwrap().offset(), 2);
+    /// ```
+    pub fn offset(&self) -> usize {
+        self.layout.offset()
+    }
+
+    /// The number of axes.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([4, 2], strata_core::DType::F32, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.ndim(), 2);
+    /// ```
+    pub fn ndim(&self) -> usize {
+        self.layout.ndim()
+    }
+
+    /// The number of elements.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([4, 2], strata_core::DType::F32, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.numel(), 8);
+    /// ```
+    pub fn numel(&self) -> usize {
+        self.layout.numel()
+    }
+
+    /// True when the elements lie in row-major order without gaps.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([4, 2], strata_core::DType::F32, &strata_core::Device::cpu()).unwrap();
+    /// assert!(t.is_contiguous() && !t.t().unwrap().is_contiguous());
+    /// ```
+    pub fn is_contiguous(&self) -> bool {
+        self.layout.is_contiguous()
+    }
+
+    /// Bytes per element.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.itemsize(), 2);
+    /// ```
+    pub fn itemsize(&self) -> usize {
+        self.dtype.itemsize()
+    }
+
+    /// Bytes of the elements in this view (`numel × itemsize`).
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.nbytes(), 6);
+    /// ```
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.itemsize()
+    }
+
+    /// The element type.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.dtype(), strata_core::DType::I16);
+    /// ```
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device holding the storage.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &dev).unwrap();
+    /// assert_eq!(t.device(), &dev);
+    /// ```
+    pub fn device(&self) -> &Device {
+        &self.storage.device
+    }
+
+    /// Shape, strides and offset together.
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.layout().numel(), 3);
+    /// ```
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// True when both tensors are views of the same storage.
+    ///
+    /// ```
+    /// use strata_core::{s, Device, DType, Tensor};
+    /// let t = Tensor::zeros([4], DType::F32, &Device::cpu()).unwrap();
+    /// assert!(t.shares_storage(&t.slice(s![1..]).unwrap()));
+    /// assert!(!t.shares_storage(&t.copy().unwrap()));
+    /// ```
+    pub fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// This view as a kernel operand (for backends and tests of backends).
+    ///
+    /// ```
+    /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
+    /// assert_eq!(t.operand().dtype, strata_core::DType::I16);
+    /// ```
+    pub fn operand(&self) -> Operand {
+        Operand {
+            buffer: self.storage.buffer.clone(),
+            layout: self.layout.clone(),
+            dtype: self.dtype,
+        }
+    }
+
+    /// Makes the current stream of this tensor's device wait for the last write to its
+    /// storage when that happened on another stream.
+    fn order_after_last_write(&self, current: &Arc<StreamHandle>) -> Result<()> {
+        let writer = self.storage.last_write();
+        if writer.id != current.id {
+            let backend = self.device().backend();
+            let event = backend.record_event(writer.id)?;
+            let waited = backend.wait_event(current.id, event);
+            backend.destroy_event(event);
+            waited?;
+        }
+        Ok(())
+    }
+
+    /// The stream that last wrote this tensor's storage: what a host read must wait for.
+    pub(crate) fn storage_last_writer(&self) -> crate::StreamId {
+        self.storage.last_write().id
+    }
+
+    /// An `Err` unless `other` lives on this tensor's device.
+    pub(crate) fn same_device(&self, other: &Tensor, what: &str) -> Result<()> {
+        let (a, b) = (self.device(), other.device());
+        if a != b {
+            let note = if a.name() == b.name() {
+                " (two separately created devices of one kind: create it once and share it)"
+            } else {
+                ""
+            };
+            return Err(Error::DeviceMismatch(format!(
+                "{what}: the tensors are on different devices, {} and {}{note}; \
+                 move one with to_device",
+                a.name(),
+                b.name()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Launches a `Map` kernel writing `expr` into `out`. Inputs must already have `out`'s shape
+/// (broadcast views). This is the one place core orders work across streams and checks
+/// what every write must satisfy.
+pub(crate) fn launch_map(
+    expr: Expr,
+    out: &Tensor,
+    inputs: &[&Tensor],
+    scalars: Vec<Scalar>,
+) -> Result<()> {
+    if out.layout.has_internal_overlap() {
+        return Err(Error::Invalid(format!(
+            "cannot write into a view whose elements overlap in memory (shape {:?}, strides {:?}); \
+             write into a contiguous copy instead",
+            out.shape(),
+            out.strides()
+        )));
+    }
+    let device = out.device();
+    let mut copies = Vec::new();
+    for t in inputs {
+        out.same_device(t, "cannot combine tensors")?;
+        // Reading a differently-laid-out view of the storage being written could see
+        // elements this kernel already overwrote: read from a copy instead.
+        if t.shares_storage(out) && t.layout != out.layout {
+            copies.push(Some(t.copy()?));
+        } else {
+            copies.push(None);
+        }
+    }
+    let inputs: Vec<&Tensor> = inputs
+        .iter()
+        .zip(&copies)
+        .map(|(t, c)| c.as_ref().unwrap_or(t))
+        .collect();
+    let stream = device.current_handle();
+    for t in inputs.iter().copied().chain([out]) {
+        t.order_after_last_write(&stream)?;
+    }
+    let args = KernelArgs {
+        outputs: vec![out.operand()],
+        inputs: inputs.iter().map(|t| t.operand()).collect(),
+        scalars,
+    };
+    device
+        .backend()
+        .run(&Kernel::Map { expr }, &args, stream.id)?;
+    out.storage.set_last_write(&stream);
+    if device.blocking() {
+        device.backend().synchronize_stream(stream.id)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! Moving data between the host and devices, and converting dtypes.
+
+use crate::device::Device;
+use crate::dtype::{DType, Element, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::Expr;
+use crate::tensor::{launch_map, Tensor};
+
+impl Tensor {
+    /// The elements in row-major order as raw little-endian bytes; waits only for the work
+    /// that wrote this tensor.
+    pub(crate) fn host_bytes(&self) -> Result<Vec<u8>> {
+        if self.numel() == 0 {
+            // A zero-size view may carry an offset past its (empty) storage.
+            return Ok(vec![]);
+        }
+        let t = self.contiguous()?;
+        let writer = t.storage_last_writer();
+        t.device().backend().download(
+            t.storage.buffer.as_ref(),
+            t.offset() * t.itemsize(),
+            t.nbytes(),
+            writer,
+        )
+    }
+
+    fn check_element<T: Element>(&self) -> Result<()> {
+        if T::DTYPE != self.dtype {
+            return Err(Error::DTypeMismatch {
+                actual: self.dtype,
+                requested: T::DTYPE,
+            });
+        }
+        Ok(())
+    }
+
+    /// The elements in row-major order. `T` must match the dtype (convert first with
+    /// [`to_dtype`](Tensor::to_dtype)).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::arange(0, 3, 1, DType::I64, &Device::cpu()).unwrap();
+    /// assert_eq!(t.to_vec::<i64>().unwrap(), vec![0, 1, 2]);
+    /// assert!(t.to_vec::<f32>().unwrap_err().to_string().contains("i64"));
+    /// ```
+    pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
+        self.check_element::<T>()?;
+        Ok(T::from_bytes(&self.host_bytes()?))
+    }
+
+    /// The elements as an ndarray array of the same shape.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::eye(2, DType::F32, &Device::cpu()).unwrap();
+    /// assert_eq!(t.to_ndarray::<f32>().unwrap(), ndarray::array![[1.0, 0.0], [0.0, 1.0]].into_dyn());
+    /// ```
+    pub fn to_ndarray<T: Element>(&self) -> Result<ndarray::ArrayD<T>> {
+        let data = self.to_vec::<T>()?;
+        ndarray::ArrayD::from_shape_vec(self.shape(), data)
+            .map_err(|e| Error::Shape(format!("to_ndarray of shape {:?}: {e}", self.shape())))
+    }
+
+    /// The value of a one-element tensor (any shape with one element). `T` must match the
+    /// dtype.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::full([1, 1], 2.5, DType::F32, &Device::cpu()).unwrap();
+    /// assert_eq!(t.item::<f32>().unwrap(), 2.5);
+    /// assert!(Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap().item::<f32>().is_err());
+    /// ```
+    pub fn item<T: Element>(&self) -> Result<T> {
+        self.check_element::<T>()?;
+        Ok(T::from_scalar(self.item_scalar()?))
+    }
+
+    /// The value of a one-element tensor as a [`Scalar`] of its dtype.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Scalar, Tensor};
+    /// let t = Tensor::scalar(3u8, &Device::cpu()).unwrap();
+    /// assert_eq!(t.item_scalar().unwrap(), Scalar::U8(3));
+    /// ```
+    pub fn item_scalar(&self) -> Result<Scalar> {
+        if self.numel() != 1 {
+            return Err(Error::Shape(format!(
+                "item() needs a tensor with one element, this one has shape {:?} ({} elements)",
+                self.shape(),
+                self.numel()
+            )));
+        }
+        let bytes = self.host_bytes()?;
+        Ok(crate::display::scalar_at(self.dtype, &bytes, 0))
+    }
+
+    /// A copy on `device` (the tensor itself when it is already there).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let (a, b) = (Device::cpu(), Device::cpu());
+    /// let t = Tensor::ones([2], DType::F32, &a).unwrap();
+    /// let u = t.to_device(&b).unwrap();
+    /// assert_eq!(u.device(), &b);
+    /// assert_eq!(u.to_vec::<f32>().unwrap(), vec![1.0, 1.0]);
+    /// ```
+    pub fn to_device(&self, device: &Device) -> Result<Tensor> {
+        if device == self.device() {
+            return Ok(self.clone());
+        }
+        let bytes = self.host_bytes()?;
+        let out = Tensor::alloc(self.shape(), self.dtype, device)?;
+        let stream = device.current_stream();
+        device
+            .backend()
+            .upload(out.storage.buffer.as_ref(), 0, &bytes, stream.id())?;
+        Ok(out)
+    }
+
+    /// A copy converted to `dtype` with strata's cast rules: integers wrap, floats to integers
+    /// truncate toward zero and saturate (NaN → 0), anything to bool is `!= 0`.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[-1.5f32, 300.0, f32::NAN], [3], &Device::cpu()).unwrap();
+    /// assert_eq!(t.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(), vec![0, 255, 0]);
+    /// let i = Tensor::from_slice(&[300i32, -1], [2], &Device::cpu()).unwrap();
+    /// assert_eq!(i.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(), vec![44, 255]);
+    /// ```
+    pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        self.cast_with(dtype, false)
+    }
+
+    /// A copy converted to `dtype`, clamping integers to the target range instead of wrapping
+    /// (augpy's saturating cast).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let i = Tensor::from_slice(&[300i32, -1], [2], &Device::cpu()).unwrap();
+    /// assert_eq!(i.to_dtype_sat(DType::U8).unwrap().to_vec::<u8>().unwrap(), vec![255, 0]);
+    /// ```
+    pub fn to_dtype_sat(&self, dtype: DType) -> Result<Tensor> {
+        self.cast_with(dtype, true)
+    }
+
+    fn cast_with(&self, dtype: DType, saturate: bool) -> Result<Tensor> {
+        let out = Tensor::alloc(self.shape(), dtype, self.device())?;
+        let expr = Expr::input(0, self.dtype).cast(dtype, saturate);
+        launch_map(expr, &out, &[self], vec![])?;
+        Ok(out)
+    }
+}

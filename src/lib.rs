@@ -1,0 +1,90 @@
+//! # strata
+//!
+//! GPU tensors to explore interactively: one [`Tensor`] type on a CUDA, a wgpu and a CPU
+//! backend, with PyTorch's semantics for views, broadcasting and dtypes.
+//!
+//! This facade re-exports [`strata_core`] and adds device discovery: [`DeviceExt::auto`]
+//! picks the best backend present (honouring `STRATA_DEVICE=cpu|cuda:N|wgpu`).
+//!
+//! ```
+//! use strata::prelude::*;
+//! let dev = Device::auto()?;
+//! let t = Tensor::arange(0, 6, 1, DType::I64, &dev)?.reshape([2, 3])?;
+//! println!("{t}");
+//! assert_eq!(t.slice(s![.., -1])?.to_vec::<i64>()?, vec![2, 5]);
+//! # Ok::<(), strata::Error>(())
+//! ```
+#![warn(missing_docs)]
+
+pub use strata_core::*;
+
+/// Everything a notebook or program usually needs: `use strata::prelude::*;`.
+///
+/// ```
+/// use strata::prelude::*;
+/// let t = Tensor::ones([2], DType::F32, &Device::cpu()).unwrap();
+/// assert_eq!(t.slice(s![-1]).unwrap().item::<f32>().unwrap(), 1.0);
+/// ```
+pub mod prelude {
+    pub use crate::DeviceExt;
+    pub use strata_core::{
+        s, Category, DType, Device, Ellipsis, Error, Event, NewAxis, Result, Scalar, Stream,
+        Tensor, Value,
+    };
+}
+
+/// Device discovery, added to [`Device`] by this facade (core knows no backend).
+///
+/// ```
+/// use strata::prelude::*;
+/// let dev = Device::parse("cpu").unwrap();
+/// assert_eq!(dev.kind(), strata::BackendKind::Cpu);
+/// assert!(Device::parse("tpu").is_err());
+/// ```
+pub trait DeviceExt: Sized {
+    /// The best device present: the one `STRATA_DEVICE` names when it is set, otherwise
+    /// CUDA, then wgpu, then the CPU (this build has the CPU backend only).
+    fn auto() -> Result<Self>;
+    /// CUDA device `ordinal`.
+    fn cuda(ordinal: usize) -> Result<Self>;
+    /// The wgpu device on the preferred adapter.
+    fn wgpu() -> Result<Self>;
+    /// A device from a name: `cpu`, `cuda`, `cuda:N` or `wgpu`.
+    fn parse(spec: &str) -> Result<Self>;
+}
+
+impl DeviceExt for Device {
+    fn auto() -> Result<Device> {
+        match std::env::var("STRATA_DEVICE") {
+            Ok(spec) if !spec.trim().is_empty() => Device::parse(&spec),
+            _ => Ok(Device::cpu()),
+        }
+    }
+
+    fn cuda(ordinal: usize) -> Result<Device> {
+        Err(Error::DeviceUnavailable(format!(
+            "cuda:{ordinal}: this build of strata has no CUDA backend; use Device::cpu()"
+        )))
+    }
+
+    fn wgpu() -> Result<Device> {
+        Err(Error::DeviceUnavailable(
+            "wgpu: this build of strata has no wgpu backend; use Device::cpu()".into(),
+        ))
+    }
+
+    fn parse(spec: &str) -> Result<Device> {
+        let spec = spec.trim().to_ascii_lowercase();
+        match spec.as_str() {
+            "cpu" => Ok(Device::cpu()),
+            "wgpu" => Device::wgpu(),
+            "cuda" => Device::cuda(0),
+            _ => match spec.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => Device::cuda(i),
+                _ => Err(Error::Invalid(format!(
+                    "unknown device {spec:?}: use cpu, cuda, cuda:N or wgpu"
+                ))),
+            },
+        }
+    }
+}
