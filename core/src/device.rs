@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// let dev = Device::cpu();
 /// let same = dev.clone();
 /// assert_eq!(dev, same);
-/// assert_ne!(dev, Device::cpu()); // a second CPU device has its own state
+/// assert_ne!(dev, Device::cpu()); // a second CPU device has its own state...
+/// assert!(dev.shares_memory_with(&Device::cpu())); // ...but its tensors mix with this one's
 /// assert_eq!(dev.name(), "cpu");
 /// ```
 #[derive(Clone)]
@@ -35,7 +36,7 @@ struct DeviceInner {
 
 /// Owns one backend stream; destroys it when the last handle goes.
 pub(crate) struct StreamHandle {
-    backend: Arc<dyn Backend>,
+    pub(crate) backend: Arc<dyn Backend>,
     pub(crate) id: StreamId,
 }
 
@@ -238,6 +239,17 @@ impl Device {
         let result = f();
         *self.lock_current() = previous;
         Ok(result)
+    }
+
+    /// True when tensors of the two devices can be combined in one op: the same device, or
+    /// two CPU devices (all CPU devices share host memory and run work synchronously).
+    ///
+    /// ```
+    /// use strata_core::Device;
+    /// assert!(Device::cpu().shares_memory_with(&Device::cpu()));
+    /// ```
+    pub fn shares_memory_with(&self, other: &Device) -> bool {
+        self == other || (self.kind() == BackendKind::Cpu && other.kind() == BackendKind::Cpu)
     }
 
     pub(crate) fn current_handle(&self) -> Arc<StreamHandle> {

@@ -52,19 +52,24 @@ pub enum Node {
         /// Clamp integer results to the target range instead of wrapping.
         saturate: bool,
     },
+    /// A unary operation.
+    Unary(UnaryOp, Box<Expr>),
     /// A binary operation.
     Binary(BinaryOp, Box<Expr>, Box<Expr>),
+    /// `a · b + c` with one rounding for floats (integers wrap); all of this node's dtype.
+    Fma(Box<Expr>, Box<Expr>, Box<Expr>),
     /// `cond ? a : b`; `cond` is `bool`, `a` and `b` have this node's dtype.
     Where(Box<Expr>, Box<Expr>, Box<Expr>),
 }
 
-/// Binary operations of the IR. Both operands have the same dtype; arithmetic returns it,
-/// comparisons return `bool`.
+/// Binary operations of the IR. Both operands have the same dtype; comparisons and logical
+/// ops return `bool`, everything else returns the operand dtype. Integer edge cases have one
+/// result on every backend (listed per op).
 ///
 /// ```
 /// use strata_core::ir::BinaryOp;
-/// assert!(BinaryOp::Lt.is_comparison());
-/// assert!(!BinaryOp::Add.is_comparison());
+/// assert!(BinaryOp::Lt.returns_bool());
+/// assert!(!BinaryOp::Add.returns_bool());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
@@ -74,20 +79,190 @@ pub enum BinaryOp {
     Sub,
     /// `a * b`; integers wrap.
     Mul,
-    /// `a / b` for floats (IEEE).
+    /// `a / b` (floats only: core converts integers first).
     Div,
-    /// `a < b` (false when either is NaN).
+    /// Floor of `a / b`; integers: division by 0 gives 0, `MIN / -1` wraps to `MIN`.
+    FloorDiv,
+    /// Python's modulo (the sign of the divisor); integers: `a % 0` is 0; floats: NaN.
+    Rem,
+    /// `a` to the power `b`; integers wrap, and a negative exponent gives `1 / a` truncated
+    /// (0 unless `a` is 1 or -1).
+    Pow,
+    /// The larger operand; NaN if either is NaN.
+    Max,
+    /// The smaller operand; NaN if either is NaN.
+    Min,
+    /// `atan2(a, b)` (floats only).
+    Atan2,
+    /// Bitwise and (integers, bool).
+    BitAnd,
+    /// Bitwise or (integers, bool).
+    BitOr,
+    /// Bitwise xor (integers, bool).
+    BitXor,
+    /// `a << b`; a shift below 0 or of the bit width or more gives 0.
+    Shl,
+    /// `a >> b`, arithmetic for signed types; a shift below 0 or of the bit width or more gives
+    /// 0, or -1 for negative signed `a`.
+    Shr,
+    /// `a + b` clamped to the dtype's range (floats: plain `+`).
+    AddSat,
+    /// `a - b` clamped to the dtype's range (floats: plain `-`).
+    SubSat,
+    /// `a * b` clamped to the dtype's range (floats: plain `*`).
+    MulSat,
+    /// `a / b` truncated and clamped (`MIN / -1` is `MAX`, `/ 0` is 0; floats: plain `/`).
+    DivSat,
+    /// Both non-zero → `bool`.
+    LogicalAnd,
+    /// Either non-zero → `bool`.
+    LogicalOr,
+    /// Exactly one non-zero → `bool`.
+    LogicalXor,
+    /// `a == b` → `bool` (false with NaN).
+    Eq,
+    /// `a != b` → `bool` (true with NaN).
+    Ne,
+    /// `a < b` → `bool` (false with NaN).
     Lt,
+    /// `a <= b` → `bool` (false with NaN).
+    Le,
+    /// `a > b` → `bool` (false with NaN).
+    Gt,
+    /// `a >= b` → `bool` (false with NaN).
+    Ge,
 }
 
 impl BinaryOp {
-    /// True when the result is `bool`.
+    /// True when the result is `bool` whatever the operand dtype.
     ///
     /// ```
-    /// assert!(strata_core::ir::BinaryOp::Lt.is_comparison());
+    /// assert!(strata_core::ir::BinaryOp::LogicalXor.returns_bool());
     /// ```
-    pub fn is_comparison(self) -> bool {
-        matches!(self, BinaryOp::Lt)
+    pub fn returns_bool(self) -> bool {
+        use BinaryOp::*;
+        matches!(
+            self,
+            LogicalAnd | LogicalOr | LogicalXor | Eq | Ne | Lt | Le | Gt | Ge
+        )
+    }
+}
+
+/// Unary operations of the IR. The operand has the node's dtype, except for the predicates
+/// (`IsNan`, `IsInf`, `IsFinite`, `LogicalNot`), which return `bool`. Float functions are
+/// computed in at least the operand's precision and rounded to it.
+///
+/// ```
+/// use strata_core::ir::UnaryOp;
+/// assert!(UnaryOp::IsNan.returns_bool());
+/// assert!(UnaryOp::Sqrt.float_only());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// `-x`; integers wrap (`-MIN` is `MIN`).
+    Neg,
+    /// `-x` clamped (`-MIN` is `MAX`; unsigned: 0).
+    NegSat,
+    /// `|x|`; integers wrap (`|MIN|` is `MIN`).
+    Abs,
+    /// -1, 0 or 1 (NaN stays NaN; -0.0 gives 0).
+    Sign,
+    /// `x * x`; integers wrap.
+    Square,
+    /// `√x`.
+    Sqrt,
+    /// `1 / √x`.
+    Rsqrt,
+    /// `1 / x`.
+    Reciprocal,
+    /// `eˣ`.
+    Exp,
+    /// `2ˣ`.
+    Exp2,
+    /// `eˣ − 1`, accurate near 0.
+    Expm1,
+    /// Natural logarithm.
+    Log,
+    /// Base-2 logarithm.
+    Log2,
+    /// Base-10 logarithm.
+    Log10,
+    /// `ln(1 + x)`, accurate near 0.
+    Log1p,
+    /// Sine.
+    Sin,
+    /// Cosine.
+    Cos,
+    /// Tangent.
+    Tan,
+    /// Hyperbolic tangent.
+    Tanh,
+    /// `1 / (1 + e⁻ˣ)`.
+    Sigmoid,
+    /// `max(x, 0)` (NaN stays NaN).
+    Relu,
+    /// `x · Φ(x)` with the exact error function.
+    Gelu,
+    /// The error function.
+    Erf,
+    /// Round down (integers: unchanged).
+    Floor,
+    /// Round up (integers: unchanged).
+    Ceil,
+    /// Round half to even (integers: unchanged).
+    Round,
+    /// Round toward zero (integers: unchanged).
+    Trunc,
+    /// NaN test → `bool`.
+    IsNan,
+    /// ±infinity test → `bool`.
+    IsInf,
+    /// Neither NaN nor infinite → `bool`.
+    IsFinite,
+    /// `x == 0` → `bool`.
+    LogicalNot,
+    /// Bitwise not (bool: logical not).
+    BitNot,
+}
+
+impl UnaryOp {
+    /// True for predicates, whose result is `bool`.
+    ///
+    /// ```
+    /// assert!(!strata_core::ir::UnaryOp::Abs.returns_bool());
+    /// ```
+    pub fn returns_bool(self) -> bool {
+        use UnaryOp::*;
+        matches!(self, IsNan | IsInf | IsFinite | LogicalNot)
+    }
+
+    /// True for functions defined on floats only (core converts integers to the default float
+    /// dtype first).
+    ///
+    /// ```
+    /// assert!(!strata_core::ir::UnaryOp::Floor.float_only());
+    /// ```
+    pub fn float_only(self) -> bool {
+        use UnaryOp::*;
+        matches!(
+            self,
+            Sqrt | Rsqrt
+                | Reciprocal
+                | Exp
+                | Exp2
+                | Expm1
+                | Log
+                | Log2
+                | Log10
+                | Log1p
+                | Sin
+                | Cos
+                | Tan
+                | Tanh
+                | Sigmoid
+                | Gelu
+                | Erf
+        )
     }
 }
 
@@ -158,7 +333,7 @@ impl Expr {
     /// ```
     pub fn binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
         debug_assert_eq!(lhs.dtype, rhs.dtype, "core casts operands to one dtype");
-        let dtype = if op.is_comparison() {
+        let dtype = if op.returns_bool() {
             DType::Bool
         } else {
             lhs.dtype
@@ -166,6 +341,38 @@ impl Expr {
         Expr {
             dtype,
             node: Node::Binary(op, Box::new(lhs), Box::new(rhs)),
+        }
+    }
+
+    /// `op(arg)`.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{Expr, UnaryOp}};
+    /// assert_eq!(Expr::unary(UnaryOp::IsNan, Expr::input(0, DType::F16)).dtype, DType::Bool);
+    /// ```
+    pub fn unary(op: UnaryOp, arg: Expr) -> Expr {
+        let dtype = if op.returns_bool() {
+            DType::Bool
+        } else {
+            arg.dtype
+        };
+        Expr {
+            dtype,
+            node: Node::Unary(op, Box::new(arg)),
+        }
+    }
+
+    /// `a · b + c`; all three share a dtype.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::Expr};
+    /// let x = || Expr::input(0, DType::F32);
+    /// assert_eq!(Expr::fma(x(), x(), x()).dtype, DType::F32);
+    /// ```
+    pub fn fma(a: Expr, b: Expr, c: Expr) -> Expr {
+        Expr {
+            dtype: a.dtype,
+            node: Node::Fma(Box::new(a), Box::new(b), Box::new(c)),
         }
     }
 
@@ -193,8 +400,11 @@ impl Expr {
             Node::Input(k) => Some(*k),
             Node::Scalar(_) | Node::LinearIndex => None,
             Node::Cast { arg, .. } => arg.max_input(),
+            Node::Unary(_, a) => a.max_input(),
             Node::Binary(_, a, b) => a.max_input().max(b.max_input()),
-            Node::Where(c, a, b) => c.max_input().max(a.max_input()).max(b.max_input()),
+            Node::Where(c, a, b) | Node::Fma(c, a, b) => {
+                c.max_input().max(a.max_input()).max(b.max_input())
+            }
         }
     }
 }

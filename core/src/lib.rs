@@ -26,6 +26,7 @@ pub mod error;
 pub mod index;
 pub mod ir;
 pub mod layout;
+pub mod ops;
 mod tensor;
 mod transfer;
 mod view;

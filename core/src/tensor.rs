@@ -238,7 +238,8 @@ impl Tensor {
     /// storage when that happened on another stream.
     fn order_after_last_write(&self, current: &Arc<StreamHandle>) -> Result<()> {
         let writer = self.storage.last_write();
-        if writer.id != current.id {
+        // Another device here can only be another CPU device, which runs synchronously.
+        if writer.id != current.id && Arc::ptr_eq(&writer.backend, &current.backend) {
             let backend = self.device().backend();
             let event = backend.record_event(writer.id)?;
             let waited = backend.wait_event(current.id, event);
@@ -256,7 +257,7 @@ impl Tensor {
     /// An `Err` unless `other` lives on this tensor's device.
     pub(crate) fn same_device(&self, other: &Tensor, what: &str) -> Result<()> {
         let (a, b) = (self.device(), other.device());
-        if a != b {
+        if !a.shares_memory_with(b) {
             let note = if a.name() == b.name() {
                 " (two separately created devices of one kind: create it once and share it)"
             } else {

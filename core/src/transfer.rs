@@ -108,6 +108,12 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        if device.shares_memory_with(self.device()) {
+            // Host memory to host memory: one copy, no round trip through a Vec.
+            let out = Tensor::alloc(self.shape(), self.dtype, device)?;
+            out.assign(self)?;
+            return Ok(out);
+        }
         let bytes = self.host_bytes()?;
         let out = Tensor::alloc(self.shape(), self.dtype, device)?;
         let stream = device.current_stream();

@@ -66,3 +66,90 @@ pub fn indices(shape: &[usize]) -> Vec<Vec<usize>> {
     }
     out
 }
+
+/// A device of another kind for tests of cross-device errors on machines without a GPU: a
+/// backend that reports itself as `Wgpu` named `stand-in` and runs everything on the CPU.
+///
+/// ```
+/// let d = strata_tests::stand_in_device();
+/// assert_eq!(d.name(), "stand-in");
+/// assert!(!d.shares_memory_with(&strata::Device::cpu()));
+/// ```
+pub fn stand_in_device() -> Device {
+    Device::from_backend(std::sync::Arc::new(StandIn(strata::cpu::CpuBackend::new())))
+}
+
+#[derive(Debug)]
+struct StandIn(strata::cpu::CpuBackend);
+
+impl strata::Backend for StandIn {
+    fn kind(&self) -> strata::BackendKind {
+        strata::BackendKind::Wgpu
+    }
+    fn name(&self) -> String {
+        "stand-in".into()
+    }
+    fn check_dtype(&self, d: DType) -> Result<()> {
+        self.0.check_dtype(d)
+    }
+    fn allocate(&self, n: usize) -> Result<std::sync::Arc<dyn strata::DeviceBuffer>> {
+        self.0.allocate(n)
+    }
+    fn upload(
+        &self,
+        b: &dyn strata::DeviceBuffer,
+        o: usize,
+        d: &[u8],
+        s: strata::StreamId,
+    ) -> Result<()> {
+        self.0.upload(b, o, d, s)
+    }
+    fn download(
+        &self,
+        b: &dyn strata::DeviceBuffer,
+        o: usize,
+        n: usize,
+        s: strata::StreamId,
+    ) -> Result<Vec<u8>> {
+        self.0.download(b, o, n, s)
+    }
+    fn run(
+        &self,
+        k: &strata::ir::Kernel,
+        a: &strata::ir::KernelArgs,
+        s: strata::StreamId,
+    ) -> Result<()> {
+        self.0.run(k, a, s)
+    }
+    fn memory_stats(&self) -> strata::MemoryStats {
+        self.0.memory_stats()
+    }
+    fn empty_cache(&self) {}
+    fn new_stream(&self) -> Result<strata::StreamId> {
+        self.0.new_stream()
+    }
+    fn destroy_stream(&self, s: strata::StreamId) {
+        self.0.destroy_stream(s)
+    }
+    fn record_event(&self, s: strata::StreamId) -> Result<strata::EventId> {
+        self.0.record_event(s)
+    }
+    fn wait_event(&self, s: strata::StreamId, e: strata::EventId) -> Result<()> {
+        self.0.wait_event(s, e)
+    }
+    fn synchronize_event(&self, e: strata::EventId) -> Result<()> {
+        self.0.synchronize_event(e)
+    }
+    fn elapsed_ms(&self, a: strata::EventId, b: strata::EventId) -> Result<f64> {
+        self.0.elapsed_ms(a, b)
+    }
+    fn destroy_event(&self, e: strata::EventId) {
+        self.0.destroy_event(e)
+    }
+    fn synchronize_stream(&self, s: strata::StreamId) -> Result<()> {
+        self.0.synchronize_stream(s)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.0.synchronize()
+    }
+}

@@ -58,9 +58,11 @@ fn bad_inputs(dev: &Device) -> Result<()> {
         t.assign(&Tensor::zeros([4], DType::F32, dev)?),
         &["[4]", "[2, 3]"],
     );
-    // Tensors on different devices do not mix.
-    let other = Tensor::zeros([3], DType::F32, &Device::cpu())?;
-    expect_err(t.assign(&other), &["different devices"]);
+    // Tensors on different devices do not mix (CPU devices do: they share host memory).
+    let other = Tensor::zeros([3], DType::F32, &strata_tests::stand_in_device())?;
+    expect_err(t.assign(&other), &["different devices", "stand-in"]);
+    expect_err(t.add(&other), &["different devices", "stand-in"]);
+    t.assign(&Tensor::zeros([3], DType::F32, &Device::cpu())?)?;
     // Unknown devices and dtypes.
     expect_err(Device::parse("tpu:0"), &["tpu:0"]);
     expect_err("f8".parse::<DType>(), &["f8"]);

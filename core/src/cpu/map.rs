@@ -2,7 +2,7 @@
 //! splitting large outputs across threads.
 
 use super::buffer::CpuBuffer;
-use super::values::{binary, select, with_dtype, with_values, Prim, Values};
+use super::values::{binary, fma, select, unary, with_dtype, with_values, Prim, Values};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::ir::{Expr, KernelArgs, Node, Operand};
@@ -146,6 +146,12 @@ fn eval(
         Node::Cast { arg, saturate } => {
             eval(arg, cx, start, len, scratch)?.cast(e.dtype, *saturate)
         }
+        Node::Unary(op, a) => unary(*op, &eval(a, cx, start, len, scratch)?)?,
+        Node::Fma(a, b, c) => fma(
+            &eval(a, cx, start, len, scratch)?,
+            &eval(b, cx, start, len, scratch)?,
+            &eval(c, cx, start, len, scratch)?,
+        )?,
         Node::Binary(op, a, b) => {
             let a = eval(a, cx, start, len, scratch)?;
             let b = eval(b, cx, start, len, scratch)?;

@@ -3,7 +3,7 @@
 
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::BinaryOp;
+use crate::ir::{BinaryOp, UnaryOp};
 use half::{bf16, f16};
 
 /// One block of values of one dtype.
@@ -311,84 +311,412 @@ impl Values {
     }
 }
 
-/// Arithmetic of the IR for one element type.
-trait Arith: Prim + PartialOrd {
-    fn add(self, o: Self) -> Self;
-    fn sub(self, o: Self) -> Self;
-    fn mul(self, o: Self) -> Self;
-    fn div(self, o: Self) -> Option<Self>;
+/// Integer element types: the IR's integer semantics, written once for all eight.
+trait Int: Prim + Ord {
+    const ZERO: Self;
+    const ONE: Self;
+    fn wadd(self, o: Self) -> Self;
+    fn wsub(self, o: Self) -> Self;
+    fn wmul(self, o: Self) -> Self;
+    fn sadd(self, o: Self) -> Self;
+    fn ssub(self, o: Self) -> Self;
+    fn smul(self, o: Self) -> Self;
+    fn sdiv(self, o: Self) -> Self;
+    fn floor_div(self, o: Self) -> Self;
+    fn rem_py(self, o: Self) -> Self;
+    fn pow(self, o: Self) -> Self;
+    fn shl(self, o: Self) -> Self;
+    fn shr(self, o: Self) -> Self;
+    fn wneg(self) -> Self;
+    fn sneg(self) -> Self;
+    fn wabs(self) -> Self;
+    fn sign(self) -> Self;
+    fn and(self, o: Self) -> Self;
+    fn or(self, o: Self) -> Self;
+    fn xor(self, o: Self) -> Self;
+    fn not(self) -> Self;
 }
 
-macro_rules! arith_int {
-    ($($t:ty),*) => {$(
-        impl Arith for $t {
-            #[inline(always)] fn add(self, o: Self) -> Self { self.wrapping_add(o) }
-            #[inline(always)] fn sub(self, o: Self) -> Self { self.wrapping_sub(o) }
-            #[inline(always)] fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
-            fn div(self, _o: Self) -> Option<Self> { None }
+macro_rules! int_impl {
+    ($($t:ty: $signed:expr),*) => {$(
+        impl Int for $t {
+            const ZERO: Self = 0;
+            const ONE: Self = 1;
+            #[inline(always)] fn wadd(self, o: Self) -> Self { self.wrapping_add(o) }
+            #[inline(always)] fn wsub(self, o: Self) -> Self { self.wrapping_sub(o) }
+            #[inline(always)] fn wmul(self, o: Self) -> Self { self.wrapping_mul(o) }
+            #[inline(always)] fn sadd(self, o: Self) -> Self { self.saturating_add(o) }
+            #[inline(always)] fn ssub(self, o: Self) -> Self { self.saturating_sub(o) }
+            #[inline(always)] fn smul(self, o: Self) -> Self { self.saturating_mul(o) }
+            fn sdiv(self, o: Self) -> Self { if o == 0 { 0 } else { self.saturating_div(o) } }
+            fn floor_div(self, o: Self) -> Self {
+                if o == 0 { return 0; }
+                let q = self.wrapping_div(o);
+                // Truncation rounds toward zero; step down when the signs differ and it was inexact.
+                if q.wrapping_mul(o) != self && ((self < Self::ZERO) != (o < Self::ZERO)) { q.wrapping_sub(1) } else { q }
+            }
+            fn rem_py(self, o: Self) -> Self {
+                if o == 0 { return 0; }
+                let r = self.wrapping_rem(o);
+                if r != 0 && ((r < Self::ZERO) != (o < Self::ZERO)) { r.wrapping_add(o) } else { r }
+            }
+            fn pow(self, o: Self) -> Self {
+                if o < Self::ZERO {
+                    // 1 / self truncated: only 1 and -1 survive.
+                    return if self == Self::ONE { 1 } else if $signed && self == Self::ONE.wrapping_neg() {
+                        if o.rem_py(2) == 0 { 1 } else { self }
+                    } else { 0 };
+                }
+                let (mut base, mut exp, mut acc) = (self, o as u64, 1 as $t);
+                while exp > 0 {
+                    if exp & 1 == 1 { acc = acc.wrapping_mul(base); }
+                    base = base.wrapping_mul(base);
+                    exp >>= 1;
+                }
+                acc
+            }
+            fn shl(self, o: Self) -> Self {
+                if o < Self::ZERO || o as u64 >= <$t>::BITS as u64 { 0 } else { self << (o as u32) }
+            }
+            fn shr(self, o: Self) -> Self {
+                if o < Self::ZERO || o as u64 >= <$t>::BITS as u64 {
+                    if self < Self::ZERO { Self::ONE.wrapping_neg() } else { 0 }
+                } else { self >> (o as u32) }
+            }
+            #[inline(always)] fn wneg(self) -> Self { self.wrapping_neg() }
+            fn sneg(self) -> Self { if $signed { (0 as $t).saturating_sub(self) } else { 0 } }
+            #[inline(always)] fn wabs(self) -> Self { if self < Self::ZERO { self.wrapping_neg() } else { self } }
+            fn sign(self) -> Self { if self > 0 { 1 } else if self == 0 { 0 } else { Self::ONE.wrapping_neg() } }
+            #[inline(always)] fn and(self, o: Self) -> Self { self & o }
+            #[inline(always)] fn or(self, o: Self) -> Self { self | o }
+            #[inline(always)] fn xor(self, o: Self) -> Self { self ^ o }
+            #[inline(always)] fn not(self) -> Self { !self }
         }
     )*};
 }
-arith_int!(u8, u16, u32, u64, i8, i16, i32, i64);
-
-macro_rules! arith_float {
-    ($($t:ty),*) => {$(
-        impl Arith for $t {
-            #[inline(always)] fn add(self, o: Self) -> Self { self + o }
-            #[inline(always)] fn sub(self, o: Self) -> Self { self - o }
-            #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
-            #[inline(always)] fn div(self, o: Self) -> Option<Self> { Some(self / o) }
-        }
-    )*};
-}
-arith_float!(f16, bf16, f32, f64);
+int_impl!(u8: false, u16: false, u32: false, u64: false, i8: true, i16: true, i32: true, i64: true);
 
 fn zip<T: Copy, U>(a: &[T], b: &[T], f: impl Fn(T, T) -> U) -> Vec<U> {
     a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect()
 }
 
-fn binary_typed<T: Arith>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Values> {
-    Ok(match op {
-        BinaryOp::Add => T::wrap(zip(a, b, T::add)),
-        BinaryOp::Sub => T::wrap(zip(a, b, T::sub)),
-        BinaryOp::Mul => T::wrap(zip(a, b, T::mul)),
-        BinaryOp::Lt => Values::Bool(zip(a, b, |x, y| x < y)),
-        BinaryOp::Div => {
-            if T::DTYPE.is_int() {
-                return Err(unsupported(op, T::DTYPE));
-            }
-            T::wrap(zip(a, b, |x, y| x.div(y).unwrap_or(x)))
-        }
-    })
+fn map<T: Copy, U>(a: &[T], f: impl Fn(T) -> U) -> Vec<U> {
+    a.iter().map(|&x| f(x)).collect()
 }
 
-fn unsupported(op: BinaryOp, dtype: DType) -> Error {
-    Error::Unsupported(format!("IR op {op:?} is not defined for {dtype}"))
+fn unsupported(what: impl std::fmt::Debug, dtype: DType) -> Error {
+    Error::Unsupported(format!("IR op {what:?} is not defined for {dtype}"))
+}
+
+/// Comparisons and logical ops shared by every dtype.
+fn compare<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Option<Values> {
+    use BinaryOp::*;
+    let v = match op {
+        Eq => zip(a, b, |x, y| x == y),
+        Ne => zip(a, b, |x, y| x != y),
+        Lt => zip(a, b, |x, y| x < y),
+        Le => zip(a, b, |x, y| x <= y),
+        Gt => zip(a, b, |x, y| x > y),
+        Ge => zip(a, b, |x, y| x >= y),
+        LogicalAnd => zip(a, b, |x, y| x.nonzero() && y.nonzero()),
+        LogicalOr => zip(a, b, |x, y| x.nonzero() || y.nonzero()),
+        LogicalXor => zip(a, b, |x, y| x.nonzero() != y.nonzero()),
+        _ => return None,
+    };
+    Some(Values::Bool(v))
+}
+
+fn int_binary<T: Int>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Values> {
+    use BinaryOp::*;
+    if let Some(v) = compare(op, a, b) {
+        return Ok(v);
+    }
+    let f: fn(T, T) -> T = match op {
+        Add => T::wadd,
+        Sub => T::wsub,
+        Mul => T::wmul,
+        AddSat => T::sadd,
+        SubSat => T::ssub,
+        MulSat => T::smul,
+        DivSat => T::sdiv,
+        FloorDiv => T::floor_div,
+        Rem => T::rem_py,
+        Pow => T::pow,
+        Max => |x, y| x.max(y),
+        Min => |x, y| x.min(y),
+        BitAnd => T::and,
+        BitOr => T::or,
+        BitXor => T::xor,
+        Shl => T::shl,
+        Shr => T::shr,
+        _ => return Err(unsupported(op, T::DTYPE)),
+    };
+    Ok(T::wrap(zip(a, b, f)))
+}
+
+/// Python's modulo for floats: the sign of the divisor.
+fn rem_py_f64(x: f64, y: f64) -> f64 {
+    let r = x % y;
+    if r != 0.0 && ((r < 0.0) != (y < 0.0)) {
+        r + y
+    } else {
+        r
+    }
+}
+
+fn nan_max(x: f64, y: f64) -> f64 {
+    if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else {
+        x.max(y)
+    }
+}
+
+fn nan_min(x: f64, y: f64) -> f64 {
+    if x.is_nan() || y.is_nan() {
+        f64::NAN
+    } else {
+        x.min(y)
+    }
+}
+
+/// Float ops run in f64 and round once to `T`: for `+ − × ÷` that is exactly IEEE arithmetic
+/// in `T` (f64 has more than twice the precision of f32 and the 16-bit floats).
+fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Values> {
+    use BinaryOp::*;
+    if let Some(v) = compare(op, a, b) {
+        return Ok(v);
+    }
+    let f: fn(f64, f64) -> f64 = match op {
+        Add | AddSat => |x, y| x + y,
+        Sub | SubSat => |x, y| x - y,
+        Mul | MulSat => |x, y| x * y,
+        Div | DivSat => |x, y| x / y,
+        FloorDiv => |x, y| (x / y).floor(),
+        Rem => rem_py_f64,
+        Pow => f64::powf,
+        Max => nan_max,
+        Min => nan_min,
+        Atan2 => f64::atan2,
+        _ => return Err(unsupported(op, T::DTYPE)),
+    };
+    if T::DTYPE == DType::F32 && matches!(op, FloorDiv | Rem | Pow | Atan2) {
+        // Keep f32 results what an f32 evaluation gives (the quotient is rounded to f32 first).
+        return Ok(T::wrap(zip(a, b, |x, y| {
+            let (x, y) = (x.to_f64() as f32, y.to_f64() as f32);
+            T::from_f64(match op {
+                FloorDiv => (x / y).floor() as f64,
+                Rem => rem_py_f64(x as f64, y as f64),
+                Pow => x.powf(y) as f64,
+                _ => x.atan2(y) as f64,
+            })
+        })));
+    }
+    Ok(T::wrap(zip(a, b, |x, y| {
+        T::from_f64(f(x.to_f64(), y.to_f64()))
+    })))
+}
+
+fn bool_binary(op: BinaryOp, a: &[bool], b: &[bool]) -> Result<Values> {
+    use BinaryOp::*;
+    if let Some(v) = compare(op, a, b) {
+        return Ok(v);
+    }
+    let f: fn(bool, bool) -> bool = match op {
+        BitAnd | Min | Mul => |x, y| x & y,
+        BitOr | Max | Add => |x, y| x | y,
+        BitXor => |x, y| x ^ y,
+        _ => return Err(unsupported(op, DType::Bool)),
+    };
+    Ok(Values::Bool(zip(a, b, f)))
 }
 
 /// `op(a, b)` elementwise; both blocks have one dtype.
 pub(crate) fn binary(op: BinaryOp, a: &Values, b: &Values) -> Result<Values> {
     use Values as V;
     match (a, b) {
-        (V::U8(x), V::U8(y)) => binary_typed(op, x, y),
-        (V::U16(x), V::U16(y)) => binary_typed(op, x, y),
-        (V::U32(x), V::U32(y)) => binary_typed(op, x, y),
-        (V::U64(x), V::U64(y)) => binary_typed(op, x, y),
-        (V::I8(x), V::I8(y)) => binary_typed(op, x, y),
-        (V::I16(x), V::I16(y)) => binary_typed(op, x, y),
-        (V::I32(x), V::I32(y)) => binary_typed(op, x, y),
-        (V::I64(x), V::I64(y)) => binary_typed(op, x, y),
-        (V::F16(x), V::F16(y)) => binary_typed(op, x, y),
-        (V::BF16(x), V::BF16(y)) => binary_typed(op, x, y),
-        (V::F32(x), V::F32(y)) => binary_typed(op, x, y),
-        (V::F64(x), V::F64(y)) => binary_typed(op, x, y),
-        (V::Bool(x), V::Bool(y)) if op == BinaryOp::Lt => Ok(V::Bool(zip(x, y, |p, q| !p & q))),
+        (V::Bool(x), V::Bool(y)) => bool_binary(op, x, y),
+        (V::U8(x), V::U8(y)) => int_binary(op, x, y),
+        (V::U16(x), V::U16(y)) => int_binary(op, x, y),
+        (V::U32(x), V::U32(y)) => int_binary(op, x, y),
+        (V::U64(x), V::U64(y)) => int_binary(op, x, y),
+        (V::I8(x), V::I8(y)) => int_binary(op, x, y),
+        (V::I16(x), V::I16(y)) => int_binary(op, x, y),
+        (V::I32(x), V::I32(y)) => int_binary(op, x, y),
+        (V::I64(x), V::I64(y)) => int_binary(op, x, y),
+        (V::F16(x), V::F16(y)) => float_binary(op, x, y),
+        (V::BF16(x), V::BF16(y)) => float_binary(op, x, y),
+        (V::F32(x), V::F32(y)) => float_binary(op, x, y),
+        (V::F64(x), V::F64(y)) => float_binary(op, x, y),
         _ => Err(Error::Unsupported(format!(
             "IR op {op:?} on {} and {}",
             a.dtype(),
             b.dtype()
         ))),
     }
+}
+
+fn int_unary<T: Int>(op: UnaryOp, a: &[T]) -> Result<Values> {
+    use UnaryOp::*;
+    let f: fn(T) -> T = match op {
+        Neg => T::wneg,
+        NegSat => T::sneg,
+        Abs => T::wabs,
+        Sign => T::sign,
+        Square => |x| x.wmul(x),
+        Floor | Ceil | Round | Trunc => |x| x,
+        BitNot => T::not,
+        IsNan | IsInf => return Ok(Values::Bool(vec![false; a.len()])),
+        IsFinite => return Ok(Values::Bool(vec![true; a.len()])),
+        LogicalNot => return Ok(Values::Bool(map(a, |x| !x.nonzero()))),
+        _ => return Err(unsupported(op, T::DTYPE)),
+    };
+    Ok(T::wrap(map(a, f)))
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+fn float_unary<T: Prim>(op: UnaryOp, a: &[T]) -> Result<Values> {
+    use UnaryOp::*;
+    let pred = |p: fn(f64) -> bool| Ok(Values::Bool(map(a, |x| p(x.to_f64()))));
+    let f: fn(f64) -> f64 = match op {
+        IsNan => return pred(f64::is_nan),
+        IsInf => return pred(f64::is_infinite),
+        IsFinite => return pred(f64::is_finite),
+        LogicalNot => return pred(|x| x == 0.0),
+        Neg | NegSat => |x| -x,
+        Abs => f64::abs,
+        Sign => |x| {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else if x == 0.0 {
+                0.0
+            } else {
+                x
+            }
+        },
+        Square => |x| x * x,
+        Sqrt => f64::sqrt,
+        Rsqrt => |x| 1.0 / x.sqrt(),
+        Reciprocal => |x| 1.0 / x,
+        Exp => f64::exp,
+        Exp2 => f64::exp2,
+        Expm1 => f64::exp_m1,
+        Log => f64::ln,
+        Log2 => f64::log2,
+        Log10 => f64::log10,
+        Log1p => f64::ln_1p,
+        Sin => f64::sin,
+        Cos => f64::cos,
+        Tan => f64::tan,
+        Tanh => f64::tanh,
+        Sigmoid => sigmoid,
+        Relu => |x| if x > 0.0 || x.is_nan() { x } else { 0.0 },
+        Gelu => |x| 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+        Erf => libm::erf,
+        Floor => f64::floor,
+        Ceil => f64::ceil,
+        Round => f64::round_ties_even,
+        Trunc => f64::trunc,
+        BitNot => return Err(unsupported(op, T::DTYPE)),
+    };
+    if T::DTYPE == DType::F32 && matches!(op, Square | Rsqrt) {
+        // Two roundings in f32, as an f32 evaluation gives.
+        return Ok(T::wrap(map(a, |x| {
+            let x = x.to_f64() as f32;
+            T::from_f64(if op == Square { x * x } else { 1.0 / x.sqrt() } as f64)
+        })));
+    }
+    Ok(T::wrap(map(a, |x| T::from_f64(f(x.to_f64())))))
+}
+
+/// `op(a)` elementwise.
+pub(crate) fn unary(op: UnaryOp, a: &Values) -> Result<Values> {
+    use UnaryOp::*;
+    use Values as V;
+    match a {
+        V::Bool(x) => match op {
+            LogicalNot | BitNot => Ok(V::Bool(map(x, |v| !v))),
+            IsNan | IsInf => Ok(V::Bool(vec![false; x.len()])),
+            IsFinite => Ok(V::Bool(vec![true; x.len()])),
+            Abs | Floor | Ceil | Round | Trunc | Relu | Sign | Square => Ok(V::Bool(x.clone())),
+            _ => Err(unsupported(op, DType::Bool)),
+        },
+        V::U8(x) => int_unary(op, x),
+        V::U16(x) => int_unary(op, x),
+        V::U32(x) => int_unary(op, x),
+        V::U64(x) => int_unary(op, x),
+        V::I8(x) => int_unary(op, x),
+        V::I16(x) => int_unary(op, x),
+        V::I32(x) => int_unary(op, x),
+        V::I64(x) => int_unary(op, x),
+        V::F16(x) => float_unary(op, x),
+        V::BF16(x) => float_unary(op, x),
+        V::F32(x) => float_unary(op, x),
+        V::F64(x) => float_unary(op, x),
+    }
+    .or_else(|e| match (op, a) {
+        // relu on integers is max(x, 0), which int_unary leaves to here.
+        (Relu, _) if a.dtype().is_int() => {
+            let zero = Values::splat(Scalar::I8(0).cast(a.dtype(), false), a.len());
+            binary(BinaryOp::Max, a, &zero)
+        }
+        _ => Err(e),
+    })
+}
+
+/// `a · b + c` elementwise with one rounding for f32/f64 (16-bit floats go through f32).
+pub(crate) fn fma(a: &Values, b: &Values, c: &Values) -> Result<Values> {
+    use Values as V;
+    fn ints<T: Int>(a: &[T], b: &[T], c: &[T]) -> Vec<T> {
+        a.iter()
+            .zip(b)
+            .zip(c)
+            .map(|((&x, &y), &z)| x.wmul(y).wadd(z))
+            .collect()
+    }
+    fn via_f32<T: Prim>(a: &[T], b: &[T], c: &[T]) -> Vec<T> {
+        a.iter()
+            .zip(b)
+            .zip(c)
+            .map(|((x, y), z)| {
+                let r = (x.to_f64() as f32).mul_add(y.to_f64() as f32, z.to_f64() as f32);
+                T::from_f64(r as f64)
+            })
+            .collect()
+    }
+    Ok(match (a, b, c) {
+        (V::U8(x), V::U8(y), V::U8(z)) => V::U8(ints(x, y, z)),
+        (V::U16(x), V::U16(y), V::U16(z)) => V::U16(ints(x, y, z)),
+        (V::U32(x), V::U32(y), V::U32(z)) => V::U32(ints(x, y, z)),
+        (V::U64(x), V::U64(y), V::U64(z)) => V::U64(ints(x, y, z)),
+        (V::I8(x), V::I8(y), V::I8(z)) => V::I8(ints(x, y, z)),
+        (V::I16(x), V::I16(y), V::I16(z)) => V::I16(ints(x, y, z)),
+        (V::I32(x), V::I32(y), V::I32(z)) => V::I32(ints(x, y, z)),
+        (V::I64(x), V::I64(y), V::I64(z)) => V::I64(ints(x, y, z)),
+        (V::F16(x), V::F16(y), V::F16(z)) => V::F16(via_f32(x, y, z)),
+        (V::BF16(x), V::BF16(y), V::BF16(z)) => V::BF16(via_f32(x, y, z)),
+        (V::F32(x), V::F32(y), V::F32(z)) => V::F32(via_f32(x, y, z)),
+        (V::F64(x), V::F64(y), V::F64(z)) => V::F64(
+            x.iter()
+                .zip(y)
+                .zip(z)
+                .map(|((&p, &q), &r)| p.mul_add(q, r))
+                .collect(),
+        ),
+        _ => {
+            return Err(Error::Unsupported(format!(
+                "fma on {}, {} and {}",
+                a.dtype(),
+                b.dtype(),
+                c.dtype()
+            )))
+        }
+    })
 }
 
 /// `cond ? a : b` elementwise.

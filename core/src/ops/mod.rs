@@ -1,0 +1,7 @@
+//! Operations: each op's semantics (shape checks, broadcasting, type promotion, output dtype)
+//! defined once here and lowered to the kernel IR.
+
+mod elementwise;
+mod promote;
+
+pub use promote::{can_cast, promote_types, result_type, DEFAULT_FLOAT};
