@@ -424,6 +424,56 @@ pub enum Kernel {
         /// The value of each output element; its dtype is the output's.
         expr: Expr,
     },
+    /// Reduces the trailing `reduced_axes` axes of input 0 into output 0, whose shape is the
+    /// input's leading axes. Each element is converted to `acc` before it is combined, and the
+    /// result is converted to the output dtype. Core guarantees a non-empty extent for `Min`,
+    /// `Max`, `ArgMin` and `ArgMax`.
+    Reduce {
+        /// What to combine.
+        op: ReduceOp,
+        /// How many trailing input axes are reduced.
+        reduced_axes: usize,
+        /// The accumulation dtype (float accumulation may use more precision than this).
+        acc: DType,
+    },
+}
+
+/// Reductions of the IR.
+///
+/// ```
+/// use strata_core::ir::ReduceOp;
+/// assert!(ReduceOp::ArgMax.returns_index());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// Σ; 0 for an empty extent. Integers wrap.
+    Sum,
+    /// Π; 1 for an empty extent. Integers wrap.
+    Prod,
+    /// The smallest element; NaN if any element is NaN.
+    Min,
+    /// The largest element; NaN if any element is NaN.
+    Max,
+    /// The row-major position within the reduced axes of the first smallest element (the first
+    /// NaN if any), as `i64`.
+    ArgMin,
+    /// The position of the first largest element (the first NaN if any), as `i64`.
+    ArgMax,
+    /// Whether any element is non-zero, as `bool`; false for an empty extent.
+    Any,
+    /// Whether every element is non-zero, as `bool`; true for an empty extent.
+    All,
+}
+
+impl ReduceOp {
+    /// True for `ArgMin` and `ArgMax`, whose result is an `i64` position.
+    ///
+    /// ```
+    /// assert!(!strata_core::ir::ReduceOp::Sum.returns_index());
+    /// ```
+    pub fn returns_index(self) -> bool {
+        matches!(self, ReduceOp::ArgMin | ReduceOp::ArgMax)
+    }
 }
 
 /// One tensor operand of a launch: a buffer and the view of it to use.

@@ -275,10 +275,20 @@ impl Tensor {
 }
 
 /// Launches a `Map` kernel writing `expr` into `out`. Inputs must already have `out`'s shape
-/// (broadcast views). This is the one place core orders work across streams and checks
-/// what every write must satisfy.
+/// (broadcast views).
 pub(crate) fn launch_map(
     expr: Expr,
+    out: &Tensor,
+    inputs: &[&Tensor],
+    scalars: Vec<Scalar>,
+) -> Result<()> {
+    launch(Kernel::Map { expr }, out, inputs, scalars)
+}
+
+/// Launches `kernel` writing `out`. This is the one place core orders work across streams and
+/// checks what every write must satisfy.
+pub(crate) fn launch(
+    kernel: Kernel,
     out: &Tensor,
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
@@ -317,9 +327,7 @@ pub(crate) fn launch_map(
         inputs: inputs.iter().map(|t| t.operand()).collect(),
         scalars,
     };
-    device
-        .backend()
-        .run(&Kernel::Map { expr }, &args, stream.id)?;
+    device.backend().run(&kernel, &args, stream.id)?;
     out.storage.set_last_write(&stream);
     if device.blocking() {
         device.backend().synchronize_stream(stream.id)?;

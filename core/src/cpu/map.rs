@@ -1,114 +1,13 @@
 //! The CPU `Map` kernel: evaluates the expression tree a block of output elements at a time,
 //! splitting large outputs across threads.
 
-use super::buffer::CpuBuffer;
+use super::strided::View;
 use super::values::{binary, fma, select, unary, with_dtype, with_values, Prim, Values};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
-use crate::ir::{Expr, KernelArgs, Node, Operand};
-use crate::layout::Layout;
+use crate::ir::{Expr, KernelArgs, Node};
 
-/// Elements per block: large enough to amortize dispatch, small enough to stay in L1/L2.
-const BLOCK: usize = 2048;
-/// Outputs at least this large are split across threads.
-const PARALLEL_MIN: usize = 1 << 16;
-
-/// A strided operand resolved to a raw base pointer.
-struct View<'a> {
-    base: *mut u8,
-    layout: &'a Layout,
-    contiguous: bool,
-    itemsize: usize,
-}
-
-// SAFETY: threads write disjoint output elements (core rejects self-overlapping outputs) and
-// only read inputs; the buffers outlive the scoped threads.
-unsafe impl Send for View<'_> {}
-unsafe impl Sync for View<'_> {}
-
-impl<'a> View<'a> {
-    fn new(op: &'a Operand) -> Result<View<'a>> {
-        let buf = CpuBuffer::of(op.buffer.as_ref())?;
-        if op.layout.numel() > 0 {
-            let (lo, hi) = op.layout.span();
-            let end = hi as usize * op.dtype.itemsize();
-            if lo < 0 || end > buf.len() {
-                return Err(Error::Index(format!(
-                    "view {:?} of {} reaches outside its buffer of {} bytes",
-                    op.layout,
-                    op.dtype,
-                    buf.len()
-                )));
-            }
-        }
-        Ok(View {
-            base: buf.ptr(),
-            layout: &op.layout,
-            contiguous: op.layout.is_contiguous(),
-            itemsize: op.dtype.itemsize(),
-        })
-    }
-
-    /// Storage positions of row-major elements `start..start + len`.
-    fn positions(&self, start: usize, len: usize, out: &mut Vec<usize>) {
-        out.clear();
-        let shape = self.layout.shape();
-        let strides = self.layout.strides();
-        let mut index = vec![0usize; shape.len()];
-        let mut rest = start;
-        for k in (0..shape.len()).rev() {
-            index[k] = rest % shape[k];
-            rest /= shape[k];
-        }
-        let mut pos = self.layout.position(&index) as isize;
-        for _ in 0..len {
-            out.push(pos as usize);
-            // Odometer step: bump the innermost axis, carrying outwards.
-            for k in (0..shape.len()).rev() {
-                index[k] += 1;
-                pos += strides[k];
-                if index[k] < shape[k] {
-                    break;
-                }
-                pos -= strides[k] * shape[k] as isize;
-                index[k] = 0;
-            }
-        }
-    }
-
-    /// # Safety
-    /// The view must lie inside its buffer (checked in `new`).
-    unsafe fn load<T: Prim>(&self, start: usize, len: usize, scratch: &mut Vec<usize>) -> Vec<T> {
-        let base = self.base as *const u8;
-        if self.contiguous {
-            let first = self.layout.offset() + start;
-            (0..len)
-                .map(|i| T::load(base.add((first + i) * self.itemsize)))
-                .collect()
-        } else {
-            self.positions(start, len, scratch);
-            scratch
-                .iter()
-                .map(|&p| T::load(base.add(p * self.itemsize)))
-                .collect()
-        }
-    }
-
-    /// # Safety
-    /// As `load`; no other thread writes the same elements.
-    unsafe fn store<T: Copy>(&self, start: usize, values: &[T], scratch: &mut Vec<usize>) {
-        let base = self.base as *mut T;
-        if self.contiguous {
-            let dst = base.add(self.layout.offset() + start);
-            std::ptr::copy_nonoverlapping(values.as_ptr(), dst, values.len());
-        } else {
-            self.positions(start, values.len(), scratch);
-            for (&p, &v) in scratch.iter().zip(values) {
-                *base.add(p) = v;
-            }
-        }
-    }
-}
+use super::strided::{BLOCK, PARALLEL_MIN};
 
 struct Context<'a> {
     inputs: Vec<View<'a>>,
@@ -227,7 +126,7 @@ pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
         scalars: &args.scalars,
     };
     let n = out.layout.numel();
-    let threads = std::thread::available_parallelism().map_or(1, |t| t.get());
+    let threads = super::strided::threads();
     if n < PARALLEL_MIN || threads == 1 {
         return run_range(expr, &cx, &out_view, 0..n);
     }

@@ -4,6 +4,8 @@
 
 mod buffer;
 mod map;
+mod reduce;
+mod strided;
 mod values;
 
 pub use buffer::CpuBuffer;
@@ -109,6 +111,11 @@ impl Backend for CpuBackend {
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _: StreamId) -> Result<()> {
         match kernel {
             Kernel::Map { expr } => map::run(expr, args),
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
+            } => reduce::run(*op, *reduced_axes, *acc, args),
         }
     }
 

@@ -3,5 +3,7 @@
 
 mod elementwise;
 mod promote;
+mod reduce;
 
 pub use promote::{can_cast, promote_types, result_type, DEFAULT_FLOAT};
+pub use reduce::{accumulation_dtype, Axes};

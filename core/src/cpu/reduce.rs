@@ -1,0 +1,322 @@
+//! The CPU `Reduce` kernel: for each output element, folds the reduced axes a block at a time;
+//! many outputs are split across threads, and so is one long reduction.
+
+use super::strided::{threads, View, BLOCK, PARALLEL_MIN};
+use super::values::{with_dtype, with_values, Prim, Values};
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::{KernelArgs, ReduceOp};
+use crate::layout::Layout;
+
+/// A partial result over part of one reduction.
+#[derive(Debug, Clone, Copy)]
+enum Partial {
+    /// Float sums and products run in f64.
+    Float(f64),
+    /// Integer sums and products wrap in 64 bits (the same bits for signed and unsigned).
+    Int(i64),
+    Bool(bool),
+    /// The best element so far and its position; `None` before any element.
+    Best(Option<(Scalar, usize)>),
+}
+
+fn is_nan(s: Scalar) -> bool {
+    s.dtype().is_float() && s.to_f64().is_nan()
+}
+
+/// True when `a` should replace `b` as the running best (NaN wins, then the extreme value;
+/// ties keep the earlier one, which the caller guarantees comes first).
+fn better(op: ReduceOp, a: Scalar, b: Scalar) -> bool {
+    if is_nan(b) {
+        return false;
+    }
+    if is_nan(a) {
+        return true;
+    }
+    let less = if a.dtype().is_float() {
+        a.to_f64() < b.to_f64()
+    } else {
+        a.to_i128() < b.to_i128()
+    };
+    let greater = if a.dtype().is_float() {
+        a.to_f64() > b.to_f64()
+    } else {
+        a.to_i128() > b.to_i128()
+    };
+    match op {
+        ReduceOp::Min | ReduceOp::ArgMin => less,
+        _ => greater,
+    }
+}
+
+impl Partial {
+    fn identity(op: ReduceOp, acc: DType) -> Partial {
+        match op {
+            ReduceOp::Sum if acc.is_float() => Partial::Float(0.0),
+            ReduceOp::Prod if acc.is_float() => Partial::Float(1.0),
+            ReduceOp::Sum => Partial::Int(0),
+            ReduceOp::Prod => Partial::Int(1),
+            ReduceOp::Any => Partial::Bool(false),
+            ReduceOp::All => Partial::Bool(true),
+            _ => Partial::Best(None),
+        }
+    }
+
+    /// Combines with the partial of a later range.
+    fn combine(self, later: Partial, op: ReduceOp) -> Partial {
+        match (self, later) {
+            (Partial::Float(a), Partial::Float(b)) if op == ReduceOp::Sum => Partial::Float(a + b),
+            (Partial::Float(a), Partial::Float(b)) => Partial::Float(a * b),
+            (Partial::Int(a), Partial::Int(b)) if op == ReduceOp::Sum => {
+                Partial::Int(a.wrapping_add(b))
+            }
+            (Partial::Int(a), Partial::Int(b)) => Partial::Int(a.wrapping_mul(b)),
+            (Partial::Bool(a), Partial::Bool(b)) if op == ReduceOp::Any => Partial::Bool(a || b),
+            (Partial::Bool(a), Partial::Bool(b)) => Partial::Bool(a && b),
+            (Partial::Best(Some(a)), Partial::Best(Some(b))) => {
+                Partial::Best(Some(if better(op, b.0, a.0) { b } else { a }))
+            }
+            (Partial::Best(a), Partial::Best(b)) => Partial::Best(a.or(b)),
+            (a, _) => a,
+        }
+    }
+
+    fn result(self, op: ReduceOp, out: DType) -> Result<Scalar> {
+        Ok(match self {
+            Partial::Float(v) => Scalar::F64(v).cast(out, false),
+            Partial::Int(v) => Scalar::I64(v).cast(out, false),
+            Partial::Bool(b) => Scalar::Bool(b).cast(out, false),
+            Partial::Best(Some((_, i))) if op.returns_index() => {
+                Scalar::I64(i as i64).cast(out, false)
+            }
+            Partial::Best(Some((v, _))) => v.cast(out, false),
+            Partial::Best(None) => {
+                return Err(Error::Invalid(format!("{op:?} over an empty extent")))
+            }
+        })
+    }
+}
+
+/// Sums with eight independent accumulators, so the loop vectorizes.
+fn sum_lanes<T: Copy + std::ops::Add<Output = T> + Default>(x: &[T]) -> T {
+    let mut acc = [T::default(); 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] = acc[k] + c[k];
+        }
+    }
+    let mut total = rest.iter().fold(T::default(), |a, &b| a + b);
+    for a in acc {
+        total = total + a;
+    }
+    total
+}
+
+/// The best element of a block and its index within the block.
+fn best_of<T: Prim + PartialOrd>(x: &[T], op: ReduceOp) -> Option<(T, usize)> {
+    let mut best: Option<(T, usize)> = None;
+    for (i, &v) in x.iter().enumerate() {
+        #[allow(clippy::eq_op)]
+        let nan = v != v;
+        match best {
+            None => best = Some((v, i)),
+            Some((b, _)) => {
+                #[allow(clippy::eq_op)]
+                let b_nan = b != b;
+                if b_nan {
+                    break;
+                }
+                let wins = nan
+                    || match op {
+                        ReduceOp::Min | ReduceOp::ArgMin => v < b,
+                        _ => v > b,
+                    };
+                if wins {
+                    best = Some((v, i));
+                }
+            }
+        }
+    }
+    best
+}
+
+trait ToScalar {
+    fn scalar(self) -> Scalar;
+}
+impl<T: crate::dtype::Element> ToScalar for T {
+    fn scalar(self) -> Scalar {
+        self.to_scalar()
+    }
+}
+
+/// Folds one block of values (positions `first..`) into a partial.
+fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial {
+    match op {
+        ReduceOp::Sum | ReduceOp::Prod if acc.is_float() => {
+            let Values::F64(v) = block.cast(DType::F64, false) else {
+                unreachable!()
+            };
+            Partial::Float(if op == ReduceOp::Sum {
+                sum_lanes(&v)
+            } else {
+                v.iter().product()
+            })
+        }
+        ReduceOp::Sum | ReduceOp::Prod => {
+            let Values::I64(v) = block.cast(DType::I64, false) else {
+                unreachable!()
+            };
+            Partial::Int(if op == ReduceOp::Sum {
+                v.iter().fold(0i64, |a, &b| a.wrapping_add(b))
+            } else {
+                v.iter().fold(1i64, |a, &b| a.wrapping_mul(b))
+            })
+        }
+        ReduceOp::Any | ReduceOp::All => {
+            let Values::Bool(v) = block.cast(DType::Bool, false) else {
+                unreachable!()
+            };
+            Partial::Bool(if op == ReduceOp::Any {
+                v.iter().any(|&b| b)
+            } else {
+                v.iter().all(|&b| b)
+            })
+        }
+        _ => with_values!(block, x: T => Partial::Best(
+            best_of(x, op).map(|(v, i)| (v.scalar(), first + i))
+        )),
+    }
+}
+
+/// Reduces elements `range` of the inner view.
+fn reduce_range(
+    op: ReduceOp,
+    acc: DType,
+    dtype: DType,
+    inner: &View,
+    range: std::ops::Range<usize>,
+) -> Partial {
+    let mut partial = Partial::identity(op, acc);
+    let mut scratch = Vec::new();
+    let mut start = range.start;
+    while start < range.end {
+        let len = BLOCK.min(range.end - start);
+        // SAFETY: the inner view lies inside the input, whose bounds View::new checked.
+        let block =
+            with_dtype!(dtype, T => T::wrap(unsafe { inner.load::<T>(start, len, &mut scratch) }));
+        partial = partial.combine(fold_block(op, acc, &block, start), op);
+        start += len;
+    }
+    partial
+}
+
+/// Executes a `Reduce` kernel.
+pub(crate) fn run(op: ReduceOp, reduced: usize, acc: DType, args: &KernelArgs) -> Result<()> {
+    let ([input], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
+        return Err(Error::Invalid(
+            "a reduction takes one input and one output".into(),
+        ));
+    };
+    let n = input.layout.ndim();
+    if reduced > n {
+        return Err(Error::Invalid(format!(
+            "cannot reduce {reduced} axes of a rank-{n} input"
+        )));
+    }
+    let split = n - reduced;
+    let (shape, strides) = (input.layout.shape(), input.layout.strides());
+    let outer = Layout::new(
+        shape[..split].to_vec(),
+        strides[..split].to_vec(),
+        input.layout.offset(),
+    )?;
+    if out.layout.numel() != outer.numel() {
+        return Err(Error::Shape(format!(
+            "reduction output has {} elements, the input's leading axes {:?} have {}",
+            out.layout.numel(),
+            outer.shape(),
+            outer.numel()
+        )));
+    }
+    let in_view = View::new(input)?;
+    let out_view = View::new(out)?;
+    let inner_shape = shape[split..].to_vec();
+    let inner_strides = strides[split..].to_vec();
+    let inner_n: usize = inner_shape.iter().product();
+    let (dtype, out_dtype) = (input.dtype, out.dtype);
+
+    // One output element: its inner view starts at the outer position.
+    let one = |o: usize, scratch: &mut Vec<usize>, split_inner: bool| -> Result<Scalar> {
+        outer.positions_into(o, scratch);
+        let inner_layout = Layout::new(inner_shape.clone(), inner_strides.clone(), scratch[0])?;
+        let inner = in_view.with_layout(&inner_layout);
+        let partial = if split_inner {
+            let per = inner_n.div_ceil(threads()).div_ceil(BLOCK) * BLOCK;
+            std::thread::scope(|s| {
+                let parts: Vec<_> = (0..threads())
+                    .map(|t| (t * per).min(inner_n)..((t + 1) * per).min(inner_n))
+                    .filter(|r| !r.is_empty())
+                    .map(|r| {
+                        let inner = &inner;
+                        s.spawn(move || reduce_range(op, acc, dtype, inner, r))
+                    })
+                    .collect();
+                parts
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(Partial::Best(None)))
+                    .fold(Partial::identity(op, acc), |a, b| a.combine(b, op))
+            })
+        } else {
+            reduce_range(op, acc, dtype, &inner, 0..inner_n)
+        };
+        partial.result(op, out_dtype)
+    };
+    let write = |o: usize, v: Scalar, scratch: &mut Vec<usize>| {
+        // SAFETY: out bounds checked by View::new; each output index is written once.
+        with_dtype!(out_dtype, T => unsafe {
+            out_view.store::<T>(o, &[<T as crate::dtype::Element>::from_scalar(v)], scratch)
+        });
+    };
+    let outer_n = outer.numel();
+    let total = outer_n.saturating_mul(inner_n.max(1));
+    if total < PARALLEL_MIN || threads() == 1 || (outer_n == 1 && inner_n < PARALLEL_MIN) {
+        let mut scratch = Vec::new();
+        for o in 0..outer_n {
+            let v = one(o, &mut scratch, false)?;
+            write(o, v, &mut scratch);
+        }
+        return Ok(());
+    }
+    if outer_n < threads() {
+        let mut scratch = Vec::new();
+        for o in 0..outer_n {
+            let v = one(o, &mut scratch, true)?;
+            write(o, v, &mut scratch);
+        }
+        return Ok(());
+    }
+    let per = outer_n.div_ceil(threads());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads())
+            .map(|t| (t * per).min(outer_n)..((t + 1) * per).min(outer_n))
+            .filter(|r| !r.is_empty())
+            .map(|r| {
+                let (one, write) = (&one, &write);
+                s.spawn(move || -> Result<()> {
+                    let mut scratch = Vec::new();
+                    for o in r {
+                        let v = one(o, &mut scratch, false)?;
+                        write(o, v, &mut scratch);
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        handles.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Backend("a CPU worker thread panicked".into())))
+        })
+    })
+}

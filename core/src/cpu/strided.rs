@@ -1,0 +1,149 @@
+//! Strided operands on the CPU: a raw base pointer plus a layout, read and written a block of
+//! row-major elements at a time.
+
+use super::buffer::CpuBuffer;
+use super::values::Prim;
+use crate::error::{Error, Result};
+use crate::ir::Operand;
+use crate::layout::Layout;
+
+/// Elements per block: large enough to amortize dispatch, small enough to stay in L1/L2.
+pub(crate) const BLOCK: usize = 2048;
+/// Work at least this large is split across threads.
+pub(crate) const PARALLEL_MIN: usize = 1 << 16;
+
+impl Layout {
+    /// The storage position of row-major element `i`, into `out[0]`.
+    pub(crate) fn positions_into(&self, i: usize, out: &mut Vec<usize>) {
+        let mut index = vec![0usize; self.ndim()];
+        let mut rest = i;
+        for k in (0..self.ndim()).rev() {
+            index[k] = rest % self.shape()[k];
+            rest /= self.shape()[k];
+        }
+        out.clear();
+        out.push(self.position(&index));
+    }
+}
+
+/// How many worker threads large work is split across.
+pub(crate) fn threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |t| t.get())
+}
+
+/// A strided operand resolved to a raw base pointer.
+pub(crate) struct View<'a> {
+    base: *mut u8,
+    layout: &'a Layout,
+    contiguous: bool,
+    itemsize: usize,
+}
+
+// SAFETY: threads write disjoint output elements (core rejects self-overlapping outputs) and
+// only read inputs; the buffers outlive the scoped threads.
+unsafe impl Send for View<'_> {}
+unsafe impl Sync for View<'_> {}
+
+impl<'a> View<'a> {
+    pub(crate) fn new(op: &'a Operand) -> Result<View<'a>> {
+        let buf = CpuBuffer::of(op.buffer.as_ref())?;
+        if op.layout.numel() > 0 {
+            let (lo, hi) = op.layout.span();
+            let end = hi as usize * op.dtype.itemsize();
+            if lo < 0 || end > buf.len() {
+                return Err(Error::Index(format!(
+                    "view {:?} of {} reaches outside its buffer of {} bytes",
+                    op.layout,
+                    op.dtype,
+                    buf.len()
+                )));
+            }
+        }
+        Ok(View {
+            base: buf.ptr(),
+            layout: &op.layout,
+            contiguous: op.layout.is_contiguous(),
+            itemsize: op.dtype.itemsize(),
+        })
+    }
+
+    /// The same storage seen through another layout (positions still in elements).
+    pub(crate) fn with_layout<'b>(&self, layout: &'b Layout) -> View<'b> {
+        View {
+            base: self.base,
+            layout,
+            contiguous: layout.is_contiguous(),
+            itemsize: self.itemsize,
+        }
+    }
+
+    /// Storage positions of row-major elements `start..start + len`.
+    pub(crate) fn positions(&self, start: usize, len: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let shape = self.layout.shape();
+        let strides = self.layout.strides();
+        let mut index = vec![0usize; shape.len()];
+        let mut rest = start;
+        for k in (0..shape.len()).rev() {
+            index[k] = rest % shape[k];
+            rest /= shape[k];
+        }
+        let mut pos = self.layout.position(&index) as isize;
+        for _ in 0..len {
+            out.push(pos as usize);
+            // Odometer step: bump the innermost axis, carrying outwards.
+            for k in (0..shape.len()).rev() {
+                index[k] += 1;
+                pos += strides[k];
+                if index[k] < shape[k] {
+                    break;
+                }
+                pos -= strides[k] * shape[k] as isize;
+                index[k] = 0;
+            }
+        }
+    }
+
+    /// # Safety
+    /// The view must lie inside its buffer (checked in `new`).
+    pub(crate) unsafe fn load<T: Prim>(
+        &self,
+        start: usize,
+        len: usize,
+        scratch: &mut Vec<usize>,
+    ) -> Vec<T> {
+        let base = self.base as *const u8;
+        if self.contiguous {
+            let first = self.layout.offset() + start;
+            (0..len)
+                .map(|i| T::load(base.add((first + i) * self.itemsize)))
+                .collect()
+        } else {
+            self.positions(start, len, scratch);
+            scratch
+                .iter()
+                .map(|&p| T::load(base.add(p * self.itemsize)))
+                .collect()
+        }
+    }
+
+    /// # Safety
+    /// As `load`; no other thread writes the same elements.
+    pub(crate) unsafe fn store<T: Copy>(
+        &self,
+        start: usize,
+        values: &[T],
+        scratch: &mut Vec<usize>,
+    ) {
+        let base = self.base as *mut T;
+        if self.contiguous {
+            let dst = base.add(self.layout.offset() + start);
+            std::ptr::copy_nonoverlapping(values.as_ptr(), dst, values.len());
+        } else {
+            self.positions(start, values.len(), scratch);
+            for (&p, &v) in scratch.iter().zip(values) {
+                *base.add(p) = v;
+            }
+        }
+    }
+}

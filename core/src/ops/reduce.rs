@@ -1,0 +1,435 @@
+//! Reductions: accumulation dtypes (PyTorch's, plus augpy's `upcast`), axes and `keepdim`,
+//! and the compositions built from the `Reduce` kernel (mean, var, std, logsumexp, softmax).
+
+use super::promote::DEFAULT_FLOAT;
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::{Kernel, ReduceOp};
+use crate::layout::normalize_axis;
+use crate::tensor::Tensor;
+
+/// Which axes a reduction runs over: all of them, or a list (negative counts from the end).
+///
+/// ```
+/// use strata_core::ops::Axes;
+/// assert_eq!(Axes::from(-1), Axes::List(vec![-1]));
+/// assert_eq!(Axes::from([0, 2]), Axes::List(vec![0, 2]));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Axes {
+    /// Every axis.
+    All,
+    /// These axes.
+    List(Vec<isize>),
+}
+
+impl From<isize> for Axes {
+    fn from(a: isize) -> Axes {
+        Axes::List(vec![a])
+    }
+}
+impl From<i32> for Axes {
+    fn from(a: i32) -> Axes {
+        Axes::List(vec![a as isize])
+    }
+}
+impl<const N: usize> From<[i32; N]> for Axes {
+    fn from(a: [i32; N]) -> Axes {
+        Axes::List(a.iter().map(|&x| x as isize).collect())
+    }
+}
+impl<const N: usize> From<[isize; N]> for Axes {
+    fn from(a: [isize; N]) -> Axes {
+        Axes::List(a.to_vec())
+    }
+}
+impl From<&[isize]> for Axes {
+    fn from(a: &[isize]) -> Axes {
+        Axes::List(a.to_vec())
+    }
+}
+impl From<Vec<isize>> for Axes {
+    fn from(a: Vec<isize>) -> Axes {
+        Axes::List(a)
+    }
+}
+
+/// PyTorch's accumulation dtype: integers and bool in i64, 16-bit floats in f32.
+///
+/// ```
+/// use strata_core::{DType, ops::accumulation_dtype};
+/// assert_eq!(accumulation_dtype(DType::U8), DType::I64);
+/// assert_eq!(accumulation_dtype(DType::BF16), DType::F32);
+/// assert_eq!(accumulation_dtype(DType::F64), DType::F64);
+/// ```
+pub fn accumulation_dtype(d: DType) -> DType {
+    match d {
+        DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+        DType::F64 => DType::F64,
+        _ => DType::I64,
+    }
+}
+
+impl Tensor {
+    /// The sorted, distinct axes `axes` names.
+    fn reduce_axes(&self, axes: &Axes) -> Result<Vec<usize>> {
+        let mut out = match axes {
+            Axes::All => (0..self.ndim()).collect(),
+            Axes::List(list) => list
+                .iter()
+                .map(|&a| normalize_axis(a, self.ndim().max(1)))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        out.sort_unstable();
+        out.dedup();
+        // A 0-d tensor reduces over its (implicit) single position.
+        out.retain(|&a| a < self.ndim());
+        Ok(out)
+    }
+
+    /// Runs one `Reduce` kernel over `axes`, returning `out_dtype`.
+    pub(crate) fn reduce_raw(
+        &self,
+        op: ReduceOp,
+        axes: &Axes,
+        keepdim: bool,
+        acc: DType,
+        out_dtype: DType,
+    ) -> Result<Tensor> {
+        let reduced = self.reduce_axes(axes)?;
+        let kept: Vec<usize> = (0..self.ndim()).filter(|a| !reduced.contains(a)).collect();
+        let extent: usize = reduced.iter().map(|&a| self.shape()[a]).product();
+        if extent == 0
+            && matches!(
+                op,
+                ReduceOp::Min | ReduceOp::Max | ReduceOp::ArgMin | ReduceOp::ArgMax
+            )
+        {
+            return Err(Error::Shape(format!(
+                "{op:?} over axes {reduced:?} of shape {:?}: the reduced extent is empty",
+                self.shape()
+            )));
+        }
+        let order: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
+        let input = self.with_layout(self.layout.permuted(&order)?);
+        let out_shape: Vec<usize> = kept.iter().map(|&a| self.shape()[a]).collect();
+        let out = Tensor::alloc(&out_shape, out_dtype, self.device())?;
+        crate::tensor::launch(
+            Kernel::Reduce {
+                op,
+                reduced_axes: reduced.len(),
+                acc,
+            },
+            &out,
+            &[&input],
+            vec![],
+        )?;
+        if !keepdim {
+            return Ok(out);
+        }
+        let kept_shape: Vec<usize> = (0..self.ndim())
+            .map(|a| {
+                if reduced.contains(&a) {
+                    1
+                } else {
+                    self.shape()[a]
+                }
+            })
+            .collect();
+        out.view(kept_shape)
+    }
+
+    /// Σ over `axes` (PyTorch's dtypes: integers and bool give i64, floats keep their dtype;
+    /// 16-bit floats accumulate in f32). 0 for an empty extent.
+    ///
+    /// ```
+    /// use strata_core::{ops::Axes, Device, DType, Tensor};
+    /// let t = Tensor::full([2, 3], 200, DType::U8, &Device::cpu()).unwrap();
+    /// let s = t.sum(1, false).unwrap();
+    /// assert_eq!((s.dtype(), s.to_vec::<i64>().unwrap()), (DType::I64, vec![600, 600]));
+    /// assert_eq!(t.sum(Axes::All, true).unwrap().shape(), &[1, 1]);
+    /// ```
+    pub fn sum(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        let acc = accumulation_dtype(self.dtype);
+        let out = if self.dtype.is_float() {
+            self.dtype
+        } else {
+            acc
+        };
+        self.reduce_raw(ReduceOp::Sum, &axes.into(), keepdim, acc, out)
+    }
+
+    /// Σ returning the accumulation dtype (augpy's `upcast`): f16/bf16 give f32.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::full([3000], 1.0, DType::F16, &Device::cpu()).unwrap();
+    /// let s = t.sum_upcast(0, false).unwrap();
+    /// assert_eq!((s.dtype(), s.item::<f32>().unwrap()), (DType::F32, 3000.0));
+    /// ```
+    pub fn sum_upcast(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        let acc = accumulation_dtype(self.dtype);
+        self.reduce_raw(ReduceOp::Sum, &axes.into(), keepdim, acc, acc)
+    }
+
+    /// Σ accumulated in and returned as `dtype` (PyTorch's `dtype=` argument).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::full([4], 100, DType::U8, &Device::cpu()).unwrap();
+    /// assert_eq!(t.sum_as(0, false, DType::U8).unwrap().item::<u8>().unwrap(), 144); // wraps
+    /// ```
+    pub fn sum_as(&self, axes: impl Into<Axes>, keepdim: bool, dtype: DType) -> Result<Tensor> {
+        self.reduce_raw(ReduceOp::Sum, &axes.into(), keepdim, dtype, dtype)
+    }
+
+    /// Π over `axes`, with the dtypes of [`sum`](Tensor::sum). 1 for an empty extent.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::arange(1, 6, 1, DType::I32, &Device::cpu()).unwrap();
+    /// assert_eq!(t.prod(0, false).unwrap().item::<i64>().unwrap(), 120);
+    /// ```
+    pub fn prod(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        let acc = accumulation_dtype(self.dtype);
+        let out = if self.dtype.is_float() {
+            self.dtype
+        } else {
+            acc
+        };
+        self.reduce_raw(ReduceOp::Prod, &axes.into(), keepdim, acc, out)
+    }
+
+    fn float_only(&self, what: &str) -> Result<()> {
+        if !self.dtype.is_float() {
+            return Err(Error::DType(format!(
+                "{what} needs a float tensor, not {}; convert with to_dtype(DType::F32)",
+                self.dtype
+            )));
+        }
+        Ok(())
+    }
+
+    /// The arithmetic mean over `axes` (float tensors; NaN for an empty extent).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::arange(0.0, 4.0, 1.0, DType::F32, &Device::cpu()).unwrap().reshape([2, 2]).unwrap();
+    /// assert_eq!(t.mean(0, false).unwrap().to_vec::<f32>().unwrap(), vec![1.0, 2.0]);
+    /// ```
+    pub fn mean(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        self.float_only("mean")?;
+        let axes = axes.into();
+        let n = self.extent(&axes)?;
+        let acc = accumulation_dtype(self.dtype);
+        let sum = self.reduce_raw(ReduceOp::Sum, &axes, keepdim, acc, acc)?;
+        sum.div(Scalar::F64(n as f64).cast(acc, false))?
+            .to_dtype(self.dtype)
+    }
+
+    /// The number of elements the reduction over `axes` combines.
+    fn extent(&self, axes: &Axes) -> Result<usize> {
+        Ok(self
+            .reduce_axes(axes)?
+            .iter()
+            .map(|&a| self.shape()[a])
+            .product())
+    }
+
+    /// The variance over `axes`, dividing by `n - correction` (1: Bessel's correction, as
+    /// PyTorch's default). Two passes: the mean, then the squared deviations.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[1.0f64, 2.0, 3.0, 4.0], [4], &Device::cpu()).unwrap();
+    /// assert_eq!(t.var(0, 1, false).unwrap().item::<f64>().unwrap(), 5.0 / 3.0);
+    /// assert_eq!(t.var(0, 0, false).unwrap().item::<f64>().unwrap(), 1.25);
+    /// ```
+    pub fn var(&self, axes: impl Into<Axes>, correction: usize, keepdim: bool) -> Result<Tensor> {
+        self.float_only("var")?;
+        let axes = axes.into();
+        let acc = accumulation_dtype(self.dtype);
+        let x = self.to_dtype(acc)?;
+        let n = self.extent(&axes)?;
+        let mean = x.sum(axes.clone(), true)?.div(n as f64)?;
+        let squares = x.sub(&mean)?.square()?.sum(axes, keepdim)?;
+        squares
+            .div((n as f64 - correction as f64).max(0.0))?
+            .to_dtype(self.dtype)
+    }
+
+    /// The standard deviation: `√var`.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[1.0f32, 3.0], [2], &Device::cpu()).unwrap();
+    /// assert_eq!(t.std(0, 0, false).unwrap().item::<f32>().unwrap(), 1.0);
+    /// ```
+    pub fn std(&self, axes: impl Into<Axes>, correction: usize, keepdim: bool) -> Result<Tensor> {
+        self.var(axes, correction, keepdim)?.sqrt()
+    }
+
+    /// The smallest element over `axes` (NaN propagates); an empty extent is an `Err`.
+    ///
+    /// ```
+    /// use strata_core::{ops::Axes, Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[3i8, -2, 7], [3], &Device::cpu()).unwrap();
+    /// assert_eq!(t.min(Axes::All, false).unwrap().item::<i8>().unwrap(), -2);
+    /// ```
+    pub fn min(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        self.reduce_raw(ReduceOp::Min, &axes.into(), keepdim, self.dtype, self.dtype)
+    }
+
+    /// The largest element over `axes` (NaN propagates); an empty extent is an `Err`.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[3i8, -2, 7, 1], [2, 2], &Device::cpu()).unwrap();
+    /// assert_eq!(t.max(1, false).unwrap().to_vec::<i8>().unwrap(), vec![3, 7]);
+    /// assert!(Tensor::zeros([0], DType::F32, &Device::cpu()).unwrap().max(0, false).is_err());
+    /// ```
+    pub fn max(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        self.reduce_raw(ReduceOp::Max, &axes.into(), keepdim, self.dtype, self.dtype)
+    }
+
+    /// The position of the first smallest element along `axis` (or in the flattened tensor
+    /// for `None`), as i64; NaN counts as smallest.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[3, 1, 1, 0], [2, 2], &Device::cpu()).unwrap();
+    /// assert_eq!(t.argmin(Some(1), false).unwrap().to_vec::<i64>().unwrap(), vec![1, 1]);
+    /// assert_eq!(t.argmin(None, false).unwrap().item::<i64>().unwrap(), 3);
+    /// ```
+    pub fn argmin(&self, axis: Option<isize>, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(ReduceOp::ArgMin, axis, keepdim)
+    }
+
+    /// The position of the first largest element along `axis` (or in the flattened tensor
+    /// for `None`), as i64; NaN counts as largest.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[1.0f32, 5.0, 5.0], [3], &Device::cpu()).unwrap();
+    /// assert_eq!(t.argmax(Some(0), false).unwrap().item::<i64>().unwrap(), 1);
+    /// ```
+    pub fn argmax(&self, axis: Option<isize>, keepdim: bool) -> Result<Tensor> {
+        self.arg_reduce(ReduceOp::ArgMax, axis, keepdim)
+    }
+
+    fn arg_reduce(&self, op: ReduceOp, axis: Option<isize>, keepdim: bool) -> Result<Tensor> {
+        let axes = match axis {
+            Some(a) => Axes::from(a),
+            None => Axes::All,
+        };
+        self.reduce_raw(op, &axes, keepdim, self.dtype, DType::I64)
+    }
+
+    /// Whether any element over `axes` is non-zero, as bool.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[0u8, 0, 3, 0], [2, 2], &Device::cpu()).unwrap();
+    /// assert_eq!(t.any(1, false).unwrap().to_vec::<bool>().unwrap(), vec![false, true]);
+    /// ```
+    pub fn any(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        self.reduce_raw(
+            ReduceOp::Any,
+            &axes.into(),
+            keepdim,
+            DType::Bool,
+            DType::Bool,
+        )
+    }
+
+    /// Whether every element over `axes` is non-zero, as bool.
+    ///
+    /// ```
+    /// use strata_core::{ops::Axes, Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[1u8, 2, 3, 0], [4], &Device::cpu()).unwrap();
+    /// assert!(!t.all(Axes::All, false).unwrap().item::<bool>().unwrap());
+    /// ```
+    pub fn all(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        self.reduce_raw(
+            ReduceOp::All,
+            &axes.into(),
+            keepdim,
+            DType::Bool,
+            DType::Bool,
+        )
+    }
+
+    /// `log Σ exp(x)` over `axes`, computed stably (shifted by the maximum). Integers give
+    /// f32.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[1000.0f64, 1000.0], [2], &Device::cpu()).unwrap();
+    /// let v = t.logsumexp(0, false).unwrap().item::<f64>().unwrap();
+    /// assert!((v - (1000.0 + 2f64.ln())).abs() < 1e-9);
+    /// ```
+    pub fn logsumexp(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
+        let x = if self.dtype.is_float() {
+            self.clone()
+        } else {
+            self.to_dtype(DEFAULT_FLOAT)?
+        };
+        let axes = axes.into();
+        if x.extent(&axes)? == 0 {
+            return x.sum(axes, keepdim)?.log();
+        }
+        let m = x.max(axes.clone(), true)?;
+        // An infinite maximum would make x - m NaN; shift by 0 there instead (as PyTorch).
+        let shift = Tensor::where_cond(&m.isinf()?, 0.0, &m)?;
+        let s = x
+            .sub(&shift)?
+            .exp()?
+            .sum(axes.clone(), true)?
+            .log()?
+            .add(&shift)?;
+        if keepdim {
+            return Ok(s);
+        }
+        let reduced = x.reduce_axes(&axes)?;
+        let kept: Vec<usize> = (0..x.ndim())
+            .filter(|a| !reduced.contains(a))
+            .map(|a| x.shape()[a])
+            .collect();
+        s.view(kept)
+    }
+
+    /// `exp(x) / Σ exp(x)` along `axis`, computed stably. Integers give f32.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[0.0f32, 0.0], [2], &Device::cpu()).unwrap();
+    /// assert_eq!(t.softmax(0).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 0.5]);
+    /// ```
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        let x = if self.dtype.is_float() {
+            self.clone()
+        } else {
+            self.to_dtype(DEFAULT_FLOAT)?
+        };
+        let e = x.sub(&x.max(axis, true)?)?.exp()?;
+        e.div(&e.sum(axis, true)?)
+    }
+
+    /// `log(softmax(x))` along `axis`, computed stably.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::from_slice(&[0.0f64, 0.0], [2], &Device::cpu()).unwrap();
+    /// assert_eq!(t.log_softmax(0).unwrap().to_vec::<f64>().unwrap(), vec![-2f64.ln(); 2]);
+    /// ```
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        let x = if self.dtype.is_float() {
+            self.clone()
+        } else {
+            self.to_dtype(DEFAULT_FLOAT)?
+        };
+        let shifted = x.sub(&x.max(axis, true)?)?;
+        let lse = shifted.exp()?.sum(axis, true)?.log()?;
+        shifted.sub(&lse)
+    }
+}

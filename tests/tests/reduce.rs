@@ -1,0 +1,312 @@
+//! Reductions × dtypes × layouts × axes × keepdim against plain-Rust references (f64 and
+//! i128 folds over the host values). Float tolerance: relative 1e-5 for f32 (summation order
+//! differs), 1e-12 for f64, 1e-2 for the 16-bit floats; integers and bools exact.
+
+use strata::ops::Axes;
+use strata::prelude::*;
+use strata_tests::{indices, test_device};
+
+fn values(dtype: DType, n: usize) -> Vec<Scalar> {
+    (0..n)
+        .map(|i| {
+            let v = ((i * 7919) % 23) as f64 - 11.0;
+            let v = if dtype.is_float() { v / 4.0 } else { v };
+            Scalar::F64(v).cast(dtype, false)
+        })
+        .collect()
+}
+
+fn host(t: &Tensor) -> Result<Vec<Scalar>> {
+    let flat = t.reshape([-1])?;
+    (0..flat.numel())
+        .map(|i| flat.slice(s![i])?.item_scalar())
+        .collect()
+}
+
+fn make(dtype: DType, shape: &[usize], dev: &Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let t = Tensor::empty(shape, dtype, dev)?;
+    let flat = t.reshape([-1])?;
+    for (i, v) in values(dtype, n).into_iter().enumerate() {
+        flat.set(s![i], v)?;
+    }
+    Ok(t)
+}
+
+/// Inputs of logical shape [3, 4, 5] (or an empty / 0-d one) in several layouts.
+fn inputs(dtype: DType, dev: &Device) -> Result<Vec<(&'static str, Tensor)>> {
+    Ok(vec![
+        ("contiguous", make(dtype, &[3, 4, 5], dev)?),
+        (
+            "permuted",
+            make(dtype, &[5, 3, 4], dev)?.permute([1, 2, 0])?,
+        ),
+        (
+            "negative-stride",
+            make(dtype, &[3, 4, 5], dev)?.slice(s![..;-1, .., ..;-1])?,
+        ),
+        (
+            "offset",
+            make(dtype, &[4, 5, 6], dev)?.slice(s![1.., 1.., 1..])?,
+        ),
+        ("broadcast", make(dtype, &[4, 1], dev)?.expand([3, 4, 5])?),
+        ("zero-size", make(dtype, &[3, 0, 5], dev)?),
+        ("0-d", make(dtype, &[], dev)?),
+    ])
+}
+
+/// Groups the host values by output position: for each output element, its inputs in
+/// row-major order of the reduced axes.
+fn groups(shape: &[usize], vals: &[Scalar], reduced: &[usize]) -> (Vec<usize>, Vec<Vec<Scalar>>) {
+    let out_shape: Vec<usize> = (0..shape.len())
+        .filter(|a| !reduced.contains(a))
+        .map(|a| shape[a])
+        .collect();
+    let mut groups = vec![vec![]; out_shape.iter().product()];
+    for (flat, idx) in indices(shape).into_iter().enumerate() {
+        let key: Vec<usize> = (0..shape.len())
+            .filter(|a| !reduced.contains(a))
+            .map(|a| idx[a])
+            .collect();
+        let o = key
+            .iter()
+            .zip(&out_shape)
+            .fold(0, |acc, (&i, &d)| acc * d + i);
+        groups[o].push(vals[flat]);
+    }
+    (out_shape, groups)
+}
+
+fn reference(name: &str, g: &[Scalar], dtype: DType) -> Option<Scalar> {
+    let f: Vec<f64> = g.iter().map(|s| s.to_f64()).collect();
+    let i: Vec<i128> = g.iter().map(|s| s.to_i128()).collect();
+    let int_out = |v: i128| Scalar::I64(v as i64);
+    Some(match name {
+        "sum" if dtype.is_float() => Scalar::F64(f.iter().sum()).cast(dtype, false),
+        "sum" => int_out(i.iter().sum()),
+        "prod" if dtype.is_float() => Scalar::F64(f.iter().product()).cast(dtype, false),
+        "prod" => int_out(i.iter().fold(1i128, |a, &b| a.wrapping_mul(b))),
+        "max" | "min" if g.is_empty() => return None,
+        "max" => *g
+            .iter()
+            .max_by(|a, b| a.to_f64().partial_cmp(&b.to_f64()).unwrap())
+            .unwrap(),
+        "min" => *g
+            .iter()
+            .min_by(|a, b| a.to_f64().partial_cmp(&b.to_f64()).unwrap())
+            .unwrap(),
+        "argmax" | "argmin" if g.is_empty() => return None,
+        "argmax" => {
+            let m = f.iter().cloned().fold(f64::MIN, f64::max);
+            Scalar::I64(f.iter().position(|&v| v == m).unwrap() as i64)
+        }
+        "argmin" => {
+            let m = f.iter().cloned().fold(f64::MAX, f64::min);
+            Scalar::I64(f.iter().position(|&v| v == m).unwrap() as i64)
+        }
+        "any" => Scalar::Bool(g.iter().any(|s| s.to_bool())),
+        "all" => Scalar::Bool(g.iter().all(|s| s.to_bool())),
+        "mean" if dtype.is_float() => {
+            Scalar::F64(f.iter().sum::<f64>() / f.len() as f64).cast(dtype, false)
+        }
+        "var" if dtype.is_float() => {
+            let m = f.iter().sum::<f64>() / f.len() as f64;
+            Scalar::F64(
+                f.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / (f.len() as f64 - 1.0).max(0.0),
+            )
+            .cast(dtype, false)
+        }
+        // Integers are converted to the default float dtype first.
+        "logsumexp" => {
+            let out = if dtype.is_float() { dtype } else { DType::F32 };
+            Scalar::F64(f.iter().map(|v| v.exp()).sum::<f64>().ln()).cast(out, false)
+        }
+        "mean" | "var" => return None,
+        _ => unreachable!(),
+    })
+}
+
+fn close(got: Scalar, want: Scalar) -> bool {
+    if got.dtype() != want.dtype() {
+        return false;
+    }
+    if !got.dtype().is_float() {
+        return got == want;
+    }
+    let (g, w) = (got.to_f64(), want.to_f64());
+    if g.is_nan() || w.is_nan() {
+        return g.is_nan() && w.is_nan();
+    }
+    let tol = match got.dtype() {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    };
+    g == w || (g - w).abs() <= tol * w.abs().max(1.0)
+}
+
+fn run(t: &Tensor, name: &str, axes: Axes, keepdim: bool) -> Result<Tensor> {
+    match name {
+        "sum" => t.sum(axes, keepdim),
+        "prod" => t.prod(axes, keepdim),
+        "max" => t.max(axes, keepdim),
+        "min" => t.min(axes, keepdim),
+        "any" => t.any(axes, keepdim),
+        "all" => t.all(axes, keepdim),
+        "mean" => t.mean(axes, keepdim),
+        "var" => t.var(axes, 1, keepdim),
+        "logsumexp" => t.logsumexp(axes, keepdim),
+        _ => unreachable!(),
+    }
+}
+
+fn reductions(dev: &Device) -> Result<()> {
+    let names = [
+        "sum",
+        "prod",
+        "max",
+        "min",
+        "any",
+        "all",
+        "mean",
+        "var",
+        "logsumexp",
+    ];
+    for dtype in DType::ALL {
+        for (layout, t) in inputs(dtype, dev)? {
+            let vals = host(&t)?;
+            let nd = t.ndim() as isize;
+            let mut axes_list: Vec<Axes> = vec![Axes::All];
+            if nd >= 3 {
+                axes_list.extend([
+                    Axes::from(0),
+                    Axes::from(-1),
+                    Axes::from([0, 2]),
+                    Axes::from([-2, 0, 1]),
+                ]);
+            }
+            for axes in axes_list {
+                let reduced: Vec<usize> = match &axes {
+                    Axes::All => (0..t.ndim()).collect(),
+                    Axes::List(l) => l.iter().map(|&a| ((a + nd) % nd.max(1)) as usize).collect(),
+                };
+                let (out_shape, gs) = groups(t.shape(), &vals, &reduced);
+                for name in names {
+                    for keepdim in [false, true] {
+                        let ctx =
+                            format!("{name} {axes:?} keepdim={keepdim} on {dtype} ({layout})");
+                        let probe = [Scalar::I8(1).cast(dtype, false)];
+                        let dtype_ok = reference(name, &probe, dtype).is_some();
+                        let want: Option<Vec<Scalar>> =
+                            gs.iter().map(|g| reference(name, g, dtype)).collect();
+                        let got = run(&t, name, axes.clone(), keepdim);
+                        let Some(want) = want.filter(|_| dtype_ok) else {
+                            assert!(got.is_err(), "{ctx}: expected an error");
+                            continue;
+                        };
+                        let got = got.map_err(|e| Error::Invalid(format!("{ctx}: {e}")))?;
+                        let shape: Vec<usize> = if keepdim {
+                            (0..t.ndim())
+                                .map(|a| {
+                                    if reduced.contains(&a) {
+                                        1
+                                    } else {
+                                        t.shape()[a]
+                                    }
+                                })
+                                .collect()
+                        } else {
+                            out_shape.clone()
+                        };
+                        assert_eq!(got.shape(), &shape[..], "{ctx}");
+                        for (k, (g, w)) in host(&got)?.into_iter().zip(want).enumerate() {
+                            assert!(close(g, w), "{ctx} element {k}: got {g:?}, want {w:?}");
+                        }
+                    }
+                }
+            }
+            // Arg reductions: one axis or all.
+            for axis in [None, Some(0isize), Some(-1)] {
+                if t.ndim() == 0 && axis.is_some() {
+                    continue;
+                }
+                let reduced: Vec<usize> = match axis {
+                    None => (0..t.ndim()).collect(),
+                    Some(a) => vec![((a + nd) % nd) as usize],
+                };
+                let (_, gs) = groups(t.shape(), &vals, &reduced);
+                for name in ["argmax", "argmin"] {
+                    let want: Option<Vec<Scalar>> =
+                        gs.iter().map(|g| reference(name, g, dtype)).collect();
+                    let got = if name == "argmax" {
+                        t.argmax(axis, false)
+                    } else {
+                        t.argmin(axis, false)
+                    };
+                    let ctx = format!("{name} {axis:?} on {dtype} ({layout})");
+                    match want {
+                        None => assert!(got.is_err(), "{ctx}: expected an error"),
+                        Some(w) => assert_eq!(host(&got?)?, w, "{ctx}"),
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(reductions_every_dtype_layout_and_axes, reductions);
+
+fn accumulation_and_special_values(dev: &Device) -> Result<()> {
+    // Integer sums return i64 and do not overflow the input dtype.
+    let u = Tensor::full([1000], 255, DType::U8, dev)?;
+    assert_eq!(u.sum(Axes::All, false)?.item::<i64>()?, 255_000);
+    // f16 accumulates in f32: 3000 ones sum exactly (f16 alone would stall at 2048).
+    let h = Tensor::ones([3000], DType::F16, dev)?;
+    assert_eq!(
+        h.sum(0, false)?.item::<half::f16>()?,
+        half::f16::from_f32(3000.0)
+    );
+    assert_eq!(h.sum_upcast(0, false)?.dtype(), DType::F32);
+    // Empty extents: sum 0, prod 1, any false, all true, max an error (as PyTorch).
+    let e = Tensor::zeros([2, 0], DType::F32, dev)?;
+    assert_eq!(e.sum(1, false)?.to_vec::<f32>()?, vec![0.0, 0.0]);
+    assert_eq!(e.prod(1, false)?.to_vec::<f32>()?, vec![1.0, 1.0]);
+    assert_eq!(e.any(1, false)?.to_vec::<bool>()?, vec![false, false]);
+    assert_eq!(e.all(1, false)?.to_vec::<bool>()?, vec![true, true]);
+    let err = e.max(1, false).unwrap_err().to_string();
+    assert!(err.contains("empty") && err.contains("[2, 0]"), "{err}");
+    // NaN propagates through max/min and wins argmax/argmin (first occurrence).
+    let n = Tensor::from_slice(&[1.0f32, f32::NAN, 5.0, f32::NAN], [4], dev)?;
+    assert!(n.max(0, false)?.item::<f32>()?.is_nan());
+    assert_eq!(n.argmax(None, false)?.item::<i64>()?, 1);
+    assert_eq!(n.argmin(None, false)?.item::<i64>()?, 1);
+    // Softmax rows sum to 1 and survive large inputs.
+    let x = Tensor::from_slice(&[1000.0f32, 1001.0, 1002.0, -5.0, 0.0, 5.0], [2, 3], dev)?;
+    let sm = x.softmax(-1)?;
+    let rows = sm.sum(1, false)?.to_vec::<f32>()?;
+    assert!(rows.iter().all(|r| (r - 1.0).abs() < 1e-6), "{rows:?}");
+    let lsm = x.log_softmax(1)?.exp()?.to_vec::<f32>()?;
+    for (a, b) in lsm.iter().zip(sm.to_vec::<f32>()?) {
+        assert!((a - b).abs() < 1e-6);
+    }
+    let inf = Tensor::from_slice(&[f32::NEG_INFINITY, f32::NEG_INFINITY], [2], dev)?;
+    assert_eq!(inf.logsumexp(0, false)?.item::<f32>()?, f32::NEG_INFINITY);
+    // Bad axes name the axis and the rank.
+    let err = x.sum(2, false).unwrap_err().to_string();
+    assert!(err.contains("axis 2") && err.contains("rank 2"), "{err}");
+    assert!(Tensor::zeros([2], DType::I32, dev)?
+        .mean(0, false)
+        .unwrap_err()
+        .to_string()
+        .contains("i32"));
+    // A long reduction split across threads, and many small ones.
+    let big = Tensor::ones([1 << 18], DType::F32, dev)?;
+    assert_eq!(big.sum(0, false)?.item::<f32>()?, (1 << 18) as f32);
+    let rows4 = Tensor::ones([1 << 16, 4], DType::I32, dev)?.sum(1, false)?;
+    assert_eq!(rows4.sum(0, false)?.item::<i64>()?, 1 << 18);
+    Ok(())
+}
+test_device!(
+    accumulation_empty_extents_nan_and_softmax,
+    accumulation_and_special_values
+);
