@@ -436,9 +436,17 @@ pub enum Kernel {
         /// The accumulation dtype (float accumulation may use more precision than this).
         acc: DType,
     },
+    /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
+    /// `[batch, m, n]`, all of one dtype and any strides (a batch stride may be 0). Scalars:
+    /// α, β in `acc`. When β is 0, `C` is not read (NaN in it does not propagate).
+    /// Integers wrap.
+    Matmul {
+        /// The accumulation dtype (f32 for 16-bit floats; float accumulation may use more).
+        acc: DType,
+    },
 }
 
-/// Reductions of the IR.
+/// Reductions of the IR (see [`Kernel::Reduce`]).
 ///
 /// ```
 /// use strata_core::ir::ReduceOp;

@@ -4,6 +4,7 @@
 
 mod buffer;
 mod map;
+mod matmul;
 mod reduce;
 mod strided;
 mod values;
@@ -116,6 +117,7 @@ impl Backend for CpuBackend {
                 reduced_axes,
                 acc,
             } => reduce::run(*op, *reduced_axes, *acc, args),
+            Kernel::Matmul { acc } => matmul::run(*acc, args),
         }
     }
 

@@ -80,6 +80,9 @@ impl<'a> View<'a> {
     /// Storage positions of row-major elements `start..start + len`.
     pub(crate) fn positions(&self, start: usize, len: usize, out: &mut Vec<usize>) {
         out.clear();
+        if len == 0 {
+            return; // also keeps a zero-size axis out of the index arithmetic below
+        }
         let shape = self.layout.shape();
         let strides = self.layout.strides();
         let mut index = vec![0usize; shape.len()];

@@ -1,0 +1,227 @@
+//! Matrix products: PyTorch's `matmul` shape rules, `dot`, and augpy's `gemm`, all lowered to
+//! the batched, strided `Matmul` kernel.
+
+use super::promote::promote_types;
+use super::reduce::accumulation_dtype;
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::Kernel;
+use crate::layout::broadcast_shapes;
+use crate::tensor::{launch, Tensor};
+
+/// The dtype a product of `a` and `b` computes in; bool is an `Err`.
+fn product_dtype(a: &Tensor, b: &Tensor, what: &str) -> Result<DType> {
+    a.same_device(b, what)?;
+    let d = promote_types(a.dtype(), b.dtype());
+    if d == DType::Bool {
+        return Err(Error::DType(format!(
+            "{what} is not defined for bool tensors; convert them with to_dtype"
+        )));
+    }
+    Ok(d)
+}
+
+/// Runs `c = α·a·b + β·c` on 3-D views (batch already broadcast), converting `a` and `b` to
+/// `c`'s dtype first.
+fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> Result<()> {
+    let acc = accumulation_dtype(c.dtype());
+    let acc = if c.dtype().is_float() {
+        acc
+    } else {
+        DType::I64
+    };
+    let a = if a.dtype() == c.dtype() {
+        a.clone()
+    } else {
+        a.to_dtype(c.dtype())?
+    };
+    let b = if b.dtype() == c.dtype() {
+        b.clone()
+    } else {
+        b.to_dtype(c.dtype())?
+    };
+    let scalars = vec![
+        Scalar::F64(alpha).cast(acc, false),
+        Scalar::F64(beta).cast(acc, false),
+    ];
+    launch(Kernel::Matmul { acc }, c, &[&a, &b], scalars)
+}
+
+/// The inner-dimension check shared by every product.
+fn check_inner(a: &[usize], b: &[usize], what: &str) -> Result<()> {
+    let (ka, kb) = (a[a.len() - 1], b[b.len() - 2]);
+    if ka != kb {
+        return Err(Error::Shape(format!(
+            "{what}: shapes {a:?} and {b:?} do not fit: inner dimensions {ka} and {kb} differ"
+        )));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// The matrix product with PyTorch's rules: 1-D @ 1-D is a dot product (0-d), a 1-D
+    /// operand gains a size-1 axis that is removed again, and axes before the last two are
+    /// batch axes that broadcast. Any strides; the result dtype is the promoted one.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let a = Tensor::arange(0.0, 6.0, 1.0, DType::F32, &dev).unwrap().reshape([2, 3]).unwrap();
+    /// let b = Tensor::ones([3], DType::F32, &dev).unwrap();
+    /// assert_eq!(a.matmul(&b).unwrap().to_vec::<f32>().unwrap(), vec![3.0, 12.0]);
+    /// assert_eq!(a.matmul(&a.t().unwrap()).unwrap().shape(), &[2, 2]);
+    /// assert!(a.matmul(&a).is_err());
+    /// ```
+    pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let what = "matmul";
+        let dtype = product_dtype(self, other, what)?;
+        if self.ndim() == 0 || other.ndim() == 0 {
+            return Err(Error::Shape(format!(
+                "{what} needs operands of rank 1 or more, got shapes {:?} and {:?}",
+                self.shape(),
+                other.shape()
+            )));
+        }
+        // 1-D operands become matrices, and the added axis is dropped from the result.
+        let a = if self.ndim() == 1 {
+            self.unsqueeze(0)?
+        } else {
+            self.clone()
+        };
+        let b = if other.ndim() == 1 {
+            other.unsqueeze(1)?
+        } else {
+            other.clone()
+        };
+        check_inner(a.shape(), b.shape(), what).map_err(|_| {
+            Error::Shape(format!(
+                "{what}: shapes {:?} and {:?} do not fit: inner dimensions {} and {} differ",
+                self.shape(),
+                other.shape(),
+                a.shape()[a.ndim() - 1],
+                b.shape()[b.ndim() - 2]
+            ))
+        })?;
+        let (m, n) = (a.shape()[a.ndim() - 2], b.shape()[b.ndim() - 1]);
+        let batch = broadcast_shapes(&a.shape()[..a.ndim() - 2], &b.shape()[..b.ndim() - 2])
+            .map_err(|e| Error::Shape(format!("{what}: batch axes: {e}")))?;
+        let full = |t: &Tensor, rows: usize, cols: usize| -> Result<Tensor> {
+            let shape: Vec<usize> = batch.iter().copied().chain([rows, cols]).collect();
+            let nb: usize = batch.iter().product();
+            t.broadcast_to(shape)?.reshape_batch(nb)
+        };
+        let k = a.shape()[a.ndim() - 1];
+        let (a3, b3) = (full(&a, m, k)?, full(&b, k, n)?);
+        let nb: usize = batch.iter().product();
+        let out = Tensor::alloc(&[nb, m, n], dtype, self.device())?;
+        launch_matmul(&a3, &b3, &out, 1.0, 0.0)?;
+        let mut shape = batch;
+        if self.ndim() > 1 {
+            shape.push(m);
+        }
+        if other.ndim() > 1 {
+            shape.push(n);
+        }
+        out.view(shape)
+    }
+
+    /// Collapses all axes before the last two into one batch axis of size `nb` (a view
+    /// whenever the batch axes allow, else a copy).
+    fn reshape_batch(&self, nb: usize) -> Result<Tensor> {
+        let (r, c) = (self.shape()[self.ndim() - 2], self.shape()[self.ndim() - 1]);
+        self.reshape([nb, r, c])
+    }
+
+    /// The dot product of two 1-D tensors of the same length, as a 0-d tensor.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let v = Tensor::from_slice(&[1i32, 2, 3], [3], &Device::cpu()).unwrap();
+    /// assert_eq!(v.dot(&v).unwrap().item::<i32>().unwrap(), 14);
+    /// ```
+    pub fn dot(&self, other: &Tensor) -> Result<Tensor> {
+        if self.ndim() != 1 || other.ndim() != 1 || self.numel() != other.numel() {
+            return Err(Error::Shape(format!(
+                "dot needs two 1-D tensors of one length, got shapes {:?} and {:?}",
+                self.shape(),
+                other.shape()
+            )));
+        }
+        self.matmul(other)
+    }
+
+    /// augpy's `gemm`: `c = α·op(a)·op(b) + β·c` in place, where `op` transposes the last two
+    /// axes when asked. `c` has rank 2 or more; batch axes of `a` and `b` broadcast to `c`'s.
+    /// With β = 0, `c`'s old values are not read.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0], [2, 2], &dev).unwrap();
+    /// let c = Tensor::ones([2, 2], DType::F32, &dev).unwrap();
+    /// Tensor::gemm(2.0, &a, &a, 1.0, &c, true, false).unwrap(); // 2·aᵀa + c
+    /// assert_eq!(c.to_vec::<f32>().unwrap(), vec![21.0, 29.0, 29.0, 41.0]);
+    /// ```
+    pub fn gemm(
+        alpha: f64,
+        a: &Tensor,
+        b: &Tensor,
+        beta: f64,
+        c: &Tensor,
+        trans_a: bool,
+        trans_b: bool,
+    ) -> Result<()> {
+        let what = "gemm";
+        product_dtype(a, b, what)?;
+        c.same_device(a, what)?;
+        if a.ndim() < 2 || b.ndim() < 2 || c.ndim() < 2 {
+            return Err(Error::Shape(format!(
+                "{what} needs operands of rank 2 or more, got {:?}, {:?} and {:?}",
+                a.shape(),
+                b.shape(),
+                c.shape()
+            )));
+        }
+        let a = if trans_a {
+            a.transpose(-1, -2)?
+        } else {
+            a.clone()
+        };
+        let b = if trans_b {
+            b.transpose(-1, -2)?
+        } else {
+            b.clone()
+        };
+        check_inner(a.shape(), b.shape(), what)?;
+        let (m, n, k) = (
+            a.shape()[a.ndim() - 2],
+            b.shape()[b.ndim() - 1],
+            a.shape()[a.ndim() - 1],
+        );
+        let (cm, cn) = (c.shape()[c.ndim() - 2], c.shape()[c.ndim() - 1]);
+        if (cm, cn) != (m, n) {
+            return Err(Error::Shape(format!(
+                "{what}: op(a) @ op(b) has {m}×{n} matrices, c has shape {:?}",
+                c.shape()
+            )));
+        }
+        let batch = &c.shape()[..c.ndim() - 2];
+        let nb: usize = batch.iter().product();
+        let expand = |t: &Tensor, r: usize, cols: usize| -> Result<Tensor> {
+            let shape: Vec<usize> = batch.iter().copied().chain([r, cols]).collect();
+            t.broadcast_to(shape)
+                .map_err(|e| Error::Shape(format!("{what}: {e}")))?
+                .reshape_batch(nb)
+        };
+        let (a3, b3) = (expand(&a, m, k)?, expand(&b, k, n)?);
+        // C is written in place: its batch axes must collapse into one as a view.
+        let c3 = c.view([nb, m, n]).map_err(|_| {
+            Error::Shape(format!(
+                "{what}: the batch axes of c (shape {:?}, strides {:?}) cannot be viewed as one",
+                c.shape(),
+                c.strides()
+            ))
+        })?;
+        launch_matmul(&a3, &b3, &c3, alpha, beta)
+    }
+}

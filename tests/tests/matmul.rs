@@ -1,0 +1,192 @@
+//! matmul, dot and gemm × dtypes × layouts against a plain triple loop (f64 / wrapping i128).
+//! Tolerance: relative 1e-5 for f32, 1e-12 for f64, 1e-2 for 16-bit floats; integers exact.
+
+use strata::prelude::*;
+use strata_tests::{indices, test_device};
+
+fn make(dtype: DType, shape: &[usize], seed: usize, dev: &Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let vals: Vec<f64> = (0..n)
+        .map(|i| (((i + seed) * 7919) % 13) as f64 - 6.0)
+        .collect();
+    let t = Tensor::empty(shape, dtype, dev)?;
+    let flat = t.reshape([-1])?;
+    for (i, v) in vals.into_iter().enumerate() {
+        flat.set(
+            s![i],
+            Scalar::F64(if dtype.is_float() { v / 2.0 } else { v }),
+        )?;
+    }
+    Ok(t)
+}
+
+fn host(t: &Tensor) -> Result<Vec<Scalar>> {
+    let flat = t.reshape([-1])?;
+    (0..flat.numel())
+        .map(|i| flat.slice(s![i])?.item_scalar())
+        .collect()
+}
+
+/// Reference batched product with broadcast batch axes, for operands of rank ≥ 2.
+fn reference(a: &Tensor, b: &Tensor, dtype: DType) -> Result<(Vec<usize>, Vec<Scalar>)> {
+    let (ha, hb) = (host(a)?, host(b)?);
+    let (ra, rb) = (a.ndim(), b.ndim());
+    let (m, k, n) = (a.shape()[ra - 2], a.shape()[ra - 1], b.shape()[rb - 1]);
+    let nb = (ra - 2).max(rb - 2);
+    let pad = |s: &[usize]| [vec![1; nb - (s.len() - 2)], s[..s.len() - 2].to_vec()].concat();
+    let (ba, bb) = (pad(a.shape()), pad(b.shape()));
+    let batch: Vec<usize> = ba.iter().zip(&bb).map(|(&x, &y)| x.max(y)).collect();
+    let at = |h: &[Scalar],
+              bshape: &[usize],
+              bi: &[usize],
+              rows: usize,
+              cols: usize,
+              r: usize,
+              c: usize| {
+        let flat_b = bi
+            .iter()
+            .zip(bshape)
+            .fold(0, |acc, (&i, &d)| acc * d + if d == 1 { 0 } else { i });
+        h[flat_b * rows * cols + r * cols + c]
+    };
+    let mut out = vec![];
+    for bi in indices(&batch) {
+        for i in 0..m {
+            for j in 0..n {
+                let pairs =
+                    (0..k).map(|p| (at(&ha, &ba, &bi, m, k, i, p), at(&hb, &bb, &bi, k, n, p, j)));
+                out.push(if dtype.is_float() {
+                    Scalar::F64(pairs.map(|(x, y)| x.to_f64() * y.to_f64()).sum())
+                        .cast(dtype, false)
+                } else {
+                    let s = pairs.fold(0i128, |acc, (x, y)| {
+                        acc.wrapping_add(x.to_i128().wrapping_mul(y.to_i128()))
+                    });
+                    Scalar::I64(s as i64).cast(dtype, false)
+                });
+            }
+        }
+    }
+    Ok(([batch, vec![m, n]].concat(), out))
+}
+
+fn close(g: Scalar, w: Scalar) -> bool {
+    if !g.dtype().is_float() {
+        return g == w;
+    }
+    let tol = match g.dtype() {
+        DType::F64 => 1e-12,
+        DType::F32 => 1e-5,
+        _ => 1e-2,
+    };
+    (g.to_f64() - w.to_f64()).abs() <= tol * w.to_f64().abs().max(1.0)
+}
+
+fn products(dev: &Device) -> Result<()> {
+    for dtype in DType::ALL.into_iter().filter(|&d| d != DType::Bool) {
+        let m = |shape: &[usize], seed| make(dtype, shape, seed, dev);
+        let cases: Vec<(&str, Tensor, Tensor)> = vec![
+            ("2-D", m(&[2, 3], 1)?, m(&[3, 4], 2)?),
+            ("transposed", m(&[3, 2], 3)?.t()?, m(&[4, 3], 4)?.t()?),
+            (
+                "negative-stride",
+                m(&[2, 3], 5)?.slice(s![..;-1, ..;-1])?,
+                m(&[3, 4], 6)?.slice(s![.., ..;-1])?,
+            ),
+            (
+                "offset",
+                m(&[3, 4], 7)?.slice(s![1.., 1..])?,
+                m(&[4, 5], 8)?.slice(s![1.., ..2])?,
+            ),
+            (
+                "batched broadcast",
+                m(&[2, 1, 2, 3], 9)?,
+                m(&[3, 3, 2], 10)?,
+            ),
+            (
+                "stride-0 batch",
+                m(&[2, 3], 11)?.expand([4, 2, 3])?,
+                m(&[4, 3, 2], 12)?,
+            ),
+            ("zero-size k", m(&[2, 0], 13)?, m(&[0, 3], 14)?),
+            ("zero-size m", m(&[0, 3], 15)?, m(&[3, 2], 16)?),
+        ];
+        for (name, a, b) in cases {
+            let ctx = format!("matmul {name} on {dtype}");
+            let got = a
+                .matmul(&b)
+                .map_err(|e| Error::Invalid(format!("{ctx}: {e}")))?;
+            let (shape, want) = reference(&a, &b, dtype)?;
+            assert_eq!(got.shape(), &shape[..], "{ctx}");
+            for (i, (g, w)) in host(&got)?.into_iter().zip(want).enumerate() {
+                assert!(close(g, w), "{ctx} element {i}: got {g:?}, want {w:?}");
+            }
+        }
+        // 1-D operands.
+        let v = m(&[3], 17)?;
+        let mat = m(&[3, 2], 18)?;
+        let dot = v.dot(&v)?;
+        assert_eq!(dot.shape(), &[] as &[usize]);
+        let (_, want) = reference(&v.unsqueeze(0)?, &v.unsqueeze(1)?, dtype)?;
+        assert!(close(dot.item_scalar()?, want[0]), "dot on {dtype}");
+        assert_eq!(v.matmul(&mat)?.shape(), &[2]);
+        assert_eq!(mat.t()?.matmul(&v)?.shape(), &[2]);
+        assert_eq!(m(&[4, 2, 3], 19)?.matmul(&v)?.shape(), &[4, 2]);
+        assert_eq!(v.matmul(&m(&[5, 3, 2], 20)?)?.shape(), &[5, 2]);
+    }
+    Ok(())
+}
+test_device!(matmul_every_dtype_and_layout, products);
+
+fn gemm_and_errors(dev: &Device) -> Result<()> {
+    let a = make(DType::F64, &[3, 2], 1, dev)?;
+    let b = make(DType::F64, &[4, 3], 2, dev)?;
+    let c = make(DType::F64, &[2, 4], 3, dev)?;
+    let old = host(&c)?;
+    Tensor::gemm(0.5, &a, &b, -2.0, &c, true, true)?;
+    let (_, ab) = reference(&a.t()?, &b.t()?, DType::F64)?;
+    for (i, g) in host(&c)?.into_iter().enumerate() {
+        let w = 0.5 * ab[i].to_f64() - 2.0 * old[i].to_f64();
+        assert!((g.to_f64() - w).abs() < 1e-12, "gemm element {i}");
+    }
+    // β = 0 ignores NaN in C; gemm writes through a view of C.
+    let big = Tensor::full([2, 6], f64::NAN, DType::F64, dev)?;
+    let view = big.slice(s![.., 1..5])?;
+    Tensor::gemm(1.0, &a, &b, 0.0, &view, true, true)?;
+    assert!(host(&view)?.iter().all(|v| v.to_f64().is_finite()));
+    assert!(big
+        .slice(s![.., 0])?
+        .isnan()?
+        .all(0, false)?
+        .item::<bool>()?);
+    // Integer gemm wraps.
+    let i8s = Tensor::full([2, 2], 100, DType::I8, dev)?;
+    let ci = Tensor::zeros([2, 2], DType::I8, dev)?;
+    Tensor::gemm(1.0, &i8s, &i8s, 0.0, &ci, false, false)?;
+    assert_eq!(ci.to_vec::<i8>()?, vec![20000i32 as i8; 4]);
+    // Errors name the shapes.
+    let e = a.matmul(&a).unwrap_err().to_string();
+    assert!(
+        e.contains("[3, 2]") && e.contains("inner dimensions 2 and 3"),
+        "{e}"
+    );
+    let e = Tensor::gemm(1.0, &a, &b, 0.0, &c, false, false)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("inner dimensions"), "{e}");
+    let e = Tensor::zeros([2], DType::Bool, dev)?
+        .dot(&Tensor::zeros([2], DType::Bool, dev)?)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bool"), "{e}");
+    let e = make(DType::F32, &[2, 2, 3], 1, dev)?
+        .matmul(&make(DType::F32, &[3, 3, 2], 2, dev)?)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("batch"), "{e}");
+    // Mixed dtypes promote.
+    let mixed = make(DType::I32, &[2, 3], 1, dev)?.matmul(&make(DType::F16, &[3, 2], 2, dev)?)?;
+    assert_eq!(mixed.dtype(), DType::F16);
+    Ok(())
+}
+test_device!(gemm_in_place_and_matmul_errors, gemm_and_errors);
