@@ -107,7 +107,37 @@ impl Tensor {
     /// t.set(s![.., 2], 1.0).unwrap();
     /// assert_eq!(t.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 1.0, 0.0, 0.0, 1.0]);
     /// ```
+    ///
+    /// With a tensor of indices in the expression, the selected positions are written
+    /// (SambaTensor's `t[None, :, idx] = v`):
+    ///
+    /// ```
+    /// use strata_core::{s, Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([2, 3], DType::F32, &dev).unwrap();
+    /// let idx = Tensor::from_slice(&[0i64, 2], [2], &dev).unwrap();
+    /// t.set(s![NewAxis, .., &idx], 2.0).unwrap();
+    /// assert_eq!(t.to_vec::<f32>().unwrap(), vec![2.0, 0.0, 2.0, 2.0, 0.0, 2.0]);
+    /// ```
     pub fn set(&self, index: impl IndexArgs, value: impl Into<Value>) -> Result<()> {
-        self.slice(index)?.assign(value)
+        let args = index.into_args()?;
+        let Some((basic, axis, idx)) = crate::index::split_tensor_index(&args, self.ndim())? else {
+            return self.slice(args)?.assign(value);
+        };
+        let view = self.slice(basic)?;
+        // The selected shape has the index's axes in place of `axis`; flatten them to one.
+        let selected: Vec<usize> = view.shape()[..axis]
+            .iter()
+            .chain(idx.shape())
+            .chain(&view.shape()[axis + 1..])
+            .copied()
+            .collect();
+        let mut flat = view.shape().to_vec();
+        flat[axis] = idx.numel();
+        let value = match value.into() {
+            Value::Tensor(t) => Value::Tensor(t.broadcast_to(selected)?.reshape(flat)?),
+            scalar => scalar,
+        };
+        view.index_put_(axis as isize, &idx.reshape([-1])?, value, false)
     }
 }

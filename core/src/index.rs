@@ -17,7 +17,7 @@ use std::ops::{Range, RangeFrom, RangeFull, RangeInclusive, RangeTo, RangeToIncl
 /// assert_eq!(args.len(), 4);
 /// assert_eq!(args[0], Ok(SliceArg::Index(1)));
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum SliceArg {
     /// Select one position (negative counts from the end) and drop the axis.
     Index(isize),
@@ -36,6 +36,41 @@ pub enum SliceArg {
     NewAxis,
     /// Stand for as many full ranges as needed to index every axis.
     Ellipsis,
+    /// Select the positions an i32/i64 tensor holds along this axis (NumPy's integer-array
+    /// indexing): the axis is replaced by the index tensor's axes. The result is a copy.
+    Tensor(crate::Tensor),
+}
+
+impl PartialEq for SliceArg {
+    fn eq(&self, other: &SliceArg) -> bool {
+        use SliceArg::*;
+        match (self, other) {
+            (Index(a), Index(b)) => a == b,
+            (
+                Range {
+                    start,
+                    end,
+                    inclusive,
+                    step,
+                },
+                Range {
+                    start: s2,
+                    end: e2,
+                    inclusive: i2,
+                    step: st2,
+                },
+            ) => (start, end, inclusive, step) == (s2, e2, i2, st2),
+            (NewAxis, NewAxis) | (Ellipsis, Ellipsis) => true,
+            (Tensor(a), Tensor(b)) => a.shares_storage(b) && a.layout() == b.layout(),
+            _ => false,
+        }
+    }
+}
+
+impl From<&crate::Tensor> for SliceArg {
+    fn from(t: &crate::Tensor) -> SliceArg {
+        SliceArg::Tensor(t.clone())
+    }
 }
 
 /// Inserts a size-1 axis when used in [`s!`](crate::s).
@@ -268,9 +303,17 @@ pub fn resolve_range(
 pub(crate) fn apply(layout: &Layout, args: &[SliceArg]) -> Result<Layout> {
     let consuming = args
         .iter()
-        .filter(|a| matches!(a, SliceArg::Index(_) | SliceArg::Range { .. }))
+        .filter(|a| {
+            matches!(
+                a,
+                SliceArg::Index(_) | SliceArg::Range { .. } | SliceArg::Tensor(_)
+            )
+        })
         .count();
-    let ellipses = args.iter().filter(|a| **a == SliceArg::Ellipsis).count();
+    let ellipses = args
+        .iter()
+        .filter(|a| matches!(a, SliceArg::Ellipsis))
+        .count();
     if ellipses > 1 {
         return Err(Error::Index(format!(
             "an index may contain at most one ellipsis, {args:?} has {ellipses}"
@@ -286,6 +329,11 @@ pub(crate) fn apply(layout: &Layout, args: &[SliceArg]) -> Result<Layout> {
     let mut axis = 0usize; // the axis of `out` the next argument applies to
     for arg in args {
         match *arg {
+            SliceArg::Tensor(_) => {
+                return Err(Error::Index(
+                    "a tensor index selects a copy; use Tensor::slice, not a view".into(),
+                ))
+            }
             SliceArg::Ellipsis => axis += layout.ndim() - consuming,
             SliceArg::NewAxis => {
                 out.insert_axis(axis);
@@ -316,4 +364,54 @@ pub(crate) fn apply(layout: &Layout, args: &[SliceArg]) -> Result<Layout> {
         }
     }
     Ok(out)
+}
+
+/// Splits off the one tensor index of `args`: the basic arguments with a full range in its
+/// place, and the axis of the basic view it selects along.
+pub(crate) fn split_tensor_index(
+    args: &[SliceArg],
+    ndim: usize,
+) -> Result<Option<(Vec<SliceArg>, usize, crate::Tensor)>> {
+    let tensors = args
+        .iter()
+        .filter(|a| matches!(a, SliceArg::Tensor(_)))
+        .count();
+    if tensors == 0 {
+        return Ok(None);
+    }
+    if tensors > 1 {
+        return Err(Error::Index(format!(
+            "an index expression may hold one index tensor, this one has {tensors}; \
+             index one axis at a time"
+        )));
+    }
+    let consuming = args
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                SliceArg::Index(_) | SliceArg::Range { .. } | SliceArg::Tensor(_)
+            )
+        })
+        .count();
+    let mut axis = 0;
+    let mut basic = Vec::with_capacity(args.len());
+    let mut found = None;
+    for arg in args {
+        match arg {
+            SliceArg::Tensor(t) => {
+                found = Some((axis, t.clone()));
+                basic.push(SliceArg::from(..));
+            }
+            other => {
+                axis += match other {
+                    SliceArg::Range { .. } | SliceArg::NewAxis => 1,
+                    SliceArg::Ellipsis => ndim.saturating_sub(consuming),
+                    _ => 0,
+                };
+                basic.push(other.clone());
+            }
+        }
+    }
+    Ok(found.map(|(axis, t)| (basic, axis, t)))
 }

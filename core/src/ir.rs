@@ -444,6 +444,23 @@ pub enum Kernel {
         /// The accumulation dtype (f32 for 16-bit floats; float accumulation may use more).
         acc: DType,
     },
+    /// `out[p] = src[p with coordinate axis replaced by index[p]]` for inputs `src` and `index`
+    /// (i64, the output's shape). Core guarantees every index is in `0..src.shape[axis]` and
+    /// that the other axes of the output fit inside `src`.
+    Gather {
+        /// The axis the index values select along.
+        axis: usize,
+    },
+    /// For every position `p` of inputs `index` (i64) and `src` (same shape):
+    /// `out[p with coordinate axis replaced by index[p]] = src[p]`, or `+=` when `accumulate`.
+    /// `out` is read and written in place. Core guarantees the indices are in range; with
+    /// repeated indices and `accumulate` off, which write wins is unspecified.
+    Scatter {
+        /// The axis the index values select along.
+        axis: usize,
+        /// Add into `out` instead of overwriting.
+        accumulate: bool,
+    },
 }
 
 /// Reductions of the IR (see [`Kernel::Reduce`]).

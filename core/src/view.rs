@@ -17,9 +17,35 @@ impl Tensor {
     /// assert_eq!(t.slice(s![.., 1.., 1..-1]).unwrap().shape(), &[2, 1, 2]);
     /// assert!(t.slice(s![2]).is_err());
     /// ```
+    ///
+    /// A tensor of i32/i64 indices selects along its axis and makes the result a copy
+    /// (SambaTensor's `t[None, :, idx]`):
+    ///
+    /// ```
+    /// use strata_core::{s, Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::arange(0, 6, 1, DType::I32, &dev).unwrap().reshape([2, 3]).unwrap();
+    /// let idx = Tensor::from_slice(&[0i64, 2], [2], &dev).unwrap();
+    /// let r = t.slice(s![NewAxis, .., &idx]).unwrap();
+    /// assert_eq!(r.shape(), &[1, 2, 2]);
+    /// assert_eq!(r.to_vec::<i32>().unwrap(), vec![0, 2, 3, 5]);
+    /// ```
     pub fn slice(&self, args: impl IndexArgs) -> Result<Tensor> {
         let args = args.into_args()?;
-        Ok(self.with_layout(index::apply(&self.layout, &args)?))
+        match index::split_tensor_index(&args, self.ndim())? {
+            None => Ok(self.with_layout(index::apply(&self.layout, &args)?)),
+            Some((basic, axis, idx)) => {
+                let view = self.with_layout(index::apply(&self.layout, &basic)?);
+                let picked = view.index_select(axis as isize, &idx.reshape([-1])?)?;
+                let shape: Vec<usize> = view.shape()[..axis]
+                    .iter()
+                    .chain(idx.shape())
+                    .chain(&view.shape()[axis + 1..])
+                    .copied()
+                    .collect();
+                picked.view(shape)
+            }
+        }
     }
 
     /// A view with shape `dims` (one entry may be `-1`, inferred) when the strides allow one,

@@ -63,6 +63,7 @@ fn reference(base: &Positions, args: &[SliceArg]) -> Positions {
                 axes.push((Some(k), python_slice(start, end, step, base.shape[k])));
                 k += 1;
             }
+            SliceArg::Tensor(_) => unreachable!("the strategy makes basic indices only"),
         }
     }
     while k < base.shape.len() {

@@ -3,6 +3,7 @@
 //! callers go through the same asynchronous API as on a GPU.
 
 mod buffer;
+mod index;
 mod map;
 mod matmul;
 mod reduce;
@@ -118,6 +119,8 @@ impl Backend for CpuBackend {
                 acc,
             } => reduce::run(*op, *reduced_axes, *acc, args),
             Kernel::Matmul { acc } => matmul::run(*acc, args),
+            Kernel::Gather { axis } => index::gather(*axis, args),
+            Kernel::Scatter { axis, accumulate } => index::scatter(*axis, *accumulate, args),
         }
     }
 

@@ -2,6 +2,7 @@
 //! defined once here and lowered to the kernel IR.
 
 mod elementwise;
+mod index;
 mod matmul;
 mod promote;
 mod reduce;

@@ -1,0 +1,392 @@
+//! Index ops: gather, index_select, take, scatter (and add), masked_fill, masked_select,
+//! index_put and one_hot. Index tensors are i32 or i64; negative indices count from the end;
+//! an index out of range is an `Err` naming it (checked once per op, which reads two values
+//! back to the host).
+
+use crate::assign::Value;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ir::Kernel;
+use crate::layout::normalize_axis;
+use crate::ops::Axes;
+use crate::tensor::{launch, Tensor};
+
+/// `index` as i64 with negative values wrapped, after checking it is an integer tensor whose
+/// values lie in `-size..size`.
+pub(crate) fn normalized_index(index: &Tensor, size: usize, what: &str) -> Result<Tensor> {
+    if !matches!(index.dtype(), DType::I32 | DType::I64) {
+        return Err(Error::DType(format!(
+            "{what}: the index tensor must be i32 or i64, not {}",
+            index.dtype()
+        )));
+    }
+    let idx = index.to_dtype(DType::I64)?;
+    if idx.numel() == 0 {
+        return Ok(idx);
+    }
+    let (lo, hi) = (
+        idx.min(Axes::All, false)?.item::<i64>()?,
+        idx.max(Axes::All, false)?.item::<i64>()?,
+    );
+    let n = size as i64;
+    for v in [lo, hi] {
+        if v < -n || v >= n {
+            return Err(Error::Index(format!(
+                "{what}: index {v} is out of range for an axis of size {size}"
+            )));
+        }
+    }
+    if lo >= 0 {
+        return Ok(idx);
+    }
+    Tensor::where_cond(&idx.lt(0)?, &idx.add(n)?, &idx)
+}
+
+impl Tensor {
+    /// PyTorch's `gather`: `out[i][j] = self[index[i][j]][j]` for `axis` 0 (likewise for any
+    /// axis and rank). `index` has `self`'s rank and, off `axis`, sizes no larger than
+    /// `self`'s; the result has `index`'s shape.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::from_slice(&[1, 2, 3, 4], [2, 2], &dev).unwrap();
+    /// let i = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], &dev).unwrap();
+    /// assert_eq!(t.gather(1, &i).unwrap().to_vec::<i32>().unwrap(), vec![1, 1, 4, 3]);
+    /// ```
+    pub fn gather(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
+        let what = "gather";
+        self.same_device(index, what)?;
+        let a = normalize_axis(axis, self.ndim())?;
+        self.check_index_shape(index, a, what)?;
+        let idx = normalized_index(index, self.shape()[a], what)?;
+        let out = Tensor::alloc(index.shape(), self.dtype(), self.device())?;
+        launch(Kernel::Gather { axis: a }, &out, &[self, &idx], vec![])?;
+        Ok(out)
+    }
+
+    /// Checks that `index` has `self`'s rank and fits inside it off `axis`.
+    fn check_index_shape(&self, index: &Tensor, axis: usize, what: &str) -> Result<()> {
+        let fits = index.ndim() == self.ndim()
+            && (0..self.ndim()).all(|d| d == axis || index.shape()[d] <= self.shape()[d]);
+        if !fits {
+            return Err(Error::Shape(format!(
+                "{what}: an index of shape {:?} does not fit a tensor of shape {:?} along axis {axis}",
+                index.shape(),
+                self.shape()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The entries at positions `index` (1-D) along `axis`.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::arange(0, 6, 1, DType::I32, &dev).unwrap().reshape([2, 3]).unwrap();
+    /// let i = Tensor::from_slice(&[2i32, -3], [2], &dev).unwrap();
+    /// assert_eq!(t.index_select(1, &i).unwrap().to_vec::<i32>().unwrap(), vec![2, 0, 5, 3]);
+    /// ```
+    pub fn index_select(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
+        let a = normalize_axis(axis, self.ndim())?;
+        if index.ndim() != 1 {
+            return Err(Error::Shape(format!(
+                "index_select needs a 1-D index, got shape {:?}",
+                index.shape()
+            )));
+        }
+        let mut shape = self.shape().to_vec();
+        shape[a] = index.numel();
+        // The index along `axis`, broadcast over every other axis (no copy).
+        let mut along = vec![1usize; self.ndim()];
+        along[a] = index.numel();
+        let expanded = index.reshape(along)?.broadcast_to(shape)?;
+        self.gather(a as isize, &expanded)
+    }
+
+    /// The elements at flat (row-major) positions `index`, in `index`'s shape.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::arange(10, 16, 1, DType::I64, &dev).unwrap().reshape([2, 3]).unwrap();
+    /// let i = Tensor::from_slice(&[5i64, 0, -1, 1], [2, 2], &dev).unwrap();
+    /// assert_eq!(t.take(&i).unwrap().to_vec::<i64>().unwrap(), vec![15, 10, 15, 11]);
+    /// ```
+    pub fn take(&self, index: &Tensor) -> Result<Tensor> {
+        let flat_index = index.reshape([-1])?;
+        self.reshape([-1])?
+            .index_select(0, &flat_index)?
+            .reshape(index.shape())
+    }
+
+    /// A copy of `self` with `src` written at `index` along `axis`: `out[index[i][j]][j] =
+    /// src[i][j]` for axis 0. `src` may be a scalar or a tensor broadcast to `index`'s shape.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([2, 3], DType::F32, &dev).unwrap();
+    /// let i = Tensor::from_slice(&[2i64, 0], [2, 1], &dev).unwrap();
+    /// let r = t.scatter(1, &i, 5.0).unwrap();
+    /// assert_eq!(r.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 5.0, 5.0, 0.0, 0.0]);
+    /// ```
+    pub fn scatter(&self, axis: isize, index: &Tensor, src: impl Into<Value>) -> Result<Tensor> {
+        let out = self.copy()?;
+        out.scatter_impl(axis, index, src.into(), false, "scatter")?;
+        Ok(out)
+    }
+
+    /// In-place [`scatter`](Tensor::scatter).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([3], DType::I32, &dev).unwrap();
+    /// t.scatter_(0, &Tensor::from_slice(&[1i64], [1], &dev).unwrap(), 7).unwrap();
+    /// assert_eq!(t.to_vec::<i32>().unwrap(), vec![0, 7, 0]);
+    /// ```
+    pub fn scatter_(&self, axis: isize, index: &Tensor, src: impl Into<Value>) -> Result<()> {
+        self.scatter_impl(axis, index, src.into(), false, "scatter_")
+    }
+
+    /// A copy of `self` with `src` added at `index` along `axis` (repeated indices add up).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([3], DType::I32, &dev).unwrap();
+    /// let i = Tensor::from_slice(&[1i64, 1, 2], [3], &dev).unwrap();
+    /// assert_eq!(t.scatter_add(0, &i, 1).unwrap().to_vec::<i32>().unwrap(), vec![0, 2, 1]);
+    /// ```
+    pub fn scatter_add(
+        &self,
+        axis: isize,
+        index: &Tensor,
+        src: impl Into<Value>,
+    ) -> Result<Tensor> {
+        let out = self.copy()?;
+        out.scatter_impl(axis, index, src.into(), true, "scatter_add")?;
+        Ok(out)
+    }
+
+    /// In-place [`scatter_add`](Tensor::scatter_add).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::ones([2], DType::F32, &dev).unwrap();
+    /// t.scatter_add_(0, &Tensor::from_slice(&[0i64, 0], [2], &dev).unwrap(), 0.5).unwrap();
+    /// assert_eq!(t.to_vec::<f32>().unwrap(), vec![2.0, 1.0]);
+    /// ```
+    pub fn scatter_add_(&self, axis: isize, index: &Tensor, src: impl Into<Value>) -> Result<()> {
+        self.scatter_impl(axis, index, src.into(), true, "scatter_add_")
+    }
+
+    fn scatter_impl(
+        &self,
+        axis: isize,
+        index: &Tensor,
+        src: Value,
+        accumulate: bool,
+        what: &str,
+    ) -> Result<()> {
+        self.same_device(index, what)?;
+        let a = normalize_axis(axis, self.ndim())?;
+        self.check_index_shape(index, a, what)?;
+        let idx = normalized_index(index, self.shape()[a], what)?;
+        let src = match src {
+            Value::Tensor(t) => {
+                self.same_device(&t, what)?;
+                let fits = t.ndim() == index.ndim()
+                    && t.shape().iter().zip(index.shape()).all(|(&s, &i)| s >= i);
+                if fits {
+                    // PyTorch reads src at the index's positions (src may be larger).
+                    let ranges: Vec<_> = index
+                        .shape()
+                        .iter()
+                        .map(|&n| crate::SliceArg::from(..n))
+                        .collect();
+                    t.slice(ranges)?
+                } else {
+                    t.broadcast_to(index.shape())
+                        .map_err(|e| Error::Shape(format!("{what}: src: {e}")))?
+                }
+            }
+            Value::Scalar(s) => Tensor::scalar(s.cast(self.dtype(), false), self.device())?
+                .broadcast_to(index.shape())?,
+        };
+        if !crate::ops::can_cast(src.dtype(), self.dtype()) {
+            return Err(Error::DType(format!(
+                "{what}: values of {} cannot be written into a tensor of {}",
+                src.dtype(),
+                self.dtype()
+            )));
+        }
+        launch(
+            Kernel::Scatter {
+                axis: a,
+                accumulate,
+            },
+            self,
+            &[&idx, &src],
+            vec![],
+        )
+    }
+
+    /// A copy of `self` with `value` where `mask` (bool, broadcast to `self`) is true.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::arange(0, 4, 1, DType::I32, &dev).unwrap();
+    /// let m = t.gt(1).unwrap();
+    /// assert_eq!(t.masked_fill(&m, -1).unwrap().to_vec::<i32>().unwrap(), vec![0, 1, -1, -1]);
+    /// ```
+    pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Value>) -> Result<Tensor> {
+        let out = self.copy()?;
+        out.masked_fill_(mask, value)?;
+        Ok(out)
+    }
+
+    /// In-place [`masked_fill`](Tensor::masked_fill).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([2, 2], DType::F32, &dev).unwrap();
+    /// t.masked_fill_(&Tensor::from_slice(&[true, false], [2], &dev).unwrap(), 1.0).unwrap();
+    /// assert_eq!(t.to_vec::<f32>().unwrap(), vec![1.0, 0.0, 1.0, 0.0]);
+    /// ```
+    pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Value>) -> Result<()> {
+        let mask = self.check_mask(mask, "masked_fill")?;
+        let filled = Tensor::where_cond(&mask, value, self)?;
+        self.assign(&filled)
+    }
+
+    fn check_mask(&self, mask: &Tensor, what: &str) -> Result<Tensor> {
+        if mask.dtype() != DType::Bool {
+            return Err(Error::DType(format!(
+                "{what}: the mask must be bool, not {}",
+                mask.dtype()
+            )));
+        }
+        mask.broadcast_to(self.shape()).map_err(|_| {
+            Error::Shape(format!(
+                "{what}: a mask of shape {:?} does not fit a tensor of shape {:?}",
+                mask.shape(),
+                self.shape()
+            ))
+        })
+    }
+
+    /// The elements where `mask` (bool, broadcast to `self`) is true, as a 1-D tensor in
+    /// row-major order. The length depends on the data, so this reads the mask back to the
+    /// host.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::arange(0, 6, 1, DType::I32, &dev).unwrap().reshape([2, 3]).unwrap();
+    /// let picked = t.masked_select(&t.remainder(2).unwrap().eq(0).unwrap()).unwrap();
+    /// assert_eq!(picked.to_vec::<i32>().unwrap(), vec![0, 2, 4]);
+    /// ```
+    pub fn masked_select(&self, mask: &Tensor) -> Result<Tensor> {
+        let mask = self.check_mask(mask, "masked_select")?;
+        let positions: Vec<i64> = mask
+            .to_vec::<bool>()?
+            .iter()
+            .enumerate()
+            .filter(|(_, &m)| m)
+            .map(|(i, _)| i as i64)
+            .collect();
+        let n = positions.len();
+        let idx = Tensor::from_slice(&positions, [n], self.device())?;
+        self.take(&idx)
+    }
+
+    /// Writes `values` at positions `index` (1-D) along `axis`: `self[.., index[k], ..] =
+    /// values[.., k, ..]`, or adds when `accumulate` (PyTorch's `index_put_` for one index
+    /// tensor, `index_copy_`/`index_add_`). `values` broadcasts to the selected shape.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::zeros([2, 3], DType::I32, &dev).unwrap();
+    /// let i = Tensor::from_slice(&[0i64, 2], [2], &dev).unwrap();
+    /// t.index_put_(1, &i, 9, false).unwrap();
+    /// assert_eq!(t.to_vec::<i32>().unwrap(), vec![9, 0, 9, 9, 0, 9]);
+    /// ```
+    pub fn index_put_(
+        &self,
+        axis: isize,
+        index: &Tensor,
+        values: impl Into<Value>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let a = normalize_axis(axis, self.ndim())?;
+        if index.ndim() != 1 {
+            return Err(Error::Shape(format!(
+                "index_put_ needs a 1-D index, got shape {:?}",
+                index.shape()
+            )));
+        }
+        let mut shape = self.shape().to_vec();
+        shape[a] = index.numel();
+        let mut along = vec![1usize; self.ndim()];
+        along[a] = index.numel();
+        let expanded = index.reshape(along)?.broadcast_to(shape.clone())?;
+        let values = match values.into() {
+            Value::Tensor(t) => Value::Tensor(
+                t.broadcast_to(shape)
+                    .map_err(|e| Error::Shape(format!("index_put_: values: {e}")))?,
+            ),
+            scalar => scalar,
+        };
+        let what = if accumulate {
+            "index_put_ (accumulate)"
+        } else {
+            "index_put_"
+        };
+        self.scatter_impl(a as isize, &expanded, values, accumulate, what)
+    }
+
+    /// One-hot encoding of an integer tensor as i64, with a new last axis of `classes` (or
+    /// `max + 1` when `None`); values must lie in `0..classes`.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::from_slice(&[2i64, 0], [2], &dev).unwrap();
+    /// assert_eq!(t.one_hot(Some(3)).unwrap().to_vec::<i64>().unwrap(), vec![0, 0, 1, 1, 0, 0]);
+    /// ```
+    pub fn one_hot(&self, classes: Option<usize>) -> Result<Tensor> {
+        if !self.dtype().is_int() {
+            return Err(Error::DType(format!(
+                "one_hot needs an integer tensor, not {}",
+                self.dtype()
+            )));
+        }
+        let idx = self.to_dtype(DType::I64)?;
+        let classes = match classes {
+            Some(c) => c,
+            None if idx.numel() == 0 => 0,
+            None => (idx.max(Axes::All, false)?.item::<i64>()?.max(-1) + 1) as usize,
+        };
+        if idx.numel() > 0 {
+            let (lo, hi) = (
+                idx.min(Axes::All, false)?.item::<i64>()?,
+                idx.max(Axes::All, false)?.item::<i64>()?,
+            );
+            if lo < 0 || hi >= classes as i64 {
+                let bad = if lo < 0 { lo } else { hi };
+                return Err(Error::Index(format!(
+                    "one_hot: class {bad} is outside 0..{classes}"
+                )));
+            }
+        }
+        let range = Tensor::arange(0, classes as i64, 1, DType::I64, self.device())?;
+        idx.unsqueeze(-1)?.eq(&range)?.to_dtype(DType::I64)
+    }
+}

@@ -1,0 +1,180 @@
+//! Index ops against plain-Rust references, the SambaTensor examples, and their errors.
+
+use strata::prelude::*;
+use strata_tests::test_device;
+
+fn ints(t: &Tensor) -> Result<Vec<i64>> {
+    t.to_dtype(DType::I64)?.to_vec::<i64>()
+}
+
+/// A [3, 4] source of `dtype` in several layouts, with its logical values.
+fn sources(dtype: DType, dev: &Device) -> Result<Vec<(&'static str, Tensor)>> {
+    let base = Tensor::arange(0, 12, 1, DType::I64, dev)?.to_dtype(dtype)?;
+    Ok(vec![
+        ("contiguous", base.reshape([3, 4])?),
+        (
+            "transposed",
+            base.reshape([4, 3])?.t()?.contiguous()?.t()?.t()?,
+        ),
+        (
+            "negative-stride",
+            base.reshape([3, 4])?.slice(s![..;-1, ..])?,
+        ),
+        (
+            "offset",
+            Tensor::arange(0, 20, 1, DType::I64, dev)?
+                .to_dtype(dtype)?
+                .reshape([4, 5])?
+                .slice(s![1.., 1..])?,
+        ),
+    ])
+}
+
+fn index_ops(dev: &Device) -> Result<()> {
+    for dtype in [
+        DType::U8,
+        DType::I32,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+        DType::Bool,
+    ] {
+        for (layout, src) in sources(dtype, dev)? {
+            let ctx = format!("{dtype} ({layout})");
+            let h = ints(&src)?; // row-major [3, 4]
+            let at = |r: usize, c: usize| h[r * 4 + c];
+            // gather along 1 and 0, with negative indices.
+            let gi = Tensor::from_slice(&[3i64, -4, 1, 2, 0, -1], [3, 2], dev)?;
+            let g = src.gather(1, &gi)?;
+            let want: Vec<i64> = (0..3)
+                .flat_map(|r| [[3usize, 0], [1, 2], [0, 3]][r].map(|c| at(r, c)))
+                .collect();
+            assert_eq!(ints(&g)?, want, "gather 1 {ctx}");
+            let g0 = src.gather(0, &Tensor::from_slice(&[2i32, 0, 1, 2], [1, 4], dev)?)?;
+            assert_eq!(
+                ints(&g0)?,
+                vec![at(2, 0), at(0, 1), at(1, 2), at(2, 3)],
+                "gather 0 {ctx}"
+            );
+            // index_select with a reversed (negative-stride) index.
+            let idx = Tensor::from_slice(&[0i64, 2, 3], [3], dev)?.slice(s![..;-1])?;
+            let sel = src.index_select(1, &idx)?;
+            let want: Vec<i64> = (0..3).flat_map(|r| [3, 2, 0].map(|c| at(r, c))).collect();
+            assert_eq!(
+                (sel.shape(), ints(&sel)?),
+                (&[3, 3][..], want),
+                "index_select {ctx}"
+            );
+            // take in the index's shape.
+            let tk = src.take(&Tensor::from_slice(&[11i64, 0, -1, 5], [2, 2], dev)?)?;
+            assert_eq!(ints(&tk)?, vec![h[11], h[0], h[11], h[5]], "take {ctx}");
+            // masked_select / masked_fill with a broadcast mask.
+            let mask = Tensor::from_slice(&[true, false, false, true], [4], dev)?;
+            let ms = src.masked_select(&mask)?;
+            let want: Vec<i64> = (0..3).flat_map(|r| [at(r, 0), at(r, 3)]).collect();
+            assert_eq!(ints(&ms)?, want, "masked_select {ctx}");
+            let mf = src.masked_fill(&mask, 1)?;
+            let want: Vec<i64> = (0..12)
+                .map(|i| if i % 4 == 0 || i % 4 == 3 { 1 } else { h[i] })
+                .collect();
+            assert_eq!(ints(&mf)?, want, "masked_fill {ctx}");
+            assert_eq!(ints(&src)?, h, "masked_fill leaves the source alone {ctx}");
+            // scatter into a copy; scatter_ through the view into its base.
+            let si = Tensor::from_slice(&[2i64, 0, 1, 2], [1, 4], dev)?;
+            let sc = src.scatter(0, &si, 1)?;
+            let mut want = h.clone();
+            for (c, r) in [2usize, 0, 1, 2].into_iter().enumerate() {
+                want[r * 4 + c] = 1;
+            }
+            assert_eq!(ints(&sc)?, want, "scatter {ctx}");
+        }
+    }
+    // scatter_add accumulates repeated indices; index_put_ with accumulate too.
+    let z = Tensor::zeros([5], DType::I32, dev)?;
+    let i = Tensor::from_slice(&[1i64, 3, 1, 1, -1], [5], dev)?;
+    let v = Tensor::from_slice(&[1i32, 2, 3, 4, 5], [5], dev)?;
+    assert_eq!(
+        z.scatter_add(0, &i, &v)?.to_vec::<i32>()?,
+        vec![0, 8, 0, 2, 5]
+    );
+    let base = Tensor::zeros([2, 3], DType::F32, dev)?;
+    base.index_put_(1, &Tensor::from_slice(&[2i64, 2], [2], dev)?, 1.5, true)?;
+    assert_eq!(base.to_vec::<f32>()?, vec![0.0, 0.0, 3.0, 0.0, 0.0, 3.0]);
+    // Scatter through a view writes the base storage.
+    let b2 = Tensor::zeros([3, 3], DType::I64, dev)?;
+    b2.slice(s![1])?
+        .scatter_(0, &Tensor::from_slice(&[2i64], [1], dev)?, 7)?;
+    assert_eq!(b2.to_vec::<i64>()?, vec![0, 0, 0, 0, 0, 7, 0, 0, 0]);
+    // one_hot.
+    let oh = Tensor::from_slice(&[1i32, 0, 2], [3], dev)?.one_hot(None)?;
+    assert_eq!(
+        (oh.shape(), oh.to_vec::<i64>()?),
+        (&[3, 3][..], vec![0, 1, 0, 1, 0, 0, 0, 0, 1])
+    );
+    Ok(())
+}
+test_device!(index_ops_against_references, index_ops);
+
+/// SambaTensor's documented examples.
+fn samba(dev: &Device) -> Result<()> {
+    let t = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [2, 3], dev)?;
+    assert_eq!(t.slice(s![.., 2])?.to_vec::<f32>()?, vec![3.0, 6.0]);
+    let idx = Tensor::from_slice(&[0i64, 2], [2], dev)?;
+    let r = t.slice(s![NewAxis, .., &idx])?;
+    assert_eq!(
+        (r.shape(), r.to_vec::<f32>()?),
+        (&[1, 2, 2][..], vec![1.0, 3.0, 4.0, 6.0])
+    );
+    t.set(s![.., 2], &Tensor::ones([2], DType::F32, dev)?)?;
+    assert_eq!(t.to_vec::<f32>()?, vec![1.0, 2.0, 1.0, 4.0, 5.0, 1.0]);
+    let twos = (Tensor::ones([1, 2, 2], DType::F32, dev)? * 2.0)?;
+    t.set(s![NewAxis, .., &idx], &twos)?;
+    assert_eq!(t.to_vec::<f32>()?, vec![2.0, 2.0, 2.0, 2.0, 5.0, 2.0]);
+    // A 2-D index tensor replaces its axis with two.
+    let i2 = Tensor::from_slice(&[1i64, 0, 0, 1], [2, 2], dev)?;
+    assert_eq!(t.slice(s![&i2, 1])?.shape(), &[2, 2]);
+    Ok(())
+}
+test_device!(sambatensor_examples, samba);
+
+fn errors(dev: &Device) -> Result<()> {
+    let t = Tensor::zeros([2, 3], DType::F32, dev)?;
+    let msg = |r: Result<Tensor>| r.unwrap_err().to_string();
+    let e = msg(t.index_select(1, &Tensor::from_slice(&[0.0f32], [1], dev)?));
+    assert!(e.contains("i32 or i64") && e.contains("f32"), "{e}");
+    let e = msg(t.index_select(1, &Tensor::from_slice(&[3i64], [1], dev)?));
+    assert!(e.contains("index 3") && e.contains("size 3"), "{e}");
+    let e = msg(t.take(&Tensor::from_slice(&[-7i64], [1], dev)?));
+    assert!(e.contains("index -7") && e.contains("size 6"), "{e}");
+    let e = msg(t.gather(0, &Tensor::from_slice(&[2i64, 0, 0], [1, 3], dev)?));
+    assert!(e.contains("index 2") && e.contains("size 2"), "{e}");
+    let e = msg(t.gather(0, &Tensor::from_slice(&[0i64; 4], [1, 4], dev)?));
+    assert!(e.contains("[1, 4]") && e.contains("[2, 3]"), "{e}");
+    let e = msg(t.scatter(1, &Tensor::from_slice(&[5i64], [1, 1], dev)?, 1.0));
+    assert!(e.contains("index 5"), "{e}");
+    let e = msg(t.masked_fill(&Tensor::from_slice(&[true, false], [2], dev)?, 1.0));
+    assert!(e.contains("[2]") && e.contains("[2, 3]"), "{e}");
+    let e = msg(t.masked_select(&Tensor::zeros([2, 3], DType::U8, dev)?));
+    assert!(e.contains("bool") && e.contains("u8"), "{e}");
+    let e = msg(t.slice(s![
+        &Tensor::from_slice(&[0i64], [1], dev)?,
+        &Tensor::from_slice(&[0i64], [1], dev)?
+    ]));
+    assert!(e.contains("one index tensor"), "{e}");
+    let e = msg(Tensor::from_slice(&[3i64], [1], dev)?.one_hot(Some(2)));
+    assert!(e.contains("class 3"), "{e}");
+    let ti = Tensor::zeros([2, 3], DType::I32, dev)?;
+    let e = msg(ti.scatter(
+        1,
+        &Tensor::from_slice(&[0i64], [1, 1], dev)?,
+        &Tensor::ones([1, 1], DType::F64, dev)?,
+    ));
+    assert!(e.contains("f64") && e.contains("i32"), "{e}");
+    // The device still works.
+    assert_eq!(t.sum(ops_all(), false)?.item::<f32>()?, 0.0);
+    Ok(())
+}
+fn ops_all() -> strata::ops::Axes {
+    strata::ops::Axes::All
+}
+test_device!(index_errors_name_the_values, errors);
