@@ -44,6 +44,17 @@ pub enum Node {
     Scalar(usize),
     /// The row-major position of the output element, as `i64`.
     LinearIndex,
+    /// Word `word` (0..4) of Philox4x32-10 ([`philox4x32_10`](crate::random::philox4x32_10))
+    /// of the counter `[c as u32, (c >> 32) as u32, 0, 0]` with `c = scalar counter + linear
+    /// index` (wrapping), keyed by `[k as u32, (k >> 32) as u32]` with `k = scalar key`; `u32`.
+    Philox {
+        /// Index of the `u64` launch scalar holding the key (the seed).
+        key: usize,
+        /// Index of the `u64` launch scalar holding the first element's counter.
+        counter: usize,
+        /// Which of the four output words.
+        word: u8,
+    },
     /// Converts the operand to this node's dtype with strata's cast rules
     /// ([`Scalar::cast`](crate::Scalar::cast)): integers wrap, or clamp when `saturate`.
     Cast {
@@ -398,7 +409,7 @@ impl Expr {
     pub fn max_input(&self) -> Option<usize> {
         match &self.node {
             Node::Input(k) => Some(*k),
-            Node::Scalar(_) | Node::LinearIndex => None,
+            Node::Scalar(_) | Node::LinearIndex | Node::Philox { .. } => None,
             Node::Cast { arg, .. } => arg.max_input(),
             Node::Unary(_, a) => a.max_input(),
             Node::Binary(_, a, b) => a.max_input().max(b.max_input()),

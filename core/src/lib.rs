@@ -27,6 +27,7 @@ pub mod index;
 pub mod ir;
 pub mod layout;
 pub mod ops;
+pub mod random;
 mod tensor;
 mod transfer;
 mod view;

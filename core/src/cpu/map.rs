@@ -42,6 +42,30 @@ fn eval(
             Values::splat(s.cast(e.dtype, false), len)
         }
         Node::LinearIndex => Values::I64((start..start + len).map(|i| i as i64).collect()),
+        Node::Philox { key, counter, word } => {
+            let scalar = |k: usize| {
+                cx.scalars
+                    .get(k)
+                    .map(|s| s.cast(crate::DType::U64, false).to_i128() as u64)
+                    .ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "philox reads scalar {k}, but {} were given",
+                            cx.scalars.len()
+                        ))
+                    })
+            };
+            let (key, base) = (scalar(*key)?, scalar(*counter)?);
+            let key = [key as u32, (key >> 32) as u32];
+            Values::U32(
+                (start..start + len)
+                    .map(|i| {
+                        let c = base.wrapping_add(i as u64);
+                        crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)
+                            [*word as usize]
+                    })
+                    .collect(),
+            )
+        }
         Node::Cast { arg, saturate } => {
             eval(arg, cx, start, len, scratch)?.cast(e.dtype, *saturate)
         }

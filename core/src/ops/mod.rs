@@ -3,6 +3,7 @@
 
 mod elementwise;
 mod index;
+mod join;
 mod matmul;
 mod promote;
 mod reduce;

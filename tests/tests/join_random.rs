@@ -1,0 +1,139 @@
+//! Joining/splitting against plain Rust, and random numbers: Philox known answers, every
+//! element recomputed on the host from the documented transform, and distribution checks.
+
+use strata::ops::Axes;
+use strata::prelude::*;
+use strata::random::{philox4x32_10, Generator};
+use strata_tests::test_device;
+
+fn joins(dev: &Device) -> Result<()> {
+    let a = Tensor::arange(0, 6, 1, DType::I32, dev)?.reshape([2, 3])?;
+    let b = Tensor::arange(6, 9, 1, DType::I64, dev)?.reshape([1, 3])?;
+    let c = Tensor::cat(&[&a, &b], 0)?;
+    assert_eq!(
+        (c.dtype(), c.to_vec::<i64>()?),
+        (DType::I64, (0..9).collect::<Vec<i64>>())
+    );
+    let d = Tensor::cat(&[&a.t()?, &a.t()?], 1)?; // strided inputs
+    assert_eq!(d.to_vec::<i32>()?, vec![0, 3, 0, 3, 1, 4, 1, 4, 2, 5, 2, 5]);
+    let s = Tensor::stack(&[&a, &a], 0)?;
+    assert_eq!(s.shape(), &[2, 2, 3]);
+    assert_eq!(
+        Tensor::stack(&[&a, &a], -1)?
+            .slice(s![1, 2])?
+            .to_vec::<i32>()?,
+        vec![5, 5]
+    );
+    let parts = c.split(2, 0)?;
+    assert_eq!(
+        parts.iter().map(|p| p.shape()[0]).collect::<Vec<_>>(),
+        vec![2, 1]
+    );
+    assert!(parts[1].shares_storage(&c));
+    assert_eq!(c.chunk(2, 1)?.len(), 2);
+    assert_eq!(a.flip(&[-1])?.to_vec::<i32>()?, vec![2, 1, 0, 5, 4, 3]);
+    assert_eq!(a.roll(1, Some(1))?.to_vec::<i32>()?, vec![2, 0, 1, 5, 3, 4]);
+    assert_eq!(
+        a.roll(-4, Some(1))?.to_vec::<i32>()?,
+        vec![1, 2, 0, 4, 5, 3]
+    );
+    let ones = Tensor::ones([2, 3, 3], DType::I8, dev)?;
+    let lower: Vec<i8> = (0..18)
+        .map(|i| ((i % 3) <= ((i / 3) % 3) + 1) as i8)
+        .collect();
+    assert_eq!(ones.tril(1)?.to_vec::<i8>()?, lower);
+    let upper: Vec<i8> = (0..18).map(|i| ((i % 3) >= ((i / 3) % 3)) as i8).collect();
+    assert_eq!(
+        ones.slice(s![.., ..;-1, ..])?.triu(0)?.to_vec::<i8>()?,
+        upper
+    );
+    // Errors name shapes.
+    let e = Tensor::cat(&[&a, &a.t()?], 0).unwrap_err().to_string();
+    assert!(e.contains("[2, 3]") && e.contains("[3, 2]"), "{e}");
+    assert!(Tensor::stack(&[&a, &b], 0).is_err());
+    assert!(Tensor::cat(&[], 0).is_err());
+    assert!(a
+        .split_sizes(&[2, 2], 1)
+        .unwrap_err()
+        .to_string()
+        .contains("[2, 2]"));
+    assert!(Tensor::ones([3], DType::F32, dev)?.tril(0).is_err());
+    Ok(())
+}
+test_device!(joining_and_splitting, joins);
+
+#[test]
+fn philox_known_answers() {
+    // Random123's known-answer vectors for philox4x32-10.
+    assert_eq!(
+        philox4x32_10([0; 4], [0; 2]),
+        [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]
+    );
+    assert_eq!(
+        philox4x32_10([u32::MAX; 4], [u32::MAX; 2]),
+        [0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd]
+    );
+    assert_eq!(
+        philox4x32_10(
+            [0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344],
+            [0xa4093822, 0x299f31d0]
+        ),
+        [0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1]
+    );
+}
+
+/// The uniform of element `i`, as the IR defines it.
+fn host_uniform(seed: u64, offset: u64, i: u64, word: usize) -> f64 {
+    let c = offset.wrapping_add(i);
+    let w = philox4x32_10(
+        [c as u32, (c >> 32) as u32, 0, 0],
+        [seed as u32, (seed >> 32) as u32],
+    );
+    (((w[word] as u64) << 21) | ((w[word + 1] as u64) >> 11)) as f64 * 2f64.powi(-53)
+}
+
+fn random(dev: &Device) -> Result<()> {
+    let mut g = Generator::new(1234);
+    let u = Tensor::rand([4, 5], DType::F64, &mut g, dev)?.to_vec::<f64>()?;
+    for (i, &v) in u.iter().enumerate() {
+        assert_eq!(v, host_uniform(1234, 0, i as u64, 0), "rand element {i}");
+    }
+    assert_eq!(g.state(), (1234, 20));
+    let n = Tensor::randn([50], DType::F64, &mut g, dev)?.to_vec::<f64>()?;
+    for (i, &v) in n.iter().enumerate() {
+        let (u1, u2) = (
+            1.0 - host_uniform(1234, 20, i as u64, 0),
+            host_uniform(1234, 20, i as u64, 2),
+        );
+        let want = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        assert!((v - want).abs() < 1e-12, "randn element {i}: {v} vs {want}");
+    }
+    // f32 values are the f64 ones rounded.
+    let mut g2 = Generator::new(1234);
+    let f = Tensor::rand([20], DType::F32, &mut g2, dev)?.to_vec::<f32>()?;
+    assert!(f.iter().zip(&u).all(|(&a, &b)| a == b as f32));
+    // Distribution checks (fixed seeds, so deterministic).
+    let mut g = Generator::new(7);
+    let big = Tensor::randn([40000], DType::F32, &mut g, dev)?;
+    assert!(big.mean(Axes::All, false)?.item::<f32>()?.abs() < 0.02);
+    assert!((big.std(Axes::All, 1, false)?.item::<f32>()? - 1.0).abs() < 0.02);
+    let r = Tensor::randint(0, 10, [20000], DType::I64, &mut g, dev)?;
+    let counts = r.one_hot(Some(10))?.sum(0, false)?.to_vec::<i64>()?;
+    assert!(
+        counts.iter().all(|&c| (1800..2200).contains(&c)),
+        "{counts:?}"
+    );
+    let b = Tensor::bernoulli([20000], 0.1, DType::Bool, &mut g, dev)?;
+    let hits = b.sum(Axes::All, false)?.item::<i64>()?;
+    assert!((1800..2200).contains(&hits), "{hits}");
+    // Errors.
+    assert!(Tensor::rand([2], DType::I32, &mut g, dev)
+        .unwrap_err()
+        .to_string()
+        .contains("randint"));
+    assert!(Tensor::randint(5, 5, [2], DType::I32, &mut g, dev).is_err());
+    assert!(Tensor::bernoulli([2], 1.5, DType::F32, &mut g, dev).is_err());
+    assert!(Tensor::dropout_mask([2], 1.0, DType::F32, &mut g, dev).is_err());
+    Ok(())
+}
+test_device!(random_numbers_follow_philox, random);
