@@ -1,41 +1,138 @@
-//! Host memory blocks for the CPU backend, with allocation statistics.
+//! Host memory blocks for the CPU backend: a caching allocator with size classes. Freed blocks
+//! wait in a cache for the next allocation of their class (no system call, no zeroing), up to
+//! a limit; `empty_cache` returns them to the system.
 
 use crate::backend::{DeviceBuffer, MemoryStats};
 use crate::error::{Error, Result};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
+use std::collections::HashMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Alignment of every block: enough for any dtype and for vector loads.
 const ALIGN: usize = 64;
+/// The cache keeps at most this many bytes of free blocks.
+const CACHE_LIMIT: usize = 1 << 30;
 
-/// Allocation counters shared by a CPU device and its buffers.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    allocated: AtomicUsize,
-    peak: AtomicUsize,
-}
-
-impl Counters {
-    pub(crate) fn stats(&self) -> MemoryStats {
-        let allocated = self.allocated.load(Ordering::Relaxed);
-        MemoryStats {
-            allocated,
-            // The CPU backend caches nothing: every byte reserved is allocated.
-            reserved: allocated,
-            peak: self.peak.load(Ordering::Relaxed),
-        }
+/// The size class of a request: powers of two up to 1 MiB, then multiples of 1 MiB.
+fn size_class(len: usize) -> usize {
+    const MIB: usize = 1 << 20;
+    if len <= MIB {
+        len.max(ALIGN).next_power_of_two()
+    } else {
+        len.div_ceil(MIB).saturating_mul(MIB)
     }
 }
 
-/// One zero-initialized, 64-byte-aligned block of host memory.
+/// A raw block owned by the pool's cache.
+struct Block(NonNull<u8>);
+// SAFETY: a block is plain memory that no one else references while cached.
+unsafe impl Send for Block {}
+
+/// Allocation state shared by a CPU device and its buffers.
+#[derive(Default)]
+pub(crate) struct Pool {
+    allocated: AtomicUsize,
+    reserved: AtomicUsize,
+    peak: AtomicUsize,
+    cache: Mutex<HashMap<usize, Vec<Block>>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pool({:?})", self.stats())
+    }
+}
+
+impl Pool {
+    pub(crate) fn stats(&self) -> MemoryStats {
+        MemoryStats {
+            allocated: self.allocated.load(Ordering::Relaxed),
+            reserved: self.reserved.load(Ordering::Relaxed),
+            peak: self.peak.load(Ordering::Relaxed),
+        }
+    }
+
+    fn layout(class: usize) -> Result<Layout> {
+        Layout::from_size_align(class, ALIGN).map_err(|_| Error::OutOfMemory {
+            requested: class,
+            free: 0,
+        })
+    }
+
+    fn cached_bytes(cache: &HashMap<usize, Vec<Block>>) -> usize {
+        cache.iter().map(|(class, v)| class * v.len()).sum()
+    }
+
+    /// Returns every cached block to the system.
+    pub(crate) fn empty_cache(&self) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        for (class, blocks) in cache.drain() {
+            for b in blocks {
+                // SAFETY: allocated with this class's layout, which was valid then.
+                unsafe { dealloc(b.0.as_ptr(), Self::layout(class).expect("valid class")) };
+                self.reserved.fetch_sub(class, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn take(&self, class: usize) -> Result<NonNull<u8>> {
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&class)
+            .and_then(Vec::pop);
+        if let Some(b) = cached {
+            return Ok(b.0);
+        }
+        let layout = Self::layout(class)?;
+        // SAFETY: the layout has a non-zero size. Fresh memory is zeroed so that no read of
+        // an `empty` tensor ever sees uninitialized bytes.
+        let fresh = NonNull::new(unsafe { alloc_zeroed(layout) });
+        let ptr = match fresh {
+            Some(p) => p,
+            None => {
+                // Out of memory: give the cache back and try once more.
+                self.empty_cache();
+                NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::OutOfMemory {
+                    requested: class,
+                    free: 0,
+                })?
+            }
+        };
+        self.reserved.fetch_add(class, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    fn give_back(&self, class: usize, ptr: NonNull<u8>) {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if Self::cached_bytes(&cache) + class <= CACHE_LIMIT {
+            cache.entry(class).or_default().push(Block(ptr));
+            return;
+        }
+        drop(cache);
+        // SAFETY: allocated in `take` with this class's layout.
+        unsafe { dealloc(ptr.as_ptr(), Self::layout(class).expect("valid class")) };
+        self.reserved.fetch_sub(class, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.empty_cache();
+    }
+}
+
+/// One 64-byte-aligned block of host memory.
 #[derive(Debug)]
 pub struct CpuBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    counters: Arc<Counters>,
+    class: usize,
+    pool: Arc<Pool>,
 }
 
 // SAFETY: the block is plain memory; the backend orders accesses (writes of one kernel go to
@@ -44,22 +141,16 @@ unsafe impl Send for CpuBuffer {}
 unsafe impl Sync for CpuBuffer {}
 
 impl CpuBuffer {
-    pub(crate) fn new(len: usize, counters: Arc<Counters>) -> Result<CpuBuffer> {
-        let layout = Self::layout(len)?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::OutOfMemory {
-            requested: len,
-            free: 0,
-        })?;
-        let now = counters.allocated.fetch_add(len, Ordering::Relaxed) + len;
-        counters.peak.fetch_max(now, Ordering::Relaxed);
-        Ok(CpuBuffer { ptr, len, counters })
-    }
-
-    fn layout(len: usize) -> Result<Layout> {
-        Layout::from_size_align(len.max(1), ALIGN).map_err(|_| Error::OutOfMemory {
-            requested: len,
-            free: 0,
+    pub(crate) fn new(len: usize, pool: Arc<Pool>) -> Result<CpuBuffer> {
+        let class = size_class(len);
+        let ptr = pool.take(class)?;
+        let now = pool.allocated.fetch_add(class, Ordering::Relaxed) + class;
+        pool.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(CpuBuffer {
+            ptr,
+            len,
+            class,
+            pool,
         })
     }
 
@@ -95,16 +186,8 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        self.counters
-            .allocated
-            .fetch_sub(self.len, Ordering::Relaxed);
-        // SAFETY: allocated in `new` with this layout (which was valid then).
-        unsafe {
-            dealloc(
-                self.ptr.as_ptr(),
-                Self::layout(self.len).expect("valid at allocation"),
-            )
-        }
+        self.pool.allocated.fetch_sub(self.class, Ordering::Relaxed);
+        self.pool.give_back(self.class, self.ptr);
     }
 }
 

@@ -16,7 +16,7 @@ use crate::backend::{Backend, BackendKind, DeviceBuffer, EventId, MemoryStats, S
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Kernel, KernelArgs};
-use buffer::Counters;
+use buffer::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,7 +32,7 @@ use std::time::Instant;
 /// ```
 #[derive(Debug, Default)]
 pub struct CpuBackend {
-    counters: Arc<Counters>,
+    pool: Arc<Pool>,
     next_id: AtomicU64,
     events: Mutex<HashMap<u64, Instant>>,
 }
@@ -80,7 +80,7 @@ impl Backend for CpuBackend {
     }
 
     fn allocate(&self, bytes: usize) -> Result<Arc<dyn DeviceBuffer>> {
-        Ok(Arc::new(CpuBuffer::new(bytes, self.counters.clone())?))
+        Ok(Arc::new(CpuBuffer::new(bytes, self.pool.clone())?))
     }
 
     fn upload(
@@ -125,10 +125,12 @@ impl Backend for CpuBackend {
     }
 
     fn memory_stats(&self) -> MemoryStats {
-        self.counters.stats()
+        self.pool.stats()
     }
 
-    fn empty_cache(&self) {}
+    fn empty_cache(&self) {
+        self.pool.empty_cache()
+    }
 
     fn new_stream(&self) -> Result<StreamId> {
         Ok(StreamId(self.fresh_id()))

@@ -114,6 +114,19 @@ fn sum_lanes<T: Copy + std::ops::Add<Output = T> + Default>(x: &[T]) -> T {
     total
 }
 
+/// Σ of f32 values in eight f64 lanes.
+fn sum_widened(x: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for k in 0..8 {
+            acc[k] += c[k] as f64;
+        }
+    }
+    acc.iter().sum::<f64>() + rest.iter().map(|&v| v as f64).sum::<f64>()
+}
+
 /// The best element of a block and its index within the block.
 fn best_of<T: Prim + PartialOrd>(x: &[T], op: ReduceOp) -> Option<(T, usize)> {
     let mut best: Option<(T, usize)> = None;
@@ -153,6 +166,12 @@ impl<T: crate::dtype::Element> ToScalar for T {
 
 /// Folds one block of values (positions `first..`) into a partial.
 fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial {
+    match (op, block) {
+        // Float sums straight from the block, widening lane by lane (vectorizes).
+        (ReduceOp::Sum, Values::F32(x)) if acc.is_float() => return Partial::Float(sum_widened(x)),
+        (ReduceOp::Sum, Values::F64(x)) if acc.is_float() => return Partial::Float(sum_lanes(x)),
+        _ => {}
+    }
     match op {
         ReduceOp::Sum | ReduceOp::Prod if acc.is_float() => {
             let Values::F64(v) = block.cast(DType::F64, false) else {

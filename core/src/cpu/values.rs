@@ -500,6 +500,32 @@ fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<
         Atan2 => f64::atan2,
         _ => return Err(unsupported(op, T::DTYPE)),
     };
+    // Native f32/f64 arithmetic is exactly the rounded f64 result for + − × ÷, and vectorizes.
+    macro_rules! native {
+        ($t:ty, $v:ident) => {
+            if T::DTYPE == <$t as Prim>::DTYPE {
+                // SAFETY: T is $t (same DType), so the slices have the same type.
+                let (x, y) = unsafe {
+                    (
+                        &*(a as *const [T] as *const [$t]),
+                        &*(b as *const [T] as *const [$t]),
+                    )
+                };
+                let f: Option<fn($t, $t) -> $t> = match op {
+                    Add | AddSat => Some(|p, q| p + q),
+                    Sub | SubSat => Some(|p, q| p - q),
+                    Mul | MulSat => Some(|p, q| p * q),
+                    Div | DivSat => Some(|p, q| p / q),
+                    _ => None,
+                };
+                if let Some(f) = f {
+                    return Ok(Values::$v(zip(x, y, f)));
+                }
+            }
+        };
+    }
+    native!(f32, F32);
+    native!(f64, F64);
     if T::DTYPE == DType::F32 && matches!(op, FloorDiv | Rem | Pow | Atan2) {
         // Keep f32 results what an f32 evaluation gives (the quotient is rounded to f32 first).
         return Ok(T::wrap(zip(a, b, |x, y| {
