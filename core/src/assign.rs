@@ -126,12 +126,7 @@ impl Tensor {
         };
         let view = self.slice(basic)?;
         // The selected shape has the index's axes in place of `axis`; flatten them to one.
-        let selected: Vec<usize> = view.shape()[..axis]
-            .iter()
-            .chain(idx.shape())
-            .chain(&view.shape()[axis + 1..])
-            .copied()
-            .collect();
+        let selected = crate::index::with_index_axes(view.shape(), axis, idx.shape());
         let mut flat = view.shape().to_vec();
         flat[axis] = idx.numel();
         let value = match value.into() {

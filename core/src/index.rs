@@ -299,17 +299,31 @@ pub fn resolve_range(
     ))
 }
 
-/// The view of `layout` selected by `args` (NumPy basic indexing).
-pub(crate) fn apply(layout: &Layout, args: &[SliceArg]) -> Result<Layout> {
-    let consuming = args
+/// `shape` with axis `axis` replaced by the axes of an index tensor of shape `index_shape`.
+pub(crate) fn with_index_axes(shape: &[usize], axis: usize, index_shape: &[usize]) -> Vec<usize> {
+    shape[..axis]
         .iter()
+        .chain(index_shape)
+        .chain(&shape[axis + 1..])
+        .copied()
+        .collect()
+}
+
+/// How many axes of the indexed tensor `args` consume (new axes and the ellipsis consume none).
+fn consuming(args: &[SliceArg]) -> usize {
+    args.iter()
         .filter(|a| {
             matches!(
                 a,
                 SliceArg::Index(_) | SliceArg::Range { .. } | SliceArg::Tensor(_)
             )
         })
-        .count();
+        .count()
+}
+
+/// The view of `layout` selected by `args` (NumPy basic indexing).
+pub(crate) fn apply(layout: &Layout, args: &[SliceArg]) -> Result<Layout> {
+    let consuming = consuming(args);
     let ellipses = args
         .iter()
         .filter(|a| matches!(a, SliceArg::Ellipsis))
@@ -385,15 +399,7 @@ pub(crate) fn split_tensor_index(
              index one axis at a time"
         )));
     }
-    let consuming = args
-        .iter()
-        .filter(|a| {
-            matches!(
-                a,
-                SliceArg::Index(_) | SliceArg::Range { .. } | SliceArg::Tensor(_)
-            )
-        })
-        .count();
+    let consuming = consuming(args);
     let mut axis = 0;
     let mut basic = Vec::with_capacity(args.len());
     let mut found = None;

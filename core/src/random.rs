@@ -129,6 +129,23 @@ fn uniform53_scalars() -> Vec<Scalar> {
     ]
 }
 
+/// A new tensor of `dims` holding `expr` (which reads the generator's two scalars, then
+/// `extra`), taking one counter per element from `gen`.
+fn draw(
+    dims: impl IntoDims,
+    dtype: DType,
+    gen: &mut Generator,
+    device: &Device,
+    extra: Vec<Scalar>,
+    expr: Expr,
+) -> Result<Tensor> {
+    let out = Tensor::empty(dims, dtype, device)?;
+    let mut scalars = gen.take(out.numel());
+    scalars.extend(extra);
+    launch_map(expr.cast(dtype, false), &out, &[], scalars)?;
+    Ok(out)
+}
+
 fn check_float(dtype: DType, what: &str) -> Result<()> {
     if !dtype.is_float() {
         return Err(Error::DType(format!(
@@ -156,11 +173,14 @@ impl Tensor {
         device: &Device,
     ) -> Result<Tensor> {
         check_float(dtype, "rand")?;
-        let out = Tensor::empty(dims, dtype, device)?;
-        let mut scalars = gen.take(out.numel());
-        scalars.extend(uniform53_scalars());
-        launch_map(uniform53(0, 2).cast(dtype, false), &out, &[], scalars)?;
-        Ok(out)
+        draw(
+            dims,
+            dtype,
+            gen,
+            device,
+            uniform53_scalars(),
+            uniform53(0, 2),
+        )
     }
 
     /// Standard normal values (Box–Muller over two 53-bit uniforms, computed in f64).
@@ -180,10 +200,8 @@ impl Tensor {
         device: &Device,
     ) -> Result<Tensor> {
         check_float(dtype, "randn")?;
-        let out = Tensor::empty(dims, dtype, device)?;
-        let mut scalars = gen.take(out.numel());
-        scalars.extend(uniform53_scalars());
-        scalars.extend([
+        let mut extra = uniform53_scalars();
+        extra.extend([
             Scalar::F64(1.0),
             Scalar::F64(-2.0),
             Scalar::F64(std::f64::consts::TAU),
@@ -197,13 +215,14 @@ impl Tensor {
             bin(BinaryOp::Mul, f(6), Expr::unary(UnaryOp::Log, u1)),
         );
         let angle = Expr::unary(UnaryOp::Cos, bin(BinaryOp::Mul, f(7), u2));
-        launch_map(
-            bin(BinaryOp::Mul, radius, angle).cast(dtype, false),
-            &out,
-            &[],
-            scalars,
-        )?;
-        Ok(out)
+        draw(
+            dims,
+            dtype,
+            gen,
+            device,
+            extra,
+            bin(BinaryOp::Mul, radius, angle),
+        )
     }
 
     /// Integers uniform in `low..high` (64 random bits modulo the range) as an integer dtype.
@@ -228,16 +247,13 @@ impl Tensor {
                 "randint({low}, {high}) as {dtype}: needs low < high and an integer dtype"
             )));
         }
-        let out = Tensor::empty(dims, dtype, device)?;
-        let mut scalars = gen.take(out.numel());
         let span = (high as i128 - low as i128) as u64;
-        scalars.extend([Scalar::U64(32), Scalar::U64(span), Scalar::I64(low)]);
+        let extra = vec![Scalar::U64(32), Scalar::U64(span), Scalar::I64(low)];
         let u = |k| Expr::scalar(k, DType::U64);
         let word = bin(BinaryOp::BitOr, bin(BinaryOp::Shl, bits(0), u(2)), bits(1));
         let r = bin(BinaryOp::Rem, word, u(3)).cast(DType::I64, false);
         let v = bin(BinaryOp::Add, r, Expr::scalar(4, DType::I64));
-        launch_map(v.cast(dtype, false), &out, &[], scalars)?;
-        Ok(out)
+        draw(dims, dtype, gen, device, extra, v)
     }
 
     /// 1 with probability `p`, else 0, as `dtype` (a uniform draw compared with `p`).
@@ -261,13 +277,10 @@ impl Tensor {
                 "bernoulli probability {p} is outside [0, 1]"
             )));
         }
-        let out = Tensor::empty(dims, dtype, device)?;
-        let mut scalars = gen.take(out.numel());
-        scalars.extend(uniform53_scalars());
-        scalars.push(Scalar::F64(p));
+        let mut extra = uniform53_scalars();
+        extra.push(Scalar::F64(p));
         let hit = bin(BinaryOp::Lt, uniform53(0, 2), Expr::scalar(5, DType::F64));
-        launch_map(hit.cast(dtype, false), &out, &[], scalars)?;
-        Ok(out)
+        draw(dims, dtype, gen, device, extra, hit)
     }
 
     /// A dropout mask: 0 with probability `p`, else `1 / (1 - p)` (so the expectation is 1).

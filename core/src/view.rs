@@ -37,13 +37,7 @@ impl Tensor {
             Some((basic, axis, idx)) => {
                 let view = self.with_layout(index::apply(&self.layout, &basic)?);
                 let picked = view.index_select(axis as isize, &idx.reshape([-1])?)?;
-                let shape: Vec<usize> = view.shape()[..axis]
-                    .iter()
-                    .chain(idx.shape())
-                    .chain(&view.shape()[axis + 1..])
-                    .copied()
-                    .collect();
-                picked.view(shape)
+                picked.view(index::with_index_axes(view.shape(), axis, idx.shape()))
             }
         }
     }

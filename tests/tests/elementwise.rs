@@ -823,3 +823,30 @@ fn unary_ops(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(unary_ops_every_dtype_and_layout, unary_ops);
+
+/// Casts of every dtype pair over every layout, wrapping and saturating, against the rule.
+fn casts(dev: &Device) -> Result<()> {
+    for from in DType::ALL {
+        for (layout, a, _) in layouts(from, dev)? {
+            let Arg::T(t) = a else { continue };
+            let ha = host(&t)?;
+            for to in DType::ALL {
+                for saturate in [false, true] {
+                    let got = if saturate {
+                        t.to_dtype_sat(to)?
+                    } else {
+                        t.to_dtype(to)?
+                    };
+                    assert_eq!((got.shape(), got.dtype()), (t.shape(), to));
+                    for (g, x) in host(&got)?.vals.iter().zip(&ha.vals) {
+                        let w = x.cast(to, saturate);
+                        let same = *g == w || (g.to_f64().is_nan() && w.to_f64().is_nan());
+                        assert!(same, "{from} -> {to} sat={saturate} ({layout}): {x:?} gave {g:?}, want {w:?}");
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(casts_every_dtype_pair_and_layout, casts);

@@ -96,13 +96,18 @@ impl Tensor {
                 index.shape()
             )));
         }
-        let mut shape = self.shape().to_vec();
-        shape[a] = index.numel();
-        // The index along `axis`, broadcast over every other axis (no copy).
-        let mut along = vec![1usize; self.ndim()];
-        along[a] = index.numel();
-        let expanded = index.reshape(along)?.broadcast_to(shape)?;
+        let (expanded, _) = self.index_along(a, index)?;
         self.gather(a as isize, &expanded)
+    }
+
+    /// A 1-D `index` laid along `axis` and broadcast over every other axis of `self` (a view,
+    /// no copy), with the shape it has.
+    fn index_along(&self, axis: usize, index: &Tensor) -> Result<(Tensor, Vec<usize>)> {
+        let mut shape = self.shape().to_vec();
+        shape[axis] = index.numel();
+        let mut along = vec![1usize; self.ndim()];
+        along[axis] = index.numel();
+        Ok((index.reshape(along)?.broadcast_to(shape.clone())?, shape))
     }
 
     /// The elements at flat (row-major) positions `index`, in `index`'s shape.
@@ -332,11 +337,7 @@ impl Tensor {
                 index.shape()
             )));
         }
-        let mut shape = self.shape().to_vec();
-        shape[a] = index.numel();
-        let mut along = vec![1usize; self.ndim()];
-        along[a] = index.numel();
-        let expanded = index.reshape(along)?.broadcast_to(shape.clone())?;
+        let (expanded, shape) = self.index_along(a, index)?;
         let values = match values.into() {
             Value::Tensor(t) => Value::Tensor(
                 t.broadcast_to(shape)
