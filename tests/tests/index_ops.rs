@@ -89,6 +89,23 @@ fn index_ops(dev: &Device) -> Result<()> {
             assert_eq!(ints(&sc)?, want, "scatter {ctx}");
         }
     }
+    // Zero-size and 0-d operands.
+    let empty = Tensor::zeros([2, 0], DType::F32, dev)?;
+    let none = Tensor::zeros([0], DType::I64, dev)?;
+    assert_eq!(empty.index_select(1, &none)?.shape(), &[2, 0]);
+    assert_eq!(
+        Tensor::arange(0, 3, 1, DType::I32, dev)?
+            .index_select(0, &none)?
+            .shape(),
+        &[0]
+    );
+    let scalar_idx = Tensor::scalar(2i64, dev)?;
+    assert_eq!(
+        Tensor::arange(5, 8, 1, DType::U16, dev)?
+            .take(&scalar_idx)?
+            .item::<u16>()?,
+        7
+    );
     // scatter_add accumulates repeated indices; index_put_ with accumulate too.
     let z = Tensor::zeros([5], DType::I32, dev)?;
     let i = Tensor::from_slice(&[1i64, 3, 1, 1, -1], [5], dev)?;
