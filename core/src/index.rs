@@ -267,8 +267,16 @@ pub fn resolve_range(
     if step == 0 {
         return Err(Error::Invalid("slice step must not be 0".into()));
     }
-    let n = n as isize;
-    let wrap = |i: isize| if i < 0 { i + n } else { i };
+    // i128 keeps extreme bounds and steps (isize::MIN, ..=isize::MAX) from overflowing.
+    let (n, step_wide) = (n as i128, step as i128);
+    let wrap = |i: isize| {
+        let i = i as i128;
+        if i < 0 {
+            i + n
+        } else {
+            i
+        }
+    };
     // An inclusive end becomes an exclusive one after wrapping; past the first element (when
     // walking backwards) it means "no bound".
     let end = end.map(wrap).and_then(|e| match (inclusive, step > 0) {
@@ -279,18 +287,19 @@ pub fn resolve_range(
     let (first, count) = if step > 0 {
         let s = start.map(wrap).unwrap_or(0).clamp(0, n);
         let e = end.unwrap_or(n).clamp(0, n);
-        (s, if e > s { (e - s + step - 1) / step } else { 0 })
-    } else {
-        let s = start.map(wrap).unwrap_or(n - 1).clamp(-1, n - 1);
-        let e = end.unwrap_or(-1).clamp(-1, n - 1);
         (
             s,
-            if s > e {
-                (s - e + (-step) - 1) / (-step)
+            if e > s {
+                (e - s + step_wide - 1) / step_wide
             } else {
                 0
             },
         )
+    } else {
+        let s = start.map(wrap).unwrap_or(n - 1).clamp(-1, n - 1);
+        let e = end.unwrap_or(-1).clamp(-1, n - 1);
+        let back = -step_wide;
+        (s, if s > e { (s - e + back - 1) / back } else { 0 })
     };
     Ok((
         if count > 0 { first as usize } else { 0 },

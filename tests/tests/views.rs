@@ -260,6 +260,10 @@ fn negative_steps_and_inclusive_ranges() {
     assert_eq!(get(s![..=-2]), (0..9).collect::<Vec<_>>());
     assert_eq!(get(s![4..=0;-2]), vec![4, 2, 0]);
     assert_eq!(get(s![-1..=-3;-1]), vec![9, 8, 7]);
+    // Extreme bounds and steps clip instead of overflowing.
+    assert_eq!(get(s![..=isize::MAX]), (0..10).collect::<Vec<_>>());
+    assert_eq!(get(s![isize::MIN..;isize::MAX]), vec![0]);
+    assert_eq!(get(s![..;isize::MIN]), vec![9]);
     let r = t.slice(s![..;-1]).unwrap();
     assert_eq!((r.strides(), r.offset()), (&[-1isize][..], 9));
 }
