@@ -34,6 +34,11 @@ pub struct StreamId(pub u64);
 
 impl StreamId {
     /// The stream every device starts with.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// assert_eq!(dev.current_stream().id(), strata_core::StreamId::DEFAULT);
+    /// ```
     pub const DEFAULT: StreamId = StreamId(0);
 }
 

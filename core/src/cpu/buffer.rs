@@ -126,7 +126,15 @@ impl Drop for Pool {
     }
 }
 
-/// One 64-byte-aligned block of host memory.
+/// One 64-byte-aligned block of host memory, taken from and returned to its device's cache.
+///
+/// ```
+/// use strata_core::{cpu::CpuBuffer, Device};
+/// let dev = Device::cpu();
+/// let buf = dev.backend().allocate(100).unwrap();
+/// assert!(buf.as_any().downcast_ref::<CpuBuffer>().is_some());
+/// assert!(dev.memory_stats().reserved >= 100);
+/// ```
 #[derive(Debug)]
 pub struct CpuBuffer {
     ptr: NonNull<u8>,
