@@ -401,6 +401,26 @@ impl Expr {
         }
     }
 
+    /// True when the tree reads the element's position (`LinearIndex` or `Philox`), so the
+    /// order of the output's axes matters.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::Expr};
+    /// assert!(Expr::linear_index().reads_linear_index());
+    /// assert!(!Expr::input(0, DType::F32).reads_linear_index());
+    /// ```
+    pub fn reads_linear_index(&self) -> bool {
+        match &self.node {
+            Node::LinearIndex | Node::Philox { .. } => true,
+            Node::Input(_) | Node::Scalar(_) => false,
+            Node::Cast { arg, .. } | Node::Unary(_, arg) => arg.reads_linear_index(),
+            Node::Binary(_, a, b) => a.reads_linear_index() || b.reads_linear_index(),
+            Node::Where(c, a, b) | Node::Fma(c, a, b) => {
+                c.reads_linear_index() || a.reads_linear_index() || b.reads_linear_index()
+            }
+        }
+    }
+
     /// The highest input index the tree reads, if any.
     ///
     /// ```

@@ -282,7 +282,42 @@ pub(crate) fn launch_map(
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
 ) -> Result<()> {
+    check_writable(out)?;
+    // A map that does not read the linear index may visit elements in any order: present the
+    // axes in the output's memory order, so a permuted output (and inputs laid out like it)
+    // reach the backend contiguous.
+    if !expr.reads_linear_index() && out.ndim() > 1 && !out.is_contiguous() {
+        let order = memory_order(out.layout());
+        let out_p = out.with_layout(out.layout.permuted(&order)?);
+        let ins = inputs
+            .iter()
+            .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        return launch(Kernel::Map { expr }, &out_p, &refs, scalars);
+    }
     launch(Kernel::Map { expr }, out, inputs, scalars)
+}
+
+/// An `Err` naming the view when two of its indices share a storage position (a broadcast
+/// view), since writing it would write one element several times.
+fn check_writable(out: &Tensor) -> Result<()> {
+    if out.layout.has_internal_overlap() {
+        return Err(Error::Invalid(format!(
+            "cannot write into a view whose elements overlap in memory (shape {:?}, strides {:?}); \
+             write into a contiguous copy instead",
+            out.shape(),
+            out.strides()
+        )));
+    }
+    Ok(())
+}
+
+/// The axes of `layout` from the largest stride to the smallest (stable for ties).
+pub(crate) fn memory_order(layout: &Layout) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..layout.ndim()).collect();
+    order.sort_by_key(|&a| std::cmp::Reverse(layout.strides()[a].unsigned_abs()));
+    order
 }
 
 /// Launches `kernel` writing `out`. This is the one place core orders work across streams and
@@ -293,14 +328,7 @@ pub(crate) fn launch(
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
 ) -> Result<()> {
-    if out.layout.has_internal_overlap() {
-        return Err(Error::Invalid(format!(
-            "cannot write into a view whose elements overlap in memory (shape {:?}, strides {:?}); \
-             write into a contiguous copy instead",
-            out.shape(),
-            out.strides()
-        )));
-    }
+    check_writable(out)?;
     let device = out.device();
     let mut copies = Vec::new();
     for t in inputs {

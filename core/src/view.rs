@@ -340,6 +340,16 @@ impl Tensor {
         Ok(out)
     }
 
+    /// `Some(order)` when permuting the axes by `order` makes this view contiguous.
+    pub(crate) fn permute_to_contiguous(&self) -> Option<Vec<usize>> {
+        let order = crate::tensor::memory_order(&self.layout);
+        self.layout
+            .permuted(&order)
+            .ok()
+            .filter(Layout::is_contiguous)
+            .map(|_| order)
+    }
+
     /// Checks `layout` against this tensor's storage and returns the view.
     pub(crate) fn checked_view(&self, layout: Layout) -> Result<Tensor> {
         if layout.numel() > 0 {

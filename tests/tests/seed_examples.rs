@@ -120,3 +120,26 @@ fn ternary(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(where_clamp_fma_lerp, ternary);
+
+/// Elementwise results keep the memory order of a dense input (as PyTorch), and values
+/// are unaffected by the order kernels visit elements in.
+fn memory_order(dev: &Device) -> Result<()> {
+    let x = Tensor::arange(0, 6, 1, DType::I32, dev)?
+        .reshape([2, 3])?
+        .t()?;
+    let r = (&x + 10)?;
+    assert_eq!((r.shape(), r.strides()), (x.shape(), x.strides()));
+    assert_eq!(r.to_vec::<i32>()?, vec![10, 13, 11, 14, 12, 15]);
+    let p = Tensor::arange(0, 24, 1, DType::F32, dev)?
+        .reshape([2, 3, 4])?
+        .permute([2, 0, 1])?;
+    let q = p.exp()?.log()?;
+    assert_eq!(q.strides(), p.strides());
+    let (a, b) = (q.to_vec::<f32>()?, p.to_vec::<f32>()?);
+    assert!(a.iter().zip(&b).all(|(u, v)| (u - v).abs() < 1e-4));
+    // Contiguous and broadcast inputs still give row-major results; copies are contiguous.
+    assert!((&x.contiguous()? * 2)?.is_contiguous());
+    assert!(x.copy()?.is_contiguous() && x.contiguous()?.is_contiguous());
+    Ok(())
+}
+test_device!(elementwise_results_keep_memory_order, memory_order);

@@ -56,6 +56,28 @@ impl Lowering {
         })
     }
 
+    /// A new output whose axes follow the memory order of the first input that is a dense
+    /// permutation of the result's shape (as PyTorch preserves strides), else row-major.
+    fn alloc_like_inputs(&self, dtype: DType, device_of: &Tensor) -> Result<Tensor> {
+        let dense = self.tensors.iter().find(|t| {
+            t.shape() == &self.shape[..]
+                && t.ndim() > 1
+                && !t.is_contiguous()
+                && t.strides().iter().all(|&s| s > 0)
+                && t.permute_to_contiguous().is_some()
+        });
+        let Some(t) = dense else {
+            return Tensor::alloc(&self.shape, dtype, device_of.device());
+        };
+        let order = crate::tensor::memory_order(t.layout());
+        let permuted: Vec<usize> = order.iter().map(|&a| self.shape[a]).collect();
+        let mut inverse = vec![0isize; order.len()];
+        for (k, &a) in order.iter().enumerate() {
+            inverse[a] = k as isize;
+        }
+        Tensor::alloc(&permuted, dtype, device_of.device())?.permute(inverse)
+    }
+
     /// Writes `expr` into `out` (checked) or a new tensor.
     fn finish(
         self,
@@ -70,7 +92,7 @@ impl Lowering {
                 device_of.same_device(o, what)?;
                 o.clone()
             }
-            None => Tensor::alloc(&self.shape, expr.dtype, device_of.device())?,
+            None => self.alloc_like_inputs(expr.dtype, device_of)?,
         };
         let expr = expr.cast(out.dtype(), false);
         let inputs: Vec<&Tensor> = self.tensors.iter().collect();
