@@ -282,20 +282,6 @@ pub(crate) fn launch_map(
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
 ) -> Result<()> {
-    check_writable(out)?;
-    // A map that does not read the linear index may visit elements in any order: present the
-    // axes in the output's memory order, so a permuted output (and inputs laid out like it)
-    // reach the backend contiguous.
-    if !expr.reads_linear_index() && out.ndim() > 1 && !out.is_contiguous() {
-        let order = memory_order(out.layout());
-        let out_p = out.with_layout(out.layout.permuted(&order)?);
-        let ins = inputs
-            .iter()
-            .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
-            .collect::<Result<Vec<_>>>()?;
-        let refs: Vec<&Tensor> = ins.iter().collect();
-        return launch(Kernel::Map { expr }, &out_p, &refs, scalars);
-    }
     launch(Kernel::Map { expr }, out, inputs, scalars)
 }
 
@@ -311,6 +297,29 @@ fn check_writable(out: &Tensor) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A map that does not read the linear index may visit elements in any order: the operands
+/// with their axes in the output's memory order, so a permuted output (and inputs laid out
+/// like it) reach the backend contiguous.
+fn in_memory_order(
+    kernel: &Kernel,
+    out: &Tensor,
+    inputs: &[&Tensor],
+) -> Result<Option<(Tensor, Vec<Tensor>)>> {
+    let Kernel::Map { expr } = kernel else {
+        return Ok(None);
+    };
+    if expr.reads_linear_index() || out.ndim() < 2 || out.is_contiguous() {
+        return Ok(None);
+    }
+    let order = memory_order(out.layout());
+    let permute = |t: &Tensor| Ok(t.with_layout(t.layout.permuted(&order)?));
+    let ins = inputs
+        .iter()
+        .map(|t| permute(t))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some((permute(out)?, ins)))
 }
 
 /// The axes of `layout` from the largest stride to the smallest (stable for ties).
@@ -329,6 +338,20 @@ pub(crate) fn launch(
     scalars: Vec<Scalar>,
 ) -> Result<()> {
     check_writable(out)?;
+    if let Some((out_p, ins)) = in_memory_order(&kernel, out, inputs)? {
+        let refs: Vec<&Tensor> = ins.iter().collect();
+        return launch_ordered(kernel, &out_p, &refs, scalars);
+    }
+    launch_ordered(kernel, out, inputs, scalars)
+}
+
+/// `launch` after the checks and the choice of axis order.
+fn launch_ordered(
+    kernel: Kernel,
+    out: &Tensor,
+    inputs: &[&Tensor],
+    scalars: Vec<Scalar>,
+) -> Result<()> {
     let device = out.device();
     let mut copies = Vec::new();
     for t in inputs {

@@ -200,6 +200,15 @@ impl Tensor {
         self.reduce_raw(ReduceOp::Prod, &axes.into(), keepdim, acc, out)
     }
 
+    /// `self` when it is a float tensor, else a copy in the default float dtype.
+    fn as_float(&self) -> Result<Tensor> {
+        if self.dtype.is_float() {
+            Ok(self.clone())
+        } else {
+            self.to_dtype(DEFAULT_FLOAT)
+        }
+    }
+
     fn float_only(&self, what: &str) -> Result<()> {
         if !self.dtype.is_float() {
             return Err(Error::DType(format!(
@@ -369,11 +378,7 @@ impl Tensor {
     /// assert!((v - (1000.0 + 2f64.ln())).abs() < 1e-9);
     /// ```
     pub fn logsumexp(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
-        let x = if self.dtype.is_float() {
-            self.clone()
-        } else {
-            self.to_dtype(DEFAULT_FLOAT)?
-        };
+        let x = self.as_float()?;
         let axes = axes.into();
         if x.extent(&axes)? == 0 {
             return x.sum(axes, keepdim)?.log();
@@ -406,11 +411,7 @@ impl Tensor {
     /// assert_eq!(t.softmax(0).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 0.5]);
     /// ```
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
-        let x = if self.dtype.is_float() {
-            self.clone()
-        } else {
-            self.to_dtype(DEFAULT_FLOAT)?
-        };
+        let x = self.as_float()?;
         let e = x.sub(&x.max(axis, true)?)?.exp()?;
         e.div(&e.sum(axis, true)?)
     }
@@ -423,11 +424,7 @@ impl Tensor {
     /// assert_eq!(t.log_softmax(0).unwrap().to_vec::<f64>().unwrap(), vec![-2f64.ln(); 2]);
     /// ```
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
-        let x = if self.dtype.is_float() {
-            self.clone()
-        } else {
-            self.to_dtype(DEFAULT_FLOAT)?
-        };
+        let x = self.as_float()?;
         let shifted = x.sub(&x.max(axis, true)?)?;
         let lse = shifted.exp()?.sum(axis, true)?.log()?;
         shifted.sub(&lse)
