@@ -43,9 +43,9 @@ pub mod prelude {
 /// ```
 pub trait DeviceExt: Sized {
     /// The best device present: the one `STRATA_DEVICE` names when it is set, otherwise
-    /// CUDA, then wgpu, then the CPU (this build has the CPU backend only).
+    /// CUDA device 0, then wgpu (once its backend lands), then the CPU.
     fn auto() -> Result<Self>;
-    /// CUDA device `ordinal`.
+    /// CUDA device `ordinal`, or `Err` saying why not (no driver, no such device).
     fn cuda(ordinal: usize) -> Result<Self>;
     /// The wgpu device on the preferred adapter.
     fn wgpu() -> Result<Self>;
@@ -57,14 +57,22 @@ impl DeviceExt for Device {
     fn auto() -> Result<Device> {
         match std::env::var("STRATA_DEVICE") {
             Ok(spec) if !spec.trim().is_empty() => Device::parse(&spec),
-            _ => Ok(Device::cpu()),
+            _ => Ok(Device::cuda(0).unwrap_or_else(|_| Device::cpu())),
         }
     }
 
     fn cuda(ordinal: usize) -> Result<Device> {
-        Err(Error::DeviceUnavailable(format!(
-            "cuda:{ordinal}: this build of strata has no CUDA backend; use Device::cpu()"
-        )))
+        #[cfg(feature = "cuda")]
+        {
+            strata_cuda::open(ordinal)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(Error::DeviceUnavailable(format!(
+                "cuda:{ordinal}: this build of strata has no CUDA backend (feature `cuda`); \
+                 use Device::cpu()"
+            )))
+        }
     }
 
     fn wgpu() -> Result<Device> {

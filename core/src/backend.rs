@@ -74,7 +74,7 @@ pub struct MemoryStats {
 ///
 /// ```
 /// let dev = strata_core::Device::cpu();
-/// let buf = dev.backend().allocate(64).unwrap();
+/// let buf = dev.backend().allocate(64, strata_core::StreamId::DEFAULT).unwrap();
 /// assert_eq!(buf.len_bytes(), 64);
 /// ```
 pub trait DeviceBuffer: Any + Send + Sync + Debug {
@@ -92,7 +92,7 @@ pub trait DeviceBuffer: Any + Send + Sync + Debug {
 /// use strata_core::{Backend, Device, StreamId};
 /// let dev = Device::cpu();
 /// let b = dev.backend();
-/// let buf = b.allocate(4).unwrap();
+/// let buf = b.allocate(4, StreamId::DEFAULT).unwrap();
 /// b.upload(buf.as_ref(), 0, &[1, 2, 3, 4], StreamId::DEFAULT).unwrap();
 /// assert_eq!(b.download(buf.as_ref(), 1, 2, StreamId::DEFAULT).unwrap(), vec![2, 3]);
 /// ```
@@ -105,8 +105,9 @@ pub trait Backend: Send + Sync + Debug {
     /// hold or compute `dtype`.
     fn check_dtype(&self, dtype: DType) -> Result<()>;
 
-    /// A new buffer of `bytes` bytes with unspecified contents, or `Err(OutOfMemory)`.
-    fn allocate(&self, bytes: usize) -> Result<Arc<dyn DeviceBuffer>>;
+    /// A new buffer of `bytes` bytes with unspecified contents, or `Err(OutOfMemory)`. It is
+    /// ready for use on `stream` (a stream-ordered allocator allocates there).
+    fn allocate(&self, bytes: usize, stream: StreamId) -> Result<Arc<dyn DeviceBuffer>>;
     /// Enqueues a copy of `data` into `dst` at `byte_offset`.
     fn upload(
         &self,

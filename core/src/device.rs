@@ -32,6 +32,7 @@ struct DeviceInner {
     current: Mutex<Arc<StreamHandle>>,
     default: Arc<StreamHandle>,
     blocking: AtomicBool,
+    allow_tf32: AtomicBool,
 }
 
 /// Owns one backend stream; destroys it when the last handle goes.
@@ -78,6 +79,7 @@ impl Device {
                 current: Mutex::new(default.clone()),
                 default,
                 blocking: AtomicBool::new(blocking),
+                allow_tf32: AtomicBool::new(false),
             }),
         }
     }
@@ -156,6 +158,28 @@ impl Device {
     /// ```
     pub fn set_blocking(&self, on: bool) {
         self.inner.blocking.store(on, Ordering::Relaxed)
+    }
+
+    /// Whether f32 matmuls may use TF32 tensor cores (10-bit mantissa products, much faster on
+    /// recent NVIDIA GPUs). Off by default, like PyTorch's `allow_tf32`; backends without
+    /// TF32 ignore it.
+    ///
+    /// ```
+    /// assert!(!strata_core::Device::cpu().allow_tf32());
+    /// ```
+    pub fn allow_tf32(&self) -> bool {
+        self.inner.allow_tf32.load(Ordering::Relaxed)
+    }
+
+    /// Lets f32 matmuls on this device use TF32 (or not).
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// dev.set_allow_tf32(true);
+    /// assert!(dev.allow_tf32());
+    /// ```
+    pub fn set_allow_tf32(&self, on: bool) {
+        self.inner.allow_tf32.store(on, Ordering::Relaxed)
     }
 
     /// A new stream on this device.

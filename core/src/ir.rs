@@ -474,6 +474,8 @@ pub enum Kernel {
     Matmul {
         /// The accumulation dtype (f32 for 16-bit floats; float accumulation may use more).
         acc: DType,
+        /// f32 products may use TF32 (the device opted in with `set_allow_tf32`).
+        tf32: bool,
     },
     /// `out[p] = src[p with coordinate axis replaced by index[p]]` for inputs `src` and `index`
     /// (i64, the output's shape). Core guarantees every index is in `0..src.shape[axis]` and

@@ -74,12 +74,13 @@ impl Tensor {
             .ok_or_else(|| {
                 Error::Shape(format!("{shape:?} of {dtype} overflows the byte count"))
             })?;
-        let buffer = device.backend().allocate(bytes)?;
+        let stream = device.current_handle();
+        let buffer = device.backend().allocate(bytes, stream.id)?;
         Ok(Tensor {
             storage: Arc::new(Storage {
                 buffer,
                 device: device.clone(),
-                last_write: Mutex::new(device.current_handle()),
+                last_write: Mutex::new(stream),
             }),
             layout,
             dtype,

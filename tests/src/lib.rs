@@ -11,14 +11,41 @@ use strata::prelude::*;
 /// ```
 pub fn devices() -> Vec<Device> {
     let wanted = std::env::var("STRATA_TEST_DEVICES").ok();
+    let explicit = wanted.is_some();
     let names: Vec<String> = match wanted {
         Some(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
         None => vec!["cpu".into(), "cuda:0".into(), "wgpu".into()],
     };
     names
         .iter()
-        .filter_map(|name| Device::parse(name).ok())
+        .filter_map(|name| match open(name) {
+            Ok(dev) => Some(dev),
+            // A device named on purpose must be there: a silent skip would pass a GPU run
+            // that tested only the CPU.
+            Err(e) if explicit => panic!("STRATA_TEST_DEVICES names {name}, which failed: {e}"),
+            Err(_) => None,
+        })
         .collect()
+}
+
+/// Opens a device by name; GPU devices are opened once per test process and shared, as a
+/// notebook shares one device between cells (a context and its kernel cache are costly).
+fn open(name: &str) -> Result<Device> {
+    use std::sync::{Mutex, OnceLock};
+    if name == "cpu" {
+        return Device::parse(name);
+    }
+    static OPEN: OnceLock<Mutex<Vec<(String, Device)>>> = OnceLock::new();
+    let mut open = OPEN
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some((_, dev)) = open.iter().find(|(n, _)| n == name) {
+        return Ok(dev.clone());
+    }
+    let dev = Device::parse(name)?;
+    open.push((name.to_string(), dev.clone()));
+    Ok(dev)
 }
 
 /// Defines `#[test] fn $name()` that runs `$body(&Device)` on every device of [`devices`],
@@ -92,8 +119,12 @@ impl strata::Backend for StandIn {
     fn check_dtype(&self, d: DType) -> Result<()> {
         self.0.check_dtype(d)
     }
-    fn allocate(&self, n: usize) -> Result<std::sync::Arc<dyn strata::DeviceBuffer>> {
-        self.0.allocate(n)
+    fn allocate(
+        &self,
+        n: usize,
+        s: strata::StreamId,
+    ) -> Result<std::sync::Arc<dyn strata::DeviceBuffer>> {
+        self.0.allocate(n, s)
     }
     fn upload(
         &self,

@@ -129,9 +129,9 @@ impl Drop for Pool {
 /// One 64-byte-aligned block of host memory, taken from and returned to its device's cache.
 ///
 /// ```
-/// use strata_core::{cpu::CpuBuffer, Device};
+/// use strata_core::{cpu::CpuBuffer, Device, StreamId};
 /// let dev = Device::cpu();
-/// let buf = dev.backend().allocate(100).unwrap();
+/// let buf = dev.backend().allocate(100, StreamId::DEFAULT).unwrap();
 /// assert!(buf.as_any().downcast_ref::<CpuBuffer>().is_some());
 /// assert!(dev.memory_stats().reserved >= 100);
 /// ```

@@ -79,7 +79,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn allocate(&self, bytes: usize) -> Result<Arc<dyn DeviceBuffer>> {
+    fn allocate(&self, bytes: usize, _: StreamId) -> Result<Arc<dyn DeviceBuffer>> {
         Ok(Arc::new(CpuBuffer::new(bytes, self.pool.clone())?))
     }
 
@@ -118,7 +118,7 @@ impl Backend for CpuBackend {
                 reduced_axes,
                 acc,
             } => reduce::run(*op, *reduced_axes, *acc, args),
-            Kernel::Matmul { acc } => matmul::run(*acc, args),
+            Kernel::Matmul { acc, .. } => matmul::run(*acc, args),
             Kernel::Gather { axis } => index::gather(*axis, args),
             Kernel::Scatter { axis, accumulate } => index::scatter(*axis, *accumulate, args),
         }

@@ -44,7 +44,8 @@ fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> R
         Scalar::F64(alpha).cast(acc, false),
         Scalar::F64(beta).cast(acc, false),
     ];
-    launch(Kernel::Matmul { acc }, c, &[&a, &b], scalars)
+    let tf32 = acc == DType::F32 && c.device().allow_tf32();
+    launch(Kernel::Matmul { acc, tf32 }, c, &[&a, &b], scalars)
 }
 
 /// The inner-dimension check shared by every product.

@@ -1,0 +1,258 @@
+//! `Map` kernels: one expression tree per output element, over operands that share the output's
+//! shape. Three access paths, chosen per launch: vectorized (every operand contiguous and
+//! aligned: 16-byte loads and stores), contiguous per element, and strided with a
+//! rank-specialized index decode.
+
+use super::expr::emit;
+use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
+use super::{storage_type, to_storage};
+use crate::launch::{coalesce, Plan, Words};
+use std::fmt::Write;
+use strata_core::ir::{Expr, KernelArgs};
+use strata_core::{DType, Error, Result};
+
+/// The structure of a map launch: what the generated source depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct MapSig {
+    pub expr: Expr,
+    /// Output dtype first, then the inputs'.
+    pub dtypes: Vec<DType>,
+    /// Per operand (output first): true when its offset is the linear index.
+    pub contiguous: Vec<bool>,
+    pub scalars: Vec<DType>,
+    pub rank: usize,
+    /// Elements per thread on the vectorized path (1: not vectorized).
+    pub vec: usize,
+    pub wide: bool,
+}
+
+/// Plans a map launch: coalesced layout, access path, words.
+pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Plan)>> {
+    let [out] = args.outputs.as_slice() else {
+        return Err(Error::Invalid("a map writes exactly one output".into()));
+    };
+    let numel = out.layout.numel();
+    if numel == 0 {
+        return Ok(None);
+    }
+    let operands: Vec<_> = std::iter::once(out).chain(&args.inputs).collect();
+    for op in &operands[1..] {
+        if op.layout.shape() != out.layout.shape() {
+            return Err(Error::Shape(format!(
+                "map input of shape {:?} for an output of shape {:?}",
+                op.layout.shape(),
+                out.layout.shape()
+            )));
+        }
+    }
+    let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
+    let (shape, strides) = coalesce(out.layout.shape(), &strides);
+    let dense = strata_core::layout::contiguous_strides(&shape);
+    let contiguous: Vec<bool> = strides.iter().map(|s| *s == dense).collect();
+    let wide = crate::launch::needs_wide(numel, &shape, &strides);
+    let mut words = Words::new();
+    let ptrs: Vec<u64> = operands
+        .iter()
+        .map(|o| crate::memory::element_ptr(o))
+        .collect::<Result<_>>()?;
+    let max_item = operands
+        .iter()
+        .map(|o| o.dtype.itemsize())
+        .max()
+        .unwrap_or(1);
+    let mut vec = if contiguous.iter().all(|&c| c) {
+        16 / max_item
+    } else {
+        1
+    };
+    while vec > 1
+        && operands
+            .iter()
+            .zip(&ptrs)
+            .any(|(o, p)| p % (vec * o.dtype.itemsize()) as u64 != 0)
+    {
+        vec /= 2;
+    }
+    words.push(numel as u64);
+    for &n in &shape {
+        words.push(n as u64);
+    }
+    for (k, p) in ptrs.iter().enumerate() {
+        words.push(*p);
+        if !contiguous[k] {
+            for &s in &strides[k] {
+                words.push(s as i64 as u64);
+            }
+        }
+    }
+    for s in &args.scalars {
+        words.push(crate::launch::scalar_bits(*s));
+    }
+    let sig = MapSig {
+        expr: expr.clone(),
+        dtypes: operands.iter().map(|o| o.dtype).collect(),
+        contiguous,
+        scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
+        rank: shape.len(),
+        vec,
+        wide,
+    };
+    let work = numel.div_ceil(vec);
+    Ok(Some((sig, Plan::linear(words, work))))
+}
+
+/// The C vector type moving `bytes` bytes at once.
+fn vector_type(bytes: usize) -> &'static str {
+    match bytes {
+        16 => "uint4",
+        8 => "uint2",
+        4 => "u32",
+        2 => "u16",
+        _ => "u8",
+    }
+}
+
+/// The CUDA C source of a map kernel named `strata_map`.
+pub(crate) fn source(sig: &MapSig) -> Result<String> {
+    let idx = index_type(sig.wide);
+    let rank = sig.rank;
+    let n_ops = sig.dtypes.len();
+    // Word positions: numel, shape, then per operand its pointer and strides, then scalars.
+    let shape_words: Vec<usize> = (1..=rank).collect();
+    let mut ptr_words = Vec::new();
+    let mut stride_words = Vec::new();
+    let mut w = 1 + rank;
+    for k in 0..n_ops {
+        ptr_words.push(w);
+        w += 1;
+        if sig.contiguous[k] {
+            stride_words.push(None);
+        } else {
+            stride_words.push(Some(w));
+            w += rank;
+        }
+    }
+    let scalar_words: Vec<usize> = (w..w + sig.scalars.len()).collect();
+    let total = (w + sig.scalars.len()).max(1);
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void strata_map(const Words<{total}> p) {{"
+    );
+    for (k, (&d, &word)) in sig.scalars.iter().zip(&scalar_words).enumerate() {
+        let _ = writeln!(
+            s,
+            "  const {} s{k} = {};",
+            compute_type(d),
+            scalar_from_word(d, &format!("p.w[{word}]"))
+        );
+    }
+    for (k, (&d, &word)) in sig.dtypes.iter().zip(&ptr_words).enumerate() {
+        let q = if k == 0 { "" } else { "const " };
+        let _ = writeln!(
+            s,
+            "  {q}{}* a{k} = ({q}{}*)p.w[{word}];",
+            storage_type(d),
+            storage_type(d)
+        );
+    }
+    let _ = writeln!(s, "  const {idx} n = ({idx})p.w[0];");
+    let _ = writeln!(
+        s,
+        "  const {idx} first = ({idx})blockIdx.x * blockDim.x + threadIdx.x;"
+    );
+    let _ = writeln!(s, "  const {idx} step = ({idx})gridDim.x * blockDim.x;");
+
+    // The body for one element at linear index `li`, reading operand k at `off{k}`.
+    let element = |s: &mut String,
+                   indent: &str,
+                   load: &dyn Fn(usize) -> String,
+                   store: &dyn Fn(&str) -> String|
+     -> Result<()> {
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+            let _ = writeln!(
+                s,
+                "{indent}const {} x{} = {};",
+                compute_type(d),
+                k - 1,
+                from_storage(d, &load(k))
+            );
+        }
+        let mut next = 0;
+        let v = emit(&sig.expr, s, indent, &mut next)?;
+        let _ = writeln!(s, "{indent}{}", store(&to_storage(sig.dtypes[0], &v)));
+        Ok(())
+    };
+
+    let mut tail_from = "first".to_string();
+    if sig.vec > 1 {
+        let v = sig.vec;
+        let _ = writeln!(s, "  const {idx} nv = n / {v};");
+        let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
+        for (k, &d) in sig.dtypes.iter().enumerate() {
+            let vt = vector_type(v * d.itemsize());
+            let _ = writeln!(
+                s,
+                "    union {{ {vt} v; {} e[{v}]; }} u{k};",
+                storage_type(d)
+            );
+            if k > 0 {
+                let _ = writeln!(s, "    u{k}.v = ((const {vt}*)a{k})[j];");
+            }
+        }
+        let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
+        let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
+        element(&mut s, "      ", &|k| format!("u{k}.e[l]"), &|val| {
+            format!("u0.e[l] = {val};")
+        })?;
+        let _ = writeln!(s, "    }}");
+        let vt = vector_type(v * sig.dtypes[0].itemsize());
+        let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
+        tail_from = format!("nv * {v} + first");
+    }
+    let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
+    decode_offsets(&mut s, idx, "li", &shape_words, &stride_words);
+    element(&mut s, "      ", &|k| format!("a{k}[off{k}]"), &|val| {
+        format!("a0[off0] = {val};")
+    })?;
+    let _ = writeln!(s, "  }}\n}}");
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::ir::BinaryOp;
+
+    fn sig(contiguous: bool, vec: usize) -> MapSig {
+        let e = Expr::binary(
+            BinaryOp::Add,
+            Expr::input(0, DType::F32),
+            Expr::input(1, DType::F32),
+        );
+        MapSig {
+            expr: e,
+            dtypes: vec![DType::F32; 3],
+            contiguous: vec![contiguous; 3],
+            scalars: vec![],
+            rank: 2,
+            vec,
+            wide: false,
+        }
+    }
+
+    #[test]
+    fn the_vector_path_moves_16_bytes() {
+        let src = source(&sig(true, 4)).unwrap();
+        assert!(src.contains("union { uint4 v; float e[4]; } u1;"), "{src}");
+        assert!(src.contains("((uint4*)a0)[j] = u0.v;"));
+    }
+
+    #[test]
+    fn strided_operands_decode_their_coordinates() {
+        let src = source(&sig(false, 1)).unwrap();
+        assert!(src.contains("rem % (i32)p.w[2]"), "{src}");
+        assert!(!src.contains("uint4"));
+    }
+}

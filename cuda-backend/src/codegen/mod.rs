@@ -1,0 +1,184 @@
+//! IR → CUDA C. Each kernel kind has a file; this one holds what they share: the C types of
+//! each dtype, strata's cast rule in C, and the expression emitter for `Map` trees.
+//!
+//! Every generated kernel takes one argument, `Words<N>`: 64-bit words holding sizes, strides,
+//! pointers and scalar bits, in an order that the kernel's host-side plan (in `crate::launch`)
+//! writes and the generator reads. Nothing size-dependent is in the source, so one compiled
+//! kernel serves every shape with the same structure.
+
+#[cfg(test)]
+mod catalog;
+pub(crate) mod expr;
+pub(crate) mod index;
+pub(crate) mod map;
+pub(crate) mod matmul;
+pub(crate) mod reduce;
+
+use strata_core::{DType, Error};
+
+/// The device helpers every kernel includes.
+pub(crate) const PRELUDE: &str = include_str!("prelude.cu");
+
+/// The C type a dtype is stored as in device memory.
+pub(crate) fn storage_type(d: DType) -> &'static str {
+    match d {
+        DType::Bool | DType::U8 => "u8",
+        DType::U16 | DType::F16 | DType::BF16 => "u16",
+        DType::U32 => "u32",
+        DType::U64 => "u64",
+        DType::I8 => "i8",
+        DType::I16 => "i16",
+        DType::I32 => "i32",
+        DType::I64 => "i64",
+        DType::F32 => "float",
+        DType::F64 => "double",
+    }
+}
+
+/// The C type values of a dtype are computed in: 16-bit floats in f32, bool as `bool`.
+pub(crate) fn compute_type(d: DType) -> &'static str {
+    match d {
+        DType::Bool => "bool",
+        DType::F16 | DType::BF16 | DType::F32 => "float",
+        other => storage_type(other),
+    }
+}
+
+/// A stored element `s` (of `storage_type(d)`) as a compute value.
+pub(crate) fn from_storage(d: DType, s: &str) -> String {
+    match d {
+        DType::Bool => format!("({s} != 0)"),
+        DType::F16 => format!("f16_to_f32({s})"),
+        DType::BF16 => format!("bf16_to_f32({s})"),
+        _ => s.to_string(),
+    }
+}
+
+/// A compute value `v` of dtype `d` as its stored form.
+pub(crate) fn to_storage(d: DType, v: &str) -> String {
+    match d {
+        DType::Bool => format!("(u8)({v} ? 1 : 0)"),
+        DType::F16 => format!("f32_to_f16({v})"),
+        DType::BF16 => format!("f32_to_bf16({v})"),
+        _ => v.to_string(),
+    }
+}
+
+/// The compute value of a scalar stored as little-endian bits in the 64-bit word `w`.
+pub(crate) fn scalar_from_word(d: DType, w: &str) -> String {
+    match d {
+        DType::Bool => format!("({w} != 0)"),
+        DType::F16 => format!("f16_to_f32((u16){w})"),
+        DType::BF16 => format!("bf16_to_f32((u16){w})"),
+        DType::F32 => format!("__uint_as_float((u32){w})"),
+        DType::F64 => format!("__longlong_as_double((i64){w})"),
+        other => format!("({})({w})", storage_type(other)),
+    }
+}
+
+/// Rounds a float compute value to its dtype (a no-op for f32 and f64).
+pub(crate) fn round_to(d: DType, v: String) -> String {
+    match d {
+        DType::F16 => format!("round_f16({v})"),
+        DType::BF16 => format!("round_bf16({v})"),
+        _ => v,
+    }
+}
+
+/// strata's cast rule (`Scalar::cast`) from a compute value `v` of `from` to a compute value
+/// of `to`: to bool is `!= 0`; float → int saturates (NaN → 0); int → int wraps or, when
+/// `saturate`, clamps; conversions to floats round to nearest once (ints through f64, as core).
+pub(crate) fn cast(v: &str, from: DType, to: DType, saturate: bool) -> String {
+    if from == to {
+        return v.to_string();
+    }
+    let ct = compute_type(to);
+    if to == DType::Bool {
+        return format!("({v} != 0)");
+    }
+    if from == DType::Bool {
+        return format!("(({ct})({v} ? 1 : 0))");
+    }
+    match (from.is_float(), to.is_float()) {
+        (true, false) => format!("f2i<{ct}>((double)({v}))"),
+        (false, false) if saturate => format!("sat_cast<{ct}, {}>({v})", compute_type(from)),
+        (false, false) => format!("(({ct})({v}))"),
+        (_, true) => {
+            // Floats of f32 or narrower are exact in f32; ints and f64 convert from f64.
+            let wide = from == DType::F64 || !from.is_float();
+            let d = format!("(double)({v})");
+            match to {
+                DType::F64 => d,
+                DType::F32 if wide => format!("(float)({v})"),
+                DType::F32 => v.to_string(),
+                DType::F16 if wide => format!("f16_to_f32(f64_to_f16({d}))"),
+                DType::F16 => format!("round_f16({v})"),
+                DType::BF16 if wide => format!("bf16_to_f32(f64_to_bf16({d}))"),
+                _ => format!("round_bf16({v})"),
+            }
+        }
+    }
+}
+
+/// The error for an IR op the dtype does not define (the CPU backend's message).
+pub(crate) fn undefined(what: impl std::fmt::Debug, dtype: DType) -> Error {
+    Error::Unsupported(format!("IR op {what:?} is not defined for {dtype}"))
+}
+
+/// The integer index type of a kernel: 32-bit when every offset fits, else 64-bit.
+pub(crate) fn index_type(wide: bool) -> &'static str {
+    if wide {
+        "i64"
+    } else {
+        "i32"
+    }
+}
+
+/// Appends code that decodes linear index `lin` over `shape_words` (the words holding the
+/// sizes, outermost first) into per-operand offsets `off{k}`, for each operand `k` whose
+/// stride words begin at `strides[k]` (`None`: the operand is contiguous, offset = `lin`).
+pub(crate) fn decode_offsets(
+    src: &mut String,
+    idx: &str,
+    lin: &str,
+    shape_words: &[usize],
+    strides: &[Option<usize>],
+) {
+    use std::fmt::Write;
+    for (k, s) in strides.iter().enumerate() {
+        match s {
+            None => {
+                let _ = writeln!(src, "      const {idx} off{k} = {lin};");
+            }
+            Some(_) => {
+                let _ = writeln!(src, "      {idx} off{k} = 0;");
+            }
+        }
+    }
+    if strides.iter().all(Option::is_none) {
+        return;
+    }
+    let _ = writeln!(src, "      {idx} rem = {lin};");
+    let rank = shape_words.len();
+    for d in (0..rank).rev() {
+        let coord = if d == 0 {
+            "rem".to_string()
+        } else {
+            let _ = writeln!(
+                src,
+                "      const {idx} c{d} = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}];",
+                shape_words[d], shape_words[d]
+            );
+            format!("c{d}")
+        };
+        for (k, s) in strides.iter().enumerate() {
+            if let Some(first) = s {
+                let _ = writeln!(
+                    src,
+                    "      off{k} += {coord} * ({idx})(i64)p.w[{}];",
+                    first + d
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,491 @@
+//! `Reduce` kernels. Each output element is reduced by a *group* of 1, 32 (a warp, combined
+//! with shuffles) or 256 threads (a block, through shared memory); a long reduction is split
+//! into slices whose partial results a second, "combine" launch reduces. The group size
+//! follows the layout: a contiguous reduced axis gets a warp or a block per output (coalesced
+//! reads), a strided one a thread per output (neighbouring outputs are neighbours in memory).
+//! Contiguous reduced axes are read 16 bytes at a time, so a short innermost axis (length 4)
+//! still streams at full bandwidth.
+
+use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage};
+use crate::launch::{coalesce, needs_wide, Plan, Words};
+use std::fmt::Write;
+use strata_core::ir::{KernelArgs, ReduceOp};
+use strata_core::{DType, Error, Result};
+
+/// The structure of a reduce launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ReduceSig {
+    pub op: ReduceOp,
+    /// The element dtype read (in a combine launch, the partials' dtype).
+    pub input: DType,
+    pub acc: DType,
+    pub out: DType,
+    pub outer_rank: usize,
+    pub reduced_rank: usize,
+    /// Threads per output: 1, 32 or 256.
+    pub group: usize,
+    /// Elements per vector load (1: none).
+    pub vec: usize,
+    pub wide: bool,
+    /// Reads partials (values and, for arg ops, indices) of an earlier launch.
+    pub combine: bool,
+}
+
+/// The dtype accumulators are held (and partials stored) in.
+pub(crate) fn repr(op: ReduceOp, acc: DType) -> DType {
+    match op {
+        ReduceOp::Sum | ReduceOp::Prod if acc == DType::F64 => DType::F64,
+        ReduceOp::Sum | ReduceOp::Prod if acc.is_float() => DType::F32,
+        ReduceOp::Sum | ReduceOp::Prod => DType::I64,
+        ReduceOp::Any | ReduceOp::All => DType::Bool,
+        _ if matches!(acc, DType::F16 | DType::BF16) => DType::F32,
+        _ => acc,
+    }
+}
+
+/// A planned reduction: the first launch's structure and everything to write its words.
+#[derive(Debug)]
+pub(crate) struct Reduction {
+    pub sig: ReduceSig,
+    pub outputs: usize,
+    pub extent: usize,
+    /// Slices per output; more than 1 needs partial buffers and a combine launch.
+    pub splits: usize,
+    chunk: usize,
+    outer_shape: Vec<usize>,
+    reduced_shape: Vec<usize>,
+    in_outer: Vec<isize>,
+    in_reduced: Vec<isize>,
+    out_strides: Vec<isize>,
+    in_ptr: u64,
+    out_ptr: u64,
+}
+
+/// Plans `Reduce { op, reduced_axes, acc }` for `args` on a device with `sms` multiprocessors.
+pub(crate) fn plan(
+    op: ReduceOp,
+    reduced_axes: usize,
+    acc: DType,
+    args: &KernelArgs,
+    sms: usize,
+) -> Result<Option<Reduction>> {
+    let ([input], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
+        return Err(Error::Invalid(
+            "a reduction takes one input and one output".into(),
+        ));
+    };
+    let (shape, strides) = (input.layout.shape(), input.layout.strides());
+    let k = shape.len().checked_sub(reduced_axes).ok_or_else(|| {
+        Error::Invalid(format!(
+            "cannot reduce {reduced_axes} axes of a rank-{} tensor",
+            shape.len()
+        ))
+    })?;
+    if out.layout.shape() != &shape[..k] {
+        return Err(Error::Shape(format!(
+            "reduction output {:?} for input {:?} over its last {reduced_axes} axes",
+            out.layout.shape(),
+            shape
+        )));
+    }
+    let outputs: usize = shape[..k].iter().product();
+    if outputs == 0 {
+        return Ok(None);
+    }
+    let extent: usize = shape[k..].iter().product();
+    let (outer_shape, outer) = coalesce(&shape[..k], &[&strides[..k], out.layout.strides()]);
+    let (reduced_shape, reduced) = coalesce(&shape[k..], &[&strides[k..]]);
+    let (in_outer, out_strides) = (outer[0].clone(), outer[1].clone());
+    let in_reduced = reduced[0].clone();
+    let in_ptr = crate::memory::element_ptr(input)?;
+    let out_ptr = crate::memory::element_ptr(out)?;
+
+    let inner_contiguous = reduced_shape.len() == 1 && in_reduced[0] == 1;
+    let group = if inner_contiguous && extent >= 64 {
+        if extent >= 1024 && outputs * 32 < sms * 2048 {
+            256
+        } else {
+            32
+        }
+    } else {
+        1
+    };
+    let item = input.dtype.itemsize();
+    let mut vec = if inner_contiguous { 16 / item } else { 1 };
+    while vec > 1
+        && (in_ptr % (vec * item) as u64 != 0
+            || in_outer.iter().any(|&s| s.rem_euclid(vec as isize) != 0))
+    {
+        vec /= 2;
+    }
+    let target = (sms * 2048 * 2 / group).max(1);
+    let mut splits = 1;
+    if outputs < target {
+        let per_slice = group * vec * 8;
+        splits = target
+            .div_ceil(outputs)
+            .min(extent.div_ceil(per_slice))
+            .max(1);
+    }
+    let chunk = extent.div_ceil(splits).div_ceil(vec) * vec;
+    let splits = if chunk == 0 {
+        1
+    } else {
+        extent.div_ceil(chunk).max(1)
+    };
+    let wide = needs_wide(
+        input.layout.numel().max(outputs * splits),
+        shape,
+        &[strides.to_vec(), out.layout.strides().to_vec()],
+    );
+    let sig = ReduceSig {
+        op,
+        input: input.dtype,
+        acc,
+        out: out.dtype,
+        outer_rank: outer_shape.len(),
+        reduced_rank: reduced_shape.len(),
+        group,
+        vec,
+        wide,
+        combine: false,
+    };
+    Ok(Some(Reduction {
+        sig,
+        outputs,
+        extent,
+        splits,
+        chunk: chunk.max(1),
+        outer_shape,
+        reduced_shape,
+        in_outer,
+        in_reduced,
+        out_strides,
+        in_ptr,
+        out_ptr,
+    }))
+}
+
+fn words(
+    red: &Reduction,
+    (extent, splits, chunk): (usize, usize, usize),
+    reduced_shape: &[usize],
+    (in_ptr, in_outer, in_reduced): (u64, &[isize], &[isize]),
+    partials: (u64, u64, u64),
+) -> Words {
+    let mut w = Words::new();
+    for v in [red.outputs, extent, splits, chunk] {
+        w.push(v as u64);
+    }
+    for &n in red.outer_shape.iter().chain(reduced_shape) {
+        w.push(n as u64);
+    }
+    w.push(in_ptr);
+    for &s in in_outer.iter().chain(in_reduced) {
+        w.push(s as i64 as u64);
+    }
+    w.push(red.out_ptr);
+    for &s in &red.out_strides {
+        w.push(s as i64 as u64);
+    }
+    w.push(partials.0);
+    w.push(partials.1);
+    w.push(partials.2);
+    w
+}
+
+impl Reduction {
+    /// The first launch, writing the output (one slice) or partials at `part` / `part_idx`.
+    pub(crate) fn first(&self, part: u64, part_idx: u64) -> Plan {
+        let w = words(
+            self,
+            (self.extent, self.splits, self.chunk),
+            &self.reduced_shape,
+            (self.in_ptr, &self.in_outer, &self.in_reduced),
+            (part, part_idx, 0),
+        );
+        Plan::linear(w, self.outputs * self.splits * self.sig.group)
+    }
+
+    /// The combine launch reading `splits` partials per output from `part` / `part_idx`.
+    pub(crate) fn combine(&self, part: u64, part_idx: u64) -> (ReduceSig, Plan) {
+        let s = self.splits;
+        let group = if s >= 64 { 32 } else { 1 };
+        // Partials are [outputs, splits] row-major over the coalesced outer shape.
+        let mut in_outer = vec![0isize; self.outer_shape.len()];
+        let mut acc = s as isize;
+        for d in (0..self.outer_shape.len()).rev() {
+            in_outer[d] = acc;
+            acc *= self.outer_shape[d] as isize;
+        }
+        let w = words(
+            self,
+            (s, 1, s),
+            &[s],
+            (part, &in_outer, &[1]),
+            (0, 0, part_idx),
+        );
+        let sig = ReduceSig {
+            input: repr(self.sig.op, self.sig.acc),
+            reduced_rank: 1,
+            group,
+            vec: 1,
+            combine: true,
+            ..self.sig.clone()
+        };
+        (sig, Plan::linear(w, self.outputs * group))
+    }
+}
+
+/// The accumulator's starting value.
+fn identity(op: ReduceOp, r: DType) -> String {
+    let t = compute_type(r);
+    let inf = if r == DType::F64 {
+        "__longlong_as_double(0x7ff0000000000000ll)"
+    } else {
+        "__int_as_float(0x7f800000)"
+    };
+    match op {
+        ReduceOp::Sum => format!("({t})0"),
+        ReduceOp::Prod => format!("({t})1"),
+        ReduceOp::Any => "false".into(),
+        ReduceOp::All => "true".into(),
+        ReduceOp::Min | ReduceOp::ArgMin if r.is_float() => inf.into(),
+        ReduceOp::Max | ReduceOp::ArgMax if r.is_float() => format!("(-{inf})"),
+        ReduceOp::Min | ReduceOp::ArgMin if r == DType::Bool => "true".into(),
+        ReduceOp::Max | ReduceOp::ArgMax if r == DType::Bool => "false".into(),
+        ReduceOp::Min | ReduceOp::ArgMin => format!("Int<{t}>::max_v"),
+        ReduceOp::Max | ReduceOp::ArgMax => format!("Int<{t}>::min_v"),
+    }
+}
+
+/// Folds value `v` at position `i` into `acc` / `best`.
+fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
+    let int = !r.is_float() && r != DType::Bool;
+    match op {
+        ReduceOp::Sum if int => format!("acc = w_add<i64>(acc, {v});"),
+        ReduceOp::Prod if int => format!("acc = w_mul<i64>(acc, {v});"),
+        ReduceOp::Sum => format!("acc = acc + {v};"),
+        ReduceOp::Prod => format!("acc = acc * {v};"),
+        ReduceOp::Min => format!("if ({v} != {v} || {v} < acc) acc = {v};"),
+        ReduceOp::Max => format!("if ({v} != {v} || {v} > acc) acc = {v};"),
+        ReduceOp::ArgMin | ReduceOp::ArgMax => {
+            let o = if op == ReduceOp::ArgMin { "<" } else { ">" };
+            format!(
+                "if (({v} != {v}) ? (acc == acc || {i} < best) : (acc == acc && ({v} {o} acc || ({v} == acc && {i} < best)))) {{ acc = {v}; best = {i}; }}"
+            )
+        }
+        ReduceOp::Any => format!("acc = acc || {v};"),
+        ReduceOp::All => format!("acc = acc && {v};"),
+    }
+}
+
+/// The CUDA C source of a reduce kernel named `strata_reduce`.
+pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
+    let idx = index_type(sig.wide);
+    let r = repr(sig.op, sig.acc);
+    let acc_t = compute_type(r);
+    let (ro, rr, g, v) = (sig.outer_rank, sig.reduced_rank, sig.group, sig.vec);
+    // Words: O, R, S, chunk, outer shape, reduced shape, in ptr, in outer strides, in reduced
+    // strides, out ptr, out strides, partial values, partial indices, input indices.
+    let outer_shape = 4;
+    let red_shape = outer_shape + ro;
+    let in_ptr = red_shape + rr;
+    let in_outer = in_ptr + 1;
+    let in_red = in_outer + ro;
+    let out_ptr = in_red + rr;
+    let out_strides = out_ptr + 1;
+    let part = out_strides + ro;
+    let total = part + 3;
+    let in_t = storage_type(sig.input);
+
+    // The value an element at storage expression `x` contributes.
+    let convert = |x: &str| -> String {
+        if sig.combine {
+            return from_storage(r, x);
+        }
+        let value = from_storage(sig.input, x);
+        let as_acc = cast(&value, sig.input, sig.acc, false);
+        match r {
+            DType::I64 if matches!(sig.op, ReduceOp::Sum | ReduceOp::Prod) => {
+                format!("(i64)({as_acc})")
+            }
+            _ => cast(&value, sig.input, r, false),
+        }
+    };
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void strata_reduce(const Words<{total}> p) {{"
+    );
+    let _ = writeln!(s, "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];");
+    let _ = writeln!(s, "  const {in_t}* in = (const {in_t}*)p.w[{in_ptr}];");
+    let out_t = storage_type(sig.out);
+    let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{out_ptr}];");
+    let part_t = storage_type(r);
+    let _ = writeln!(s, "  {part_t}* part = ({part_t}*)p.w[{part}];");
+    let _ = writeln!(s, "  i64* part_idx = (i64*)p.w[{}];", part + 1);
+    let _ = writeln!(s, "  const i64* in_idx = (const i64*)p.w[{}];", part + 2);
+    let _ = writeln!(s, "  const int lane = threadIdx.x % {g};");
+    if g == 256 {
+        let _ = writeln!(
+            s,
+            "  __shared__ {acc_t} sh_v[8];\n  __shared__ i64 sh_i[8];"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "  const {idx} groups = (({idx})gridDim.x * blockDim.x) / {g};"
+    );
+    let _ = writeln!(
+        s,
+        "  for ({idx} g = (({idx})blockIdx.x * blockDim.x + threadIdx.x) / {g}; g < O * S; g += groups) {{"
+    );
+    let _ = writeln!(s, "    const {idx} o = g % O, s = g / O;");
+    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = o;");
+    for d in (0..ro).rev() {
+        let _ = writeln!(
+            s,
+            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
+            outer_shape + d,
+            outer_shape + d,
+            in_outer + d,
+            out_strides + d
+        );
+    }
+    let _ = writeln!(
+        s,
+        "    {acc_t} acc = {};\n    i64 best = 9223372036854775807ll;",
+        identity(sig.op, r)
+    );
+    let _ = writeln!(s, "    const {idx} r0 = s * chunk;");
+    let _ = writeln!(s, "    const {idx} r1 = (R - r0 < chunk) ? R : r0 + chunk;");
+    let step = |s: &mut String, indent: &str, x: &str, i: &str| {
+        let _ = writeln!(s, "{indent}{{ const {acc_t} v = {};", convert(x));
+        let _ = writeln!(s, "{indent}  {} }}", update(sig.op, r, "v", i));
+    };
+    if v > 1 {
+        let vt = match v * sig.input.itemsize() {
+            16 => "uint4",
+            8 => "uint2",
+            4 => "u32",
+            2 => "u16",
+            _ => "u8",
+        };
+        let _ = writeln!(s, "    const {idx} rv = r0 + ((r1 - r0) / {v}) * {v};");
+        let _ = writeln!(
+            s,
+            "    for ({idx} r = r0 + lane * {v}; r < rv; r += {g} * {v}) {{"
+        );
+        let _ = writeln!(
+            s,
+            "      union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in + ib + r);"
+        );
+        let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++)");
+        step(&mut s, "      ", "u.e[l]", "(i64)(r + l)");
+        let _ = writeln!(s, "    }}");
+        let _ = writeln!(s, "    for ({idx} r = rv + lane; r < r1; r += {g})");
+        step(&mut s, "      ", "in[ib + r]", "(i64)r");
+    } else {
+        let _ = writeln!(s, "    for ({idx} r = r0 + lane; r < r1; r += {g}) {{");
+        let _ = writeln!(s, "      {idx} off = ib, rr = r;");
+        for d in (0..rr).rev() {
+            let _ = writeln!(
+                s,
+                "      {{ const {idx} c = rr % ({idx})p.w[{}]; rr /= ({idx})p.w[{}]; off += c * ({idx})(i64)p.w[{}]; }}",
+                red_shape + d,
+                red_shape + d,
+                in_red + d
+            );
+        }
+        let i = if sig.combine { "in_idx[off]" } else { "(i64)r" };
+        step(&mut s, "      ", "in[off]", i);
+        let _ = writeln!(s, "    }}");
+    }
+    let warp_reduce = |s: &mut String, indent: &str| {
+        let _ = writeln!(s, "{indent}for (int d = 16; d > 0; d >>= 1) {{");
+        let _ = writeln!(
+            s,
+            "{indent}  const {acc_t} v = shfl_down(acc, d); const i64 bi = shfl_down(best, d);"
+        );
+        let _ = writeln!(s, "{indent}  {}\n{indent}}}", update(sig.op, r, "v", "bi"));
+    };
+    if g >= 32 {
+        warp_reduce(&mut s, "    ");
+    }
+    if g == 256 {
+        let _ = writeln!(s, "    if ((threadIdx.x & 31) == 0) {{ sh_v[threadIdx.x >> 5] = acc; sh_i[threadIdx.x >> 5] = best; }}");
+        let _ = writeln!(s, "    __syncthreads();");
+        let _ = writeln!(s, "    if (threadIdx.x < 32) {{");
+        let _ = writeln!(
+            s,
+            "      acc = threadIdx.x < 8 ? sh_v[threadIdx.x] : {}; best = threadIdx.x < 8 ? sh_i[threadIdx.x] : 9223372036854775807ll;",
+            identity(sig.op, r)
+        );
+        warp_reduce(&mut s, "      ");
+        let _ = writeln!(s, "    }}");
+    }
+    let result = if sig.op.returns_index() {
+        cast("best", DType::I64, sig.out, false)
+    } else {
+        cast("acc", r, sig.out, false)
+    };
+    let _ = writeln!(s, "    if (lane == 0 && threadIdx.x % {g} == 0) {{");
+    let _ = writeln!(
+        s,
+        "      if (S == 1) out[ob] = {};",
+        to_storage(sig.out, &result)
+    );
+    let _ = writeln!(
+        s,
+        "      else {{ part[o * S + s] = {}; part_idx[o * S + s] = best; }}",
+        to_storage(r, "acc")
+    );
+    let _ = writeln!(s, "    }}");
+    if g == 256 {
+        let _ = writeln!(s, "    __syncthreads();");
+    }
+    let _ = writeln!(s, "  }}\n}}");
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(op: ReduceOp, group: usize, vec: usize) -> ReduceSig {
+        ReduceSig {
+            op,
+            input: DType::F32,
+            acc: DType::F32,
+            out: DType::F32,
+            outer_rank: 1,
+            reduced_rank: 1,
+            group,
+            vec,
+            wide: false,
+            combine: false,
+        }
+    }
+
+    #[test]
+    fn a_block_group_combines_through_shared_memory() {
+        let src = source(&sig(ReduceOp::Sum, 256, 4)).unwrap();
+        assert!(src.contains("__shared__ float sh_v[8];"), "{src}");
+        assert!(src.contains("uint4"));
+    }
+
+    #[test]
+    fn arg_reductions_track_the_first_best_index() {
+        let src = source(&sig(ReduceOp::ArgMax, 1, 1)).unwrap();
+        assert!(src.contains("best = (i64)r;"), "{src}");
+    }
+
+    #[test]
+    fn accumulators_follow_the_op() {
+        assert_eq!(repr(ReduceOp::Sum, DType::I32), DType::I64);
+        assert_eq!(repr(ReduceOp::Max, DType::BF16), DType::F32);
+        assert_eq!(repr(ReduceOp::Any, DType::Bool), DType::Bool);
+    }
+}

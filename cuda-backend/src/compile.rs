@@ -1,0 +1,238 @@
+//! CUDA C → PTX with NVRTC, an on-disk PTX cache shared by processes (a new notebook reuses
+//! what an earlier one compiled), and loading PTX into the device's context.
+
+use crate::driver::{check, Gpu};
+use crate::launch::Function;
+use cudarc::driver::sys;
+use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
+use std::ffi::CString;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use strata_core::{Error, Result};
+
+/// Compiles kernel source for one device and loads it.
+pub(crate) struct Compiler {
+    gpu: Option<Arc<Gpu>>,
+    arch: String,
+    cache_dir: Option<PathBuf>,
+    /// Loaded modules stay alive as long as the compiler (their functions are cached).
+    modules: Mutex<Vec<crate::driver::Raw<sys::CUmodule>>>,
+}
+
+/// The NVRTC version, or `Err` saying what to install when the library is missing.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    // SAFETY: only asks the loader whether the library can be opened.
+    if !unsafe { nvrtc_sys::is_culib_present() } {
+        return Err(Error::DeviceUnavailable(
+            "NVRTC (libnvrtc.so) was not found, and strata compiles its CUDA kernels with it: \
+             install the CUDA toolkit's NVRTC (Debian/Ubuntu: cuda-nvrtc-13-0; pip: \
+             nvidia-cuda-nvrtc) and make sure the loader finds it (LD_LIBRARY_PATH)"
+                .into(),
+        ));
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is present; both outputs are written.
+    let status = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
+    if status != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(Error::Backend(format!("nvrtcVersion failed: {status:?}")));
+    }
+    Ok((major, minor))
+}
+
+/// FNV-1a, 64-bit: a hash that is the same in every process and Rust version.
+fn stable_hash(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Where compiled PTX is kept: `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata/ptx`, else
+/// `~/.cache/strata/ptx`. `STRATA_CACHE_DIR=off` turns the disk cache off.
+pub fn ptx_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("STRATA_CACHE_DIR") {
+        if dir == "off" {
+            return None;
+        }
+        return Some(PathBuf::from(dir).join("ptx"));
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("strata").join("ptx"))
+}
+
+impl Compiler {
+    /// A compiler for `gpu`'s architecture (`None`: compile only, for tests without a GPU).
+    pub(crate) fn new(gpu: Option<Arc<Gpu>>, arch: (i32, i32)) -> Compiler {
+        Compiler {
+            gpu,
+            arch: format!("compute_{}{}", arch.0, arch.1),
+            cache_dir: ptx_cache_dir(),
+            modules: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// PTX for `body` (the prelude is prepended), from the disk cache when it has it.
+    pub(crate) fn ptx(&self, body: &str) -> Result<String> {
+        let version = nvrtc_version()?;
+        let source = format!("{}\n{body}", crate::codegen::PRELUDE);
+        let key = stable_hash(&[
+            source.as_bytes(),
+            self.arch.as_bytes(),
+            format!("{version:?}").as_bytes(),
+        ]);
+        let path = self
+            .cache_dir
+            .as_ref()
+            .map(|d| d.join(format!("{key:016x}.ptx")));
+        if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            return Ok(text);
+        }
+        let ptx = self.compile(&source)?;
+        if let Some(path) = path {
+            // Write then rename, so a concurrent process never reads half a file.
+            let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+            let stored = path
+                .parent()
+                .map(std::fs::create_dir_all)
+                .transpose()
+                .and_then(|_| std::fs::write(&tmp, &ptx))
+                .and_then(|_| std::fs::rename(&tmp, &path));
+            if stored.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        Ok(ptx)
+    }
+
+    /// PTX for `body`, compiled now (tests that check the generator use it).
+    #[cfg(test)]
+    pub(crate) fn ptx_uncached(&self, body: &str) -> Result<String> {
+        nvrtc_version()?;
+        self.compile(&format!("{}\n{body}", crate::codegen::PRELUDE))
+    }
+
+    fn compile(&self, source: &str) -> Result<String> {
+        let c_src = CString::new(source)
+            .map_err(|_| Error::Backend("kernel source contains a NUL byte".into()))?;
+        let prog = nvrtc::create_program(&c_src, None)
+            .map_err(|e| Error::Backend(format!("nvrtcCreateProgram failed: {e:?}")))?;
+        let options = [
+            format!("--gpu-architecture={}", self.arch),
+            "--std=c++17".to_string(),
+            // Contracting a*b+c into fma would change results against the CPU backend.
+            "--fmad=false".to_string(),
+        ];
+        // SAFETY: `prog` is a live program; it is destroyed below on every path.
+        let compiled = unsafe { nvrtc::compile_program(prog, &options) };
+        let result = match compiled {
+            Ok(()) => unsafe { nvrtc::get_ptx(prog) }
+                .map(|chars| {
+                    let bytes: Vec<u8> = chars
+                        .iter()
+                        .map(|&c| c as u8)
+                        .take_while(|&b| b != 0)
+                        .collect();
+                    String::from_utf8_lossy(&bytes).into_owned()
+                })
+                .map_err(|e| Error::Backend(format!("nvrtcGetPTX failed: {e:?}"))),
+            Err(e) => {
+                let log = unsafe { nvrtc::get_program_log(prog) }
+                    .map(|chars| {
+                        let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).collect();
+                        String::from_utf8_lossy(&bytes)
+                            .trim_end_matches('\0')
+                            .to_string()
+                    })
+                    .unwrap_or_default();
+                Err(Error::Backend(format!(
+                    "NVRTC could not compile a generated kernel ({e:?}); this is a bug in \
+                     strata's code generation:\n{log}"
+                )))
+            }
+        };
+        // SAFETY: created above, destroyed once.
+        let _ = unsafe { nvrtc::destroy_program(prog) };
+        result
+    }
+
+    /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name`.
+    pub(crate) fn function(&self, body: &str, name: &str) -> Result<Function> {
+        let ptx = self.ptx(body)?;
+        let gpu = self.gpu.as_ref().ok_or_else(|| {
+            Error::DeviceUnavailable("this compiler has no device to load kernels on".into())
+        })?;
+        gpu.bind()?;
+        let image = CString::new(ptx).map_err(|_| Error::Backend("PTX contains NUL".into()))?;
+        let c_name = CString::new(name).map_err(|_| Error::Backend("bad kernel name".into()))?;
+        let mut module = std::ptr::null_mut();
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the image is NUL-terminated PTX; outputs are written on success.
+        unsafe {
+            check(
+                sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void),
+                "cuModuleLoadData",
+            )?;
+            if let Err(e) = check(
+                sys::cuModuleGetFunction(&mut f, module, c_name.as_ptr()),
+                "cuModuleGetFunction",
+            ) {
+                sys::cuModuleUnload(module);
+                return Err(e);
+            }
+        }
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(crate::driver::Raw(module));
+        Ok(Function {
+            f,
+            words: argument_words(body)?,
+        })
+    }
+}
+
+impl Drop for Compiler {
+    fn drop(&mut self) {
+        let Some(gpu) = &self.gpu else { return };
+        if gpu.synchronize().is_err() {
+            return;
+        }
+        for m in self
+            .modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            // SAFETY: loaded by this compiler; no function of it runs after the device syncs.
+            unsafe { sys::cuModuleUnload(m.0) };
+        }
+    }
+}
+
+/// N of the kernel's `Words<N>` parameter.
+pub(crate) fn argument_words(body: &str) -> Result<usize> {
+    body.split("Words<")
+        .nth(1)
+        .and_then(|rest| rest.split('>').next())
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| Error::Backend("internal error: a kernel without Words<N>".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_hash_is_stable() {
+        assert_eq!(stable_hash(&[b"a"]), stable_hash(&[b"a"]));
+        assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
+    }
+}

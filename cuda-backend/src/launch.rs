@@ -1,0 +1,243 @@
+//! Launch plumbing shared by every kernel kind: the argument words, layout coalescing, grid
+//! sizing, and the per-device cache from kernel structure to loaded function.
+
+use crate::compile::Compiler;
+use crate::driver::{check, Gpu};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+use strata_core::{Error, Result, Scalar};
+
+/// The argument block of a launch: the kernel's single `Words<N>` parameter.
+#[derive(Debug, Default)]
+pub(crate) struct Words(pub Vec<u64>);
+
+impl Words {
+    pub(crate) fn new() -> Words {
+        Words(Vec::with_capacity(24))
+    }
+
+    pub(crate) fn push(&mut self, w: u64) {
+        self.0.push(w);
+    }
+}
+
+/// How many threads a launch needs, and how they are grouped.
+#[derive(Debug)]
+pub(crate) enum Grid {
+    /// `work` independent items, 256 threads per block, grid-stride loops past a cap.
+    Linear { work: usize },
+    /// An explicit grid and block.
+    Fixed {
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+    },
+}
+
+/// Everything a launch needs besides the kernel: its words and its grid.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub words: Words,
+    pub grid: Grid,
+}
+
+impl Plan {
+    pub(crate) fn linear(words: Words, work: usize) -> Plan {
+        Plan {
+            words,
+            grid: Grid::Linear { work },
+        }
+    }
+}
+
+/// The little-endian bits of a scalar, zero-extended to 64.
+pub(crate) fn scalar_bits(s: Scalar) -> u64 {
+    let bytes = s.to_le_bytes();
+    let mut w = [0u8; 8];
+    w[..bytes.len()].copy_from_slice(&bytes);
+    u64::from_le_bytes(w)
+}
+
+/// Drops size-1 axes and merges neighbours that every operand steps through as one
+/// (`stride[i] == stride[i+1] * shape[i+1]`); the row-major enumeration is unchanged.
+pub(crate) fn coalesce(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<Vec<isize>> = vec![Vec::with_capacity(shape.len()); strides.len()];
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        if let Some(&last) = out_shape.last() {
+            let merge = strides
+                .iter()
+                .zip(&out_strides)
+                .all(|(s, o)| *o.last().expect("same rank") == s[d] * n as isize);
+            let _ = last;
+            if merge {
+                let l = out_shape.len() - 1;
+                out_shape[l] *= n;
+                for (o, s) in out_strides.iter_mut().zip(strides) {
+                    *o.last_mut().expect("same rank") = s[d];
+                }
+                continue;
+            }
+        }
+        out_shape.push(n);
+        for (o, s) in out_strides.iter_mut().zip(strides) {
+            o.push(s[d]);
+        }
+    }
+    (out_shape, out_strides)
+}
+
+/// True when some offset or count of the launch does not fit 32-bit indexing.
+pub(crate) fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) -> bool {
+    const LIMIT: u128 = i32::MAX as u128;
+    if numel as u128 > LIMIT / 2 {
+        return true;
+    }
+    strides.iter().any(|s| {
+        let reach: u128 = shape
+            .iter()
+            .zip(s)
+            .map(|(&n, &st)| (n.saturating_sub(1)) as u128 * st.unsigned_abs() as u128)
+            .sum();
+        reach > LIMIT / 2
+    })
+}
+
+/// A hash of a kernel's structure, for the function cache.
+pub(crate) fn structure_hash(key: &impl Hash) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// Loaded functions by kernel structure. Lookups hash the structure and compare it, so a hit
+/// clones nothing.
+pub(crate) struct FunctionCache<K> {
+    map: Mutex<HashMap<u64, Vec<(K, Function)>>>,
+}
+
+impl<K> Default for FunctionCache<K> {
+    fn default() -> Self {
+        FunctionCache {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// A loaded kernel and the number of argument words it takes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Function {
+    pub f: sys::CUfunction,
+    pub words: usize,
+}
+
+// SAFETY: a CUfunction is a handle the driver lets any thread use with its context current.
+unsafe impl Send for Function {}
+unsafe impl Sync for Function {}
+
+impl<K: Hash + Eq + Clone> FunctionCache<K> {
+    /// The function for `key`, generating and compiling `source(key)` on a miss.
+    pub(crate) fn get(
+        &self,
+        key: &K,
+        name: &str,
+        compiler: &Compiler,
+        source: impl FnOnce(&K) -> Result<String>,
+    ) -> Result<Function> {
+        let h = structure_hash(key);
+        {
+            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(f) = map.get(&h).and_then(|v| v.iter().find(|(k, _)| k == key)) {
+                return Ok(f.1);
+            }
+        }
+        let body = source(key)?;
+        let f = compiler.function(&body, name)?;
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(h)
+            .or_default()
+            .push((key.clone(), f));
+        Ok(f)
+    }
+
+    /// How many functions are cached.
+    pub(crate) fn len(&self) -> usize {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        map.values().map(Vec::len).sum()
+    }
+}
+
+/// Launches `f` with `plan` on `stream`.
+pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Plan, stream: sys::CUstream) -> Result<()> {
+    let (grid, block) = match plan.grid {
+        Grid::Linear { work } => {
+            if work == 0 {
+                return Ok(());
+            }
+            let cap = (gpu.sm_count as usize * 64).max(64);
+            let blocks = work.div_ceil(256).clamp(1, cap) as u32;
+            ((blocks, 1, 1), (256, 1, 1))
+        }
+        Grid::Fixed { grid, block } => (grid, block),
+    };
+    if plan.words.0.len() != f.words {
+        return Err(Error::Backend(format!(
+            "internal error: a launch prepared {} argument words for a kernel taking {}",
+            plan.words.0.len(),
+            f.words
+        )));
+    }
+    if plan.words.0.len() * 8 > 4096 {
+        return Err(Error::Unsupported(format!(
+            "a launch needs {} argument bytes, more than CUDA's 4096: too many operands or axes",
+            plan.words.0.len() * 8
+        )));
+    }
+    let mut params = [plan.words.0.as_ptr() as *mut std::ffi::c_void];
+    // SAFETY: the kernel takes one `Words<N>` parameter of exactly these words (the plan and
+    // the generator agree on N); pointers in it are live buffers of this context.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                f.f,
+                grid.0,
+                grid.1,
+                grid.2,
+                block.0,
+                block.1,
+                block.2,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalescing_merges_dense_axes_and_drops_unit_ones() {
+        let (shape, strides) = coalesce(&[2, 1, 3, 4], &[&[12, 12, 4, 1], &[0, 5, 0, 1]]);
+        assert_eq!(shape, vec![6, 4]);
+        assert_eq!(strides, vec![vec![4, 1], vec![0, 1]]);
+        let (shape, strides) = coalesce(&[3, 4], &[&[1, 3]]);
+        assert_eq!((shape, strides), (vec![3, 4], vec![vec![1, 3]]));
+    }
+
+    #[test]
+    fn scalars_become_their_bits() {
+        assert_eq!(scalar_bits(Scalar::F32(1.0)), 0x3f80_0000);
+        assert_eq!(scalar_bits(Scalar::I8(-1)), 0xff);
+    }
+}

@@ -1,0 +1,365 @@
+//! # strata-cuda
+//!
+//! strata's CUDA backend. It implements strata-core's [`Backend`] trait: every IR kernel is
+//! generated as CUDA C ([`codegen`]), compiled to PTX with NVRTC for the device's compute
+//! capability (cached on disk and per device), and launched through the driver API on
+//! user-visible streams. Float matmuls go to cuBLAS. The CUDA libraries are loaded at run time,
+//! so this crate builds, and everything else runs, on a machine without CUDA: there
+//! [`open`] returns an `Err` saying no driver was found.
+//!
+//! ```
+//! match strata_cuda::open(0) {
+//!     Ok(dev) => println!("{}", dev.name()),
+//!     Err(e) => println!("no CUDA here: {e}"),
+//! }
+//! ```
+
+mod blas;
+pub mod codegen;
+mod compile;
+mod driver;
+mod launch;
+mod memory;
+
+pub use compile::{nvrtc_version, ptx_cache_dir};
+pub use memory::CudaBuffer;
+
+use codegen::{index, map, matmul, reduce};
+use compile::Compiler;
+use driver::Gpu;
+use launch::FunctionCache;
+use memory::Memory;
+use std::sync::Arc;
+use strata_core::ir::{Kernel, KernelArgs};
+use strata_core::{
+    Backend, BackendKind, DType, Device, DeviceBuffer, Error, EventId, MemoryStats, Result,
+    StreamId,
+};
+
+/// Opens CUDA device `ordinal` as a strata [`Device`].
+///
+/// ```
+/// if let Ok(dev) = strata_cuda::open(0) {
+///     assert_eq!(dev.kind(), strata_core::BackendKind::Cuda);
+/// }
+/// ```
+pub fn open(ordinal: usize) -> Result<Device> {
+    Ok(Device::from_backend(Arc::new(CudaBackend::new(ordinal)?)))
+}
+
+/// How many CUDA devices the driver reports (0 without a driver).
+///
+/// ```
+/// let n = strata_cuda::device_count();
+/// assert!(strata_cuda::open(n).is_err());
+/// ```
+pub fn device_count() -> usize {
+    // SAFETY: only asks the loader whether the library can be opened.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return 0;
+    }
+    cudarc::driver::CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+/// The CUDA implementation of [`Backend`] for one device.
+///
+/// ```
+/// use strata_core::Backend;
+/// if let Ok(b) = strata_cuda::CudaBackend::new(0) {
+///     assert!(b.name().starts_with("cuda:0"));
+/// }
+/// ```
+pub struct CudaBackend {
+    gpu: Arc<Gpu>,
+    memory: Arc<Memory>,
+    compiler: Compiler,
+    blas: Option<blas::Blas>,
+    maps: FunctionCache<map::MapSig>,
+    reductions: FunctionCache<reduce::ReduceSig>,
+    indexing: FunctionCache<index::IndexSig>,
+    matmuls: FunctionCache<matmul::MatmulSig>,
+}
+
+impl std::fmt::Debug for CudaBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBackend({})", self.name())
+    }
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`: its context, a stream for `StreamId::DEFAULT`, the memory pool,
+    /// and cuBLAS when present.
+    ///
+    /// ```
+    /// assert!(strata_cuda::CudaBackend::new(usize::MAX).is_err());
+    /// ```
+    pub fn new(ordinal: usize) -> Result<CudaBackend> {
+        let gpu = Arc::new(Gpu::open(ordinal)?);
+        let memory = Arc::new(Memory::new(gpu.clone())?);
+        let compiler = Compiler::new(Some(gpu.clone()), gpu.arch);
+        Ok(CudaBackend {
+            blas: blas::Blas::new(),
+            gpu,
+            memory,
+            compiler,
+            maps: FunctionCache::default(),
+            reductions: FunctionCache::default(),
+            indexing: FunctionCache::default(),
+            matmuls: FunctionCache::default(),
+        })
+    }
+
+    /// How many kernels this device has compiled or loaded so far.
+    ///
+    /// ```
+    /// if let Ok(b) = strata_cuda::CudaBackend::new(0) {
+    ///     assert_eq!(b.cached_kernels(), 0);
+    /// }
+    /// ```
+    pub fn cached_kernels(&self) -> usize {
+        self.maps.len() + self.reductions.len() + self.indexing.len() + self.matmuls.len()
+    }
+
+    /// Marks every operand's buffer as used on `stream` (for stream-ordered frees).
+    fn note_use(&self, args: &KernelArgs, stream: StreamId) -> Result<()> {
+        for op in args.outputs.iter().chain(&args.inputs) {
+            CudaBuffer::of(op.buffer.as_ref())?.used_on(stream);
+        }
+        Ok(())
+    }
+
+    fn run_reduce(
+        &self,
+        op: strata_core::ir::ReduceOp,
+        reduced_axes: usize,
+        acc: DType,
+        args: &KernelArgs,
+        stream: StreamId,
+        s: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
+        let Some(red) = reduce::plan(op, reduced_axes, acc, args, self.gpu.sm_count as usize)?
+        else {
+            return Ok(());
+        };
+        let f = self
+            .reductions
+            .get(&red.sig, "strata_reduce", &self.compiler, reduce::source)?;
+        if red.splits == 1 {
+            return launch::launch(&self.gpu, f, &red.first(0, 0), s);
+        }
+        let n = red.outputs * red.splits;
+        let part = self
+            .memory
+            .allocate(n * reduce::repr(op, acc).itemsize(), stream)?;
+        let part_idx = self
+            .memory
+            .allocate(if op.returns_index() { n * 8 } else { 0 }, stream)?;
+        launch::launch(
+            &self.gpu,
+            f,
+            &red.first(part.device_ptr(), part_idx.device_ptr()),
+            s,
+        )?;
+        let (sig, plan) = red.combine(part.device_ptr(), part_idx.device_ptr());
+        let g = self
+            .reductions
+            .get(&sig, "strata_reduce", &self.compiler, reduce::source)?;
+        launch::launch(&self.gpu, g, &plan, s)
+        // The partial buffers are freed here, in stream order after the combine launch.
+    }
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.gpu.ordinal, self.gpu.name)
+    }
+
+    fn check_dtype(&self, _dtype: DType) -> Result<()> {
+        Ok(())
+    }
+
+    fn allocate(&self, bytes: usize, stream: StreamId) -> Result<Arc<dyn DeviceBuffer>> {
+        Ok(Arc::new(self.memory.allocate(bytes, stream)?))
+    }
+
+    fn upload(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        let buf = CudaBuffer::of(dst)?;
+        buf.range_check(byte_offset, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.gpu.bind()?;
+        let s = self.gpu.stream(stream)?;
+        buf.used_on(stream);
+        // SAFETY: range checked; a pageable source is staged before the call returns.
+        driver::check(
+            unsafe {
+                cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                    buf.device_ptr() + byte_offset as u64,
+                    data.as_ptr() as *const std::ffi::c_void,
+                    data.len(),
+                    s,
+                )
+            },
+            "cuMemcpyHtoDAsync",
+        )
+    }
+
+    fn download(
+        &self,
+        src: &dyn DeviceBuffer,
+        byte_offset: usize,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<Vec<u8>> {
+        let buf = CudaBuffer::of(src)?;
+        buf.range_check(byte_offset, len)?;
+        let mut out = vec![0u8; len];
+        self.gpu.bind()?;
+        let s = self.gpu.stream(stream)?;
+        if len > 0 {
+            buf.used_on(stream);
+            // SAFETY: range checked; `out` has `len` bytes and lives until the stream syncs.
+            driver::check(
+                unsafe {
+                    cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
+                        out.as_mut_ptr() as *mut std::ffi::c_void,
+                        buf.device_ptr() + byte_offset as u64,
+                        len,
+                        s,
+                    )
+                },
+                "cuMemcpyDtoHAsync",
+            )?;
+        }
+        // SAFETY: live stream.
+        driver::check(
+            unsafe { cudarc::driver::sys::cuStreamSynchronize(s) },
+            "cuStreamSynchronize",
+        )?;
+        Ok(out)
+    }
+
+    fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()> {
+        self.gpu.bind()?;
+        let s = self.gpu.stream(stream)?;
+        self.note_use(args, stream)?;
+        match kernel {
+            Kernel::Map { expr } => {
+                let Some((sig, plan)) = map::plan(expr, args)? else {
+                    return Ok(());
+                };
+                let f = self
+                    .maps
+                    .get(&sig, "strata_map", &self.compiler, map::source)?;
+                launch::launch(&self.gpu, f, &plan, s)
+            }
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
+            } => self.run_reduce(*op, *reduced_axes, *acc, args, stream, s),
+            Kernel::Matmul { acc, tf32 } => {
+                let ops = matmul::operands(args)?;
+                if let Some(blas) = &self.blas {
+                    let (batch, m, _, n) = ops.dims;
+                    if batch == 0 || m == 0 || n == 0 {
+                        return Ok(());
+                    }
+                    if blas.gemm(&ops, *tf32, s)? {
+                        return Ok(());
+                    }
+                }
+                let Some((sig, plan)) = matmul::plan(*acc, &ops)? else {
+                    return Ok(());
+                };
+                let f = self
+                    .matmuls
+                    .get(&sig, "strata_matmul", &self.compiler, matmul::source)?;
+                launch::launch(&self.gpu, f, &plan, s)
+            }
+            Kernel::Gather { axis } => self.run_index(None, *axis, args, s),
+            Kernel::Scatter { axis, accumulate } => {
+                self.run_index(Some(*accumulate), *axis, args, s)
+            }
+            #[allow(unreachable_patterns)]
+            other => Err(Error::Unsupported(format!(
+                "the CUDA backend cannot run {other:?}"
+            ))),
+        }
+    }
+
+    fn memory_stats(&self) -> MemoryStats {
+        self.memory.stats()
+    }
+
+    fn empty_cache(&self) {
+        self.memory.empty_cache()
+    }
+
+    fn new_stream(&self) -> Result<StreamId> {
+        self.gpu.new_stream()
+    }
+
+    fn destroy_stream(&self, stream: StreamId) {
+        self.gpu.destroy_stream(stream)
+    }
+
+    fn record_event(&self, stream: StreamId) -> Result<EventId> {
+        self.gpu.record_event(stream)
+    }
+
+    fn wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+        self.gpu.wait_event(stream, event)
+    }
+
+    fn synchronize_event(&self, event: EventId) -> Result<()> {
+        self.gpu.synchronize_event(event)
+    }
+
+    fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64> {
+        self.gpu.elapsed_ms(start, end)
+    }
+
+    fn destroy_event(&self, event: EventId) {
+        self.gpu.destroy_event(event)
+    }
+
+    fn synchronize_stream(&self, stream: StreamId) -> Result<()> {
+        self.gpu.synchronize_stream(stream)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.synchronize()
+    }
+}
+
+impl CudaBackend {
+    fn run_index(
+        &self,
+        scatter: Option<bool>,
+        axis: usize,
+        args: &KernelArgs,
+        s: cudarc::driver::sys::CUstream,
+    ) -> Result<()> {
+        let Some((sig, plan)) = index::plan(scatter, axis, args)? else {
+            return Ok(());
+        };
+        let f = self
+            .indexing
+            .get(&sig, "strata_index", &self.compiler, index::source)?;
+        launch::launch(&self.gpu, f, &plan, s)
+    }
+}

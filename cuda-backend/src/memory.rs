@@ -1,0 +1,223 @@
+//! Device memory: buffers from the device's stream-ordered pool, with its release threshold
+//! raised so freed memory stays cached across synchronizations (an allocation after a sync
+//! costs microseconds, not a driver round trip). A buffer remembers the streams that used it,
+//! so its stream-ordered free waits for all of them.
+
+use crate::driver::{check, describe, Gpu, Raw};
+use cudarc::driver::sys;
+use std::any::Any;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use strata_core::ir::Operand;
+use strata_core::{DeviceBuffer, Error, MemoryStats, Result, StreamId};
+
+/// The device's memory pool and the byte counts behind `memory_stats`.
+pub(crate) struct Memory {
+    pub gpu: Arc<Gpu>,
+    pool: Raw<sys::CUmemoryPool>,
+    allocated: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Memory {
+    /// Takes the device's default pool and raises its release threshold to "never".
+    pub(crate) fn new(gpu: Arc<Gpu>) -> Result<Memory> {
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: context current (Gpu::open); the outputs are written by the driver.
+        unsafe {
+            let mut dev = 0;
+            check(sys::cuCtxGetDevice(&mut dev), "cuCtxGetDevice")?;
+            check(
+                sys::cuDeviceGetDefaultMemPool(&mut pool, dev),
+                "cuDeviceGetDefaultMemPool",
+            )?;
+            let mut threshold: u64 = u64::MAX;
+            check(
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut threshold as *mut u64 as *mut std::ffi::c_void,
+                ),
+                "cuMemPoolSetAttribute(RELEASE_THRESHOLD)",
+            )?;
+        }
+        Ok(Memory {
+            gpu,
+            pool: Raw(pool),
+            allocated: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        })
+    }
+
+    /// A buffer of `bytes` bytes, ready for use on `stream`. Out of memory empties the cache
+    /// and retries once before returning `Err(OutOfMemory)`.
+    pub(crate) fn allocate(self: &Arc<Self>, bytes: usize, stream: StreamId) -> Result<CudaBuffer> {
+        self.gpu.bind()?;
+        let s = self.gpu.stream(stream)?;
+        let mut ptr = 0;
+        if bytes > 0 {
+            let mut status = self.alloc_raw(&mut ptr, bytes, s);
+            if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                self.empty_cache();
+                status = self.alloc_raw(&mut ptr, bytes, s);
+            }
+            if status != sys::CUresult::CUDA_SUCCESS {
+                let (free, total) = self.gpu.mem_info();
+                if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY || bytes > total {
+                    return Err(Error::OutOfMemory {
+                        requested: bytes,
+                        free,
+                    });
+                }
+            }
+            check(status, "cuMemAllocFromPoolAsync")?;
+        }
+        let now = self.allocated.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(CudaBuffer {
+            ptr,
+            bytes,
+            home: stream,
+            others: Mutex::new(Vec::new()),
+            memory: self.clone(),
+        })
+    }
+
+    fn alloc_raw(&self, ptr: &mut u64, bytes: usize, s: sys::CUstream) -> sys::CUresult {
+        // SAFETY: the pool and stream are live; `ptr` is written on success.
+        unsafe { sys::cuMemAllocFromPoolAsync(ptr, bytes, self.pool.0, s) }
+    }
+
+    pub(crate) fn stats(&self) -> MemoryStats {
+        let mut reserved: u64 = 0;
+        // SAFETY: the attribute is a u64 the driver writes.
+        unsafe {
+            sys::cuMemPoolGetAttribute(
+                self.pool.0,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                &mut reserved as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
+        MemoryStats {
+            allocated: self.allocated.load(Ordering::Relaxed),
+            reserved: reserved as usize,
+            peak: self.peak.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Waits for pending frees, then returns every cached block to the driver.
+    pub(crate) fn empty_cache(&self) {
+        if self.gpu.synchronize().is_ok() {
+            // SAFETY: the pool is live.
+            unsafe { sys::cuMemPoolTrimTo(self.pool.0, 0) };
+        }
+    }
+}
+
+/// A block of device memory. Dropping it frees it in stream order after every stream that
+/// used it.
+pub struct CudaBuffer {
+    ptr: u64,
+    bytes: usize,
+    /// The stream it was allocated on, where it is freed.
+    home: StreamId,
+    /// Other streams that used it.
+    others: Mutex<Vec<StreamId>>,
+    memory: Arc<Memory>,
+}
+
+impl std::fmt::Debug for CudaBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaBuffer({} bytes at {:#x})", self.bytes, self.ptr)
+    }
+}
+
+impl CudaBuffer {
+    /// The device address of byte 0.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The buffer behind a `DeviceBuffer`, or `Err` for another backend's.
+    pub(crate) fn of(b: &dyn DeviceBuffer) -> Result<&CudaBuffer> {
+        b.as_any().downcast_ref::<CudaBuffer>().ok_or_else(|| {
+            Error::DeviceMismatch(format!(
+                "a buffer of another backend ({b:?}) was passed to the CUDA backend"
+            ))
+        })
+    }
+
+    /// Notes that work on `stream` uses this buffer, so freeing it waits for that work.
+    pub(crate) fn used_on(&self, stream: StreamId) {
+        if stream != self.home {
+            let mut others = self.others.lock().unwrap_or_else(|p| p.into_inner());
+            if !others.contains(&stream) {
+                others.push(stream);
+            }
+        }
+    }
+
+    pub(crate) fn range_check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.bytes) {
+            return Err(Error::Index(format!(
+                "bytes {offset}..{} are outside a buffer of {} bytes",
+                offset.saturating_add(len),
+                self.bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl DeviceBuffer for CudaBuffer {
+    fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        self.memory
+            .allocated
+            .fetch_sub(self.bytes, Ordering::Relaxed);
+        if self.ptr == 0 {
+            return;
+        }
+        let gpu = &self.memory.gpu;
+        if gpu.bind().is_err() {
+            return;
+        }
+        let home = gpu.stream_or_default(self.home);
+        let others = std::mem::take(self.others.get_mut().unwrap_or_else(|p| p.into_inner()));
+        // SAFETY: every handle is live; the free is ordered after the work of every stream
+        // that used the buffer through events recorded on those streams.
+        unsafe {
+            for s in others {
+                let Ok(other) = gpu.stream(s) else { continue };
+                let mut e = std::ptr::null_mut();
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                if sys::cuEventCreate(&mut e, flags) == sys::CUresult::CUDA_SUCCESS {
+                    sys::cuEventRecord(e, other);
+                    sys::cuStreamWaitEvent(home, e, 0);
+                    sys::cuEventDestroy_v2(e);
+                } else {
+                    sys::cuStreamSynchronize(other);
+                }
+            }
+            let status = sys::cuMemFreeAsync(self.ptr, home);
+            if status != sys::CUresult::CUDA_SUCCESS && std::env::var_os("STRATA_DEBUG").is_some() {
+                eprintln!("strata: cuMemFreeAsync failed: {}", describe(status));
+            }
+        }
+    }
+}
+
+/// The device address of an operand's first element (buffer base plus its view's offset).
+pub(crate) fn element_ptr(op: &Operand) -> Result<u64> {
+    let buf = CudaBuffer::of(op.buffer.as_ref())?;
+    Ok(buf.ptr + (op.layout.offset() * op.dtype.itemsize()) as u64)
+}
