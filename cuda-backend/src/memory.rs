@@ -63,7 +63,8 @@ impl Memory {
             }
             if status != sys::CUresult::CUDA_SUCCESS {
                 let (free, total) = self.gpu.mem_info();
-                if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY || bytes > total {
+                let too_big = total > 0 && bytes > total;
+                if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY || too_big {
                     return Err(Error::OutOfMemory {
                         requested: bytes,
                         free,

@@ -62,7 +62,13 @@ fn bad_inputs(dev: &Device) -> Result<()> {
     let other = Tensor::zeros([3], DType::F32, &strata_tests::stand_in_device())?;
     expect_err(t.assign(&other), &["different devices", "stand-in"]);
     expect_err(t.add(&other), &["different devices", "stand-in"]);
-    t.assign(&Tensor::zeros([3], DType::F32, &Device::cpu())?)?;
+    let host = Tensor::zeros([3], DType::F32, &Device::cpu())?;
+    if dev.kind() == strata::BackendKind::Cpu {
+        t.assign(&host)?;
+    } else {
+        expect_err(t.assign(&host), &["different devices", "cpu"]);
+        t.assign(&host.to_device(dev)?)?;
+    }
     // Unknown devices and dtypes.
     expect_err(Device::parse("tpu:0"), &["tpu:0"]);
     expect_err("f8".parse::<DType>(), &["f8"]);
@@ -71,3 +77,25 @@ fn bad_inputs(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(bad_input_is_an_error_naming_the_values, bad_inputs);
+
+fn out_of_memory(dev: &Device) -> Result<()> {
+    if dev.kind() == strata::BackendKind::Cpu {
+        return Ok(()); // the host's overcommit policy decides there, not strata
+    }
+    let keep = Tensor::full([1000], 3.0, DType::F32, dev)?;
+    // 4 TiB: more than any GPU has.
+    let err = Tensor::empty([1usize << 42], DType::U8, dev).expect_err("4 TiB allocated");
+    assert!(
+        matches!(err, Error::OutOfMemory { requested, .. } if requested == 1 << 42),
+        "{err}"
+    );
+    // The device keeps working, and earlier tensors keep their values.
+    let sum = keep.sum(strata::ops::Axes::All, false)?.item::<f32>()?;
+    assert_eq!(sum, 3000.0);
+    assert_eq!((&keep * 2.0)?.slice(s![7])?.item::<f32>()?, 6.0);
+    Ok(())
+}
+test_device!(
+    out_of_memory_is_an_error_and_the_device_keeps_working,
+    out_of_memory
+);

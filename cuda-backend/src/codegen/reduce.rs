@@ -437,9 +437,15 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         "      if (S == 1) out[ob] = {};",
         to_storage(sig.out, &result)
     );
+    // Indices travel only for arg reductions (the index buffer is empty otherwise).
+    let keep_index = if sig.op.returns_index() {
+        " part_idx[o * S + s] = best;"
+    } else {
+        ""
+    };
     let _ = writeln!(
         s,
-        "      else {{ part[o * S + s] = {}; part_idx[o * S + s] = best; }}",
+        "      else {{ part[o * S + s] = {};{keep_index} }}",
         to_storage(r, "acc")
     );
     let _ = writeln!(s, "    }}");

@@ -1,0 +1,65 @@
+"""PyTorch's side of the CUDA benchmark: the same ops, sizes and timing method as
+examples/bench_cuda.rs (median of 20 repetitions, CUDA events), one JSON object per line."""
+import json
+import time
+
+import torch
+
+
+def timed(op, inner=1):
+    for _ in range(3):
+        op()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(inner):
+            op()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / inner)
+    runs.sort()
+    return runs[len(runs) // 2]
+
+
+def row(op, ms, nbytes=0, flops=0):
+    print(json.dumps({"op": op, "ms": ms, "bytes": nbytes, "flops": flops}), flush=True)
+
+
+def main():
+    n = 1 << 28
+    a = torch.rand(n, device="cuda")
+    b = torch.rand(n, device="cuda")
+    row("copy", timed(lambda: a.clone()), 8 * n)
+    row("add", timed(lambda: a + b), 12 * n)
+    row("sum", timed(lambda: a.sum()), 4 * n)
+    a4 = a.view(n // 4, 4)
+    row("sum-inner-4", timed(lambda: a4.sum(-1)), 5 * n)
+    side = 1 << 14
+    at, bs = a.view(side, side).t(), b.view(side, side)
+    row("add-transposed", timed(lambda: at + bs), 12 * n)
+    row("relu(a*b+a) eager", timed(lambda: torch.relu(a * b + a)), 12 * n)
+    k = 4096
+    x = torch.rand(k, k, device="cuda")
+    y = torch.rand(k, k, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    row("sgemm-4096-fp32", timed(lambda: x @ y), 0, 2 * k**3)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    row("sgemm-4096-tf32", timed(lambda: x @ y), 0, 2 * k**3)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    one = torch.ones(1, device="cuda")
+    for _ in range(1000):
+        one + one
+    torch.cuda.synchronize()
+    count = 20000
+    t = time.perf_counter()
+    for _ in range(count):
+        one + one
+    us = (time.perf_counter() - t) * 1e6 / count
+    torch.cuda.synchronize()
+    print(json.dumps({"op": "host-us-per-add", "us": us}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

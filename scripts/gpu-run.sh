@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (no Rust toolchain there): the binaries scripts/gpu-build.sh put in
+# .gpu/bin. Modes: tests (the differential suite on CUDA), sanitize (a reduced suite under
+# compute-sanitizer memcheck and racecheck), bench (strata beside PyTorch), all.
+# Writes logs and a summary to $OUT (or .gpu/out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-all}"
+out="${OUT:-.gpu/out}"
+mkdir -p "$out"
+bin=.gpu/bin
+
+# The CUDA libraries strata loads at run time: the toolkit's, or the pip wheels'.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+         $(python3 -c 'import nvidia, os; [print(os.path.join(p, s, "lib")) for p in nvidia.__path__ for s in os.listdir(p)]' 2>/dev/null); do
+  [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
+done
+export LD_LIBRARY_PATH
+# Outside .gpu, so carrying fresh binaries keeps the compiled kernels of earlier runs.
+export STRATA_CACHE_DIR="${STRATA_CACHE_DIR:-/tmp/strata-cache}"
+summary="$out/summary.txt"
+
+run_tests() {
+  echo "== differential suite on cuda:0" | tee -a "$summary"
+  for t in "$bin"/test-*; do
+    name=$(basename "$t")
+    # ONLY="reduce streams" limits the run to those test files.
+    if [ -n "${ONLY:-}" ] && ! [[ " $ONLY " == *" ${name#test-} "* ]]; then continue; fi
+    STRATA_TEST_DEVICES=cuda:0 timeout 900 "$t" --test-threads=1 > "$out/$name.log" 2>&1
+    rc=$?
+    printf '%-28s rc=%-3s %s\n' "$name" "$rc" "$(grep -E '^test result' "$out/$name.log" | tail -1)" | tee -a "$summary"
+    [ $rc -ne 0 ] && grep -E 'panicked|FAILED|failed' "$out/$name.log" | head -20 | tee -a "$summary"
+  done
+}
+
+run_sanitize() {
+  echo "== compute-sanitizer (reduced suite)" | tee -a "$summary"
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  for tool in memcheck racecheck; do
+    for name in test-reduce test-matmul test-index_ops test-streams test-seed_examples test-join_random; do
+      [ -x "$bin/$name" ] || continue
+      STRATA_TEST_DEVICES=cuda:0 timeout 150 "$cs" --tool "$tool" --error-exitcode 86 \
+        "$bin/$name" --test-threads=1 > "$out/sanitize-$tool-$name.log" 2>&1
+      rc=$?
+      printf '%-10s %-22s rc=%-3s %s\n' "$tool" "$name" "$rc" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool-$name.log" | tail -1)" | tee -a "$summary"
+    done
+  done
+}
+
+run_bench() {
+  echo "== benchmark: strata vs PyTorch, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee -a "$summary"
+  "$bin/bench_cuda" > "$out/strata.jsonl" 2> "$out/strata-bench.err"
+  python3 scripts/bench_torch.py > "$out/torch.jsonl" 2> "$out/torch-bench.err"
+  cold=$(mktemp -d); 
+  STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_cuda" first-op | sed 's/first-op/first-op-cold/' >> "$out/strata.jsonl"
+  STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_cuda" first-op | sed 's/first-op/first-op-warm/' >> "$out/strata.jsonl"
+  python3 scripts/bench_table.py "$out/strata.jsonl" "$out/torch.jsonl" | tee -a "$summary"
+}
+
+case "$mode" in
+  tests) run_tests ;;
+  sanitize) run_sanitize ;;
+  bench) run_bench ;;
+  all) run_tests; run_sanitize; run_bench ;;
+esac

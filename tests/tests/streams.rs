@@ -1,0 +1,101 @@
+//! Streams and events under randomized interleavings: in-place updates and reads bounce
+//! between two streams, sometimes with an explicit event between them and sometimes without
+//! (core then orders the read after the tensor's last write). Every result must equal the
+//! sequential one.
+
+use strata::prelude::*;
+use strata_tests::test_device;
+
+/// A small deterministic generator (the test must not depend on a crate's RNG).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+fn interleavings(dev: &Device) -> Result<()> {
+    let streams = [dev.new_stream()?, dev.new_stream()?];
+    let mut rng = Lcg(7);
+    for trial in 0..12 {
+        let n = 1 << (10 + trial % 6);
+        let x = Tensor::zeros([n], DType::I64, dev)?;
+        let y = Tensor::zeros([n], DType::I64, dev)?;
+        let (mut want_x, mut want_y) = (0i64, 0i64);
+        for _ in 0..24 {
+            let s = &streams[rng.next(2) as usize];
+            let k = rng.next(100) as i64 + 1;
+            match rng.next(4) {
+                // x += k on a random stream.
+                0 => {
+                    dev.with_stream(s, || x.add_(k))??;
+                    want_x += k;
+                }
+                // y = y * 2 + x, reading x written on either stream.
+                1 => {
+                    dev.with_stream(s, || -> Result<()> {
+                        let t = (&y * 2i64)?;
+                        y.assign(&(&t + &x)?)
+                    })??;
+                    want_y = want_y * 2 + want_x;
+                }
+                // An explicit event from one stream to the other.
+                2 => {
+                    let e = s.record_event()?;
+                    streams[0].wait_event(&e)?;
+                    streams[1].wait_event(&e)?;
+                }
+                // A host read in the middle, on whichever stream is current.
+                _ => {
+                    let got =
+                        dev.with_stream(s, || x.slice(s![n - 1]).and_then(|v| v.item::<i64>()))??;
+                    assert_eq!(got, want_x, "trial {trial}: x read mid-sequence");
+                }
+            }
+        }
+        assert_eq!(x.to_vec::<i64>()?, vec![want_x; n], "trial {trial}: x");
+        assert_eq!(y.to_vec::<i64>()?, vec![want_y; n], "trial {trial}: y");
+    }
+    dev.synchronize()
+}
+test_device!(randomized_two_stream_interleavings, interleavings);
+
+fn written_on_a_read_on_b(dev: &Device) -> Result<()> {
+    let (a, b) = (dev.new_stream()?, dev.new_stream()?);
+    let n = 1 << 20;
+    let t = Tensor::zeros([n], DType::F32, dev)?;
+    for round in 1..=5 {
+        // A slow write on A (several passes), then an immediate read on B, no event.
+        dev.with_stream(&a, || -> Result<()> {
+            for _ in 0..4 {
+                t.add_(0.25)?;
+            }
+            Ok(())
+        })??;
+        let sum = dev.with_stream(&b, || t.sum(strata::ops::Axes::All, false))??;
+        assert_eq!(sum.item::<f32>()?, (round * n) as f32, "round {round}");
+    }
+    Ok(())
+}
+test_device!(
+    a_tensor_written_on_a_is_read_on_b_after_the_write,
+    written_on_a_read_on_b
+);
+
+fn timing(dev: &Device) -> Result<()> {
+    let s = dev.new_stream()?;
+    let start = s.record_event()?;
+    let t = dev.with_stream(&s, || Tensor::ones([1 << 16], DType::F32, dev))??;
+    let _u = dev.with_stream(&s, || (&t * 3.0).and_then(|u| u.exp()))??;
+    let end = s.record_event()?;
+    s.synchronize()?;
+    end.synchronize()?;
+    let ms = start.elapsed_ms(&end)?;
+    assert!((0.0..10_000.0).contains(&ms), "{ms} ms");
+    Ok(())
+}
+test_device!(events_time_the_work_between_them, timing);
