@@ -1,7 +1,10 @@
 //! Device memory: buffers from the device's stream-ordered pool, with its release threshold
 //! raised so freed memory stays cached across synchronizations (an allocation after a sync
-//! costs microseconds, not a driver round trip). A buffer remembers the streams that used it,
-//! so its stream-ordered free waits for all of them.
+//! costs microseconds, not a driver round trip). On top of it, a small host-side cache keeps
+//! freed blocks per (stream, size class), so the allocate/free pair of a small op costs no
+//! driver call at all: a block is reused only on the stream that freed it, where stream order
+//! makes the reuse safe. A buffer remembers the streams that used it, so its stream-ordered
+//! free waits for all of them (such blocks go back to the pool, not to the cache).
 
 use crate::driver::{check, describe, Gpu, Raw};
 use cudarc::driver::sys;
@@ -17,6 +20,23 @@ pub(crate) struct Memory {
     pool: Raw<sys::CUmemoryPool>,
     allocated: AtomicUsize,
     peak: AtomicUsize,
+    /// Freed blocks by (stream, size class): device addresses.
+    cache: Mutex<std::collections::HashMap<(StreamId, usize), Vec<u64>>>,
+    cached_bytes: AtomicUsize,
+}
+
+/// Blocks up to this size are cached on the host side.
+const CACHE_MAX_BLOCK: usize = 8 << 20;
+/// At most this many bytes sit in the host-side cache.
+const CACHE_LIMIT: usize = 1 << 30;
+
+/// The size class of a request: powers of two from 512 bytes (0 stays 0).
+fn size_class(bytes: usize) -> usize {
+    if bytes == 0 {
+        0
+    } else {
+        bytes.next_power_of_two().max(512)
+    }
 }
 
 impl Memory {
@@ -46,6 +66,8 @@ impl Memory {
             pool: Raw(pool),
             allocated: AtomicUsize::new(0),
             peak: AtomicUsize::new(0),
+            cache: Mutex::new(std::collections::HashMap::new()),
+            cached_bytes: AtomicUsize::new(0),
         })
     }
 
@@ -54,12 +76,24 @@ impl Memory {
     pub(crate) fn allocate(self: &Arc<Self>, bytes: usize, stream: StreamId) -> Result<CudaBuffer> {
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
+        let class = if bytes <= CACHE_MAX_BLOCK {
+            size_class(bytes)
+        } else {
+            bytes
+        };
         let mut ptr = 0;
-        if bytes > 0 {
-            let mut status = self.alloc_raw(&mut ptr, bytes, s);
+        let reused = if bytes > 0 && bytes <= CACHE_MAX_BLOCK {
+            self.take_cached(stream, class)
+        } else {
+            None
+        };
+        if let Some(p) = reused {
+            ptr = p;
+        } else if class > 0 {
+            let mut status = self.alloc_raw(&mut ptr, class, s);
             if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                 self.empty_cache();
-                status = self.alloc_raw(&mut ptr, bytes, s);
+                status = self.alloc_raw(&mut ptr, class, s);
             }
             if status != sys::CUresult::CUDA_SUCCESS {
                 let (free, total) = self.gpu.mem_info();
@@ -78,10 +112,33 @@ impl Memory {
         Ok(CudaBuffer {
             ptr,
             bytes,
+            class,
             home: stream,
             others: Mutex::new(Vec::new()),
             memory: self.clone(),
         })
+    }
+
+    fn take_cached(&self, stream: StreamId, class: usize) -> Option<u64> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let p = cache.get_mut(&(stream, class))?.pop()?;
+        self.cached_bytes.fetch_sub(class, Ordering::Relaxed);
+        Some(p)
+    }
+
+    /// Keeps a freed block for reuse on `stream`; `false` when the cache is full.
+    fn keep(&self, stream: StreamId, class: usize, ptr: u64) -> bool {
+        if class > CACHE_MAX_BLOCK
+            || self.cached_bytes.fetch_add(class, Ordering::Relaxed) + class > CACHE_LIMIT
+        {
+            if class <= CACHE_MAX_BLOCK {
+                self.cached_bytes.fetch_sub(class, Ordering::Relaxed);
+            }
+            return false;
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.entry((stream, class)).or_default().push(ptr);
+        true
     }
 
     fn alloc_raw(&self, ptr: &mut u64, bytes: usize, s: sys::CUstream) -> sys::CUresult {
@@ -108,6 +165,22 @@ impl Memory {
 
     /// Waits for pending frees, then returns every cached block to the driver.
     pub(crate) fn empty_cache(&self) {
+        let blocks: Vec<((StreamId, usize), Vec<u64>)> = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        if self.gpu.bind().is_ok() {
+            for ((stream, class), ptrs) in blocks {
+                let s = self.gpu.stream_or_default(stream);
+                for p in ptrs {
+                    self.cached_bytes.fetch_sub(class, Ordering::Relaxed);
+                    // SAFETY: a cached block of this pool, freed once, in its stream's order.
+                    unsafe { sys::cuMemFreeAsync(p, s) };
+                }
+            }
+        }
         if self.gpu.synchronize().is_ok() {
             // SAFETY: the pool is live.
             unsafe { sys::cuMemPoolTrimTo(self.pool.0, 0) };
@@ -120,6 +193,8 @@ impl Memory {
 pub struct CudaBuffer {
     ptr: u64,
     bytes: usize,
+    /// The size actually reserved (its size class).
+    class: usize,
     /// The stream it was allocated on, where it is freed.
     home: StreamId,
     /// Other streams that used it.
@@ -192,8 +267,15 @@ impl Drop for CudaBuffer {
         if gpu.bind().is_err() {
             return;
         }
-        let home = gpu.stream_or_default(self.home);
         let others = std::mem::take(self.others.get_mut().unwrap_or_else(|p| p.into_inner()));
+        // Used on its own stream only: later work on that stream may reuse it at once.
+        if others.is_empty()
+            && gpu.stream(self.home).is_ok()
+            && self.memory.keep(self.home, self.class, self.ptr)
+        {
+            return;
+        }
+        let home = gpu.stream_or_default(self.home);
         // SAFETY: every handle is live; the free is ordered after the work of every stream
         // that used the buffer through events recorded on those streams.
         unsafe {

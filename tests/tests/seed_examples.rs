@@ -143,3 +143,39 @@ fn memory_order(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(elementwise_results_keep_memory_order, memory_order);
+
+/// A transposed operand beside a row-major one, large enough for GPU backends' tiled path
+/// (edges that are not multiples of 32 included), in every width.
+fn transposed_beside_row_major(dev: &Device) -> Result<()> {
+    let (rows, cols) = (45usize, 70usize);
+    for dtype in [
+        DType::U8,
+        DType::I16,
+        DType::F16,
+        DType::F32,
+        DType::F64,
+        DType::I64,
+    ] {
+        let a = Tensor::arange(0, (rows * cols) as i64, 1, DType::I64, dev)?
+            .remainder(97i64)?
+            .to_dtype(dtype)?
+            .reshape([cols, rows])?
+            .t()?;
+        let b = Tensor::arange(0, (rows * cols) as i64, 1, DType::I64, dev)?
+            .remainder(13i64)?
+            .to_dtype(dtype)?
+            .reshape([rows, cols])?;
+        let got = (&a + &b)?.to_dtype(DType::I64)?.to_vec::<i64>()?;
+        for r in 0..rows {
+            for c in 0..cols {
+                let want = ((c * rows + r) % 97 + (r * cols + c) % 13) as i64;
+                assert_eq!(got[r * cols + c], want, "{dtype} at ({r}, {c})");
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(
+    transposed_operands_beside_row_major_ones,
+    transposed_beside_row_major
+);

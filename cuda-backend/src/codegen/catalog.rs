@@ -36,6 +36,7 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vec: usize) -> MapSig {
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
         vec,
+        tiled: (0..inputs.len()).map(|k| !contiguous && k == 0).collect(),
         wide: !contiguous,
         expr,
     }

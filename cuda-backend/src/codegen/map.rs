@@ -1,7 +1,9 @@
 //! `Map` kernels: one expression tree per output element, over operands that share the output's
-//! shape. Three access paths, chosen per launch: vectorized (every operand contiguous and
-//! aligned: 16-byte loads and stores), contiguous per element, and strided with a
-//! rank-specialized index decode.
+//! shape. Four access paths, chosen per launch: vectorized (every operand contiguous and
+//! aligned: 16-byte loads and stores), contiguous per element, strided with a
+//! rank-specialized index decode, and tiled (a 2-D map where an input runs down the columns
+//! while the output runs along the rows: 32×32 tiles of that input pass through shared memory,
+//! so both sides read and write whole cache lines).
 
 use super::expr::emit;
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
@@ -23,6 +25,8 @@ pub(crate) struct MapSig {
     pub rank: usize,
     /// Elements per thread on the vectorized path (1: not vectorized).
     pub vec: usize,
+    /// Per input: read through a shared-memory tile (the tiled path; rank 2).
+    pub tiled: Vec<bool>,
     pub wide: bool,
 }
 
@@ -48,7 +52,20 @@ pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Pla
     let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
     let (shape, strides) = coalesce(out.layout.shape(), &strides);
     let dense = strata_core::layout::contiguous_strides(&shape);
-    let contiguous: Vec<bool> = strides.iter().map(|s| *s == dense).collect();
+    let mut contiguous: Vec<bool> = strides.iter().map(|s| *s == dense).collect();
+    // The tiled path: rank 2, the output along the rows, an input down the columns.
+    let column_wise = |s: &Vec<isize>| s[0].unsigned_abs() == 1 && s[1].unsigned_abs() != 1;
+    let tiled: Vec<bool> = if shape.len() == 2
+        && strides[0][1] == 1
+        && shape[0] >= 32
+        && shape[1] >= 32
+        && strides[1..].iter().any(column_wise)
+    {
+        contiguous = vec![false; operands.len()];
+        strides[1..].iter().map(column_wise).collect()
+    } else {
+        vec![false; args.inputs.len()]
+    };
     let wide = crate::launch::needs_wide(numel, &shape, &strides);
     let mut words = Words::new();
     let ptrs: Vec<u64> = operands
@@ -95,9 +112,14 @@ pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Pla
         scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
         rank: shape.len(),
         vec,
+        tiled,
         wide,
     };
-    let work = numel.div_ceil(vec);
+    let work = if sig.tiled.iter().any(|&t| t) {
+        shape[0].div_ceil(32) * shape[1].div_ceil(32) * 256
+    } else {
+        numel.div_ceil(vec)
+    };
     Ok(Some((sig, Plan::linear(words, work))))
 }
 
@@ -185,6 +207,11 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         Ok(())
     };
 
+    if sig.tiled.iter().any(|&t| t) {
+        tiled_body(&mut s, sig, idx, &stride_words, &element)?;
+        let _ = writeln!(s, "}}");
+        return Ok(s);
+    }
     let mut tail_from = "first".to_string();
     if sig.vec > 1 {
         let v = sig.vec;
@@ -220,6 +247,104 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     Ok(s)
 }
 
+/// Writes the body of a per-element step: loads through `load(k)`, stores through `store`.
+type Element<'a> =
+    dyn Fn(&mut String, &str, &dyn Fn(usize) -> String, &dyn Fn(&str) -> String) -> Result<()> + 'a;
+
+/// The tiled path: each block takes 32×32 tiles; tiled inputs are loaded down the columns
+/// (coalesced for them) into shared memory, then every operand is read or written along the
+/// rows.
+fn tiled_body(
+    s: &mut String,
+    sig: &MapSig,
+    idx: &str,
+    stride_words: &[Option<usize>],
+    element: &Element,
+) -> Result<()> {
+    let stride = |k: usize, d: usize| {
+        let w = stride_words[k].expect("tiled operands are strided") + d;
+        format!("({idx})(i64)p.w[{w}]")
+    };
+    for (k, &t) in sig.tiled.iter().enumerate() {
+        if t {
+            let st = storage_type(sig.dtypes[k + 1]);
+            let _ = writeln!(s, "  __shared__ {st} tile{}[32][33];", k + 1);
+        }
+    }
+    let _ = writeln!(
+        s,
+        "  const {idx} rows = ({idx})p.w[1], cols = ({idx})p.w[2];"
+    );
+    let _ = writeln!(
+        s,
+        "  const {idx} tc = (cols + 31) / 32, tiles = ((rows + 31) / 32) * tc;"
+    );
+    let _ = writeln!(
+        s,
+        "  const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;"
+    );
+    let _ = writeln!(
+        s,
+        "  for ({idx} t = blockIdx.x; t < tiles; t += gridDim.x) {{"
+    );
+    let _ = writeln!(s, "    const {idx} r0 = (t / tc) * 32, c0 = (t % tc) * 32;");
+    let _ = writeln!(s, "    for (int j = ty; j < 32; j += 8) {{");
+    let _ = writeln!(s, "      const {idx} r = r0 + tx, c = c0 + j;");
+    let _ = writeln!(s, "      if (r < rows && c < cols) {{");
+    for (k, &t) in sig.tiled.iter().enumerate() {
+        if t {
+            let k = k + 1;
+            let _ = writeln!(
+                s,
+                "        tile{k}[j][tx] = a{k}[r * {} + c * {}];",
+                stride(k, 0),
+                stride(k, 1)
+            );
+        }
+    }
+    let _ = writeln!(
+        s,
+        "      }}
+    }}
+    __syncthreads();"
+    );
+    let _ = writeln!(s, "    for (int j = ty; j < 32; j += 8) {{");
+    let _ = writeln!(s, "      const {idx} r = r0 + j, c = c0 + tx;");
+    let _ = writeln!(s, "      if (r < rows && c < cols) {{");
+    let _ = writeln!(s, "        const {idx} li = r * cols + c;");
+    for k in 0..sig.dtypes.len() {
+        if k == 0 || !sig.tiled[k - 1] {
+            let _ = writeln!(
+                s,
+                "        const {idx} off{k} = r * {} + c * {};",
+                stride(k, 0),
+                stride(k, 1)
+            );
+        }
+    }
+    let tiled = &sig.tiled;
+    element(
+        s,
+        "        ",
+        &|k| {
+            if tiled[k - 1] {
+                format!("tile{k}[tx][j]")
+            } else {
+                format!("a{k}[off{k}]")
+            }
+        },
+        &|val| format!("a0[off0] = {val};"),
+    )?;
+    let _ = writeln!(
+        s,
+        "      }}
+    }}
+    __syncthreads();
+  }}"
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +363,7 @@ mod tests {
             scalars: vec![],
             rank: 2,
             vec,
+            tiled: vec![false; 2],
             wide: false,
         }
     }
@@ -247,6 +373,15 @@ mod tests {
         let src = source(&sig(true, 4)).unwrap();
         assert!(src.contains("union { uint4 v; float e[4]; } u1;"), "{src}");
         assert!(src.contains("((uint4*)a0)[j] = u0.v;"));
+    }
+
+    #[test]
+    fn column_wise_inputs_pass_through_a_shared_tile() {
+        let mut s = sig(false, 1);
+        s.tiled = vec![true, false];
+        let src = source(&s).unwrap();
+        assert!(src.contains("__shared__ float tile1[32][33];"), "{src}");
+        assert!(src.contains("tile1[tx][j]"));
     }
 
     #[test]
