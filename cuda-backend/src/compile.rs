@@ -20,6 +20,13 @@ pub(crate) struct Compiler {
 }
 
 /// The NVRTC version, or `Err` saying what to install when the library is missing.
+///
+/// ```
+/// match strata_cuda::nvrtc_version() {
+///     Ok((major, minor)) => assert!(major >= 11, "{major}.{minor}"),
+///     Err(e) => assert!(e.to_string().contains("NVRTC")),
+/// }
+/// ```
 pub fn nvrtc_version() -> Result<(i32, i32)> {
     // SAFETY: only asks the loader whether the library can be opened.
     if !unsafe { nvrtc_sys::is_culib_present() } {
@@ -55,6 +62,12 @@ fn stable_hash(parts: &[&[u8]]) -> u64 {
 
 /// Where compiled PTX is kept: `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata/ptx`, else
 /// `~/.cache/strata/ptx`. `STRATA_CACHE_DIR=off` turns the disk cache off.
+///
+/// ```
+/// if let Some(dir) = strata_cuda::ptx_cache_dir() {
+///     assert!(dir.ends_with("ptx"));
+/// }
+/// ```
 pub fn ptx_cache_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("STRATA_CACHE_DIR") {
         if dir == "off" {

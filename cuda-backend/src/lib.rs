@@ -13,6 +13,7 @@
 //!     Err(e) => println!("no CUDA here: {e}"),
 //! }
 //! ```
+#![warn(missing_docs)]
 
 mod blas;
 pub mod codegen;

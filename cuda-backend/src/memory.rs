@@ -190,6 +190,16 @@ impl Memory {
 
 /// A block of device memory. Dropping it frees it in stream order after every stream that
 /// used it.
+///
+/// ```
+/// use strata_core::{DType, Tensor};
+/// if let Ok(dev) = strata_cuda::open(0) {
+///     let t = Tensor::zeros([4], DType::F32, &dev).unwrap();
+///     let buf = t.operand().buffer;
+///     let cuda = buf.as_any().downcast_ref::<strata_cuda::CudaBuffer>().unwrap();
+///     assert_ne!(cuda.device_ptr(), 0);
+/// }
+/// ```
 pub struct CudaBuffer {
     ptr: u64,
     bytes: usize,
@@ -209,7 +219,17 @@ impl std::fmt::Debug for CudaBuffer {
 }
 
 impl CudaBuffer {
-    /// The device address of byte 0.
+    /// The device address of byte 0 (0 for an empty buffer).
+    ///
+    /// ```
+    /// # use strata_core::{DType, Tensor};
+    /// if let Ok(dev) = strata_cuda::open(0) {
+    ///     let t = Tensor::zeros([0], DType::U8, &dev).unwrap();
+    ///     let buf = t.operand().buffer;
+    ///     let cuda = buf.as_any().downcast_ref::<strata_cuda::CudaBuffer>().unwrap();
+    ///     assert_eq!(cuda.device_ptr(), 0);
+    /// }
+    /// ```
     pub fn device_ptr(&self) -> u64 {
         self.ptr
     }
