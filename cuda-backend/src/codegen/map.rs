@@ -7,7 +7,7 @@
 
 use super::expr::emit;
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
-use super::{storage_type, to_storage};
+use super::{storage_type, to_storage, vector_type};
 use crate::launch::{coalesce, Plan, Words};
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs};
@@ -121,17 +121,6 @@ pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Pla
         numel.div_ceil(vec)
     };
     Ok(Some((sig, Plan::linear(words, work))))
-}
-
-/// The C vector type moving `bytes` bytes at once.
-fn vector_type(bytes: usize) -> &'static str {
-    match bytes {
-        16 => "uint4",
-        8 => "uint2",
-        4 => "u32",
-        2 => "u16",
-        _ => "u8",
-    }
 }
 
 /// The CUDA C source of a map kernel named `strata_map`.

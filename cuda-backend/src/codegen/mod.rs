@@ -125,6 +125,17 @@ pub(crate) fn undefined(what: impl std::fmt::Debug, dtype: DType) -> Error {
     Error::Unsupported(format!("IR op {what:?} is not defined for {dtype}"))
 }
 
+/// The C vector type moving `bytes` bytes at once.
+pub(crate) fn vector_type(bytes: usize) -> &'static str {
+    match bytes {
+        16 => "uint4",
+        8 => "uint2",
+        4 => "u32",
+        2 => "u16",
+        _ => "u8",
+    }
+}
+
 /// The integer index type of a kernel: 32-bit when every offset fits, else 64-bit.
 pub(crate) fn index_type(wide: bool) -> &'static str {
     if wide {

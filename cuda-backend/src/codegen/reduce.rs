@@ -6,7 +6,7 @@
 //! Contiguous reduced axes are read 16 bytes at a time, so a short innermost axis (length 4)
 //! still streams at full bandwidth.
 
-use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage};
+use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
 use crate::launch::{coalesce, needs_wide, Plan, Words};
 use std::fmt::Write;
 use strata_core::ir::{KernelArgs, ReduceOp};
@@ -366,13 +366,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         let _ = writeln!(s, "{indent}  {} }}", update(sig.op, r, "v", i));
     };
     if v > 1 {
-        let vt = match v * sig.input.itemsize() {
-            16 => "uint4",
-            8 => "uint2",
-            4 => "u32",
-            2 => "u16",
-            _ => "u8",
-        };
+        let vt = vector_type(v * sig.input.itemsize());
         let _ = writeln!(s, "    const {idx} rv = r0 + ((r1 - r0) / {v}) * {v};");
         let _ = writeln!(
             s,
