@@ -568,3 +568,77 @@ pub struct KernelArgs {
     /// Scalar values, each of the dtype its `Node::Scalar` node says.
     pub scalars: Vec<Scalar>,
 }
+
+/// The operands of a [`Kernel::Matmul`] launch, checked against its contract:
+/// `A [batch, m, k] · B [batch, k, n] → C [batch, m, n]` with scalars α and β.
+///
+/// ```
+/// use strata_core::{ir::{KernelArgs, MatmulOperands}, DType, Device, Scalar, Tensor};
+/// let dev = Device::cpu();
+/// let a = Tensor::zeros([1, 2, 3], DType::F32, &dev).unwrap();
+/// let b = Tensor::zeros([1, 3, 4], DType::F32, &dev).unwrap();
+/// let c = Tensor::zeros([1, 2, 4], DType::F32, &dev).unwrap();
+/// let args = KernelArgs {
+///     outputs: vec![c.operand()],
+///     inputs: vec![a.operand(), b.operand()],
+///     scalars: vec![Scalar::F32(1.0), Scalar::F32(0.0)],
+/// };
+/// assert_eq!(MatmulOperands::of(&args).unwrap().dims, (1, 2, 3, 4));
+/// ```
+pub struct MatmulOperands<'a> {
+    /// `A [batch, m, k]`.
+    pub a: &'a Operand,
+    /// `B [batch, k, n]`.
+    pub b: &'a Operand,
+    /// `C [batch, m, n]`, written.
+    pub c: &'a Operand,
+    /// α.
+    pub alpha: Scalar,
+    /// β (0: `C` is not read).
+    pub beta: Scalar,
+    /// `(batch, m, k, n)`.
+    pub dims: (usize, usize, usize, usize),
+}
+
+impl<'a> MatmulOperands<'a> {
+    /// Splits `args` into the matmul's operands, or `Err` naming the shapes that do not fit.
+    ///
+    /// ```
+    /// use strata_core::ir::{KernelArgs, MatmulOperands};
+    /// let args = KernelArgs { outputs: vec![], inputs: vec![], scalars: vec![] };
+    /// assert!(MatmulOperands::of(&args).is_err());
+    /// ```
+    pub fn of(args: &'a KernelArgs) -> crate::Result<MatmulOperands<'a>> {
+        let ([a, b], [c], [alpha, beta]) = (
+            args.inputs.as_slice(),
+            args.outputs.as_slice(),
+            args.scalars.as_slice(),
+        ) else {
+            return Err(crate::Error::Invalid(
+                "a matmul takes inputs A and B, output C, and scalars α and β".into(),
+            ));
+        };
+        let (sa, sb, sc) = (a.layout.shape(), b.layout.shape(), c.layout.shape());
+        if sa.len() != 3
+            || sb.len() != 3
+            || sc.len() != 3
+            || sa[2] != sb[1]
+            || sa[1] != sc[1]
+            || sb[2] != sc[2]
+            || sa[0] != sc[0]
+            || sb[0] != sc[0]
+        {
+            return Err(crate::Error::Shape(format!(
+                "matmul operands {sa:?} @ {sb:?} -> {sc:?} do not fit"
+            )));
+        }
+        Ok(MatmulOperands {
+            a,
+            b,
+            c,
+            alpha: *alpha,
+            beta: *beta,
+            dims: (sc[0], sc[1], sa[2], sc[2]),
+        })
+    }
+}

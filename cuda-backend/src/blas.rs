@@ -2,11 +2,12 @@
 //! opted in), f64, f16 and bf16 with f32 accumulation. Strided operands are passed as they
 //! are whenever cuBLAS can express their layout; `None` sends the caller to our kernel.
 
-use crate::codegen::matmul::{as_blas, BlasMatrix, Operands};
+use crate::codegen::matmul::{as_blas, BlasMatrix};
 use crate::driver::Raw;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use std::sync::Mutex;
+use strata_core::ir::MatmulOperands as Operands;
 use strata_core::{DType, Error, Result};
 
 /// One cuBLAS handle per device, pointed at each launch's stream.

@@ -273,7 +273,7 @@ impl Backend for CudaBackend {
                 acc,
             } => self.run_reduce(*op, *reduced_axes, *acc, args, stream, s),
             Kernel::Matmul { acc, tf32 } => {
-                let ops = matmul::operands(args)?;
+                let ops = strata_core::ir::MatmulOperands::of(args)?;
                 if let Some(blas) = &self.blas {
                     let (batch, m, _, n) = ops.dims;
                     if batch == 0 || m == 0 || n == 0 {

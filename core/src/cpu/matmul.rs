@@ -48,30 +48,14 @@ fn product<T: Copy + Default + std::ops::Add<Output = T>>(
 
 /// Executes a `Matmul` kernel.
 pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
-    let ([a, b], [c], [alpha, beta]) = (
-        args.inputs.as_slice(),
-        args.outputs.as_slice(),
-        args.scalars.as_slice(),
-    ) else {
-        return Err(Error::Invalid(
-            "a matmul takes inputs A and B, output C, and scalars α and β".into(),
-        ));
-    };
-    let (sa, sb, sc) = (a.layout.shape(), b.layout.shape(), c.layout.shape());
-    if sa.len() != 3
-        || sb.len() != 3
-        || sc.len() != 3
-        || sa[2] != sb[1]
-        || sa[1] != sc[1]
-        || sb[2] != sc[2]
-        || sa[0] != sc[0]
-        || sb[0] != sc[0]
-    {
-        return Err(Error::Shape(format!(
-            "matmul operands {sa:?} @ {sb:?} -> {sc:?} do not fit"
-        )));
-    }
-    let (batch, m, k, n) = (sc[0], sc[1], sa[2], sc[2]);
+    let crate::ir::MatmulOperands {
+        a,
+        b,
+        c,
+        alpha,
+        beta,
+        dims: (batch, m, k, n),
+    } = crate::ir::MatmulOperands::of(args)?;
     let float = acc.is_float();
     let (va, vb, vc) = (View::new(a)?, View::new(b)?, View::new(c)?);
     for bi in 0..batch {

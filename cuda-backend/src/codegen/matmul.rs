@@ -5,52 +5,8 @@
 use super::{cast, compute_type, from_storage, storage_type, to_storage};
 use crate::launch::{Grid, Plan, Words};
 use std::fmt::Write;
-use strata_core::ir::{KernelArgs, Operand};
-use strata_core::{DType, Error, Result, Scalar};
-
-/// The checked operands of a matmul: `A [batch, m, k] · B [batch, k, n] → C [batch, m, n]`.
-pub(crate) struct Operands<'a> {
-    pub a: &'a Operand,
-    pub b: &'a Operand,
-    pub c: &'a Operand,
-    pub alpha: Scalar,
-    pub beta: Scalar,
-    pub dims: (usize, usize, usize, usize),
-}
-
-pub(crate) fn operands(args: &KernelArgs) -> Result<Operands<'_>> {
-    let ([a, b], [c], [alpha, beta]) = (
-        args.inputs.as_slice(),
-        args.outputs.as_slice(),
-        args.scalars.as_slice(),
-    ) else {
-        return Err(Error::Invalid(
-            "a matmul takes inputs A and B, output C, and scalars α and β".into(),
-        ));
-    };
-    let (sa, sb, sc) = (a.layout.shape(), b.layout.shape(), c.layout.shape());
-    if sa.len() != 3
-        || sb.len() != 3
-        || sc.len() != 3
-        || sa[2] != sb[1]
-        || sa[1] != sc[1]
-        || sb[2] != sc[2]
-        || sa[0] != sc[0]
-        || sb[0] != sc[0]
-    {
-        return Err(Error::Shape(format!(
-            "matmul operands {sa:?} @ {sb:?} -> {sc:?} do not fit"
-        )));
-    }
-    Ok(Operands {
-        a,
-        b,
-        c,
-        alpha: *alpha,
-        beta: *beta,
-        dims: (sc[0], sc[1], sa[2], sc[2]),
-    })
-}
+use strata_core::ir::MatmulOperands as Operands;
+use strata_core::{DType, Result};
 
 /// One operand as cuBLAS sees it (column-major): transpose or not, leading dimension,
 /// batch stride.
