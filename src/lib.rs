@@ -43,7 +43,7 @@ pub mod prelude {
 /// ```
 pub trait DeviceExt: Sized {
     /// The best device present: the one `STRATA_DEVICE` names when it is set, otherwise
-    /// CUDA device 0, then wgpu (once its backend lands), then the CPU.
+    /// CUDA device 0, then wgpu, then the CPU.
     fn auto() -> Result<Self>;
     /// CUDA device `ordinal`, or `Err` saying why not (no driver, no such device).
     fn cuda(ordinal: usize) -> Result<Self>;
@@ -57,7 +57,9 @@ impl DeviceExt for Device {
     fn auto() -> Result<Device> {
         match std::env::var("STRATA_DEVICE") {
             Ok(spec) if !spec.trim().is_empty() => Device::parse(&spec),
-            _ => Ok(Device::cuda(0).unwrap_or_else(|_| Device::cpu())),
+            _ => Ok(Device::cuda(0)
+                .or_else(|_| Device::wgpu())
+                .unwrap_or_else(|_| Device::cpu())),
         }
     }
 
@@ -76,9 +78,17 @@ impl DeviceExt for Device {
     }
 
     fn wgpu() -> Result<Device> {
-        Err(Error::DeviceUnavailable(
-            "wgpu: this build of strata has no wgpu backend; use Device::cpu()".into(),
-        ))
+        #[cfg(feature = "wgpu")]
+        {
+            strata_wgpu::open()
+        }
+        #[cfg(not(feature = "wgpu"))]
+        {
+            Err(Error::DeviceUnavailable(
+                "wgpu: this build of strata has no wgpu backend (feature `wgpu`); use Device::cpu()"
+                    .into(),
+            ))
+        }
     }
 
     fn parse(spec: &str) -> Result<Device> {

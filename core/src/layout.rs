@@ -69,6 +69,48 @@ pub fn normalize_axis(axis: isize, ndim: usize) -> Result<usize> {
     }
 }
 
+/// Drops size-1 axes and merges neighbours that every operand steps through as one
+/// (`stride[i] == stride[i+1] * shape[i+1]`); the row-major enumeration is unchanged. Backends
+/// call it to index with as few axes as possible.
+///
+/// ```
+/// use strata_core::layout::coalesce;
+/// let (shape, strides) = coalesce(&[2, 1, 3, 4], &[&[12, 12, 4, 1], &[0, 5, 0, 1]]);
+/// assert_eq!(shape, vec![6, 4]);
+/// assert_eq!(strides, vec![vec![4, 1], vec![0, 1]]);
+/// ```
+pub fn coalesce(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
+    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
+    let mut out_strides: Vec<Vec<isize>> = vec![Vec::with_capacity(shape.len()); strides.len()];
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        if let Some(&last) = out_shape.last() {
+            let merge = strides.iter().zip(&out_strides).all(|(s, o)| {
+                *o.last()
+                    .expect("one stride list per operand, all of the shape's rank")
+                    == s[d] * n as isize
+            });
+            let _ = last;
+            if merge {
+                let l = out_shape.len() - 1;
+                out_shape[l] *= n;
+                for (o, s) in out_strides.iter_mut().zip(strides) {
+                    *o.last_mut()
+                        .expect("one stride list per operand, all of the shape's rank") = s[d];
+                }
+                continue;
+            }
+        }
+        out_shape.push(n);
+        for (o, s) in out_strides.iter_mut().zip(strides) {
+            o.push(s[d]);
+        }
+    }
+    (out_shape, out_strides)
+}
+
 /// The shape two shapes broadcast to under NumPy's rules, or an `Err` naming both.
 ///
 /// ```

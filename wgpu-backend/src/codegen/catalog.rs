@@ -1,0 +1,158 @@
+//! Every generator variant validated by naga, without a device: each unary and binary op on
+//! every dtype it is defined for (strided, contiguous and vectorized paths), casts between all
+//! dtype pairs, random bits, every reduction on every dtype (per path, partial and combine),
+//! matmul and the index ops on every dtype. A shader wgpu would reject fails here.
+
+use super::{index, map, matmul, reduce, Caps};
+use strata_core::ir::{BinaryOp, Expr, Node, ReduceOp, UnaryOp};
+use strata_core::DType;
+
+const CAPS: Caps = Caps {
+    f64: true,
+    int64: true,
+};
+
+fn validate(src: &str) {
+    let module = naga::front::wgsl::parse_str(src)
+        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(src)));
+    let caps = naga::valid::Capabilities::FLOAT64 | naga::valid::Capabilities::SHADER_INT64;
+    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(src)));
+}
+
+fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map::MapSig {
+    let lin = if expr.reads_linear_index() {
+        map::Lin::Strided
+    } else {
+        map::Lin::Unused
+    };
+    map::MapSig {
+        contiguous: vec![contiguous; dtypes.len()],
+        dtypes,
+        lin,
+        scalars: vec![DType::U64, DType::U64],
+        rank: 2,
+        vec4,
+        expr,
+    }
+}
+
+#[test]
+fn every_map_variant_validates() {
+    use BinaryOp::*;
+    use UnaryOp::*;
+    let unary = [
+        Neg, NegSat, Abs, Sign, Square, Sqrt, Rsqrt, Reciprocal, Exp, Exp2, Expm1, Log, Log2,
+        Log10, Log1p, Sin, Cos, Tan, Tanh, Sigmoid, Relu, Gelu, Erf, Floor, Ceil, Round, Trunc,
+        IsNan, IsInf, IsFinite, LogicalNot, BitNot,
+    ];
+    let binary = [
+        Add, Sub, Mul, Div, FloorDiv, Rem, Pow, Max, Min, Atan2, BitAnd, BitOr, BitXor, Shl, Shr,
+        AddSat, SubSat, MulSat, DivSat, LogicalAnd, LogicalOr, LogicalXor, Eq, Ne, Lt, Le, Gt, Ge,
+    ];
+    let mut n = 0;
+    for d in DType::ALL {
+        let x = || Expr::input(0, d);
+        let mut exprs: Vec<Expr> = unary.iter().map(|&op| Expr::unary(op, x())).collect();
+        exprs.extend(
+            binary
+                .iter()
+                .map(|&op| Expr::binary(op, x(), Expr::input(1, d))),
+        );
+        exprs.push(Expr::fma(x(), Expr::input(1, d), x()));
+        exprs.push(Expr::select(Expr::input(1, DType::Bool), x(), x()));
+        for to in DType::ALL {
+            exprs.push(x().cast(to, false));
+            exprs.push(x().cast(to, true));
+        }
+        for e in exprs {
+            let mut dtypes = vec![e.dtype, d, d];
+            if let Node::Where(..) = e.node {
+                dtypes[2] = DType::Bool;
+            }
+            for (contiguous, vec4) in [(false, false), (true, false), (true, true)] {
+                if vec4 && dtypes.iter().any(|t| t.itemsize() != 4) {
+                    continue;
+                }
+                // Ops a dtype does not define are errors, not shaders.
+                if let Ok(src) =
+                    map::source(&map_sig(e.clone(), dtypes.clone(), contiguous, vec4), CAPS)
+                {
+                    validate(&src);
+                    n += 1;
+                }
+            }
+        }
+    }
+    let philox = Expr {
+        dtype: DType::U32,
+        node: Node::Philox {
+            key: 0,
+            counter: 1,
+            word: 3,
+        },
+    };
+    validate(&map::source(&map_sig(philox, vec![DType::U32], false, false), CAPS).unwrap());
+    let arange = Expr::linear_index().cast(DType::F32, false);
+    validate(&map::source(&map_sig(arange, vec![DType::F32], true, false), CAPS).unwrap());
+    assert!(n > 1000, "{n} variants");
+}
+
+#[test]
+fn every_reduce_variant_validates() {
+    use ReduceOp::*;
+    for d in DType::ALL {
+        for op in [Sum, Prod, Min, Max, ArgMin, ArgMax, Any, All] {
+            let acc = match op {
+                Any | All => DType::Bool,
+                Sum | Prod if !d.is_float() => DType::I64,
+                _ => d,
+            };
+            let out = if op.returns_index() { DType::I64 } else { acc };
+            for group in [false, true] {
+                for (combine, partial) in [(false, false), (false, true), (true, false)] {
+                    let sig = reduce::ReduceSig {
+                        op,
+                        acc,
+                        input: if combine { acc } else { d },
+                        output: if partial { acc } else { out },
+                        outer_rank: 2,
+                        reduced_rank: if combine { 1 } else { 2 },
+                        group,
+                        combine,
+                        partial,
+                    };
+                    validate(&reduce::source(&sig, CAPS));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_and_index_variants_validate() {
+    for d in DType::ALL {
+        let acc = match d {
+            DType::F16 | DType::BF16 => DType::F32,
+            _ => d,
+        };
+        validate(&matmul::source(&matmul::MatmulSig { dtype: d, acc }, CAPS));
+        for scatter in [None, Some(false), Some(true)] {
+            let sig = index::IndexSig {
+                dtype: d,
+                rank: 3,
+                axis: 1,
+                scatter,
+            };
+            validate(&index::source(&sig, CAPS));
+        }
+    }
+}
+
+#[test]
+fn the_f32_math_library_validates_without_f64() {
+    let caps = Caps::default();
+    let e = Expr::unary(UnaryOp::Gelu, Expr::input(0, DType::F32));
+    validate(&map::source(&map_sig(e, vec![DType::F32, DType::F32], true, false), caps).unwrap());
+}

@@ -1,0 +1,333 @@
+//! A `Map` expression tree as WGSL statements. Inputs arrive as compute values `x{k}`, scalars
+//! as `s{k}`, the output's row-major position as `li` (`u32`); every node becomes one `let`, so a
+//! fused tree is straight-line code.
+
+use super::prelude::math_type;
+use super::{cast, compute_type, is_nan, literal, round_to, undefined, Caps};
+use std::fmt::Write;
+use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
+use strata_core::{DType, Error, Result};
+
+/// Emits statements computing `expr` into `out`; returns the name of the value.
+pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) -> Result<String> {
+    let value = match &expr.node {
+        Node::Input(k) => return Ok(format!("x{k}")),
+        Node::Scalar(k) => return Ok(format!("s{k}")),
+        Node::LinearIndex if caps.int64 => "i64(li)".to_string(),
+        Node::LinearIndex => {
+            return Err(Error::Unsupported(
+                "the linear index is i64, which this adapter lacks (SHADER_INT64)".into(),
+            ))
+        }
+        Node::Philox { key, counter, word } => format!(
+            "philox(s{key}lo, s{key}hi, s{counter}lo + li, s{counter}hi + select(0u, 1u, s{counter}lo + li < li), {word}u)"
+        ),
+        // Casting the linear index to a narrower type needs no 64-bit integers.
+        Node::Cast { arg, saturate } if arg.node == Node::LinearIndex && !caps.int64 => {
+            cast("li", DType::U32, expr.dtype, *saturate)
+        }
+        Node::Cast { arg, saturate } => {
+            let a = emit(arg, out, next, caps)?;
+            cast(&a, arg.dtype, expr.dtype, *saturate)
+        }
+        Node::Unary(op, arg) => {
+            let a = emit(arg, out, next, caps)?;
+            unary(*op, arg.dtype, &a, caps)?
+        }
+        Node::Binary(op, l, r) => {
+            let a = emit(l, out, next, caps)?;
+            let b = emit(r, out, next, caps)?;
+            binary(*op, l.dtype, &a, &b, caps)?
+        }
+        Node::Fma(a, b, c) => {
+            let (x, y, z) = (
+                emit(a, out, next, caps)?,
+                emit(b, out, next, caps)?,
+                emit(c, out, next, caps)?,
+            );
+            fma(a.dtype, &x, &y, &z, caps)?
+        }
+        Node::Where(c, a, b) => {
+            let cond = emit(c, out, next, caps)?;
+            let (x, y) = (emit(a, out, next, caps)?, emit(b, out, next, caps)?);
+            format!("select({y}, {x}, {})", truthy(c.dtype, &cond))
+        }
+    };
+    let name = format!("v{}", *next);
+    *next += 1;
+    let _ = writeln!(out, "  let {name}: {} = {value};", compute_type(expr.dtype));
+    Ok(name)
+}
+
+/// `v != 0` for any dtype.
+fn truthy(d: DType, v: &str) -> String {
+    super::ne_zero(d, v)
+}
+
+/// A float math function `name_<t>` applied to `args` of dtype `d`, through the math type.
+fn math(d: DType, caps: Caps, name: &str, args: &[&str]) -> String {
+    let mt = math_type(caps);
+    let ct = compute_type(d);
+    let conv: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if ct == mt {
+                a.to_string()
+            } else {
+                format!("{mt}({a})")
+            }
+        })
+        .collect();
+    let call = format!("{name}_{mt}({})", conv.join(", "));
+    if ct == mt {
+        call
+    } else {
+        format!("{ct}({call})")
+    }
+}
+
+fn binary(op: BinaryOp, d: DType, a: &str, b: &str, caps: Caps) -> Result<String> {
+    use BinaryOp::*;
+    let cmp_operands = |x: &str| {
+        if d == DType::Bool {
+            format!("select(0u, 1u, {x})")
+        } else {
+            x.to_string()
+        }
+    };
+    let (ca, cb) = (cmp_operands(a), cmp_operands(b));
+    match op {
+        Eq => return Ok(format!("({a} == {b})")),
+        // `!(a == b)`: true with NaN even where a driver compiles `!=` as an ordered compare.
+        Ne => return Ok(format!("(!({a} == {b}))")),
+        Lt => return Ok(format!("({ca} < {cb})")),
+        Le => return Ok(format!("({ca} <= {cb})")),
+        Gt => return Ok(format!("({ca} > {cb})")),
+        Ge => return Ok(format!("({ca} >= {cb})")),
+        LogicalAnd => return Ok(format!("({} && {})", truthy(d, a), truthy(d, b))),
+        LogicalOr => return Ok(format!("({} || {})", truthy(d, a), truthy(d, b))),
+        LogicalXor => return Ok(format!("({} != {})", truthy(d, a), truthy(d, b))),
+        _ => {}
+    }
+    if d == DType::Bool {
+        return match op {
+            BitAnd | Min | Mul => Ok(format!("({a} && {b})")),
+            BitOr | Max | Add => Ok(format!("({a} || {b})")),
+            BitXor => Ok(format!("({a} != {b})")),
+            _ => Err(undefined(op, d)),
+        };
+    }
+    if d.is_float() {
+        let v = match op {
+            Add | AddSat => format!("({a} + {b})"),
+            Sub | SubSat => format!("({a} - {b})"),
+            Mul | MulSat => format!("({a} * {b})"),
+            Div | DivSat => format!("({a} / {b})"),
+            FloorDiv => format!("floor({a} / {b})"),
+            Rem => math(d, caps, "rem", &[a, b]),
+            Pow => math(d, caps, "pow", &[a, b]),
+            // NaN wins: select on the operands' own NaN tests.
+            Max => format!(
+                "select(select(max({a}, {b}), {b}, {nb}), {a}, {na})",
+                na = is_nan(d, a),
+                nb = is_nan(d, b)
+            ),
+            Min => format!(
+                "select(select(min({a}, {b}), {b}, {nb}), {a}, {na})",
+                na = is_nan(d, a),
+                nb = is_nan(d, b)
+            ),
+            Atan2 => math(d, caps, "atan2", &[a, b]),
+            _ => return Err(undefined(op, d)),
+        };
+        return Ok(round_to(d, v));
+    }
+    let nm = d.name();
+    let helper = |f: &str| format!("{f}_{nm}({a}, {b})");
+    Ok(match op {
+        Add => super::wrap(d, &format!("({a} + {b})")),
+        Sub => super::wrap(d, &format!("({a} - {b})")),
+        Mul => super::wrap(d, &format!("({a} * {b})")),
+        AddSat => helper("adds"),
+        SubSat => helper("subs"),
+        MulSat => helper("muls"),
+        DivSat => helper("divs"),
+        FloorDiv => helper("floordiv"),
+        Rem => helper("rem"),
+        Pow => helper("pow"),
+        Shl => helper("shl"),
+        Shr => helper("shr"),
+        Max => format!("max({a}, {b})"),
+        Min => format!("min({a}, {b})"),
+        BitAnd => format!("({a} & {b})"),
+        BitOr => format!("({a} | {b})"),
+        BitXor => format!("({a} ^ {b})"),
+        _ => return Err(undefined(op, d)),
+    })
+}
+
+fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
+    use UnaryOp::*;
+    if d == DType::Bool {
+        return match op {
+            LogicalNot | BitNot => Ok(format!("(!{a})")),
+            IsNan | IsInf => Ok("false".into()),
+            IsFinite => Ok("true".into()),
+            Abs | Floor | Ceil | Round | Trunc | Relu | Sign | Square => Ok(a.to_string()),
+            _ => Err(undefined(op, d)),
+        };
+    }
+    let t = compute_type(d);
+    let z = literal(d, 0);
+    if !d.is_float() {
+        let signed = t.starts_with('i');
+        return Ok(match op {
+            Neg => super::wrap(d, &format!("({z} - {a})")),
+            NegSat => format!("negs_{}({a})", d.name()),
+            Abs if signed => super::wrap(d, &format!("select({a}, -{a}, {a} < {z})")),
+            Abs => a.to_string(),
+            Sign if signed => format!(
+                "select(select({z}, {}, {a} < {z}), {}, {a} > {z})",
+                literal(d, -1),
+                literal(d, 1)
+            ),
+            Sign => format!("select({z}, {}, {a} > {z})", literal(d, 1)),
+            Square => super::wrap(d, &format!("({a} * {a})")),
+            Floor | Ceil | Round | Trunc => a.to_string(),
+            BitNot => super::wrap(d, &format!("(~{a})")),
+            IsNan | IsInf => "false".into(),
+            IsFinite => "true".into(),
+            LogicalNot => format!("({a} == {z})"),
+            Relu => format!("select({z}, {a}, {a} > {z})"),
+            _ => return Err(undefined(op, d)),
+        });
+    }
+    let one = literal(d, 1);
+    let m = |name: &str| math(d, caps, name, &[a]);
+    let inf_bits = |v: &str| {
+        if t == "f64" {
+            format!(
+                "((bitcast<u64>({v}) & 0x7fffffffffffffff{}) == 0x7ff0000000000000lu)",
+                "lu"
+            )
+        } else {
+            format!("((bitcast<u32>({v}) & 0x7fffffffu) == 0x7f800000u)")
+        }
+    };
+    let v = match op {
+        IsNan => return Ok(is_nan(d, a)),
+        IsInf => return Ok(inf_bits(a)),
+        IsFinite => return Ok(format!("(!{} && !{})", is_nan(d, a), inf_bits(a))),
+        LogicalNot => return Ok(format!("({a} == {z})")),
+        Neg | NegSat => format!("(-{a})"),
+        Abs => format!("abs({a})"),
+        Sign => format!("select(select({a}, -{one}, {a} < {z}), {one}, {a} > {z})"),
+        Square => format!("({a} * {a})"),
+        Sqrt => format!("sqrt({a})"),
+        Rsqrt => format!("({one} / sqrt({a}))"),
+        Reciprocal => format!("({one} / {a})"),
+        Exp => m("exp"),
+        Exp2 => via_math(d, caps, a, |x, mt| {
+            format!("exp_{mt}({x} * {})", lit(mt, std::f64::consts::LN_2))
+        }),
+        Expm1 => m("expm1"),
+        Log => m("log"),
+        Log2 => via_math(d, caps, a, |x, mt| {
+            format!("(log_{mt}({x}) * {})", lit(mt, std::f64::consts::LOG2_E))
+        }),
+        Log10 => via_math(d, caps, a, |x, mt| {
+            format!("(log_{mt}({x}) * {})", lit(mt, std::f64::consts::LOG10_E))
+        }),
+        Log1p => m("log1p"),
+        Sin => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).x")),
+        Cos => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).y")),
+        Tan => via_math(d, caps, a, |x, mt| format!("tan_{mt}({x})")),
+        Tanh => m("tanh"),
+        Sigmoid => via_math(d, caps, a, |x, mt| {
+            format!("(1.0{s} / (1.0{s} + exp_{mt}(-{x})))", s = suffix(mt))
+        }),
+        Relu => format!("select({z}, {a}, {a} > {z} || {})", is_nan(d, a)),
+        // 0.5·x·erfc(−x/√2) equals 0.5·x·(1 + erf(x/√2)) without its cancellation for x ≪ 0.
+        Gelu => via_math(d, caps, a, |x, mt| {
+            format!(
+                "(0.5{s} * {x} * erfc_{mt}(-{x} * {}))",
+                lit(mt, std::f64::consts::FRAC_1_SQRT_2),
+                s = suffix(mt)
+            )
+        }),
+        Erf => m("erf"),
+        Floor => format!("floor({a})"),
+        Ceil => format!("ceil({a})"),
+        Round => format!("round({a})"),
+        Trunc => format!("trunc({a})"),
+        BitNot => return Err(undefined(op, d)),
+    };
+    Ok(round_to(d, v))
+}
+
+/// `f(x, mt)` evaluated in the math type `mt` for the argument `a` of dtype `d`, converted back
+/// to `d`'s compute type.
+fn via_math(d: DType, caps: Caps, a: &str, f: impl Fn(&str, &str) -> String) -> String {
+    let mt = math_type(caps);
+    let ct = compute_type(d);
+    if ct == mt {
+        f(a, mt)
+    } else {
+        format!("{ct}({})", f(&format!("{mt}({a})"), mt))
+    }
+}
+
+/// The literal suffix of float type `t`.
+fn suffix(t: &str) -> &'static str {
+    if t == "f64" {
+        "lf"
+    } else {
+        "f"
+    }
+}
+
+/// A float literal in WGSL type `t`.
+fn lit(t: &str, v: f64) -> String {
+    if t == "f64" {
+        format!("{v:?}lf")
+    } else {
+        format!("{:?}f", v as f32)
+    }
+}
+
+fn fma(d: DType, a: &str, b: &str, c: &str, caps: Caps) -> Result<String> {
+    Ok(match d {
+        DType::Bool => return Err(undefined("Fma", d)),
+        // The f64 product of two f32 values is exact, so only the sum rounds (drivers may
+        // split WGSL's `fma` into a multiply and an add).
+        _ if compute_type(d) == "f32" && caps.f64 => {
+            round_to(d, format!("f32(f64({a}) * f64({b}) + f64({c}))"))
+        }
+        _ if d.is_float() => round_to(d, format!("fma({a}, {b}, {c})")),
+        _ => super::wrap(d, &format!("({a} * {b} + {c})")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_becomes_one_let_per_node() {
+        let x = Expr::input(0, DType::F32);
+        let e = Expr::unary(
+            UnaryOp::Relu,
+            Expr::binary(BinaryOp::Mul, x, Expr::scalar(0, DType::F32)),
+        );
+        let mut src = String::new();
+        let v = emit(&e, &mut src, &mut 0, Caps::default()).unwrap();
+        assert_eq!(v, "v1");
+        assert!(src.contains("let v0: f32 = (x0 * s0);"), "{src}");
+    }
+
+    #[test]
+    fn undefined_ops_are_errors() {
+        let e = Expr::unary(UnaryOp::Sqrt, Expr::input(0, DType::I32));
+        assert!(emit(&e, &mut String::new(), &mut 0, Caps::default()).is_err());
+    }
+}

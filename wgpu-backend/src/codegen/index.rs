@@ -1,0 +1,110 @@
+//! `Gather` and `Scatter`. A gather runs an invocation per output element. A scatter runs an
+//! invocation per position of the other axes and walks the indexed axis in order, so two
+//! invocations never write the same element (no atomics, and a repeated index keeps its last
+//! write) and accumulation is deterministic.
+
+use super::prelude::helpers;
+use super::{binding, compute_type, load, load_from, round_to, store, wrap, Caps, ENTRY, PARAMS};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::DType;
+
+/// The structure of an index launch. Bindings: 0 output, 1 index (i64), 2 source (gather) or
+/// values (scatter).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct IndexSig {
+    pub dtype: DType,
+    pub rank: usize,
+    pub axis: usize,
+    /// `None`: gather; `Some(accumulate)`: scatter.
+    pub scatter: Option<bool>,
+}
+
+/// Word positions: [0] invocations, [1] extent of the walked axis (scatter), [2..5] offsets
+/// of output, index and source, then the iteration shape, then strides of output, index and
+/// source (rank words each).
+pub(crate) fn words(rank: usize) -> (usize, [usize; 3], usize) {
+    let shape = 5;
+    let s = shape + rank;
+    (shape, [s, s + rank, s + 2 * rank], s + 3 * rank)
+}
+
+/// The WGSL source of an index launch.
+pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
+    let (shape, strides, _) = words(sig.rank);
+    let d = sig.dtype;
+    let mut src = String::from(PARAMS);
+    src.push_str(&binding(0, d, true));
+    src.push_str(&binding(1, DType::I64, false));
+    src.push_str(&binding(2, d, false));
+    src.push_str(&helpers(&BTreeSet::from([d]), caps));
+    src.push_str(ENTRY);
+    src.push_str("  if (gid >= params[0]) { return; }\n");
+    src.push_str("  var o0 = i32(params[2]); var o1 = i32(params[3]); var o2 = i32(params[4]);\n  var rem = gid;\n");
+    // A scatter's iteration shape has extent 1 on the walked axis.
+    for dim in (0..sig.rank).rev() {
+        let _ = writeln!(
+            src,
+            "  {{ let c = rem % params[{s}]; rem = rem / params[{s}]; \
+             o0 = o0 + i32(c) * bitcast<i32>(params[{}]); o1 = o1 + i32(c) * bitcast<i32>(params[{}]); \
+             o2 = o2 + i32(c) * bitcast<i32>(params[{}]); }}",
+            strides[0] + dim,
+            strides[1] + dim,
+            strides[2] + dim,
+            s = shape + dim
+        );
+    }
+    let ax = sig.axis;
+    match sig.scatter {
+        None => {
+            // The source offset walks the axis by the index value instead of the coordinate.
+            let _ = writeln!(
+                src,
+                "  let c = (gid / {below}) % params[{s}];\n  let j = b1[u32(o1)];\n  \
+                 let so = o2 - i32(c) * bitcast<i32>(params[{st}]) + i32(j) * bitcast<i32>(params[{st}]);\n  {}",
+                store(d, "b0", "u32(o0)", &load(d, "b2", "u32(so)")),
+                below = below(sig.rank, ax, shape),
+                s = shape + ax,
+                st = strides[2] + ax
+            );
+        }
+        Some(acc) => {
+            let _ = writeln!(
+                src,
+                "  for (var t = 0u; t < params[1]; t = t + 1u) {{\n    \
+                 let io = o1 + i32(t) * bitcast<i32>(params[{}]);\n    \
+                 let vo = o2 + i32(t) * bitcast<i32>(params[{}]);\n    \
+                 let dst = u32(o0 + i32(b1[u32(io)]) * bitcast<i32>(params[{}]));\n    \
+                 let v: {} = {};",
+                strides[1] + ax,
+                strides[2] + ax,
+                strides[0] + ax,
+                compute_type(d),
+                load(d, "b2", "u32(vo)")
+            );
+            let value = if acc {
+                let old = load_from(d, "b0", "dst", true);
+                match d {
+                    DType::Bool => format!("({old} || v)"),
+                    _ if d.is_float() => round_to(d, format!("({old} + v)")),
+                    _ => wrap(d, &format!("({old} + v)")),
+                }
+            } else {
+                "v".to_string()
+            };
+            let _ = writeln!(src, "    {}\n  }}", store(d, "b0", "dst", &value));
+        }
+    }
+    src.push_str("}\n");
+    src
+}
+
+/// A WGSL expression for the number of iteration positions below axis `ax` (the product of
+/// the inner extents).
+fn below(rank: usize, ax: usize, shape: usize) -> String {
+    let mut e = "1u".to_string();
+    for d in ax + 1..rank {
+        e = format!("{e} * params[{}]", shape + d);
+    }
+    format!("({e})")
+}

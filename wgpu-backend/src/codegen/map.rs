@@ -1,0 +1,369 @@
+//! `Map` kernels: one expression tree per output element. Three access paths, chosen per
+//! piece: vectorized (every operand a contiguous 32-bit dtype, aligned: one `vec4<u32>` load
+//! and store per operand for four elements), contiguous (offset = index) and strided (a
+//! rank-specialized decode of the index into each operand's offset).
+
+use super::expr::emit;
+use super::prelude::{dtypes_of, helpers};
+use super::{binding, compute_type, load, scalar_value, Caps, ENTRY, PARAMS};
+use crate::launch::{dense, split, window, Access, Piece, Window};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::ir::{Expr, KernelArgs};
+use strata_core::{DType, Error, Result};
+
+/// How a map reads the output's row-major position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Lin {
+    /// Not at all.
+    Unused,
+    /// As `base + invocation` (the piece is a run of consecutive positions).
+    Contiguous,
+    /// Decoded from the coordinates with per-axis strides.
+    Strided,
+}
+
+/// The structure of a map piece: what the generated source depends on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct MapSig {
+    pub expr: Expr,
+    /// Output dtype first, then the inputs'.
+    pub dtypes: Vec<DType>,
+    /// Per operand (output first): true when its offset is the invocation index.
+    pub contiguous: Vec<bool>,
+    pub lin: Lin,
+    pub scalars: Vec<DType>,
+    pub rank: usize,
+    /// Four elements per invocation through `vec4<u32>`.
+    pub vec4: bool,
+}
+
+/// One dispatch of a planned map.
+pub(crate) struct MapPiece<'a> {
+    pub sig: MapSig,
+    pub params: Vec<u32>,
+    pub windows: Vec<Window<'a>>,
+    pub threads: usize,
+}
+
+/// Word positions in `params`: numel, shape, per operand its offset (and strides), the linear
+/// index base (and strides), then two words per scalar.
+struct Words {
+    offset: Vec<usize>,
+    strides: Vec<Option<usize>>,
+    lin_base: usize,
+    lin_strides: usize,
+    scalars: usize,
+}
+
+fn words(sig: &MapSig) -> Words {
+    let mut w = 1 + sig.rank;
+    let mut offset = Vec::new();
+    let mut strides = Vec::new();
+    for &c in &sig.contiguous {
+        offset.push(w);
+        w += 1;
+        if c {
+            strides.push(None);
+        } else {
+            strides.push(Some(w));
+            w += sig.rank;
+        }
+    }
+    let lin_base = w;
+    if sig.lin != Lin::Unused {
+        w += 1;
+    }
+    let lin_strides = w;
+    if sig.lin == Lin::Strided {
+        w += sig.rank;
+    }
+    Words {
+        offset,
+        strides,
+        lin_base,
+        lin_strides,
+        scalars: w,
+    }
+}
+
+/// Splits a map launch into pieces that fit the binding limit and plans each.
+pub(crate) fn plan<'a>(
+    expr: &Expr,
+    args: &'a KernelArgs,
+    limit: u64,
+    align: u64,
+) -> Result<Vec<MapPiece<'a>>> {
+    let [out] = args.outputs.as_slice() else {
+        return Err(Error::Invalid("a map writes exactly one output".into()));
+    };
+    if out.layout.numel() == 0 {
+        return Ok(Vec::new());
+    }
+    let operands: Vec<_> = std::iter::once(out).chain(&args.inputs).collect();
+    for op in &operands[1..] {
+        if op.layout.shape() != out.layout.shape() {
+            return Err(Error::Shape(format!(
+                "map input of shape {:?} for an output of shape {:?}",
+                op.layout.shape(),
+                out.layout.shape()
+            )));
+        }
+    }
+    let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
+    let (shape, strides) = strata_core::layout::coalesce(out.layout.shape(), &strides);
+    let access: Vec<Access> = operands
+        .iter()
+        .zip(strides)
+        .map(|(o, s)| Access::of(o, s))
+        .collect::<Result<_>>()?;
+    let full_dense = dense(&shape);
+    let reads_lin = expr.reads_linear_index();
+    if reads_lin && out.layout.numel() > u32::MAX as usize {
+        return Err(Error::Unsupported(format!(
+            "wgpu: maps that read the position (arange, random) take at most 2^32 elements, not {}",
+            out.layout.numel()
+        )));
+    }
+    let mut pieces = Vec::new();
+    for p in split(&shape, &access, limit, align)? {
+        let pd = dense(&p.len);
+        let n: usize = p.len.iter().product();
+        let windows: Vec<Window> = access.iter().map(|a| window(a, &p, align)).collect();
+        let contiguous: Vec<bool> = access.iter().map(|a| a.strides == pd).collect();
+        let lin = if !reads_lin {
+            Lin::Unused
+        } else if full_dense
+            .iter()
+            .zip(&pd)
+            .zip(&p.len)
+            .all(|((f, d), &l)| l == 1 || f == d)
+        {
+            Lin::Contiguous
+        } else {
+            Lin::Strided
+        };
+        let vec4 = contiguous.iter().all(|&c| c)
+            && lin != Lin::Strided
+            && operands.iter().all(|o| o.dtype.itemsize() == 4)
+            && n % 4 == 0
+            && windows.iter().all(|w| w.rel_offset % 4 == 0);
+        let sig = MapSig {
+            expr: expr.clone(),
+            dtypes: operands.iter().map(|o| o.dtype).collect(),
+            contiguous,
+            lin,
+            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
+            rank: p.len.len(),
+            vec4,
+        };
+        let params = params(&sig, &p, &access, &windows, &full_dense, args);
+        let threads = if vec4 { n / 4 } else { n };
+        pieces.push(MapPiece {
+            sig,
+            params,
+            windows,
+            threads,
+        });
+    }
+    Ok(pieces)
+}
+
+fn params(
+    sig: &MapSig,
+    p: &Piece,
+    access: &[Access],
+    windows: &[Window],
+    full_dense: &[isize],
+    args: &KernelArgs,
+) -> Vec<u32> {
+    let w = words(sig);
+    let mut v = vec![0u32; w.scalars + 2 * args.scalars.len()];
+    v[0] = p.len.iter().product::<usize>() as u32;
+    for (d, &n) in p.len.iter().enumerate() {
+        v[1 + d] = n as u32;
+    }
+    for (k, a) in access.iter().enumerate() {
+        v[w.offset[k]] = windows[k].rel_offset as u32;
+        if let Some(s) = w.strides[k] {
+            for (d, &st) in a.strides.iter().enumerate() {
+                v[s + d] = st as i32 as u32;
+            }
+        }
+    }
+    if sig.lin != Lin::Unused {
+        let base: isize = p
+            .start
+            .iter()
+            .zip(full_dense)
+            .map(|(&s, &f)| s as isize * f)
+            .sum();
+        v[w.lin_base] = base as u32;
+        if sig.lin == Lin::Strided {
+            for (d, &f) in full_dense.iter().enumerate() {
+                v[w.lin_strides + d] = f as u32;
+            }
+        }
+    }
+    for (k, s) in args.scalars.iter().enumerate() {
+        let [lo, hi] = crate::launch::scalar_words(*s);
+        v[w.scalars + 2 * k] = lo;
+        v[w.scalars + 2 * k + 1] = hi;
+    }
+    v
+}
+
+/// The WGSL source of a map piece.
+pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
+    let w = words(sig);
+    let mut used = BTreeSet::new();
+    dtypes_of(&sig.expr, &mut used);
+    used.extend(sig.dtypes.iter().copied());
+    used.extend(sig.scalars.iter().copied());
+    let mut src = String::from(PARAMS);
+    for (k, &d) in sig.dtypes.iter().enumerate() {
+        if sig.vec4 {
+            let _ = writeln!(
+                src,
+                "@group(0) @binding({}) var<storage, read_write> b{k}: array<vec4<u32>>;",
+                k + 1
+            );
+        } else {
+            src.push_str(&binding(k, d, k == 0));
+        }
+    }
+    src.push_str(&helpers(&used, caps));
+    src.push_str(ENTRY);
+    let threads = if sig.vec4 {
+        "(params[0] / 4u)"
+    } else {
+        "params[0]"
+    };
+    let _ = writeln!(src, "  if (gid >= {threads}) {{ return; }}");
+    for (k, &d) in sig.scalars.iter().enumerate() {
+        let (lo, hi) = (w.scalars + 2 * k, w.scalars + 2 * k + 1);
+        let _ = writeln!(
+            src,
+            "  let s{k}lo = params[{lo}]; let s{k}hi = params[{hi}];"
+        );
+        let wide_ok = match d {
+            DType::U64 | DType::I64 => caps.int64,
+            DType::F64 => caps.f64,
+            _ => true,
+        };
+        if wide_ok {
+            let _ = writeln!(
+                src,
+                "  let s{k}: {} = {};",
+                compute_type(d),
+                scalar_value(d, &format!("s{k}lo"), &format!("s{k}hi"))
+            );
+        }
+    }
+    if sig.vec4 {
+        vec4_body(sig, &w, caps, &mut src)?;
+    } else {
+        offsets(sig, &w, &mut src);
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+            let _ = writeln!(
+                src,
+                "  let x{} = {};",
+                k - 1,
+                load(d, &format!("b{k}"), &format!("u32(o{k})"))
+            );
+        }
+        let mut next = 0;
+        let v = emit(&sig.expr, &mut src, &mut next, caps)?;
+        let _ = writeln!(
+            src,
+            "  {}",
+            super::store(sig.dtypes[0], "b0", "u32(o0)", &v)
+        );
+    }
+    src.push_str("}\n");
+    Ok(src)
+}
+
+/// Declares `o{k}` (each operand's element index) and `li` (the row-major position).
+fn offsets(sig: &MapSig, w: &Words, src: &mut String) {
+    for (k, &c) in sig.contiguous.iter().enumerate() {
+        if c {
+            let _ = writeln!(src, "  let o{k} = params[{}] + gid;", w.offset[k]);
+        } else {
+            let _ = writeln!(src, "  var o{k} = i32(params[{}]);", w.offset[k]);
+        }
+    }
+    match sig.lin {
+        Lin::Unused => {}
+        Lin::Contiguous => {
+            let _ = writeln!(src, "  let li = params[{}] + gid;", w.lin_base);
+        }
+        Lin::Strided => {
+            let _ = writeln!(src, "  var li = params[{}];", w.lin_base);
+        }
+    }
+    if sig.contiguous.iter().all(|&c| c) && sig.lin != Lin::Strided {
+        return;
+    }
+    let _ = writeln!(src, "  var rem = gid;");
+    for d in (0..sig.rank).rev() {
+        let c = if d == 0 {
+            "rem".to_string()
+        } else {
+            let _ = writeln!(
+                src,
+                "  let c{d} = rem % params[{}]; rem = rem / params[{}];",
+                1 + d,
+                1 + d
+            );
+            format!("c{d}")
+        };
+        for (k, s) in w.strides.iter().enumerate() {
+            if let Some(first) = s {
+                let _ = writeln!(
+                    src,
+                    "  o{k} = o{k} + i32({c}) * bitcast<i32>(params[{}]);",
+                    first + d
+                );
+            }
+        }
+        if sig.lin == Lin::Strided {
+            let _ = writeln!(src, "  li = li + {c} * params[{}];", w.lin_strides + d);
+        }
+    }
+}
+
+/// Four lanes of the tree on `vec4<u32>` words of 32-bit dtypes.
+fn vec4_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<()> {
+    for k in 0..sig.dtypes.len() {
+        let _ = writeln!(src, "  let q{k} = (params[{}] >> 2u) + gid;", w.offset[k]);
+    }
+    for k in 1..sig.dtypes.len() {
+        let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
+    }
+    let _ = writeln!(src, "  var r: vec4<u32>;");
+    for (lane, c) in ["x", "y", "z", "w"].iter().enumerate() {
+        src.push_str("  {\n");
+        if sig.lin != Lin::Unused {
+            let _ = writeln!(
+                src,
+                "  let li = params[{}] + gid * 4u + {lane}u;",
+                w.lin_base
+            );
+        }
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+            let word = format!("w{k}.{c}");
+            let v = match d {
+                DType::U32 => word,
+                _ => format!("bitcast<{}>({word})", compute_type(d)),
+            };
+            let _ = writeln!(src, "  let x{} = {v};", k - 1);
+        }
+        let mut next = 0;
+        let v = emit(&sig.expr, src, &mut next, caps)?;
+        let _ = writeln!(src, "  r.{c} = {};", super::bits_of(sig.dtypes[0], &v));
+        src.push_str("  }\n");
+    }
+    let _ = writeln!(src, "  b0[q0] = r;");
+    Ok(())
+}

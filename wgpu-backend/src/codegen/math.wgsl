@@ -1,0 +1,186 @@
+// strata's float functions for WGSL, written once for `$T` (f64, or f32 where the adapter has no
+// f64) so that every backend computes exp, log, sin, pow, erf, ... to the documented accuracy
+// (WGSL's builtins are loose, and Vulkan has no f64 transcendentals). `$L` is the literal suffix,
+// `$U` the same-width unsigned type. Taylor and atanh series after Cody–Waite range reduction.
+
+fn inf_$T() -> $T { return bitcast<$T>($INF_BITS); }
+fn nan_$T() -> $T { return bitcast<$T>($NAN_BITS); }
+fn signbit_$T(x: $T) -> bool { return (bitcast<$U>(x) >> $SIGN_SHIFT) != $ZERO_U; }
+fn isnan_$T(x: $T) -> bool { return (bitcast<$U>(x) & $ABS_MASK) > $INF_BITS; }
+fn isinf_$T(x: $T) -> bool { return (bitcast<$U>(x) & $ABS_MASK) == $INF_BITS; }
+fn copysign_$T(x: $T, s: $T) -> $T { return select(abs(x), -abs(x), signbit_$T(s)); }
+
+fn exp_$T(x: $T) -> $T {
+  if (isnan_$T(x)) { return x; }
+  if (x > 709.79$L) { return inf_$T(); }
+  if (x < -745.2$L) { return 0.0$L; }
+  let k = round(x * 1.4426950408889634$L);
+  let r = (x - k * 6.93147180369123816490e-01$L) - k * 1.90821492927058770002e-10$L;
+  var p = 1.0$L;
+  for (var i = 14; i >= 1; i--) { p = 1.0$L + p * r / $T(i); }
+  // Two steps keep the scale factor finite near the ends of the range.
+  let h = i32(k) / 2;
+  return ldexp(ldexp(p, h), i32(k) - h);
+}
+
+fn expm1_$T(x: $T) -> $T {
+  if (abs(x) < 0.5$L) {
+    var p = 1.0$L;
+    for (var i = 19; i >= 2; i--) { p = 1.0$L + p * x / $T(i); }
+    return x * p;
+  }
+  return exp_$T(x) - 1.0$L;
+}
+
+fn log_$T(x: $T) -> $T {
+  if (isnan_$T(x) || x < 0.0$L) { return nan_$T(); }
+  if (x == 0.0$L) { return -inf_$T(); }
+  if (isinf_$T(x)) { return x; }
+  let fr = frexp(x);
+  var m = fr.fract;
+  var e = $T(fr.exp);
+  if (m < 0.70710678118654752440$L) { m = m * 2.0$L; e = e - 1.0$L; }
+  let s = (m - 1.0$L) / (m + 1.0$L);
+  let s2 = s * s;
+  var p = 0.0$L;
+  for (var j = 12; j >= 0; j--) { p = 1.0$L / $T(2 * j + 1) + s2 * p; }
+  return 2.0$L * s * p + e * 1.90821492927058770002e-10$L + e * 6.93147180369123816490e-01$L;
+}
+
+fn log1p_$T(x: $T) -> $T {
+  if (isinf_$T(x) && x > 0.0$L) { return x; }
+  let u = 1.0$L + x;
+  if (u == 1.0$L) { return x; }
+  return log_$T(u) * x / (u - 1.0$L);
+}
+
+// (sin x, cos x).
+fn sincos_$T(x: $T) -> vec2<$T> {
+  if (isnan_$T(x) || isinf_$T(x)) { return vec2<$T>(nan_$T(), nan_$T()); }
+  let k = round(x * 0.63661977236758134308$L);
+  let r = ((x - k * 1.57079632673412561417e+00$L) - k * 6.07710050630396597660e-11$L)
+      - k * 2.02226624879595063154e-21$L;
+  let r2 = r * r;
+  var s = 1.0$L;
+  for (var i = 10; i >= 1; i--) { s = 1.0$L - s * r2 / $T((2 * i) * (2 * i + 1)); }
+  s = s * r;
+  var c = 1.0$L;
+  for (var i = 10; i >= 1; i--) { c = 1.0$L - c * r2 / $T((2 * i - 1) * (2 * i)); }
+  let q = i32(k) & 3;
+  if (q == 0) { return vec2<$T>(s, c); }
+  if (q == 1) { return vec2<$T>(c, -s); }
+  if (q == 2) { return vec2<$T>(-s, -c); }
+  return vec2<$T>(-c, s);
+}
+
+fn tanh_$T(x: $T) -> $T {
+  if (abs(x) > 22.0$L) { return copysign_$T(1.0$L, x); }
+  let t = expm1_$T(2.0$L * abs(x));
+  return copysign_$T(t / (t + 2.0$L), x);
+}
+
+fn atan_$T(x: $T) -> $T {
+  if (isnan_$T(x)) { return x; }
+  var a = abs(x);
+  let inv = a > 1.0$L;
+  if (inv) { a = 1.0$L / a; }
+  var base = 0.0$L;
+  if (a > 0.41421356237309504880$L) { a = (a - 1.0$L) / (a + 1.0$L); base = 0.78539816339744830962$L; }
+  let a2 = a * a;
+  var p = 0.0$L;
+  for (var j = 24; j >= 0; j--) { p = 1.0$L / $T(2 * j + 1) - a2 * p; }
+  var r = base + a * p;
+  if (inv) { r = 1.57079632679489661923$L - r; }
+  return copysign_$T(r, x);
+}
+
+fn atan2_$T(y: $T, x: $T) -> $T {
+  let pi = 3.14159265358979323846$L;
+  if (isnan_$T(x) || isnan_$T(y)) { return nan_$T(); }
+  if (y == 0.0$L) {
+    if (signbit_$T(x)) { return copysign_$T(pi, y); }
+    return y;
+  }
+  if (x == 0.0$L) { return copysign_$T(pi / 2.0$L, y); }
+  if (isinf_$T(x)) {
+    if (isinf_$T(y)) { return copysign_$T(select(pi / 4.0$L, 3.0$L * pi / 4.0$L, x < 0.0$L), y); }
+    return copysign_$T(select(0.0$L, pi, x < 0.0$L), y);
+  }
+  if (isinf_$T(y)) { return copysign_$T(pi / 2.0$L, y); }
+  let r = atan_$T(abs(y / x));
+  return copysign_$T(select(r, pi - r, x < 0.0$L), y);
+}
+
+fn erf_$T(x: $T) -> $T {
+  let ax = abs(x);
+  var v = 0.0$L;
+  if (ax < 2.5$L) {
+    var term = ax;
+    var sum = ax;
+    for (var n = 1; n < 90; n++) {
+      term = -term * ax * ax / $T(n);
+      sum = sum + term / $T(2 * n + 1);
+      if (abs(term) <= 1e-17$L * abs(sum)) { break; }
+    }
+    v = sum * 1.12837916709551257390$L;
+  } else {
+    v = 1.0$L - erfc_tail_$T(ax);
+  }
+  return copysign_$T(v, x);
+}
+
+// erfc(x) for x >= 2.5 by its continued fraction.
+fn erfc_tail_$T(x: $T) -> $T {
+  if (isinf_$T(x)) { return 0.0$L; }
+  var f = 0.0$L;
+  for (var k = 59; k >= 1; k--) { f = ($T(k) / 2.0$L) / (x + f); }
+  return exp_$T(-x * x) / (1.77245385090551602730$L * (x + f));
+}
+
+fn erfc_$T(x: $T) -> $T {
+  if (x >= 2.5$L) { return erfc_tail_$T(x); }
+  return 1.0$L - erf_$T(x);
+}
+
+fn pow_$T(x: $T, y: $T) -> $T {
+  if (y == 0.0$L || x == 1.0$L) { return 1.0$L; }
+  if (isnan_$T(x) || isnan_$T(y)) { return nan_$T(); }
+  let ax = abs(x);
+  if (isinf_$T(y)) {
+    if (ax == 1.0$L) { return 1.0$L; }
+    if ((ax < 1.0$L) == (y > 0.0$L)) { return 0.0$L; }
+    return inf_$T();
+  }
+  let y_int = floor(y) == y;
+  let y_odd = y_int && abs(y) < 9007199254740992.0$L && floor(y / 2.0$L) * 2.0$L != y;
+  if (isinf_$T(x) || x == 0.0$L) {
+    // |x|^y is inf or 0; the sign is x's for odd integer y.
+    let big = (isinf_$T(x)) == (y > 0.0$L);
+    let mag = select(0.0$L, inf_$T(), big);
+    return select(mag, copysign_$T(mag, x), y_odd);
+  }
+  if (x < 0.0$L && !y_int) { return nan_$T(); }
+  let r = exp_$T(y * log_$T(ax));
+  return select(r, -r, x < 0.0$L && y_odd);
+}
+
+// Python's modulo (the sign of the divisor), exact: the truncated quotient is corrected until
+// the fused remainder has x's sign and is smaller than |y|.
+fn rem_$T(x: $T, y: $T) -> $T {
+  if (isnan_$T(x) || isnan_$T(y) || isinf_$T(x) || y == 0.0$L) { return nan_$T(); }
+  var r = x;
+  if (!isinf_$T(y)) {
+    var n = trunc(x / y);
+    r = fma(-n, y, x);
+    let step = select(1.0$L, -1.0$L, signbit_$T(x) != signbit_$T(y));
+    if (r != 0.0$L && signbit_$T(r) != signbit_$T(x)) { n = n - step; r = fma(-n, y, x); }
+    if (abs(r) >= abs(y)) { n = n + step; r = fma(-n, y, x); }
+  }
+  if (r != 0.0$L && (r < 0.0$L) != (y < 0.0$L)) { r = r + y; }
+  return r;
+}
+
+fn tan_$T(x: $T) -> $T {
+  let sc = sincos_$T(x);
+  return sc.x / sc.y;
+}

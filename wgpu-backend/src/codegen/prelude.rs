@@ -1,0 +1,271 @@
+//! The WGSL helpers a kernel includes: 16-bit float conversions (integer code, rounding to
+//! nearest even on every driver), Philox, integer helpers per dtype (Python's floor division and
+//! modulo, powers, shifts, saturating arithmetic) and the float library of `math.wgsl`.
+
+use super::{compute_type, literal, wrap, Caps};
+use std::collections::BTreeSet;
+use strata_core::ir::{Expr, Node};
+use strata_core::DType;
+
+const HALF: &str = "
+fn f16_to_f32(h: u32) -> f32 {
+  let s = (h & 0x8000u) << 16u;
+  let e = (h >> 10u) & 0x1fu;
+  let m = h & 0x3ffu;
+  if (e == 0u) { return bitcast<f32>(s | bitcast<u32>(f32(m) * 5.9604644775390625e-8f)); }
+  if (e == 31u) { return bitcast<f32>(s | 0x7f800000u | (m << 13u)); }
+  return bitcast<f32>(s | ((e + 112u) << 23u) | (m << 13u));
+}
+fn f32_to_f16(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  let s = (b >> 16u) & 0x8000u;
+  let a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) { return s | 0x7e00u | ((a >> 13u) & 0x3ffu); }
+  if (a >= 0x477ff000u) { return s | 0x7c00u; }
+  if (a >= 0x38800000u) { return s | ((a + 0x0fffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u); }
+  return s | u32(round(bitcast<f32>(a) * 16777216.0f));
+}
+fn f32_to_bf16(x: f32) -> u32 {
+  let u = bitcast<u32>(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) { return (u >> 16u) | 0x40u; }
+  return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
+}
+fn round_f16(x: f32) -> f32 { return f16_to_f32(f32_to_f16(x)); }
+fn round_bf16(x: f32) -> f32 { return bitcast<f32>(f32_to_bf16(x) << 16u); }
+fn mulhi32(a: u32, b: u32) -> u32 {
+  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+  let p01 = a0 * b1; let p10 = a1 * b0;
+  let mid = ((a0 * b0) >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
+}
+// Philox4x32-10, word w of counter [c0, c1, 0, 0] under key [k0, k1].
+fn philox(key0: u32, key1: u32, ctr0: u32, ctr1: u32, w: u32) -> u32 {
+  var k0 = key0; var k1 = key1; var c0 = ctr0; var c1 = ctr1; var c2 = 0u; var c3 = 0u;
+  for (var round = 0; round < 10; round++) {
+    if (round > 0) { k0 = k0 + 0x9E3779B9u; k1 = k1 + 0xBB67AE85u; }
+    let hi0 = mulhi32(0xD2511F53u, c0); let lo0 = 0xD2511F53u * c0;
+    let hi1 = mulhi32(0xCD9E8D57u, c2); let lo1 = 0xCD9E8D57u * c2;
+    let n0 = hi1 ^ c1 ^ k0; let n2 = hi0 ^ c3 ^ k1;
+    c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
+  }
+  return select(select(select(c3, c2, w == 2u), c1, w == 1u), c0, w == 0u);
+}
+";
+
+const MATH: &str = include_str!("math.wgsl");
+
+/// The float type the math library runs in: f64 where the adapter has it.
+pub(crate) fn math_type(caps: Caps) -> &'static str {
+    if caps.f64 {
+        "f64"
+    } else {
+        "f32"
+    }
+}
+
+/// `math.wgsl` instantiated for `f64` or `f32`.
+fn math(caps: Caps) -> String {
+    let subs: [(&str, &str); 8] = if caps.f64 {
+        [
+            ("$INF_BITS", "0x7ff0000000000000lu"),
+            ("$NAN_BITS", "0x7ff8000000000000lu"),
+            ("$SIGN_SHIFT", "63u"),
+            ("$ZERO_U", "0lu"),
+            ("$ABS_MASK", concat!("0x7fffffffffffffff", "lu")),
+            ("$T", "f64"),
+            ("$U", "u64"),
+            ("$L", "lf"),
+        ]
+    } else {
+        [
+            ("$INF_BITS", "0x7f800000u"),
+            ("$NAN_BITS", "0x7fc00000u"),
+            ("$SIGN_SHIFT", "31u"),
+            ("$ZERO_U", "0u"),
+            ("$ABS_MASK", "0x7fffffffu"),
+            ("$T", "f32"),
+            ("$U", "u32"),
+            ("$L", "f"),
+        ]
+    };
+    let mut s = MATH.to_string();
+    for (k, v) in subs {
+        s = s.replace(k, v);
+    }
+    s
+}
+
+/// Every dtype a tree computes in (its nodes' and their operands').
+pub(crate) fn dtypes_of(e: &Expr, out: &mut BTreeSet<DType>) {
+    out.insert(e.dtype);
+    match &e.node {
+        Node::Input(_) | Node::Scalar(_) | Node::LinearIndex | Node::Philox { .. } => {}
+        Node::Cast { arg, .. } | Node::Unary(_, arg) => dtypes_of(arg, out),
+        Node::Binary(_, a, b) => {
+            dtypes_of(a, out);
+            dtypes_of(b, out);
+        }
+        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
+            dtypes_of(a, out);
+            dtypes_of(b, out);
+            dtypes_of(c, out);
+        }
+    }
+}
+
+/// The helpers for kernels computing in `dtypes`.
+pub(crate) fn helpers(dtypes: &BTreeSet<DType>, caps: Caps) -> String {
+    let mut s = String::from(HALF);
+    if dtypes.iter().any(|d| d.is_float()) {
+        s.push_str(&math(caps));
+    }
+    for &d in dtypes {
+        if d.is_int() {
+            s.push_str(&int_helpers(d));
+        }
+    }
+    s
+}
+
+/// Integer helpers for dtype `d`, named `<op>_<dtype>`.
+fn int_helpers(d: DType) -> String {
+    let t = compute_type(d);
+    let signed = t.starts_with('i');
+    let narrow = d.itemsize() < 4;
+    let bits = d.itemsize() * 8;
+    let (min, max) = super::int_range(d);
+    let l = |v: i128| literal(d, v);
+    let (z, one) = (l(0), l(1));
+    let (mn, mx) = (l(min), l(max));
+    let nm = d.name();
+    let mut out = format!(
+        "fn wrap_{nm}(x: {t}) -> {t} {{ return {}; }}\n",
+        wrap(d, "x")
+    );
+    let bits_l = l(bits as i128);
+    if signed {
+        let m1 = l(-1);
+        out += &format!(
+            "fn floordiv_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b == {z}) {{ return {z}; }}
+  if (b == {m1}) {{ return wrap_{nm}(-a); }}
+  let q = a / b;
+  if (q * b != a && ((a < {z}) != (b < {z}))) {{ return q - {one}; }}
+  return q;
+}}
+fn rem_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b == {z} || b == {m1}) {{ return {z}; }}
+  let r = a % b;
+  if (r != {z} && ((r < {z}) != (b < {z}))) {{ return r + b; }}
+  return r;
+}}
+fn pow_{nm}(base: {t}, e: {t}) -> {t} {{
+  if (e < {z}) {{
+    if (base == {one}) {{ return {one}; }}
+    if (base == {m1}) {{ return select(base, {one}, e % {l2} == {z}); }}
+    return {z};
+  }}
+  var acc = {one}; var a = base; var n = e;
+  loop {{
+    if (n <= {z}) {{ break; }}
+    if ((n & {one}) == {one}) {{ acc = wrap_{nm}(acc * a); }}
+    a = wrap_{nm}(a * a);
+    n = n >> 1u;
+  }}
+  return acc;
+}}
+fn shl_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b < {z} || b >= {bits_l}) {{ return {z}; }}
+  return wrap_{nm}(a << u32(b));
+}}
+fn shr_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b < {z} || b >= {bits_l}) {{ return select({z}, {m1}, a < {z}); }}
+  return a >> u32(b);
+}}
+fn divs_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b == {z}) {{ return {z}; }}
+  if (a == {mn} && b == {m1}) {{ return {mx}; }}
+  return a / b;
+}}
+fn negs_{nm}(a: {t}) -> {t} {{ return select(-a, {mx}, a == {mn}); }}
+",
+            l2 = l(2)
+        );
+        if narrow {
+            out += &format!(
+                "fn adds_{nm}(a: {t}, b: {t}) -> {t} {{ return clamp(a + b, {mn}, {mx}); }}
+fn subs_{nm}(a: {t}, b: {t}) -> {t} {{ return clamp(a - b, {mn}, {mx}); }}
+fn muls_{nm}(a: {t}, b: {t}) -> {t} {{ return clamp(a * b, {mn}, {mx}); }}
+"
+            );
+        } else {
+            out += &format!(
+                "fn adds_{nm}(a: {t}, b: {t}) -> {t} {{
+  let r = a + b;
+  if (((a ^ r) & (b ^ r)) < {z}) {{ return select({mx}, {mn}, a < {z}); }}
+  return r;
+}}
+fn subs_{nm}(a: {t}, b: {t}) -> {t} {{
+  let r = a - b;
+  if (((a ^ b) & (a ^ r)) < {z}) {{ return select({mx}, {mn}, a < {z}); }}
+  return r;
+}}
+fn muls_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (a == {z} || b == {z}) {{ return {z}; }}
+  let r = a * b;
+  if (r / b != a || (a == {m1} && b == {mn}) || (b == {m1} && a == {mn})) {{
+    return select({mx}, {mn}, (a < {z}) != (b < {z}));
+  }}
+  return r;
+}}
+",
+                m1 = l(-1)
+            );
+        }
+    } else {
+        out += &format!(
+            "fn floordiv_{nm}(a: {t}, b: {t}) -> {t} {{ if (b == {z}) {{ return {z}; }} return a / b; }}
+fn rem_{nm}(a: {t}, b: {t}) -> {t} {{ if (b == {z}) {{ return {z}; }} return a % b; }}
+fn pow_{nm}(base: {t}, e: {t}) -> {t} {{
+  var acc = {one}; var a = base; var n = e;
+  loop {{
+    if (n == {z}) {{ break; }}
+    if ((n & {one}) == {one}) {{ acc = wrap_{nm}(acc * a); }}
+    a = wrap_{nm}(a * a);
+    n = n >> 1u;
+  }}
+  return acc;
+}}
+fn shl_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b >= {bits_l}) {{ return {z}; }}
+  return wrap_{nm}(a << u32(b));
+}}
+fn shr_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (b >= {bits_l}) {{ return {z}; }}
+  return a >> u32(b);
+}}
+fn divs_{nm}(a: {t}, b: {t}) -> {t} {{ if (b == {z}) {{ return {z}; }} return a / b; }}
+fn negs_{nm}(a: {t}) -> {t} {{ return {z}; }}
+fn subs_{nm}(a: {t}, b: {t}) -> {t} {{ return select(a - b, {z}, a < b); }}
+"
+        );
+        if narrow {
+            out += &format!(
+                "fn adds_{nm}(a: {t}, b: {t}) -> {t} {{ return min(a + b, {mx}); }}
+fn muls_{nm}(a: {t}, b: {t}) -> {t} {{ return min(a * b, {mx}); }}
+"
+            );
+        } else {
+            out += &format!(
+                "fn adds_{nm}(a: {t}, b: {t}) -> {t} {{ let r = a + b; return select(r, {mx}, r < a); }}
+fn muls_{nm}(a: {t}, b: {t}) -> {t} {{
+  if (a == {z}) {{ return {z}; }}
+  let r = a * b;
+  return select(r, {mx}, r / a != b);
+}}
+"
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,251 @@
+//! `Reduce` kernels. An output is reduced by one invocation (short extents) or by a workgroup of
+//! 256 (a strided loop, then a tree in workgroup memory). Long extents with few outputs, and
+//! inputs larger than a storage binding, are cut into equal chunks along the first reduced
+//! axis: each chunk writes a partial result (and, for argmin/argmax, its position), and a
+//! second launch combines the partials.
+
+use super::prelude::helpers;
+use super::{
+    binding, cast, compute_type, literal, load, round_to, store, wrap, Caps, ENTRY, PARAMS,
+};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::ir::ReduceOp;
+use strata_core::DType;
+
+/// The structure of a reduce launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ReduceSig {
+    pub op: ReduceOp,
+    pub acc: DType,
+    /// The dtype read (the input's, or `acc` when combining partials).
+    pub input: DType,
+    /// The dtype written (the output's, or `acc` for partials).
+    pub output: DType,
+    pub outer_rank: usize,
+    pub reduced_rank: usize,
+    /// A workgroup per output (else an invocation per output).
+    pub group: bool,
+    /// Reads partials (values and, for arg ops, positions) instead of elements.
+    pub combine: bool,
+    /// Writes partials (values and, for arg ops, positions).
+    pub partial: bool,
+}
+
+/// Word positions: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
+/// [4] output offset, [5] index-buffer offset, then outer shape, reduced shape, input outer
+/// strides, output outer strides, input reduced strides.
+pub(crate) struct Words {
+    pub outer_shape: usize,
+    pub reduced_shape: usize,
+    pub in_outer: usize,
+    pub out_outer: usize,
+    pub in_reduced: usize,
+    pub len: usize,
+}
+
+pub(crate) fn words(ro: usize, rr: usize) -> Words {
+    let outer_shape = 6;
+    let reduced_shape = outer_shape + ro;
+    let in_outer = reduced_shape + rr;
+    let out_outer = in_outer + ro;
+    let in_reduced = out_outer + ro;
+    Words {
+        outer_shape,
+        reduced_shape,
+        in_outer,
+        out_outer,
+        in_reduced,
+        len: in_reduced + rr,
+    }
+}
+
+/// The number of tensor bindings of a launch with `sig`.
+pub(crate) fn bindings(sig: &ReduceSig) -> usize {
+    let arg = sig.op.returns_index();
+    2 + usize::from(arg && sig.partial) + usize::from(arg && sig.combine)
+}
+
+fn identity(op: ReduceOp, acc: DType) -> String {
+    match op {
+        ReduceOp::Prod | ReduceOp::All => literal(acc, 1),
+        _ => literal(acc, 0),
+    }
+}
+
+/// WGSL statements folding value `v` at position `i` into `(acc, best, has)`.
+fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
+    let nan = |x: &str| {
+        if acc.is_float() {
+            super::is_nan(acc, x)
+        } else {
+            "false".into()
+        }
+    };
+    let upd = match op {
+        ReduceOp::Sum => match acc {
+            DType::Bool => format!("acc = acc || {v};"),
+            _ if acc.is_float() => format!("acc = {};", round_to(acc, format!("acc + {v}"))),
+            _ => format!("acc = {};", wrap(acc, &format!("acc + {v}"))),
+        },
+        ReduceOp::Prod => match acc {
+            DType::Bool => format!("acc = acc && {v};"),
+            _ if acc.is_float() => format!("acc = {};", round_to(acc, format!("acc * {v}"))),
+            _ => format!("acc = {};", wrap(acc, &format!("acc * {v}"))),
+        },
+        ReduceOp::Any => format!("acc = acc || ({} );", truthy(acc, v)),
+        ReduceOp::All => format!("acc = acc && ({} );", truthy(acc, v)),
+        ReduceOp::Min | ReduceOp::Max => {
+            let f = if op == ReduceOp::Min { "min" } else { "max" };
+            let pick = match acc {
+                DType::Bool if op == ReduceOp::Min => format!("acc && {v}"),
+                DType::Bool => format!("acc || {v}"),
+                _ => format!("{f}(acc, {v})"),
+            };
+            format!(
+                "if (!has || {}) {{ acc = {v}; }} else if (!{}) {{ acc = {pick}; }}",
+                nan(v),
+                nan("acc")
+            )
+        }
+        ReduceOp::ArgMin | ReduceOp::ArgMax => {
+            let cmp = if op == ReduceOp::ArgMin { "<" } else { ">" };
+            let (a, b) = if acc == DType::Bool {
+                (
+                    "select(0u, 1u, acc)".to_string(),
+                    format!("select(0u, 1u, {v})"),
+                )
+            } else {
+                ("acc".to_string(), v.to_string())
+            };
+            format!(
+                "{{ let an = {}; let bn = {}; var take = !has; \
+                 if (has) {{ if (an) {{ take = bn && {i} < best; }} else if (bn) {{ take = true; }} \
+                 else {{ take = {b} {cmp} {a} || ({b} == {a} && {i} < best); }} }} \
+                 if (take) {{ acc = {v}; best = {i}; }} }}",
+                nan("acc"),
+                nan(v)
+            )
+        }
+    };
+    format!("{upd} has = true;")
+}
+
+fn truthy(d: DType, v: &str) -> String {
+    super::ne_zero(d, v)
+}
+
+/// The WGSL source of a reduce launch.
+pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
+    let w = words(sig.outer_rank, sig.reduced_rank);
+    let at = compute_type(sig.acc);
+    let arg = sig.op.returns_index();
+    let mut used = BTreeSet::from([sig.acc, sig.input, sig.output]);
+    if arg {
+        used.insert(DType::U32);
+    }
+    let mut src = String::from(PARAMS);
+    src.push_str(&binding(0, sig.output, true));
+    src.push_str(&binding(1, sig.input, false));
+    let mut slot = 2;
+    let idx_out = (arg && sig.partial).then(|| {
+        let s = slot;
+        slot += 1;
+        src.push_str(&binding(s, DType::U32, false));
+        s
+    });
+    let idx_in = (arg && sig.combine).then(|| {
+        let s = slot;
+        src.push_str(&binding(s, DType::U32, false));
+        s
+    });
+    src.push_str(&helpers(&used, caps));
+    if sig.group {
+        let _ = writeln!(
+            src,
+            "var<workgroup> shv: array<{at}, 256>;\nvar<workgroup> shi: array<u32, 256>;\nvar<workgroup> shh: array<u32, 256>;"
+        );
+    }
+    src.push_str(ENTRY);
+    if sig.group {
+        src.push_str("  let o = wg.y * nwg.x + wg.x;\n  let tid = lid;\n  let step = 256u;\n");
+    } else {
+        src.push_str("  let o = gid;\n  let tid = 0u;\n  let step = 1u;\n");
+    }
+    src.push_str("  if (o >= params[0]) { return; }\n");
+    // Outer coordinates → input base and output offset.
+    let _ = writeln!(
+        src,
+        "  var ib = i32(params[3]);\n  var ob = i32(params[4]);\n  var rem = o;"
+    );
+    for d in (0..sig.outer_rank).rev() {
+        let _ = writeln!(
+            src,
+            "  {{ let c = rem % params[{s}]; rem = rem / params[{s}]; \
+             ib = ib + i32(c) * bitcast<i32>(params[{}]); ob = ob + i32(c) * bitcast<i32>(params[{}]); }}",
+            w.in_outer + d,
+            w.out_outer + d,
+            s = w.outer_shape + d
+        );
+    }
+    let _ = writeln!(
+        src,
+        "  var acc: {at} = {};\n  var best = 0u;\n  var has = false;",
+        identity(sig.op, sig.acc)
+    );
+    src.push_str(
+        "  for (var r = tid; r < params[1]; r = r + step) {\n    var off = ib;\n    var rr = r;\n",
+    );
+    for d in (0..sig.reduced_rank).rev() {
+        let _ = writeln!(
+            src,
+            "    {{ let c = rr % params[{s}]; rr = rr / params[{s}]; off = off + i32(c) * bitcast<i32>(params[{}]); }}",
+            w.in_reduced + d,
+            s = w.reduced_shape + d
+        );
+    }
+    let x = load(sig.input, "b1", "u32(off)");
+    let v = if sig.combine {
+        x
+    } else {
+        cast(&x, sig.input, sig.acc, false)
+    };
+    let _ = writeln!(src, "    let v: {at} = {v};");
+    let pos = match idx_in {
+        Some(s) => format!("b{s}[u32(off)]"),
+        None => "(params[2] + r)".to_string(),
+    };
+    let _ = writeln!(
+        src,
+        "    let pos = {pos};\n    {}\n  }}",
+        fold(sig.op, sig.acc, "v", "pos")
+    );
+    if sig.group {
+        src.push_str(
+            "  shv[lid] = acc; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n  workgroupBarrier();\n",
+        );
+        src.push_str("  for (var s = 128u; s > 0u; s = s >> 1u) {\n    if (lid < s) {\n");
+        let _ = writeln!(
+            src,
+            "      acc = shv[lid]; best = shi[lid]; has = shh[lid] != 0u;\n      \
+             if (shh[lid + s] != 0u) {{ let v = shv[lid + s]; let pos = shi[lid + s]; {} }}\n      \
+             shv[lid] = acc; shi[lid] = best; shh[lid] = select(0u, 1u, has);",
+            fold(sig.op, sig.acc, "v", "pos")
+        );
+        src.push_str("    }\n    workgroupBarrier();\n  }\n  if (lid != 0u) { return; }\n");
+        src.push_str("  acc = shv[0]; best = shi[0];\n");
+    }
+    if sig.partial {
+        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", "acc"));
+        if let Some(s) = idx_out {
+            let _ = writeln!(src, "  b{s}[u32(ob)] = best;");
+        }
+    } else if arg {
+        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", "i64(best)"));
+    } else {
+        let out = cast("acc", sig.acc, sig.output, false);
+        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", &out));
+    }
+    src.push_str("}\n");
+    src
+}

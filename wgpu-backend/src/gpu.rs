@@ -1,0 +1,623 @@
+//! The adapter, device and queue, and the command batch: dispatches are recorded into one
+//! command encoder and submitted together at a sync point, a host read, or every
+//! [`MAX_BATCH`] dispatches. Launch values go into one `params` buffer per batch, each dispatch
+//! binding its slice at a dynamic offset.
+
+use crate::codegen::Caps;
+use crate::launch::Window;
+use std::collections::HashMap;
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+use strata_core::{Error, EventId, Result};
+
+/// Dispatches recorded before a batch is submitted on its own.
+pub(crate) const MAX_BATCH: usize = 256;
+/// Bytes of `params` one dispatch may bind.
+const PARAMS_BINDING: u64 = 4096;
+/// Bytes of the `params` buffer (one batch's launch values).
+const PARAMS_CAPACITY: u64 = 4 << 20;
+/// Timestamp slots (events with timing cycle through them).
+const TIMESTAMP_SLOTS: u32 = 4096;
+
+/// An adapter as [`adapters`](crate::adapters) lists it.
+///
+/// ```
+/// for a in strata_wgpu::adapters() {
+///     println!("{} ({:?}): f64 {}", a.name, a.backend, a.features.contains(wgpu::Features::SHADER_F64));
+/// }
+/// ```
+#[derive(Debug, Clone)]
+pub struct AdapterSummary {
+    /// The adapter's name.
+    pub name: String,
+    /// Vulkan, Metal, DX12, ...
+    pub backend: wgpu::Backend,
+    /// Integrated, discrete, CPU, ...
+    pub device_type: wgpu::DeviceType,
+    /// The optional features it offers.
+    pub features: wgpu::Features,
+    /// Its limits.
+    pub limits: wgpu::Limits,
+}
+
+pub(crate) struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub caps: Caps,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    params: wgpu::Buffer,
+    layouts: Mutex<HashMap<usize, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
+    batch: Mutex<Batch>,
+    timestamps: Option<wgpu::QuerySet>,
+    uncaptured: Arc<Mutex<Vec<String>>>,
+}
+
+#[derive(Default)]
+struct Batch {
+    encoder: Option<wgpu::CommandEncoder>,
+    params: Vec<u8>,
+    ops: usize,
+    /// Sequence number of the batch being recorded.
+    seq: u64,
+    last_submitted: Option<wgpu::SubmissionIndex>,
+    events: HashMap<u64, EventState>,
+    next_event: u64,
+    next_slot: u32,
+}
+
+struct EventState {
+    seq: u64,
+    index: Option<wgpu::SubmissionIndex>,
+    slot: Option<u32>,
+}
+
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if std::env::var_os("WGPU_BACKEND").is_none() {
+        desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
+    }
+    wgpu::Instance::new(desc)
+}
+
+/// Every adapter wgpu finds.
+pub(crate) fn adapters() -> Vec<AdapterSummary> {
+    let inst = instance();
+    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .map(|a| {
+            let info = a.get_info();
+            AdapterSummary {
+                name: info.name,
+                backend: info.backend,
+                device_type: info.device_type,
+                features: a.features(),
+                limits: a.limits(),
+            }
+        })
+        .collect()
+}
+
+impl Gpu {
+    /// Opens the adapter named by `STRATA_WGPU_ADAPTER` (a substring of its name or its backend),
+    /// else the high-performance one.
+    pub(crate) fn open() -> Result<Gpu> {
+        let inst = instance();
+        let wanted = std::env::var("STRATA_WGPU_ADAPTER")
+            .ok()
+            .filter(|s| !s.trim().is_empty());
+        let adapter =
+            match &wanted {
+                Some(w) => {
+                    let w = w.to_ascii_lowercase();
+                    pollster::block_on(inst.enumerate_adapters(wgpu::Backends::all()))
+                        .into_iter()
+                        .find(|a| {
+                            let i = a.get_info();
+                            i.name.to_ascii_lowercase().contains(&w)
+                                || format!("{:?}", i.backend).to_ascii_lowercase() == w
+                        })
+                        .ok_or_else(|| {
+                            Error::DeviceUnavailable(format!(
+                            "wgpu: no adapter matches STRATA_WGPU_ADAPTER={w:?}; adapters: {:?}",
+                            adapters().iter().map(|a| a.name.clone()).collect::<Vec<_>>()
+                        ))
+                        })?
+                }
+                None => pollster::block_on(inst.request_adapter(&wgpu::RequestAdapterOptions {
+                    power_preference: wgpu::PowerPreference::HighPerformance,
+                    ..Default::default()
+                }))
+                .map_err(|e| {
+                    Error::DeviceUnavailable(format!(
+                        "wgpu: no adapter found ({e}); install a Vulkan driver (on Debian: \
+                     apt-get install mesa-vulkan-drivers libvulkan1) or use Device::cpu()"
+                    ))
+                })?,
+            };
+        let info = adapter.get_info();
+        let offered = adapter.features();
+        let wanted_features = wgpu::Features::SHADER_F16
+            | wgpu::Features::SHADER_F64
+            | wgpu::Features::SHADER_INT64
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::SUBGROUP;
+        let features = offered & wanted_features;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("strata"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::DeviceUnavailable(format!("wgpu: {}: {e}", info.name)))?;
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(describe(&e));
+        }));
+        let int64 = features.contains(wgpu::Features::SHADER_INT64);
+        let caps = Caps {
+            int64,
+            f64: int64 && features.contains(wgpu::Features::SHADER_F64),
+        };
+        let params = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("strata params"),
+            size: PARAMS_CAPACITY,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let timestamps = features.contains(wgpu::Features::TIMESTAMP_QUERY).then(|| {
+            device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("strata events"),
+                ty: wgpu::QueryType::Timestamp,
+                count: TIMESTAMP_SLOTS,
+            })
+        });
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            caps,
+            limits,
+            features,
+            params,
+            layouts: Mutex::new(HashMap::new()),
+            batch: Mutex::new(Batch::default()),
+            timestamps,
+            uncaptured,
+        })
+    }
+
+    fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bind group and pipeline layouts for kernels with `tensors` tensor bindings.
+    pub(crate) fn layout(
+        &self,
+        tensors: usize,
+    ) -> Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut map = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(tensors)
+            .or_insert_with(|| {
+                let storage =
+                    |binding: u32, read_only: bool, dynamic: bool| wgpu::BindGroupLayoutEntry {
+                        binding,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage { read_only },
+                            has_dynamic_offset: dynamic,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    };
+                let mut entries = vec![storage(0, true, true)];
+                entries.extend((0..tensors).map(|k| storage(k as u32 + 1, false, false)));
+                let bgl = self
+                    .device
+                    .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: None,
+                        entries: &entries,
+                    });
+                let pl = self
+                    .device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: None,
+                        bind_group_layouts: &[Some(&bgl)],
+                        immediate_size: 0,
+                    });
+                Arc::new((bgl, pl))
+            })
+            .clone()
+    }
+
+    /// Compiles a compute pipeline from WGSL `source` with `tensors` tensor bindings; shader
+    /// errors come back as `Err` with the source's first lines for context.
+    pub(crate) fn pipeline(&self, source: &str, tensors: usize) -> Result<wgpu::ComputePipeline> {
+        let layout = self.layout(tensors);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: None,
+                layout: Some(&layout.1),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Backend(format!(
+                "wgpu ({}): a generated shader failed: {}",
+                self.info.name,
+                describe(&e)
+            )));
+        }
+        Ok(pipeline)
+    }
+
+    /// Records one dispatch of `threads` invocations (256 per workgroup) of `pipeline`.
+    pub(crate) fn dispatch(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        params: &[u32],
+        windows: &[Window],
+        threads: usize,
+    ) -> Result<()> {
+        if threads == 0 {
+            return Ok(());
+        }
+        let groups = threads.div_ceil(256) as u64;
+        let max = self.limits.max_compute_workgroups_per_dimension as u64;
+        let x = groups.min(max);
+        let y = groups.div_ceil(x);
+        if y > max {
+            return Err(Error::Unsupported(format!(
+                "a launch of {threads} invocations exceeds {max}×{max} workgroups"
+            )));
+        }
+        let bytes: &[u8] = bytemuck::cast_slice(params);
+        if bytes.len() as u64 > PARAMS_BINDING {
+            return Err(Error::Unsupported(format!(
+                "a launch needs {} bytes of parameters (at most {PARAMS_BINDING})",
+                bytes.len()
+            )));
+        }
+        let layout = self.layout(windows.len());
+        let mut b = self.batch();
+        let align = self.limits.min_storage_buffer_offset_alignment as u64;
+        let mut at = (b.params.len() as u64).div_ceil(align) * align;
+        if at + PARAMS_BINDING > PARAMS_CAPACITY || b.ops >= MAX_BATCH {
+            self.flush_locked(&mut b)?;
+            at = 0;
+        }
+        b.params.resize(at as usize, 0);
+        b.params.extend_from_slice(bytes);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.params,
+                offset: 0,
+                size: NonZeroU64::new(PARAMS_BINDING),
+            }),
+        }];
+        for (k, w) in windows.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: k as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: w.buffer,
+                    offset: w.byte_offset,
+                    size: NonZeroU64::new(w.byte_size.max(4)),
+                }),
+            });
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout.0,
+            entries: &entries,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(Error::Backend(format!(
+                "wgpu ({}): {}",
+                self.info.name,
+                describe(&e)
+            )));
+        }
+        let enc = b.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &group, &[at as u32]);
+            pass.dispatch_workgroups(x as u32, y as u32, 1);
+        }
+        b.ops += 1;
+        Ok(())
+    }
+
+    /// Records a buffer-to-buffer copy (offsets and size multiples of 4).
+    pub(crate) fn copy(
+        &self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        size: u64,
+    ) {
+        let mut b = self.batch();
+        let enc = b.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size);
+        b.ops += 1;
+    }
+
+    fn flush_locked(&self, b: &mut Batch) -> Result<()> {
+        let Some(enc) = b.encoder.take() else {
+            return Ok(());
+        };
+        if !b.params.is_empty() {
+            let len = b.params.len().div_ceil(4) * 4;
+            b.params.resize(len, 0);
+            self.queue.write_buffer(&self.params, 0, &b.params);
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let index = self.queue.submit([enc.finish()]);
+        let err = pollster::block_on(scope.pop());
+        let seq = b.seq;
+        for ev in b.events.values_mut() {
+            if ev.seq == seq {
+                ev.index = Some(index.clone());
+            }
+        }
+        b.last_submitted = Some(index);
+        b.params.clear();
+        b.ops = 0;
+        b.seq += 1;
+        match err {
+            Some(e) => Err(Error::Backend(format!(
+                "wgpu ({}): {}",
+                self.info.name,
+                describe(&e)
+            ))),
+            None => self.take_uncaptured(),
+        }
+    }
+
+    fn take_uncaptured(&self) -> Result<()> {
+        let mut errs = self.uncaptured.lock().unwrap_or_else(|p| p.into_inner());
+        if errs.is_empty() {
+            return Ok(());
+        }
+        let msg = errs.join("; ");
+        errs.clear();
+        Err(Error::Backend(format!("wgpu ({}): {msg}", self.info.name)))
+    }
+
+    /// Blocks until submission `index` (or everything submitted) completes.
+    fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: index,
+                timeout: None,
+            })
+            .map(|_| ())
+            .map_err(|e| Error::Backend(format!("wgpu ({}): {e}", self.info.name)))
+    }
+
+    /// Submits everything and waits for it.
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        let index = {
+            let mut b = self.batch();
+            self.flush_locked(&mut b)?;
+            b.last_submitted.clone()
+        };
+        if index.is_some() {
+            self.wait(index)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `len` bytes at `offset` of `src` to the host: the copy joins the batch, the batch
+    /// is submitted, and only that submission is waited for.
+    pub(crate) fn read(&self, src: &wgpu::Buffer, offset: u64, len: usize) -> Result<Vec<u8>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let start = offset / 4 * 4;
+        let end = (offset + len as u64).div_ceil(4) * 4;
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("strata readback"),
+            size: end - start,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let index = {
+            let mut b = self.batch();
+            let enc = b.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+            enc.copy_buffer_to_buffer(src, start, &staging, 0, end - start);
+            self.flush_locked(&mut b)?;
+            b.last_submitted.clone()
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait(index)?;
+        rx.recv()
+            .map_err(|_| Error::Backend("wgpu: a readback was dropped".into()))?
+            .map_err(|e| Error::Backend(format!("wgpu ({}): readback: {e}", self.info.name)))?;
+        let data = staging
+            .get_mapped_range(..)
+            .map_err(|e| Error::Backend(format!("wgpu: readback: {e}")))?;
+        let skip = (offset - start) as usize;
+        Ok(data[skip..skip + len].to_vec())
+    }
+
+    /// Writes `data` at `offset` of `dst` in stream order (through a staging buffer copied in
+    /// the batch). Unaligned edges are merged with the bytes already there.
+    pub(crate) fn write(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let start = offset / 4 * 4;
+        let end = (offset + data.len() as u64).div_ceil(4) * 4;
+        let mut bytes = if start != offset || end != offset + data.len() as u64 {
+            // Edge words hold neighbouring elements: keep their current bytes.
+            self.read(dst, start, (end - start) as usize)?
+        } else {
+            vec![0; (end - start) as usize]
+        };
+        let skip = (offset - start) as usize;
+        bytes[skip..skip + data.len()].copy_from_slice(data);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("strata upload"),
+            size: end - start,
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        staging
+            .get_mapped_range_mut(..)
+            .map_err(|e| Error::Backend(format!("wgpu: upload: {e}")))?
+            .copy_from_slice(&bytes);
+        staging.unmap();
+        self.copy(&staging, 0, dst, start, end - start);
+        Ok(())
+    }
+
+    /// Records an event after the work recorded so far (a timestamp where the adapter has
+    /// them).
+    pub(crate) fn record_event(&self) -> EventId {
+        let mut b = self.batch();
+        let slot = self.timestamps.as_ref().map(|qs| {
+            let slot = b.next_slot;
+            b.next_slot = (b.next_slot + 1) % TIMESTAMP_SLOTS;
+            let enc = b.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: qs,
+                    beginning_of_pass_write_index: Some(slot),
+                    end_of_pass_write_index: None,
+                }),
+            });
+            drop(pass);
+            slot
+        });
+        let id = b.next_event;
+        b.next_event += 1;
+        let state = if b.encoder.is_some() {
+            EventState {
+                seq: b.seq,
+                index: None,
+                slot,
+            }
+        } else {
+            EventState {
+                seq: u64::MAX,
+                index: b.last_submitted.clone(),
+                slot,
+            }
+        };
+        b.events.insert(id, state);
+        EventId(id)
+    }
+
+    /// Waits for the work before `event`.
+    pub(crate) fn synchronize_event(&self, event: EventId) -> Result<()> {
+        let index = {
+            let mut b = self.batch();
+            let seq = match b.events.get(&event.0) {
+                Some(e) => e.seq,
+                None => return Err(Error::Invalid(format!("unknown event {}", event.0))),
+            };
+            if seq == b.seq {
+                self.flush_locked(&mut b)?;
+            }
+            b.events.get(&event.0).and_then(|e| e.index.clone())
+        };
+        if index.is_some() {
+            self.wait(index)?;
+        }
+        Ok(())
+    }
+
+    /// Milliseconds between two events, from their timestamps.
+    pub(crate) fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64> {
+        let Some(qs) = &self.timestamps else {
+            return Err(Error::Unsupported(format!(
+                "wgpu ({}): this adapter has no TIMESTAMP_QUERY, so events cannot be timed",
+                self.info.name
+            )));
+        };
+        self.synchronize_event(start)?;
+        self.synchronize_event(end)?;
+        let slots = {
+            let b = self.batch();
+            let slot = |e: EventId| b.events.get(&e.0).and_then(|s| s.slot);
+            (slot(start), slot(end))
+        };
+        let (Some(a), Some(z)) = slots else {
+            return Err(Error::Invalid("unknown event".into()));
+        };
+        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("strata timestamps"),
+            size: 512,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        {
+            let mut b = self.batch();
+            let enc = b.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+            });
+            enc.resolve_query_set(qs, a..a + 1, &resolve, 0);
+            // Resolve destinations are 256-byte aligned.
+            enc.resolve_query_set(qs, z..z + 1, &resolve, 256);
+        }
+        let bytes = self.read(&resolve, 0, 264)?;
+        let t0 = u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes"));
+        let t1 = u64::from_le_bytes(bytes[256..264].try_into().expect("8 bytes"));
+        let period = self.queue.get_timestamp_period() as f64;
+        Ok((t1 as f64 - t0 as f64) * period / 1e6)
+    }
+
+    pub(crate) fn destroy_event(&self, event: EventId) {
+        self.batch().events.remove(&event.0);
+    }
+}
+
+/// A wgpu error with its chain of sources (its `Display` says only "Validation Error").
+fn describe(e: &wgpu::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}

@@ -1,0 +1,177 @@
+//! What every kernel launch shares: splitting a launch into pieces whose operands fit the
+//! storage-binding limit, the binding window of each operand, and the pipeline cache.
+
+use crate::memory::WgpuBuffer;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use strata_core::ir::Operand;
+use strata_core::{Error, Result, Scalar};
+
+/// One operand of a launch as the splitter sees it: strides and offset in elements over the
+/// launch's iteration shape, and the element size.
+#[derive(Debug, Clone)]
+pub(crate) struct Access<'a> {
+    pub buffer: &'a WgpuBuffer,
+    pub strides: Vec<isize>,
+    pub offset: usize,
+    pub itemsize: usize,
+}
+
+impl<'a> Access<'a> {
+    /// `op` over iteration strides `strides` (already permuted/coalesced by the caller).
+    pub(crate) fn of(op: &'a Operand, strides: Vec<isize>) -> Result<Access<'a>> {
+        Ok(Access {
+            buffer: WgpuBuffer::of(op.buffer.as_ref())?,
+            strides,
+            offset: op.layout.offset(),
+            itemsize: op.dtype.itemsize(),
+        })
+    }
+}
+
+/// A box of the iteration space: `start[d] .. start[d] + len[d]` per axis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Piece {
+    pub start: Vec<usize>,
+    pub len: Vec<usize>,
+}
+
+/// The part of a buffer bound for one operand of one piece, and the operand's first element
+/// relative to it.
+#[derive(Debug, Clone)]
+pub(crate) struct Window<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub byte_offset: u64,
+    pub byte_size: u64,
+    /// Element offset of the piece's first element within the window.
+    pub rel_offset: usize,
+}
+
+/// Element range `[lo, hi]` that `a` touches over piece `p`, and its base element.
+fn reach(a: &Access, p: &Piece) -> (isize, isize, isize) {
+    let mut base = a.offset as isize;
+    let (mut lo, mut hi) = (0isize, 0isize);
+    for ((&s, &st), &n) in p.start.iter().zip(&a.strides).zip(&p.len) {
+        base += s as isize * st;
+        let ext = (n.max(1) as isize - 1) * st;
+        if ext < 0 {
+            lo += ext;
+        } else {
+            hi += ext;
+        }
+    }
+    (base + lo, base + hi, base)
+}
+
+/// The window binding `a` over piece `p` (offset aligned down to `align`, size rounded up to
+/// 16 bytes within the buffer).
+pub(crate) fn window<'a>(a: &Access<'a>, p: &Piece, align: u64) -> Window<'a> {
+    let (lo, hi, base) = reach(a, p);
+    let is = a.itemsize as u64;
+    let start = (lo as u64 * is) / align * align;
+    let raw = a.buffer.raw();
+    let end = (((hi as u64 + 1) * is).div_ceil(16) * 16).min(raw.size());
+    Window {
+        buffer: raw,
+        byte_offset: start,
+        byte_size: end - start,
+        rel_offset: (base as u64 - start / is) as usize,
+    }
+}
+
+/// Splits the iteration box `shape` until every operand's window fits `limit` bytes, halving
+/// the outermost axis that still has more than one index.
+pub(crate) fn split(shape: &[usize], ops: &[Access], limit: u64, align: u64) -> Result<Vec<Piece>> {
+    let whole = Piece {
+        start: vec![0; shape.len()],
+        len: shape.to_vec(),
+    };
+    let mut out = Vec::new();
+    let mut todo = vec![whole];
+    while let Some(p) = todo.pop() {
+        let fits = ops.iter().all(|a| window(a, &p, align).byte_size <= limit);
+        if fits {
+            out.push(p);
+            continue;
+        }
+        let Some(d) = p.len.iter().position(|&n| n > 1) else {
+            return Err(Error::Unsupported(format!(
+                "an element window does not fit the adapter's {limit}-byte storage binding"
+            )));
+        };
+        let half = p.len[d] / 2;
+        let mut a = p.clone();
+        a.len[d] = half;
+        let mut b = p;
+        b.start[d] += half;
+        b.len[d] -= half;
+        // Pieces come out in order: the second half is pushed first.
+        todo.push(b);
+        todo.push(a);
+    }
+    Ok(out)
+}
+
+/// Row-major strides of `shape`, as `isize`.
+pub(crate) fn dense(shape: &[usize]) -> Vec<isize> {
+    strata_core::layout::contiguous_strides(shape)
+}
+
+/// The two `u32` words (low, high) of a scalar's little-endian bits.
+pub(crate) fn scalar_words(s: Scalar) -> [u32; 2] {
+    let bytes = s.to_le_bytes();
+    let mut w = [0u8; 8];
+    w[..bytes.len()].copy_from_slice(&bytes);
+    let v = u64::from_le_bytes(w);
+    [v as u32, (v >> 32) as u32]
+}
+
+/// Pipelines by the hash of their signature (collisions share a bucket).
+type Buckets<K> = HashMap<u64, Vec<(K, Arc<wgpu::ComputePipeline>)>>;
+
+/// Compiled pipelines by kernel signature, per device.
+pub(crate) struct PipelineCache<K> {
+    map: Mutex<Buckets<K>>,
+}
+
+impl<K> Default for PipelineCache<K> {
+    fn default() -> Self {
+        PipelineCache {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone> PipelineCache<K> {
+    /// The pipeline for `key`, built with `build` on a miss.
+    pub(crate) fn get(
+        &self,
+        key: &K,
+        build: impl FnOnce(&K) -> Result<wgpu::ComputePipeline>,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        let hash = h.finish();
+        if let Some(list) = self.lock().get(&hash) {
+            if let Some((_, p)) = list.iter().find(|(k, _)| k == key) {
+                return Ok(p.clone());
+            }
+        }
+        let p = Arc::new(build(key)?);
+        self.lock()
+            .entry(hash)
+            .or_default()
+            .push((key.clone(), p.clone()));
+        Ok(p)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buckets<K>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many pipelines are cached.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+}
