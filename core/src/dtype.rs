@@ -466,6 +466,19 @@ impl Scalar {
         }
     }
 
+    /// The value's bits, zero-extended to 64 (how GPU backends pass scalars to kernels).
+    ///
+    /// ```
+    /// assert_eq!(strata_core::Scalar::I8(-1).bits(), 0xff);
+    /// assert_eq!(strata_core::Scalar::F32(1.0).bits(), 0x3f80_0000);
+    /// ```
+    pub fn bits(self) -> u64 {
+        let bytes = self.to_le_bytes();
+        let mut w = [0u8; 8];
+        w[..bytes.len()].copy_from_slice(&bytes);
+        u64::from_le_bytes(w)
+    }
+
     /// The little-endian bytes of the value (one byte for bool).
     ///
     /// ```

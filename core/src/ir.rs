@@ -569,6 +569,43 @@ pub struct KernelArgs {
     pub scalars: Vec<Scalar>,
 }
 
+/// The output of a [`Kernel::Map`] launch, checked against its contract: exactly one output of
+/// the expression's dtype, and inputs of the output's shape.
+///
+/// ```
+/// use strata_core::{ir::{map_output, Expr, KernelArgs}, DType, Device, Tensor};
+/// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
+/// let args = KernelArgs { outputs: vec![t.operand()], inputs: vec![t.operand()], scalars: vec![] };
+/// assert!(map_output(&Expr::input(0, DType::F32), &args).is_ok());
+/// assert!(map_output(&Expr::input(0, DType::I8), &args).is_err());
+/// ```
+pub fn map_output<'a>(expr: &Expr, args: &'a KernelArgs) -> crate::Result<&'a Operand> {
+    let [out] = args.outputs.as_slice() else {
+        return Err(crate::Error::Invalid(format!(
+            "a map writes one output, {} were given",
+            args.outputs.len()
+        )));
+    };
+    if out.dtype != expr.dtype {
+        return Err(crate::Error::Invalid(format!(
+            "map expression of {} written to an output of {}",
+            expr.dtype, out.dtype
+        )));
+    }
+    if let Some(op) = args
+        .inputs
+        .iter()
+        .find(|op| op.layout.shape() != out.layout.shape())
+    {
+        return Err(crate::Error::Shape(format!(
+            "map input of shape {:?} for an output of shape {:?}",
+            op.layout.shape(),
+            out.layout.shape()
+        )));
+    }
+    Ok(out)
+}
+
 /// The operands of a [`Kernel::Matmul`] launch, checked against its contract:
 /// `A [batch, m, k] · B [batch, k, n] → C [batch, m, n]` with scalars α and β.
 ///

@@ -120,10 +120,7 @@ pub(crate) fn dense(shape: &[usize]) -> Vec<isize> {
 
 /// The two `u32` words (low, high) of a scalar's little-endian bits.
 pub(crate) fn scalar_words(s: Scalar) -> [u32; 2] {
-    let bytes = s.to_le_bytes();
-    let mut w = [0u8; 8];
-    w[..bytes.len()].copy_from_slice(&bytes);
-    let v = u64::from_le_bytes(w);
+    let v = s.bits();
     [v as u32, (v >> 32) as u32]
 }
 

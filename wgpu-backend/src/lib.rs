@@ -162,15 +162,16 @@ impl WgpuBackend {
     }
 
     fn run_map(&self, expr: &strata_core::ir::Expr, args: &KernelArgs) -> Result<()> {
-        let mut used = std::collections::BTreeSet::new();
-        codegen::prelude::dtypes_of(expr, &mut used);
-        for d in used {
-            self.check_dtype(d)?;
-        }
         for piece in map::plan(expr, args, self.binding_limit(), self.align())? {
             let caps = self.gpu.caps;
             let n = piece.windows.len();
             let p = self.maps.get(&piece.sig, |sig| {
+                // Dtypes inside the tree (an f64 intermediate, say) are checked once, here.
+                let mut used = std::collections::BTreeSet::new();
+                codegen::prelude::dtypes_of(&sig.expr, &mut used);
+                for d in used {
+                    self.check_dtype(d)?;
+                }
                 self.gpu.pipeline(&map::source(sig, caps)?, n)
             })?;
             self.gpu
@@ -272,10 +273,10 @@ impl WgpuBackend {
                     } else {
                         sl.min(rshape[0] - si * sl)
                     };
-                    ps.push((ti, si, p));
+                    ps.push((si, p));
                 }
             }
-            let fits = ps.iter().all(|(_, _, p)| {
+            let fits = ps.iter().all(|(_, p)| {
                 p.len.contains(&0) || window(&in_access, p, align).byte_size <= limit
             });
             if fits {
@@ -311,7 +312,7 @@ impl WgpuBackend {
             (None, None)
         };
         let w = reduce::words(ro, rr);
-        for (ti, si, p) in &pieces {
+        for (si, p) in &pieces {
             let o_n: usize = p.len[..ro].iter().product();
             let r_n: usize = p.len[ro..].iter().product();
             if o_n == 0 {
@@ -336,8 +337,6 @@ impl WgpuBackend {
             params[2] = (p.start[ro] * rshape[1..].iter().product::<usize>()) as u32;
             params[3] = in_w.rel_offset as u32;
             let mut windows = vec![];
-            let o_base = ti * p.len[0].max(1) * oshape[1..].iter().product::<usize>();
-            let _ = o_base;
             let first_out = p.start[0] * oshape[1..].iter().product::<usize>();
             if let Some(pv) = &pv {
                 // Partial (o, si) lives at o * splits + si; the piece's outputs are consecutive.
@@ -634,7 +633,7 @@ impl Backend for WgpuBackend {
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         self.check_operands(args)?;
-        let r = match kernel {
+        match kernel {
             Kernel::Map { expr } => self.run_map(expr, args),
             Kernel::Reduce {
                 op,
@@ -644,11 +643,7 @@ impl Backend for WgpuBackend {
             Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
             Kernel::Gather { axis } => self.run_index(None, *axis, args),
             Kernel::Scatter { axis, accumulate } => self.run_index(Some(*accumulate), *axis, args),
-        };
-        if r.is_ok() && std::env::var_os("STRATA_LAUNCH_BLOCKING").is_some_and(|v| v == "1") {
-            self.gpu.synchronize()?;
         }
-        r
     }
 
     fn memory_stats(&self) -> MemoryStats {

@@ -118,32 +118,12 @@ fn run_range(expr: &Expr, cx: &Context, out: &View, range: std::ops::Range<usize
 
 /// Executes a `Map` kernel.
 pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
-    let [out] = args.outputs.as_slice() else {
-        return Err(Error::Invalid(format!(
-            "a map writes one output, {} were given",
-            args.outputs.len()
-        )));
-    };
-    if out.dtype != expr.dtype {
-        return Err(Error::Invalid(format!(
-            "map expression of {} written to an output of {}",
-            expr.dtype, out.dtype
-        )));
-    }
+    let out = crate::ir::map_output(expr, args)?;
     let out_view = View::new(out)?;
     let inputs = args
         .inputs
         .iter()
-        .map(|op| {
-            if op.layout.shape() != out.layout.shape() {
-                return Err(Error::Shape(format!(
-                    "map input of shape {:?} for an output of shape {:?}",
-                    op.layout.shape(),
-                    out.layout.shape()
-                )));
-            }
-            View::new(op)
-        })
+        .map(View::new)
         .collect::<Result<Vec<_>>>()?;
     let cx = Context {
         inputs,

@@ -11,7 +11,7 @@ use super::{storage_type, to_storage, vector_type};
 use crate::launch::{coalesce, Plan, Words};
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs};
-use strata_core::{DType, Error, Result};
+use strata_core::{DType, Result};
 
 /// The structure of a map launch: what the generated source depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -32,23 +32,12 @@ pub(crate) struct MapSig {
 
 /// Plans a map launch: coalesced layout, access path, words.
 pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Plan)>> {
-    let [out] = args.outputs.as_slice() else {
-        return Err(Error::Invalid("a map writes exactly one output".into()));
-    };
+    let out = strata_core::ir::map_output(expr, args)?;
     let numel = out.layout.numel();
     if numel == 0 {
         return Ok(None);
     }
     let operands: Vec<_> = std::iter::once(out).chain(&args.inputs).collect();
-    for op in &operands[1..] {
-        if op.layout.shape() != out.layout.shape() {
-            return Err(Error::Shape(format!(
-                "map input of shape {:?} for an output of shape {:?}",
-                op.layout.shape(),
-                out.layout.shape()
-            )));
-        }
-    }
     let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
     let (shape, strides) = coalesce(out.layout.shape(), &strides);
     let dense = strata_core::layout::contiguous_strides(&shape);
@@ -103,7 +92,7 @@ pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Pla
         }
     }
     for s in &args.scalars {
-        words.push(crate::launch::scalar_bits(*s));
+        words.push(s.bits());
     }
     let sig = MapSig {
         expr: expr.clone(),

@@ -89,7 +89,7 @@ pub(crate) fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Plan
     }
     let r = acc_repr(acc);
     for s in [ops.alpha, ops.beta] {
-        w.push(crate::launch::scalar_bits(s.cast(r, false)));
+        w.push(s.cast(r, false).bits());
     }
     // β = 0 must not read C (NaN there does not propagate): a flag word.
     w.push(ops.beta.to_bool() as u64);

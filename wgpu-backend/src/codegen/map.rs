@@ -94,22 +94,11 @@ pub(crate) fn plan<'a>(
     limit: u64,
     align: u64,
 ) -> Result<Vec<MapPiece<'a>>> {
-    let [out] = args.outputs.as_slice() else {
-        return Err(Error::Invalid("a map writes exactly one output".into()));
-    };
+    let out = strata_core::ir::map_output(expr, args)?;
     if out.layout.numel() == 0 {
         return Ok(Vec::new());
     }
     let operands: Vec<_> = std::iter::once(out).chain(&args.inputs).collect();
-    for op in &operands[1..] {
-        if op.layout.shape() != out.layout.shape() {
-            return Err(Error::Shape(format!(
-                "map input of shape {:?} for an output of shape {:?}",
-                op.layout.shape(),
-                out.layout.shape()
-            )));
-        }
-    }
     let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
     let (shape, strides) = strata_core::layout::coalesce(out.layout.shape(), &strides);
     let access: Vec<Access> = operands
