@@ -1,4 +1,5 @@
-"""Joins the JSON lines of bench_cuda and bench_torch.py into BENCHMARKS.md's table."""
+"""Joins the JSON lines of bench_gpu and bench_torch.py into BENCHMARKS.md's table. With one
+file (a wgpu run, nothing to compare with) each row is set against the copy's bandwidth."""
 import json
 import sys
 
@@ -16,13 +17,34 @@ def load(path):
 
 def rate(r):
     if r.get("flops"):
-        return f"{r['flops'] / r['ms'] / 1e9:,.1f} TFLOP/s"
+        tf = r["flops"] / r["ms"] / 1e9
+        return f"{tf:,.1f} TFLOP/s" if tf >= 0.1 else f"{tf * 1e3:,.2f} GFLOP/s"
     if r.get("bytes"):
-        return f"{r['bytes'] / r['ms'] / 1e6:,.0f} GB/s"
+        gb = r["bytes"] / r["ms"] / 1e6
+        return f"{gb:,.0f} GB/s" if gb >= 100 else f"{gb:,.2f} GB/s"
     return ""
 
 
+def alone(s):
+    copy = s.get("copy")
+    print("| op (f32) | ms | rate | × copy bandwidth |")
+    print("|---|---:|---:|---:|")
+    for op, r in s.items():
+        if "ms" not in r:
+            continue
+        frac = ""
+        if copy and r.get("bytes"):
+            frac = f"{(r['bytes'] / r['ms']) / (copy['bytes'] / copy['ms']):.2f}x"
+        print(f"| {op} | {r['ms']:.3f} | {rate(r)} | {frac} |")
+    if "host-us-per-add" in s:
+        h = s["host-us-per-add"]
+        print(f"| 1-element add, enqueue cost (bursts of 200) | {h['us']:.2f} us | | |")
+        print(f"| 1-element add, sustained (20,000, one sync) | {h['sustained_us']:.2f} us | | |")
+
+
 def main():
+    if len(sys.argv) < 3:
+        return alone(load(sys.argv[1]))
     s, t = load(sys.argv[1]), load(sys.argv[2])
     print("| op (2^28 f32 unless named) | strata | | PyTorch | | strata / PyTorch |")
     print("|---|---:|---:|---:|---:|---:|")
@@ -34,9 +56,14 @@ def main():
         pms = f"{p['ms']:.3f} ms" if p else ""
         print(f"| {op} | {r['ms']:.3f} ms | {rate(r)} | {pms} | {rate(p) if p else ''} | {ratio} |")
     if "host-us-per-add" in s:
-        a, b = s["host-us-per-add"]["us"], t.get("host-us-per-add", {}).get("us")
-        ratio = f"{b / a:.2f}x" if b else ""
-        print(f"| host cost of a 1-element add | {a:.2f} us | | {b:.2f} us | | {ratio} |")
+        for key, what in (("us", "host cost of a 1-element add (enqueue, bursts of 200)"),
+                          ("sustained_us", "sustained rate of 1-element adds (20,000, one sync)")):
+            a, b = s["host-us-per-add"].get(key), t.get("host-us-per-add", {}).get(key)
+            if a is None:
+                continue
+            ratio = f"{b / a:.2f}x" if b else ""
+            pb = f"{b:.2f} us" if b else ""
+            print(f"| {what} | {a:.2f} us | | {pb} | | {ratio} |")
     for k in ("first-op-cold", "first-op-warm"):
         if k in s:
             r = s[k]

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds what the GPU machine runs (it has no Rust toolchain): the release test binaries and
-# the CUDA benchmark, stripped, into .gpu/bin (git-ignored; carry it with the device tool).
-# Then, there: `bash scripts/gpu-run.sh [tests|sanitize|bench|all]`.
+# the GPU benchmark, stripped, into .gpu/bin (git-ignored; carry it with the device tool).
+# Carry .gpu/bin.tar.xz and .gl; then, there: `bash scripts/gpu-run.sh [mode]`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu && mkdir -p .gpu/bin
-cargo build --release --example bench_cuda
-cp target/release/examples/bench_cuda .gpu/bin/
+cargo build --release --example bench_gpu
+cp target/release/examples/bench_gpu .gpu/bin/
 # One executable per integration-test file of tests/ (cargo prints each path).
 cargo test --release -p strata-tests --no-run --message-format=json 2>/dev/null \
   | python3 -c '
@@ -17,5 +17,14 @@ for line in sys.stdin:
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" ".gpu/bin/test-$name"; done
 strip .gpu/bin/*
-du -sh .gpu/bin
+# Carried files are limited to 64 MiB in all: carry the compressed archive (gpu-run.sh unpacks it).
+tar -C .gpu -cJf .gpu/bin.tar.xz bin
+du -sh .gpu/bin .gpu/bin.tar.xz
 ls .gpu/bin
+# The Vulkan loader for the wgpu runs (the GPU machine has NVIDIA's Vulkan driver, not always
+# the loader): a Debian package unpacked there by gpu-run.sh. Carry .gl beside .gpu.
+if ! ls .gl/libglx0_*.deb >/dev/null 2>&1; then
+  mkdir -p .gl /tmp/amd64/partial
+  o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+  apt-get $o update -qq && (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi

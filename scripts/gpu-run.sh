@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (no Rust toolchain there): the binaries scripts/gpu-build.sh put in
 # .gpu/bin. Modes: tests (the differential suite on CUDA), sanitize (a reduced suite under
-# compute-sanitizer memcheck and racecheck), bench (strata beside PyTorch), all.
+# compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
+# wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
+# (the wgpu backend's benchmark), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +11,8 @@ mode="${1:-all}"
 out="${OUT:-.gpu/out}"
 mkdir -p "$out"
 bin=.gpu/bin
+# The archive gpu-build.sh made (a warm machine may still hold binaries of an earlier carry).
+if [ -e .gpu/bin.tar.xz ]; then rm -rf "$bin" && tar -C .gpu -xJf .gpu/bin.tar.xz; fi
 
 # The CUDA libraries strata loads at run time: the toolkit's, or the pip wheels'.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
@@ -20,13 +24,26 @@ export LD_LIBRARY_PATH
 export STRATA_CACHE_DIR="${STRATA_CACHE_DIR:-/tmp/strata-cache}"
 summary="$out/summary.txt"
 
+# Vulkan for the wgpu runs: the loader gpu-build.sh fetched into .gl, and NVIDIA's ICD.
+setup_vulkan() {
+  # The loader and libglvnd (NVIDIA's ICD library needs its dispatch libraries).
+  for f in .gl/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+  ldconfig
+  icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+  if [ -z "${VK_DRIVER_FILES:-}" ] && [ -e "$icd" ]; then export VK_DRIVER_FILES="$icd"; fi
+  if [ -e "$egl" ]; then export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"; fi
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+}
+
 run_tests() {
-  echo "== differential suite on cuda:0" | tee -a "$summary"
+  devices="${1:-cuda:0}"
+  echo "== differential suite on $devices" | tee -a "$summary"
   for t in "$bin"/test-*; do
     name=$(basename "$t")
     # ONLY="reduce streams" limits the run to those test files.
     if [ -n "${ONLY:-}" ] && ! [[ " $ONLY " == *" ${name#test-} "* ]]; then continue; fi
-    STRATA_TEST_DEVICES=cuda:0 timeout 900 "$t" --test-threads=1 > "$out/$name.log" 2>&1
+    STRATA_TEST_DEVICES="$devices" timeout 900 "$t" --test-threads=1 > "$out/$name.log" 2>&1
     rc=$?
     printf '%-28s rc=%-3s %s\n' "$name" "$rc" "$(grep -E '^test result' "$out/$name.log" | tail -1)" | tee -a "$summary"
     [ $rc -ne 0 ] && grep -E 'panicked|FAILED|failed' "$out/$name.log" | head -20 | tee -a "$summary"
@@ -51,17 +68,26 @@ run_sanitize() {
 
 run_bench() {
   echo "== benchmark: strata vs PyTorch, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee -a "$summary"
-  "$bin/bench_cuda" > "$out/strata.jsonl" 2> "$out/strata-bench.err"
+  "$bin/bench_gpu" --device cuda > "$out/strata.jsonl" 2> "$out/strata-bench.err"
   python3 scripts/bench_torch.py > "$out/torch.jsonl" 2> "$out/torch-bench.err"
   cold=$(mktemp -d); 
-  STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_cuda" first-op | sed 's/first-op/first-op-cold/' >> "$out/strata.jsonl"
-  STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_cuda" first-op | sed 's/first-op/first-op-warm/' >> "$out/strata.jsonl"
+  STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_gpu" first-op | sed 's/first-op/first-op-cold/' >> "$out/strata.jsonl"
+  STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_gpu" first-op | sed 's/first-op/first-op-warm/' >> "$out/strata.jsonl"
   python3 scripts/bench_table.py "$out/strata.jsonl" "$out/torch.jsonl" | tee -a "$summary"
+}
+
+run_wgpu_bench() {
+  echo "== benchmark: the wgpu backend on NVIDIA's Vulkan driver" | tee -a "$summary"
+  "$bin/bench_gpu" --device wgpu > "$out/wgpu.jsonl" 2> "$out/wgpu-bench.err"
+  head -3 "$out/wgpu-bench.err" | tee -a "$summary"
+  python3 scripts/bench_table.py "$out/wgpu.jsonl" | tee -a "$summary"
 }
 
 case "$mode" in
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;
-  all) run_tests; run_sanitize; run_bench ;;
+  wgpu-tests) setup_vulkan; run_tests wgpu ;;
+  wgpu-bench) setup_vulkan; run_wgpu_bench ;;
+  all) run_tests; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
 esac

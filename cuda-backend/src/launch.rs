@@ -69,20 +69,81 @@ pub(crate) fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) 
     })
 }
 
-/// A hash of a kernel's structure, for the function cache.
+/// A hash of a kernel's structure, for the function cache: FxHash-style multiply-rotate, since
+/// SipHash's collision resistance buys nothing here and the lookup runs on every launch.
 pub(crate) fn structure_hash(key: &impl Hash) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = StructureHasher(0);
     key.hash(&mut h);
     h.finish()
 }
 
-/// Loaded functions by kernel structure. Lookups hash the structure and compare it, so a hit
-/// clones nothing.
-pub(crate) struct FunctionCache<K> {
-    map: Mutex<HashMap<u64, Vec<(K, Function)>>>,
+struct StructureHasher(u64);
+
+impl StructureHasher {
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
 }
 
-impl<K> Default for FunctionCache<K> {
+impl Hasher for StructureHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.mix(n as u64);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.mix(n as u64);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+}
+
+/// A kernel signature as the cache sees it: looked up by reference (a map's signature borrows
+/// the launch's expression tree), stored owned only when a kernel is compiled.
+pub(crate) trait Signature: Hash {
+    /// The form kept in the cache.
+    type Stored: Send;
+    /// True when `stored` is this signature.
+    fn matches(&self, stored: &Self::Stored) -> bool;
+    /// The owned copy to keep.
+    fn store(&self) -> Self::Stored;
+}
+
+/// Signatures that own all their data are their own stored form.
+macro_rules! owned_signature {
+    ($($t:ty),*) => {$(
+        impl crate::launch::Signature for $t {
+            type Stored = $t;
+            fn matches(&self, stored: &$t) -> bool {
+                self == stored
+            }
+            fn store(&self) -> $t {
+                self.clone()
+            }
+        }
+    )*};
+}
+pub(crate) use owned_signature;
+
+/// Loaded functions by kernel structure. Lookups hash the structure and compare it, so a hit
+/// clones nothing.
+pub(crate) struct FunctionCache<S> {
+    map: Mutex<HashMap<u64, Vec<(S, Function)>>>,
+}
+
+impl<S> Default for FunctionCache<S> {
     fn default() -> Self {
         FunctionCache {
             map: Mutex::new(HashMap::new()),
@@ -101,9 +162,9 @@ pub(crate) struct Function {
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
-impl<K: Hash + Eq + Clone> FunctionCache<K> {
+impl<S> FunctionCache<S> {
     /// The function for `key`, generating and compiling `source(key)` on a miss.
-    pub(crate) fn get(
+    pub(crate) fn get<K: Signature<Stored = S>>(
         &self,
         key: &K,
         name: &str,
@@ -113,7 +174,10 @@ impl<K: Hash + Eq + Clone> FunctionCache<K> {
         let h = structure_hash(key);
         {
             let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(f) = map.get(&h).and_then(|v| v.iter().find(|(k, _)| k == key)) {
+            if let Some(f) = map
+                .get(&h)
+                .and_then(|v| v.iter().find(|(k, _)| key.matches(k)))
+            {
                 return Ok(f.1);
             }
         }
@@ -124,7 +188,7 @@ impl<K: Hash + Eq + Clone> FunctionCache<K> {
             .unwrap_or_else(|p| p.into_inner())
             .entry(h)
             .or_default()
-            .push((key.clone(), f));
+            .push((key.store(), f));
         Ok(f)
     }
 

@@ -29,6 +29,8 @@ use codegen::{index, map, matmul, reduce};
 use compile::Compiler;
 use driver::Gpu;
 use launch::FunctionCache;
+
+launch::owned_signature!(reduce::ReduceSig, index::IndexSig, matmul::MatmulSig);
 use memory::Memory;
 use std::sync::Arc;
 use strata_core::ir::{Kernel, KernelArgs};
@@ -77,7 +79,7 @@ pub struct CudaBackend {
     memory: Arc<Memory>,
     compiler: Compiler,
     blas: Option<blas::Blas>,
-    maps: FunctionCache<map::MapSig>,
+    maps: FunctionCache<map::MapSig<'static>>,
     reductions: FunctionCache<reduce::ReduceSig>,
     indexing: FunctionCache<index::IndexSig>,
     matmuls: FunctionCache<matmul::MatmulSig>,

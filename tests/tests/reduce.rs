@@ -304,6 +304,21 @@ fn accumulation_and_special_values(dev: &Device) -> Result<()> {
     assert_eq!(big.sum(0, false)?.item::<f32>()?, (1 << 18) as f32);
     let rows4 = Tensor::ones([1 << 16, 4], DType::I32, dev)?.sum(1, false)?;
     assert_eq!(rows4.sum(0, false)?.item::<i64>()?, 1 << 18);
+    // Long rows are cut into ranges whose partials a second launch combines: arg ops must
+    // keep the first occurrence of a value repeated across range boundaries.
+    let n = 60_000usize;
+    let vals: Vec<i32> = (0..2 * n).map(|i| ((i * 7919) % 1009) as i32).collect();
+    let t = Tensor::from_slice(&vals, [2, n], dev)?;
+    for (row, chunk) in vals.chunks(n).enumerate() {
+        let max = *chunk.iter().max().unwrap_or(&0);
+        let first_max = chunk.iter().position(|&v| v == max).unwrap_or(0) as i64;
+        let first_min = chunk.iter().position(|&v| v == 0).unwrap_or(0) as i64;
+        assert_eq!(t.argmax(Some(1), false)?.to_vec::<i64>()?[row], first_max);
+        assert_eq!(t.argmin(Some(1), false)?.to_vec::<i64>()?[row], first_min);
+        assert_eq!(t.max(1, false)?.to_vec::<i32>()?[row], max);
+        let sum: i64 = chunk.iter().map(|&v| v as i64).sum();
+        assert_eq!(t.sum(1, false)?.to_vec::<i64>()?[row], sum);
+    }
     Ok(())
 }
 test_device!(

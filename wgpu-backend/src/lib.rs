@@ -72,6 +72,10 @@ pub struct WgpuBackend {
     reductions: PipelineCache<reduce::ReduceSig>,
     indexing: PipelineCache<index::IndexSig>,
     matmuls: PipelineCache<matmul::MatmulSig>,
+    /// The largest window bound for one operand: the adapter's storage-binding limit, or less
+    /// when `STRATA_WGPU_MAX_BINDING` (bytes) asks for less, so tests reach the windowed paths
+    /// with small tensors.
+    binding_limit: u64,
 }
 
 impl std::fmt::Debug for WgpuBackend {
@@ -89,9 +93,16 @@ impl WgpuBackend {
     pub fn new() -> Result<WgpuBackend> {
         let gpu = Arc::new(Gpu::open()?);
         let pool = Arc::new(Pool::new(gpu.device.clone(), gpu.limits.max_buffer_size));
+        let cap = std::env::var("STRATA_WGPU_MAX_BINDING")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(u64::MAX);
+        // Window sizes are rounded up to 16 bytes: keep them under the limit.
+        let binding_limit = (gpu.limits.max_storage_buffer_binding_size.min(cap) / 16) * 16;
         Ok(WgpuBackend {
             gpu,
             pool,
+            binding_limit,
             maps: PipelineCache::default(),
             reductions: PipelineCache::default(),
             indexing: PipelineCache::default(),
@@ -145,8 +156,7 @@ impl WgpuBackend {
     }
 
     fn binding_limit(&self) -> u64 {
-        // Window sizes are rounded up to 16 bytes: keep them under the limit.
-        (self.gpu.limits.max_storage_buffer_binding_size / 16) * 16
+        self.binding_limit
     }
 
     fn align(&self) -> u64 {
@@ -238,14 +248,11 @@ impl WgpuBackend {
                 "wgpu reductions take at most 2^32 outputs and 2^32 elements each ({outputs} × {reduced})"
             )));
         }
-        // Chunks along the first reduced axis (s) and the first outer axis (t).
+        // Windows along the first reduced axis (s) and the first outer axis (t), one launch
+        // each, when the input exceeds a storage binding.
         let limit = self.binding_limit();
         let align = self.align();
-        let mut s = if outputs < 1024 && reduced >= 8192 {
-            (reduced / 4096).clamp(1, 1024)
-        } else {
-            1
-        };
+        let mut s = 1usize;
         let mut t = 1usize;
         let (ro, rr) = (oshape.len(), rshape.len());
         let mut full = oshape.clone();
@@ -292,7 +299,16 @@ impl WgpuBackend {
                 )));
             }
         };
-        let (pieces, splits) = pieces;
+        let (pieces, windows_along) = pieces;
+        // Ranges per output inside each launch: few long reductions (a full sum) are cut so
+        // that the GPU gets ~1,000 workgroups with at least 4,096 elements each.
+        let per_piece = reduced.div_ceil(windows_along);
+        let ranges = if outputs < 1024 && per_piece >= 8192 {
+            (per_piece / 4096).min(2048 / outputs.max(1)).max(1)
+        } else {
+            1
+        };
+        let splits = windows_along * ranges;
         let arg = op.returns_index();
         let caps = self.gpu.caps;
         let out_access = Access::of(out, ostr[1].iter().copied().chain(vec![0; rr]).collect())?;
@@ -318,7 +334,7 @@ impl WgpuBackend {
             if o_n == 0 {
                 continue;
             }
-            let group = r_n >= 64;
+            let group = r_n / ranges >= 64;
             let sig = reduce::ReduceSig {
                 op,
                 acc,
@@ -336,11 +352,13 @@ impl WgpuBackend {
             params[1] = r_n as u32;
             params[2] = (p.start[ro] * rshape[1..].iter().product::<usize>()) as u32;
             params[3] = in_w.rel_offset as u32;
+            params[5] = ranges as u32;
             let mut windows = vec![];
             let first_out = p.start[0] * oshape[1..].iter().product::<usize>();
             if let Some(pv) = &pv {
-                // Partial (o, si) lives at o * splits + si; the piece's outputs are consecutive.
-                params[4] = (first_out * splits + si) as u32;
+                // Partial (o, si, k) lives at o * splits + si * ranges + k; the piece's outputs
+                // are consecutive.
+                params[4] = (first_out * splits + si * ranges) as u32;
                 let ds = dense(&oshape);
                 for d in 0..ro {
                     params[w.out_outer + d] = (ds[d] * splits as isize) as i32 as u32;
@@ -380,7 +398,8 @@ impl WgpuBackend {
             let pl = self.reductions.get(&sig, |sig| {
                 self.gpu.pipeline(&reduce::source(sig, caps), nb)
             })?;
-            let threads = if group { o_n * 256 } else { o_n };
+            let workers = o_n * ranges;
+            let threads = if group { workers * 256 } else { workers };
             self.gpu.dispatch(&pl, &params, &windows, threads)?;
         }
         let Some(pv) = pv else { return Ok(()) };
@@ -400,6 +419,7 @@ impl WgpuBackend {
         let mut params = vec![0u32; w.len];
         params[0] = outputs as u32;
         params[1] = splits as u32;
+        params[5] = 1;
         let whole = launch::Piece {
             start: vec![0; ro],
             len: oshape.clone(),
@@ -450,44 +470,62 @@ impl WgpuBackend {
         }
         let limit = self.binding_limit();
         let align = self.align();
-        let (aa, ap) = whole(ops.a)?;
-        let (ba, bp) = whole(ops.b)?;
-        let (ca, cp) = whole(ops.c)?;
-        let wins = [
-            window(&ca, &cp, align),
-            window(&aa, &ap, align),
-            window(&ba, &bp, align),
-        ];
-        if wins.iter().any(|w| w.byte_size > limit) {
-            return Err(Error::Unsupported(format!(
-                "wgpu: matmul operands above the {limit}-byte storage binding are not split yet; \
-                 split the batch or use the CPU or CUDA backend"
-            )));
-        }
+        let (aa, _) = whole(ops.a)?;
+        let (ba, _) = whole(ops.b)?;
+        let (ca, _) = whole(ops.c)?;
         let sig = matmul::MatmulSig {
             dtype: ops.c.dtype,
             acc,
         };
-        let mut params = vec![0u32; matmul::WORDS];
-        params[..4].copy_from_slice(&[batch as u32, m as u32, k as u32, n as u32]);
-        params[4] = wins[1].rel_offset as u32;
-        params[5] = wins[2].rel_offset as u32;
-        params[6] = wins[0].rel_offset as u32;
-        for (i, o) in [ops.a, ops.b, ops.c].iter().enumerate() {
-            for (j, &s) in o.layout.strides().iter().enumerate() {
-                params[7 + 3 * i + j] = s as i32 as u32;
-            }
-        }
-        let [a0, a1] = launch::scalar_words(ops.alpha);
-        let [b0, b1] = launch::scalar_words(ops.beta);
-        params[16..20].copy_from_slice(&[a0, a1, b0, b1]);
         let caps = self.gpu.caps;
         let pl = self
             .matmuls
             .get(&sig, |sig| self.gpu.pipeline(&matmul::source(sig, caps), 3))?;
-        let tiles = batch * m.div_ceil(64) * n.div_ceil(64);
-        let [cw, aw, bw] = wins;
-        self.gpu.dispatch(&pl, &params, &[cw, aw, bw], tiles * 256)
+        let [a0, a1] = launch::scalar_words(ops.alpha);
+        let [b0, b1] = launch::scalar_words(ops.beta);
+        // Pieces (batch start, batch count, row start, row count): halve the batch, then the
+        // rows of A and C, until every operand's window fits one storage binding.
+        let mut todo = vec![(0, batch, 0, m)];
+        while let Some((bs, bl, rs, rl)) = todo.pop() {
+            let piece = |start: [usize; 3], len: [usize; 3]| launch::Piece {
+                start: start.to_vec(),
+                len: len.to_vec(),
+            };
+            let wins = [
+                window(&ca, &piece([bs, rs, 0], [bl, rl, n]), align),
+                window(&aa, &piece([bs, rs, 0], [bl, rl, k]), align),
+                window(&ba, &piece([bs, 0, 0], [bl, k, n]), align),
+            ];
+            if wins.iter().any(|w| w.byte_size > limit) {
+                if bl > 1 {
+                    todo.push((bs + bl / 2, bl - bl / 2, rs, rl));
+                    todo.push((bs, bl / 2, rs, rl));
+                } else if rl > 1 {
+                    todo.push((bs, bl, rs + rl / 2, rl - rl / 2));
+                    todo.push((bs, bl, rs, rl / 2));
+                } else {
+                    return Err(Error::Unsupported(format!(
+                        "wgpu: one {k}×{n} matrix of the right operand exceeds the adapter's \
+                         {limit}-byte storage binding; use the CPU or CUDA backend"
+                    )));
+                }
+                continue;
+            }
+            let mut params = vec![0u32; matmul::WORDS];
+            params[..4].copy_from_slice(&[bl as u32, rl as u32, k as u32, n as u32]);
+            params[4] = wins[1].rel_offset as u32;
+            params[5] = wins[2].rel_offset as u32;
+            params[6] = wins[0].rel_offset as u32;
+            for (i, o) in [ops.a, ops.b, ops.c].iter().enumerate() {
+                for (j, &s) in o.layout.strides().iter().enumerate() {
+                    params[7 + 3 * i + j] = s as i32 as u32;
+                }
+            }
+            params[16..20].copy_from_slice(&[a0, a1, b0, b1]);
+            let tiles = bl * rl.div_ceil(matmul::TILE) * n.div_ceil(matmul::TILE);
+            self.gpu.dispatch(&pl, &params, &wins, tiles * 256)?;
+        }
+        Ok(())
     }
 
     fn run_index(&self, scatter: Option<bool>, axis: usize, args: &KernelArgs) -> Result<()> {

@@ -26,9 +26,11 @@ impl Layout {
     }
 }
 
-/// How many worker threads large work is split across.
+/// How many worker threads large work is split across. Read once: `available_parallelism`
+/// reads cgroup files on Linux, which cost tens of microseconds per call.
 pub(crate) fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |t| t.get())
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |t| t.get()))
 }
 
 /// A strided operand resolved to a raw base pointer.

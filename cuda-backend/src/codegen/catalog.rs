@@ -27,7 +27,7 @@ const BINARY: [BinaryOp; 28] = {
     ]
 };
 
-fn map(expr: Expr, inputs: &[DType], contiguous: bool, vec: usize) -> MapSig {
+fn map(expr: Expr, inputs: &[DType], contiguous: bool, vec: usize) -> MapSig<'static> {
     MapSig {
         dtypes: std::iter::once(expr.dtype)
             .chain(inputs.iter().copied())
@@ -38,13 +38,13 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vec: usize) -> MapSig {
         vec,
         tiled: (0..inputs.len()).map(|k| !contiguous && k == 0).collect(),
         wide: !contiguous,
-        expr,
+        expr: std::borrow::Cow::Owned(expr),
     }
 }
 
 /// Map signatures: every unary and binary op the dtype defines, every cast, fma, where,
 /// and the random-number and index nodes.
-pub(crate) fn maps() -> Vec<MapSig> {
+pub(crate) fn maps() -> Vec<MapSig<'static>> {
     let mut out = Vec::new();
     for d in DType::ALL {
         let x = Expr::input(0, d);

@@ -9,14 +9,17 @@ use super::expr::emit;
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
 use super::{storage_type, to_storage, vector_type};
 use crate::launch::{coalesce, Plan, Words};
+use std::borrow::Cow;
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs};
 use strata_core::{DType, Result};
 
 /// The structure of a map launch: what the generated source depends on.
+///
+/// It borrows the launch's expression tree, so a cache hit copies no part of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct MapSig {
-    pub expr: Expr,
+pub(crate) struct MapSig<'e> {
+    pub expr: Cow<'e, Expr>,
     /// Output dtype first, then the inputs'.
     pub dtypes: Vec<DType>,
     /// Per operand (output first): true when its offset is the linear index.
@@ -30,8 +33,27 @@ pub(crate) struct MapSig {
     pub wide: bool,
 }
 
+impl<'e> crate::launch::Signature for MapSig<'e> {
+    type Stored = MapSig<'static>;
+    fn matches(&self, stored: &MapSig<'static>) -> bool {
+        self == stored
+    }
+    fn store(&self) -> MapSig<'static> {
+        MapSig {
+            expr: Cow::Owned(self.expr.clone().into_owned()),
+            dtypes: self.dtypes.clone(),
+            contiguous: self.contiguous.clone(),
+            scalars: self.scalars.clone(),
+            rank: self.rank,
+            vec: self.vec,
+            tiled: self.tiled.clone(),
+            wide: self.wide,
+        }
+    }
+}
+
 /// Plans a map launch: coalesced layout, access path, words.
-pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Plan)>> {
+pub(crate) fn plan<'e>(expr: &'e Expr, args: &KernelArgs) -> Result<Option<(MapSig<'e>, Plan)>> {
     let out = strata_core::ir::map_output(expr, args)?;
     let numel = out.layout.numel();
     if numel == 0 {
@@ -95,7 +117,7 @@ pub(crate) fn plan(expr: &Expr, args: &KernelArgs) -> Result<Option<(MapSig, Pla
         words.push(s.bits());
     }
     let sig = MapSig {
-        expr: expr.clone(),
+        expr: Cow::Borrowed(expr),
         dtypes: operands.iter().map(|o| o.dtype).collect(),
         contiguous,
         scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
@@ -328,14 +350,14 @@ mod tests {
     use super::*;
     use strata_core::ir::BinaryOp;
 
-    fn sig(contiguous: bool, vec: usize) -> MapSig {
+    fn sig(contiguous: bool, vec: usize) -> MapSig<'static> {
         let e = Expr::binary(
             BinaryOp::Add,
             Expr::input(0, DType::F32),
             Expr::input(1, DType::F32),
         );
         MapSig {
-            expr: e,
+            expr: Cow::Owned(e),
             dtypes: vec![DType::F32; 3],
             contiguous: vec![contiguous; 3],
             scalars: vec![],

@@ -1,6 +1,9 @@
-//! `Matmul`: a 64×64 output tile per workgroup of 256 invocations, each accumulating a 4×4 block
-//! in registers from 16-deep slices of A and B staged in workgroup memory. Any strides (a batch
-//! stride may be 0); every dtype, accumulating in the IR's `acc` (integers wrap).
+//! `Matmul`: a 128×128 output tile per workgroup of 256 invocations, each accumulating an 8×8
+//! block in registers (rows `tr + 16i`, columns `tc + 16j`, so reads of the staged slices are
+//! free of bank conflicts) from 16-deep slices of A and B staged in workgroup memory. The
+//! accumulators are named variables, never a dynamically indexed array, so they stay in
+//! registers. Any strides (a batch stride may be 0); every dtype, accumulating in the IR's
+//! `acc` (integers wrap).
 
 use super::prelude::helpers;
 use super::{
@@ -9,6 +12,13 @@ use super::{
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
+
+/// The output tile's side.
+pub(crate) const TILE: usize = 128;
+/// Per invocation: an 8×8 block of the tile.
+const PER: usize = 8;
+/// The depth of the staged slices of A and B.
+const DEPTH: usize = 16;
 
 /// The structure of a matmul launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -26,90 +36,129 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     let (d, acc) = (sig.dtype, sig.acc);
     let at = compute_type(acc);
     let zero = literal(acc, 0);
+    let st = |w: usize| format!("bitcast<i32>(params[{w}])");
     let mut src = String::from(PARAMS);
     src.push_str(&binding(0, d, true));
     src.push_str(&binding(1, d, false));
     src.push_str(&binding(2, d, false));
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    let slice = TILE * DEPTH;
     let _ = writeln!(
         src,
-        "var<workgroup> ta: array<{at}, 1024>;\nvar<workgroup> tb: array<{at}, 1024>;"
+        "var<workgroup> ta: array<{at}, {slice}>;\nvar<workgroup> tb: array<{at}, {slice}>;"
     );
     src.push_str(ENTRY);
-    let st = |w: usize| format!("bitcast<i32>(params[{w}])");
     let _ = writeln!(
         src,
         "  let batch = params[0]; let m = params[1]; let k = params[2]; let n = params[3];
   let g = wg.y * nwg.x + wg.x;
-  let tiles_n = (n + 63u) / 64u; let tiles_m = (m + 63u) / 64u;
+  let tiles_n = (n + {t1}u) / {t}u; let tiles_m = (m + {t1}u) / {t}u;
   let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let bz = g / (tiles_n * tiles_m);
   if (bz >= batch) {{ return; }}
   let tr = lid / 16u; let tc = lid % 16u;
-  let abase = i32(params[4]) + i32(bz) * {sa0}; let bbase = i32(params[5]) + i32(bz) * {sb0};
-  var accs: array<{at}, 16>;
-  for (var i = 0u; i < 16u; i = i + 1u) {{ accs[i] = {zero}; }}
-  for (var k0 = 0u; k0 < k; k0 = k0 + 16u) {{
-    for (var j = 0u; j < 4u; j = j + 1u) {{
-      let e = lid + 256u * j;
-      let row = by * 64u + e / 16u; let kk = k0 + e % 16u;
-      var va: {at} = {zero};
-      if (row < m && kk < k) {{ va = {la}; }}
-      ta[(e % 16u) * 64u + e / 16u] = va;
-      let col = bx * 64u + e % 64u; let kb = k0 + e / 64u;
-      var vb: {at} = {zero};
-      if (col < n && kb < k) {{ vb = {lb}; }}
-      tb[(e / 64u) * 64u + e % 64u] = vb;
-    }}
-    workgroupBarrier();
-    for (var kk = 0u; kk < 16u; kk = kk + 1u) {{
-      var af: array<{at}, 4>; var bf: array<{at}, 4>;
-      for (var i = 0u; i < 4u; i = i + 1u) {{ af[i] = ta[kk * 64u + tr * 4u + i]; bf[i] = tb[kk * 64u + tc * 4u + i]; }}
-      for (var i = 0u; i < 4u; i = i + 1u) {{
-        for (var j = 0u; j < 4u; j = j + 1u) {{ accs[i * 4u + j] = {mac}; }}
-      }}
-    }}
-    workgroupBarrier();
-  }}
-  let alpha: {at} = {alpha}; let beta: {at} = {beta};
-  for (var i = 0u; i < 4u; i = i + 1u) {{
-    for (var j = 0u; j < 4u; j = j + 1u) {{
-      let r = by * 64u + tr * 4u + i; let c = bx * 64u + tc * 4u + j;
-      if (r < m && c < n) {{
-        let co = u32(i32(params[6]) + i32(bz) * {sc0} + i32(r) * {sc1} + i32(c) * {sc2});
-        var v: {at} = {scaled};
-        if (beta != {zero}) {{ v = {with_c}; }}
-        {store}
-      }}
-    }}
-  }}",
+  let abase = i32(params[4]) + i32(bz) * {sa0}; let bbase = i32(params[5]) + i32(bz) * {sb0};",
+        t = TILE,
+        t1 = TILE - 1,
         sa0 = st(7),
         sb0 = st(10),
-        sc0 = st(13),
-        sc1 = st(14),
-        sc2 = st(15),
-        la = cast(
-            &load(d, "b1", &format!("u32(abase + i32(row) * {} + i32(kk) * {})", st(8), st(9))),
-            d,
-            acc,
-            false
-        ),
-        lb = cast(
-            &load(d, "b2", &format!("u32(bbase + i32(kb) * {} + i32(col) * {})", st(11), st(12))),
-            d,
-            acc,
-            false
-        ),
-        mac = arith(acc, "accs[i * 4u + j]", &mul(acc, "af[i]", "bf[j]")),
-        alpha = scalar_value(acc, "params[16]", "params[17]"),
-        beta = scalar_value(acc, "params[18]", "params[19]"),
-        scaled = mul(acc, "alpha", "accs[i * 4u + j]"),
-        with_c = arith(
-            acc,
-            "v",
-            &mul(acc, "beta", &cast(&super::load_from(d, "b0", "co", true), d, acc, false))
-        ),
-        store = store(d, "b0", "co", &cast("v", acc, d, false)),
     );
+    for i in 0..PER {
+        for j in 0..PER {
+            let _ = writeln!(src, "  var c{i}_{j}: {at} = {zero};");
+        }
+    }
+    let la = cast(
+        &load(
+            d,
+            "b1",
+            &format!("u32(abase + i32(row) * {} + i32(kk) * {})", st(8), st(9)),
+        ),
+        d,
+        acc,
+        false,
+    );
+    let lb = cast(
+        &load(
+            d,
+            "b2",
+            &format!("u32(bbase + i32(kb) * {} + i32(col) * {})", st(11), st(12)),
+        ),
+        d,
+        acc,
+        false,
+    );
+    // Each invocation stages TILE*DEPTH/256 elements of each slice.
+    let _ = writeln!(
+        src,
+        "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{
+    for (var q = 0u; q < {per_inv}u; q = q + 1u) {{
+      let e = lid + 256u * q;
+      let row = by * {TILE}u + e / {DEPTH}u; let kk = k0 + e % {DEPTH}u;
+      var va: {at} = {zero};
+      if (row < m && kk < k) {{ va = {la}; }}
+      ta[(e % {DEPTH}u) * {TILE}u + e / {DEPTH}u] = va;
+      let col = bx * {TILE}u + e % {TILE}u; let kb = k0 + e / {TILE}u;
+      var vb: {at} = {zero};
+      if (col < n && kb < k) {{ vb = {lb}; }}
+      tb[e] = vb;
+    }}
+    workgroupBarrier();
+    for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{",
+        per_inv = slice / 256,
+    );
+    for i in 0..PER {
+        let _ = writeln!(src, "      let a{i} = ta[kk * {TILE}u + tr + {}u];", 16 * i);
+    }
+    for j in 0..PER {
+        let _ = writeln!(src, "      let b{j} = tb[kk * {TILE}u + tc + {}u];", 16 * j);
+    }
+    for i in 0..PER {
+        for j in 0..PER {
+            let c = format!("c{i}_{j}");
+            let _ = writeln!(
+                src,
+                "      {c} = {};",
+                arith(acc, &c, &mul(acc, &format!("a{i}"), &format!("b{j}")))
+            );
+        }
+    }
+    src.push_str("    }\n    workgroupBarrier();\n  }\n");
+    let _ = writeln!(
+        src,
+        "  let alpha: {at} = {}; let beta: {at} = {};\n  var v: {at};",
+        scalar_value(acc, "params[16]", "params[17]"),
+        scalar_value(acc, "params[18]", "params[19]"),
+    );
+    let with_c = arith(
+        acc,
+        "v",
+        &mul(
+            acc,
+            "beta",
+            &cast(&super::load_from(d, "b0", "co", true), d, acc, false),
+        ),
+    );
+    let put = store(d, "b0", "co", &cast("v", acc, d, false));
+    for i in 0..PER {
+        for j in 0..PER {
+            let _ = writeln!(
+                src,
+                "  {{ let r = by * {TILE}u + tr + {ri}u; let c = bx * {TILE}u + tc + {cj}u;
+    if (r < m && c < n) {{
+      let co = u32(i32(params[6]) + i32(bz) * {sc0} + i32(r) * {sc1} + i32(c) * {sc2});
+      v = {scaled};
+      if (beta != {zero}) {{ v = {with_c}; }}
+      {put}
+    }} }}",
+                ri = 16 * i,
+                cj = 16 * j,
+                sc0 = st(13),
+                sc1 = st(14),
+                sc2 = st(15),
+                scaled = mul(acc, "alpha", &format!("c{i}_{j}")),
+            );
+        }
+    }
     src.push_str("}\n");
     src
 }

@@ -1,8 +1,9 @@
 //! `Reduce` kernels. An output is reduced by one invocation (short extents) or by a workgroup of
-//! 256 (a strided loop, then a tree in workgroup memory). Long extents with few outputs, and
-//! inputs larger than a storage binding, are cut into equal chunks along the first reduced
-//! axis: each chunk writes a partial result (and, for argmin/argmax, its position), and a
-//! second launch combines the partials.
+//! 256 (a strided loop, then a tree in workgroup memory). Long extents with few outputs are cut
+//! into `params[5]` equal ranges of the reduced positions inside one launch (so a full sum
+//! fills the GPU), and inputs larger than a storage binding into windows along the first
+//! reduced axis, one launch each: every range writes a partial result (and, for
+//! argmin/argmax, its position), and a second launch combines the partials.
 
 use super::prelude::helpers;
 use super::{
@@ -33,7 +34,7 @@ pub(crate) struct ReduceSig {
 }
 
 /// Word positions: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
-/// [4] output offset, [5] index-buffer offset, then outer shape, reduced shape, input outer
+/// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then outer shape, reduced shape, input outer
 /// strides, output outer strides, input reduced strides.
 pub(crate) struct Words {
     pub outer_shape: usize,
@@ -167,25 +168,35 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         );
     }
     src.push_str(ENTRY);
+    // Worker `u` reduces range `k` of output `o`.
     if sig.group {
-        src.push_str("  let o = wg.y * nwg.x + wg.x;\n  let tid = lid;\n  let step = 256u;\n");
+        src.push_str("  let u = wg.y * nwg.x + wg.x;\n  let tid = lid;\n  let step = 256u;\n");
     } else {
-        src.push_str("  let o = gid;\n  let tid = 0u;\n  let step = 1u;\n");
+        src.push_str("  let u = gid;\n  let tid = 0u;\n  let step = 1u;\n");
     }
+    src.push_str("  let ks = params[5];\n  let o = u / ks;\n  let k = u % ks;\n");
     src.push_str("  if (o >= params[0]) { return; }\n");
     // Outer coordinates → input base and output offset.
     let _ = writeln!(
         src,
         "  var ib = i32(params[3]);\n  var ob = i32(params[4]);\n  var rem = o;"
     );
+    // The outermost coordinate is what remains: no division for it (one per element would
+    // bound a rank-1 reduction by integer-division throughput).
     for d in (0..sig.outer_rank).rev() {
+        let split = if d == 0 {
+            "let c = rem;".to_string()
+        } else {
+            format!(
+                "let c = rem % params[{s}]; rem = rem / params[{s}];",
+                s = w.outer_shape + d
+            )
+        };
         let _ = writeln!(
             src,
-            "  {{ let c = rem % params[{s}]; rem = rem / params[{s}]; \
-             ib = ib + i32(c) * bitcast<i32>(params[{}]); ob = ob + i32(c) * bitcast<i32>(params[{}]); }}",
+            "  {{ {split} ib = ib + i32(c) * bitcast<i32>(params[{}]); ob = ob + i32(c) * bitcast<i32>(params[{}]); }}",
             w.in_outer + d,
             w.out_outer + d,
-            s = w.outer_shape + d
         );
     }
     let _ = writeln!(
@@ -194,14 +205,22 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         identity(sig.op, sig.acc)
     );
     src.push_str(
-        "  for (var r = tid; r < params[1]; r = r + step) {\n    var off = ib;\n    var rr = r;\n",
+        "  let chunk = (params[1] + ks - 1u) / ks;\n  let hi = min(params[1], k * chunk + chunk);\n\
+         for (var r = k * chunk + tid; r < hi; r = r + step) {\n    var off = ib;\n    var rr = r;\n",
     );
     for d in (0..sig.reduced_rank).rev() {
+        let split = if d == 0 {
+            "let c = rr;".to_string()
+        } else {
+            format!(
+                "let c = rr % params[{s}]; rr = rr / params[{s}];",
+                s = w.reduced_shape + d
+            )
+        };
         let _ = writeln!(
             src,
-            "    {{ let c = rr % params[{s}]; rr = rr / params[{s}]; off = off + i32(c) * bitcast<i32>(params[{}]); }}",
+            "    {{ {split} off = off + i32(c) * bitcast<i32>(params[{}]); }}",
             w.in_reduced + d,
-            s = w.reduced_shape + d
         );
     }
     let x = load(sig.input, "b1", "u32(off)");
@@ -236,9 +255,9 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         src.push_str("  acc = shv[0]; best = shi[0];\n");
     }
     if sig.partial {
-        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", "acc"));
+        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob) + k", "acc"));
         if let Some(s) = idx_out {
-            let _ = writeln!(src, "  b{s}[u32(ob)] = best;");
+            let _ = writeln!(src, "  b{s}[u32(ob) + k] = best;");
         }
     } else if arg {
         let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", "i64(best)"));

@@ -1,0 +1,178 @@
+//! The GPU benchmark of the CUDA and wgpu backends (run by `scripts/gpu-run.sh` on the GPU
+//! machine beside `scripts/bench_torch.py`, which measures PyTorch the same way in the same run).
+//!
+//! `bench_gpu [--device cuda|wgpu] [--log2n N] [--gemm K]` prints one JSON object per line:
+//! `op`, median `ms` of 20 timed repetitions (stream events around each: CUDA events, or wgpu
+//! timestamp queries), and the `bytes` moved or `flops` done, so the caller computes GB/s and
+//! TFLOP/s. Defaults: CUDA, 2^28 f32 elements, sgemm 4096³ (smaller sizes suit lavapipe).
+//! `bench_gpu first-op` prints the latency of a new process's first add on CUDA (context,
+//! kernel compile or PTX-cache load, launch, read back).
+
+use std::time::Instant;
+use strata::ops::Axes;
+use strata::prelude::*;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median milliseconds of `op` over 20 repetitions of `inner` calls each, timed with events.
+fn time(dev: &Device, inner: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    for _ in 0..3 {
+        op()?;
+    }
+    dev.synchronize()?;
+    let s = dev.current_stream();
+    let mut runs = Vec::new();
+    for _ in 0..20 {
+        let start = s.record_event()?;
+        for _ in 0..inner {
+            op()?;
+        }
+        let end = s.record_event()?;
+        end.synchronize()?;
+        runs.push(start.elapsed_ms(&end)? / inner as f64);
+    }
+    Ok(median(runs))
+}
+
+/// Median microseconds per call of `op` enqueued in bursts of 200 (fewer than a launch queue
+/// holds, so the device never holds the host back), over 50 bursts with a sync between them.
+fn burst_us(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+    let burst = 200;
+    let mut bursts = Vec::new();
+    for _ in 0..50 {
+        let t = Instant::now();
+        for _ in 0..burst {
+            op()?;
+        }
+        bursts.push(t.elapsed().as_secs_f64() * 1e6 / burst as f64);
+        dev.synchronize()?;
+    }
+    Ok(median(bursts))
+}
+
+fn row(op: &str, ms: f64, bytes: f64, flops: f64) {
+    println!("{{\"op\": \"{op}\", \"ms\": {ms:.6}, \"bytes\": {bytes}, \"flops\": {flops}}}");
+}
+
+fn first_op() -> Result<()> {
+    let t0 = Instant::now();
+    let dev = Device::cuda(0)?;
+    let t1 = Instant::now();
+    let a = Tensor::ones([1024], DType::F32, &dev)?;
+    let v = (&a + &a)?.sum(Axes::All, false)?.item::<f32>()?;
+    let t2 = Instant::now();
+    assert_eq!(v, 2048.0);
+    println!(
+        "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}}}",
+        (t1 - t0).as_secs_f64() * 1e3,
+        (t2 - t1).as_secs_f64() * 1e3
+    );
+    Ok(())
+}
+
+/// The value after `flag` on the command line, or `default`.
+fn arg(flag: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == flag)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_string())
+}
+
+fn main() -> Result<()> {
+    if std::env::args().nth(1).as_deref() == Some("first-op") {
+        return first_op();
+    }
+    let cuda = match arg("--device", "cuda").as_str() {
+        "cuda" => true,
+        "wgpu" => false,
+        other => {
+            return Err(Error::Invalid(format!(
+                "--device {other}: expected cuda or wgpu"
+            )))
+        }
+    };
+    let dev = if cuda {
+        Device::cuda(0)?
+    } else {
+        Device::wgpu()?
+    };
+    eprintln!("device: {}", dev.name());
+    let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
+    let n = 1usize << log2n;
+    let mut g = strata::random::Generator::new(1);
+    let a = Tensor::rand([n], DType::F32, &mut g, &dev)?;
+    let b = Tensor::rand([n], DType::F32, &mut g, &dev)?;
+    let f = 4.0; // bytes per element
+
+    let ms = time(&dev, 1, || a.copy().map(drop))?;
+    row("copy", ms, 2.0 * f * n as f64, 0.0);
+    let ms = time(&dev, 1, || (&a + &b).map(drop))?;
+    row("add", ms, 3.0 * f * n as f64, 0.0);
+    let ms = time(&dev, 1, || a.sum(Axes::All, false).map(drop))?;
+    row("sum", ms, f * n as f64, 0.0);
+    let a4 = a.reshape([n / 4, 4])?;
+    let ms = time(&dev, 1, || a4.sum(-1, false).map(drop))?;
+    row("sum-inner-4", ms, 1.25 * f * n as f64, 0.0);
+    let side = 1usize << (log2n / 2);
+    let (at, bs) = (
+        a.slice(s![..side * side])?.reshape([side, side])?.t()?,
+        b.slice(s![..side * side])?.reshape([side, side])?,
+    );
+    let ms = time(&dev, 1, || (&at + &bs).map(drop))?;
+    row("add-transposed", ms, 3.0 * f * (side * side) as f64, 0.0);
+    let relu = || -> Result<()> {
+        drop(((&a * &b)? + &a)?.relu()?);
+        Ok(())
+    };
+    let ms = time(&dev, 1, relu)?;
+    row("relu(a*b+a) eager", ms, 3.0 * f * n as f64, 0.0);
+
+    let k: usize = arg("--gemm", "4096").parse().unwrap_or(4096);
+    let mut g = strata::random::Generator::new(2);
+    let x = Tensor::rand([k, k], DType::F32, &mut g, &dev)?;
+    let y = Tensor::rand([k, k], DType::F32, &mut g, &dev)?;
+    let flops = 2.0 * (k * k * k) as f64;
+    let ms = time(&dev, 1, || x.matmul(&y).map(drop))?;
+    row(&format!("sgemm-{k}-fp32"), ms, 0.0, flops);
+    if cuda {
+        dev.set_allow_tf32(true);
+        let ms = time(&dev, 1, || x.matmul(&y).map(drop))?;
+        row(&format!("sgemm-{k}-tf32"), ms, 0.0, flops);
+        dev.set_allow_tf32(false);
+    }
+
+    // Host cost per op: the time to enqueue a burst of 200 one-element adds (fewer than the
+    // driver's launch queue holds, so the GPU never holds the host back), median of 50 bursts
+    // with a sync between them; then the sustained rate of 20,000 adds and one sync, which the
+    // GPU's own per-kernel time bounds.
+    let one = Tensor::ones([1], DType::F32, &dev)?;
+    for _ in 0..1000 {
+        drop((&one + &one)?);
+    }
+    dev.synchronize()?;
+    let us = burst_us(&dev, || (&one + &one).map(drop))?;
+    let count = 20_000;
+    let t = Instant::now();
+    for _ in 0..count {
+        drop((&one + &one)?);
+    }
+    dev.synchronize()?;
+    let sustained = t.elapsed().as_secs_f64() * 1e6 / count as f64;
+    println!("{{\"op\": \"host-us-per-add\", \"us\": {us:.3}, \"sustained_us\": {sustained:.3}}}");
+    // Where the host cost goes: the same add into an existing output (no allocation), and on
+    // the CPU device (core's shape, promotion and launch work plus a one-element CPU kernel).
+    let out = Tensor::zeros([1], DType::F32, &dev)?;
+    let into = burst_us(&dev, || one.add_out(&one, &out))?;
+    let cpu = Device::cpu();
+    let one_cpu = Tensor::ones([1], DType::F32, &cpu)?;
+    let on_cpu = burst_us(&cpu, || (&one_cpu + &one_cpu).map(drop))?;
+    println!(
+        "{{\"op\": \"host-parts\", \"add_out_us\": {into:.3}, \"cpu_device_us\": {on_cpu:.3}}}"
+    );
+    Ok(())
+}
