@@ -473,6 +473,11 @@ impl Event {
     pub fn device(&self) -> &Device {
         &self.device
     }
+
+    /// The backend's id of this event.
+    pub(crate) fn id(&self) -> EventId {
+        self.id.id
+    }
 }
 
 impl fmt::Debug for Event {

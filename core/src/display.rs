@@ -9,7 +9,7 @@ use std::fmt;
 /// Tensors with more elements than this are summarized with `...`.
 const THRESHOLD: usize = 1000;
 /// Elements shown at each end of a summarized axis.
-const EDGE: usize = 3;
+pub(crate) const EDGE: usize = 3;
 /// Rows of numbers wrap at this many characters.
 const LINE_WIDTH: usize = 80;
 
@@ -39,7 +39,7 @@ pub(crate) fn scalar_at(dtype: DType, bytes: &[u8], i: usize) -> Scalar {
 
 /// The elements to print: all of them, or the ends of each long axis when the tensor is
 /// large. Returns the (small) tensor and which axes were cut.
-fn summary(t: &Tensor) -> Result<(Tensor, Vec<bool>)> {
+pub(crate) fn summary(t: &Tensor) -> Result<(Tensor, Vec<bool>)> {
     let cut: Vec<bool> = t
         .shape()
         .iter()
@@ -127,7 +127,7 @@ fn format_float(v: f64, style: &FloatStyle) -> String {
 }
 
 /// Every printed element of `t` as text, in row-major order of the summary.
-fn element_strings(t: &Tensor) -> Result<Vec<String>> {
+pub(crate) fn element_strings(t: &Tensor) -> Result<Vec<String>> {
     let bytes = t.host_bytes()?;
     let scalars: Vec<Scalar> = (0..t.numel())
         .map(|i| scalar_at(t.dtype(), &bytes, i))

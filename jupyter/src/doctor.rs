@@ -1,0 +1,173 @@
+//! `strata-jupyter doctor`: what the kernel needs, what is there, and what to do otherwise.
+
+use crate::{evcxr, paths};
+use std::path::Path;
+use strata::prelude::{Device, DeviceExt};
+
+/// One finding: whether it is fine, what it is, and the detail or the fix.
+struct Check {
+    ok: bool,
+    what: String,
+    detail: String,
+}
+
+fn check(ok: bool, what: &str, detail: impl Into<String>) -> Check {
+    Check {
+        ok,
+        what: what.into(),
+        detail: detail.into(),
+    }
+}
+
+fn devices() -> Vec<Check> {
+    let mut out = vec![check(true, "device cpu", "the CPU reference backend")];
+    match Device::cuda(0) {
+        Ok(dev) => out.push(check(true, "device cuda", dev.name())),
+        Err(e) => out.push(check(true, "device cuda", format!("not available: {e}"))),
+    }
+    let adapters = strata_wgpu::adapters();
+    if adapters.is_empty() {
+        out.push(check(
+            true,
+            "device wgpu",
+            "no adapter (on Linux without a GPU: apt-get install mesa-vulkan-drivers libvulkan1)",
+        ));
+    }
+    for a in adapters {
+        out.push(check(
+            true,
+            "device wgpu",
+            format!("{} ({:?}, {:?})", a.name, a.backend, a.device_type),
+        ));
+    }
+    let best = Device::auto().map_or_else(|e| format!("error: {e}"), |d| d.name());
+    out.push(check(true, "Device::auto()", best));
+    out
+}
+
+fn kernel(kernel_dir: Option<&Path>) -> Vec<Check> {
+    let mut out = Vec::new();
+    match paths::find_program("evcxr_jupyter") {
+        Some(p) => out.push(check(
+            true,
+            "evcxr_jupyter",
+            format!(
+                "{} (version {})",
+                p.display(),
+                evcxr::installed_version().unwrap_or_else(|| "unknown".into())
+            ),
+        )),
+        None => out.push(check(
+            false,
+            "evcxr_jupyter",
+            "missing: `strata-jupyter install` installs it (about 15 minutes on two cores)",
+        )),
+    }
+    for tool in ["cargo", "rustc"] {
+        out.push(match paths::find_program(tool) {
+            Some(p) => check(true, tool, p.display().to_string()),
+            None => check(
+                false,
+                tool,
+                "missing: evcxr compiles every cell with it (rustup.rs)",
+            ),
+        });
+    }
+    let Some(dir) = kernel_dir else {
+        out.push(check(
+            false,
+            "Jupyter data dir",
+            "unknown: set HOME or JUPYTER_DATA_DIR",
+        ));
+        return out;
+    };
+    out.push(check(
+        true,
+        "Jupyter data dir",
+        dir.parent()
+            .and_then(Path::parent)
+            .map_or(String::new(), |d| d.display().to_string()),
+    ));
+    if dir.join("kernel.json").is_file() {
+        out.push(check(true, "kernelspec", dir.display().to_string()));
+        let init = paths::evcxr_config_dir(dir).join("init.evcxr");
+        let dep = std::fs::read_to_string(&init).ok().and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(":dep"))
+                .map(str::to_string)
+        });
+        out.push(match dep {
+            Some(dep) => check(true, "strata source", dep),
+            None => check(
+                false,
+                "strata source",
+                format!("{} has no :dep line", init.display()),
+            ),
+        });
+    } else {
+        out.push(check(
+            false,
+            "kernelspec",
+            format!("missing at {}: run `strata-jupyter install`", dir.display()),
+        ));
+    }
+    out
+}
+
+fn environment() -> Vec<Check> {
+    let mut out = Vec::new();
+    if let Some(cache) = paths::evcxr_cache_dir() {
+        let (bytes, files) = paths::du(&cache);
+        out.push(check(
+            true,
+            "evcxr cache",
+            if files == 0 {
+                format!(
+                    "{} is empty: the first notebook builds strata (minutes); \
+                     `strata-jupyter install` warms it",
+                    cache.display()
+                )
+            } else {
+                format!(
+                    "{}: {:.0} MiB in {files} files",
+                    cache.display(),
+                    bytes as f64 / 1048576.0
+                )
+            },
+        ));
+    }
+    out.push(match paths::find_program("jupyter") {
+        Some(p) => check(true, "jupyter", p.display().to_string()),
+        None => check(
+            true,
+            "jupyter",
+            "not on PATH (scripts/notebook.sh installs JupyterLab into .venv)",
+        ),
+    });
+    out
+}
+
+/// Prints every finding; `Err` when something the kernel needs is missing.
+pub fn run() -> Result<(), String> {
+    let kernel_dir = paths::kernel_dir();
+    let checks: Vec<Check> = devices()
+        .into_iter()
+        .chain(kernel(kernel_dir.as_deref()))
+        .chain(environment())
+        .collect();
+    for c in &checks {
+        println!(
+            "{} {:<18} {}",
+            if c.ok { "ok     " } else { "MISSING" },
+            c.what,
+            c.detail
+        );
+    }
+    let missing = checks.iter().filter(|c| !c.ok).count();
+    if missing == 0 {
+        println!("\nThe strata kernel is ready: `jupyter lab` and pick \"Rust (strata)\".");
+        Ok(())
+    } else {
+        Err(format!("{missing} thing(s) missing (see above)"))
+    }
+}

@@ -1,0 +1,141 @@
+//! The kernelspec and the evcxr configuration it points at.
+//!
+//! The kernel is stock `evcxr_jupyter`; `EVCXR_CONFIG_DIR` makes it run our `init.evcxr`
+//! (the build cache and the strata dependency) and `prelude.rs` (`use strata::prelude::*;`).
+
+use crate::paths;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// evcxr's build cache limit, in MiB (`:cache`). strata's dependencies take about 600 MiB.
+const CACHE_MIB: u32 = 4096;
+
+/// How the kernel's `:dep` reaches the strata sources.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// `git = "file://…"`: the repository's committed `HEAD`. Cargo builds git dependencies
+    /// without incremental compilation, so evcxr's cache keeps them and a new kernel starts in
+    /// seconds; uncommitted edits are not seen.
+    Git(PathBuf),
+    /// `path = "…"`: the working tree as it is. evcxr does not cache path dependencies
+    /// (they build incrementally), so every new kernel compiles strata again (about a minute).
+    Path(PathBuf),
+}
+
+impl Source {
+    /// The `:dep` line for `init.evcxr`.
+    pub fn dep_line(&self) -> String {
+        let features = "features = [\"evcxr\"]";
+        match self {
+            Source::Git(dir) => format!(
+                ":dep strata = {{ git = {}, {features} }}",
+                toml_string(&format!("file://{}", dir.display()))
+            ),
+            Source::Path(dir) => format!(
+                ":dep strata = {{ path = {}, {features} }}",
+                toml_string(&dir.display().to_string())
+            ),
+        }
+    }
+}
+
+/// Whether `dir` is the top of a git work tree, and whether it has uncommitted changes to
+/// tracked files (which a git source does not see).
+pub fn git_state(dir: &Path) -> Option<bool> {
+    let top = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["rev-parse", "--show-toplevel"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let top = PathBuf::from(String::from_utf8_lossy(&top.stdout).trim());
+    if fs::canonicalize(&top).ok()? != fs::canonicalize(dir).ok()? {
+        return None;
+    }
+    let status = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()?;
+    Some(!status.stdout.is_empty())
+}
+
+fn toml_string(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `kernel.json` for `evcxr` with its configuration in `config_dir`.
+pub fn kernel_json(evcxr: &Path, config_dir: &Path) -> String {
+    format!(
+        "{{\n  \"argv\": [{}, \"--control_file\", \"{{connection_file}}\"],\n  \
+         \"display_name\": \"Rust (strata)\",\n  \"language\": \"rust\",\n  \
+         \"interrupt_mode\": \"message\",\n  \"env\": {{\"EVCXR_CONFIG_DIR\": {}}}\n}}\n",
+        json_string(&evcxr.display().to_string()),
+        json_string(&config_dir.display().to_string())
+    )
+}
+
+/// `init.evcxr`: the build cache first, so that the dependency's build is cached.
+pub fn init_evcxr(source: &Source) -> String {
+    // No comments: evcxr would compile a comment line as a cell.
+    format!(":cache {CACHE_MIB}\n{}\n", source.dep_line())
+}
+
+/// Writes the kernelspec and the evcxr configuration into `kernel_dir`.
+pub fn write(kernel_dir: &Path, evcxr: &Path, source: &Source) -> io::Result<()> {
+    let config = paths::evcxr_config_dir(kernel_dir);
+    fs::create_dir_all(&config)?;
+    fs::write(kernel_dir.join("kernel.json"), kernel_json(evcxr, &config))?;
+    fs::write(config.join("init.evcxr"), init_evcxr(source))?;
+    fs::write(config.join("prelude.rs"), "use strata::prelude::*;\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_json_escapes_paths_and_names_the_config_dir() {
+        let json = kernel_json(
+            Path::new("/opt/my \"bin\"/evcxr_jupyter"),
+            Path::new("/k/evcxr"),
+        );
+        assert!(json.contains(r#""argv": ["/opt/my \"bin\"/evcxr_jupyter", "--control_file""#));
+        assert!(json.contains(r#""display_name": "Rust (strata)""#));
+        assert!(json.contains(r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr"}"#));
+    }
+
+    #[test]
+    fn init_sets_the_cache_before_the_dependency() {
+        let git = init_evcxr(&Source::Git("/src/strata".into()));
+        let lines: Vec<&str> = git.lines().collect();
+        assert_eq!(lines[0], ":cache 4096");
+        assert_eq!(
+            lines[1],
+            r#":dep strata = { git = "file:///src/strata", features = ["evcxr"] }"#
+        );
+        let path = Source::Path("/src/strata".into()).dep_line();
+        assert_eq!(
+            path,
+            r#":dep strata = { path = "/src/strata", features = ["evcxr"] }"#
+        );
+    }
+}
