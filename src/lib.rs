@@ -27,6 +27,8 @@ pub use strata_core::*;
 /// ```
 pub mod prelude {
     pub use crate::DeviceExt;
+    pub use strata_core::ops::Axes;
+    pub use strata_core::random::Generator;
     pub use strata_core::{
         s, Category, DType, Device, Ellipsis, Error, Event, NewAxis, Result, Scalar, Stream,
         Tensor, Value,

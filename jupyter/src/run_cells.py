@@ -4,13 +4,17 @@ Used by `strata-jupyter install` to warm evcxr's build cache, and by scripts/not
 to measure a fresh kernel. Exits with 1 when a cell reports an error (on stderr, as evcxr does
 for `?`) or the kernel does not start.
 """
+import os
 import sys
+import tempfile
 import time
 
 import jupyter_client
 
 
 def main(kernel, cells):
+    # Without it libwayland, probed by the Vulkan driver, prints an error line into cell output.
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
     start = time.monotonic()
     km, kc = jupyter_client.manager.start_new_kernel(kernel_name=kernel, startup_timeout=3600)
     print(f"kernel ready after {time.monotonic() - start:.1f} s", flush=True)

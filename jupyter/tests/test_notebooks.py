@@ -1,0 +1,155 @@
+"""Runs every notebook in notebooks/ with the `strata` kernel through nbclient, as Jupyter does.
+
+Set-up (scripts/test.sh does it): `strata-jupyter install` has written the kernelspec, and
+STRATA_NOTEBOOK_DEVICES lists the devices to run on (`cpu`, `wgpu`; default `cpu`). The first
+kernel builds strata inside evcxr, which takes minutes with a cold cache: hence the long
+startup timeout.
+"""
+
+import base64
+import os
+import pathlib
+import struct
+import tempfile
+import zlib
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+DEVICES = [d for d in os.environ.get("STRATA_NOTEBOOK_DEVICES", "cpu").split(",") if d]
+
+_executed = {}
+
+
+def executed(name, device):
+    """The notebook after running it top to bottom on `device` (each runs once per session)."""
+    key = (name, device)
+    if key not in _executed:
+        path = ROOT / "notebooks" / f"{name}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        old = os.environ.get("STRATA_DEVICE")
+        os.environ["STRATA_DEVICE"] = device  # the kernel inherits it: Device::auto() obeys
+        # libwayland, probed by the Vulkan driver, prints an error line without it.
+        os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
+        try:
+            NotebookClient(
+                nb,
+                kernel_name="strata",
+                timeout=600,
+                startup_timeout=3600,
+                resources={"metadata": {"path": str(path.parent)}},
+            ).execute()
+        finally:
+            if old is None:
+                del os.environ["STRATA_DEVICE"]
+            else:
+                os.environ["STRATA_DEVICE"] = old
+        _executed[key] = nb
+    return _executed[key]
+
+
+def tagged(nb, tag):
+    cells = [c for c in nb.cells if tag in c.get("metadata", {}).get("tags", [])]
+    assert cells, f"no cell tagged {tag!r}"
+    return cells
+
+
+def stream(cell, name):
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream" and o.name == name)
+
+
+def data(cell, mime):
+    for o in cell.outputs:
+        if o.output_type in ("execute_result", "display_data") and mime in o.get("data", {}):
+            return o["data"][mime]
+    return None
+
+
+def all_text(cell):
+    parts = []
+    for o in cell.outputs:
+        parts.append(o.get("text", ""))
+        parts.extend(str(v) for k, v in o.get("data", {}).items() if k != "image/png")
+        parts.extend(o.get("traceback", []))
+    return "\n".join(parts)
+
+
+def decode_png(b64):
+    """Width, height and the unfiltered rows of an 8-bit RGB PNG, with its chunks' CRCs checked."""
+    png = base64.b64decode(b64)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", None
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, body = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        (crc,) = struct.unpack(">I", png[pos + 8 + length : pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind}"
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, depth, colour = header[:4]
+    assert (depth, colour) == (8, 2)
+    raw = zlib.decompress(idat)
+    assert len(raw) == height * (1 + 3 * width)
+    return width, height, raw
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_without_errors(path, device):
+    nb = executed(path.stem, device)
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        text = all_text(cell)
+        assert "panicked at" not in text, f"{cell.source!r} panicked:\n{text}"
+        assert not any(o.output_type == "error" for o in cell.outputs), f"{cell.source!r}:\n{text}"
+        if "expect-error" not in cell.metadata.get("tags", []):
+            assert stream(cell, "stderr") == "", f"{cell.source!r} wrote to stderr:\n{text}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_view_header_shows_shape_strides_and_offset(device):
+    nb = executed("02-views-and-strides", device)
+    html = data(tagged(nb, "reversed")[0], "text/html")
+    assert "shape=[3, 4] strides=[4, -1] offset=3 dtype=i32" in html
+    assert "non-contiguous" in html
+    written = data(tagged(nb, "write-through")[0], "text/plain")
+    assert written.startswith("[[  0,   1, 100, 100],"), written
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["01-tour", "06-reductions-matmul-random"])
+def test_two_d_floats_get_a_heatmap_that_decodes(name, device):
+    cell = tagged(executed(name, device), "heatmap")[0]
+    width, height, raw = decode_png(data(cell, "image/png"))
+    assert width > height // 2 and height >= 64
+    assert "data:image/png;base64," in data(cell, "text/html")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_saturating_math_clamps_at_zero(device):
+    out = stream(tagged(executed("03-broadcasting-and-dtypes", device), "saturating")[0], "stdout")
+    assert "wrapping   3,7,0 - 5 = [254,   2, 251]" in out, out
+    assert "saturating 3,7,0 - 5 = [0, 2, 0]" in out, out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_op_shows_its_error_and_the_kernel_keeps_variables(device):
+    nb = executed("03-broadcasting-and-dtypes", device)
+    err = stream(tagged(nb, "expect-error")[0], "stderr")
+    assert "shapes [3] and [4] do not broadcast" in err, err
+    after = tagged(nb, "after-error")[0]
+    assert "a is still here: shape [3, 1]" in stream(after, "stdout")
+    assert "shape=[3, 1]" in data(after, "text/html")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_seeded_random_numbers_match_the_cpu(device):
+    out = stream(tagged(executed("06-reductions-matmul-random", device), "identical")[0], "stdout")
+    assert out.strip().endswith("and cpu: true"), out
