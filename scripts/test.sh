@@ -28,3 +28,24 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test matmul -- --test-threads=1
 fi
+
+# The notebooks: every one in notebooks/ executed through nbclient with the strata kernel, on
+# the CPU and (where a Vulkan driver is present) on wgpu. Needs evcxr_jupyter and a .venv with
+# nbclient and pytest (.ci/run installs both). The kernel loads the committed HEAD of this
+# repository (see jupyter/README.md), so commit before running them.
+evcxr_found=""
+if command -v evcxr_jupyter >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/evcxr_jupyter" ]; then
+  evcxr_found=1
+fi
+if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "import nbclient, pytest" 2>/dev/null; then
+  export JUPYTER_DATA_DIR="$PWD/target/jupyter"  # a kernelspec of the tests' own
+  cargo run --locked --quiet -p strata-jupyter -- install --no-warm
+  devices=cpu
+  if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then devices=cpu,wgpu; fi
+  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -q jupyter/tests
+elif [ -n "${STRATA_REQUIRE_NOTEBOOKS:-}" ]; then
+  echo "notebook tests need evcxr_jupyter and .venv with nbclient and pytest (see .ci/run)" >&2
+  exit 1
+else
+  echo "skipping the notebook tests: evcxr_jupyter or .venv with nbclient/pytest is missing"
+fi

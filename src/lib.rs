@@ -45,7 +45,9 @@ pub mod prelude {
 /// ```
 pub trait DeviceExt: Sized {
     /// The best device present: the one `STRATA_DEVICE` names when it is set, otherwise
-    /// CUDA device 0, then wgpu, then the CPU.
+    /// CUDA device 0, then a wgpu adapter that is real hardware (a software rasterizer such as
+    /// lavapipe is slower than the CPU backend; `STRATA_DEVICE=wgpu` still picks it), then the
+    /// CPU.
     fn auto() -> Result<Self>;
     /// CUDA device `ordinal`, or `Err` saying why not (no driver, no such device).
     fn cuda(ordinal: usize) -> Result<Self>;
@@ -55,12 +57,30 @@ pub trait DeviceExt: Sized {
     fn parse(spec: &str) -> Result<Self>;
 }
 
+/// The wgpu device, unless its only adapters are software ones (or `STRATA_WGPU_ADAPTER`
+/// names one explicitly).
+fn hardware_wgpu() -> Result<Device> {
+    #[cfg(feature = "wgpu")]
+    {
+        let chosen = std::env::var("STRATA_WGPU_ADAPTER").is_ok_and(|s| !s.trim().is_empty());
+        let hardware = strata_wgpu::adapters()
+            .iter()
+            .any(|a| a.device_type != strata_wgpu::DeviceType::Cpu);
+        if !chosen && !hardware {
+            return Err(Error::DeviceUnavailable(
+                "wgpu: only software adapters found".into(),
+            ));
+        }
+    }
+    Device::wgpu()
+}
+
 impl DeviceExt for Device {
     fn auto() -> Result<Device> {
         match std::env::var("STRATA_DEVICE") {
             Ok(spec) if !spec.trim().is_empty() => Device::parse(&spec),
             _ => Ok(Device::cuda(0)
-                .or_else(|_| Device::wgpu())
+                .or_else(|_| hardware_wgpu())
                 .unwrap_or_else(|_| Device::cpu())),
         }
     }

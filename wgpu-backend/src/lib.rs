@@ -22,6 +22,8 @@ mod memory;
 
 pub use gpu::AdapterSummary;
 pub use memory::WgpuBuffer;
+/// The kind of an adapter ([`AdapterSummary::device_type`]).
+pub use wgpu::DeviceType;
 
 use codegen::{index, map, matmul, reduce, Caps};
 use gpu::Gpu;
