@@ -17,12 +17,9 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked
 # The wgpu backend against the CPU backend, on lavapipe (or the adapter STRATA_WGPU_ADAPTER
-# picks). One test thread: the backend shares one command batch between threads. Sines of
-# arguments past ~1e5 still lose precision on wgpu (no Payne-Hanek reduction yet), so the unary
-# op test is left out here until that lands.
+# picks). One test thread: the backend shares one command batch between threads.
 if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
-  STRATA_TEST_DEVICES=cpu,wgpu cargo test --locked -p strata-tests -- --test-threads=1 \
-    --skip unary_ops_every_dtype_and_layout
+  STRATA_TEST_DEVICES=cpu,wgpu cargo test --locked -p strata-tests -- --test-threads=1
   # Windows past the storage-binding limit, reached with small tensors: a 128-byte cap splits
   # every matmul by batch and rows (the large test covers maps and reductions at 128 MiB).
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \

@@ -850,3 +850,52 @@ fn casts(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(casts_every_dtype_pair_and_layout, casts);
+
+/// sin, cos and tan of arguments far past 2π (where Cody–Waite reduction runs out of bits and
+/// Payne–Hanek takes over), against Rust's correctly reduced f64 functions.
+fn trig_of_huge_arguments(dev: &Device) -> Result<()> {
+    let f64s = [
+        524_288.5,
+        -1e6 - 0.25,
+        1e10,
+        1e22,
+        -(2f64.powi(60)),
+        9.223372036854775807e18,
+        3.4e38,
+        1e300,
+        f64::MAX,
+        // The double closest to a multiple of π/2 (Kahan–McDonald): 6381956970095103·2^797.
+        6381956970095103.0 * 2f64.powi(797),
+    ];
+    let f32s: Vec<f32> = [1e6f32, -123456789.0, 1e10, 3.4e38, -1.7e38, 16777216.0].to_vec();
+    for (name, f) in [
+        ("sin", f64::sin as fn(f64) -> f64),
+        ("cos", f64::cos),
+        ("tan", f64::tan),
+    ] {
+        let t = Tensor::from_slice(&f64s, [f64s.len()], dev)?;
+        let got = call_unary(&t, name)?.to_vec::<f64>()?;
+        for (x, g) in f64s.iter().zip(&got) {
+            let w = f(*x);
+            assert!(
+                (g - w).abs() <= 1e-12 * w.abs().max(1.0),
+                "{name}({x:e}) gave {g}, want {w}"
+            );
+        }
+        let t = Tensor::from_slice(&f32s, [f32s.len()], dev)?;
+        let got = call_unary(&t, name)?.to_vec::<f32>()?;
+        for (x, g) in f32s.iter().zip(&got) {
+            let w = f(*x as f64);
+            let g = *g as f64;
+            assert!(
+                (g - w).abs() <= 2e-6 * w.abs().max(1.0),
+                "{name}({x:e}f32) gave {g}, want {w}"
+            );
+        }
+    }
+    Ok(())
+}
+test_device!(
+    trig_of_huge_arguments_is_reduced_exactly,
+    trig_of_huge_arguments
+);

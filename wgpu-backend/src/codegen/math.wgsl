@@ -54,19 +54,111 @@ fn log1p_$T(x: $T) -> $T {
   return log_$T(u) * x / (u - 1.0$L);
 }
 
+// Bits of 2/π after the binary point, 32 to a word: enough for any f64 exponent.
+var<private> TWO_OVER_PI: array<u32, 40> = array<u32, 40>(
+  0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u, 0x3c439041u, 0xfe5163abu,
+  0xdebbc561u, 0xb7246e3au, 0x424dd2e0u, 0x06492eeau, 0x09d1921cu, 0xfe1deb1cu, 0xb129a73eu,
+  0xe88235f5u, 0x2ebb4484u, 0xe99c7026u, 0xb45f7e41u, 0x3991d639u, 0x835339f4u, 0x9c845f8bu,
+  0xbdf9283bu, 0x1ff897ffu, 0xde05980fu, 0xef2f118bu, 0x5a0a6d1fu, 0x6d367ecfu, 0x27cb09b7u,
+  0x4f463f66u, 0x9e5fea2du, 0x7527bac7u, 0xebe5f17bu, 0x3d0739f7u, 0x8a5292eau, 0x6bfb5fb1u,
+  0x1f8d5d08u, 0x56033046u, 0xfc7b6babu, 0xf0cfbc20u, 0x9af4361du);
+
+// 32 bits of 2/π starting `o` bits after the point.
+fn two_over_pi_at(o: u32) -> u32 {
+  let a = o >> 5u;
+  let b = o & 31u;
+  if (b == 0u) { return TWO_OVER_PI[a]; }
+  return (TWO_OVER_PI[a] << b) | (TWO_OVER_PI[a + 1u] >> (32u - b));
+}
+
+// The full product of two words: (low word, high word).
+fn mul_wide(a: u32, b: u32) -> vec2<u32> {
+  let al = a & 0xffffu; let ah = a >> 16u;
+  let bl = b & 0xffffu; let bh = b >> 16u;
+  let ll = al * bl;
+  let mid = al * bh;
+  let mid2 = mid + ah * bl;
+  let mid_carry = select(0u, 0x10000u, mid2 < mid);
+  let lo = ll + (mid2 << 16u);
+  return vec2<u32>(lo, ah * bh + (mid2 >> 16u) + mid_carry + select(0u, 1u, lo < ll));
+}
+
+// 32 bits of the 256-bit number `p` (eight little-endian words) starting at bit `pos`.
+fn bits_at(p: ptr<function, array<u32, 8>>, pos: u32) -> u32 {
+  let i = pos >> 5u;
+  let b = pos & 31u;
+  if (b == 0u) { return (*p)[i]; }
+  return ((*p)[i] >> b) | ((*p)[i + 1u] << (32u - b));
+}
+
+// Payne–Hanek reduction for |x| past the Cody–Waite range: x·(2/π) = q + f computed exactly
+// enough from the 160 bits of 2/π that matter for x's exponent (earlier bits only add
+// multiples of 4). Returns (f·π/2, q mod 4).
+fn rem_pio2_big_$T(x: $T) -> vec2<$T> {
+  let fr = frexp(abs(x));
+  let mant = ldexp(fr.fract, $MANT_BITS);  // an integer: |x| = mant · 2^e
+  let e = i32(fr.exp) - $MANT_BITS;
+  let m_hi = floor(mant / 4294967296.0$L);
+  var m = array<u32, 2>(u32(mant - m_hi * 4294967296.0$L), u32(m_hi));
+  let s = max(1, e - 1);  // the first bit of 2/π used (1-based)
+  var w: array<u32, 5>;
+  for (var j = 0; j < 5; j++) { w[j] = two_over_pi_at(u32(s - 1 + 32 * (4 - j))); }
+  var p: array<u32, 8>;
+  for (var i = 0; i < 2; i++) {
+    var carry = 0u;
+    for (var j = 0; j < 5; j++) {
+      let prod = mul_wide(m[i], w[j]);
+      let t = p[i + j] + prod.x;
+      let t2 = t + carry;
+      carry = prod.y + select(0u, 1u, t < prod.x) + select(0u, 1u, t2 < t);
+      p[i + j] = t2;
+    }
+    p[i + 5] = carry;
+  }
+  let point = u32(s + 159 - e);  // p has this many bits after the binary point
+  var q = bits_at(&p, point) & 3u;
+  var f2 = bits_at(&p, point - 32u);
+  var f1 = bits_at(&p, point - 64u);
+  var f0 = bits_at(&p, point - 96u);
+  var sign = 1.0$L;
+  if (f2 >= 0x80000000u) {
+    // f ≥ ½: use f − 1, negating the 96 fraction bits as integers so nothing cancels.
+    q = q + 1u;
+    sign = -1.0$L;
+    f0 = ~f0 + 1u;
+    let c0 = select(0u, 1u, f0 == 0u);
+    f1 = ~f1 + c0;
+    let c1 = select(0u, 1u, c0 == 1u && f1 == 0u);
+    f2 = ~f2 + c1;
+  }
+  let f = ldexp($T(f2), -32) + ldexp($T(f1), -64) + ldexp($T(f0), -96);
+  var r = sign * (f * 1.57079632679489655800e+00$L + f * 6.12323399573676603587e-17$L);
+  if (x < 0.0$L) { r = -r; q = 4u - q; }
+  return vec2<$T>(r, $T(q & 3u));
+}
+
 // (sin x, cos x).
 fn sincos_$T(x: $T) -> vec2<$T> {
   if (isnan_$T(x) || isinf_$T(x)) { return vec2<$T>(nan_$T(), nan_$T()); }
-  let k = round(x * 0.63661977236758134308$L);
-  let r = ((x - k * 1.57079632673412561417e+00$L) - k * 6.07710050630396597660e-11$L)
-      - k * 2.02226624879595063154e-21$L;
+  var r: $T;
+  var q: i32;
+  if (abs(x) < $PH_MIN) {
+    // Cody–Waite: k·C1 is exact while k < 2^20.
+    let k = round(x * 0.63661977236758134308$L);
+    r = ((x - k * 1.57079632673412561417e+00$L) - k * 6.07710050630396597660e-11$L)
+        - k * 2.02226624879595063154e-21$L;
+    q = i32(k) & 3;
+  } else {
+    let rq = rem_pio2_big_$T(x);
+    r = rq.x;
+    q = i32(rq.y);
+  }
   let r2 = r * r;
   var s = 1.0$L;
   for (var i = 10; i >= 1; i--) { s = 1.0$L - s * r2 / $T((2 * i) * (2 * i + 1)); }
   s = s * r;
   var c = 1.0$L;
   for (var i = 10; i >= 1; i--) { c = 1.0$L - c * r2 / $T((2 * i - 1) * (2 * i)); }
-  let q = i32(k) & 3;
   if (q == 0) { return vec2<$T>(s, c); }
   if (q == 1) { return vec2<$T>(c, -s); }
   if (q == 2) { return vec2<$T>(-s, -c); }

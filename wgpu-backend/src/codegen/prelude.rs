@@ -65,7 +65,7 @@ pub(crate) fn math_type(caps: Caps) -> &'static str {
 
 /// `math.wgsl` instantiated for `f64` or `f32`.
 fn math(caps: Caps) -> String {
-    let subs: [(&str, &str); 8] = if caps.f64 {
+    let subs: [(&str, &str); 10] = if caps.f64 {
         [
             ("$INF_BITS", "0x7ff0000000000000lu"),
             ("$NAN_BITS", "0x7ff8000000000000lu"),
@@ -75,6 +75,9 @@ fn math(caps: Caps) -> String {
             ("$T", "f64"),
             ("$U", "u64"),
             ("$L", "lf"),
+            ("$MANT_BITS", "53"),
+            // Cody–Waite below 2^19; f32's constants are too short for it past π/4.
+            ("$PH_MIN", "524288.0lf"),
         ]
     } else {
         [
@@ -86,6 +89,8 @@ fn math(caps: Caps) -> String {
             ("$T", "f32"),
             ("$U", "u32"),
             ("$L", "f"),
+            ("$MANT_BITS", "24"),
+            ("$PH_MIN", "0.785f"),
         ]
     };
     let mut s = MATH.to_string();
