@@ -95,9 +95,11 @@ fn bits_at(p: ptr<function, array<u32, 8>>, pos: u32) -> u32 {
 // enough from the 160 bits of 2/π that matter for x's exponent (earlier bits only add
 // multiples of 4). Returns (f·π/2, q mod 4).
 fn rem_pio2_big_$T(x: $T) -> vec2<$T> {
-  let fr = frexp(abs(x));
-  let mant = ldexp(fr.fract, $MANT_BITS);  // an integer: |x| = mant · 2^e
-  let e = i32(fr.exp) - $MANT_BITS;
+  // |x| = mant · 2^e with mant an integer, read from the bits (NVIDIA's compiler rejects
+  // frexp here).
+  let bits = bitcast<$U>(abs(x));
+  let e = i32(bits >> $MANT_BITS) - $EXP_BIAS;
+  let mant = $T((bits & $MANT_MASK) | $IMPLICIT_BIT);
   let m_hi = floor(mant / 4294967296.0$L);
   var m = array<u32, 2>(u32(mant - m_hi * 4294967296.0$L), u32(m_hi));
   let s = max(1, e - 1);  // the first bit of 2/π used (1-based)

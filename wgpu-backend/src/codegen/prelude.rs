@@ -65,7 +65,7 @@ pub(crate) fn math_type(caps: Caps) -> &'static str {
 
 /// `math.wgsl` instantiated for `f64` or `f32`.
 fn math(caps: Caps) -> String {
-    let subs: [(&str, &str); 10] = if caps.f64 {
+    let subs: [(&str, &str); 13] = if caps.f64 {
         [
             ("$INF_BITS", "0x7ff0000000000000lu"),
             ("$NAN_BITS", "0x7ff8000000000000lu"),
@@ -75,7 +75,10 @@ fn math(caps: Caps) -> String {
             ("$T", "f64"),
             ("$U", "u64"),
             ("$L", "lf"),
-            ("$MANT_BITS", "53"),
+            ("$MANT_BITS", "52u"),
+            ("$EXP_BIAS", "1075"),
+            ("$MANT_MASK", concat!("0xfffffffffffff", "lu")),
+            ("$IMPLICIT_BIT", concat!("0x10000000000000", "lu")),
             // Cody–Waite below 2^19; f32's constants are too short for it past π/4.
             ("$PH_MIN", "524288.0lf"),
         ]
@@ -89,7 +92,10 @@ fn math(caps: Caps) -> String {
             ("$T", "f32"),
             ("$U", "u32"),
             ("$L", "f"),
-            ("$MANT_BITS", "24"),
+            ("$MANT_BITS", "23u"),
+            ("$EXP_BIAS", "150"),
+            ("$MANT_MASK", "0x7fffffu"),
+            ("$IMPLICIT_BIT", "0x800000u"),
             ("$PH_MIN", "0.785f"),
         ]
     };
