@@ -13,21 +13,39 @@ fn home() -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// A per-user directory `name` in the platform's place: under `$<xdg>` (or `~/<home_rel>`) on
+/// Linux, `~/<mac_rel>` on macOS, `%<win_var>%` on Windows.
+fn user_dir(
+    xdg: &str,
+    home_rel: &str,
+    mac_rel: &str,
+    win_var: &str,
+    name: &str,
+) -> Option<PathBuf> {
+    if cfg!(target_os = "macos") {
+        return home().map(|h| h.join(mac_rel));
+    }
+    if cfg!(windows) {
+        return env::var_os(win_var).map(|d| PathBuf::from(d).join(name));
+    }
+    match env::var_os(xdg) {
+        Some(d) if !d.is_empty() => Some(PathBuf::from(d).join(name)),
+        _ => home().map(|h| h.join(home_rel).join(name)),
+    }
+}
+
 /// Jupyter's per-user data directory, as `jupyter --paths` reports it: `JUPYTER_DATA_DIR`,
 /// else the platform's default.
 pub fn jupyter_data_dir() -> Option<PathBuf> {
-    if let Some(dir) = env::var_os("JUPYTER_DATA_DIR") {
-        return Some(PathBuf::from(dir));
-    }
-    if cfg!(target_os = "macos") {
-        return home().map(|h| h.join("Library/Jupyter"));
-    }
-    if cfg!(windows) {
-        return env::var_os("APPDATA").map(|d| PathBuf::from(d).join("jupyter"));
-    }
-    match env::var_os("XDG_DATA_HOME") {
-        Some(d) if !d.is_empty() => Some(PathBuf::from(d).join("jupyter")),
-        _ => home().map(|h| h.join(".local/share/jupyter")),
+    match env::var_os("JUPYTER_DATA_DIR") {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => user_dir(
+            "XDG_DATA_HOME",
+            ".local/share",
+            "Library/Jupyter",
+            "APPDATA",
+            "jupyter",
+        ),
     }
 }
 
@@ -44,16 +62,13 @@ pub fn evcxr_config_dir(kernel_dir: &Path) -> PathBuf {
 
 /// evcxr's build cache (`:cache`): `$XDG_CACHE_HOME/evcxr` or the platform's cache dir.
 pub fn evcxr_cache_dir() -> Option<PathBuf> {
-    if cfg!(target_os = "macos") {
-        return home().map(|h| h.join("Library/Caches/evcxr"));
-    }
-    if cfg!(windows) {
-        return env::var_os("LOCALAPPDATA").map(|d| PathBuf::from(d).join("evcxr"));
-    }
-    match env::var_os("XDG_CACHE_HOME") {
-        Some(d) if !d.is_empty() => Some(PathBuf::from(d).join("evcxr")),
-        _ => home().map(|h| h.join(".cache/evcxr")),
-    }
+    user_dir(
+        "XDG_CACHE_HOME",
+        ".cache",
+        "Library/Caches/evcxr",
+        "LOCALAPPDATA",
+        "evcxr",
+    )
 }
 
 /// `program` on `PATH`, or in cargo's bin directory (where `cargo install` puts it even when
