@@ -6,9 +6,11 @@ kernel builds strata inside evcxr, which takes minutes with a cold cache: hence 
 startup timeout.
 """
 
+import asyncio
 import base64
 import os
 import pathlib
+import queue
 import struct
 import tempfile
 import zlib
@@ -23,6 +25,28 @@ DEVICES = [d for d in os.environ.get("STRATA_NOTEBOOK_DEVICES", "cpu").split(","
 
 _executed = {}
 
+# evcxr forwards a cell's stdout and stderr from other threads than the one that reports the
+# cell done, so a line (the error `?` prints, under load) can arrive just after the cell went
+# idle, where nbclient no longer listens. Wait this long after each cell and keep such lines.
+LATE_OUTPUT_GRACE_S = 0.5
+
+
+class EvcxrNotebookClient(NotebookClient):
+    """nbclient that collects the stream output evcxr sends right after a cell finished."""
+
+    async def async_execute_cell(self, cell, cell_index, execution_count=None, store_history=True):
+        cell = await super().async_execute_cell(cell, cell_index, execution_count, store_history)
+        if cell.cell_type == "code":
+            await asyncio.sleep(LATE_OUTPUT_GRACE_S)
+            while True:
+                try:
+                    msg = await self.kc.iopub_channel.get_msg(timeout=0.05)
+                except queue.Empty:
+                    break
+                if msg["msg_type"] == "stream":
+                    self.process_message(msg, cell, cell_index)
+        return cell
+
 
 def executed(name, device):
     """The notebook after running it top to bottom on `device` (each runs once per session)."""
@@ -35,7 +59,7 @@ def executed(name, device):
         # libwayland, probed by the Vulkan driver, prints an error line without it.
         os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
         try:
-            NotebookClient(
+            EvcxrNotebookClient(
                 nb,
                 kernel_name="strata",
                 timeout=600,
