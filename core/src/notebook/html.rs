@@ -249,4 +249,17 @@ mod tests {
         let s = Tensor::full([0usize; 0], 2.5, DType::F64, &dev).unwrap();
         assert_eq!(cells(&tensor(&s, None).unwrap()), ["2.5000"]);
     }
+
+    #[test]
+    fn empty_tensors_render_headers_and_no_cells() {
+        let dev = Device::cpu();
+        for shape in [vec![0], vec![0, 3], vec![3, 0], vec![2, 0, 4]] {
+            let t = Tensor::zeros(shape.clone(), DType::F32, &dev).unwrap();
+            let html = t.to_html().unwrap();
+            assert!(html.contains(&format!("shape={shape:?}")), "{html}");
+            assert!(cells(&html).is_empty(), "{html}");
+        }
+        let nan = Tensor::full([2, 2], f64::NAN, DType::F32, &dev).unwrap();
+        assert!(nan.to_html().unwrap().contains("no finite values"));
+    }
 }
