@@ -54,7 +54,8 @@ run_sanitize() {
   echo "== compute-sanitizer (reduced suite)" | tee -a "$summary"
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   # memcheck: out-of-bounds and misaligned accesses; racecheck: shared-memory races (the
-  # kernels that use shared memory: reductions by a block, our matmul).
+  # kernels that use shared memory: reductions by a block, our matmul). memcheck on the reduce
+  # file takes about 6 minutes on an H100: give it SANITIZE_TIMEOUT=560 (seconds) on its own.
   for pair in memcheck:streams memcheck:index_ops memcheck:seed_examples memcheck:join_random \
               memcheck:matmul memcheck:reduce racecheck:matmul racecheck:reduce; do
     tool=${pair%%:*}; name=test-${pair#*:}
