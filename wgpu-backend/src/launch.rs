@@ -48,6 +48,18 @@ pub(crate) struct Window<'a> {
     pub rel_offset: usize,
 }
 
+impl<'a> Window<'a> {
+    /// All of `buffer`, from its start (the partials of a split reduction).
+    pub fn whole(buffer: &'a wgpu::Buffer) -> Window<'a> {
+        Window {
+            buffer,
+            byte_offset: 0,
+            byte_size: buffer.size(),
+            rel_offset: 0,
+        }
+    }
+}
+
 /// Element range `[lo, hi]` that `a` touches over piece `p`, and its base element.
 fn reach(a: &Access, p: &Piece) -> (isize, isize, isize) {
     let mut base = a.offset as isize;

@@ -365,12 +365,7 @@ impl WgpuBackend {
                 for d in 0..ro {
                     params[w.out_outer + d] = (ds[d] * splits as isize) as i32 as u32;
                 }
-                windows.push(Window {
-                    buffer: pv.raw(),
-                    byte_offset: 0,
-                    byte_size: pv.raw().size(),
-                    rel_offset: 0,
-                });
+                windows.push(Window::whole(pv.raw()));
             } else {
                 let ow = window(&out_access, p, align);
                 params[4] = ow.rel_offset as u32;
@@ -381,12 +376,7 @@ impl WgpuBackend {
             }
             windows.push(in_w);
             if let Some(pi) = &pi {
-                windows.push(Window {
-                    buffer: pi.raw(),
-                    byte_offset: 0,
-                    byte_size: pi.raw().size(),
-                    rel_offset: 0,
-                });
+                windows.push(Window::whole(pi.raw()));
             }
             for d in 0..ro {
                 params[w.outer_shape + d] = p.len[d] as u32;
@@ -437,22 +427,9 @@ impl WgpuBackend {
         }
         params[w.reduced_shape] = splits as u32;
         params[w.in_reduced] = 1;
-        let mut windows = vec![
-            ow,
-            Window {
-                buffer: pv.raw(),
-                byte_offset: 0,
-                byte_size: pv.raw().size(),
-                rel_offset: 0,
-            },
-        ];
+        let mut windows = vec![ow, Window::whole(pv.raw())];
         if let Some(pi) = &pi {
-            windows.push(Window {
-                buffer: pi.raw(),
-                byte_offset: 0,
-                byte_size: pi.raw().size(),
-                rel_offset: 0,
-            });
+            windows.push(Window::whole(pi.raw()));
         }
         let nb = reduce::bindings(&sig);
         let pl = self.reductions.get(&sig, |sig| {
