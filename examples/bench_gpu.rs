@@ -6,7 +6,8 @@
 //! timestamp queries), and the `bytes` moved or `flops` done, so the caller computes GB/s and
 //! TFLOP/s. Defaults: CUDA, 2^28 f32 elements, sgemm 4096³ (smaller sizes suit lavapipe).
 //! `bench_gpu first-op` prints the latency of a new process's first add on CUDA (context,
-//! kernel compile or PTX-cache load, launch, read back).
+//! kernel compile or PTX-cache load, launch, read back); `bench_gpu host` only the host cost
+//! of tiny ops on CUDA.
 
 use std::time::Instant;
 use strata::ops::Axes;
@@ -39,6 +40,8 @@ fn time(dev: &Device, inner: usize, mut op: impl FnMut() -> Result<()>) -> Resul
 
 /// Median microseconds per call of `op` enqueued in bursts of 200 (fewer than a launch queue
 /// holds, so the device never holds the host back), over 50 bursts with a sync between them.
+/// Each burst ends with an event recorded on the stream, inside the timed span, so work a
+/// backend holds back (the CUDA backend's launch batches) is sent before the clock stops.
 fn burst_us(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     let burst = 200;
     let mut bursts = Vec::new();
@@ -47,10 +50,50 @@ fn burst_us(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
         for _ in 0..burst {
             op()?;
         }
+        let end = dev.current_stream().record_event()?;
         bursts.push(t.elapsed().as_secs_f64() * 1e6 / burst as f64);
-        dev.synchronize()?;
+        end.synchronize()?;
     }
     Ok(median(bursts))
+}
+
+/// Host cost per op (see `burst_us`) of one-element adds, and of adds alternating with
+/// multiplies (each switch of kernel sends the CUDA backend's batch); then the sustained rate
+/// of 20,000 adds and one sync, which the GPU's own per-op time bounds; then where the cost
+/// goes: the add into an existing output (no allocation), and the add on the CPU device
+/// (core's shape, promotion and launch work plus a one-element CPU kernel).
+fn host_costs(dev: &Device) -> Result<()> {
+    let one = Tensor::ones([1], DType::F32, dev)?;
+    for _ in 0..1000 {
+        drop((&one + &one)?);
+    }
+    dev.synchronize()?;
+    let us = burst_us(dev, || (&one + &one).map(drop))?;
+    let mut flip = false;
+    let alternating = burst_us(dev, || {
+        flip = !flip;
+        if flip { &one + &one } else { &one * &one }.map(drop)
+    })?;
+    let count = 20_000;
+    let t = Instant::now();
+    for _ in 0..count {
+        drop((&one + &one)?);
+    }
+    dev.synchronize()?;
+    let sustained = t.elapsed().as_secs_f64() * 1e6 / count as f64;
+    println!(
+        "{{\"op\": \"host-us-per-add\", \"us\": {us:.3}, \"sustained_us\": {sustained:.3}, \
+         \"alternating_us\": {alternating:.3}}}"
+    );
+    let out = Tensor::zeros([1], DType::F32, dev)?;
+    let into = burst_us(dev, || one.add_out(&one, &out))?;
+    let cpu = Device::cpu();
+    let one_cpu = Tensor::ones([1], DType::F32, &cpu)?;
+    let on_cpu = burst_us(&cpu, || (&one_cpu + &one_cpu).map(drop))?;
+    println!(
+        "{{\"op\": \"host-parts\", \"add_out_us\": {into:.3}, \"cpu_device_us\": {on_cpu:.3}}}"
+    );
+    Ok(())
 }
 
 fn row(op: &str, ms: f64, bytes: f64, flops: f64) {
@@ -84,8 +127,10 @@ fn arg(flag: &str, default: &str) -> String {
 }
 
 fn main() -> Result<()> {
-    if std::env::args().nth(1).as_deref() == Some("first-op") {
-        return first_op();
+    match std::env::args().nth(1).as_deref() {
+        Some("first-op") => return first_op(),
+        Some("host") => return host_costs(&Device::cuda(0)?),
+        _ => {}
     }
     let cuda = match arg("--device", "cuda").as_str() {
         "cuda" => true,
@@ -146,33 +191,6 @@ fn main() -> Result<()> {
         dev.set_allow_tf32(false);
     }
 
-    // Host cost per op: the time to enqueue a burst of 200 one-element adds (fewer than the
-    // driver's launch queue holds, so the GPU never holds the host back), median of 50 bursts
-    // with a sync between them; then the sustained rate of 20,000 adds and one sync, which the
-    // GPU's own per-kernel time bounds.
-    let one = Tensor::ones([1], DType::F32, &dev)?;
-    for _ in 0..1000 {
-        drop((&one + &one)?);
-    }
-    dev.synchronize()?;
-    let us = burst_us(&dev, || (&one + &one).map(drop))?;
-    let count = 20_000;
-    let t = Instant::now();
-    for _ in 0..count {
-        drop((&one + &one)?);
-    }
-    dev.synchronize()?;
-    let sustained = t.elapsed().as_secs_f64() * 1e6 / count as f64;
-    println!("{{\"op\": \"host-us-per-add\", \"us\": {us:.3}, \"sustained_us\": {sustained:.3}}}");
-    // Where the host cost goes: the same add into an existing output (no allocation), and on
-    // the CPU device (core's shape, promotion and launch work plus a one-element CPU kernel).
-    let out = Tensor::zeros([1], DType::F32, &dev)?;
-    let into = burst_us(&dev, || one.add_out(&one, &out))?;
-    let cpu = Device::cpu();
-    let one_cpu = Tensor::ones([1], DType::F32, &cpu)?;
-    let on_cpu = burst_us(&cpu, || (&one_cpu + &one_cpu).map(drop))?;
-    println!(
-        "{{\"op\": \"host-parts\", \"add_out_us\": {into:.3}, \"cpu_device_us\": {on_cpu:.3}}}"
-    );
+    host_costs(&dev)?;
     Ok(())
 }

@@ -55,15 +55,23 @@ def main():
         ratio = f"{p['ms'] / r['ms']:.2f}x" if p else ""
         pms = f"{p['ms']:.3f} ms" if p else ""
         print(f"| {op} | {r['ms']:.3f} ms | {rate(r)} | {pms} | {rate(p) if p else ''} | {ratio} |")
-    if "host-us-per-add" in s:
+    for op, prefix in (("host-us-per-add", ""), ("unbatched-host-us-per-add", "unbatched: ")):
+        if op not in s:
+            continue
         for key, what in (("us", "host cost of a 1-element add (enqueue, bursts of 200)"),
+                          ("alternating_us", "the same, adds and multiplies alternating"),
                           ("sustained_us", "sustained rate of 1-element adds (20,000, one sync)")):
-            a, b = s["host-us-per-add"].get(key), t.get("host-us-per-add", {}).get(key)
+            a, b = s[op].get(key), t.get("host-us-per-add", {}).get(key)
             if a is None:
                 continue
             ratio = f"{b / a:.2f}x" if b else ""
             pb = f"{b:.2f} us" if b else ""
-            print(f"| {what} | {a:.2f} us | | {pb} | | {ratio} |")
+            print(f"| {prefix}{what} | {a:.2f} us | | {pb} | | {ratio} |")
+    for op in ("host-parts", "unbatched-host-parts"):
+        if op in s:
+            r = s[op]
+            print(f"| {op}: add into an existing output / add on the CPU device | "
+                  f"{r['add_out_us']:.2f} us / {r['cpu_device_us']:.2f} us | | | | |")
     for k in ("first-op-cold", "first-op-warm"):
         if k in s:
             r = s[k]

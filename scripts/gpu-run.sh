@@ -70,6 +70,8 @@ run_sanitize() {
 run_bench() {
   echo "== benchmark: strata vs PyTorch, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee -a "$summary"
   "$bin/bench_gpu" --device cuda > "$out/strata.jsonl" 2> "$out/strata-bench.err"
+  # The host cost again with the CUDA backend's launch batching off, for comparison.
+  STRATA_CUDA_BATCH=0 "$bin/bench_gpu" host 2>> "$out/strata-bench.err" | sed 's/"op": "host/"op": "unbatched-host/' >> "$out/strata.jsonl"
   python3 scripts/bench_torch.py > "$out/torch.jsonl" 2> "$out/torch-bench.err"
   cold=$(mktemp -d); 
   STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" "$bin/bench_gpu" first-op | sed 's/first-op/first-op-cold/' >> "$out/strata.jsonl"

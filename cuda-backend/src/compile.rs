@@ -184,23 +184,30 @@ impl Compiler {
         })?;
         gpu.bind()?;
         let image = CString::new(ptx).map_err(|_| Error::Backend("PTX contains NUL".into()))?;
-        let c_name = CString::new(name).map_err(|_| Error::Backend("bad kernel name".into()))?;
+        let batch_name = format!("{name}_batch");
+        let has_batch = body.contains(&format!("void {batch_name}("));
         let mut module = std::ptr::null_mut();
-        let mut f = std::ptr::null_mut();
-        // SAFETY: the image is NUL-terminated PTX; outputs are written on success.
-        unsafe {
-            check(
-                sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void),
-                "cuModuleLoadData",
-            )?;
-            if let Err(e) = check(
-                sys::cuModuleGetFunction(&mut f, module, c_name.as_ptr()),
-                "cuModuleGetFunction",
-            ) {
-                sys::cuModuleUnload(module);
+        // SAFETY: the image is NUL-terminated PTX; `module` is written on success.
+        check(
+            unsafe {
+                sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void)
+            },
+            "cuModuleLoadData",
+        )?;
+        let f = get_function(module, name);
+        let batch = if has_batch {
+            get_function(module, &batch_name).map(Some)
+        } else {
+            Ok(None)
+        };
+        let (f, batch) = match (f, batch) {
+            (Ok(f), Ok(batch)) => (f, batch),
+            (Err(e), _) | (_, Err(e)) => {
+                // SAFETY: loaded above; none of its functions was handed out.
+                unsafe { sys::cuModuleUnload(module) };
                 return Err(e);
             }
-        }
+        };
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -208,6 +215,7 @@ impl Compiler {
         Ok(Function {
             f,
             words: argument_words(body)?,
+            batch,
         })
     }
 }
@@ -228,6 +236,18 @@ impl Drop for Compiler {
             unsafe { sys::cuModuleUnload(m.0) };
         }
     }
+}
+
+/// The kernel `name` of a loaded module.
+fn get_function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
+    let c_name = CString::new(name).map_err(|_| Error::Backend("bad kernel name".into()))?;
+    let mut f = std::ptr::null_mut();
+    // SAFETY: a live module and a NUL-terminated name; `f` is written on success.
+    check(
+        unsafe { sys::cuModuleGetFunction(&mut f, module, c_name.as_ptr()) },
+        "cuModuleGetFunction",
+    )?;
+    Ok(f)
 }
 
 /// N of the kernel's `Words<N>` parameter.

@@ -156,6 +156,17 @@ impl<S> Default for FunctionCache<S> {
 pub(crate) struct Function {
     pub f: sys::CUfunction,
     pub words: usize,
+    /// Its batched form (`<name>_batch`, see `crate::batch`) when the source has one.
+    pub batch: Option<sys::CUfunction>,
+}
+
+/// CUDA's limit on a launch's argument bytes.
+pub(crate) const MAX_ARGUMENT_BYTES: usize = 4096;
+
+/// How many launches of a kernel taking `words` argument words fit one batched launch
+/// (`Batch<N, CAP>`: a count word, then CAP times N words, within the argument limit).
+pub(crate) fn batch_capacity(words: usize) -> usize {
+    (MAX_ARGUMENT_BYTES / 8 - 1) / words.max(1)
 }
 
 // SAFETY: a CUfunction is a handle the driver lets any thread use with its context current.
@@ -221,9 +232,10 @@ pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Plan, stream: sys::CUstream)
             f.words
         )));
     }
-    if plan.words.0.len() * 8 > 4096 {
+    if plan.words.0.len() * 8 > MAX_ARGUMENT_BYTES {
         return Err(Error::Unsupported(format!(
-            "a launch needs {} argument bytes, more than CUDA's 4096: too many operands or axes",
+            "a launch needs {} argument bytes, more than CUDA's {MAX_ARGUMENT_BYTES}: too many \
+             operands or axes",
             plan.words.0.len() * 8
         )));
     }

@@ -15,6 +15,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod batch;
 mod blas;
 pub mod codegen;
 mod compile;
@@ -78,6 +79,7 @@ pub struct CudaBackend {
     gpu: Arc<Gpu>,
     memory: Arc<Memory>,
     compiler: Compiler,
+    batches: batch::Batches,
     blas: Option<blas::Blas>,
     maps: FunctionCache<map::MapSig<'static>>,
     reductions: FunctionCache<reduce::ReduceSig>,
@@ -107,6 +109,7 @@ impl CudaBackend {
             gpu,
             memory,
             compiler,
+            batches: batch::Batches::new(),
             maps: FunctionCache::default(),
             reductions: FunctionCache::default(),
             indexing: FunctionCache::default(),
@@ -205,6 +208,7 @@ impl Backend for CudaBackend {
         }
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
+        self.batches.send(&self.gpu, stream)?;
         buf.used_on(stream);
         // SAFETY: range checked; a pageable source is staged before the call returns.
         driver::check(
@@ -232,6 +236,7 @@ impl Backend for CudaBackend {
         let mut out = vec![0u8; len];
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
+        self.batches.send(&self.gpu, stream)?;
         if len > 0 {
             buf.used_on(stream);
             // SAFETY: range checked; `out` has `len` bytes and lives until the stream syncs.
@@ -259,6 +264,9 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
         self.note_use(args, stream)?;
+        if !matches!(kernel, Kernel::Map { .. }) {
+            self.batches.send(&self.gpu, stream)?;
+        }
         match kernel {
             Kernel::Map { expr } => {
                 let Some((sig, plan)) = map::plan(expr, args)? else {
@@ -267,6 +275,10 @@ impl Backend for CudaBackend {
                 let f = self
                     .maps
                     .get(&sig, "strata_map", &self.compiler, map::source)?;
+                if self.batches.add(&self.gpu, f, &plan, stream, s, args)? {
+                    return Ok(());
+                }
+                self.batches.send(&self.gpu, stream)?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
             Kernel::Reduce {
@@ -309,7 +321,10 @@ impl Backend for CudaBackend {
     }
 
     fn empty_cache(&self) {
-        self.memory.empty_cache()
+        // Sending the batches releases the buffers they kept alive.
+        if self.batches.send_all(&self.gpu).is_ok() {
+            self.memory.empty_cache()
+        }
     }
 
     fn new_stream(&self) -> Result<StreamId> {
@@ -317,14 +332,19 @@ impl Backend for CudaBackend {
     }
 
     fn destroy_stream(&self, stream: StreamId) {
+        // A failed send leaves nothing to wait for: the stream is destroyed either way.
+        let _ = self.batches.send(&self.gpu, stream);
+        self.batches.remove(stream);
         self.gpu.destroy_stream(stream)
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId> {
+        self.batches.send(&self.gpu, stream)?;
         self.gpu.record_event(stream)
     }
 
     fn wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
+        self.batches.send(&self.gpu, stream)?;
         self.gpu.wait_event(stream, event)
     }
 
@@ -341,11 +361,20 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize_stream(&self, stream: StreamId) -> Result<()> {
+        self.batches.send(&self.gpu, stream)?;
         self.gpu.synchronize_stream(stream)
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.batches.send_all(&self.gpu)?;
         self.gpu.synchronize()
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Pending work runs before the device goes; an error has no one left to report to.
+        let _ = self.batches.send_all(&self.gpu);
     }
 }
 

@@ -86,6 +86,66 @@ test_device!(
     written_on_a_read_on_b
 );
 
+/// Tiny ops, which the CUDA backend runs in batches (one block, op after op): chains that read
+/// what the op before wrote, in-place updates alternating between two kernels, outputs dropped
+/// and their memory reused while earlier ops wait, strided views, and a write on one stream read
+/// on another without an event all give the sequential result.
+fn tiny_op_order(dev: &Device) -> Result<()> {
+    let mut x = Tensor::zeros([3], DType::I32, dev)?;
+    for _ in 0..300 {
+        x = (&x + 1i64)?;
+    }
+    assert_eq!(x.to_vec::<i32>()?, vec![300; 3], "a chain of 300 adds");
+
+    let y = Tensor::zeros([5], DType::I64, dev)?;
+    for _ in 0..150 {
+        y.add_(3i64)?;
+        y.sub_(1i64)?;
+    }
+    assert_eq!(
+        y.to_vec::<i64>()?,
+        vec![300; 5],
+        "alternating add_ and sub_"
+    );
+
+    let a = Tensor::from_slice(&[1.5f32, -2.5], [2], dev)?;
+    let mut last = None;
+    for k in 0..250 {
+        let t = (&a * k as f64)?;
+        if k % 50 == 49 {
+            last = Some(t);
+        }
+    }
+    let last = last.map(|t| t.to_vec::<f32>()).transpose()?;
+    assert_eq!(
+        last,
+        Some(vec![1.5 * 249.0, -2.5 * 249.0]),
+        "dropped outputs"
+    );
+
+    let m = Tensor::arange(0, 12, 1, DType::I16, dev)?.reshape([3, 4])?;
+    let (mt, d) = (m.t()?, m.t()?.copy()?);
+    for _ in 0..100 {
+        mt.add_(&d)?;
+        mt.sub_(&d.t()?.t()?)?;
+    }
+    let want: Vec<i16> = (0..12).collect();
+    assert_eq!(m.to_vec::<i16>()?, want, "in-place updates through views");
+
+    let s = dev.new_stream()?;
+    let z = Tensor::zeros([7], DType::F32, dev)?;
+    dev.with_stream(&s, || -> Result<()> {
+        for _ in 0..200 {
+            z.add_(0.5f32)?;
+        }
+        Ok(())
+    })??;
+    let sum = z.sum(strata::ops::Axes::All, false)?.item::<f32>()?;
+    assert_eq!(sum, 700.0, "written on one stream, read on another");
+    Ok(())
+}
+test_device!(tiny_ops_keep_stream_order, tiny_op_order);
+
 fn timing(dev: &Device) -> Result<()> {
     let s = dev.new_stream()?;
     let start = s.record_event()?;

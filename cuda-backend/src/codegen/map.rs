@@ -157,11 +157,22 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     let scalar_words: Vec<usize> = (w..w + sig.scalars.len()).collect();
     let total = (w + sig.scalars.len()).max(1);
 
+    let tiled = sig.tiled.iter().any(|&t| t);
     let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void strata_map(const Words<{total}> p) {{"
-    );
+    if tiled {
+        let _ = writeln!(
+            s,
+            "extern \"C\" __global__ void strata_map(const Words<{total}> p) {{"
+        );
+    } else {
+        // The work items `first, first + step, ...`: the whole grid's share when launched
+        // alone, one block's when launched in a batch.
+        let _ = writeln!(
+            s,
+            "__device__ __forceinline__ void strata_map_items(const Words<{total}>& p, \
+             const {idx} first, const {idx} step) {{"
+        );
+    }
     for (k, (&d, &word)) in sig.scalars.iter().zip(&scalar_words).enumerate() {
         let _ = writeln!(
             s,
@@ -180,11 +191,6 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         );
     }
     let _ = writeln!(s, "  const {idx} n = ({idx})p.w[0];");
-    let _ = writeln!(
-        s,
-        "  const {idx} first = ({idx})blockIdx.x * blockDim.x + threadIdx.x;"
-    );
-    let _ = writeln!(s, "  const {idx} step = ({idx})gridDim.x * blockDim.x;");
 
     // The body for one element at linear index `li`, reading operand k at `off{k}`.
     let element = |s: &mut String,
@@ -207,7 +213,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         Ok(())
     };
 
-    if sig.tiled.iter().any(|&t| t) {
+    if tiled {
         tiled_body(&mut s, sig, idx, &stride_words, &element)?;
         let _ = writeln!(s, "}}");
         return Ok(s);
@@ -244,6 +250,26 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         format!("a0[off0] = {val};")
     })?;
     let _ = writeln!(s, "  }}\n}}");
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void strata_map(const Words<{total}> p) {{
+  strata_map_items(p, ({idx})blockIdx.x * blockDim.x + threadIdx.x, ({idx})gridDim.x * blockDim.x);
+}}"
+    );
+    let cap = crate::launch::batch_capacity(total);
+    if !sig.wide && cap > 1 {
+        // The batched form (crate::batch): one block runs the ops in order, a barrier after
+        // each, so an op sees what the ops before it wrote.
+        let _ = writeln!(
+            s,
+            "extern \"C\" __global__ void strata_map_batch(const Batch<{total}, {cap}> b) {{
+  for (u64 i = 0; i < b.count; i++) {{
+    strata_map_items(b.ops[i], ({idx})threadIdx.x, ({idx})blockDim.x);
+    __syncthreads();
+  }}
+}}"
+        );
+    }
     Ok(s)
 }
 
@@ -373,6 +399,23 @@ mod tests {
         let src = source(&sig(true, 4)).unwrap();
         assert!(src.contains("union { uint4 v; float e[4]; } u1;"), "{src}");
         assert!(src.contains("((uint4*)a0)[j] = u0.v;"));
+    }
+
+    #[test]
+    fn a_batched_form_runs_the_same_items_in_one_block() {
+        let src = source(&sig(true, 4)).unwrap();
+        // 6 words (numel, two extents, three pointers) per launch: 85 fit 4096 bytes.
+        assert!(
+            src.contains("strata_map_batch(const Batch<6, 85> b)"),
+            "{src}"
+        );
+        assert!(src.contains("strata_map_items(b.ops[i], (i32)threadIdx.x, (i32)blockDim.x);"));
+        let mut wide = sig(true, 4);
+        wide.wide = true;
+        assert!(!source(&wide).unwrap().contains("strata_map_batch"));
+        let mut tiled = sig(false, 1);
+        tiled.tiled = vec![true, false];
+        assert!(!source(&tiled).unwrap().contains("strata_map_batch"));
     }
 
     #[test]
