@@ -9,23 +9,64 @@ use crate::ir::{Expr, Kernel, KernelArgs, Operand};
 use crate::layout::Layout;
 use std::sync::{Arc, Mutex};
 
-/// Device memory shared by every view of it, with the stream that last wrote it.
+/// Device memory shared by every view of it, with the streams that touched it last.
 pub(crate) struct Storage {
     pub(crate) buffer: Arc<dyn DeviceBuffer>,
     pub(crate) device: Device,
-    last_write: Mutex<Arc<StreamHandle>>,
+    access: Mutex<Access>,
+}
+
+/// The stream of the last write, and the other streams that read since: what a new read
+/// (the write) or a new write (all of them) must be ordered after.
+struct Access {
+    last_write: Arc<StreamHandle>,
+    readers: Vec<Arc<StreamHandle>>,
 }
 
 impl Storage {
-    fn last_write(&self) -> Arc<StreamHandle> {
-        self.last_write
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+    fn new(buffer: Arc<dyn DeviceBuffer>, device: Device, stream: Arc<StreamHandle>) -> Storage {
+        Storage {
+            buffer,
+            device,
+            access: Mutex::new(Access {
+                last_write: stream,
+                readers: Vec::new(),
+            }),
+        }
     }
 
-    fn set_last_write(&self, stream: &Arc<StreamHandle>) {
-        *self.last_write.lock().unwrap_or_else(|p| p.into_inner()) = stream.clone();
+    fn access(&self) -> std::sync::MutexGuard<'_, Access> {
+        self.access.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn last_write(&self) -> Arc<StreamHandle> {
+        self.access().last_write.clone()
+    }
+
+    /// The streams a new access on `current` must wait for: the last writer, and for a write
+    /// also the readers since, when they are other streams of the same backend.
+    fn to_wait_for(&self, current: &Arc<StreamHandle>, write: bool) -> Vec<Arc<StreamHandle>> {
+        let access = self.access();
+        let readers = if write { &access.readers[..] } else { &[] };
+        std::iter::once(&access.last_write)
+            .chain(readers)
+            // Another device here can only be another CPU device, which runs synchronously.
+            .filter(|s| s.id != current.id && Arc::ptr_eq(&s.backend, &current.backend))
+            .cloned()
+            .collect()
+    }
+
+    fn note_read(&self, stream: &Arc<StreamHandle>) {
+        let mut access = self.access();
+        if access.last_write.id != stream.id && !access.readers.iter().any(|r| r.id == stream.id) {
+            access.readers.push(stream.clone());
+        }
+    }
+
+    fn note_write(&self, stream: &Arc<StreamHandle>) {
+        let mut access = self.access();
+        access.last_write = stream.clone();
+        access.readers.clear();
     }
 }
 
@@ -77,11 +118,7 @@ impl Tensor {
         let stream = device.current_handle();
         let buffer = device.backend().allocate(bytes, stream.id)?;
         Ok(Tensor {
-            storage: Arc::new(Storage {
-                buffer,
-                device: device.clone(),
-                last_write: Mutex::new(stream),
-            }),
+            storage: Arc::new(Storage::new(buffer, device.clone(), stream)),
             layout,
             dtype,
         })
@@ -235,14 +272,13 @@ impl Tensor {
         }
     }
 
-    /// Makes the current stream of this tensor's device wait for the last write to its
-    /// storage when that happened on another stream.
-    fn order_after_last_write(&self, current: &Arc<StreamHandle>) -> Result<()> {
-        let writer = self.storage.last_write();
-        // Another device here can only be another CPU device, which runs synchronously.
-        if writer.id != current.id && Arc::ptr_eq(&writer.backend, &current.backend) {
+    /// Makes `current` wait for the work on other streams that this access must follow: the
+    /// last write to the storage, and for a write also the reads since (which must not see
+    /// the new values).
+    fn order_access(&self, current: &Arc<StreamHandle>, write: bool) -> Result<()> {
+        for other in self.storage.to_wait_for(current, write) {
             let backend = self.device().backend();
-            let event = backend.record_event(writer.id)?;
+            let event = backend.record_event(other.id)?;
             let waited = backend.wait_event(current.id, event);
             backend.destroy_event(event);
             waited?;
@@ -371,16 +407,20 @@ fn launch_ordered(
         .map(|(t, c)| c.as_ref().unwrap_or(t))
         .collect();
     let stream = device.current_handle();
-    for t in inputs.iter().copied().chain([out]) {
-        t.order_after_last_write(&stream)?;
+    for t in &inputs {
+        t.order_access(&stream, false)?;
     }
+    out.order_access(&stream, true)?;
     let args = KernelArgs {
         outputs: vec![out.operand()],
         inputs: inputs.iter().map(|t| t.operand()).collect(),
         scalars,
     };
     device.backend().run(&kernel, &args, stream.id)?;
-    out.storage.set_last_write(&stream);
+    for t in &inputs {
+        t.storage.note_read(&stream);
+    }
+    out.storage.note_write(&stream);
     if device.blocking() {
         device.backend().synchronize_stream(stream.id)?;
     }

@@ -89,7 +89,8 @@ test_device!(
 /// Tiny ops, which the CUDA backend runs in batches (one block, op after op): chains that read
 /// what the op before wrote, in-place updates alternating between two kernels, outputs dropped
 /// and their memory reused while earlier ops wait, strided views, and a write on one stream read
-/// on another without an event all give the sequential result.
+/// on another without an event, and a read on one stream before a write on another, all give
+/// the sequential result.
 fn tiny_op_order(dev: &Device) -> Result<()> {
     let mut x = Tensor::zeros([3], DType::I32, dev)?;
     for _ in 0..300 {
@@ -142,6 +143,15 @@ fn tiny_op_order(dev: &Device) -> Result<()> {
     })??;
     let sum = z.sum(strata::ops::Axes::All, false)?.item::<f32>()?;
     assert_eq!(sum, 700.0, "written on one stream, read on another");
+
+    // Read on one stream, then overwritten on another: the read must see the old values even
+    // when the second stream's work is made to run first (a host read of x sends it).
+    let t = dev.new_stream()?;
+    let w = Tensor::ones([16], DType::F32, dev)?;
+    let read = dev.with_stream(&s, || &w * 1.0)??;
+    dev.with_stream(&t, || w.fill(5.0))??;
+    assert_eq!(w.to_vec::<f32>()?, vec![5.0; 16], "the write");
+    assert_eq!(read.to_vec::<f32>()?, vec![1.0; 16], "the read before it");
     Ok(())
 }
 test_device!(tiny_ops_keep_stream_order, tiny_op_order);
