@@ -145,7 +145,9 @@ fn memory_order(dev: &Device) -> Result<()> {
 test_device!(elementwise_results_keep_memory_order, memory_order);
 
 /// A transposed operand beside a row-major one, large enough for GPU backends' tiled path
-/// (edges that are not multiples of 32 included), in every width.
+/// (edges that are not multiples of 32 included), in every width; first as a dense transposed
+/// view (the result then takes its memory order, so the row-major input is the one read down
+/// the columns), then as a transposed slice (not dense: the result stays row-major).
 fn transposed_beside_row_major(dev: &Device) -> Result<()> {
     let (rows, cols) = (45usize, 70usize);
     for dtype in [
@@ -153,6 +155,8 @@ fn transposed_beside_row_major(dev: &Device) -> Result<()> {
         DType::I16,
         DType::F16,
         DType::F32,
+        DType::I32,
+        DType::U32,
         DType::F64,
         DType::I64,
     ] {
@@ -170,6 +174,19 @@ fn transposed_beside_row_major(dev: &Device) -> Result<()> {
             for c in 0..cols {
                 let want = ((c * rows + r) % 97 + (r * cols + c) % 13) as i64;
                 assert_eq!(got[r * cols + c], want, "{dtype} at ({r}, {c})");
+            }
+        }
+        let sliced = Tensor::arange(0, (cols * (rows + 3)) as i64, 1, DType::I64, dev)?
+            .remainder(89i64)?
+            .to_dtype(dtype)?
+            .reshape([cols, rows + 3])?
+            .slice(s![.., ..rows])?
+            .t()?;
+        let got = (&sliced + &b)?.to_dtype(DType::I64)?.to_vec::<i64>()?;
+        for r in 0..rows {
+            for c in 0..cols {
+                let want = ((c * (rows + 3) + r) % 89 + (r * cols + c) % 13) as i64;
+                assert_eq!(got[r * cols + c], want, "{dtype} sliced at ({r}, {c})");
             }
         }
     }

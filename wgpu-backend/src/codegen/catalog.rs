@@ -29,6 +29,7 @@ fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map:
     };
     map::MapSig {
         contiguous: vec![contiguous; dtypes.len()],
+        tiled: vec![false; dtypes.len().saturating_sub(1)],
         dtypes,
         lin,
         scalars: vec![DType::U64, DType::U64],
@@ -81,6 +82,16 @@ fn every_map_variant_validates() {
                 {
                     validate(&src);
                     n += 1;
+                }
+            }
+            if dtypes.iter().all(|t| t.itemsize() == 4) {
+                for tiled in [[true, false], [false, true], [true, true]] {
+                    let mut sig = map_sig(e.clone(), dtypes.clone(), false, false);
+                    sig.tiled = tiled.to_vec();
+                    if let Ok(src) = map::source(&sig, CAPS) {
+                        validate(&src);
+                        n += 1;
+                    }
                 }
             }
         }

@@ -1,7 +1,10 @@
-//! `Map` kernels: one expression tree per output element. Three access paths, chosen per
+//! `Map` kernels: one expression tree per output element. Four access paths, chosen per
 //! piece: vectorized (every operand a contiguous 32-bit dtype, aligned: one `vec4<u32>` load
-//! and store per operand for four elements), contiguous (offset = index) and strided (a
-//! rank-specialized decode of the index into each operand's offset).
+//! and store per operand for four elements), contiguous (offset = index), strided (a
+//! rank-specialized decode of the index into each operand's offset) and tiled (a 2-D map of
+//! 32-bit dtypes whose output runs along the rows while an input runs down the columns: each
+//! workgroup passes a 32×32 tile of that input through workgroup memory, so both sides read
+//! and write whole runs of memory).
 
 use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
@@ -36,6 +39,8 @@ pub(crate) struct MapSig {
     pub rank: usize,
     /// Four elements per invocation through `vec4<u32>`.
     pub vec4: bool,
+    /// Per input: read through a workgroup-memory tile (the tiled path; rank 2).
+    pub tiled: Vec<bool>,
 }
 
 /// One dispatch of a planned map.
@@ -132,9 +137,15 @@ pub(crate) fn plan<'a>(
         } else {
             Lin::Strided
         };
+        let all_32_bit = operands.iter().all(|o| o.dtype.itemsize() == 4);
+        let mut contiguous = contiguous;
+        let tiled = tiles(&p.len, &access, lin, all_32_bit);
+        if tiled.iter().any(|&t| t) {
+            contiguous = vec![false; operands.len()];
+        }
         let vec4 = contiguous.iter().all(|&c| c)
             && lin != Lin::Strided
-            && operands.iter().all(|o| o.dtype.itemsize() == 4)
+            && all_32_bit
             && n % 4 == 0
             && windows.iter().all(|w| w.rel_offset % 4 == 0);
         let sig = MapSig {
@@ -145,9 +156,16 @@ pub(crate) fn plan<'a>(
             scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
             rank: p.len.len(),
             vec4,
+            tiled,
         };
         let params = params(&sig, &p, &access, &windows, &full_dense, args);
-        let threads = if vec4 { n / 4 } else { n };
+        let threads = if sig.tiled.iter().any(|&t| t) {
+            p.len[0].div_ceil(32) * p.len[1].div_ceil(32) * 256
+        } else if vec4 {
+            n / 4
+        } else {
+            n
+        };
         pieces.push(MapPiece {
             sig,
             params,
@@ -156,6 +174,25 @@ pub(crate) fn plan<'a>(
         });
     }
     Ok(pieces)
+}
+
+/// Which inputs take the tiled path: all of those running down the columns, when the piece is
+/// 2-D, at least 32×32, of 32-bit dtypes, with the output along the rows.
+fn tiles(len: &[usize], access: &[Access], lin: Lin, all_32_bit: bool) -> Vec<bool> {
+    let column_wise =
+        |a: &Access| a.strides[0].unsigned_abs() == 1 && a.strides[1].unsigned_abs() != 1;
+    let inputs = access.len() - 1;
+    if len.len() != 2
+        || len[0] < 32
+        || len[1] < 32
+        || lin != Lin::Unused
+        || !all_32_bit
+        || access[0].strides != dense(len)
+        || !access[1..].iter().any(column_wise)
+    {
+        return vec![false; inputs];
+    }
+    access[1..].iter().map(column_wise).collect()
 }
 
 fn params(
@@ -222,6 +259,16 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         }
     }
     src.push_str(&helpers(&used, caps));
+    if sig.tiled.iter().any(|&t| t) {
+        for (k, _) in sig.tiled.iter().enumerate().filter(|(_, &t)| t) {
+            let _ = writeln!(src, "var<workgroup> tile{}: array<u32, 1056>;", k + 1);
+        }
+        src.push_str(ENTRY);
+        scalar_lets(sig, &w, caps, &mut src);
+        tiled_body(sig, &w, caps, &mut src)?;
+        src.push_str("}\n");
+        return Ok(src);
+    }
     src.push_str(ENTRY);
     let threads = if sig.vec4 {
         "(params[0] / 4u)"
@@ -229,26 +276,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         "params[0]"
     };
     let _ = writeln!(src, "  if (gid >= {threads}) {{ return; }}");
-    for (k, &d) in sig.scalars.iter().enumerate() {
-        let (lo, hi) = (w.scalars + 2 * k, w.scalars + 2 * k + 1);
-        let _ = writeln!(
-            src,
-            "  let s{k}lo = params[{lo}]; let s{k}hi = params[{hi}];"
-        );
-        let wide_ok = match d {
-            DType::U64 | DType::I64 => caps.int64,
-            DType::F64 => caps.f64,
-            _ => true,
-        };
-        if wide_ok {
-            let _ = writeln!(
-                src,
-                "  let s{k}: {} = {};",
-                compute_type(d),
-                scalar_value(d, &format!("s{k}lo"), &format!("s{k}hi"))
-            );
-        }
-    }
+    scalar_lets(sig, &w, caps, &mut src);
     if sig.vec4 {
         vec4_body(sig, &w, caps, &mut src)?;
     } else {
@@ -271,6 +299,117 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     }
     src.push_str("}\n");
     Ok(src)
+}
+
+/// Declares `s{k}`, each scalar's value (where the adapter has its type).
+fn scalar_lets(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) {
+    for (k, &d) in sig.scalars.iter().enumerate() {
+        let (lo, hi) = (w.scalars + 2 * k, w.scalars + 2 * k + 1);
+        let _ = writeln!(
+            src,
+            "  let s{k}lo = params[{lo}]; let s{k}hi = params[{hi}];"
+        );
+        let wide_ok = match d {
+            DType::U64 | DType::I64 => caps.int64,
+            DType::F64 => caps.f64,
+            _ => true,
+        };
+        if wide_ok {
+            let _ = writeln!(
+                src,
+                "  let s{k}: {} = {};",
+                compute_type(d),
+                scalar_value(d, &format!("s{k}lo"), &format!("s{k}hi"))
+            );
+        }
+    }
+}
+
+/// The tiled path: workgroup `gid / 256` takes one 32×32 tile; its tiled inputs are read down
+/// the columns into workgroup memory (a row of 33 words, so the transposed reads do not hit
+/// one bank), then every operand is read or written along the rows. Every invocation reaches
+/// the barrier: out-of-range ones only skip their loads and stores.
+fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<()> {
+    let offset = |k: usize, r: &str, c: &str| {
+        let s = w.strides[k].expect("tiled operands are strided");
+        format!(
+            "u32(i32(params[{}]) + i32({r}) * bitcast<i32>(params[{s}]) + i32({c}) * bitcast<i32>(params[{}]))",
+            w.offset[k],
+            s + 1
+        )
+    };
+    let _ = writeln!(src, "  let rows = params[1]; let cols = params[2];");
+    let _ = writeln!(src, "  let tc = (cols + 31u) / 32u;");
+    let _ = writeln!(src, "  let tile = gid / 256u;");
+    let _ = writeln!(src, "  let live = tile < ((rows + 31u) / 32u) * tc;");
+    let _ = writeln!(
+        src,
+        "  let r0 = (tile / tc) * 32u; let c0 = (tile % tc) * 32u;"
+    );
+    let _ = writeln!(src, "  let tx = lid % 32u; let ty = lid / 32u;");
+    src.push_str(
+        "  for (var i = 0u; i < 4u; i = i + 1u) {
+",
+    );
+    src.push_str(
+        "    let j = ty + 8u * i; let r = r0 + tx; let c = c0 + j;
+",
+    );
+    src.push_str(
+        "    if (live && r < rows && c < cols) {
+",
+    );
+    for (k, _) in sig.tiled.iter().enumerate().filter(|(_, &t)| t) {
+        let k = k + 1;
+        let _ = writeln!(
+            src,
+            "      tile{k}[j * 33u + tx] = b{k}[{}];",
+            offset(k, "r", "c")
+        );
+    }
+    src.push_str(
+        "    }
+  }
+  workgroupBarrier();
+",
+    );
+    src.push_str(
+        "  for (var i = 0u; i < 4u; i = i + 1u) {
+",
+    );
+    src.push_str(
+        "    let j = ty + 8u * i; let r = r0 + j; let c = c0 + tx;
+",
+    );
+    src.push_str(
+        "    if (live && r < rows && c < cols) {
+",
+    );
+    for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+        let word = if sig.tiled[k - 1] {
+            format!("tile{k}[tx * 33u + j]")
+        } else {
+            format!("b{k}[{}]", offset(k, "r", "c"))
+        };
+        let v = match d {
+            DType::U32 => word,
+            _ => format!("bitcast<{}>({word})", compute_type(d)),
+        };
+        let _ = writeln!(src, "      let x{} = {v};", k - 1);
+    }
+    let mut next = 0;
+    let v = emit(&sig.expr, src, &mut next, caps)?;
+    let _ = writeln!(
+        src,
+        "      {}",
+        super::store(sig.dtypes[0], "b0", &offset(0, "r", "c"), &v)
+    );
+    src.push_str(
+        "    }
+  }
+",
+    );
+    Ok(())
 }
 
 /// Declares `o{k}` (each operand's element index) and `li` (the row-major position).
