@@ -132,6 +132,42 @@ fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
     format!("{upd} has = true;")
 }
 
+/// Declares `v{j}` (the value at reduced position `r`, as the accumulator's type) and `pos{j}`
+/// (its position, for arg ops).
+fn element(sig: &ReduceSig, w: &Words, idx_in: Option<usize>, r: &str, j: usize, src: &mut String) {
+    let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
+    for d in (0..sig.reduced_rank).rev() {
+        let split = if d == 0 {
+            format!("let c = rr{j};")
+        } else {
+            format!(
+                "let c = rr{j} % params[{s}]; rr{j} = rr{j} / params[{s}];",
+                s = w.reduced_shape + d
+            )
+        };
+        let _ = writeln!(
+            src,
+            "    {{ {split} off{j} = off{j} + i32(c) * bitcast<i32>(params[{}]); }}",
+            w.in_reduced + d,
+        );
+    }
+    let x = load(sig.input, "b1", &format!("u32(off{j})"));
+    let v = if sig.combine {
+        x
+    } else {
+        cast(&x, sig.input, sig.acc, false)
+    };
+    let pos = match idx_in {
+        Some(s) => format!("b{s}[u32(off{j})]"),
+        None => format!("(params[2] + {r})"),
+    };
+    let _ = writeln!(
+        src,
+        "    let v{j}: {} = {v};\n    let pos{j} = {pos};",
+        compute_type(sig.acc)
+    );
+}
+
 fn truthy(d: DType, v: &str) -> String {
     super::ne_zero(d, v)
 }
@@ -204,41 +240,22 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         "  var acc: {at} = {};\n  var best = 0u;\n  var has = false;",
         identity(sig.op, sig.acc)
     );
+    // Each worker folds positions r, r + step, ... in order. Four at a time, loads first:
+    // the same folds in the same order, with four loads in flight instead of one (a full sum
+    // was bound by the memory requests a worker had outstanding).
     src.push_str(
         "  let chunk = (params[1] + ks - 1u) / ks;\n  let hi = min(params[1], k * chunk + chunk);\n\
-         for (var r = k * chunk + tid; r < hi; r = r + step) {\n    var off = ib;\n    var rr = r;\n",
+         var r = k * chunk + tid;\n  for (; r < hi && hi - r > 3u * step; r = r + 4u * step) {\n",
     );
-    for d in (0..sig.reduced_rank).rev() {
-        let split = if d == 0 {
-            "let c = rr;".to_string()
-        } else {
-            format!(
-                "let c = rr % params[{s}]; rr = rr / params[{s}];",
-                s = w.reduced_shape + d
-            )
-        };
-        let _ = writeln!(
-            src,
-            "    {{ {split} off = off + i32(c) * bitcast<i32>(params[{}]); }}",
-            w.in_reduced + d,
-        );
+    for j in 0..4 {
+        element(sig, &w, idx_in, &format!("r + {j}u * step"), j, &mut src);
     }
-    let x = load(sig.input, "b1", "u32(off)");
-    let v = if sig.combine {
-        x
-    } else {
-        cast(&x, sig.input, sig.acc, false)
-    };
-    let _ = writeln!(src, "    let v: {at} = {v};");
-    let pos = match idx_in {
-        Some(s) => format!("b{s}[u32(off)]"),
-        None => "(params[2] + r)".to_string(),
-    };
-    let _ = writeln!(
-        src,
-        "    let pos = {pos};\n    {}\n  }}",
-        fold(sig.op, sig.acc, "v", "pos")
-    );
+    for j in 0..4 {
+        let _ = writeln!(src, "    {}", fold(sig.op, sig.acc, &format!("v{j}"), &format!("pos{j}")));
+    }
+    src.push_str("  }\n  for (; r < hi; r = r + step) {\n");
+    element(sig, &w, idx_in, "r", 0, &mut src);
+    let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
     if sig.group {
         src.push_str(
             "  shv[lid] = acc; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n  workgroupBarrier();\n",
