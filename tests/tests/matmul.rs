@@ -190,3 +190,31 @@ fn gemm_and_errors(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(gemm_in_place_and_matmul_errors, gemm_and_errors);
+
+/// Products larger than one 128×128 output tile, with edges that are not multiples of the tile
+/// or of the staged depth, so every accumulator position of the GPU kernels' tiles is used; B
+/// row-major and transposed. Small integers keep every dtype's result exact.
+fn multi_tile(dev: &Device) -> Result<()> {
+    let (m, k, n) = (150usize, 37usize, 140usize);
+    let av: Vec<i64> = (0..m * k).map(|i| (i * 7 % 11) as i64 - 5).collect();
+    let bv: Vec<i64> = (0..k * n).map(|i| (i * 5 % 9) as i64 - 4).collect();
+    let mut want = vec![0i64; m * n];
+    for r in 0..m {
+        for c in 0..n {
+            want[r * n + c] = (0..k).map(|j| av[r * k + j] * bv[j * n + c]).sum();
+        }
+    }
+    let a64 = Tensor::from_slice(&av, [m, k], dev)?;
+    let b64 = Tensor::from_slice(&bv, [k, n], dev)?;
+    let bt64 = b64.t()?.contiguous()?.t()?;
+    for dtype in [DType::F32, DType::I32, DType::F16, DType::F64, DType::I64] {
+        let a = a64.to_dtype(dtype)?;
+        for (layout, b) in [("row-major", &b64), ("transposed", &bt64)] {
+            let got = a.matmul(&b.to_dtype(dtype)?)?;
+            let got = got.to_dtype(DType::I64)?.to_vec::<i64>()?;
+            assert_eq!(got, want, "{dtype}, B {layout}");
+        }
+    }
+    Ok(())
+}
+test_device!(products_across_several_tiles, multi_tile);

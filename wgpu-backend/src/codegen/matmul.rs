@@ -1,6 +1,9 @@
 //! `Matmul`: a 128×128 output tile per workgroup of 256 invocations, each accumulating an 8×8
-//! block in registers (rows `tr + 16i`, columns `tc + 16j`, so reads of the staged slices are
-//! free of bank conflicts) from 16-deep slices of A and B staged in workgroup memory. The
+//! block in registers from 16-deep slices of A and B staged in workgroup memory. With 32-bit
+//! accumulators the slices are arrays of vec4s and an invocation owns rows `4tr..4tr+3` and
+//! `64+4tr..64+4tr+3` (columns likewise), so one depth step reads its A and B values in four
+//! vector loads; otherwise rows `tr + 16i` and columns `tc + 16j`, read one by one (free of
+//! bank conflicts either way). The
 //! accumulators are named variables, never a dynamically indexed array, so they stay in
 //! registers. Any strides (a batch stride may be 0); every dtype, accumulating in the IR's
 //! `acc` (integers wrap).
@@ -43,10 +46,38 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     src.push_str(&binding(2, d, false));
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
     let slice = TILE * DEPTH;
-    let _ = writeln!(
-        src,
-        "var<workgroup> ta: array<{at}, {slice}>;\nvar<workgroup> tb: array<{at}, {slice}>;"
-    );
+    // 32-bit accumulators are staged as vec4s: an invocation then reads its 8 values of A and
+    // of B for one depth step in 4 loads rather than 16 (the loads from workgroup memory, not
+    // the multiply-adds, bounded the scalar form).
+    let v4 = matches!(acc, DType::F32 | DType::I32 | DType::U32);
+    if v4 {
+        let _ = writeln!(
+            src,
+            "var<workgroup> ta: array<vec4<{at}>, {q}>;\nvar<workgroup> tb: array<vec4<{at}>, {q}>;",
+            q = slice / 4
+        );
+    } else {
+        let _ = writeln!(
+            src,
+            "var<workgroup> ta: array<{at}, {slice}>;\nvar<workgroup> tb: array<{at}, {slice}>;"
+        );
+    }
+    // Where the staged element `i` of a slice goes.
+    let staged = |t: &str, i: &str| {
+        if v4 {
+            format!("{t}[({i}) / 4u][({i}) % 4u]")
+        } else {
+            format!("{t}[{i}]")
+        }
+    };
+    // Row (or column) of the tile behind accumulator index `i` of invocation row `t`.
+    let lane = |t: &str, i: usize| {
+        if v4 {
+            format!("4u * {t} + {}u", 64 * (i / 4) + i % 4)
+        } else {
+            format!("{t} + {}u", 16 * i)
+        }
+    };
     src.push_str(ENTRY);
     let _ = writeln!(
         src,
@@ -96,21 +127,48 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
       let row = by * {TILE}u + e / {DEPTH}u; let kk = k0 + e % {DEPTH}u;
       var va: {at} = {zero};
       if (row < m && kk < k) {{ va = {la}; }}
-      ta[(e % {DEPTH}u) * {TILE}u + e / {DEPTH}u] = va;
+      {put_a} = va;
       let col = bx * {TILE}u + e % {TILE}u; let kb = k0 + e / {TILE}u;
       var vb: {at} = {zero};
       if (col < n && kb < k) {{ vb = {lb}; }}
-      tb[e] = vb;
+      {put_b} = vb;
     }}
     workgroupBarrier();
     for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{",
         per_inv = slice / 256,
+        put_a = staged("ta", &format!("(e % {DEPTH}u) * {TILE}u + e / {DEPTH}u")),
+        put_b = staged("tb", "e"),
     );
-    for i in 0..PER {
-        let _ = writeln!(src, "      let a{i} = ta[kk * {TILE}u + tr + {}u];", 16 * i);
-    }
-    for j in 0..PER {
-        let _ = writeln!(src, "      let b{j} = tb[kk * {TILE}u + tc + {}u];", 16 * j);
+    if v4 {
+        let q = TILE / 4;
+        let _ = writeln!(
+            src,
+            "      let al = ta[kk * {q}u + tr]; let ah = ta[kk * {q}u + 16u + tr];
+      let bl = tb[kk * {q}u + tc]; let bh = tb[kk * {q}u + 16u + tc];"
+        );
+        for (i, c) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = writeln!(
+                src,
+                "      let a{i} = al.{c}; let a{} = ah.{c}; let b{i} = bl.{c}; let b{} = bh.{c};",
+                i + 4,
+                i + 4
+            );
+        }
+    } else {
+        for i in 0..PER {
+            let _ = writeln!(
+                src,
+                "      let a{i} = ta[kk * {TILE}u + {}];",
+                lane("tr", i)
+            );
+        }
+        for j in 0..PER {
+            let _ = writeln!(
+                src,
+                "      let b{j} = tb[kk * {TILE}u + {}];",
+                lane("tc", j)
+            );
+        }
     }
     for i in 0..PER {
         for j in 0..PER {
@@ -143,15 +201,15 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
         for j in 0..PER {
             let _ = writeln!(
                 src,
-                "  {{ let r = by * {TILE}u + tr + {ri}u; let c = bx * {TILE}u + tc + {cj}u;
+                "  {{ let r = by * {TILE}u + {ri}; let c = bx * {TILE}u + {cj};
     if (r < m && c < n) {{
       let co = u32(i32(params[6]) + i32(bz) * {sc0} + i32(r) * {sc1} + i32(c) * {sc2});
       v = {scaled};
       if (beta != {zero}) {{ v = {with_c}; }}
       {put}
     }} }}",
-                ri = 16 * i,
-                cj = 16 * j,
+                ri = lane("tr", i),
+                cj = lane("tc", j),
                 sc0 = st(13),
                 sc1 = st(14),
                 sc2 = st(15),

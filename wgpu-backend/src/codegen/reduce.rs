@@ -251,7 +251,11 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         element(sig, &w, idx_in, &format!("r + {j}u * step"), j, &mut src);
     }
     for j in 0..4 {
-        let _ = writeln!(src, "    {}", fold(sig.op, sig.acc, &format!("v{j}"), &format!("pos{j}")));
+        let _ = writeln!(
+            src,
+            "    {}",
+            fold(sig.op, sig.acc, &format!("v{j}"), &format!("pos{j}"))
+        );
     }
     src.push_str("  }\n  for (; r < hi; r = r + step) {\n");
     element(sig, &w, idx_in, "r", 0, &mut src);
