@@ -57,6 +57,9 @@ pub(crate) struct Gpu {
 #[derive(Default)]
 struct Batch {
     encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass consecutive dispatches share (wgpu orders dispatches inside a pass as
+    /// it orders passes); ended before anything else is recorded on the encoder.
+    pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<u8>,
     ops: usize,
     /// Sequence number of the batch being recorded.
@@ -65,6 +68,31 @@ struct Batch {
     events: HashMap<u64, EventState>,
     next_event: u64,
     next_slot: u32,
+}
+
+impl Batch {
+    /// The encoder, for something other than a dispatch (ends the open compute pass).
+    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder.get_or_insert_with(|| {
+            device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        })
+    }
+
+    /// The open compute pass (begun on the encoder when there is none).
+    fn pass(&mut self, device: &wgpu::Device) -> &mut wgpu::ComputePass<'static> {
+        let pass = match self.pass.take() {
+            Some(pass) => pass,
+            None => {
+                let enc = self.encoder.get_or_insert_with(|| {
+                    device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+                });
+                enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default())
+                    .forget_lifetime()
+            }
+        };
+        self.pass.insert(pass)
+    }
 }
 
 struct EventState {
@@ -336,16 +364,10 @@ impl Gpu {
                 describe(&e)
             )));
         }
-        let enc = b.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-        });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            pass.set_pipeline(pipeline);
-            pass.set_bind_group(0, &group, &[at as u32]);
-            pass.dispatch_workgroups(x as u32, y as u32, 1);
-        }
+        let pass = b.pass(&self.device);
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &group, &[at as u32]);
+        pass.dispatch_workgroups(x as u32, y as u32, 1);
         b.ops += 1;
         Ok(())
     }
@@ -360,15 +382,13 @@ impl Gpu {
         size: u64,
     ) {
         let mut b = self.batch();
-        let enc = b.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-        });
+        let enc = b.encoder(&self.device);
         enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size);
         b.ops += 1;
     }
 
     fn flush_locked(&self, b: &mut Batch) -> Result<()> {
+        b.pass = None;
         let Some(enc) = b.encoder.take() else {
             return Ok(());
         };
@@ -450,10 +470,7 @@ impl Gpu {
         });
         let index = {
             let mut b = self.batch();
-            let enc = b.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-            });
+            let enc = b.encoder(&self.device);
             enc.copy_buffer_to_buffer(src, start, &staging, 0, end - start);
             self.flush_locked(&mut b)?;
             b.last_submitted.clone()
@@ -511,10 +528,7 @@ impl Gpu {
         let slot = self.timestamps.as_ref().map(|qs| {
             let slot = b.next_slot;
             b.next_slot = (b.next_slot + 1) % TIMESTAMP_SLOTS;
-            let enc = b.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-            });
+            let enc = b.encoder(&self.device);
             let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: None,
                 timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
@@ -590,10 +604,7 @@ impl Gpu {
         });
         {
             let mut b = self.batch();
-            let enc = b.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
-            });
+            let enc = b.encoder(&self.device);
             enc.resolve_query_set(qs, a..a + 1, &resolve, 0);
             // Resolve destinations are 256-byte aligned.
             enc.resolve_query_set(qs, z..z + 1, &resolve, 256);
