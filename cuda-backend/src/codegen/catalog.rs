@@ -176,12 +176,13 @@ mod tests {
     use super::*;
     use crate::compile::{nvrtc_version, Compiler};
 
-    /// All sources, each kernel renamed so they can share one translation unit.
+    /// All sources, each kernel (and its helpers and batched form, which share its name as a
+    /// prefix) renamed so they can share one translation unit.
     fn all_sources() -> Vec<String> {
         let mut out = Vec::new();
         let mut add = |src: String, name: &str| {
             let n = out.len();
-            out.push(src.replace(&format!("{name}("), &format!("{name}_{n}(")));
+            out.push(src.replace(name, &format!("{name}_{n}")));
         };
         for s in maps() {
             add(
