@@ -210,7 +210,17 @@ fn multi_tile(dev: &Device) -> Result<()> {
     for dtype in [DType::F32, DType::I32, DType::F16, DType::F64, DType::I64] {
         let a = a64.to_dtype(dtype)?;
         for (layout, b) in [("row-major", &b64), ("transposed", &bt64)] {
-            let got = a.matmul(&b.to_dtype(dtype)?)?;
+            let got = match a.matmul(&b.to_dtype(dtype)?) {
+                // The windowing pass shrinks wgpu's storage binding below one right-hand
+                // matrix, which wgpu's matmul documents as unsupported.
+                Err(Error::Unsupported(m))
+                    if std::env::var_os("STRATA_WGPU_MAX_BINDING").is_some()
+                        && m.contains("storage binding") =>
+                {
+                    continue
+                }
+                other => other?,
+            };
             let got = got.to_dtype(DType::I64)?.to_vec::<i64>()?;
             assert_eq!(got, want, "{dtype}, B {layout}");
         }
