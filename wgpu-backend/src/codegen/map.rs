@@ -347,18 +347,14 @@ fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<(
         "  let r0 = (tile / tc) * 32u; let c0 = (tile % tc) * 32u;"
     );
     let _ = writeln!(src, "  let tx = lid % 32u; let ty = lid / 32u;");
-    src.push_str(
-        "  for (var i = 0u; i < 4u; i = i + 1u) {
-",
-    );
-    src.push_str(
-        "    let j = ty + 8u * i; let r = r0 + tx; let c = c0 + j;
-",
-    );
-    src.push_str(
-        "    if (live && r < rows && c < cols) {
-",
-    );
+    // Each invocation visits rows ty, ty + 8, ty + 16, ty + 24 of the tile: `coords` places
+    // column `tx` and row `j` (down the columns while loading, along the rows after).
+    let visit = |src: &mut String, coords: &str| {
+        src.push_str("  for (var i = 0u; i < 4u; i = i + 1u) {\n");
+        let _ = writeln!(src, "    let j = ty + 8u * i; {coords}");
+        src.push_str("    if (live && r < rows && c < cols) {\n");
+    };
+    visit(src, "let r = r0 + tx; let c = c0 + j;");
     for (k, _) in sig.tiled.iter().enumerate().filter(|(_, &t)| t) {
         let k = k + 1;
         let _ = writeln!(
@@ -367,24 +363,8 @@ fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<(
             offset(k, "r", "c")
         );
     }
-    src.push_str(
-        "    }
-  }
-  workgroupBarrier();
-",
-    );
-    src.push_str(
-        "  for (var i = 0u; i < 4u; i = i + 1u) {
-",
-    );
-    src.push_str(
-        "    let j = ty + 8u * i; let r = r0 + j; let c = c0 + tx;
-",
-    );
-    src.push_str(
-        "    if (live && r < rows && c < cols) {
-",
-    );
+    src.push_str("    }\n  }\n  workgroupBarrier();\n");
+    visit(src, "let r = r0 + j; let c = c0 + tx;");
     for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
         let word = if sig.tiled[k - 1] {
             format!("tile{k}[tx * 33u + j]")
@@ -404,11 +384,7 @@ fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<(
         "      {}",
         super::store(sig.dtypes[0], "b0", &offset(0, "r", "c"), &v)
     );
-    src.push_str(
-        "    }
-  }
-",
-    );
+    src.push_str("    }\n  }\n");
     Ok(())
 }
 
