@@ -301,6 +301,14 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     Ok(src)
 }
 
+/// The compute value of a 32-bit dtype held in the `u32` word `word`.
+fn word_value(d: DType, word: String) -> String {
+    match d {
+        DType::U32 => word,
+        _ => format!("bitcast<{}>({word})", compute_type(d)),
+    }
+}
+
 /// Declares `s{k}`, each scalar's value (where the adapter has its type).
 fn scalar_lets(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) {
     for (k, &d) in sig.scalars.iter().enumerate() {
@@ -371,11 +379,7 @@ fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<(
         } else {
             format!("b{k}[{}]", offset(k, "r", "c"))
         };
-        let v = match d {
-            DType::U32 => word,
-            _ => format!("bitcast<{}>({word})", compute_type(d)),
-        };
-        let _ = writeln!(src, "      let x{} = {v};", k - 1);
+        let _ = writeln!(src, "      let x{} = {};", k - 1, word_value(d, word));
     }
     let mut next = 0;
     let v = emit(&sig.expr, src, &mut next, caps)?;
@@ -456,12 +460,12 @@ fn vec4_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<()
             );
         }
         for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-            let word = format!("w{k}.{c}");
-            let v = match d {
-                DType::U32 => word,
-                _ => format!("bitcast<{}>({word})", compute_type(d)),
-            };
-            let _ = writeln!(src, "  let x{} = {v};", k - 1);
+            let _ = writeln!(
+                src,
+                "  let x{} = {};",
+                k - 1,
+                word_value(d, format!("w{k}.{c}"))
+            );
         }
         let mut next = 0;
         let v = emit(&sig.expr, src, &mut next, caps)?;
