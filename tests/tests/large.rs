@@ -35,3 +35,64 @@ fn above_the_binding_limit(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(tensors_above_the_binding_limit, above_the_binding_limit);
+
+/// Rows of this many i32 make a 4-row tensor just over 128 MiB (each row fits one binding).
+const ROW: usize = (1 << 23) + 1025;
+
+fn index_ops_above_the_binding_limit(dev: &Device) -> Result<()> {
+    let host: Vec<i32> = (0..4 * ROW).map(|i| (i % 9973) as i32).collect();
+    let big = Tensor::from_slice(&host, [4, ROW], dev)?;
+    // A gather along the rows: each row of the output reads anywhere in its own row.
+    let cols: Vec<i64> = vec![0, (ROW - 1) as i64, 12_345, -1, 7, ROW as i64 / 2];
+    let index = Tensor::from_slice(
+        &[&cols[..3], &cols[3..], &cols[..3], &cols[3..]].concat(),
+        [4, 3],
+        dev,
+    )?;
+    let want = |t: &[i32]| -> Vec<i32> {
+        (0..4)
+            .flat_map(|r| {
+                let pick = if r % 2 == 0 { &cols[..3] } else { &cols[3..] };
+                pick.iter()
+                    .map(|&c| t[r * ROW + c.rem_euclid(ROW as i64) as usize])
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    assert_eq!(big.gather(1, &index)?.to_vec::<i32>()?, want(&host));
+    // A scatter-add into the big tensor along its rows, read back through the same gather.
+    let add = Tensor::from_slice(&(1..=12).collect::<Vec<i32>>(), [4, 3], dev)?;
+    big.scatter_add_(1, &index, &add)?;
+    let mut updated = host.clone();
+    for r in 0..4 {
+        let pick = if r % 2 == 0 { &cols[..3] } else { &cols[3..] };
+        for (j, &c) in pick.iter().enumerate() {
+            updated[r * ROW + c.rem_euclid(ROW as i64) as usize] += (3 * r + j + 1) as i32;
+        }
+    }
+    assert_eq!(big.gather(1, &index)?.to_vec::<i32>()?, want(&updated));
+    // A gather down the columns: every piece binds all four rows of its columns (96 MiB).
+    let down = Tensor::from_slice(&[3i64, 0, 1, 2, 3, 0], [2, 3], dev)?;
+    assert_eq!(
+        big.gather(0, &down)?.to_vec::<i32>()?,
+        vec![
+            updated[3 * ROW],
+            updated[1],
+            updated[ROW + 2],
+            updated[2 * ROW],
+            updated[3 * ROW + 1],
+            updated[2]
+        ]
+    );
+    // Untouched neighbours stay as they were.
+    let next = Tensor::from_slice(&[1i64, 1, 1, 1], [4, 1], dev)?;
+    assert_eq!(
+        big.gather(1, &next)?.to_vec::<i32>()?,
+        (0..4).map(|r| host[r * ROW + 1]).collect::<Vec<_>>()
+    );
+    Ok(())
+}
+test_device!(
+    index_ops_on_tensors_above_the_binding_limit,
+    index_ops_above_the_binding_limit
+);

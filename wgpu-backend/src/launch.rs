@@ -95,6 +95,22 @@ pub(crate) fn window<'a>(a: &Access<'a>, p: &Piece, align: u64) -> Window<'a> {
 /// Splits the iteration box `shape` until every operand's window fits `limit` bytes, halving
 /// the outermost axis that still has more than one index.
 pub(crate) fn split(shape: &[usize], ops: &[Access], limit: u64, align: u64) -> Result<Vec<Piece>> {
+    split_by(shape, None, limit, |p| {
+        ops.iter()
+            .map(|a| window(a, p, align).byte_size)
+            .max()
+            .unwrap_or(0)
+    })
+}
+
+/// Splits the iteration box `shape` (never along `keep`) until `largest(piece)`, the largest
+/// window a piece binds, fits `limit` bytes; pieces come out in order.
+pub(crate) fn split_by(
+    shape: &[usize],
+    keep: Option<usize>,
+    limit: u64,
+    largest: impl Fn(&Piece) -> u64,
+) -> Result<Vec<Piece>> {
     let whole = Piece {
         start: vec![0; shape.len()],
         len: shape.to_vec(),
@@ -102,12 +118,11 @@ pub(crate) fn split(shape: &[usize], ops: &[Access], limit: u64, align: u64) -> 
     let mut out = Vec::new();
     let mut todo = vec![whole];
     while let Some(p) = todo.pop() {
-        let fits = ops.iter().all(|a| window(a, &p, align).byte_size <= limit);
-        if fits {
+        if largest(&p) <= limit {
             out.push(p);
             continue;
         }
-        let Some(d) = p.len.iter().position(|&n| n > 1) else {
+        let Some(d) = (0..p.len.len()).find(|&d| p.len[d] > 1 && Some(d) != keep) else {
             return Err(Error::Unsupported(format!(
                 "an element window does not fit the adapter's {limit}-byte storage binding"
             )));
@@ -123,6 +138,17 @@ pub(crate) fn split(shape: &[usize], ops: &[Access], limit: u64, align: u64) -> 
         todo.push(a);
     }
     Ok(out)
+}
+
+impl Piece {
+    /// The same box with axis `axis` widened to all of `0..len` (an operand that a launch
+    /// reads along that axis wherever an index points).
+    pub(crate) fn whole_along(&self, axis: usize, len: usize) -> Piece {
+        let mut p = self.clone();
+        p.start[axis] = 0;
+        p.len[axis] = len;
+        p
+    }
 }
 
 /// Row-major strides of `shape`, as `isize`.

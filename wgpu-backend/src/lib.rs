@@ -531,54 +531,44 @@ impl WgpuBackend {
             shape[axis] = 1;
         }
         let align = self.align();
-        let whole = launch::Piece {
-            start: vec![0; rank],
-            len: out.layout.shape().to_vec(),
-        };
-        let iwhole = launch::Piece {
-            start: vec![0; rank],
-            len: index.layout.shape().to_vec(),
-        };
-        let swhole = launch::Piece {
-            start: vec![0; rank],
-            len: src.layout.shape().to_vec(),
-        };
-        let wins = [
-            window(
-                &Access::of(out, out.layout.strides().to_vec())?,
-                &whole,
-                align,
-            ),
-            window(
-                &Access::of(index, index.layout.strides().to_vec())?,
-                &iwhole,
-                align,
-            ),
-            window(
-                &Access::of(src, src.layout.strides().to_vec())?,
-                &swhole,
-                align,
-            ),
+        let accesses = [out, index, src]
+            .map(|op| Access::of(op, op.layout.strides().to_vec()))
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        // A piece spans the whole indexed axis: a gather reads its source, a scatter writes its
+        // output, wherever an index points along it. Pieces split the other axes only.
+        let axis_len = [
+            out.layout.shape()[axis],
+            index.layout.shape()[axis],
+            src.layout.shape()[axis],
         ];
+        let windows = |p: &launch::Piece| {
+            let reach = match scatter {
+                None => [p.clone(), p.clone(), p.whole_along(axis, axis_len[2])],
+                Some(_) => [
+                    p.whole_along(axis, axis_len[0]),
+                    p.whole_along(axis, axis_len[1]),
+                    p.whole_along(axis, axis_len[1]),
+                ],
+            };
+            [0, 1, 2].map(|k| window(&accesses[k], &reach[k], align))
+        };
         let limit = self.binding_limit();
-        if wins.iter().any(|w| w.byte_size > limit) {
-            return Err(Error::Unsupported(format!(
-                "wgpu: gather/scatter operands above the {limit}-byte storage binding are not split yet"
-            )));
-        }
-        let (sw, st, len) = index::words(rank);
-        let mut params = vec![0u32; len];
-        params[0] = shape.iter().product::<usize>() as u32;
-        params[1] = iter[axis] as u32;
-        for (k, w) in wins.iter().enumerate() {
-            params[2 + k] = w.rel_offset as u32;
-        }
-        for d in 0..rank {
-            params[sw + d] = shape[d] as u32;
-            params[st[0] + d] = out.layout.strides()[d] as i32 as u32;
-            params[st[1] + d] = index.layout.strides()[d] as i32 as u32;
-            params[st[2] + d] = src.layout.strides()[d] as i32 as u32;
-        }
+        let pieces = launch::split_by(&shape, Some(axis), limit, |p| {
+            windows(p).iter().map(|w| w.byte_size).max().unwrap_or(0)
+        })
+        .map_err(|_| {
+            Error::Unsupported(format!(
+                "wgpu: a {} along axis {axis} spans more than the adapter's {limit}-byte \
+                 storage binding (its elements along that axis lie too far apart to bind at \
+                 once); use the CPU or CUDA backend",
+                if scatter.is_some() {
+                    "scatter"
+                } else {
+                    "gather"
+                }
+            ))
+        })?;
         let sig = index::IndexSig {
             dtype: out.dtype,
             rank,
@@ -589,8 +579,24 @@ impl WgpuBackend {
         let pl = self
             .indexing
             .get(&sig, |sig| self.gpu.pipeline(&index::source(sig, caps), 3))?;
-        let threads = params[0] as usize;
-        self.gpu.dispatch(&pl, &params, &wins, threads)
+        let (sw, st, len) = index::words(rank);
+        for piece in &pieces {
+            let wins = windows(piece);
+            let mut params = vec![0u32; len];
+            params[0] = piece.len.iter().product::<usize>() as u32;
+            params[1] = iter[axis] as u32;
+            for (k, w) in wins.iter().enumerate() {
+                params[2 + k] = w.rel_offset as u32;
+            }
+            for d in 0..rank {
+                params[sw + d] = piece.len[d] as u32;
+                params[st[0] + d] = out.layout.strides()[d] as i32 as u32;
+                params[st[1] + d] = index.layout.strides()[d] as i32 as u32;
+                params[st[2] + d] = src.layout.strides()[d] as i32 as u32;
+            }
+            self.gpu.dispatch(&pl, &params, &wins, params[0] as usize)?;
+        }
+        Ok(())
     }
 }
 
