@@ -899,3 +899,68 @@ test_device!(
     trig_of_huge_arguments_is_reduced_exactly,
     trig_of_huge_arguments
 );
+
+/// Python's modulo where the quotient is huge (exponents far apart, subnormal divisors): the
+/// remainder is exact, so every backend must give Rust's `%` (then the sign fix) bit for bit.
+fn remainder_at_huge_quotients(dev: &Device) -> Result<()> {
+    let py = |x: f64, y: f64| {
+        let r = x % y;
+        if r != 0.0 && (r < 0.0) != (y < 0.0) {
+            r + y
+        } else {
+            r
+        }
+    };
+    let pairs64 = [
+        (1e300, 3.0),
+        (-1e300, 3.0),
+        (1e17 + 2.0, -3.0),
+        (f64::MAX, 1e-300),
+        (f64::MAX, 5e-324),
+        (1e-300, 3e-310),
+        (7.5, 2.0),
+        (-0.0, 2.0),
+        (4.0, 2.0),
+        (2f64.powi(1000) + 2f64.powi(948), 0.1),
+    ];
+    let (x, y): (Vec<f64>, Vec<f64>) = pairs64.iter().copied().unzip();
+    let got = Tensor::from_slice(&x, [x.len()], dev)?
+        .remainder(&Tensor::from_slice(&y, [y.len()], dev)?)?
+        .to_vec::<f64>()?;
+    for ((a, b), g) in pairs64.iter().zip(&got) {
+        assert_eq!(
+            g.to_bits(),
+            py(*a, *b).to_bits(),
+            "{a:e} % {b:e} gave {g:e}"
+        );
+    }
+    let pairs32 = [
+        (3.4e38f32, 3.0f32),
+        (-1e10, 0.1),
+        (16777215.0, 7.0),
+        (1e-38, 1e-45),
+        (3.0e38, -1.1e-38),
+    ];
+    let (x, y): (Vec<f32>, Vec<f32>) = pairs32.iter().copied().unzip();
+    let got = Tensor::from_slice(&x, [x.len()], dev)?
+        .remainder(&Tensor::from_slice(&y, [y.len()], dev)?)?
+        .to_vec::<f32>()?;
+    for ((a, b), g) in pairs32.iter().zip(&got) {
+        let r = a % b;
+        let want = if r != 0.0 && (r < 0.0) != (*b < 0.0) {
+            r + b
+        } else {
+            r
+        };
+        assert_eq!(
+            g.to_bits(),
+            want.to_bits(),
+            "{a:e}f32 % {b:e}f32 gave {g:e}"
+        );
+    }
+    Ok(())
+}
+test_device!(
+    remainder_is_exact_at_huge_quotients,
+    remainder_at_huge_quotients
+);

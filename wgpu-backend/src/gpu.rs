@@ -193,6 +193,10 @@ impl Gpu {
         let caps = Caps {
             int64,
             f64: int64 && features.contains(wgpu::Features::SHADER_F64),
+            // STRATA_WGPU_F16=packed keeps f16 in u32 words even where the adapter has it
+            // natively (the tests reach the packed path that way).
+            f16: features.contains(wgpu::Features::SHADER_F16)
+                && std::env::var("STRATA_WGPU_F16").as_deref() != Ok("packed"),
         };
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata params"),

@@ -10,12 +10,25 @@ use strata_core::DType;
 const CAPS: Caps = Caps {
     f64: true,
     int64: true,
+    f16: false,
 };
+
+/// The adapters a variant over `dtypes` is validated for: f16 packed, and native where it
+/// matters.
+fn caps_for(dtypes: &[DType]) -> Vec<Caps> {
+    let mut all = vec![CAPS];
+    if dtypes.contains(&DType::F16) {
+        all.push(Caps { f16: true, ..CAPS });
+    }
+    all
+}
 
 fn validate(src: &str) {
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(src)));
-    let caps = naga::valid::Capabilities::FLOAT64 | naga::valid::Capabilities::SHADER_INT64;
+    let caps = naga::valid::Capabilities::FLOAT64
+        | naga::valid::Capabilities::SHADER_INT64
+        | naga::valid::Capabilities::SHADER_FLOAT16;
     naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
         .validate(&module)
         .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(src)));
@@ -77,11 +90,13 @@ fn every_map_variant_validates() {
                     continue;
                 }
                 // Ops a dtype does not define are errors, not shaders.
-                if let Ok(src) =
-                    map::source(&map_sig(e.clone(), dtypes.clone(), contiguous, vec4), CAPS)
-                {
-                    validate(&src);
-                    n += 1;
+                for caps in caps_for(&dtypes) {
+                    if let Ok(src) =
+                        map::source(&map_sig(e.clone(), dtypes.clone(), contiguous, vec4), caps)
+                    {
+                        validate(&src);
+                        n += 1;
+                    }
                 }
             }
             if dtypes.iter().all(|t| t.itemsize() == 4) {
@@ -134,7 +149,9 @@ fn every_reduce_variant_validates() {
                         combine,
                         partial,
                     };
-                    validate(&reduce::source(&sig, CAPS));
+                    for caps in caps_for(&[d]) {
+                        validate(&reduce::source(&sig, caps));
+                    }
                 }
             }
         }
@@ -148,7 +165,9 @@ fn matmul_and_index_variants_validate() {
             DType::F16 | DType::BF16 => DType::F32,
             _ => d,
         };
-        validate(&matmul::source(&matmul::MatmulSig { dtype: d, acc }, CAPS));
+        for caps in caps_for(&[d]) {
+            validate(&matmul::source(&matmul::MatmulSig { dtype: d, acc }, caps));
+        }
         for scatter in [None, Some(false), Some(true)] {
             let sig = index::IndexSig {
                 dtype: d,
@@ -156,7 +175,9 @@ fn matmul_and_index_variants_validate() {
                 axis: 1,
                 scatter,
             };
-            validate(&index::source(&sig, CAPS));
+            for caps in caps_for(&[d]) {
+                validate(&index::source(&sig, caps));
+            }
         }
     }
 }

@@ -4,7 +4,7 @@
 //! write) and accumulation is deterministic.
 
 use super::prelude::helpers;
-use super::{binding, compute_type, load, load_from, round_to, store, wrap, Caps, ENTRY, PARAMS};
+use super::{binding, compute_type, load, load_from, round_to, store, wrap, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
@@ -33,10 +33,10 @@ pub(crate) fn words(rank: usize) -> (usize, [usize; 3], usize) {
 pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
     let (shape, strides, _) = words(sig.rank);
     let d = sig.dtype;
-    let mut src = String::from(PARAMS);
-    src.push_str(&binding(0, d, true));
-    src.push_str(&binding(1, DType::I64, false));
-    src.push_str(&binding(2, d, false));
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, d, true, caps));
+    src.push_str(&binding(1, DType::I64, false, caps));
+    src.push_str(&binding(2, d, false, caps));
     src.push_str(&helpers(&BTreeSet::from([d]), caps));
     src.push_str(ENTRY);
     src.push_str("  if (gid >= params[0]) { return; }\n");
@@ -62,7 +62,7 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
                 src,
                 "  let c = (gid / {below}) % params[{s}];\n  let j = b1[u32(o1)];\n  \
                  let so = o2 - i32(c) * bitcast<i32>(params[{st}]) + i32(j) * bitcast<i32>(params[{st}]);\n  {}",
-                store(d, "b0", "u32(o0)", &load(d, "b2", "u32(so)")),
+                store(d, "b0", "u32(o0)", &load(d, "b2", "u32(so)", caps), caps),
                 below = below(sig.rank, ax, shape),
                 s = shape + ax,
                 st = strides[2] + ax
@@ -80,10 +80,10 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
                 strides[2] + ax,
                 strides[0] + ax,
                 compute_type(d),
-                load(d, "b2", "u32(vo)")
+                load(d, "b2", "u32(vo)", caps)
             );
             let value = if acc {
-                let old = load_from(d, "b0", "dst", true);
+                let old = load_from(d, "b0", "dst", true, caps);
                 match d {
                     DType::Bool => format!("({old} || v)"),
                     _ if d.is_float() => round_to(d, format!("({old} + v)")),
@@ -92,7 +92,7 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
             } else {
                 "v".to_string()
             };
-            let _ = writeln!(src, "    {}\n  }}", store(d, "b0", "dst", &value));
+            let _ = writeln!(src, "    {}\n  }}", store(d, "b0", "dst", &value, caps));
         }
     }
     src.push_str("}\n");

@@ -8,7 +8,7 @@
 
 use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
-use super::{binding, compute_type, load, scalar_value, Caps, ENTRY, PARAMS};
+use super::{binding, compute_type, load, scalar_value, Caps, ENTRY};
 use crate::launch::{dense, split, window, Access, Piece, Window};
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -246,7 +246,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     dtypes_of(&sig.expr, &mut used);
     used.extend(sig.dtypes.iter().copied());
     used.extend(sig.scalars.iter().copied());
-    let mut src = String::from(PARAMS);
+    let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
         if sig.vec4 {
             let _ = writeln!(
@@ -255,7 +255,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
                 k + 1
             );
         } else {
-            src.push_str(&binding(k, d, k == 0));
+            src.push_str(&binding(k, d, k == 0, caps));
         }
     }
     src.push_str(&helpers(&used, caps));
@@ -286,7 +286,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
                 src,
                 "  let x{} = {};",
                 k - 1,
-                load(d, &format!("b{k}"), &format!("u32(o{k})"))
+                load(d, &format!("b{k}"), &format!("u32(o{k})"), caps)
             );
         }
         let mut next = 0;
@@ -294,7 +294,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         let _ = writeln!(
             src,
             "  {}",
-            super::store(sig.dtypes[0], "b0", "u32(o0)", &v)
+            super::store(sig.dtypes[0], "b0", "u32(o0)", &v, caps)
         );
     }
     src.push_str("}\n");
@@ -386,7 +386,7 @@ fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<(
     let _ = writeln!(
         src,
         "      {}",
-        super::store(sig.dtypes[0], "b0", &offset(0, "r", "c"), &v)
+        super::store(sig.dtypes[0], "b0", &offset(0, "r", "c"), &v, caps)
     );
     src.push_str("    }\n  }\n");
     Ok(())

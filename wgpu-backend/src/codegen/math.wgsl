@@ -258,18 +258,40 @@ fn pow_$T(x: $T, y: $T) -> $T {
   return select(r, -r, x < 0.0$L && y_odd);
 }
 
-// Python's modulo (the sign of the divisor), exact: the truncated quotient is corrected until
-// the fused remainder has x's sign and is smaller than |y|.
+// The remainder of x / y with the sign of x (C's fmod) for finite x and y != 0, exactly: the
+// quotient's bits leave the integer significands a few at a time ((m << s) % my stays in
+// range), so nothing is rounded and nothing depends on whether the driver fuses or splits a
+// multiply-add.
+fn fmod_$T(x: $T, y: $T) -> $T {
+  let ax = bitcast<$U>(x) & $ABS_MASK;
+  let ay = bitcast<$U>(y) & $ABS_MASK;
+  let sign = bitcast<$U>(x) & ~$ABS_MASK;
+  if (ax < ay) { return x; }
+  var ex = i32(ax >> $MANT_BITS);
+  var ey = i32(ay >> $MANT_BITS);
+  var mx = ax & $MANT_MASK;
+  var my = ay & $MANT_MASK;
+  // A subnormal has exponent field 0, no implicit bit, and the scale of field 1.
+  if (ex == 0) { ex = 1; } else { mx = mx | $IMPLICIT_BIT; }
+  if (ey == 0) { ey = 1; } else { my = my | $IMPLICIT_BIT; }
+  mx = mx % my;
+  while (ex > ey && mx != $ZERO_U) {
+    let s = min(ex - ey, $CHUNK);
+    mx = (mx << u32(s)) % my;
+    ex = ex - s;
+  }
+  if (mx == $ZERO_U) { return bitcast<$T>(sign); }
+  // Back to a float at y's scale, normalized as far as the exponent allows (else subnormal).
+  while (mx < $IMPLICIT_BIT && ey > 1) { mx = mx << 1u; ey = ey - 1; }
+  if (mx < $IMPLICIT_BIT) { return bitcast<$T>(sign | mx); }
+  return bitcast<$T>(sign | ($U(ey) << $MANT_BITS) | (mx & $MANT_MASK));
+}
+
+// Python's modulo: the remainder takes the sign of the divisor.
 fn rem_$T(x: $T, y: $T) -> $T {
   if (isnan_$T(x) || isnan_$T(y) || isinf_$T(x) || y == 0.0$L) { return nan_$T(); }
   var r = x;
-  if (!isinf_$T(y)) {
-    var n = trunc(x / y);
-    r = fma(-n, y, x);
-    let step = select(1.0$L, -1.0$L, signbit_$T(x) != signbit_$T(y));
-    if (r != 0.0$L && signbit_$T(r) != signbit_$T(x)) { n = n - step; r = fma(-n, y, x); }
-    if (abs(r) >= abs(y)) { n = n + step; r = fma(-n, y, x); }
-  }
+  if (!isinf_$T(y)) { r = fmod_$T(x, y); }
   if (r != 0.0$L && (r < 0.0$L) != (y < 0.0$L)) { r = r + y; }
   return r;
 }

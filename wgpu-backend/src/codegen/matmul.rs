@@ -16,9 +16,7 @@
 //! `acc` (integers wrap).
 
 use super::prelude::helpers;
-use super::{
-    binding, cast, compute_type, literal, load, scalar_value, store, wrap, Caps, ENTRY, PARAMS,
-};
+use super::{binding, cast, compute_type, literal, load, scalar_value, store, wrap, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
@@ -49,10 +47,10 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     let at = compute_type(acc);
     let zero = literal(acc, 0);
     let st = |w: usize| format!("bitcast<i32>(params[{w}])");
-    let mut src = String::from(PARAMS);
-    src.push_str(&binding(0, d, true));
-    src.push_str(&binding(1, d, false));
-    src.push_str(&binding(2, d, false));
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, d, true, caps));
+    src.push_str(&binding(1, d, false, caps));
+    src.push_str(&binding(2, d, false, caps));
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
     // 32-bit accumulators are staged as vec4s: an invocation then reads its 8 values of A and
     // of B for one depth step in 4 loads rather than 16. A row of the A slice is one vector
@@ -144,6 +142,7 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
                 d,
                 "b1",
                 &format!("u32(aoff + {} * sa1 + i32(k0) * sa2)", 256 / DEPTH * q),
+                caps,
             ),
             d,
             acc,
@@ -161,6 +160,7 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
                 d,
                 "b2",
                 &format!("u32(boff + i32(k0 + {}u) * sb1)", 256 / TILE * q),
+                caps,
             ),
             d,
             acc,
@@ -241,10 +241,10 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
         &mul(
             acc,
             "beta",
-            &cast(&super::load_from(d, "b0", "co", true), d, acc, false),
+            &cast(&super::load_from(d, "b0", "co", true, caps), d, acc, false),
         ),
     );
-    let put = store(d, "b0", "co", &cast("v", acc, d, false));
+    let put = store(d, "b0", "co", &cast("v", acc, d, false), caps);
     for i in 0..PER {
         for j in 0..PER {
             let _ = writeln!(

@@ -32,6 +32,10 @@ pub struct Caps {
     pub f64: bool,
     /// `i64` and `u64` (SHADER_INT64).
     pub int64: bool,
+    /// f16 stored as `array<f16>` (SHADER_F16): read and written element by element, no
+    /// packing and no atomics. Without it f16 is packed into `u32` words like the other
+    /// 16-bit dtypes.
+    pub f16: bool,
 }
 
 /// The WGSL type a dtype's values are computed in.
@@ -48,8 +52,9 @@ pub(crate) fn compute_type(d: DType) -> &'static str {
 }
 
 /// The element type of the storage array holding `d` (packed dtypes share `u32` words).
-pub(crate) fn array_type(d: DType) -> &'static str {
+pub(crate) fn array_type(d: DType, caps: Caps) -> &'static str {
     match d {
+        DType::F16 if caps.f16 => "f16",
         DType::U64 => "u64",
         DType::I64 => "i64",
         DType::F64 => "f64",
@@ -57,10 +62,12 @@ pub(crate) fn array_type(d: DType) -> &'static str {
     }
 }
 
-/// Bits of a packed dtype (8 or 16), or `None` for 32- and 64-bit dtypes.
-pub(crate) fn packed_bits(d: DType) -> Option<u32> {
+/// Bits of a packed dtype (8 or 16), or `None` for dtypes stored whole (32- and 64-bit ones,
+/// and f16 where the adapter stores it natively).
+pub(crate) fn packed_bits(d: DType, caps: Caps) -> Option<u32> {
     match d.itemsize() {
         1 => Some(8),
+        2 if d == DType::F16 && caps.f16 => None,
         2 => Some(16),
         _ => None,
     }
@@ -104,13 +111,13 @@ pub(crate) fn wrap(d: DType, v: &str) -> String {
 }
 
 /// The compute value of element `idx` (a `u32` expression) of binding `buf` holding `d`.
-pub(crate) fn load(d: DType, buf: &str, idx: &str) -> String {
-    load_from(d, buf, idx, false)
+pub(crate) fn load(d: DType, buf: &str, idx: &str, caps: Caps) -> String {
+    load_from(d, buf, idx, false, caps)
 }
 
 /// [`load`] from a binding that may be `array<atomic<u32>>` (`atomic`: packed dtypes read
 /// their word with `atomicLoad`).
-pub(crate) fn load_from(d: DType, buf: &str, idx: &str, atomic: bool) -> String {
+pub(crate) fn load_from(d: DType, buf: &str, idx: &str, atomic: bool, caps: Caps) -> String {
     let part = |bits: u32| {
         let per = 32 / bits;
         let shift = per.trailing_zeros();
@@ -131,6 +138,7 @@ pub(crate) fn load_from(d: DType, buf: &str, idx: &str, atomic: bool) -> String 
         DType::U16 => part(16),
         DType::I8 => wrap(d, &format!("bitcast<i32>({})", part(8))),
         DType::I16 => wrap(d, &format!("bitcast<i32>({})", part(16))),
+        DType::F16 if caps.f16 => format!("f32({buf}[{idx}])"),
         DType::F16 => format!("f16_to_f32({})", part(16)),
         DType::BF16 => format!("bitcast<f32>({} << 16u)", part(16)),
         DType::U32 => format!("{buf}[{idx}]"),
@@ -154,9 +162,14 @@ pub(crate) fn bits_of(d: DType, v: &str) -> String {
 }
 
 /// A statement storing compute value `v` of `d` at element `idx` of binding `buf`. Packed
-/// dtypes go through atomics on their word (the binding is `array<atomic<u32>>`).
-pub(crate) fn store(d: DType, buf: &str, idx: &str, v: &str) -> String {
-    match packed_bits(d) {
+/// dtypes go through atomics on their word (the binding is `array<atomic<u32>>`). A native
+/// f16 is rounded by strata's integer code first, so the conversion to `f16` is exact (WGSL
+/// leaves the rounding of an inexact conversion to the driver).
+pub(crate) fn store(d: DType, buf: &str, idx: &str, v: &str, caps: Caps) -> String {
+    if d == DType::F16 && caps.f16 {
+        return format!("{buf}[{idx}] = f16(round_f16({v}));");
+    }
+    match packed_bits(d, caps) {
         Some(bits) => {
             let per = 32 / bits;
             let shift = per.trailing_zeros();
@@ -345,16 +358,20 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let gid = (wg.y * nwg.x + wg.x) * 256u + lid;
 ";
 
-/// The `params` binding every kernel reads its launch values from.
-pub(crate) const PARAMS: &str = "@group(0) @binding(0) var<storage, read> params: array<u32>;\n";
+/// The start of every kernel: `enable f16;` where f16 is native, and the `params` binding the
+/// kernel reads its launch values from.
+pub(crate) fn header(caps: Caps) -> String {
+    let enable = if caps.f16 { "enable f16;\n" } else { "" };
+    format!("{enable}@group(0) @binding(0) var<storage, read> params: array<u32>;\n")
+}
 
 /// A tensor binding `b{slot}` (binding `slot + 1`) of dtype `d`; `atomic` for packed outputs
 /// written element by element.
-pub(crate) fn binding(slot: usize, d: DType, atomic: bool) -> String {
-    let ty = if atomic && packed_bits(d).is_some() {
+pub(crate) fn binding(slot: usize, d: DType, atomic: bool, caps: Caps) -> String {
+    let ty = if atomic && packed_bits(d, caps).is_some() {
         "atomic<u32>".to_string()
     } else {
-        array_type(d).to_string()
+        array_type(d, caps).to_string()
     };
     format!(
         "@group(0) @binding({}) var<storage, read_write> b{slot}: array<{ty}>;\n",

@@ -65,7 +65,7 @@ pub(crate) fn math_type(caps: Caps) -> &'static str {
 
 /// `math.wgsl` instantiated for `f64` or `f32`.
 fn math(caps: Caps) -> String {
-    let subs: [(&str, &str); 13] = if caps.f64 {
+    let subs: [(&str, &str); 14] = if caps.f64 {
         [
             ("$INF_BITS", "0x7ff0000000000000lu"),
             ("$NAN_BITS", "0x7ff8000000000000lu"),
@@ -81,6 +81,8 @@ fn math(caps: Caps) -> String {
             ("$IMPLICIT_BIT", concat!("0x10000000000000", "lu")),
             // Cody–Waite below 2^19; f32's constants are too short for it past π/4.
             ("$PH_MIN", "524288.0lf"),
+            // Bits a significand (< 2^53) may be shifted by and stay in 64 bits.
+            ("$CHUNK", "11"),
         ]
     } else {
         [
@@ -97,6 +99,7 @@ fn math(caps: Caps) -> String {
             ("$MANT_MASK", "0x7fffffu"),
             ("$IMPLICIT_BIT", "0x800000u"),
             ("$PH_MIN", "0.785f"),
+            ("$CHUNK", "8"),
         ]
     };
     let mut s = MATH.to_string();

@@ -6,9 +6,7 @@
 //! argmin/argmax, its position), and a second launch combines the partials.
 
 use super::prelude::helpers;
-use super::{
-    binding, cast, compute_type, literal, load, round_to, store, wrap, Caps, ENTRY, PARAMS,
-};
+use super::{binding, cast, compute_type, literal, load, round_to, store, wrap, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::ReduceOp;
@@ -134,7 +132,15 @@ fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
 
 /// Declares `v{j}` (the value at reduced position `r`, as the accumulator's type) and `pos{j}`
 /// (its position, for arg ops).
-fn element(sig: &ReduceSig, w: &Words, idx_in: Option<usize>, r: &str, j: usize, src: &mut String) {
+fn element(
+    sig: &ReduceSig,
+    w: &Words,
+    idx_in: Option<usize>,
+    r: &str,
+    j: usize,
+    caps: Caps,
+    src: &mut String,
+) {
     let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
     for d in (0..sig.reduced_rank).rev() {
         let split = if d == 0 {
@@ -151,7 +157,7 @@ fn element(sig: &ReduceSig, w: &Words, idx_in: Option<usize>, r: &str, j: usize,
             w.in_reduced + d,
         );
     }
-    let x = load(sig.input, "b1", &format!("u32(off{j})"));
+    let x = load(sig.input, "b1", &format!("u32(off{j})"), caps);
     let v = if sig.combine {
         x
     } else {
@@ -181,19 +187,19 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
     if arg {
         used.insert(DType::U32);
     }
-    let mut src = String::from(PARAMS);
-    src.push_str(&binding(0, sig.output, true));
-    src.push_str(&binding(1, sig.input, false));
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, sig.output, true, caps));
+    src.push_str(&binding(1, sig.input, false, caps));
     let mut slot = 2;
     let idx_out = (arg && sig.partial).then(|| {
         let s = slot;
         slot += 1;
-        src.push_str(&binding(s, DType::U32, false));
+        src.push_str(&binding(s, DType::U32, false, caps));
         s
     });
     let idx_in = (arg && sig.combine).then(|| {
         let s = slot;
-        src.push_str(&binding(s, DType::U32, false));
+        src.push_str(&binding(s, DType::U32, false, caps));
         s
     });
     src.push_str(&helpers(&used, caps));
@@ -248,7 +254,15 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
          var r = k * chunk + tid;\n  for (; r < hi && hi - r > 3u * step; r = r + 4u * step) {\n",
     );
     for j in 0..4 {
-        element(sig, &w, idx_in, &format!("r + {j}u * step"), j, &mut src);
+        element(
+            sig,
+            &w,
+            idx_in,
+            &format!("r + {j}u * step"),
+            j,
+            caps,
+            &mut src,
+        );
     }
     for j in 0..4 {
         let _ = writeln!(
@@ -258,7 +272,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         );
     }
     src.push_str("  }\n  for (; r < hi; r = r + step) {\n");
-    element(sig, &w, idx_in, "r", 0, &mut src);
+    element(sig, &w, idx_in, "r", 0, caps, &mut src);
     let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
     if sig.group {
         src.push_str(
@@ -276,15 +290,23 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         src.push_str("  acc = shv[0]; best = shi[0];\n");
     }
     if sig.partial {
-        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob) + k", "acc"));
+        let _ = writeln!(
+            src,
+            "  {}",
+            store(sig.output, "b0", "u32(ob) + k", "acc", caps)
+        );
         if let Some(s) = idx_out {
             let _ = writeln!(src, "  b{s}[u32(ob) + k] = best;");
         }
     } else if arg {
-        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", "i64(best)"));
+        let _ = writeln!(
+            src,
+            "  {}",
+            store(sig.output, "b0", "u32(ob)", "i64(best)", caps)
+        );
     } else {
         let out = cast("acc", sig.acc, sig.output, false);
-        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", &out));
+        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", &out, caps));
     }
     src.push_str("}\n");
     src
