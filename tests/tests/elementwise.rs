@@ -938,8 +938,9 @@ fn remainder_at_huge_quotients(dev: &Device) -> Result<()> {
         (3.4e38f32, 3.0f32),
         (-1e10, 0.1),
         (16777215.0, 7.0),
-        (1e-38, 1e-45),
-        (3.0e38, -1.1e-38),
+        // Normal divisors only: NVIDIA's Vulkan driver flushes f32 subnormals to zero.
+        (1e-30, 3e-38),
+        (3.0e38, -1.2e-37),
     ];
     let (x, y): (Vec<f32>, Vec<f32>) = pairs32.iter().copied().unzip();
     let got = Tensor::from_slice(&x, [x.len()], dev)?
