@@ -135,41 +135,28 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
         let _ = writeln!(src, "  var ra{q}: {at}; var rb{q}: {at};");
     }
     let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
-    // All loads first, then all stores: the loads are in flight together.
+    // All loads first, then all stores: the loads are in flight together. Staged value `q` of A
+    // is row `arow + 16q` at depth `k0 + akk`; of B, depth `k0 + bkb + 2q` in column `bcol`.
+    let mut stage = |reg: String, buf: &str, idx: String, inside: String| {
+        let v = cast(&load(d, buf, &idx, caps), d, acc, false);
+        let _ = writeln!(src, "    {reg} = {zero}; if ({inside}) {{ {reg} = {v}; }}");
+    };
     for q in 0..STAGED {
-        let la = cast(
-            &load(
-                d,
-                "b1",
-                &format!("u32(aoff + {} * sa1 + i32(k0) * sa2)", 256 / DEPTH * q),
-                caps,
-            ),
-            d,
-            acc,
-            false,
-        );
-        let _ = writeln!(
-            src,
-            "    ra{q} = {zero}; if (arow + {}u < m && k0 + akk < k) {{ ra{q} = {la}; }}",
-            256 / DEPTH * q
+        let row = 256 / DEPTH * q;
+        stage(
+            format!("ra{q}"),
+            "b1",
+            format!("u32(aoff + {row} * sa1 + i32(k0) * sa2)"),
+            format!("arow + {row}u < m && k0 + akk < k"),
         );
     }
     for q in 0..STAGED {
-        let lb = cast(
-            &load(
-                d,
-                "b2",
-                &format!("u32(boff + i32(k0 + {}u) * sb1)", 256 / TILE * q),
-                caps,
-            ),
-            d,
-            acc,
-            false,
-        );
-        let _ = writeln!(
-            src,
-            "    rb{q} = {zero}; if (bcol < n && k0 + bkb + {}u < k) {{ rb{q} = {lb}; }}",
-            256 / TILE * q
+        let depth = 256 / TILE * q;
+        stage(
+            format!("rb{q}"),
+            "b2",
+            format!("u32(boff + i32(k0 + {depth}u) * sb1)"),
+            format!("bcol < n && k0 + bkb + {depth}u < k"),
         );
     }
     for q in 0..STAGED {
