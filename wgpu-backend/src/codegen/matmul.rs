@@ -184,21 +184,15 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
                 );
             }
         } else {
-            for i in 0..PER {
-                let _ = writeln!(
-                    src,
-                    "      let a{i} = ta[{}u + {}];",
-                    kk * row_a,
-                    lane("tr", i)
-                );
-            }
-            for j in 0..PER {
-                let _ = writeln!(
-                    src,
-                    "      let b{j} = tb[{}u + {}];",
-                    kk * row_b,
-                    lane("tc", j)
-                );
+            for (name, slice, row, t) in [("a", "ta", row_a, "tr"), ("b", "tb", row_b, "tc")] {
+                for i in 0..PER {
+                    let at = kk * row;
+                    let _ = writeln!(
+                        src,
+                        "      let {name}{i} = {slice}[{at}u + {}];",
+                        lane(t, i)
+                    );
+                }
             }
         }
         for i in 0..PER {
