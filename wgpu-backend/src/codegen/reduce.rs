@@ -130,6 +130,35 @@ fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
     format!("{upd} has = true;")
 }
 
+/// Decodes counter `count` (a `u32` var) into coordinates over `rank` extents (from word
+/// `shape` on), innermost first, and adds each coordinate times its stride to every
+/// `(offset var, first stride word)` target. The outermost coordinate is what remains: no
+/// division for it (one per element would bound a rank-1 reduction by division throughput).
+fn decode(
+    src: &mut String,
+    indent: &str,
+    count: &str,
+    rank: usize,
+    shape: usize,
+    targets: &[(&str, usize)],
+) {
+    for d in (0..rank).rev() {
+        let split = if d == 0 {
+            format!("let c = {count};")
+        } else {
+            format!(
+                "let c = {count} % params[{s}]; {count} = {count} / params[{s}];",
+                s = shape + d
+            )
+        };
+        let adds: Vec<String> = targets
+            .iter()
+            .map(|(v, st)| format!("{v} = {v} + i32(c) * bitcast<i32>(params[{}]);", st + d))
+            .collect();
+        let _ = writeln!(src, "{indent}{{ {split} {} }}", adds.join(" "));
+    }
+}
+
 /// Declares `v{j}` (the value at reduced position `r`, as the accumulator's type) and `pos{j}`
 /// (its position, for arg ops).
 fn element(
@@ -142,21 +171,15 @@ fn element(
     src: &mut String,
 ) {
     let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
-    for d in (0..sig.reduced_rank).rev() {
-        let split = if d == 0 {
-            format!("let c = rr{j};")
-        } else {
-            format!(
-                "let c = rr{j} % params[{s}]; rr{j} = rr{j} / params[{s}];",
-                s = w.reduced_shape + d
-            )
-        };
-        let _ = writeln!(
-            src,
-            "    {{ {split} off{j} = off{j} + i32(c) * bitcast<i32>(params[{}]); }}",
-            w.in_reduced + d,
-        );
-    }
+    let (rr, off) = (format!("rr{j}"), format!("off{j}"));
+    decode(
+        src,
+        "    ",
+        &rr,
+        sig.reduced_rank,
+        w.reduced_shape,
+        &[(&off, w.in_reduced)],
+    );
     let x = load(sig.input, "b1", &format!("u32(off{j})"), caps);
     let v = if sig.combine {
         x
@@ -223,24 +246,14 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         src,
         "  var ib = i32(params[3]);\n  var ob = i32(params[4]);\n  var rem = o;"
     );
-    // The outermost coordinate is what remains: no division for it (one per element would
-    // bound a rank-1 reduction by integer-division throughput).
-    for d in (0..sig.outer_rank).rev() {
-        let split = if d == 0 {
-            "let c = rem;".to_string()
-        } else {
-            format!(
-                "let c = rem % params[{s}]; rem = rem / params[{s}];",
-                s = w.outer_shape + d
-            )
-        };
-        let _ = writeln!(
-            src,
-            "  {{ {split} ib = ib + i32(c) * bitcast<i32>(params[{}]); ob = ob + i32(c) * bitcast<i32>(params[{}]); }}",
-            w.in_outer + d,
-            w.out_outer + d,
-        );
-    }
+    decode(
+        &mut src,
+        "  ",
+        "rem",
+        sig.outer_rank,
+        w.outer_shape,
+        &[("ib", w.in_outer), ("ob", w.out_outer)],
+    );
     let _ = writeln!(
         src,
         "  var acc: {at} = {};\n  var best = 0u;\n  var has = false;",
