@@ -152,6 +152,12 @@ impl Tensor {
     /// assert_eq!(t.transpose(0, -1).unwrap().shape(), &[4, 3, 2]);
     /// ```
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        if self.ndim() == 0 {
+            // As PyTorch: a 0-d tensor accepts axes 0 and -1, and stays as it is.
+            normalize_axis(a, 1)?;
+            normalize_axis(b, 1)?;
+            return Ok(self.clone());
+        }
         let (a, b) = (
             normalize_axis(a, self.ndim())?,
             normalize_axis(b, self.ndim())?,
@@ -207,6 +213,10 @@ impl Tensor {
     /// assert_eq!(t.squeeze_axis(1).unwrap().shape(), &[1, 3, 1]);
     /// ```
     pub fn squeeze_axis(&self, axis: isize) -> Result<Tensor> {
+        if self.ndim() == 0 {
+            normalize_axis(axis, 1)?; // axis 0 or -1 of a 0-d tensor, as PyTorch
+            return Ok(self.clone());
+        }
         let axis = normalize_axis(axis, self.ndim())?;
         let mut layout = self.layout.clone();
         if self.shape()[axis] == 1 {

@@ -96,7 +96,10 @@ impl Tensor {
                 index.shape()
             )));
         }
-        let (expanded, _) = self.index_along(a, index)?;
+        // Check the index itself: once broadcast over the other axes it may have no elements
+        // left (a `[0, 0, 1]` tensor), and then no value would be checked.
+        let index = normalized_index(index, self.shape()[a], "index_select")?;
+        let (expanded, _) = self.index_along(a, &index)?;
         self.gather(a as isize, &expanded)
     }
 
@@ -229,6 +232,13 @@ impl Tensor {
                 self.dtype()
             )));
         }
+        // The scatter kernel moves elements of one dtype: convert the values here, with the
+        // cast rule, rather than leave a conversion (or a reinterpretation) to a backend.
+        let src = if src.dtype() == self.dtype() {
+            src
+        } else {
+            src.to_dtype(self.dtype())?
+        };
         launch(
             Kernel::Scatter {
                 axis: a,
@@ -266,6 +276,15 @@ impl Tensor {
     /// ```
     pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Value>) -> Result<()> {
         let mask = self.check_mask(mask, "masked_fill")?;
+        // The value takes this tensor's dtype (as PyTorch), so the unmasked elements are
+        // selected in their own dtype and never pass through a wider or float type.
+        let value = match value.into() {
+            Value::Scalar(s) => Value::Scalar(s.cast(self.dtype(), false)),
+            Value::Tensor(t) if t.dtype() != self.dtype() => {
+                Value::Tensor(t.to_dtype(self.dtype())?)
+            }
+            tensor => tensor,
+        };
         let filled = Tensor::where_cond(&mask, value, self)?;
         self.assign(&filled)
     }
@@ -337,18 +356,19 @@ impl Tensor {
                 index.shape()
             )));
         }
-        let (expanded, shape) = self.index_along(a, index)?;
+        let what = if accumulate {
+            "index_put_ (accumulate)"
+        } else {
+            "index_put_"
+        };
+        let index = normalized_index(index, self.shape()[a], what)?;
+        let (expanded, shape) = self.index_along(a, &index)?;
         let values = match values.into() {
             Value::Tensor(t) => Value::Tensor(
                 t.broadcast_to(shape)
                     .map_err(|e| Error::Shape(format!("index_put_: values: {e}")))?,
             ),
             scalar => scalar,
-        };
-        let what = if accumulate {
-            "index_put_ (accumulate)"
-        } else {
-            "index_put_"
         };
         self.scatter_impl(a as isize, &expanded, values, accumulate, what)
     }

@@ -255,27 +255,44 @@ impl Tensor {
     /// assert_eq!(t.var(0, 0, false).unwrap().item::<f64>().unwrap(), 1.25);
     /// ```
     pub fn var(&self, axes: impl Into<Axes>, correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.float_only("var")?;
-        let axes = axes.into();
+        self.var_in_acc(axes.into(), correction, keepdim, "var")?
+            .to_dtype(self.dtype)
+    }
+
+    /// The variance in the accumulation dtype (f32 for 16-bit floats), not yet rounded to the
+    /// tensor's dtype: `std` takes its square root first, since an f16 variance can overflow
+    /// where the deviation does not (`[65504, -1]`).
+    fn var_in_acc(
+        &self,
+        axes: Axes,
+        correction: usize,
+        keepdim: bool,
+        what: &str,
+    ) -> Result<Tensor> {
+        self.float_only(what)?;
         let acc = accumulation_dtype(self.dtype);
         let x = self.to_dtype(acc)?;
         let n = self.extent(&axes)?;
         let mean = x.sum(axes.clone(), true)?.div(n as f64)?;
         let squares = x.sub(&mean)?.square()?.sum(axes, keepdim)?;
-        squares
-            .div((n as f64 - correction as f64).max(0.0))?
-            .to_dtype(self.dtype)
+        squares.div((n as f64 - correction as f64).max(0.0))
     }
 
-    /// The standard deviation: `√var`.
+    /// The standard deviation: `√var`, taken in the accumulation dtype before rounding to the
+    /// tensor's dtype.
     ///
     /// ```
     /// use strata_core::{Device, DType, Tensor};
     /// let t = Tensor::from_slice(&[1.0f32, 3.0], [2], &Device::cpu()).unwrap();
     /// assert_eq!(t.std(0, 0, false).unwrap().item::<f32>().unwrap(), 1.0);
+    /// let h = t.mul(32752.0).unwrap().add(-32751.0).unwrap().to_dtype(DType::F16).unwrap();
+    /// let s = h.std(0, 0, false).unwrap(); // the f16 variance, 1.07e9, would overflow
+    /// assert_eq!(s.to_dtype(DType::F32).unwrap().item::<f32>().unwrap(), 32752.0);
     /// ```
     pub fn std(&self, axes: impl Into<Axes>, correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.var(axes, correction, keepdim)?.sqrt()
+        self.var_in_acc(axes.into(), correction, keepdim, "std")?
+            .sqrt()?
+            .to_dtype(self.dtype)
     }
 
     /// The smallest element over `axes` (NaN propagates); an empty extent is an `Err`.
@@ -412,6 +429,9 @@ impl Tensor {
     /// ```
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
         let x = self.as_float()?;
+        if x.extent(&Axes::from(axis))? == 0 {
+            return x.empty_like(); // nothing to normalize (PyTorch returns the empty tensor too)
+        }
         let e = x.sub(&x.max(axis, true)?)?.exp()?;
         e.div(&e.sum(axis, true)?)
     }
@@ -425,6 +445,9 @@ impl Tensor {
     /// ```
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
         let x = self.as_float()?;
+        if x.extent(&Axes::from(axis))? == 0 {
+            return x.empty_like();
+        }
         let shifted = x.sub(&x.max(axis, true)?)?;
         let lse = shifted.exp()?.sum(axis, true)?.log()?;
         shifted.sub(&lse)
