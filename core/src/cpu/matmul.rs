@@ -1,5 +1,7 @@
-//! The CPU `Matmul` kernel: each batch's operands are gathered into row-major f64 (or wrapping
-//! i64) matrices, multiplied in i-k-j order, and rows are split across threads.
+//! The CPU `Matmul` kernel: each batch's operands are gathered into row-major matrices of the
+//! IR's accumulator dtype (f32 for f16, bf16 and f32; f64; wrapping i64 for integers),
+//! multiplied in i-k-j order with a rounding after every product and sum, and rows are split
+//! across threads.
 
 use super::strided::{threads, View};
 use super::values::{with_dtype, Prim, Values};
@@ -15,13 +17,49 @@ fn batch_layout(l: &Layout, b: usize) -> Result<Layout> {
     Layout::new(sh[1..].to_vec(), st[1..].to_vec(), offset)
 }
 
-fn load(view: &View, layout: &Layout, dtype: DType, as_float: bool) -> Values {
+fn load(view: &View, layout: &Layout, dtype: DType, acc: DType) -> Values {
     let v = view.with_layout(layout);
     let mut scratch = Vec::new();
     // SAFETY: the batch layout lies inside the operand, which View::new bounds-checked.
     let block =
         with_dtype!(dtype, T => T::wrap(unsafe { v.load::<T>(0, layout.numel(), &mut scratch) }));
-    block.cast(if as_float { DType::F64 } else { DType::I64 }, false)
+    block.cast(acc, false)
+}
+
+/// `α·a·b + β·c` for float accumulators, rows split across threads.
+fn float_gemm<T>(
+    (x, y): (&[T], &[T]),
+    (m, k, n): (usize, usize, usize),
+    (alpha, beta): (T, T),
+    old: Option<Vec<T>>,
+) -> Vec<T>
+where
+    T: Copy + Default + Send + Sync + std::ops::Add<Output = T> + std::ops::Mul<Output = T>,
+{
+    let per = m
+        .div_ceil(if m * n * k > 1 << 18 { threads() } else { 1 })
+        .max(1);
+    let parts: Vec<Vec<T>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..m)
+            .step_by(per)
+            .map(|r0| {
+                let r = r0..(r0 + per).min(m);
+                s.spawn(move || product(x, y, (k, n), r, |p, q| p * q, |p, q| p + q))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_default())
+            .collect()
+    });
+    let ab = parts.concat();
+    match old {
+        Some(o) => ab
+            .iter()
+            .zip(&o)
+            .map(|(&v, &c)| alpha * v + beta * c)
+            .collect(),
+        None => ab.iter().map(|&v| alpha * v).collect(),
+    }
 }
 
 /// `out[i, j] = Σ_k a[i, k] · b[k, j]` for rows `rows`, row-major.
@@ -56,7 +94,11 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
         beta,
         dims: (batch, m, k, n),
     } = crate::ir::MatmulOperands::of(args)?;
-    let float = acc.is_float();
+    if !matches!(acc, DType::F32 | DType::F64 | DType::I64) {
+        return Err(Error::Unsupported(format!(
+            "matmul accumulating in {acc} (f32, f64 or i64)"
+        )));
+    }
     let (va, vb, vc) = (View::new(a)?, View::new(b)?, View::new(c)?);
     for bi in 0..batch {
         let (la, lb, lc) = (
@@ -64,49 +106,33 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
             batch_layout(&b.layout, bi)?,
             batch_layout(&c.layout, bi)?,
         );
-        let (ma, mb) = (
-            load(&va, &la, a.dtype, float),
-            load(&vb, &lb, b.dtype, float),
-        );
-        let beta_zero = !beta.to_bool();
-        let old = (!beta_zero).then(|| load(&vc, &lc, c.dtype, float));
-        let split = |total: usize| {
-            let per = total
-                .div_ceil(if m * n * k > 1 << 18 { threads() } else { 1 })
-                .max(1);
-            (0..total)
-                .step_by(per)
-                .map(move |s| s..(s + per).min(total))
-                .collect::<Vec<_>>()
-        };
-        let result = match (ma, mb) {
-            (Values::F64(x), Values::F64(y)) => {
-                let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
-                    let hs: Vec<_> = split(m)
-                        .into_iter()
-                        .map(|r| {
-                            let (x, y) = (&x, &y);
-                            s.spawn(move || product(x, y, (k, n), r, |p, q| p * q, |p, q| p + q))
-                        })
-                        .collect();
-                    hs.into_iter()
-                        .map(|h| h.join().unwrap_or_default())
-                        .collect()
+        let (ma, mb) = (load(&va, &la, a.dtype, acc), load(&vb, &lb, b.dtype, acc));
+        // β = 0: C is not read (NaN in it does not propagate).
+        let old = beta.to_bool().then(|| load(&vc, &lc, c.dtype, acc));
+        let dims = (m, k, n);
+        let result = match (ma, mb, old) {
+            (Values::F32(x), Values::F32(y), old) => {
+                let old = old.map(|o| match o {
+                    Values::F32(v) => v,
+                    _ => unreachable!("loaded as f32"),
                 });
-                let ab: Vec<f64> = parts.concat();
-                let (al, be) = (alpha.to_f64(), beta.to_f64());
-                let old = match old {
-                    Some(Values::F64(o)) => o,
-                    _ => vec![0.0; m * n],
-                };
-                Values::F64(
-                    ab.iter()
-                        .zip(&old)
-                        .map(|(&v, &o)| if beta_zero { al * v } else { al * v + be * o })
-                        .collect(),
-                )
+                // α and β arrive in the accumulator dtype, so these conversions are exact.
+                let (al, be) = (alpha.to_f64() as f32, beta.to_f64() as f32);
+                Values::F32(float_gemm((&x, &y), dims, (al, be), old))
             }
-            (Values::I64(x), Values::I64(y)) => {
+            (Values::F64(x), Values::F64(y), old) => {
+                let old = old.map(|o| match o {
+                    Values::F64(v) => v,
+                    _ => unreachable!("loaded as f64"),
+                });
+                Values::F64(float_gemm(
+                    (&x, &y),
+                    dims,
+                    (alpha.to_f64(), beta.to_f64()),
+                    old,
+                ))
+            }
+            (Values::I64(x), Values::I64(y), old) => {
                 let ab = product(
                     &x,
                     &y,

@@ -61,10 +61,10 @@ pub(crate) struct MatmulSig {
     pub acc: DType,
 }
 
-/// The accumulator of our kernel: f64 for floats (as the CPU backend), wrapping i64 for ints.
+/// The accumulator of our kernel: the IR's (f32 or f64; integers wrap in i64), as on the CPU.
 fn acc_repr(acc: DType) -> DType {
     if acc.is_float() {
-        DType::F64
+        acc
     } else {
         DType::I64
     }
@@ -122,10 +122,11 @@ pub(crate) fn source(sig: &MatmulSig) -> Result<String> {
     let (st, ot) = (storage_type(sig.dtype), storage_type(sig.out));
     let load = |x: &str| cast(&from_storage(sig.dtype, x), sig.dtype, r, false);
     let load_c = |x: &str| cast(&from_storage(sig.out, x), sig.out, r, false);
-    let (mul, add) = if r == DType::I64 {
-        ("w_mul<i64>", "w_add<i64>")
-    } else {
-        ("__dmul_rn", "__dadd_rn")
+    // Products and sums rounded one at a time (never contracted into an fma), as the CPU.
+    let (mul, add) = match r {
+        DType::I64 => ("w_mul<i64>", "w_add<i64>"),
+        DType::F32 => ("__fmul_rn", "__fadd_rn"),
+        _ => ("__dmul_rn", "__dadd_rn"),
     };
     let scalar = |w: usize| super::scalar_from_word(r, &format!("p.w[{w}]"));
     let mut s = String::new();
