@@ -3,7 +3,8 @@
 # .gpu/bin. Modes: tests (the differential suite on CUDA), sanitize (a reduced suite under
 # compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
 # wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
-# (the wgpu backend's benchmark), all.
+# (the wgpu backend's benchmark), random (thousands of random programs on cuda:0 and on wgpu,
+# RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -86,11 +87,26 @@ run_wgpu_bench() {
   python3 scripts/bench_table.py "$out/wgpu.jsonl" | tee -a "$summary"
 }
 
+# Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.
+run_random() {
+  n="${RANDOM_PROGRAMS:-3000}"
+  for devices in cuda:0 wgpu; do
+    [ "$devices" = wgpu ] && setup_vulkan
+    echo "== random programs on $devices: $n" | tee -a "$summary"
+    STRATA_TEST_DEVICES="$devices" STRATA_RANDOM_PROGRAMS="$n" timeout 560 \
+      "$bin/test-random_programs" --test-threads=1 --nocapture > "$out/random-$devices.log" 2>&1
+    rc=$?
+    printf 'rc=%-3s %s\n' "$rc" "$(grep -E '^random programs on|^test result' "$out/random-$devices.log" | tr '\n' ' ')" | tee -a "$summary"
+    [ $rc -ne 0 ] && grep -A12 -E 'failing programs|^seed' "$out/random-$devices.log" | head -40 | tee -a "$summary"
+  done
+}
+
 case "$mode" in
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;
   wgpu-tests) setup_vulkan; run_tests wgpu ;;
   wgpu-bench) setup_vulkan; run_wgpu_bench ;;
+  random) run_random ;;
   all) run_tests; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
 esac

@@ -176,7 +176,7 @@ pub enum UnaryOp {
     NegSat,
     /// `|x|`; integers wrap (`|MIN|` is `MIN`).
     Abs,
-    /// -1, 0 or 1 (NaN stays NaN; -0.0 gives 0).
+    /// -1, 0 or 1 (NaN stays NaN; both zeros give +0, as PyTorch's `(0 < x) - (x < 0)`).
     Sign,
     /// `x * x`; integers wrap.
     Square,

@@ -298,6 +298,34 @@ fn ipow(x: i128, y: i128) -> i128 {
     acc
 }
 
+/// CPython's float floor division: `a` less its exact remainder, over `b`, corrected to the
+/// divisor's sign and rounded to the nearest whole number; `x / 0` is IEEE's quotient.
+macro_rules! python_floor_div {
+    ($name:ident, $t:ty) => {
+        fn $name(a: $t, b: $t) -> $t {
+            if b == 0.0 {
+                return a / b;
+            }
+            let m = a % b;
+            let mut div = (a - m) / b;
+            if m != 0.0 && (b < 0.0) != (m < 0.0) {
+                div -= 1.0;
+            }
+            if div == 0.0 {
+                return (0.0 as $t).copysign(a / b);
+            }
+            let fl = div.floor();
+            if div - fl > 0.5 {
+                fl + 1.0
+            } else {
+                fl
+            }
+        }
+    };
+}
+python_floor_div!(python_floor_div, f64);
+python_floor_div!(python_floor_div_f32, f32);
+
 fn floor_div(x: i128, y: i128) -> i128 {
     if y > 0 {
         x.div_euclid(y)
@@ -368,8 +396,9 @@ fn binary_ref(name: &str, x: Scalar, y: Scalar, d: DType) -> Option<Scalar> {
             "sub" | "sub_sat" => f(fx - fy),
             "mul" | "mul_sat" => f(fx * fy),
             "div" | "div_sat" => f(fx / fy),
-            "floor_divide" if single => f(((fx as f32) / (fy as f32)).floor() as f64),
-            "floor_divide" => f((fx / fy).floor()),
+            // Python's algorithm, in f32 steps for the 32- and 16-bit floats.
+            "floor_divide" if d == DType::F64 => f(python_floor_div(fx, fy)),
+            "floor_divide" => f(python_floor_div_f32(fx as f32, fy as f32) as f64),
             "remainder" => {
                 let r = fx % fy;
                 f(if r != 0.0 && (r < 0.0) != (fy < 0.0) {

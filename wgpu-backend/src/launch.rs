@@ -79,11 +79,26 @@ fn reach(a: &Access, p: &Piece) -> (isize, isize, isize) {
 /// The window binding `a` over piece `p` (offset aligned down to `align`, size rounded up to
 /// 16 bytes within the buffer).
 pub(crate) fn window<'a>(a: &Access<'a>, p: &Piece, align: u64) -> Window<'a> {
+    let raw = a.buffer.raw();
+    // An operand indexed along an empty axis is never touched, but its binding must still lie
+    // inside the buffer (a zero-size view may start at the buffer's end): bind its first bytes.
+    let untouched = p
+        .len
+        .iter()
+        .zip(&a.strides)
+        .any(|(&n, &s)| n == 0 && s != 0);
     let (lo, hi, base) = reach(a, p);
     let is = a.itemsize as u64;
-    let start = (lo as u64 * is) / align * align;
-    let raw = a.buffer.raw();
+    let start = (lo.max(0) as u64 * is) / align * align;
     let end = (((hi as u64 + 1) * is).div_ceil(16) * 16).min(raw.size());
+    if untouched || (p.len.contains(&0) && start >= end) {
+        return Window {
+            buffer: raw,
+            byte_offset: 0,
+            byte_size: raw.size().min(16),
+            rel_offset: 0,
+        };
+    }
     Window {
         buffer: raw,
         byte_offset: start,

@@ -8,10 +8,14 @@ use crate::error::{Error, Result};
 use crate::ir::{KernelArgs, ReduceOp};
 use crate::layout::Layout;
 
-/// A partial result over part of one reduction.
+/// A partial result over part of one reduction, held in the IR's accumulator dtype: sums and
+/// products of f16, bf16 and f32 round in f32 at every step, as on the GPUs (blocks combine
+/// pairwise, so the rounding error grows with the logarithm of the extent).
 #[derive(Debug, Clone, Copy)]
 enum Partial {
-    /// Float sums and products run in f64.
+    /// Float sums and products accumulated in f32.
+    F32(f32),
+    /// Float sums and products accumulated in f64.
     Float(f64),
     /// Integer sums and products wrap in 64 bits (the same bits for signed and unsigned).
     Int(i64),
@@ -49,9 +53,25 @@ fn better(op: ReduceOp, a: Scalar, b: Scalar) -> bool {
     }
 }
 
+/// For `Min` and `Max` of zeros: -0 is below +0 (IEEE 754-2019's minimum and maximum), so the
+/// result does not depend on the order elements are combined in. Positions (`ArgMin`,
+/// `ArgMax`) treat the two zeros as equal and keep the first.
+fn signed_zero_wins(op: ReduceOp, candidate: f64, best: f64) -> bool {
+    candidate == 0.0
+        && best == 0.0
+        && candidate.is_sign_negative() != best.is_sign_negative()
+        && match op {
+            ReduceOp::Min => candidate.is_sign_negative(),
+            ReduceOp::Max => best.is_sign_negative(),
+            _ => false,
+        }
+}
+
 impl Partial {
     fn identity(op: ReduceOp, acc: DType) -> Partial {
         match op {
+            ReduceOp::Sum if acc == DType::F32 => Partial::F32(0.0),
+            ReduceOp::Prod if acc == DType::F32 => Partial::F32(1.0),
             ReduceOp::Sum if acc.is_float() => Partial::Float(0.0),
             ReduceOp::Prod if acc.is_float() => Partial::Float(1.0),
             ReduceOp::Sum => Partial::Int(0),
@@ -65,6 +85,8 @@ impl Partial {
     /// Combines with the partial of a later range.
     fn combine(self, later: Partial, op: ReduceOp) -> Partial {
         match (self, later) {
+            (Partial::F32(a), Partial::F32(b)) if op == ReduceOp::Sum => Partial::F32(a + b),
+            (Partial::F32(a), Partial::F32(b)) => Partial::F32(a * b),
             (Partial::Float(a), Partial::Float(b)) if op == ReduceOp::Sum => Partial::Float(a + b),
             (Partial::Float(a), Partial::Float(b)) => Partial::Float(a * b),
             (Partial::Int(a), Partial::Int(b)) if op == ReduceOp::Sum => {
@@ -74,7 +96,9 @@ impl Partial {
             (Partial::Bool(a), Partial::Bool(b)) if op == ReduceOp::Any => Partial::Bool(a || b),
             (Partial::Bool(a), Partial::Bool(b)) => Partial::Bool(a && b),
             (Partial::Best(Some(a)), Partial::Best(Some(b))) => {
-                Partial::Best(Some(if better(op, b.0, a.0) { b } else { a }))
+                let zero =
+                    a.0.dtype().is_float() && signed_zero_wins(op, b.0.to_f64(), a.0.to_f64());
+                Partial::Best(Some(if better(op, b.0, a.0) || zero { b } else { a }))
             }
             (Partial::Best(a), Partial::Best(b)) => Partial::Best(a.or(b)),
             (a, _) => a,
@@ -83,6 +107,7 @@ impl Partial {
 
     fn result(self, op: ReduceOp, out: DType) -> Result<Scalar> {
         Ok(match self {
+            Partial::F32(v) => Scalar::F32(v).cast(out, false),
             Partial::Float(v) => Scalar::F64(v).cast(out, false),
             Partial::Int(v) => Scalar::I64(v).cast(out, false),
             Partial::Bool(b) => Scalar::Bool(b).cast(out, false),
@@ -114,19 +139,6 @@ fn sum_lanes<T: Copy + std::ops::Add<Output = T> + Default>(x: &[T]) -> T {
     total
 }
 
-/// Σ of f32 values in eight f64 lanes.
-fn sum_widened(x: &[f32]) -> f64 {
-    let mut acc = [0f64; 8];
-    let chunks = x.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for k in 0..8 {
-            acc[k] += c[k] as f64;
-        }
-    }
-    acc.iter().sum::<f64>() + rest.iter().map(|&v| v as f64).sum::<f64>()
-}
-
 /// The best element of a block and its index within the block.
 fn best_of<T: Prim + PartialOrd>(x: &[T], op: ReduceOp) -> Option<(T, usize)> {
     let mut best: Option<(T, usize)> = None;
@@ -141,11 +153,11 @@ fn best_of<T: Prim + PartialOrd>(x: &[T], op: ReduceOp) -> Option<(T, usize)> {
                 if b_nan {
                     break;
                 }
-                let wins = nan
-                    || match op {
+                let wins =
+                    nan || match op {
                         ReduceOp::Min | ReduceOp::ArgMin => v < b,
                         _ => v > b,
-                    };
+                    } || (T::DTYPE.is_float() && signed_zero_wins(op, v.to_f64(), b.to_f64()));
                 if wins {
                     best = Some((v, i));
                 }
@@ -167,12 +179,24 @@ impl<T: crate::dtype::Element> ToScalar for T {
 /// Folds one block of values (positions `first..`) into a partial.
 fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial {
     match (op, block) {
-        // Float sums straight from the block, widening lane by lane (vectorizes).
-        (ReduceOp::Sum, Values::F32(x)) if acc.is_float() => return Partial::Float(sum_widened(x)),
-        (ReduceOp::Sum, Values::F64(x)) if acc.is_float() => return Partial::Float(sum_lanes(x)),
+        // Float sums straight from the block, lane by lane (vectorizes).
+        (ReduceOp::Sum, Values::F32(x)) if acc == DType::F32 => return Partial::F32(sum_lanes(x)),
+        (ReduceOp::Sum, Values::F64(x)) if acc == DType::F64 => {
+            return Partial::Float(sum_lanes(x))
+        }
         _ => {}
     }
     match op {
+        ReduceOp::Sum | ReduceOp::Prod if acc == DType::F32 => {
+            let Values::F32(v) = block.cast(DType::F32, false) else {
+                unreachable!()
+            };
+            Partial::F32(if op == ReduceOp::Sum {
+                sum_lanes(&v)
+            } else {
+                v.iter().product()
+            })
+        }
         ReduceOp::Sum | ReduceOp::Prod if acc.is_float() => {
             let Values::F64(v) = block.cast(DType::F64, false) else {
                 unreachable!()
@@ -217,7 +241,9 @@ fn reduce_range(
     inner: &View,
     range: std::ops::Range<usize>,
 ) -> Partial {
-    let mut partial = Partial::identity(op, acc);
+    // Block partials combine pairwise (a binary counter of levels), in order: earlier blocks
+    // are always the left operand, so arg reductions keep the first best position.
+    let mut levels: Vec<(u32, Partial)> = Vec::new();
     let mut scratch = Vec::new();
     let mut start = range.start;
     while start < range.end {
@@ -225,10 +251,21 @@ fn reduce_range(
         // SAFETY: the inner view lies inside the input, whose bounds View::new checked.
         let block =
             with_dtype!(dtype, T => T::wrap(unsafe { inner.load::<T>(start, len, &mut scratch) }));
-        partial = partial.combine(fold_block(op, acc, &block, start), op);
+        let (mut level, mut partial) = (0, fold_block(op, acc, &block, start));
+        while let Some(&(l, earlier)) = levels.last() {
+            if l != level {
+                break;
+            }
+            levels.pop();
+            partial = earlier.combine(partial, op);
+            level += 1;
+        }
+        levels.push((level, partial));
         start += len;
     }
-    partial
+    levels
+        .into_iter()
+        .fold(Partial::identity(op, acc), |a, (_, b)| a.combine(b, op))
 }
 
 /// Executes a `Reduce` kernel.

@@ -464,19 +464,68 @@ fn rem_py_f64(x: f64, y: f64) -> f64 {
     }
 }
 
+/// Python's float floor division (CPython's algorithm, which NumPy and PyTorch share): the
+/// quotient of `a` less its exact remainder, corrected to the divisor's sign and rounded to
+/// the nearest whole number, so `-9.0 // -1e-10` is 89999999999, not `floor(a / b)` = 9e10.
+/// Division by zero gives IEEE's `a / b` (Python raises; NumPy and PyTorch return this).
+macro_rules! floor_div_py {
+    ($name:ident, $t:ty) => {
+        fn $name(a: $t, b: $t) -> $t {
+            if b == 0.0 {
+                return a / b;
+            }
+            let m = a % b;
+            let mut div = (a - m) / b;
+            if m != 0.0 && ((b < 0.0) != (m < 0.0)) {
+                div -= 1.0;
+            }
+            if div == 0.0 {
+                return (0.0 as $t).copysign(a / b);
+            }
+            let f = div.floor();
+            if div - f > 0.5 {
+                f + 1.0
+            } else {
+                f
+            }
+        }
+    };
+}
+floor_div_py!(floor_div_f64, f64);
+floor_div_py!(floor_div_f32, f32);
+
+/// IEEE 754-2019 `maximum`: NaN if either is NaN, and +0 above -0, so the result does not
+/// depend on the operands' order (the same rule on every backend).
 fn nan_max(x: f64, y: f64) -> f64 {
     if x.is_nan() || y.is_nan() {
         f64::NAN
+    } else if x == y {
+        if x.is_sign_negative() {
+            y
+        } else {
+            x
+        }
+    } else if x > y {
+        x
     } else {
-        x.max(y)
+        y
     }
 }
 
+/// IEEE 754-2019 `minimum`: NaN if either is NaN, and -0 below +0.
 fn nan_min(x: f64, y: f64) -> f64 {
     if x.is_nan() || y.is_nan() {
         f64::NAN
+    } else if x == y {
+        if x.is_sign_negative() {
+            x
+        } else {
+            y
+        }
+    } else if x < y {
+        x
     } else {
-        x.min(y)
+        y
     }
 }
 
@@ -492,7 +541,7 @@ fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<
         Sub | SubSat => |x, y| x - y,
         Mul | MulSat => |x, y| x * y,
         Div | DivSat => |x, y| x / y,
-        FloorDiv => |x, y| (x / y).floor(),
+        FloorDiv => floor_div_f64,
         Rem => rem_py_f64,
         Pow => f64::powf,
         Max => nan_max,
@@ -526,12 +575,18 @@ fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<
     }
     native!(f32, F32);
     native!(f64, F64);
-    if T::DTYPE == DType::F32 && matches!(op, FloorDiv | Rem | Pow | Atan2) {
+    let in_f32 = match T::DTYPE {
+        DType::F32 => matches!(op, FloorDiv | Rem | Pow | Atan2),
+        // 16-bit floats compute in f32 on the GPUs; floor division's steps round there.
+        DType::F16 | DType::BF16 => op == FloorDiv,
+        _ => false,
+    };
+    if in_f32 {
         // Keep f32 results what an f32 evaluation gives (the quotient is rounded to f32 first).
         return Ok(T::wrap(zip(a, b, |x, y| {
             let (x, y) = (x.to_f64() as f32, y.to_f64() as f32);
             T::from_f64(match op {
-                FloorDiv => (x / y).floor() as f64,
+                FloorDiv => floor_div_f32(x, y) as f64,
                 Rem => rem_py_f64(x as f64, y as f64),
                 Pow => x.powf(y) as f64,
                 _ => x.atan2(y) as f64,

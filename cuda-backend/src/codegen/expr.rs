@@ -98,7 +98,7 @@ fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> Result<String> {
             Sub | SubSat => format!("({a} - {b})"),
             Mul | MulSat => format!("({a} * {b})"),
             Div | DivSat => format!("({a} / {b})"),
-            FloorDiv => format!("{}({a} / {b})", math(d, "floor")),
+            FloorDiv => format!("f_floordiv({a}, {b})"),
             Rem => format!("f_rem({a}, {b})"),
             Pow => format!("{}({a}, {b})", math(d, "pow")),
             Max => format!("f_max({a}, {b})"),

@@ -225,22 +225,48 @@ __device__ __forceinline__ float f_rem(float x, float y) {
 __device__ __forceinline__ double f_rem(double x, double y) {
   double r = fmod(x, y); return (r != 0.0 && ((r < 0.0) != (y < 0.0))) ? r + y : r;
 }
-__device__ __forceinline__ float f_max(float x, float y) {
-  return (x != x || y != y) ? __int_as_float(0x7fc00000) : fmaxf(x, y);
+// IEEE 754-2019 maximum and minimum: NaN wins, and -0 is below +0 (fmaxf may return either
+// zero), so the result does not depend on the operands' order.
+__device__ __forceinline__ float f_nan(float) { return __int_as_float(0x7fc00000); }
+__device__ __forceinline__ double f_nan(double) { return __longlong_as_double(0x7ff8000000000000ll); }
+template <typename F> __device__ __forceinline__ F f_max(F x, F y) {
+  if (x != x || y != y) return f_nan(x);
+  if (x == y) return signbit(x) ? y : x;
+  return x > y ? x : y;
 }
-__device__ __forceinline__ double f_max(double x, double y) {
-  return (x != x || y != y) ? __longlong_as_double(0x7ff8000000000000ll) : fmax(x, y);
+template <typename F> __device__ __forceinline__ F f_min(F x, F y) {
+  if (x != x || y != y) return f_nan(x);
+  if (x == y) return signbit(x) ? x : y;
+  return x < y ? x : y;
 }
-__device__ __forceinline__ float f_min(float x, float y) {
-  return (x != x || y != y) ? __int_as_float(0x7fc00000) : fminf(x, y);
+// Python's float floor division (CPython's algorithm, shared by NumPy and PyTorch): the
+// quotient of x less its exact remainder, corrected to the divisor's sign and rounded to the
+// nearest whole number; x / 0 is IEEE's.
+__device__ __forceinline__ float f_floordiv(float x, float y) {
+  if (y == 0.0f) return x / y;
+  const float m = fmodf(x, y);
+  float div = (x - m) / y;
+  if (m != 0.0f && ((y < 0.0f) != (m < 0.0f))) div -= 1.0f;
+  if (div == 0.0f) return copysignf(0.0f, x / y);
+  const float f = floorf(div);
+  return (div - f > 0.5f) ? f + 1.0f : f;
 }
-__device__ __forceinline__ double f_min(double x, double y) {
-  return (x != x || y != y) ? __longlong_as_double(0x7ff8000000000000ll) : fmin(x, y);
+__device__ __forceinline__ double f_floordiv(double x, double y) {
+  if (y == 0.0) return x / y;
+  const double m = fmod(x, y);
+  double div = (x - m) / y;
+  if (m != 0.0 && ((y < 0.0) != (m < 0.0))) div -= 1.0;
+  if (div == 0.0) return copysign(0.0, x / y);
+  const double f = floor(div);
+  return (div - f > 0.5) ? f + 1.0 : f;
 }
+// -1, 0 or 1; NaN stays NaN and both zeros give +0 (PyTorch's (0 < x) - (x < 0)).
 __device__ __forceinline__ float f_sign(float x) {
-  return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x);
+  return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : (x == 0.0f ? 0.0f : x));
 }
-__device__ __forceinline__ double f_sign(double x) { return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : x); }
+__device__ __forceinline__ double f_sign(double x) {
+  return x > 0.0 ? 1.0 : (x < 0.0 ? -1.0 : (x == 0.0 ? 0.0 : x));
+}
 __device__ __forceinline__ bool f_isinf(float x) { return fabsf(x) == __int_as_float(0x7f800000); }
 __device__ __forceinline__ bool f_isinf(double x) {
   return fabs(x) == __longlong_as_double(0x7ff0000000000000ll);

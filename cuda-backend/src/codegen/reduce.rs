@@ -267,8 +267,15 @@ fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
         ReduceOp::Prod if int => format!("acc = w_mul<i64>(acc, {v});"),
         ReduceOp::Sum => format!("acc = acc + {v};"),
         ReduceOp::Prod => format!("acc = acc * {v};"),
-        ReduceOp::Min => format!("if ({v} != {v} || {v} < acc) acc = {v};"),
-        ReduceOp::Max => format!("if ({v} != {v} || {v} > acc) acc = {v};"),
+        // Floats: -0 is below +0 (IEEE 754-2019), so the tree's order does not pick the zero.
+        ReduceOp::Min if r.is_float() => format!(
+            "if ({v} != {v} || {v} < acc || ({v} == acc && signbit({v}) && !signbit(acc))) acc = {v};"
+        ),
+        ReduceOp::Max if r.is_float() => format!(
+            "if ({v} != {v} || {v} > acc || ({v} == acc && !signbit({v}) && signbit(acc))) acc = {v};"
+        ),
+        ReduceOp::Min => format!("if ({v} < acc) acc = {v};"),
+        ReduceOp::Max => format!("if ({v} > acc) acc = {v};"),
         ReduceOp::ArgMin | ReduceOp::ArgMax => {
             let o = if op == ReduceOp::ArgMin { "<" } else { ">" };
             format!(

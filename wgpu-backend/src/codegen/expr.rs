@@ -13,7 +13,7 @@ pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) 
     let value = match &expr.node {
         Node::Input(k) => return Ok(format!("x{k}")),
         Node::Scalar(k) => return Ok(format!("s{k}")),
-        Node::LinearIndex if caps.int64 => "i64(li)".to_string(),
+        Node::LinearIndex if caps.int64 => "bitcast<i64>(u64(li))".to_string(),
         Node::LinearIndex => {
             return Err(Error::Unsupported(
                 "the linear index is i64, which this adapter lacks (SHADER_INT64)".into(),
@@ -118,25 +118,19 @@ fn binary(op: BinaryOp, d: DType, a: &str, b: &str, caps: Caps) -> Result<String
         };
     }
     if d.is_float() {
+        let ct = compute_type(d);
         let v = match op {
             Add | AddSat => format!("({a} + {b})"),
             Sub | SubSat => format!("({a} - {b})"),
             Mul | MulSat => format!("({a} * {b})"),
+            // Correctly rounded in f32 (see the prelude's div_f32).
+            Div | DivSat if ct == "f32" => format!("div_f32({a}, {b})"),
             Div | DivSat => format!("({a} / {b})"),
-            FloorDiv => format!("floor({a} / {b})"),
+            FloorDiv => format!("floordiv_{ct}({a}, {b})"),
             Rem => math(d, caps, "rem", &[a, b]),
             Pow => math(d, caps, "pow", &[a, b]),
-            // NaN wins: select on the operands' own NaN tests.
-            Max => format!(
-                "select(select(max({a}, {b}), {b}, {nb}), {a}, {na})",
-                na = is_nan(d, a),
-                nb = is_nan(d, b)
-            ),
-            Min => format!(
-                "select(select(min({a}, {b}), {b}, {nb}), {a}, {na})",
-                na = is_nan(d, a),
-                nb = is_nan(d, b)
-            ),
+            Max => format!("fmax_{ct}({a}, {b})"),
+            Min => format!("fmin_{ct}({a}, {b})"),
             Atan2 => math(d, caps, "atan2", &[a, b]),
             _ => return Err(undefined(op, d)),
         };
@@ -218,13 +212,19 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         IsNan => return Ok(is_nan(d, a)),
         IsInf => return Ok(inf_bits(a)),
         IsFinite => return Ok(format!("(!{} && !{})", is_nan(d, a), inf_bits(a))),
-        LogicalNot => return Ok(format!("({a} == {z})")),
+        LogicalNot => return Ok(format!("(!{})", truthy(d, a))),
         Neg | NegSat => format!("(-{a})"),
         Abs => format!("abs({a})"),
-        Sign => format!("select(select({a}, -{one}, {a} < {z}), {one}, {a} > {z})"),
+        // NaN stays NaN; both zeros give +0 (PyTorch's `(0 < x) - (x < 0)`).
+        Sign => format!(
+            "select(select(select({a}, {z}, {a} == {z}), -{one}, {a} < {z}), {one}, {a} > {z})"
+        ),
         Square => format!("({a} * {a})"),
+        Sqrt if t == "f32" => format!("sqrt_f32({a})"),
         Sqrt => format!("sqrt({a})"),
+        Rsqrt if t == "f32" => format!("div_f32({one}, sqrt_f32({a}))"),
         Rsqrt => format!("({one} / sqrt({a}))"),
+        Reciprocal if t == "f32" => format!("div_f32({one}, {a})"),
         Reciprocal => format!("({one} / {a})"),
         Exp => m("exp"),
         Exp2 => via_math(d, caps, a, |x, mt| {

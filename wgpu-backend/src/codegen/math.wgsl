@@ -51,7 +51,8 @@ fn log1p_$T(x: $T) -> $T {
   if (isinf_$T(x) && x > 0.0$L) { return x; }
   let u = 1.0$L + x;
   if (u == 1.0$L) { return x; }
-  return log_$T(u) * x / (u - 1.0$L);
+  // x / (u - 1) first: log(u) * x overflows for x near the largest value.
+  return log_$T(u) * (x / (u - 1.0$L));
 }
 
 // Bits of 2/π after the binary point, 32 to a word: enough for any f64 exponent.
@@ -285,6 +286,28 @@ fn fmod_$T(x: $T, y: $T) -> $T {
   while (mx < $IMPLICIT_BIT && ey > 1) { mx = mx << 1u; ey = ey - 1; }
   if (mx < $IMPLICIT_BIT) { return bitcast<$T>(sign | mx); }
   return bitcast<$T>(sign | ($U(ey) << $MANT_BITS) | (mx & $MANT_MASK));
+}
+
+// IEEE's x / 0: ±infinity with the sign of the quotient, NaN for 0 / 0 (Vulkan leaves a
+// division by zero undefined, so it is decided here).
+fn divzero_$T(x: $T, y: $T) -> $T {
+  if (isnan_$T(x) || x == 0.0$L) { return nan_$T(); }
+  return select(inf_$T(), -inf_$T(), signbit_$T(x) != signbit_$T(y));
+}
+
+// Python's float floor division (CPython's algorithm, as NumPy and PyTorch): the quotient of
+// x less its exact remainder, corrected to the divisor's sign and rounded to the nearest whole
+// number, so -9 // -1e-10 is 89999999999 where floor(x / y) gives 9e10.
+fn floordiv_$T(x: $T, y: $T) -> $T {
+  if (y == 0.0$L) { return divzero_$T(x, y); }
+  if (isnan_$T(x) || isnan_$T(y) || isinf_$T(x)) { return nan_$T(); }
+  var m = x;
+  if (!isinf_$T(y)) { m = fmod_$T(x, y); }
+  var div = (x - m) / y;
+  if (m != 0.0$L && ((y < 0.0$L) != (m < 0.0$L))) { div = div - 1.0$L; }
+  if (div == 0.0$L) { return select(0.0$L, -0.0$L, signbit_$T(x) != signbit_$T(y)); }
+  let f = floor(div);
+  return select(f, f + 1.0$L, div - f > 0.5$L);
 }
 
 // Python's modulo: the remainder takes the sign of the divisor.

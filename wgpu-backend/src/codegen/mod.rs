@@ -217,12 +217,16 @@ pub(crate) fn is_nan(d: DType, v: &str) -> String {
     }
 }
 
-/// `v != 0` for a compute value of `d`; NaN counts as non-zero (written `!(v == 0)`, since
-/// some drivers compile a float `!=` as an ordered compare).
+/// `v != 0` for a compute value of `d`; NaN counts as non-zero. Floats are tested on their
+/// bits: a driver that flushes subnormals (NVIDIA's, for f32) would call 1e-45 zero, and some
+/// compile a float `!=` as an ordered compare.
 pub(crate) fn ne_zero(d: DType, v: &str) -> String {
     match d {
         DType::Bool => v.to_string(),
-        _ if d.is_float() => format!("(!({v} == {}))", literal(d, 0)),
+        _ if compute_type(d) == "f64" => {
+            format!("((bitcast<u64>({v}) & 0x7fffffffffffffff{}) != 0lu)", "lu")
+        }
+        _ if d.is_float() => format!("((bitcast<u32>({v}) & 0x7fffffffu) != 0u)"),
         _ => format!("({v} != {})", literal(d, 0)),
     }
 }
@@ -324,6 +328,13 @@ pub(crate) fn cast(v: &str, from: DType, to: DType, saturate: bool) -> String {
     }
 }
 
+/// An `i32` value's 64 bits, sign-extended from its own bits. Mesa's lavapipe (22.3) miscompiles
+/// WGSL's `i64(x)` (SPIR-V `OpSConvert`) when the result reaches a 64-bit division, comparison
+/// or shift: `-3 // 5` gave 0 and `100 >> 2` gave 0. This form has no conversion to get wrong.
+fn sign_extend(v: &str) -> String {
+    format!("(u64(bitcast<u32>({v})) | select(0lu, 0xffffffff00000000lu, {v} < 0i))")
+}
+
 /// Wrapping integer conversion (two's complement, low bits kept).
 fn int_to_int(v: &str, from: DType, to: DType) -> String {
     let signed_from = compute_type(from).starts_with('i');
@@ -332,13 +343,13 @@ fn int_to_int(v: &str, from: DType, to: DType) -> String {
         "i32" => wrap(to, &format!("bitcast<i32>({})", low_bits(from, v))),
         "u64" => match compute_type(from) {
             "u32" => format!("u64({v})"),
-            "i32" => format!("bitcast<u64>(i64({v}))"),
+            "i32" => sign_extend(v),
             _ => format!("bitcast<u64>({v})"),
         },
         _ => match compute_type(from) {
             // u32 → u64 zero-extends; a direct u32 → i64 conversion would sign-extend.
             "u32" => format!("bitcast<i64>(u64({v}))"),
-            "i32" => format!("i64({v})"),
+            "i32" => format!("bitcast<i64>({})", sign_extend(v)),
             _ if signed_from => v.to_string(),
             _ => format!("bitcast<i64>({v})"),
         },

@@ -54,6 +54,84 @@ fn philox(key0: u32, key1: u32, ctr0: u32, ctr1: u32, w: u32) -> u32 {
 
 const MATH: &str = include_str!("math.wgsl");
 
+/// `maximum` and `minimum` of floats (IEEE 754-2019: NaN wins, -0 is below +0), for `$T` f32
+/// and, where the adapter has it, f64. WGSL's `max` and `min` leave both choices open.
+const MIN_MAX: &str = "
+fn fmax_$T(a: $T, b: $T) -> $T {
+  if (isnan_any_$T(a) || isnan_any_$T(b)) { return bitcast<$T>($NAN_BITS); }
+  if (a == b) { return select(a, b, (bitcast<$U>(a) >> $SIGN_SHIFT) != $ZERO_U); }
+  return select(b, a, a > b);
+}
+fn fmin_$T(a: $T, b: $T) -> $T {
+  if (isnan_any_$T(a) || isnan_any_$T(b)) { return bitcast<$T>($NAN_BITS); }
+  if (a == b) { return select(b, a, (bitcast<$U>(a) >> $SIGN_SHIFT) != $ZERO_U); }
+  return select(b, a, a < b);
+}
+fn isnan_any_$T(x: $T) -> bool { return (bitcast<$U>(x) & $ABS_MASK) > $INF_BITS; }
+";
+
+/// f32 division, square root and floor division correctly rounded where the adapter has f64:
+/// Vulkan allows 2.5 ulp for an f32 `/` and NVIDIA's driver uses it. An f32 quotient never
+/// lies within 2^-48 (relative) of a point halfway between two f32 values, so a quotient
+/// computed in f64 to a few of its ulps rounds to the right f32; a square root is checked
+/// against the squares of its neighbouring midpoints, which f64 holds exactly. Zero and
+/// infinite divisors are decided here (Vulkan leaves them undefined).
+const F32_EXACT: &str = "
+fn div_f32(x: f32, y: f32) -> f32 {
+  let ax = bitcast<u32>(x) & 0x7fffffffu; let ay = bitcast<u32>(y) & 0x7fffffffu;
+  let sign = (bitcast<u32>(x) ^ bitcast<u32>(y)) & 0x80000000u;
+  if (ax > 0x7f800000u || ay > 0x7f800000u) { return bitcast<f32>(0x7fc00000u); }
+  if (ay == 0u) { return select(bitcast<f32>(sign | 0x7f800000u), bitcast<f32>(0x7fc00000u), ax == 0u); }
+  if (ax == 0x7f800000u) { return select(bitcast<f32>(sign | 0x7f800000u), bitcast<f32>(0x7fc00000u), ay == 0x7f800000u); }
+  if (ay == 0x7f800000u) { return bitcast<f32>(sign); }
+  return f32(f64(x) / f64(y));
+}
+fn sqrt_f32(x: f32) -> f32 {
+  if (!(x > 0.0f) || (bitcast<u32>(x) & 0x7fffffffu) >= 0x7f800000u) {
+    if (x < 0.0f) { return bitcast<f32>(0x7fc00000u); }
+    return x;
+  }
+  let s = f32(sqrt(f64(x)));
+  let b = bitcast<u32>(s);
+  let hi = (f64(s) + f64(bitcast<f32>(b + 1u))) * 0.5lf;
+  if (hi * hi < f64(x)) { return bitcast<f32>(b + 1u); }
+  let lo = (f64(s) + f64(bitcast<f32>(b - 1u))) * 0.5lf;
+  if (lo * lo > f64(x)) { return bitcast<f32>(b - 1u); }
+  return s;
+}
+fn floordiv_f32(x: f32, y: f32) -> f32 {
+  let ax = bitcast<u32>(x) & 0x7fffffffu; let ay = bitcast<u32>(y) & 0x7fffffffu;
+  if (ay == 0u) { return div_f32(x, y); }
+  if (ax >= 0x7f800000u || ay > 0x7f800000u) { return bitcast<f32>(0x7fc00000u); }
+  var m = x;
+  if (ay != 0x7f800000u) { m = f32(fmod_f64(f64(x), f64(y))); }
+  var div = div_f32(x - m, y);
+  if (m != 0.0f && ((y < 0.0f) != (m < 0.0f))) { div = div - 1.0f; }
+  if (div == 0.0f) { return bitcast<f32>((bitcast<u32>(x) ^ bitcast<u32>(y)) & 0x80000000u); }
+  let f = floor(div);
+  return select(f, f + 1.0f, div - f > 0.5f);
+}
+";
+
+/// The same names where the adapter has no f64: WGSL's own operations (within 2.5 ulp), and
+/// floor division from the f32 math library.
+const F32_PLAIN: &str = "
+fn div_f32(x: f32, y: f32) -> f32 { return x / y; }
+fn sqrt_f32(x: f32) -> f32 { return sqrt(x); }
+";
+
+/// The float helpers every kernel computing in floats includes.
+fn float_helpers(caps: Caps) -> String {
+    let mut s = instantiate(MIN_MAX, false);
+    if caps.f64 {
+        s += &instantiate(MIN_MAX, true);
+        s += F32_EXACT;
+    } else {
+        s += F32_PLAIN;
+    }
+    s
+}
+
 /// The float type the math library runs in: f64 where the adapter has it.
 pub(crate) fn math_type(caps: Caps) -> &'static str {
     if caps.f64 {
@@ -65,7 +143,12 @@ pub(crate) fn math_type(caps: Caps) -> &'static str {
 
 /// `math.wgsl` instantiated for `f64` or `f32`.
 fn math(caps: Caps) -> String {
-    let subs: [(&str, &str); 14] = if caps.f64 {
+    instantiate(MATH, caps.f64)
+}
+
+/// A `$T`-generic piece of WGSL for `f64` (`wide`) or `f32`.
+fn instantiate(template: &str, wide: bool) -> String {
+    let subs: [(&str, &str); 14] = if wide {
         [
             ("$INF_BITS", "0x7ff0000000000000lu"),
             ("$NAN_BITS", "0x7ff8000000000000lu"),
@@ -102,7 +185,7 @@ fn math(caps: Caps) -> String {
             ("$CHUNK", "8"),
         ]
     };
-    let mut s = MATH.to_string();
+    let mut s = template.to_string();
     for (k, v) in subs {
         s = s.replace(k, v);
     }
@@ -132,6 +215,7 @@ pub(crate) fn helpers(dtypes: &BTreeSet<DType>, caps: Caps) -> String {
     let mut s = String::from(HALF);
     if dtypes.iter().any(|d| d.is_float()) {
         s.push_str(&math(caps));
+        s.push_str(&float_helpers(caps));
     }
     for &d in dtypes {
         if d.is_int() {

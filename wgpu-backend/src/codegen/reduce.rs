@@ -99,6 +99,8 @@ fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
             let pick = match acc {
                 DType::Bool if op == ReduceOp::Min => format!("acc && {v}"),
                 DType::Bool => format!("acc || {v}"),
+                // -0 below +0 (IEEE 754-2019), so the order of the tree does not pick the zero.
+                _ if acc.is_float() => format!("f{f}_{}(acc, {v})", compute_type(acc)),
                 _ => format!("{f}(acc, {v})"),
             };
             format!(
@@ -315,7 +317,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         let _ = writeln!(
             src,
             "  {}",
-            store(sig.output, "b0", "u32(ob)", "i64(best)", caps)
+            store(sig.output, "b0", "u32(ob)", "bitcast<i64>(u64(best))", caps)
         );
     } else {
         let out = cast("acc", sig.acc, sig.output, false);
