@@ -479,6 +479,38 @@ impl Scalar {
         u64::from_le_bytes(w)
     }
 
+    /// The value of `dtype` whose little-endian bits are the low bytes of `bits` (the inverse of
+    /// [`Scalar::bits`]).
+    ///
+    /// ```
+    /// use strata_core::{DType, Scalar};
+    /// assert_eq!(Scalar::from_bits(DType::F32, 0x3f80_0000), Scalar::F32(1.0));
+    /// assert_eq!(Scalar::from_bits(DType::I8, 0xff), Scalar::I8(-1));
+    /// ```
+    pub fn from_bits(dtype: DType, bits: u64) -> Scalar {
+        let bytes = &bits.to_le_bytes()[..dtype.itemsize()];
+        macro_rules! read {
+            ($t:ty) => {
+                <$t as Element>::from_bytes(bytes)[0].to_scalar()
+            };
+        }
+        match dtype {
+            DType::Bool => Scalar::Bool(bytes[0] != 0),
+            DType::U8 => read!(u8),
+            DType::U16 => read!(u16),
+            DType::U32 => read!(u32),
+            DType::U64 => read!(u64),
+            DType::I8 => read!(i8),
+            DType::I16 => read!(i16),
+            DType::I32 => read!(i32),
+            DType::I64 => read!(i64),
+            DType::F16 => read!(f16),
+            DType::BF16 => read!(bf16),
+            DType::F32 => read!(f32),
+            DType::F64 => read!(f64),
+        }
+    }
+
     /// The little-endian bytes of the value (one byte for bool).
     ///
     /// ```

@@ -42,6 +42,10 @@ pub enum Node {
     Input(usize),
     /// Launch scalar `k` (its value is an argument, not part of the compiled kernel).
     Scalar(usize),
+    /// A constant of the node's dtype, as the little-endian bits of its value
+    /// ([`Scalar::bits`]): canonical forms need a few (integer `relu` is `max(x, 0)`); user
+    /// values stay launch scalars, so they never change a kernel's structure.
+    Literal(u64),
     /// The row-major position of the output element, as `i64`.
     LinearIndex,
     /// Word `word` (0..4) of Philox4x32-10 ([`philox4x32_10`](crate::random::philox4x32_10))
@@ -335,7 +339,22 @@ impl Expr {
         }
     }
 
-    /// `op(lhs, rhs)`; the operands must share a dtype.
+    /// The constant `value`, of its dtype.
+    ///
+    /// ```
+    /// use strata_core::{DType, Scalar, ir::{Expr, Node}};
+    /// let e = Expr::literal(Scalar::F32(1.0));
+    /// assert_eq!((e.dtype, e.node), (DType::F32, Node::Literal(0x3f80_0000)));
+    /// ```
+    pub fn literal(value: Scalar) -> Expr {
+        Expr {
+            dtype: value.dtype(),
+            node: Node::Literal(value.bits()),
+        }
+    }
+
+    /// `op(lhs, rhs)` in canonical form ([`lower::legal::binary`](crate::lower::legal::binary):
+    /// bool `+` is or, ...); the operands must share a dtype.
     ///
     /// ```
     /// use strata_core::{DType, ir::{BinaryOp, Expr}};
@@ -343,6 +362,11 @@ impl Expr {
     /// assert_eq!(e.dtype, DType::Bool);
     /// ```
     pub fn binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
+        crate::lower::legal::binary(op, lhs, rhs)
+    }
+
+    /// `op(lhs, rhs)` exactly as given (no rewriting).
+    pub(crate) fn raw_binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
         debug_assert_eq!(lhs.dtype, rhs.dtype, "core casts operands to one dtype");
         let dtype = if op.returns_bool() {
             DType::Bool
@@ -355,13 +379,19 @@ impl Expr {
         }
     }
 
-    /// `op(arg)`.
+    /// `op(arg)` in canonical form ([`lower::legal::unary`](crate::lower::legal::unary): an
+    /// integer's `floor` is the integer, ...).
     ///
     /// ```
     /// use strata_core::{DType, ir::{Expr, UnaryOp}};
     /// assert_eq!(Expr::unary(UnaryOp::IsNan, Expr::input(0, DType::F16)).dtype, DType::Bool);
     /// ```
     pub fn unary(op: UnaryOp, arg: Expr) -> Expr {
+        crate::lower::legal::unary(op, arg)
+    }
+
+    /// `op(arg)` exactly as given (no rewriting).
+    pub(crate) fn raw_unary(op: UnaryOp, arg: Expr) -> Expr {
         let dtype = if op.returns_bool() {
             DType::Bool
         } else {
@@ -412,7 +442,7 @@ impl Expr {
     pub fn reads_linear_index(&self) -> bool {
         match &self.node {
             Node::LinearIndex | Node::Philox { .. } => true,
-            Node::Input(_) | Node::Scalar(_) => false,
+            Node::Input(_) | Node::Scalar(_) | Node::Literal(_) => false,
             Node::Cast { arg, .. } | Node::Unary(_, arg) => arg.reads_linear_index(),
             Node::Binary(_, a, b) => a.reads_linear_index() || b.reads_linear_index(),
             Node::Where(c, a, b) | Node::Fma(c, a, b) => {
@@ -429,7 +459,7 @@ impl Expr {
     pub fn max_input(&self) -> Option<usize> {
         match &self.node {
             Node::Input(k) => Some(*k),
-            Node::Scalar(_) | Node::LinearIndex | Node::Philox { .. } => None,
+            Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex | Node::Philox { .. } => None,
             Node::Cast { arg, .. } => arg.max_input(),
             Node::Unary(_, a) => a.max_input(),
             Node::Binary(_, a, b) => a.max_input().max(b.max_input()),
@@ -477,23 +507,43 @@ pub enum Kernel {
         /// f32 products may use TF32 (the device opted in with `set_allow_tf32`).
         tf32: bool,
     },
-    /// `out[p] = src[p with coordinate axis replaced by index[p]]` for inputs `src` and `index`
-    /// (i64, the output's shape). Core guarantees every index is in `0..src.shape[axis]` and
-    /// that the other axes of the output fit inside `src`.
-    Gather {
+    /// Gather, scatter or scatter-add along `axis`, with inputs `[src, index]` (`index` i64,
+    /// `src` of the output's dtype, all of one rank). Gather: `out[p] = src[p with coordinate
+    /// axis replaced by index[p]]` over the output's positions. Scatter: for every position `p`
+    /// of `index`, `out[p with coordinate axis replaced by index[p]] = src[p]` (or `+=` for
+    /// [`IndexKind::ScatterAdd`]); `out` is read and written in place. Core guarantees the
+    /// indices are in range and that the other axes fit; with repeated indices a plain
+    /// scatter's winning write is unspecified.
+    Index {
+        /// Gather, scatter or scatter-add.
+        kind: IndexKind,
         /// The axis the index values select along.
         axis: usize,
     },
-    /// For every position `p` of inputs `index` (i64) and `src` (same shape):
-    /// `out[p with coordinate axis replaced by index[p]] = src[p]`, or `+=` when `accumulate`.
-    /// `out` is read and written in place. Core guarantees the indices are in range; with
-    /// repeated indices and `accumulate` off, which write wins is unspecified.
-    Scatter {
-        /// The axis the index values select along.
-        axis: usize,
-        /// Add into `out` instead of overwriting.
-        accumulate: bool,
-    },
+}
+
+/// What a [`Kernel::Index`] does.
+///
+/// ```
+/// use strata_core::ir::IndexKind;
+/// assert!(IndexKind::ScatterAdd.writes_through_index());
+/// assert!(!IndexKind::Gather.writes_through_index());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IndexKind {
+    /// Reads `src` where the index points.
+    Gather,
+    /// Writes `src` where the index points.
+    Scatter,
+    /// Adds `src` where the index points.
+    ScatterAdd,
+}
+
+impl IndexKind {
+    /// True for the scatters, which write the output where the index points.
+    pub fn writes_through_index(self) -> bool {
+        self != IndexKind::Gather
+    }
 }
 
 /// Reductions of the IR (see [`Kernel::Reduce`]).
@@ -567,115 +617,4 @@ pub struct KernelArgs {
     pub inputs: Vec<Operand>,
     /// Scalar values, each of the dtype its `Node::Scalar` node says.
     pub scalars: Vec<Scalar>,
-}
-
-/// The output of a [`Kernel::Map`] launch, checked against its contract: exactly one output of
-/// the expression's dtype, and inputs of the output's shape.
-///
-/// ```
-/// use strata_core::{ir::{map_output, Expr, KernelArgs}, DType, Device, Tensor};
-/// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
-/// let args = KernelArgs { outputs: vec![t.operand()], inputs: vec![t.operand()], scalars: vec![] };
-/// assert!(map_output(&Expr::input(0, DType::F32), &args).is_ok());
-/// assert!(map_output(&Expr::input(0, DType::I8), &args).is_err());
-/// ```
-pub fn map_output<'a>(expr: &Expr, args: &'a KernelArgs) -> crate::Result<&'a Operand> {
-    let [out] = args.outputs.as_slice() else {
-        return Err(crate::Error::Invalid(format!(
-            "a map writes one output, {} were given",
-            args.outputs.len()
-        )));
-    };
-    if out.dtype != expr.dtype {
-        return Err(crate::Error::Invalid(format!(
-            "map expression of {} written to an output of {}",
-            expr.dtype, out.dtype
-        )));
-    }
-    if let Some(op) = args
-        .inputs
-        .iter()
-        .find(|op| op.layout.shape() != out.layout.shape())
-    {
-        return Err(crate::Error::Shape(format!(
-            "map input of shape {:?} for an output of shape {:?}",
-            op.layout.shape(),
-            out.layout.shape()
-        )));
-    }
-    Ok(out)
-}
-
-/// The operands of a [`Kernel::Matmul`] launch, checked against its contract:
-/// `A [batch, m, k] · B [batch, k, n] → C [batch, m, n]` with scalars α and β.
-///
-/// ```
-/// use strata_core::{ir::{KernelArgs, MatmulOperands}, DType, Device, Scalar, Tensor};
-/// let dev = Device::cpu();
-/// let a = Tensor::zeros([1, 2, 3], DType::F32, &dev).unwrap();
-/// let b = Tensor::zeros([1, 3, 4], DType::F32, &dev).unwrap();
-/// let c = Tensor::zeros([1, 2, 4], DType::F32, &dev).unwrap();
-/// let args = KernelArgs {
-///     outputs: vec![c.operand()],
-///     inputs: vec![a.operand(), b.operand()],
-///     scalars: vec![Scalar::F32(1.0), Scalar::F32(0.0)],
-/// };
-/// assert_eq!(MatmulOperands::of(&args).unwrap().dims, (1, 2, 3, 4));
-/// ```
-pub struct MatmulOperands<'a> {
-    /// `A [batch, m, k]`.
-    pub a: &'a Operand,
-    /// `B [batch, k, n]`.
-    pub b: &'a Operand,
-    /// `C [batch, m, n]`, written.
-    pub c: &'a Operand,
-    /// α.
-    pub alpha: Scalar,
-    /// β (0: `C` is not read).
-    pub beta: Scalar,
-    /// `(batch, m, k, n)`.
-    pub dims: (usize, usize, usize, usize),
-}
-
-impl<'a> MatmulOperands<'a> {
-    /// Splits `args` into the matmul's operands, or `Err` naming the shapes that do not fit.
-    ///
-    /// ```
-    /// use strata_core::ir::{KernelArgs, MatmulOperands};
-    /// let args = KernelArgs { outputs: vec![], inputs: vec![], scalars: vec![] };
-    /// assert!(MatmulOperands::of(&args).is_err());
-    /// ```
-    pub fn of(args: &'a KernelArgs) -> crate::Result<MatmulOperands<'a>> {
-        let ([a, b], [c], [alpha, beta]) = (
-            args.inputs.as_slice(),
-            args.outputs.as_slice(),
-            args.scalars.as_slice(),
-        ) else {
-            return Err(crate::Error::Invalid(
-                "a matmul takes inputs A and B, output C, and scalars α and β".into(),
-            ));
-        };
-        let (sa, sb, sc) = (a.layout.shape(), b.layout.shape(), c.layout.shape());
-        if sa.len() != 3
-            || sb.len() != 3
-            || sc.len() != 3
-            || sa[2] != sb[1]
-            || sa[1] != sc[1]
-            || sb[2] != sc[2]
-            || sa[0] != sc[0]
-            || sb[0] != sc[0]
-        {
-            return Err(crate::Error::Shape(format!(
-                "matmul operands {sa:?} @ {sb:?} -> {sc:?} do not fit"
-            )));
-        }
-        Ok(MatmulOperands {
-            a,
-            b,
-            c,
-            alpha: *alpha,
-            beta: *beta,
-            dims: (sc[0], sc[1], sa[2], sc[2]),
-        })
-    }
 }

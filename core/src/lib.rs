@@ -26,6 +26,7 @@ pub mod error;
 pub mod index;
 pub mod ir;
 pub mod layout;
+pub mod lower;
 mod notebook;
 pub mod ops;
 pub mod random;

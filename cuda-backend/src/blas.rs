@@ -7,7 +7,7 @@ use crate::driver::Raw;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use std::sync::Mutex;
-use strata_core::ir::MatmulOperands as Operands;
+use strata_core::lower::operands::MatmulOperands as Operands;
 use strata_core::{DType, Error, Result};
 
 /// One cuBLAS handle per device, pointed at each launch's stream.

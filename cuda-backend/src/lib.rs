@@ -34,10 +34,10 @@ use launch::FunctionCache;
 launch::owned_signature!(reduce::ReduceSig, index::IndexSig, matmul::MatmulSig);
 use memory::Memory;
 use std::sync::Arc;
-use strata_core::ir::{Kernel, KernelArgs};
+use strata_core::ir::{IndexKind, Kernel, KernelArgs};
+use strata_core::lower::operands::{IndexOperands, MatmulOperands};
 use strata_core::{
-    Backend, BackendKind, DType, Device, DeviceBuffer, Error, EventId, MemoryStats, Result,
-    StreamId,
+    Backend, BackendKind, DType, Device, DeviceBuffer, EventId, MemoryStats, Result, StreamId,
 };
 
 /// Opens CUDA device `ordinal` as a strata [`Device`].
@@ -287,7 +287,7 @@ impl Backend for CudaBackend {
                 acc,
             } => self.run_reduce(*op, *reduced_axes, *acc, args, stream, s),
             Kernel::Matmul { acc, tf32 } => {
-                let ops = strata_core::ir::MatmulOperands::of(args)?;
+                let ops = MatmulOperands::of(args)?;
                 if let Some(blas) = &self.blas {
                     let (batch, m, _, n) = ops.dims;
                     if batch == 0 || m == 0 || n == 0 {
@@ -305,14 +305,7 @@ impl Backend for CudaBackend {
                     .get(&sig, "strata_matmul", &self.compiler, matmul::source)?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
-            Kernel::Gather { axis } => self.run_index(None, *axis, args, s),
-            Kernel::Scatter { axis, accumulate } => {
-                self.run_index(Some(*accumulate), *axis, args, s)
-            }
-            #[allow(unreachable_patterns)]
-            other => Err(Error::Unsupported(format!(
-                "the CUDA backend cannot run {other:?}"
-            ))),
+            Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
         }
     }
 
@@ -381,12 +374,13 @@ impl Drop for CudaBackend {
 impl CudaBackend {
     fn run_index(
         &self,
-        scatter: Option<bool>,
+        kind: IndexKind,
         axis: usize,
         args: &KernelArgs,
         s: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
-        let Some((sig, plan)) = index::plan(scatter, axis, args)? else {
+        let ops = IndexOperands::of(kind, axis, args)?;
+        let Some((sig, plan)) = index::plan(&ops)? else {
             return Ok(());
         };
         let f = self

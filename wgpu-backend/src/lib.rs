@@ -30,7 +30,8 @@ use gpu::Gpu;
 use launch::{dense, window, Access, PipelineCache, Window};
 use memory::Pool;
 use std::sync::Arc;
-use strata_core::ir::{Kernel, KernelArgs, Operand, ReduceOp};
+use strata_core::ir::{IndexKind, Kernel, KernelArgs, Operand, ReduceOp};
+use strata_core::lower::operands::{IndexOperands, MatmulOperands};
 use strata_core::{
     Backend, BackendKind, DType, Device, DeviceBuffer, Error, EventId, MemoryStats, Result,
     StreamId,
@@ -441,7 +442,7 @@ impl WgpuBackend {
     }
 
     fn run_matmul(&self, acc: DType, args: &KernelArgs) -> Result<()> {
-        let ops = strata_core::ir::MatmulOperands::of(args)?;
+        let ops = MatmulOperands::of(args)?;
         self.check_dtype(acc)?;
         let (batch, m, k, n) = ops.dims;
         if batch == 0 || m == 0 || n == 0 {
@@ -507,27 +508,18 @@ impl WgpuBackend {
         Ok(())
     }
 
-    fn run_index(&self, scatter: Option<bool>, axis: usize, args: &KernelArgs) -> Result<()> {
-        let (out, index, src) = match (scatter, args.inputs.as_slice(), args.outputs.as_slice()) {
-            (None, [src, index], [out]) => (out, index, src),
-            (Some(_), [index, src], [out]) => (out, index, src),
-            _ => {
-                return Err(Error::Invalid(
-                    "an index op takes an output, an index and a source".into(),
-                ))
-            }
-        };
+    fn run_index(&self, kind: IndexKind, axis: usize, args: &KernelArgs) -> Result<()> {
+        let checked = IndexOperands::of(kind, axis, args)?;
+        let (out, index, src) = (checked.out, checked.index, checked.src);
+        let scatter = kind.writes_through_index();
         self.check_dtype(DType::I64)?;
-        let iter = match scatter {
-            None => out.layout.shape().to_vec(),
-            Some(_) => index.layout.shape().to_vec(),
-        };
+        let iter = checked.space().to_vec();
         let rank = iter.len();
         if axis >= rank || iter.iter().product::<usize>() == 0 {
             return Ok(());
         }
         let mut shape = iter.clone();
-        if scatter.is_some() {
+        if scatter {
             shape[axis] = 1;
         }
         let align = self.align();
@@ -544,8 +536,8 @@ impl WgpuBackend {
         ];
         let windows = |p: &launch::Piece| {
             let reach = match scatter {
-                None => [p.clone(), p.clone(), p.whole_along(axis, axis_len[2])],
-                Some(_) => [
+                false => [p.clone(), p.clone(), p.whole_along(axis, axis_len[2])],
+                true => [
                     p.whole_along(axis, axis_len[0]),
                     p.whole_along(axis, axis_len[1]),
                     p.whole_along(axis, axis_len[1]),
@@ -562,18 +554,14 @@ impl WgpuBackend {
                 "wgpu: a {} along axis {axis} spans more than the adapter's {limit}-byte \
                  storage binding (its elements along that axis lie too far apart to bind at \
                  once); use the CPU or CUDA backend",
-                if scatter.is_some() {
-                    "scatter"
-                } else {
-                    "gather"
-                }
+                if scatter { "scatter" } else { "gather" }
             ))
         })?;
         let sig = index::IndexSig {
             dtype: out.dtype,
             rank,
             axis,
-            scatter,
+            kind,
         };
         let caps = self.gpu.caps;
         let pl = self
@@ -664,8 +652,7 @@ impl Backend for WgpuBackend {
                 acc,
             } => self.run_reduce(*op, *reduced_axes, *acc, args),
             Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
-            Kernel::Gather { axis } => self.run_index(None, *axis, args),
-            Kernel::Scatter { axis, accumulate } => self.run_index(Some(*accumulate), *axis, args),
+            Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args),
         }
     }
 

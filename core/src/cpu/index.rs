@@ -1,10 +1,12 @@
-//! The CPU `Gather` and `Scatter` kernels: element by element, following the index values.
+//! The CPU index kernels (gather, scatter, scatter-add): element by element, following the
+//! index values.
 
 use super::strided::View;
 use super::values::{binary, with_dtype, with_values, Prim, Values};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, KernelArgs, Operand};
+use crate::ir::{BinaryOp, IndexKind, KernelArgs, Operand};
 use crate::layout::Layout;
+use crate::lower::operands::IndexOperands;
 
 /// Row-major multi-indices of `shape`, one at a time.
 fn for_each_index(shape: &[usize], mut f: impl FnMut(usize, &[usize]) -> Result<()>) -> Result<()> {
@@ -64,38 +66,27 @@ fn write(view: &View, pos: usize, value: &Values) {
     with_values!(value, x: T => unsafe { v.store::<T>(0, x, &mut scratch) });
 }
 
-/// Executes a `Gather` kernel.
-pub(crate) fn gather(axis: usize, args: &KernelArgs) -> Result<()> {
-    let ([src, index], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
-        return Err(Error::Invalid(
-            "gather takes inputs src and index and one output".into(),
-        ));
-    };
+/// Executes an index kernel (`Gather`, `Scatter` or `ScatterAdd`).
+pub(crate) fn run(kind: IndexKind, axis: usize, args: &KernelArgs) -> Result<()> {
+    let IndexOperands {
+        src, index, out, ..
+    } = IndexOperands::of(kind, axis, args)?;
     let values = index_values(index)?;
     let (vs, vo) = (View::new(src)?, View::new(out)?);
-    let out_shape = out.layout.shape().to_vec();
-    for_each_index(&out_shape, |flat, idx| {
-        let from = position_with(&src.layout, idx, axis, values[flat])?;
-        let to = out.layout.position(idx);
-        write(&vo, to, &read(&vs, src.dtype, from));
-        Ok(())
-    })
-}
-
-/// Executes a `Scatter` kernel.
-pub(crate) fn scatter(axis: usize, accumulate: bool, args: &KernelArgs) -> Result<()> {
-    let ([index, src], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
-        return Err(Error::Invalid(
-            "scatter takes inputs index and src and one output".into(),
-        ));
-    };
-    let values = index_values(index)?;
-    let (vs, vo) = (View::new(src)?, View::new(out)?);
+    if kind == IndexKind::Gather {
+        let out_shape = out.layout.shape().to_vec();
+        return for_each_index(&out_shape, |flat, idx| {
+            let from = position_with(&src.layout, idx, axis, values[flat])?;
+            let to = out.layout.position(idx);
+            write(&vo, to, &read(&vs, src.dtype, from));
+            Ok(())
+        });
+    }
     let shape = index.layout.shape().to_vec();
     for_each_index(&shape, |flat, idx| {
         let to = position_with(&out.layout, idx, axis, values[flat])?;
-        let mut v = read(&vs, src.dtype, src.layout.position(idx)).cast(out.dtype, false);
-        if accumulate {
+        let mut v = read(&vs, src.dtype, src.layout.position(idx));
+        if kind == IndexKind::ScatterAdd {
             v = binary(BinaryOp::Add, &read(&vo, out.dtype, to), &v)?;
         }
         write(&vo, to, &v);

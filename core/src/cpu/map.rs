@@ -41,6 +41,7 @@ fn eval(
             })?;
             Values::splat(s.cast(e.dtype, false), len)
         }
+        Node::Literal(bits) => Values::splat(Scalar::from_bits(e.dtype, *bits), len),
         Node::LinearIndex => Values::I64((start..start + len).map(|i| i as i64).collect()),
         Node::Philox { key, counter, word } => {
             let scalar = |k: usize| {
@@ -118,7 +119,7 @@ fn run_range(expr: &Expr, cx: &Context, out: &View, range: std::ops::Range<usize
 
 /// Executes a `Map` kernel.
 pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
-    let out = crate::ir::map_output(expr, args)?;
+    let out = crate::lower::operands::MapOperands::of(expr, args)?.out;
     let out_view = View::new(out)?;
     let inputs = args
         .inputs

@@ -86,14 +86,14 @@ fn product<T: Copy + Default + std::ops::Add<Output = T>>(
 
 /// Executes a `Matmul` kernel.
 pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
-    let crate::ir::MatmulOperands {
+    let crate::lower::operands::MatmulOperands {
         a,
         b,
         c,
         alpha,
         beta,
         dims: (batch, m, k, n),
-    } = crate::ir::MatmulOperands::of(args)?;
+    } = crate::lower::operands::MatmulOperands::of(args)?;
     if !matches!(acc, DType::F32 | DType::F64 | DType::I64) {
         return Err(Error::Unsupported(format!(
             "matmul accumulating in {acc} (f32, f64 or i64)"

@@ -119,8 +119,7 @@ impl Backend for CpuBackend {
                 acc,
             } => reduce::run(*op, *reduced_axes, *acc, args),
             Kernel::Matmul { acc, .. } => matmul::run(*acc, args),
-            Kernel::Gather { axis } => index::gather(*axis, args),
-            Kernel::Scatter { axis, accumulate } => index::scatter(*axis, *accumulate, args),
+            Kernel::Index { kind, axis } => index::run(*kind, *axis, args),
         }
     }
 

@@ -270,32 +270,14 @@ fn reduce_range(
 
 /// Executes a `Reduce` kernel.
 pub(crate) fn run(op: ReduceOp, reduced: usize, acc: DType, args: &KernelArgs) -> Result<()> {
-    let ([input], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
-        return Err(Error::Invalid(
-            "a reduction takes one input and one output".into(),
-        ));
-    };
-    let n = input.layout.ndim();
-    if reduced > n {
-        return Err(Error::Invalid(format!(
-            "cannot reduce {reduced} axes of a rank-{n} input"
-        )));
-    }
-    let split = n - reduced;
+    let ops = crate::lower::operands::ReduceOperands::of(reduced, args)?;
+    let (input, out, split) = (ops.input, ops.out, ops.kept);
     let (shape, strides) = (input.layout.shape(), input.layout.strides());
     let outer = Layout::new(
         shape[..split].to_vec(),
         strides[..split].to_vec(),
         input.layout.offset(),
     )?;
-    if out.layout.numel() != outer.numel() {
-        return Err(Error::Shape(format!(
-            "reduction output has {} elements, the input's leading axes {:?} have {}",
-            out.layout.numel(),
-            outer.shape(),
-            outer.numel()
-        )));
-    }
     let in_view = View::new(input)?;
     let out_view = View::new(out)?;
     let inner_shape = shape[split..].to_vec();

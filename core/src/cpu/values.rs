@@ -604,8 +604,8 @@ fn bool_binary(op: BinaryOp, a: &[bool], b: &[bool]) -> Result<Values> {
         return Ok(v);
     }
     let f: fn(bool, bool) -> bool = match op {
-        BitAnd | Min | Mul => |x, y| x & y,
-        BitOr | Max | Add => |x, y| x | y,
+        BitAnd => |x, y| x & y,
+        BitOr => |x, y| x | y,
         BitXor => |x, y| x ^ y,
         _ => return Err(unsupported(op, DType::Bool)),
     };
@@ -645,10 +645,7 @@ fn int_unary<T: Int>(op: UnaryOp, a: &[T]) -> Result<Values> {
         Abs => T::wabs,
         Sign => T::sign,
         Square => |x| x.wmul(x),
-        Floor | Ceil | Round | Trunc => |x| x,
         BitNot => T::not,
-        IsNan | IsInf => return Ok(Values::Bool(vec![false; a.len()])),
-        IsFinite => return Ok(Values::Bool(vec![true; a.len()])),
         LogicalNot => return Ok(Values::Bool(map(a, |x| !x.nonzero()))),
         _ => return Err(unsupported(op, T::DTYPE)),
     };
@@ -721,10 +718,7 @@ pub(crate) fn unary(op: UnaryOp, a: &Values) -> Result<Values> {
     use Values as V;
     match a {
         V::Bool(x) => match op {
-            LogicalNot | BitNot => Ok(V::Bool(map(x, |v| !v))),
-            IsNan | IsInf => Ok(V::Bool(vec![false; x.len()])),
-            IsFinite => Ok(V::Bool(vec![true; x.len()])),
-            Abs | Floor | Ceil | Round | Trunc | Relu | Sign | Square => Ok(V::Bool(x.clone())),
+            LogicalNot => Ok(V::Bool(map(x, |v| !v))),
             _ => Err(unsupported(op, DType::Bool)),
         },
         V::U8(x) => int_unary(op, x),
@@ -740,14 +734,6 @@ pub(crate) fn unary(op: UnaryOp, a: &Values) -> Result<Values> {
         V::F32(x) => float_unary(op, x),
         V::F64(x) => float_unary(op, x),
     }
-    .or_else(|e| match (op, a) {
-        // relu on integers is max(x, 0), which int_unary leaves to here.
-        (Relu, _) if a.dtype().is_int() => {
-            let zero = Values::splat(Scalar::I8(0).cast(a.dtype(), false), a.len());
-            binary(BinaryOp::Max, a, &zero)
-        }
-        _ => Err(e),
-    })
 }
 
 /// `a · b + c` elementwise with one rounding for f32/f64 (16-bit floats go through f32).

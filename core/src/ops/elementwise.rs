@@ -7,6 +7,7 @@ use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, Expr, UnaryOp};
 use crate::layout::broadcast_shapes;
+use crate::lower::legal::{binary_rule, unary_rule};
 use crate::tensor::{launch_map, Tensor};
 
 /// Operands of one elementwise op, lowered to expression leaves of one compute dtype.
@@ -149,6 +150,11 @@ fn binary_compute(op: BinaryOp, promoted: DType, what: &str) -> Result<DType> {
                  or use logical_xor for subtraction"
             )))
         }
+        _ if !binary_rule(op, promoted).defined() => {
+            return Err(Error::DType(format!(
+                "{what} is not defined for {promoted}"
+            )))
+        }
         _ => promoted,
     })
 }
@@ -173,6 +179,9 @@ fn unary_compute(op: UnaryOp, dtype: DType, what: &str) -> Result<DType> {
         (UnaryOp::BitNot, d) if d.is_float() => Err(Error::DType(format!(
             "{what} is defined for integer and bool tensors, not {d}"
         ))),
+        (op, d) if !unary_rule(op, d).defined() => {
+            Err(Error::DType(format!("{what} is not defined for {d}")))
+        }
         _ => Ok(dtype),
     }
 }
@@ -839,7 +848,7 @@ impl Tensor {
         let (a, b, c) = (Value::from(self), b.into(), c.into());
         let (mut l, device_of) = Lowering::new(&[&a, &b, &c], "fma")?;
         let dtype = result_type(&[a.clone(), b.clone(), c.clone()]);
-        if dtype == DType::Bool {
+        if !crate::lower::legal::fma_defined(dtype) {
             return Err(Error::DType("fma is not defined for bool operands".into()));
         }
         let (x, y, z) = (l.leaf(&a, dtype)?, l.leaf(&b, dtype)?, l.leaf(&c, dtype)?);

@@ -6,7 +6,7 @@
 use crate::assign::Value;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::Kernel;
+use crate::ir::{IndexKind, Kernel};
 use crate::layout::normalize_axis;
 use crate::ops::Axes;
 use crate::tensor::{launch, Tensor};
@@ -61,7 +61,11 @@ impl Tensor {
         self.check_index_shape(index, a, what)?;
         let idx = normalized_index(index, self.shape()[a], what)?;
         let out = Tensor::alloc(index.shape(), self.dtype(), self.device())?;
-        launch(Kernel::Gather { axis: a }, &out, &[self, &idx], vec![])?;
+        let gather = Kernel::Index {
+            kind: IndexKind::Gather,
+            axis: a,
+        };
+        launch(gather, &out, &[self, &idx], vec![])?;
         Ok(out)
     }
 
@@ -239,15 +243,12 @@ impl Tensor {
         } else {
             src.to_dtype(self.dtype())?
         };
-        launch(
-            Kernel::Scatter {
-                axis: a,
-                accumulate,
-            },
-            self,
-            &[&idx, &src],
-            vec![],
-        )
+        let kind = if accumulate {
+            IndexKind::ScatterAdd
+        } else {
+            IndexKind::Scatter
+        };
+        launch(Kernel::Index { kind, axis: a }, self, &[&src, &idx], vec![])
     }
 
     /// A copy of `self` with `value` where `mask` (bool, broadcast to `self`) is true.

@@ -18,6 +18,7 @@ pub(crate) fn emit(
     let value = match &expr.node {
         Node::Input(k) => return Ok(format!("x{k}")),
         Node::Scalar(k) => return Ok(format!("s{k}")),
+        Node::Literal(bits) => super::scalar_from_word(expr.dtype, &format!("{bits}ull")),
         Node::LinearIndex => "((i64)li)".to_string(),
         Node::Philox { key, counter, word } => {
             format!("philox((u64)s{key}, (u64)s{counter} + (u64)li, {word})")
@@ -86,8 +87,8 @@ fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> Result<String> {
     let t = compute_type(d);
     if d == DType::Bool {
         return match op {
-            BitAnd | Min | Mul => Ok(format!("(bool)({a} & {b})")),
-            BitOr | Max | Add => Ok(format!("(bool)({a} | {b})")),
+            BitAnd => Ok(format!("(bool)({a} & {b})")),
+            BitOr => Ok(format!("(bool)({a} | {b})")),
             BitXor => Ok(format!("(bool)({a} ^ {b})")),
             _ => Err(undefined(op, d)),
         };
@@ -135,10 +136,7 @@ fn unary(op: UnaryOp, d: DType, a: &str) -> Result<String> {
     use UnaryOp::*;
     if d == DType::Bool {
         return match op {
-            LogicalNot | BitNot => Ok(format!("(!{a})")),
-            IsNan | IsInf => Ok("false".into()),
-            IsFinite => Ok("true".into()),
-            Abs | Floor | Ceil | Round | Trunc | Relu | Sign | Square => Ok(a.to_string()),
+            LogicalNot => Ok(format!("(!{a})")),
             _ => Err(undefined(op, d)),
         };
     }
@@ -150,12 +148,8 @@ fn unary(op: UnaryOp, d: DType, a: &str) -> Result<String> {
             Abs => format!("i_abs<{t}>({a})"),
             Sign => format!("i_sign<{t}>({a})"),
             Square => format!("w_mul<{t}>({a}, {a})"),
-            Floor | Ceil | Round | Trunc => a.to_string(),
             BitNot => format!("({t})(~{a})"),
-            IsNan | IsInf => "false".into(),
-            IsFinite => "true".into(),
             LogicalNot => format!("({a} == 0)"),
-            Relu => format!("({a} > 0 ? {a} : ({t})0)"),
             _ => return Err(undefined(op, d)),
         });
     }

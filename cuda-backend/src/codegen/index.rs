@@ -2,59 +2,30 @@
 //! Scatter with accumulation adds atomically (a compare-and-swap loop for every width).
 
 use super::expr::emit;
-use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage};
+use super::{compute_type, from_storage, index_type, storage_type, to_storage};
 use crate::launch::{needs_wide, Plan, Words};
 use std::fmt::Write;
-use strata_core::ir::{BinaryOp, Expr, KernelArgs, Operand};
-use strata_core::{DType, Error, Result};
+use strata_core::ir::{BinaryOp, Expr, IndexKind, Operand};
+use strata_core::lower::operands::IndexOperands;
+use strata_core::{DType, Result};
 
-/// The structure of a gather or scatter launch.
+/// The structure of an index launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct IndexSig {
-    /// `None` for gather; `Some(accumulate)` for scatter.
-    pub scatter: Option<bool>,
+    pub kind: IndexKind,
     pub axis: usize,
     pub rank: usize,
-    /// Source (the values read) and destination dtypes.
-    pub src: DType,
-    pub dst: DType,
+    /// The dtype moved (source and output share it).
+    pub dtype: DType,
     pub wide: bool,
 }
 
-/// Plans a gather (`inputs = [src, index]`) or scatter (`inputs = [index, src]`).
-pub(crate) fn plan(
-    scatter: Option<bool>,
-    axis: usize,
-    args: &KernelArgs,
-) -> Result<Option<(IndexSig, Plan)>> {
-    let (src, index, out) = match (scatter, args.inputs.as_slice(), args.outputs.as_slice()) {
-        (None, [src, index], [out]) => (src, index, out),
-        (Some(_), [index, src], [out]) => (src, index, out),
-        _ => {
-            return Err(Error::Invalid(
-                "gather takes [src, index], scatter [index, src], and one output".into(),
-            ))
-        }
-    };
-    if index.dtype != DType::I64 {
-        return Err(Error::DType(format!(
-            "index tensors hold i64, not {}",
-            index.dtype
-        )));
-    }
-    // The iteration space: the output for gather, the index (= src) for scatter.
-    let space = if scatter.is_none() { out } else { index };
-    let shape = space.layout.shape().to_vec();
+/// Plans an index kernel over operands checked by [`IndexOperands`].
+pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Plan)>> {
+    let (src, index, out, axis) = (checked.src, checked.index, checked.out, checked.axis);
+    let shape = checked.space().to_vec();
     let rank = shape.len();
-    if axis >= rank.max(1) || [src, index, out].iter().any(|o| o.layout.ndim() != rank) {
-        return Err(Error::Shape(format!(
-            "gather/scatter along axis {axis} of operands of ranks {}, {} and {}",
-            src.layout.ndim(),
-            index.layout.ndim(),
-            out.layout.ndim()
-        )));
-    }
-    let numel = space.layout.numel();
+    let numel: usize = shape.iter().product();
     if numel == 0 {
         return Ok(None);
     }
@@ -95,11 +66,10 @@ pub(crate) fn plan(
         }
     }
     let sig = IndexSig {
-        scatter,
+        kind: checked.kind,
         axis,
         rank,
-        src: src.dtype,
-        dst: out.dtype,
+        dtype: out.dtype,
         wide,
     };
     Ok(Some((sig, Plan::linear(words, numel))))
@@ -112,7 +82,7 @@ pub(crate) fn source(sig: &IndexSig) -> Result<String> {
     // Words: numel, shape, then src, index, out: a pointer and `rank` strides each.
     let base = |k: usize| 1 + r + k * (r + 1);
     let total = 1 + r + 3 * (r + 1);
-    let (st, dt) = (storage_type(sig.src), storage_type(sig.dst));
+    let (st, dt) = (storage_type(sig.dtype), storage_type(sig.dtype));
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -141,36 +111,36 @@ pub(crate) fn source(sig: &IndexSig) -> Result<String> {
     }
     let _ = writeln!(s, "    const {idx} at = ({idx})index[o1];");
     // Move along `axis` from the iteration coordinate to the index value.
-    let moved = if sig.scatter.is_none() { 0 } else { 2 };
+    let moved = if sig.kind == IndexKind::Gather { 0 } else { 2 };
     let _ = writeln!(
         s,
         "    o{moved} += (at - c_axis) * ({idx})(i64)p.w[{}];",
         base(moved) + 1 + sig.axis
     );
-    let value = cast(&from_storage(sig.src, "src[o0]"), sig.src, sig.dst, false);
-    match sig.scatter {
-        Some(true) => {
+    let value = from_storage(sig.dtype, "src[o0]");
+    match sig.kind {
+        IndexKind::ScatterAdd => {
             // The add of the destination dtype, as a map expression would compute it.
             let add = Expr::binary(
                 BinaryOp::Add,
-                Expr::input(0, sig.dst),
-                Expr::input(1, sig.dst),
+                Expr::input(0, sig.dtype),
+                Expr::input(1, sig.dtype),
             );
             let mut body = String::new();
             let v = emit(&add, &mut body, "        ", &mut 0)?;
-            let ct = compute_type(sig.dst);
+            let ct = compute_type(sig.dtype);
             let _ = writeln!(s, "    const {ct} x1 = {value};");
             let _ = writeln!(s, "    atomic_update(&out[o2], [&]({dt} old) -> {dt} {{");
             let _ = writeln!(
                 s,
                 "        const {ct} x0 = {};",
-                from_storage(sig.dst, "old")
+                from_storage(sig.dtype, "old")
             );
             s.push_str(&body);
-            let _ = writeln!(s, "        return {};\n    }});", to_storage(sig.dst, &v));
+            let _ = writeln!(s, "        return {};\n    }});", to_storage(sig.dtype, &v));
         }
         _ => {
-            let _ = writeln!(s, "    out[o2] = {};", to_storage(sig.dst, &value));
+            let _ = writeln!(s, "    out[o2] = {};", to_storage(sig.dtype, &value));
         }
     }
     let _ = writeln!(s, "  }}\n}}");
@@ -184,11 +154,10 @@ mod tests {
     #[test]
     fn scatter_add_updates_atomically() {
         let sig = IndexSig {
-            scatter: Some(true),
+            kind: IndexKind::ScatterAdd,
             axis: 1,
             rank: 2,
-            src: DType::F16,
-            dst: DType::F16,
+            dtype: DType::F16,
             wide: false,
         };
         let src = source(&sig).unwrap();

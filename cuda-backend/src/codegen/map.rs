@@ -54,7 +54,7 @@ impl<'e> crate::launch::Signature for MapSig<'e> {
 
 /// Plans a map launch: coalesced layout, access path, words.
 pub(crate) fn plan<'e>(expr: &'e Expr, args: &KernelArgs) -> Result<Option<(MapSig<'e>, Plan)>> {
-    let out = strata_core::ir::map_output(expr, args)?;
+    let out = strata_core::lower::operands::MapOperands::of(expr, args)?.out;
     let numel = out.layout.numel();
     if numel == 0 {
         return Ok(None);

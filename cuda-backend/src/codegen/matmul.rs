@@ -5,7 +5,7 @@
 use super::{cast, compute_type, from_storage, storage_type, to_storage};
 use crate::launch::{Grid, Plan, Words};
 use std::fmt::Write;
-use strata_core::ir::MatmulOperands as Operands;
+use strata_core::lower::operands::MatmulOperands as Operands;
 use strata_core::{DType, Result};
 
 /// One operand as cuBLAS sees it (column-major): transpose or not, leading dimension,

@@ -10,7 +10,8 @@
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
 use super::{index, map, matmul, reduce, Caps};
-use strata_core::ir::{BinaryOp, Expr, Node, ReduceOp, UnaryOp};
+use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
+use strata_core::lower::legal::{binary_rule, fma_defined, unary_rule};
 use strata_core::DType;
 
 const CAPS: Caps = Caps {
@@ -134,13 +135,21 @@ fn every_map_variant_validates() {
     let mut n = 0;
     for d in DType::ALL {
         let x = || Expr::input(0, d);
-        let mut exprs: Vec<Expr> = unary.iter().map(|&op| Expr::unary(op, x())).collect();
+        // The pairs the legality table defines (canonical forms included: literals too).
+        let mut exprs: Vec<Expr> = unary
+            .iter()
+            .filter(|&&op| unary_rule(op, d).defined())
+            .map(|&op| Expr::unary(op, x()))
+            .collect();
         exprs.extend(
             binary
                 .iter()
+                .filter(|&&op| binary_rule(op, d).defined())
                 .map(|&op| Expr::binary(op, x(), Expr::input(1, d))),
         );
-        exprs.push(Expr::fma(x(), Expr::input(1, d), x()));
+        if fma_defined(d) {
+            exprs.push(Expr::fma(x(), Expr::input(1, d), x()));
+        }
         exprs.push(Expr::select(Expr::input(1, DType::Bool), x(), x()));
         for to in DType::ALL {
             exprs.push(x().cast(to, false));
@@ -155,14 +164,12 @@ fn every_map_variant_validates() {
                 if vec4 && dtypes.iter().any(|t| t.itemsize() != 4) {
                     continue;
                 }
-                // Ops a dtype does not define are errors, not shaders.
                 for (caps, targets) in caps_for(&dtypes) {
-                    if let Ok(src) =
-                        map::source(&map_sig(e.clone(), dtypes.clone(), contiguous, vec4), caps)
-                    {
-                        check(&src, targets);
-                        n += 1;
-                    }
+                    let sig = map_sig(e.clone(), dtypes.clone(), contiguous, vec4);
+                    let src = map::source(&sig, caps)
+                        .unwrap_or_else(|err| panic!("{err}: {:?} on {d}", e.node));
+                    check(&src, targets);
+                    n += 1;
                 }
             }
             if dtypes.iter().all(|t| t.itemsize() == 4) {
@@ -170,10 +177,10 @@ fn every_map_variant_validates() {
                     let mut sig = map_sig(e.clone(), dtypes.clone(), false, false);
                     sig.tiled = tiled.to_vec();
                     for (caps, targets) in caps_for(&dtypes) {
-                        if let Ok(src) = map::source(&sig, caps) {
-                            check(&src, targets);
-                            n += 1;
-                        }
+                        let src = map::source(&sig, caps)
+                            .unwrap_or_else(|err| panic!("{err}: {:?} on {d}", e.node));
+                        check(&src, targets);
+                        n += 1;
                     }
                 }
             }
@@ -239,12 +246,12 @@ fn matmul_and_index_variants_validate() {
                 targets,
             );
         }
-        for scatter in [None, Some(false), Some(true)] {
+        for kind in [IndexKind::Gather, IndexKind::Scatter, IndexKind::ScatterAdd] {
             let sig = index::IndexSig {
                 dtype: d,
                 rank: 3,
                 axis: 1,
-                scatter,
+                kind,
             };
             for (caps, targets) in caps_for(&[d]) {
                 check(&index::source(&sig, caps), targets);

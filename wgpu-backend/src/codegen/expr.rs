@@ -13,6 +13,7 @@ pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) 
     let value = match &expr.node {
         Node::Input(k) => return Ok(format!("x{k}")),
         Node::Scalar(k) => return Ok(format!("s{k}")),
+        Node::Literal(bits) => literal_value(expr.dtype, *bits, caps)?,
         Node::LinearIndex if caps.int64 => "bitcast<i64>(u64(li))".to_string(),
         Node::LinearIndex => {
             return Err(Error::Unsupported(
@@ -57,6 +58,20 @@ pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) 
     *next += 1;
     let _ = writeln!(out, "  let {name}: {} = {value};", compute_type(expr.dtype));
     Ok(name)
+}
+
+/// The compute value of a literal of dtype `d` whose bits are `bits`.
+fn literal_value(d: DType, bits: u64, caps: Caps) -> Result<String> {
+    if d.itemsize() == 8 && !caps.int64 {
+        return Err(Error::Unsupported(format!(
+            "a {d} constant needs 64-bit integers, which this adapter lacks (SHADER_INT64)"
+        )));
+    }
+    let (lo, hi) = (
+        format!("{}u", bits as u32),
+        format!("{}u", (bits >> 32) as u32),
+    );
+    Ok(super::scalar_value(d, &lo, &hi))
 }
 
 /// `v != 0` for any dtype.
@@ -111,8 +126,8 @@ fn binary(op: BinaryOp, d: DType, a: &str, b: &str, caps: Caps) -> Result<String
     }
     if d == DType::Bool {
         return match op {
-            BitAnd | Min | Mul => Ok(format!("({a} && {b})")),
-            BitOr | Max | Add => Ok(format!("({a} || {b})")),
+            BitAnd => Ok(format!("({a} && {b})")),
+            BitOr => Ok(format!("({a} || {b})")),
             BitXor => Ok(format!("({a} != {b})")),
             _ => Err(undefined(op, d)),
         };
@@ -164,10 +179,7 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
     use UnaryOp::*;
     if d == DType::Bool {
         return match op {
-            LogicalNot | BitNot => Ok(format!("(!{a})")),
-            IsNan | IsInf => Ok("false".into()),
-            IsFinite => Ok("true".into()),
-            Abs | Floor | Ceil | Round | Trunc | Relu | Sign | Square => Ok(a.to_string()),
+            LogicalNot => Ok(format!("(!{a})")),
             _ => Err(undefined(op, d)),
         };
     }
@@ -187,12 +199,8 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
             ),
             Sign => format!("select({z}, {}, {a} > {z})", literal(d, 1)),
             Square => super::wrap(d, &format!("({a} * {a})")),
-            Floor | Ceil | Round | Trunc => a.to_string(),
             BitNot => super::wrap(d, &format!("(~{a})")),
-            IsNan | IsInf => "false".into(),
-            IsFinite => "true".into(),
             LogicalNot => format!("({a} == {z})"),
-            Relu => format!("select({z}, {a}, {a} > {z})"),
             _ => return Err(undefined(op, d)),
         });
     }

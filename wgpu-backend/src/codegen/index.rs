@@ -7,6 +7,7 @@ use super::prelude::helpers;
 use super::{binding, compute_type, load, load_from, round_to, store, wrap, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
+use strata_core::ir::IndexKind;
 use strata_core::DType;
 
 /// The structure of an index launch. Bindings: 0 output, 1 index (i64), 2 source (gather) or
@@ -16,8 +17,7 @@ pub(crate) struct IndexSig {
     pub dtype: DType,
     pub rank: usize,
     pub axis: usize,
-    /// `None`: gather; `Some(accumulate)`: scatter.
-    pub scatter: Option<bool>,
+    pub kind: IndexKind,
 }
 
 /// Word positions: [0] invocations, [1] extent of the walked axis (scatter), [2..5] offsets
@@ -55,8 +55,8 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
         );
     }
     let ax = sig.axis;
-    match sig.scatter {
-        None => {
+    match sig.kind {
+        IndexKind::Gather => {
             // The source offset walks the axis by the index value instead of the coordinate.
             let _ = writeln!(
                 src,
@@ -68,7 +68,7 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
                 st = strides[2] + ax
             );
         }
-        Some(acc) => {
+        scatter => {
             let _ = writeln!(
                 src,
                 "  for (var t = 0u; t < params[1]; t = t + 1u) {{\n    \
@@ -82,7 +82,7 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
                 compute_type(d),
                 load(d, "b2", "u32(vo)", caps)
             );
-            let value = if acc {
+            let value = if scatter == IndexKind::ScatterAdd {
                 let old = load_from(d, "b0", "dst", true, caps);
                 match d {
                     DType::Bool => format!("({old} || v)"),

@@ -99,7 +99,7 @@ pub(crate) fn plan<'a>(
     limit: u64,
     align: u64,
 ) -> Result<Vec<MapPiece<'a>>> {
-    let out = strata_core::ir::map_output(expr, args)?;
+    let out = strata_core::lower::operands::MapOperands::of(expr, args)?.out;
     if out.layout.numel() == 0 {
         return Ok(Vec::new());
     }

@@ -196,7 +196,11 @@ fn instantiate(template: &str, wide: bool) -> String {
 pub(crate) fn dtypes_of(e: &Expr, out: &mut BTreeSet<DType>) {
     out.insert(e.dtype);
     match &e.node {
-        Node::Input(_) | Node::Scalar(_) | Node::LinearIndex | Node::Philox { .. } => {}
+        Node::Input(_)
+        | Node::Scalar(_)
+        | Node::Literal(_)
+        | Node::LinearIndex
+        | Node::Philox { .. } => {}
         Node::Cast { arg, .. } | Node::Unary(_, arg) => dtypes_of(arg, out),
         Node::Binary(_, a, b) => {
             dtypes_of(a, out);

@@ -1,0 +1,16 @@
+//! The lowering layer, between the kernel IR ([`crate::ir`]) and the backends: everything a
+//! backend would otherwise decide on its own, written once. Which `(op, dtype)` pairs exist and
+//! their canonical forms ([`legal`]), the operand checks of every kernel kind ([`operands`]),
+//! the launch plans of maps and reductions computed from a [`Target`] that each backend
+//! describes ([`map_plan`], [`reduce_plan`]), splitting launches into pieces under a binding
+//! limit ([`pieces`]), and the kernel-cache type both GPU backends use ([`cache`]). A backend
+//! turns a plan into source, packs its arguments and runs it.
+//!
+//! ```
+//! use strata_core::lower::legal::{binary_rule, Rule};
+//! use strata_core::{ir::BinaryOp, DType};
+//! assert_eq!(binary_rule(BinaryOp::Mul, DType::Bool), Rule::Binary(BinaryOp::BitAnd));
+//! ```
+
+pub mod legal;
+pub mod operands;

@@ -1,0 +1,280 @@
+//! The operands of each kernel kind, checked once against the kind's contract: every backend
+//! (the CPU included) takes its operands from here, in one order, instead of checking them
+//! itself.
+
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::ir::{Expr, IndexKind, KernelArgs, Operand};
+
+/// The operands of a [`Kernel::Map`](crate::ir::Kernel::Map): one output of the expression's
+/// dtype, inputs of the output's shape, and a tree in canonical form.
+///
+/// ```
+/// use strata_core::{ir::{Expr, KernelArgs}, lower::operands::MapOperands, DType, Device, Tensor};
+/// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
+/// let args = KernelArgs { outputs: vec![t.operand()], inputs: vec![t.operand()], scalars: vec![] };
+/// assert!(MapOperands::of(&Expr::input(0, DType::F32), &args).is_ok());
+/// assert!(MapOperands::of(&Expr::input(0, DType::I8), &args).is_err());
+/// ```
+#[derive(Debug)]
+pub struct MapOperands<'a> {
+    /// The tensor written.
+    pub out: &'a Operand,
+    /// The tensors read, each of the output's shape.
+    pub inputs: &'a [Operand],
+    /// The launch scalars.
+    pub scalars: &'a [Scalar],
+}
+
+impl<'a> MapOperands<'a> {
+    /// Checks `args` against `expr` (see the type's docs).
+    pub fn of(expr: &Expr, args: &'a KernelArgs) -> Result<MapOperands<'a>> {
+        let [out] = args.outputs.as_slice() else {
+            return Err(Error::Invalid(format!(
+                "a map writes one output, {} were given",
+                args.outputs.len()
+            )));
+        };
+        if out.dtype != expr.dtype {
+            return Err(Error::Invalid(format!(
+                "map expression of {} written to an output of {}",
+                expr.dtype, out.dtype
+            )));
+        }
+        if let Some(op) = args
+            .inputs
+            .iter()
+            .find(|op| op.layout.shape() != out.layout.shape())
+        {
+            return Err(Error::Shape(format!(
+                "map input of shape {:?} for an output of shape {:?}",
+                op.layout.shape(),
+                out.layout.shape()
+            )));
+        }
+        if let Some(k) = expr.max_input().filter(|&k| k >= args.inputs.len()) {
+            return Err(Error::Invalid(format!(
+                "map reads input {k}, but {} were given",
+                args.inputs.len()
+            )));
+        }
+        super::legal::check(expr)?;
+        Ok(MapOperands {
+            out,
+            inputs: &args.inputs,
+            scalars: &args.scalars,
+        })
+    }
+}
+
+/// The operands of a [`Kernel::Reduce`](crate::ir::Kernel::Reduce): one input whose trailing
+/// `reduced_axes` axes are reduced into one output of the input's leading axes.
+///
+/// ```
+/// use strata_core::{ir::KernelArgs, lower::operands::ReduceOperands, DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let (x, y) = (Tensor::zeros([3, 4], DType::F32, &dev).unwrap(), Tensor::zeros([3], DType::F32, &dev).unwrap());
+/// let args = KernelArgs { outputs: vec![y.operand()], inputs: vec![x.operand()], scalars: vec![] };
+/// let r = ReduceOperands::of(1, &args).unwrap();
+/// assert_eq!((r.outputs, r.extent), (3, 4));
+/// assert!(ReduceOperands::of(2, &args).is_err());
+/// ```
+#[derive(Debug)]
+pub struct ReduceOperands<'a> {
+    /// The tensor read.
+    pub input: &'a Operand,
+    /// The tensor written: the input's leading axes.
+    pub out: &'a Operand,
+    /// How many leading (kept) axes the input has.
+    pub kept: usize,
+    /// Output elements.
+    pub outputs: usize,
+    /// Elements reduced into each output.
+    pub extent: usize,
+}
+
+impl<'a> ReduceOperands<'a> {
+    /// Checks `args` for a reduction of the trailing `reduced_axes` axes.
+    pub fn of(reduced_axes: usize, args: &'a KernelArgs) -> Result<ReduceOperands<'a>> {
+        let ([input], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
+            return Err(Error::Invalid(
+                "a reduction takes one input and one output".into(),
+            ));
+        };
+        let shape = input.layout.shape();
+        let kept = shape.len().checked_sub(reduced_axes).ok_or_else(|| {
+            Error::Invalid(format!(
+                "cannot reduce {reduced_axes} axes of a rank-{} input",
+                shape.len()
+            ))
+        })?;
+        if out.layout.shape() != &shape[..kept] {
+            return Err(Error::Shape(format!(
+                "reduction output {:?} for input {shape:?} over its last {reduced_axes} axes",
+                out.layout.shape()
+            )));
+        }
+        Ok(ReduceOperands {
+            input,
+            out,
+            kept,
+            outputs: shape[..kept].iter().product(),
+            extent: shape[kept..].iter().product(),
+        })
+    }
+}
+
+/// The operands of a [`Kernel::Matmul`](crate::ir::Kernel::Matmul):
+/// `A [batch, m, k] · B [batch, k, n] → C [batch, m, n]` with scalars α and β.
+///
+/// ```
+/// use strata_core::{ir::KernelArgs, lower::operands::MatmulOperands, DType, Device, Scalar, Tensor};
+/// let dev = Device::cpu();
+/// let a = Tensor::zeros([1, 2, 3], DType::F32, &dev).unwrap();
+/// let b = Tensor::zeros([1, 3, 4], DType::F32, &dev).unwrap();
+/// let c = Tensor::zeros([1, 2, 4], DType::F32, &dev).unwrap();
+/// let args = KernelArgs {
+///     outputs: vec![c.operand()],
+///     inputs: vec![a.operand(), b.operand()],
+///     scalars: vec![Scalar::F32(1.0), Scalar::F32(0.0)],
+/// };
+/// assert_eq!(MatmulOperands::of(&args).unwrap().dims, (1, 2, 3, 4));
+/// ```
+#[derive(Debug)]
+pub struct MatmulOperands<'a> {
+    /// `A [batch, m, k]`.
+    pub a: &'a Operand,
+    /// `B [batch, k, n]`.
+    pub b: &'a Operand,
+    /// `C [batch, m, n]`, written.
+    pub c: &'a Operand,
+    /// α.
+    pub alpha: Scalar,
+    /// β (0: `C` is not read).
+    pub beta: Scalar,
+    /// `(batch, m, k, n)`.
+    pub dims: (usize, usize, usize, usize),
+}
+
+impl<'a> MatmulOperands<'a> {
+    /// Splits `args` into the matmul's operands, or `Err` naming the shapes that do not fit.
+    ///
+    /// ```
+    /// use strata_core::{ir::KernelArgs, lower::operands::MatmulOperands};
+    /// let args = KernelArgs { outputs: vec![], inputs: vec![], scalars: vec![] };
+    /// assert!(MatmulOperands::of(&args).is_err());
+    /// ```
+    pub fn of(args: &'a KernelArgs) -> Result<MatmulOperands<'a>> {
+        let ([a, b], [c], [alpha, beta]) = (
+            args.inputs.as_slice(),
+            args.outputs.as_slice(),
+            args.scalars.as_slice(),
+        ) else {
+            return Err(Error::Invalid(
+                "a matmul takes inputs A and B, output C, and scalars α and β".into(),
+            ));
+        };
+        let (sa, sb, sc) = (a.layout.shape(), b.layout.shape(), c.layout.shape());
+        if sa.len() != 3
+            || sb.len() != 3
+            || sc.len() != 3
+            || sa[2] != sb[1]
+            || sa[1] != sc[1]
+            || sb[2] != sc[2]
+            || sa[0] != sc[0]
+            || sb[0] != sc[0]
+        {
+            return Err(Error::Shape(format!(
+                "matmul operands {sa:?} @ {sb:?} -> {sc:?} do not fit"
+            )));
+        }
+        if a.dtype != c.dtype || b.dtype != c.dtype {
+            return Err(Error::DType(format!(
+                "matmul operands of {}, {} and {}: core converts A and B to C's dtype",
+                a.dtype, b.dtype, c.dtype
+            )));
+        }
+        Ok(MatmulOperands {
+            a,
+            b,
+            c,
+            alpha: *alpha,
+            beta: *beta,
+            dims: (sc[0], sc[1], sa[2], sc[2]),
+        })
+    }
+}
+
+/// The operands of a [`Kernel::Index`](crate::ir::Kernel::Index), in one order for every kind:
+/// inputs `[src, index]` and the output. All share one rank; `index` holds i64; `src` has the
+/// output's dtype.
+///
+/// ```
+/// use strata_core::{ir::{IndexKind, KernelArgs}, lower::operands::IndexOperands, DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let src = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
+/// let idx = Tensor::zeros([2, 4], DType::I64, &dev).unwrap();
+/// let out = Tensor::zeros([2, 4], DType::F32, &dev).unwrap();
+/// let args = KernelArgs { outputs: vec![out.operand()], inputs: vec![src.operand(), idx.operand()], scalars: vec![] };
+/// let ops = IndexOperands::of(IndexKind::Gather, 0, &args).unwrap();
+/// assert_eq!(ops.space(), &[2, 4]);
+/// ```
+#[derive(Debug)]
+pub struct IndexOperands<'a> {
+    /// Gather, scatter or scatter-add.
+    pub kind: IndexKind,
+    /// The axis the index values select along.
+    pub axis: usize,
+    /// The values read: the source of a gather, the values of a scatter.
+    pub src: &'a Operand,
+    /// The positions along `axis` (i64, in range: core checks them).
+    pub index: &'a Operand,
+    /// The tensor written (read too by a scatter-add).
+    pub out: &'a Operand,
+}
+
+impl<'a> IndexOperands<'a> {
+    /// Checks `args` for an index kernel of `kind` along `axis`.
+    pub fn of(kind: IndexKind, axis: usize, args: &'a KernelArgs) -> Result<IndexOperands<'a>> {
+        let ([src, index], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
+            return Err(Error::Invalid(
+                "an index kernel takes inputs [src, index] and one output".into(),
+            ));
+        };
+        if index.dtype != DType::I64 {
+            return Err(Error::DType(format!(
+                "index tensors hold i64, not {}",
+                index.dtype
+            )));
+        }
+        if src.dtype != out.dtype {
+            return Err(Error::DType(format!(
+                "{kind:?} moves one dtype: core converts {} to {} first",
+                src.dtype, out.dtype
+            )));
+        }
+        let rank = out.layout.ndim();
+        if axis >= rank.max(1) || [src, index].iter().any(|o| o.layout.ndim() != rank) {
+            return Err(Error::Shape(format!(
+                "{kind:?} along axis {axis} of operands of ranks {}, {} and {rank}",
+                src.layout.ndim(),
+                index.layout.ndim()
+            )));
+        }
+        Ok(IndexOperands {
+            kind,
+            axis,
+            src,
+            index,
+            out,
+        })
+    }
+
+    /// The iteration space: the output's shape for a gather, the index's for a scatter.
+    pub fn space(&self) -> &'a [usize] {
+        match self.kind {
+            IndexKind::Gather => self.out.layout.shape(),
+            IndexKind::Scatter | IndexKind::ScatterAdd => self.index.layout.shape(),
+        }
+    }
+}
