@@ -1,12 +1,10 @@
-//! Launch plumbing shared by every kernel kind: the argument words, layout coalescing, grid
-//! sizing, and the per-device cache from kernel structure to loaded function.
+//! Launch plumbing shared by every kernel kind: the argument words, grid sizing, and the
+//! per-device cache from kernel structure to loaded function (core's `KernelCache`).
 
 use crate::compile::Compiler;
 use crate::driver::{check, Gpu};
 use cudarc::driver::sys;
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use strata_core::lower::cache::{KernelCache, Signature};
 use strata_core::{Error, Result};
 
 /// The argument block of a launch: the kernel's single `Words<N>` parameter.
@@ -69,88 +67,6 @@ pub(crate) fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) 
     })
 }
 
-/// A hash of a kernel's structure, for the function cache: FxHash-style multiply-rotate, since
-/// SipHash's collision resistance buys nothing here and the lookup runs on every launch.
-pub(crate) fn structure_hash(key: &impl Hash) -> u64 {
-    let mut h = StructureHasher(0);
-    key.hash(&mut h);
-    h.finish()
-}
-
-struct StructureHasher(u64);
-
-impl StructureHasher {
-    fn mix(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for StructureHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.mix(u64::from_le_bytes(word));
-        }
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.mix(n as u64);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.mix(n as u64);
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.mix(n);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.mix(n as u64);
-    }
-}
-
-/// A kernel signature as the cache sees it: looked up by reference (a map's signature borrows
-/// the launch's expression tree), stored owned only when a kernel is compiled.
-pub(crate) trait Signature: Hash {
-    /// The form kept in the cache.
-    type Stored: Send;
-    /// True when `stored` is this signature.
-    fn matches(&self, stored: &Self::Stored) -> bool;
-    /// The owned copy to keep.
-    fn store(&self) -> Self::Stored;
-}
-
-/// Signatures that own all their data are their own stored form.
-macro_rules! owned_signature {
-    ($($t:ty),*) => {$(
-        impl crate::launch::Signature for $t {
-            type Stored = $t;
-            fn matches(&self, stored: &$t) -> bool {
-                self == stored
-            }
-            fn store(&self) -> $t {
-                self.clone()
-            }
-        }
-    )*};
-}
-pub(crate) use owned_signature;
-
-/// Loaded functions by kernel structure. Lookups hash the structure and compare it, so a hit
-/// clones nothing.
-pub(crate) struct FunctionCache<S> {
-    map: Mutex<HashMap<u64, Vec<(S, Function)>>>,
-}
-
-impl<S> Default for FunctionCache<S> {
-    fn default() -> Self {
-        FunctionCache {
-            map: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
 /// A loaded kernel and the number of argument words it takes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Function {
@@ -173,41 +89,18 @@ pub(crate) fn batch_capacity(words: usize) -> usize {
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
 
-impl<S> FunctionCache<S> {
-    /// The function for `key`, generating and compiling `source(key)` on a miss.
-    pub(crate) fn get<K: Signature<Stored = S>>(
-        &self,
-        key: &K,
-        name: &str,
-        compiler: &Compiler,
-        source: impl FnOnce(&K) -> Result<String>,
-    ) -> Result<Function> {
-        let h = structure_hash(key);
-        {
-            let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(f) = map
-                .get(&h)
-                .and_then(|v| v.iter().find(|(k, _)| key.matches(k)))
-            {
-                return Ok(f.1);
-            }
-        }
-        let body = source(key)?;
-        let f = compiler.function(&body, name)?;
-        self.map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(h)
-            .or_default()
-            .push((key.store(), f));
-        Ok(f)
-    }
+/// Loaded functions by kernel structure, per device.
+pub(crate) type FunctionCache<S> = KernelCache<S, Function>;
 
-    /// How many functions are cached.
-    pub(crate) fn len(&self) -> usize {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.values().map(Vec::len).sum()
-    }
+/// The function for `key` in `cache`, generating and compiling `source(key)` on a miss.
+pub(crate) fn function<K: Signature>(
+    cache: &FunctionCache<K::Stored>,
+    key: &K,
+    name: &str,
+    compiler: &Compiler,
+    source: impl FnOnce(&K) -> Result<String>,
+) -> Result<Function> {
+    cache.get(key, |k| compiler.function(&source(k)?, name))
 }
 
 /// Launches `f` with `plan` on `stream`.
@@ -274,7 +167,4 @@ mod tests {
         let (shape, strides) = coalesce(&[3, 4], &[&[1, 3]]);
         assert_eq!((shape, strides), (vec![3, 4], vec![vec![1, 3]]));
     }
-
-    #[test]
-    fn scalars_become_their_bits() {}
 }

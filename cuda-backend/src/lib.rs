@@ -29,9 +29,7 @@ pub use memory::CudaBuffer;
 use codegen::{index, map, matmul, reduce};
 use compile::Compiler;
 use driver::Gpu;
-use launch::FunctionCache;
-
-launch::owned_signature!(reduce::ReduceSig, index::IndexSig, matmul::MatmulSig);
+use launch::{function, FunctionCache};
 use memory::Memory;
 use std::sync::Arc;
 use strata_core::ir::{IndexKind, Kernel, KernelArgs};
@@ -149,9 +147,13 @@ impl CudaBackend {
         else {
             return Ok(());
         };
-        let f = self
-            .reductions
-            .get(&red.sig, "strata_reduce", &self.compiler, reduce::source)?;
+        let f = function(
+            &self.reductions,
+            &red.sig,
+            "strata_reduce",
+            &self.compiler,
+            reduce::source,
+        )?;
         if red.splits == 1 {
             return launch::launch(&self.gpu, f, &red.first(0, 0), s);
         }
@@ -169,9 +171,13 @@ impl CudaBackend {
             s,
         )?;
         let (sig, plan) = red.combine(part.device_ptr(), part_idx.device_ptr());
-        let g = self
-            .reductions
-            .get(&sig, "strata_reduce", &self.compiler, reduce::source)?;
+        let g = function(
+            &self.reductions,
+            &sig,
+            "strata_reduce",
+            &self.compiler,
+            reduce::source,
+        )?;
         launch::launch(&self.gpu, g, &plan, s)
         // The partial buffers are freed here, in stream order after the combine launch.
     }
@@ -272,9 +278,7 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = map::plan(expr, args)? else {
                     return Ok(());
                 };
-                let f = self
-                    .maps
-                    .get(&sig, "strata_map", &self.compiler, map::source)?;
+                let f = function(&self.maps, &sig, "strata_map", &self.compiler, map::source)?;
                 if self.batches.add(&self.gpu, f, &plan, stream, s, args)? {
                     return Ok(());
                 }
@@ -300,9 +304,13 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = matmul::plan(*acc, &ops)? else {
                     return Ok(());
                 };
-                let f = self
-                    .matmuls
-                    .get(&sig, "strata_matmul", &self.compiler, matmul::source)?;
+                let f = function(
+                    &self.matmuls,
+                    &sig,
+                    "strata_matmul",
+                    &self.compiler,
+                    matmul::source,
+                )?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
@@ -383,9 +391,13 @@ impl CudaBackend {
         let Some((sig, plan)) = index::plan(&ops)? else {
             return Ok(());
         };
-        let f = self
-            .indexing
-            .get(&sig, "strata_index", &self.compiler, index::source)?;
+        let f = function(
+            &self.indexing,
+            &sig,
+            "strata_index",
+            &self.compiler,
+            index::source,
+        )?;
         launch::launch(&self.gpu, f, &plan, s)
     }
 }

@@ -271,7 +271,11 @@ impl Gpu {
 
     /// Compiles a compute pipeline from WGSL `source` with `tensors` tensor bindings; shader
     /// errors come back as `Err` with the source's first lines for context.
-    pub(crate) fn pipeline(&self, source: &str, tensors: usize) -> Result<wgpu::ComputePipeline> {
+    pub(crate) fn pipeline(
+        &self,
+        source: &str,
+        tensors: usize,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
         let layout = self.layout(tensors);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
@@ -297,7 +301,7 @@ impl Gpu {
                 describe(&e)
             )));
         }
-        Ok(pipeline)
+        Ok(Arc::new(pipeline))
     }
 
     /// Records one dispatch of `threads` invocations (256 per workgroup) of `pipeline`.

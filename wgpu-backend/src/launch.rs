@@ -2,9 +2,7 @@
 //! storage-binding limit, the binding window of each operand, and the pipeline cache.
 
 use crate::memory::WgpuBuffer;
-use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use strata_core::ir::Operand;
 use strata_core::{Error, Result, Scalar};
 
@@ -177,51 +175,6 @@ pub(crate) fn scalar_words(s: Scalar) -> [u32; 2] {
     [v as u32, (v >> 32) as u32]
 }
 
-/// Pipelines by the hash of their signature (collisions share a bucket).
-type Buckets<K> = HashMap<u64, Vec<(K, Arc<wgpu::ComputePipeline>)>>;
-
-/// Compiled pipelines by kernel signature, per device.
-pub(crate) struct PipelineCache<K> {
-    map: Mutex<Buckets<K>>,
-}
-
-impl<K> Default for PipelineCache<K> {
-    fn default() -> Self {
-        PipelineCache {
-            map: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl<K: Hash + Eq + Clone> PipelineCache<K> {
-    /// The pipeline for `key`, built with `build` on a miss.
-    pub(crate) fn get(
-        &self,
-        key: &K,
-        build: impl FnOnce(&K) -> Result<wgpu::ComputePipeline>,
-    ) -> Result<Arc<wgpu::ComputePipeline>> {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        key.hash(&mut h);
-        let hash = h.finish();
-        if let Some(list) = self.lock().get(&hash) {
-            if let Some((_, p)) = list.iter().find(|(k, _)| k == key) {
-                return Ok(p.clone());
-            }
-        }
-        let p = Arc::new(build(key)?);
-        self.lock()
-            .entry(hash)
-            .or_default()
-            .push((key.clone(), p.clone()));
-        Ok(p)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Buckets<K>> {
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// How many pipelines are cached.
-    pub(crate) fn len(&self) -> usize {
-        self.lock().values().map(Vec::len).sum()
-    }
-}
+/// Compiled pipelines by kernel signature, per device (core's kernel cache).
+pub(crate) type PipelineCache<S> =
+    strata_core::lower::cache::KernelCache<S, Arc<wgpu::ComputePipeline>>;

@@ -71,7 +71,7 @@ pub fn adapters() -> Vec<AdapterSummary> {
 pub struct WgpuBackend {
     gpu: Arc<Gpu>,
     pool: Arc<Pool>,
-    maps: PipelineCache<map::MapSig>,
+    maps: PipelineCache<map::MapSig<'static>>,
     reductions: PipelineCache<reduce::ReduceSig>,
     indexing: PipelineCache<index::IndexSig>,
     matmuls: PipelineCache<matmul::MatmulSig>,

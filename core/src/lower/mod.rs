@@ -12,5 +12,6 @@
 //! assert_eq!(binary_rule(BinaryOp::Mul, DType::Bool), Rule::Binary(BinaryOp::BitAnd));
 //! ```
 
+pub mod cache;
 pub mod legal;
 pub mod operands;

@@ -20,6 +20,8 @@ pub(crate) struct IndexSig {
     pub wide: bool,
 }
 
+impl strata_core::lower::cache::Owned for IndexSig {}
+
 /// Plans an index kernel over operands checked by [`IndexOperands`].
 pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Plan)>> {
     let (src, index, out, axis) = (checked.src, checked.index, checked.out, checked.axis);

@@ -33,7 +33,7 @@ pub(crate) struct MapSig<'e> {
     pub wide: bool,
 }
 
-impl<'e> crate::launch::Signature for MapSig<'e> {
+impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
     type Stored = MapSig<'static>;
     fn matches(&self, stored: &MapSig<'static>) -> bool {
         self == stored

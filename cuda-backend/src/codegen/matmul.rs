@@ -61,6 +61,8 @@ pub(crate) struct MatmulSig {
     pub acc: DType,
 }
 
+impl strata_core::lower::cache::Owned for MatmulSig {}
+
 /// The accumulator of our kernel: the IR's (f32 or f64; integers wrap in i64), as on the CPU.
 fn acc_repr(acc: DType) -> DType {
     if acc.is_float() {

@@ -31,6 +31,8 @@ pub(crate) struct ReduceSig {
     pub combine: bool,
 }
 
+impl strata_core::lower::cache::Owned for ReduceSig {}
+
 /// The dtype accumulators are held (and partials stored) in.
 pub(crate) fn repr(op: ReduceOp, acc: DType) -> DType {
     match op {

@@ -101,7 +101,7 @@ fn validate(src: &str) {
     check(src, &[Target::Vulkan]);
 }
 
-fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map::MapSig {
+fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map::MapSig<'static> {
     let lin = if expr.reads_linear_index() {
         map::Lin::Strided
     } else {
@@ -115,7 +115,7 @@ fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map:
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
         vec4,
-        expr,
+        expr: std::borrow::Cow::Owned(expr),
     }
 }
 

@@ -20,6 +20,8 @@ pub(crate) struct IndexSig {
     pub kind: IndexKind,
 }
 
+impl strata_core::lower::cache::Owned for IndexSig {}
+
 /// Word positions: [0] invocations, [1] extent of the walked axis (scatter), [2..5] offsets
 /// of output, index and source, then the iteration shape, then strides of output, index and
 /// source (rank words each).

@@ -10,6 +10,7 @@ use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
 use super::{binding, compute_type, load, scalar_value, Caps, ENTRY};
 use crate::launch::{dense, split, window, Access, Piece, Window};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs};
@@ -26,10 +27,11 @@ pub(crate) enum Lin {
     Strided,
 }
 
-/// The structure of a map piece: what the generated source depends on.
+/// The structure of a map piece: what the generated source depends on. It borrows the
+/// launch's expression tree, so a cache hit copies no part of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct MapSig {
-    pub expr: Expr,
+pub(crate) struct MapSig<'e> {
+    pub expr: Cow<'e, Expr>,
     /// Output dtype first, then the inputs'.
     pub dtypes: Vec<DType>,
     /// Per operand (output first): true when its offset is the invocation index.
@@ -43,9 +45,28 @@ pub(crate) struct MapSig {
     pub tiled: Vec<bool>,
 }
 
+impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
+    type Stored = MapSig<'static>;
+    fn matches(&self, stored: &MapSig<'static>) -> bool {
+        self == stored
+    }
+    fn store(&self) -> MapSig<'static> {
+        MapSig {
+            expr: Cow::Owned(self.expr.clone().into_owned()),
+            dtypes: self.dtypes.clone(),
+            contiguous: self.contiguous.clone(),
+            lin: self.lin,
+            scalars: self.scalars.clone(),
+            rank: self.rank,
+            vec4: self.vec4,
+            tiled: self.tiled.clone(),
+        }
+    }
+}
+
 /// One dispatch of a planned map.
-pub(crate) struct MapPiece<'a> {
-    pub sig: MapSig,
+pub(crate) struct MapPiece<'a, 'e> {
+    pub sig: MapSig<'e>,
     pub params: Vec<u32>,
     pub windows: Vec<Window<'a>>,
     pub threads: usize,
@@ -93,12 +114,12 @@ fn words(sig: &MapSig) -> Words {
 }
 
 /// Splits a map launch into pieces that fit the binding limit and plans each.
-pub(crate) fn plan<'a>(
-    expr: &Expr,
+pub(crate) fn plan<'a, 'e>(
+    expr: &'e Expr,
     args: &'a KernelArgs,
     limit: u64,
     align: u64,
-) -> Result<Vec<MapPiece<'a>>> {
+) -> Result<Vec<MapPiece<'a, 'e>>> {
     let out = strata_core::lower::operands::MapOperands::of(expr, args)?.out;
     if out.layout.numel() == 0 {
         return Ok(Vec::new());
@@ -149,7 +170,7 @@ pub(crate) fn plan<'a>(
             && n % 4 == 0
             && windows.iter().all(|w| w.rel_offset % 4 == 0);
         let sig = MapSig {
-            expr: expr.clone(),
+            expr: Cow::Borrowed(expr),
             dtypes: operands.iter().map(|o| o.dtype).collect(),
             contiguous,
             lin,

@@ -31,6 +31,8 @@ pub(crate) struct ReduceSig {
     pub partial: bool,
 }
 
+impl strata_core::lower::cache::Owned for ReduceSig {}
+
 /// Word positions: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
 /// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then outer shape, reduced shape, input outer
 /// strides, output outer strides, input reduced strides.

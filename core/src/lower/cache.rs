@@ -1,0 +1,172 @@
+//! The kernel cache both GPU backends use: compiled kernels by the structure of what they
+//! compute. A lookup hashes a signature that may borrow the launch's expression tree and
+//! compares it in place, so a hit copies nothing; the owned form is made only when a kernel is
+//! compiled. The hash is a multiply-rotate (FxHash-style): it runs on every launch, and
+//! SipHash's resistance to chosen collisions buys nothing here.
+//!
+//! ```
+//! use strata_core::lower::cache::KernelCache;
+//! let cache: KernelCache<(u8, u32), &str> = KernelCache::default();
+//! assert_eq!(cache.get(&(1u8, 7u32), |_| Ok("compiled")).unwrap(), "compiled");
+//! assert_eq!(cache.get(&(1u8, 7u32), |_| Ok("again")).unwrap(), "compiled");
+//! assert_eq!(cache.len(), 1);
+//! ```
+
+use crate::error::Result;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
+
+/// A kernel signature as the cache sees it: looked up by reference, stored owned only when a
+/// kernel is compiled. Types that own their data are their own stored form.
+///
+/// ```
+/// use strata_core::lower::cache::Signature;
+/// assert!((3u8, true).matches(&(3u8, true)));
+/// ```
+pub trait Signature: Hash {
+    /// The form kept in the cache.
+    type Stored: Send;
+    /// True when `stored` is this signature.
+    fn matches(&self, stored: &Self::Stored) -> bool;
+    /// The owned copy to keep.
+    fn store(&self) -> Self::Stored;
+}
+
+impl<T: Hash + Eq + Clone + Send + Owned> Signature for T {
+    type Stored = T;
+    fn matches(&self, stored: &T) -> bool {
+        self == stored
+    }
+    fn store(&self) -> T {
+        self.clone()
+    }
+}
+
+/// Marks signatures that own their data (no borrowed tree), so they are their own stored
+/// form: implement it (it has no items) for a signature type of plain data.
+///
+/// ```
+/// use strata_core::lower::cache::{Owned, Signature};
+/// #[derive(Hash, PartialEq, Eq, Clone)]
+/// struct Sig(u32);
+/// impl Owned for Sig {}
+/// assert!(Sig(1).matches(&Sig(1)));
+/// ```
+pub trait Owned {}
+
+macro_rules! owned {
+    ($($t:ty),*) => {$( impl Owned for $t {} )*};
+}
+owned!(
+    u8,
+    u16,
+    u32,
+    u64,
+    usize,
+    bool,
+    crate::DType,
+    crate::ir::ReduceOp,
+    crate::ir::IndexKind
+);
+impl<A: Owned, B: Owned> Owned for (A, B) {}
+impl<A: Owned, B: Owned, C: Owned> Owned for (A, B, C) {}
+
+/// The hash of a signature: a multiply-rotate over its words.
+///
+/// ```
+/// use strata_core::lower::cache::structure_hash;
+/// assert_eq!(structure_hash(&(1u32, 2u8)), structure_hash(&(1u32, 2u8)));
+/// assert_ne!(structure_hash(&1u32), structure_hash(&2u32));
+/// ```
+pub fn structure_hash(key: &impl Hash) -> u64 {
+    let mut h = StructureHasher(0);
+    key.hash(&mut h);
+    h.finish()
+}
+
+struct StructureHasher(u64);
+
+impl StructureHasher {
+    fn mix(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for StructureHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.mix(u64::from_le_bytes(word));
+        }
+    }
+    fn write_u8(&mut self, n: u8) {
+        self.mix(n as u64);
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.mix(n as u64);
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.mix(n);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.mix(n as u64);
+    }
+}
+
+/// Compiled kernels `V` by stored signature `S` (see the module docs), per device.
+pub struct KernelCache<S, V> {
+    map: Mutex<HashMap<u64, Vec<(S, V)>>>,
+}
+
+impl<S, V> Default for KernelCache<S, V> {
+    fn default() -> Self {
+        KernelCache {
+            map: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl<S, V: Clone> KernelCache<S, V> {
+    /// The kernel for `key`, built with `build` on a miss (outside the lock, so a slow
+    /// compile does not hold up other lookups).
+    pub fn get<K: Signature<Stored = S>>(
+        &self,
+        key: &K,
+        build: impl FnOnce(&K) -> Result<V>,
+    ) -> Result<V> {
+        let h = structure_hash(key);
+        if let Some(v) = self
+            .lock()
+            .get(&h)
+            .and_then(|list| list.iter().find(|(k, _)| key.matches(k)))
+        {
+            return Ok(v.1.clone());
+        }
+        let v = build(key)?;
+        self.lock()
+            .entry(h)
+            .or_default()
+            .push((key.store(), v.clone()));
+        Ok(v)
+    }
+
+    /// How many kernels are cached.
+    pub fn len(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    /// True when nothing is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<(S, V)>>> {
+        // A poisoned lock only means a panic elsewhere; the map is still consistent.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
