@@ -86,13 +86,12 @@ pub fn coalesce(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<i
         if n == 1 {
             continue;
         }
-        if let Some(&last) = out_shape.last() {
+        if !out_shape.is_empty() {
             let merge = strides.iter().zip(&out_strides).all(|(s, o)| {
                 *o.last()
                     .expect("one stride list per operand, all of the shape's rank")
                     == s[d] * n as isize
             });
-            let _ = last;
             if merge {
                 let l = out_shape.len() - 1;
                 out_shape[l] *= n;

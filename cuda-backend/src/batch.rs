@@ -12,7 +12,7 @@
 //! `STRATA_CUDA_BATCH=0` turns batching off.
 
 use crate::driver::{check, Gpu, Raw};
-use crate::launch::{batch_capacity, Function, Grid, Plan};
+use crate::launch::{batch_capacity, Function, Grid, Launch};
 use cudarc::driver::sys;
 use std::sync::{Arc, Mutex};
 use strata_core::ir::KernelArgs;
@@ -103,7 +103,7 @@ impl Batches {
         &self,
         gpu: &Gpu,
         f: Function,
-        plan: &Plan,
+        plan: &Launch,
         stream: StreamId,
         s: sys::CUstream,
         args: &KernelArgs,
@@ -111,7 +111,7 @@ impl Batches {
         let (Some(kernel), Grid::Linear { work }) = (f.batch, &plan.grid) else {
             return Ok(false);
         };
-        let words = &plan.words.0;
+        let words = &plan.args.0;
         if !self.enabled || *work > MAX_BATCHED_WORK || words.len() != f.words {
             return Ok(false);
         }

@@ -250,13 +250,13 @@ fn get_function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
     Ok(f)
 }
 
-/// N of the kernel's `Words<N>` parameter.
+/// N of the kernel's `Args<N>` parameter.
 pub(crate) fn argument_words(body: &str) -> Result<usize> {
-    body.split("Words<")
+    body.split("Args<")
         .nth(1)
         .and_then(|rest| rest.split('>').next())
         .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| Error::Backend("internal error: a kernel without Words<N>".into()))
+        .ok_or_else(|| Error::Backend("internal error: a kernel without Args<N>".into()))
 }
 
 #[cfg(test)]

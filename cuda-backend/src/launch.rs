@@ -7,13 +7,13 @@ use cudarc::driver::sys;
 use strata_core::lower::cache::{KernelCache, Signature};
 use strata_core::{Error, Result};
 
-/// The argument block of a launch: the kernel's single `Words<N>` parameter.
+/// The argument block of a launch: the kernel's single `Args<N>` parameter.
 #[derive(Debug, Default)]
-pub(crate) struct Words(pub Vec<u64>);
+pub(crate) struct Args(pub Vec<u64>);
 
-impl Words {
-    pub(crate) fn new() -> Words {
-        Words(Vec::with_capacity(24))
+impl Args {
+    pub(crate) fn new() -> Args {
+        Args(Vec::with_capacity(24))
     }
 
     pub(crate) fn push(&mut self, w: u64) {
@@ -33,38 +33,20 @@ pub(crate) enum Grid {
     },
 }
 
-/// Everything a launch needs besides the kernel: its words and its grid.
+/// Everything a launch needs besides the kernel: its argument block and its grid.
 #[derive(Debug)]
-pub(crate) struct Plan {
-    pub words: Words,
+pub(crate) struct Launch {
+    pub args: Args,
     pub grid: Grid,
 }
 
-impl Plan {
-    pub(crate) fn linear(words: Words, work: usize) -> Plan {
-        Plan {
-            words,
+impl Launch {
+    pub(crate) fn linear(args: Args, work: usize) -> Launch {
+        Launch {
+            args,
             grid: Grid::Linear { work },
         }
     }
-}
-
-pub(crate) use strata_core::layout::coalesce;
-
-/// True when some offset or count of the launch does not fit 32-bit indexing.
-pub(crate) fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) -> bool {
-    const LIMIT: u128 = i32::MAX as u128;
-    if numel as u128 > LIMIT / 2 {
-        return true;
-    }
-    strides.iter().any(|s| {
-        let reach: u128 = shape
-            .iter()
-            .zip(s)
-            .map(|(&n, &st)| (n.saturating_sub(1)) as u128 * st.unsigned_abs() as u128)
-            .sum();
-        reach > LIMIT / 2
-    })
 }
 
 /// A loaded kernel and the number of argument words it takes.
@@ -104,7 +86,7 @@ pub(crate) fn function<K: Signature>(
 }
 
 /// Launches `f` with `plan` on `stream`.
-pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Plan, stream: sys::CUstream) -> Result<()> {
+pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Launch, stream: sys::CUstream) -> Result<()> {
     let (grid, block) = match plan.grid {
         Grid::Linear { work } => {
             if work == 0 {
@@ -118,22 +100,22 @@ pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Plan, stream: sys::CUstream)
         }
         Grid::Fixed { grid, block } => (grid, block),
     };
-    if plan.words.0.len() != f.words {
+    if plan.args.0.len() != f.words {
         return Err(Error::Backend(format!(
             "internal error: a launch prepared {} argument words for a kernel taking {}",
-            plan.words.0.len(),
+            plan.args.0.len(),
             f.words
         )));
     }
-    if plan.words.0.len() * 8 > MAX_ARGUMENT_BYTES {
+    if plan.args.0.len() * 8 > MAX_ARGUMENT_BYTES {
         return Err(Error::Unsupported(format!(
             "a launch needs {} argument bytes, more than CUDA's {MAX_ARGUMENT_BYTES}: too many \
              operands or axes",
-            plan.words.0.len() * 8
+            plan.args.0.len() * 8
         )));
     }
-    let mut params = [plan.words.0.as_ptr() as *mut std::ffi::c_void];
-    // SAFETY: the kernel takes one `Words<N>` parameter of exactly these words (the plan and
+    let mut params = [plan.args.0.as_ptr() as *mut std::ffi::c_void];
+    // SAFETY: the kernel takes one `Args<N>` parameter of exactly these words (the plan and
     // the generator agree on N); pointers in it are live buffers of this context.
     check(
         unsafe {
@@ -153,18 +135,4 @@ pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Plan, stream: sys::CUstream)
         },
         "cuLaunchKernel",
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coalescing_merges_dense_axes_and_drops_unit_ones() {
-        let (shape, strides) = coalesce(&[2, 1, 3, 4], &[&[12, 12, 4, 1], &[0, 5, 0, 1]]);
-        assert_eq!(shape, vec![6, 4]);
-        assert_eq!(strides, vec![vec![4, 1], vec![0, 1]]);
-        let (shape, strides) = coalesce(&[3, 4], &[&[1, 3]]);
-        assert_eq!((shape, strides), (vec![3, 4], vec![vec![1, 3]]));
-    }
 }

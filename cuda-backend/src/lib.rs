@@ -34,6 +34,7 @@ use memory::Memory;
 use std::sync::Arc;
 use strata_core::ir::{IndexKind, Kernel, KernelArgs};
 use strata_core::lower::operands::{IndexOperands, MatmulOperands};
+use strata_core::lower::target::Target;
 use strata_core::{
     Backend, BackendKind, DType, Device, DeviceBuffer, EventId, MemoryStats, Result, StreamId,
 };
@@ -83,6 +84,8 @@ pub struct CudaBackend {
     reductions: FunctionCache<reduce::ReduceSig>,
     indexing: FunctionCache<index::IndexSig>,
     matmuls: FunctionCache<matmul::MatmulSig>,
+    /// What core's planners know of this device.
+    target: Target,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -102,7 +105,23 @@ impl CudaBackend {
         let gpu = Arc::new(Gpu::open(ordinal)?);
         let memory = Arc::new(Memory::new(gpu.clone())?);
         let compiler = Compiler::new(Some(gpu.clone()), gpu.arch);
+        let target = Target {
+            vector_bytes: 16,
+            vector_32bit_only: false,
+            vector_tail: true,
+            tile_32bit_only: false,
+            tile_reads_position: true,
+            wide_index: true,
+            // 2,048 resident threads per multiprocessor.
+            parallel_slots: gpu.sm_count as usize * 2048,
+            items_per_thread: 8,
+            group_sizes: &[1, 32, 256],
+            reduce_vectors: true,
+            binding_limit: None,
+            offset_align: 1,
+        };
         Ok(CudaBackend {
+            target,
             blas: blas::Blas::new(),
             gpu,
             memory,
@@ -143,8 +162,7 @@ impl CudaBackend {
         stream: StreamId,
         s: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
-        let Some(red) = reduce::plan(op, reduced_axes, acc, args, self.gpu.sm_count as usize)?
-        else {
+        let Some(red) = reduce::plan(op, reduced_axes, acc, args, &self.target)? else {
             return Ok(());
         };
         let f = function(
@@ -154,10 +172,10 @@ impl CudaBackend {
             &self.compiler,
             reduce::source,
         )?;
-        if red.splits == 1 {
+        if red.plan.splits == 1 {
             return launch::launch(&self.gpu, f, &red.first(0, 0), s);
         }
-        let n = red.outputs * red.splits;
+        let n = red.plan.outputs * red.plan.splits;
         let part = self
             .memory
             .allocate(n * reduce::repr(op, acc).itemsize(), stream)?;
@@ -275,7 +293,7 @@ impl Backend for CudaBackend {
         }
         match kernel {
             Kernel::Map { expr } => {
-                let Some((sig, plan)) = map::plan(expr, args)? else {
+                let Some((sig, plan)) = map::plan(expr, args, &self.target)? else {
                     return Ok(());
                 };
                 let f = function(&self.maps, &sig, "strata_map", &self.compiler, map::source)?;

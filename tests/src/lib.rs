@@ -5,7 +5,8 @@ use strata::prelude::*;
 
 /// The devices present: always the CPU, and CUDA device 0 when there is one. `STRATA_TEST_DEVICES`
 /// (comma-separated device names, e.g. `cpu,wgpu`) chooses the list instead; wgpu runs only when
-/// named there, because part of the suite does not pass on it yet (see `scripts/test.sh`).
+/// named there, since a software Vulkan (lavapipe, CI's) makes the suite several times slower
+/// (`scripts/test.sh` runs it once on cpu and wgpu together).
 ///
 /// ```
 /// assert!(!strata_tests::devices().is_empty());

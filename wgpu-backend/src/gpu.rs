@@ -4,7 +4,7 @@
 //! binding its slice at a dynamic offset.
 
 use crate::codegen::Caps;
-use crate::launch::Window;
+use crate::launch::Binding;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
@@ -309,7 +309,7 @@ impl Gpu {
         &self,
         pipeline: &wgpu::ComputePipeline,
         params: &[u32],
-        windows: &[Window],
+        bindings: &[Binding],
         threads: usize,
     ) -> Result<()> {
         if threads == 0 {
@@ -331,7 +331,7 @@ impl Gpu {
                 bytes.len()
             )));
         }
-        let layout = self.layout(windows.len());
+        let layout = self.layout(bindings.len());
         let mut b = self.batch();
         let align = self.limits.min_storage_buffer_offset_alignment as u64;
         let mut at = (b.params.len() as u64).div_ceil(align) * align;
@@ -349,13 +349,13 @@ impl Gpu {
                 size: NonZeroU64::new(PARAMS_BINDING),
             }),
         }];
-        for (k, w) in windows.iter().enumerate() {
+        for (k, binding) in bindings.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: k as u32 + 1,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: w.buffer,
-                    offset: w.byte_offset,
-                    size: NonZeroU64::new(w.byte_size.max(4)),
+                    buffer: binding.buffer,
+                    offset: binding.window.byte_offset,
+                    size: NonZeroU64::new(binding.window.byte_size.max(4)),
                 }),
             });
         }

@@ -1,8 +1,8 @@
 //! The CPU index kernels (gather, scatter, scatter-add): element by element, following the
 //! index values.
 
+use super::block::{binary, with_block, with_dtype, Block, Prim};
 use super::strided::View;
-use super::values::{binary, with_dtype, with_values, Prim, Values};
 use crate::error::{Error, Result};
 use crate::ir::{BinaryOp, IndexKind, KernelArgs, Operand};
 use crate::layout::Layout;
@@ -49,7 +49,7 @@ fn position_with(layout: &Layout, idx: &[usize], axis: usize, at: i64) -> Result
 }
 
 /// Reads one element at a storage position.
-fn read(view: &View, dtype: crate::DType, pos: usize) -> Values {
+fn read(view: &View, dtype: crate::DType, pos: usize) -> Block {
     let one = Layout::new(vec![], vec![], pos).expect("rank-0 layout");
     let v = view.with_layout(&one);
     let mut scratch = Vec::new();
@@ -58,12 +58,12 @@ fn read(view: &View, dtype: crate::DType, pos: usize) -> Values {
 }
 
 /// Writes one element at a storage position.
-fn write(view: &View, pos: usize, value: &Values) {
+fn write(view: &View, pos: usize, value: &Block) {
     let one = Layout::new(vec![], vec![], pos).expect("rank-0 layout");
     let v = view.with_layout(&one);
     let mut scratch = Vec::new();
     // SAFETY: as `read`; kernels run one at a time on the CPU.
-    with_values!(value, x: T => unsafe { v.store::<T>(0, x, &mut scratch) });
+    with_block!(value, x: T => unsafe { v.store::<T>(0, x, &mut scratch) });
 }
 
 /// Executes an index kernel (`Gather`, `Scatter` or `ScatterAdd`).

@@ -1,17 +1,50 @@
-//! The CPU `Map` kernel: evaluates the expression tree a block of output elements at a time,
-//! splitting large outputs across threads.
+//! The CPU `Map` kernel: runs core's plan, evaluating the expression tree a block of output
+//! elements at a time and splitting large pieces across threads.
 
+use super::block::{binary, fma, select, unary, with_block, with_dtype, Block, Prim};
 use super::strided::View;
-use super::values::{binary, fma, select, unary, with_dtype, with_values, Prim, Values};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
-use crate::ir::{Expr, KernelArgs, Node};
+use crate::ir::{Expr, KernelArgs, Node, Operand};
+use crate::layout::Layout;
+use crate::lower::map_plan::{self, MapPiece, MapPlan, Position};
+use crate::lower::operands::MapOperands;
+use crate::lower::pieces::BufferInfo;
+use crate::lower::target::Target;
 
 use super::strided::{BLOCK, PARALLEL_MIN};
 
 struct Context<'a> {
     inputs: Vec<View<'a>>,
     scalars: &'a [Scalar],
+    /// How element `i` of the piece maps to its row-major position in the whole output.
+    position: &'a Position,
+    shape: &'a [usize],
+}
+
+impl Context<'_> {
+    /// The row-major positions of elements `start..start + len` of the piece.
+    fn positions(&self, start: usize, len: usize) -> Vec<u64> {
+        match self.position {
+            Position::Unused | Position::Linear { .. } => {
+                let base = match self.position {
+                    Position::Linear { base } => *base,
+                    _ => 0,
+                };
+                (start..start + len).map(|i| (base + i) as u64).collect()
+            }
+            Position::Strided { base, strides } => (start..start + len)
+                .map(|i| {
+                    let (mut rest, mut p) = (i, *base as isize);
+                    for (&n, &st) in self.shape.iter().zip(strides).rev() {
+                        p += (rest % n) as isize * st;
+                        rest /= n;
+                    }
+                    p as u64
+                })
+                .collect(),
+        }
+    }
 }
 
 fn eval(
@@ -20,7 +53,7 @@ fn eval(
     start: usize,
     len: usize,
     scratch: &mut Vec<usize>,
-) -> Result<Values> {
+) -> Result<Block> {
     Ok(match &e.node {
         Node::Input(k) => {
             let view = cx.inputs.get(*k).ok_or_else(|| {
@@ -39,10 +72,15 @@ fn eval(
                     cx.scalars.len()
                 ))
             })?;
-            Values::splat(s.cast(e.dtype, false), len)
+            Block::splat(s.cast(e.dtype, false), len)
         }
-        Node::Literal(bits) => Values::splat(Scalar::from_bits(e.dtype, *bits), len),
-        Node::LinearIndex => Values::I64((start..start + len).map(|i| i as i64).collect()),
+        Node::Literal(bits) => Block::splat(Scalar::from_bits(e.dtype, *bits), len),
+        Node::LinearIndex => Block::I64(
+            cx.positions(start, len)
+                .into_iter()
+                .map(|p| p as i64)
+                .collect(),
+        ),
         Node::Philox { key, counter, word } => {
             let scalar = |k: usize| {
                 cx.scalars
@@ -57,10 +95,11 @@ fn eval(
             };
             let (key, base) = (scalar(*key)?, scalar(*counter)?);
             let key = [key as u32, (key >> 32) as u32];
-            Values::U32(
-                (start..start + len)
+            Block::U32(
+                cx.positions(start, len)
+                    .into_iter()
                     .map(|i| {
-                        let c = base.wrapping_add(i as u64);
+                        let c = base.wrapping_add(i);
                         crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)
                             [*word as usize]
                     })
@@ -92,10 +131,10 @@ fn eval(
     })
 }
 
-impl Values {
+impl Block {
     fn into_bool(self) -> Vec<bool> {
         match self {
-            Values::Bool(b) => b,
+            Block::Bool(b) => b,
             other => other.cast(crate::DType::Bool, false).into_bool(),
         }
     }
@@ -111,26 +150,62 @@ fn run_range(expr: &Expr, cx: &Context, out: &View, range: std::ops::Range<usize
         debug_assert_eq!(values.len(), len);
         // SAFETY: bounds checked in View::new; ranges of different threads are disjoint.
         // bool is stored as one byte holding 0 or 1, which is Rust's representation of bool.
-        with_values!(&values, v: T => unsafe { out.store::<T>(start, v, &mut scratch) });
+        with_block!(&values, v: T => unsafe { out.store::<T>(start, v, &mut scratch) });
         start += len;
     }
     Ok(())
 }
 
-/// Executes a `Map` kernel.
+/// Executes a `Map` kernel: core's plan for the CPU (one piece, axes coalesced).
 pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
-    let out = crate::lower::operands::MapOperands::of(expr, args)?.out;
-    let out_view = View::new(out)?;
-    let inputs = args
-        .inputs
+    let ops = MapOperands::of(expr, args)?;
+    let target = Target::cpu(super::strided::threads());
+    let buffers = BufferInfo::of_operands(args);
+    let plan = map_plan::plan(&ops, expr.reads_linear_index(), &buffers, &target)?;
+    run_plan(expr, &ops, &plan)
+}
+
+/// Executes a planned map of any target's plan, piece by piece (windows included), so the
+/// planner's pieces and positions are tested here without a GPU.
+pub(crate) fn run_plan(expr: &Expr, ops: &MapOperands, plan: &MapPlan) -> Result<()> {
+    for piece in &plan.pieces {
+        let operands = std::iter::once(ops.out)
+            .chain(ops.inputs)
+            .zip(&piece.operands)
+            .map(|(o, p)| {
+                let window_start = p.window.map_or(0, |w| w.byte_offset as usize);
+                let offset = window_start / o.dtype.itemsize() + p.offset;
+                Ok(Operand {
+                    buffer: o.buffer.clone(),
+                    layout: Layout::new(piece.shape.clone(), p.strides.clone(), offset)?,
+                    dtype: o.dtype,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        run_piece(expr, &operands, ops.scalars, piece)?;
+    }
+    Ok(())
+}
+
+/// One piece: output `operands[0]`, inputs the rest, threads over blocks when it is large.
+fn run_piece(
+    expr: &Expr,
+    operands: &[Operand],
+    scalars: &[Scalar],
+    piece: &MapPiece,
+) -> Result<()> {
+    let out_view = View::new(&operands[0])?;
+    let inputs = operands[1..]
         .iter()
         .map(View::new)
         .collect::<Result<Vec<_>>>()?;
     let cx = Context {
         inputs,
-        scalars: &args.scalars,
+        scalars,
+        position: &piece.position,
+        shape: &piece.shape,
     };
-    let n = out.layout.numel();
+    let n = piece.numel;
     let threads = super::strided::threads();
     if n < PARALLEL_MIN || threads == 1 {
         return run_range(expr, &cx, &out_view, 0..n);
@@ -151,4 +226,55 @@ pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
                 .unwrap_or_else(|_| Err(Error::Backend("a CPU worker thread panicked".into())))
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::BinaryOp;
+    use crate::{DType, Device, Tensor};
+
+    #[test]
+    fn windowed_pieces_give_the_whole_result() {
+        let dev = Device::cpu();
+        let x = Tensor::arange(0, 40 * 30, 1, DType::F32, &dev)
+            .unwrap()
+            .reshape([40, 30])
+            .unwrap();
+        let xt = x.t().unwrap(); // [30, 40], column-wise
+                                 // out = x.t() * 2 + position, so pieces must get their positions right too.
+        let expr = Expr::binary(
+            BinaryOp::Add,
+            Expr::binary(
+                BinaryOp::Mul,
+                Expr::input(0, DType::F32),
+                Expr::scalar(0, DType::F32),
+            ),
+            Expr::linear_index().cast(DType::F32, false),
+        );
+        let run_with = |target: &Target| {
+            let out = Tensor::zeros([30, 40], DType::F32, &dev).unwrap();
+            let args = KernelArgs {
+                outputs: vec![out.operand()],
+                inputs: vec![xt.operand()],
+                scalars: vec![Scalar::F32(2.0)],
+            };
+            let ops = MapOperands::of(&expr, &args).unwrap();
+            let buffers = BufferInfo::of_operands(&args);
+            let plan = map_plan::plan(&ops, true, &buffers, target).unwrap();
+            run_plan(&expr, &ops, &plan).unwrap();
+            (plan.pieces.len(), out.to_vec::<f32>().unwrap())
+        };
+        let (one, whole) = run_with(&Target::cpu(1));
+        let windowed = Target {
+            binding_limit: Some(512),
+            offset_align: 16,
+            ..Target::cpu(1)
+        };
+        let (many, split) = run_with(&windowed);
+        assert_eq!(one, 1);
+        assert!(many > 4, "{many} pieces");
+        assert_eq!(split, whole);
+        assert_eq!(whole[41], 2.0 * x.to_vec::<f32>().unwrap()[30 + 1] + 41.0);
+    }
 }

@@ -3,8 +3,8 @@
 //! multiplied in i-k-j order with a rounding after every product and sum, and rows are split
 //! across threads.
 
+use super::block::{with_dtype, Block, Prim};
 use super::strided::{threads, View};
-use super::values::{with_dtype, Prim, Values};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::KernelArgs;
@@ -17,7 +17,7 @@ fn batch_layout(l: &Layout, b: usize) -> Result<Layout> {
     Layout::new(sh[1..].to_vec(), st[1..].to_vec(), offset)
 }
 
-fn load(view: &View, layout: &Layout, dtype: DType, acc: DType) -> Values {
+fn load(view: &View, layout: &Layout, dtype: DType, acc: DType) -> Block {
     let v = view.with_layout(layout);
     let mut scratch = Vec::new();
     // SAFETY: the batch layout lies inside the operand, which View::new bounds-checked.
@@ -111,28 +111,28 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
         let old = beta.to_bool().then(|| load(&vc, &lc, c.dtype, acc));
         let dims = (m, k, n);
         let result = match (ma, mb, old) {
-            (Values::F32(x), Values::F32(y), old) => {
+            (Block::F32(x), Block::F32(y), old) => {
                 let old = old.map(|o| match o {
-                    Values::F32(v) => v,
+                    Block::F32(v) => v,
                     _ => unreachable!("loaded as f32"),
                 });
                 // α and β arrive in the accumulator dtype, so these conversions are exact.
                 let (al, be) = (alpha.to_f64() as f32, beta.to_f64() as f32);
-                Values::F32(float_gemm((&x, &y), dims, (al, be), old))
+                Block::F32(float_gemm((&x, &y), dims, (al, be), old))
             }
-            (Values::F64(x), Values::F64(y), old) => {
+            (Block::F64(x), Block::F64(y), old) => {
                 let old = old.map(|o| match o {
-                    Values::F64(v) => v,
+                    Block::F64(v) => v,
                     _ => unreachable!("loaded as f64"),
                 });
-                Values::F64(float_gemm(
+                Block::F64(float_gemm(
                     (&x, &y),
                     dims,
                     (alpha.to_f64(), beta.to_f64()),
                     old,
                 ))
             }
-            (Values::I64(x), Values::I64(y), old) => {
+            (Block::I64(x), Block::I64(y), old) => {
                 let ab = product(
                     &x,
                     &y,
@@ -143,10 +143,10 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
                 );
                 let (al, be) = (alpha.to_i128() as i64, beta.to_i128() as i64);
                 let old = match old {
-                    Some(Values::I64(o)) => o,
+                    Some(Block::I64(o)) => o,
                     _ => vec![0; m * n],
                 };
-                Values::I64(
+                Block::I64(
                     ab.iter()
                         .zip(&old)
                         .map(|(&v, &o)| al.wrapping_mul(v).wrapping_add(be.wrapping_mul(o)))
@@ -164,7 +164,7 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
         let out = vc.with_layout(&lc);
         let mut scratch = Vec::new();
         // SAFETY: the batch layout lies inside C (bounds-checked); one thread writes it.
-        super::values::with_values!(&result, v: T => unsafe { out.store::<T>(0, v, &mut scratch) });
+        super::block::with_block!(&result, v: T => unsafe { out.store::<T>(0, v, &mut scratch) });
     }
     Ok(())
 }

@@ -2,13 +2,13 @@
 //! when it is enqueued, so streams are only names here and events record host times, but
 //! callers go through the same asynchronous API as on a GPU.
 
+mod block;
 mod buffer;
 mod index;
 mod map;
 mod matmul;
 mod reduce;
 mod strided;
-mod values;
 
 pub use buffer::CpuBuffer;
 

@@ -1,12 +1,16 @@
 //! The CPU `Reduce` kernel: for each output element, folds the reduced axes a block at a time;
 //! many outputs are split across threads, and so is one long reduction.
 
+use super::block::{with_block, with_dtype, Block, Prim};
 use super::strided::{threads, View, BLOCK, PARALLEL_MIN};
-use super::values::{with_dtype, with_values, Prim, Values};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::ir::{KernelArgs, ReduceOp};
 use crate::layout::Layout;
+use crate::lower::operands::ReduceOperands;
+use crate::lower::pieces::BufferInfo;
+use crate::lower::reduce_plan::{self, ReducePlan};
+use crate::lower::target::Target;
 
 /// A partial result over part of one reduction, held in the IR's accumulator dtype: sums and
 /// products of f16, bf16 and f32 round in f32 at every step, as on the GPUs (blocks combine
@@ -177,18 +181,16 @@ impl<T: crate::dtype::Element> ToScalar for T {
 }
 
 /// Folds one block of values (positions `first..`) into a partial.
-fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial {
+fn fold_block(op: ReduceOp, acc: DType, block: &Block, first: usize) -> Partial {
     match (op, block) {
         // Float sums straight from the block, lane by lane (vectorizes).
-        (ReduceOp::Sum, Values::F32(x)) if acc == DType::F32 => return Partial::F32(sum_lanes(x)),
-        (ReduceOp::Sum, Values::F64(x)) if acc == DType::F64 => {
-            return Partial::Float(sum_lanes(x))
-        }
+        (ReduceOp::Sum, Block::F32(x)) if acc == DType::F32 => return Partial::F32(sum_lanes(x)),
+        (ReduceOp::Sum, Block::F64(x)) if acc == DType::F64 => return Partial::Float(sum_lanes(x)),
         _ => {}
     }
     match op {
         ReduceOp::Sum | ReduceOp::Prod if acc == DType::F32 => {
-            let Values::F32(v) = block.cast(DType::F32, false) else {
+            let Block::F32(v) = block.cast(DType::F32, false) else {
                 unreachable!()
             };
             Partial::F32(if op == ReduceOp::Sum {
@@ -198,7 +200,7 @@ fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial
             })
         }
         ReduceOp::Sum | ReduceOp::Prod if acc.is_float() => {
-            let Values::F64(v) = block.cast(DType::F64, false) else {
+            let Block::F64(v) = block.cast(DType::F64, false) else {
                 unreachable!()
             };
             Partial::Float(if op == ReduceOp::Sum {
@@ -208,7 +210,7 @@ fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial
             })
         }
         ReduceOp::Sum | ReduceOp::Prod => {
-            let Values::I64(v) = block.cast(DType::I64, false) else {
+            let Block::I64(v) = block.cast(DType::I64, false) else {
                 unreachable!()
             };
             Partial::Int(if op == ReduceOp::Sum {
@@ -218,7 +220,7 @@ fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial
             })
         }
         ReduceOp::Any | ReduceOp::All => {
-            let Values::Bool(v) = block.cast(DType::Bool, false) else {
+            let Block::Bool(v) = block.cast(DType::Bool, false) else {
                 unreachable!()
             };
             Partial::Bool(if op == ReduceOp::Any {
@@ -227,7 +229,7 @@ fn fold_block(op: ReduceOp, acc: DType, block: &Values, first: usize) -> Partial
                 v.iter().all(|&b| b)
             })
         }
-        _ => with_values!(block, x: T => Partial::Best(
+        _ => with_block!(block, x: T => Partial::Best(
             best_of(x, op).map(|(v, i)| (v.scalar(), first + i))
         )),
     }
@@ -268,93 +270,170 @@ fn reduce_range(
         .fold(Partial::identity(op, acc), |a, (_, b)| a.combine(b, op))
 }
 
-/// Executes a `Reduce` kernel.
+/// Executes a `Reduce` kernel: core's plan for the CPU (ranges when there are fewer outputs
+/// than threads), each range folded by one thread.
 pub(crate) fn run(op: ReduceOp, reduced: usize, acc: DType, args: &KernelArgs) -> Result<()> {
-    let ops = crate::lower::operands::ReduceOperands::of(reduced, args)?;
-    let (input, out, split) = (ops.input, ops.out, ops.kept);
-    let (shape, strides) = (input.layout.shape(), input.layout.strides());
+    let ops = ReduceOperands::of(reduced, args)?;
+    if ops.outputs == 0 {
+        return Ok(());
+    }
+    let buffers = BufferInfo::of_operands(args);
+    let plan = reduce_plan::plan(&ops, &buffers, &Target::cpu(threads()))?;
+    run_plan(op, acc, &ops, &plan)
+}
+
+/// Executes a planned reduction of any target's plan: every range's partial, then each output
+/// combines its ranges in order (as a combine launch does), so split plans and their windows
+/// are tested here without a GPU.
+pub(crate) fn run_plan(
+    op: ReduceOp,
+    acc: DType,
+    ops: &ReduceOperands,
+    plan: &ReducePlan,
+) -> Result<()> {
+    let (input, out) = (ops.input, ops.out);
+    let ro = plan.outer_shape.len();
+    // The reduced range of each split, in split order (the reduced windows of the first outer
+    // window; every outer window repeats them).
+    let mut ranges = Vec::with_capacity(plan.splits);
+    for l in plan.launches.iter().filter(|l| l.piece.start[0] == 0) {
+        let count: usize = l.piece.len[ro..].iter().product();
+        for k in 0..l.splits {
+            let lo = l.first_position + (k * l.chunk).min(count);
+            ranges.push(lo..l.first_position + ((k + 1) * l.chunk).min(count));
+        }
+    }
+    if ranges.len() != plan.splits {
+        return Err(Error::Invalid(format!(
+            "a reduce plan of {} splits lists {} ranges",
+            plan.splits,
+            ranges.len()
+        )));
+    }
     let outer = Layout::new(
-        shape[..split].to_vec(),
-        strides[..split].to_vec(),
+        plan.outer_shape.clone(),
+        plan.in_outer.clone(),
         input.layout.offset(),
     )?;
     let in_view = View::new(input)?;
     let out_view = View::new(out)?;
-    let inner_shape = shape[split..].to_vec();
-    let inner_strides = strides[split..].to_vec();
-    let inner_n: usize = inner_shape.iter().product();
-    let (dtype, out_dtype) = (input.dtype, out.dtype);
-
-    // One output element: its inner view starts at the outer position.
-    let one = |o: usize, scratch: &mut Vec<usize>, split_inner: bool| -> Result<Scalar> {
+    let partial = |task: usize, scratch: &mut Vec<usize>| -> Result<Partial> {
+        let (o, j) = (task / plan.splits, task % plan.splits);
         outer.positions_into(o, scratch);
-        let inner_layout = Layout::new(inner_shape.clone(), inner_strides.clone(), scratch[0])?;
+        let inner_layout = Layout::new(
+            plan.reduced_shape.clone(),
+            plan.in_reduced.clone(),
+            scratch[0],
+        )?;
         let inner = in_view.with_layout(&inner_layout);
-        let partial = if split_inner {
-            let per = inner_n.div_ceil(threads()).div_ceil(BLOCK) * BLOCK;
-            std::thread::scope(|s| {
-                let parts: Vec<_> = (0..threads())
-                    .map(|t| (t * per).min(inner_n)..((t + 1) * per).min(inner_n))
-                    .filter(|r| !r.is_empty())
-                    .map(|r| {
-                        let inner = &inner;
-                        s.spawn(move || reduce_range(op, acc, dtype, inner, r))
-                    })
-                    .collect();
-                parts
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or(Partial::Best(None)))
-                    .fold(Partial::identity(op, acc), |a, b| a.combine(b, op))
-            })
-        } else {
-            reduce_range(op, acc, dtype, &inner, 0..inner_n)
-        };
-        partial.result(op, out_dtype)
+        Ok(reduce_range(
+            op,
+            acc,
+            input.dtype,
+            &inner,
+            ranges[j].clone(),
+        ))
     };
-    let write = |o: usize, v: Scalar, scratch: &mut Vec<usize>| {
-        // SAFETY: out bounds checked by View::new; each output index is written once.
-        with_dtype!(out_dtype, T => unsafe {
-            out_view.store::<T>(o, &[<T as crate::dtype::Element>::from_scalar(v)], scratch)
-        });
+    let tasks = plan.outputs * plan.splits;
+    let per_task = plan.extent.div_ceil(plan.splits).max(1);
+    let workers = if tasks.saturating_mul(per_task) < PARALLEL_MIN {
+        1
+    } else {
+        threads().min(tasks)
     };
-    let outer_n = outer.numel();
-    let total = outer_n.saturating_mul(inner_n.max(1));
-    if total < PARALLEL_MIN || threads() == 1 || (outer_n == 1 && inner_n < PARALLEL_MIN) {
-        let mut scratch = Vec::new();
-        for o in 0..outer_n {
-            let v = one(o, &mut scratch, false)?;
-            write(o, v, &mut scratch);
-        }
-        return Ok(());
-    }
-    if outer_n < threads() {
-        let mut scratch = Vec::new();
-        for o in 0..outer_n {
-            let v = one(o, &mut scratch, true)?;
-            write(o, v, &mut scratch);
-        }
-        return Ok(());
-    }
-    let per = outer_n.div_ceil(threads());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads())
-            .map(|t| (t * per).min(outer_n)..((t + 1) * per).min(outer_n))
-            .filter(|r| !r.is_empty())
+    let per = tasks.div_ceil(workers);
+    let parts: Vec<Partial> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|w| (w * per).min(tasks)..((w + 1) * per).min(tasks))
             .map(|r| {
-                let (one, write) = (&one, &write);
-                s.spawn(move || -> Result<()> {
+                let partial = &partial;
+                s.spawn(move || -> Result<Vec<Partial>> {
                     let mut scratch = Vec::new();
-                    for o in r {
-                        let v = one(o, &mut scratch, false)?;
-                        write(o, v, &mut scratch);
-                    }
-                    Ok(())
+                    r.map(|t| partial(t, &mut scratch)).collect()
                 })
             })
             .collect();
-        handles.into_iter().try_for_each(|h| {
-            h.join()
-                .unwrap_or_else(|_| Err(Error::Backend("a CPU worker thread panicked".into())))
-        })
-    })
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Backend("a CPU worker thread panicked".into())))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?
+    .concat();
+    let mut scratch = Vec::new();
+    for (o, splits) in parts.chunks(plan.splits).enumerate() {
+        let folded = splits
+            .iter()
+            .fold(Partial::identity(op, acc), |a, &b| a.combine(b, op));
+        let v = folded.result(op, out.dtype)?;
+        // SAFETY: out bounds checked by View::new; each output index is written once.
+        with_dtype!(out.dtype, T => unsafe {
+            out_view.store::<T>(o, &[<T as crate::dtype::Element>::from_scalar(v)], &mut scratch)
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Device, Tensor};
+
+    /// A GPU-like target: groups, many slots, windows of `limit` bytes.
+    fn gpu(limit: u64) -> Target {
+        Target {
+            parallel_slots: 1 << 12,
+            items_per_thread: 8,
+            group_sizes: &[1, 32, 256],
+            binding_limit: Some(limit),
+            offset_align: 16,
+            ..Target::cpu(1)
+        }
+    }
+
+    #[test]
+    fn split_and_windowed_plans_give_the_unsplit_result() {
+        let dev = Device::cpu();
+        let x = Tensor::arange(0, 6000, 1, DType::I64, &dev)
+            .unwrap()
+            .remainder(97)
+            .unwrap()
+            .reshape([6, 1000])
+            .unwrap();
+        for (view, kept) in [
+            (x.clone(), vec![6]),
+            (x.t().unwrap(), vec![1000]),
+            (x.reshape([6000]).unwrap(), vec![]),
+        ] {
+            for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::ArgMin] {
+                // Sums of i64 and positions are both i64.
+                let want = Tensor::zeros(&kept, DType::I64, &dev).unwrap();
+                let got = Tensor::zeros(&kept, DType::I64, &dev).unwrap();
+                let args = |o: &Tensor| crate::ir::KernelArgs {
+                    outputs: vec![o.operand()],
+                    inputs: vec![view.operand()],
+                    scalars: vec![],
+                };
+                let reduced = view.ndim() - kept.len();
+                let (wa, ga) = (args(&want), args(&got));
+                let acc = DType::I64;
+                run(op, reduced, acc, &wa).unwrap();
+                let ops = ReduceOperands::of(reduced, &ga).unwrap();
+                let plan =
+                    reduce_plan::plan(&ops, &BufferInfo::of_operands(&ga), &gpu(2048)).unwrap();
+                assert!(
+                    plan.splits > 1 || plan.launches.len() > 1,
+                    "{op:?} {kept:?}"
+                );
+                run_plan(op, acc, &ops, &plan).unwrap();
+                assert_eq!(
+                    got.to_vec::<i64>().unwrap(),
+                    want.to_vec::<i64>().unwrap(),
+                    "{op:?} over {kept:?}"
+                );
+            }
+        }
+    }
 }

@@ -1,8 +1,8 @@
 //! Strided operands on the CPU: a raw base pointer plus a layout, read and written a block of
 //! row-major elements at a time.
 
+use super::block::Prim;
 use super::buffer::CpuBuffer;
-use super::values::Prim;
 use crate::error::{Error, Result};
 use crate::ir::Operand;
 use crate::layout::Layout;

@@ -1,10 +1,10 @@
 //! The lowering layer, between the kernel IR ([`crate::ir`]) and the backends: everything a
 //! backend would otherwise decide on its own, written once. Which `(op, dtype)` pairs exist and
 //! their canonical forms ([`legal`]), the operand checks of every kernel kind ([`operands`]),
-//! the launch plans of maps and reductions computed from a [`Target`] that each backend
-//! describes ([`map_plan`], [`reduce_plan`]), splitting launches into pieces under a binding
-//! limit ([`pieces`]), and the kernel-cache type both GPU backends use ([`cache`]). A backend
-//! turns a plan into source, packs its arguments and runs it.
+//! the launch plans of maps and reductions computed from the [`Target`](target::Target) each
+//! backend describes ([`map_plan`], [`reduce_plan`]), splitting launches into pieces under a
+//! binding limit ([`pieces`]), and the kernel-cache type both GPU backends use ([`cache`]). A
+//! backend turns a plan into source, packs its arguments and runs it.
 //!
 //! ```
 //! use strata_core::lower::legal::{binary_rule, Rule};
@@ -14,4 +14,8 @@
 
 pub mod cache;
 pub mod legal;
+pub mod map_plan;
 pub mod operands;
+pub mod pieces;
+pub mod reduce_plan;
+pub mod target;

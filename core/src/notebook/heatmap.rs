@@ -1,7 +1,7 @@
 //! 2-D tensors as heatmap images: values sampled down to at most 256 × 256 cells, coloured
 //! with a viridis-like scale, and a colour bar beside them.
 
-use super::png;
+use super::image;
 use crate::display::scalar_at;
 use crate::error::{Error, Result};
 use crate::index::SliceArg;
@@ -97,7 +97,7 @@ pub(crate) fn render(t: &Tensor) -> Result<Heatmap> {
         rgb.extend(colour(top_down).repeat(BAR_WIDTH));
     }
     Ok(Heatmap {
-        png: png::encode_rgb(width, height, &rgb),
+        png: image::encode_rgb(width, height, &rgb)?,
         range,
         step,
     })

@@ -2,7 +2,7 @@
 //! like the text display), then, for 2-D floats, the heatmap with its colour scale.
 
 use super::heatmap::Heatmap;
-use super::png::base64;
+use super::image::base64;
 use crate::display::{element_strings, summary, EDGE};
 use crate::error::Result;
 use crate::tensor::Tensor;

@@ -1,4 +1,5 @@
-//! Rich display for notebooks: tensors as an HTML table under a layout header, 2-D tensors as
+//! Rich display for notebooks (its own module tree, apart from the semantics; PNG and base64
+//! from their crates): tensors as an HTML table under a layout header, 2-D tensors as
 //! heatmaps, and devices, streams, events and memory statistics as small tables.
 //!
 //! The `to_html`/`heatmap_png` methods are always there; the `evcxr` feature adds the inherent
@@ -7,7 +8,7 @@
 
 mod heatmap;
 mod html;
-mod png;
+mod image;
 
 use crate::backend::MemoryStats;
 use crate::device::{Device, Event, Stream};
@@ -81,7 +82,7 @@ impl Tensor {
                 escape(&e.to_string())
             )
         });
-        let png = map.map(|m| png::base64(&m.png));
+        let png = map.map(|m| image::base64(&m.png));
         emit(&self.to_string(), &html, png.as_deref());
     }
 }

@@ -27,7 +27,7 @@ const BINARY: [BinaryOp; 28] = {
     ]
 };
 
-fn map(expr: Expr, inputs: &[DType], contiguous: bool, vec: usize) -> MapSig<'static> {
+fn map(expr: Expr, inputs: &[DType], contiguous: bool, vector: usize) -> MapSig<'static> {
     MapSig {
         dtypes: std::iter::once(expr.dtype)
             .chain(inputs.iter().copied())
@@ -35,7 +35,7 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vec: usize) -> MapSig<'st
         contiguous: vec![contiguous; inputs.len() + 1],
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
-        vec,
+        vector,
         tiled: (0..inputs.len()).map(|k| !contiguous && k == 0).collect(),
         wide: !contiguous,
         expr: std::borrow::Cow::Owned(expr),
@@ -119,7 +119,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 Any | All => DType::Bool,
                 _ => acc,
             };
-            for (group, vec, combine) in [(1, 1, false), (32, 4, false), (256, 2, true)] {
+            for (group, vector, combine) in [(1, 1, false), (32, 4, false), (256, 2, true)] {
                 out.push(ReduceSig {
                     op,
                     input: if combine {
@@ -132,7 +132,11 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     outer_rank: 2,
                     reduced_rank: 1 + group / 256,
                     group,
-                    vec: if d.itemsize() * vec > 16 { 1 } else { vec },
+                    vector: if d.itemsize() * vector > 16 {
+                        1
+                    } else {
+                        vector
+                    },
                     wide: group == 32,
                     combine,
                 });

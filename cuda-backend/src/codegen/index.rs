@@ -3,9 +3,10 @@
 
 use super::expr::emit;
 use super::{compute_type, from_storage, index_type, storage_type, to_storage};
-use crate::launch::{needs_wide, Plan, Words};
+use crate::launch::{Args, Launch};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Operand};
+use strata_core::lower::map_plan::needs_wide;
 use strata_core::lower::operands::IndexOperands;
 use strata_core::{DType, Result};
 
@@ -23,7 +24,7 @@ pub(crate) struct IndexSig {
 impl strata_core::lower::cache::Owned for IndexSig {}
 
 /// Plans an index kernel over operands checked by [`IndexOperands`].
-pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Plan)>> {
+pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>> {
     let (src, index, out, axis) = (checked.src, checked.index, checked.out, checked.axis);
     let shape = checked.space().to_vec();
     let rank = shape.len();
@@ -56,7 +57,7 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Plan)>> 
     ) || ops
         .iter()
         .any(|o| needs_wide(0, o.layout.shape(), &[o.layout.strides().to_vec()]));
-    let mut words = Words::new();
+    let mut words = Args::new();
     words.push(numel as u64);
     for &n in &shape {
         words.push(n as u64);
@@ -74,21 +75,21 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Plan)>> 
         dtype: out.dtype,
         wide,
     };
-    Ok(Some((sig, Plan::linear(words, numel))))
+    Ok(Some((sig, Launch::linear(words, numel))))
 }
 
 /// The CUDA C source of `strata_index`.
 pub(crate) fn source(sig: &IndexSig) -> Result<String> {
     let idx = index_type(sig.wide);
     let r = sig.rank;
-    // Words: numel, shape, then src, index, out: a pointer and `rank` strides each.
+    // Args: numel, shape, then src, index, out: a pointer and `rank` strides each.
     let base = |k: usize| 1 + r + k * (r + 1);
     let total = 1 + r + 3 * (r + 1);
     let (st, dt) = (storage_type(sig.dtype), storage_type(sig.dtype));
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void strata_index(const Words<{total}> p) {{"
+        "extern \"C\" __global__ void strata_index(const Args<{total}> p) {{"
     );
     let _ = writeln!(s, "  const {st}* src = (const {st}*)p.w[{}];", base(0));
     let _ = writeln!(s, "  const i64* index = (const i64*)p.w[{}];", base(1));

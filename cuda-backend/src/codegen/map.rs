@@ -8,10 +8,15 @@
 use super::expr::emit;
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
 use super::{storage_type, to_storage, vector_type};
-use crate::launch::{coalesce, Plan, Words};
+use crate::launch::{Args, Launch};
+use crate::memory::CudaBuffer;
 use std::borrow::Cow;
 use std::fmt::Write;
-use strata_core::ir::{Expr, KernelArgs};
+use strata_core::ir::{Expr, KernelArgs, Operand};
+use strata_core::lower::map_plan::{self, Path};
+use strata_core::lower::operands::MapOperands;
+use strata_core::lower::pieces::BufferInfo;
+use strata_core::lower::target::Target;
 use strata_core::{DType, Result};
 
 /// The structure of a map launch: what the generated source depends on.
@@ -27,7 +32,7 @@ pub(crate) struct MapSig<'e> {
     pub scalars: Vec<DType>,
     pub rank: usize,
     /// Elements per thread on the vectorized path (1: not vectorized).
-    pub vec: usize,
+    pub vector: usize,
     /// Per input: read through a shared-memory tile (the tiled path; rank 2).
     pub tiled: Vec<bool>,
     pub wide: bool,
@@ -45,93 +50,69 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
             contiguous: self.contiguous.clone(),
             scalars: self.scalars.clone(),
             rank: self.rank,
-            vec: self.vec,
+            vector: self.vector,
             tiled: self.tiled.clone(),
             wide: self.wide,
         }
     }
 }
 
-/// Plans a map launch: coalesced layout, access path, words.
-pub(crate) fn plan<'e>(expr: &'e Expr, args: &KernelArgs) -> Result<Option<(MapSig<'e>, Plan)>> {
-    let out = strata_core::lower::operands::MapOperands::of(expr, args)?.out;
-    let numel = out.layout.numel();
-    if numel == 0 {
-        return Ok(None);
-    }
-    let operands: Vec<_> = std::iter::once(out).chain(&args.inputs).collect();
-    let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
-    let (shape, strides) = coalesce(out.layout.shape(), &strides);
-    let dense = strata_core::layout::contiguous_strides(&shape);
-    let mut contiguous: Vec<bool> = strides.iter().map(|s| *s == dense).collect();
-    // The tiled path: rank 2, the output along the rows, an input down the columns.
-    let column_wise = |s: &Vec<isize>| s[0].unsigned_abs() == 1 && s[1].unsigned_abs() != 1;
-    let tiled: Vec<bool> = if shape.len() == 2
-        && strides[0][1] == 1
-        && shape[0] >= 32
-        && shape[1] >= 32
-        && strides[1..].iter().any(column_wise)
-    {
-        contiguous = vec![false; operands.len()];
-        strides[1..].iter().map(column_wise).collect()
-    } else {
-        vec![false; args.inputs.len()]
-    };
-    let wide = crate::launch::needs_wide(numel, &shape, &strides);
-    let mut words = Words::new();
-    let ptrs: Vec<u64> = operands
+/// The signature and argument words of a map launch planned by core (one piece: CUDA binds
+/// no windows).
+pub(crate) fn plan<'e>(
+    expr: &'e Expr,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Option<(MapSig<'e>, Launch)>> {
+    let ops = MapOperands::of(expr, args)?;
+    let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+    let buffers: Vec<BufferInfo> = operands
         .iter()
-        .map(|o| crate::memory::element_ptr(o))
+        .map(|o| {
+            Ok(BufferInfo {
+                address: CudaBuffer::of(o.buffer.as_ref())?.device_ptr(),
+                bytes: o.buffer.len_bytes() as u64,
+            })
+        })
         .collect::<Result<_>>()?;
-    let max_item = operands
-        .iter()
-        .map(|o| o.dtype.itemsize())
-        .max()
-        .unwrap_or(1);
-    let mut vec = if contiguous.iter().all(|&c| c) {
-        16 / max_item
-    } else {
-        1
+    let planned = map_plan::plan(&ops, expr.reads_linear_index(), &buffers, target)?;
+    let Some(piece) = planned.pieces.into_iter().next() else {
+        return Ok(None);
     };
-    while vec > 1
-        && operands
-            .iter()
-            .zip(&ptrs)
-            .any(|(o, p)| p % (vec * o.dtype.itemsize()) as u64 != 0)
-    {
-        vec /= 2;
-    }
-    words.push(numel as u64);
-    for &n in &shape {
+    let mut words = Args::new();
+    words.push(piece.numel as u64);
+    for &n in &piece.shape {
         words.push(n as u64);
     }
-    for (k, p) in ptrs.iter().enumerate() {
-        words.push(*p);
-        if !contiguous[k] {
-            for &s in &strides[k] {
+    for ((o, planned), buffer) in operands.iter().zip(&piece.operands).zip(&buffers) {
+        words.push(buffer.address + (planned.offset * o.dtype.itemsize()) as u64);
+        if planned.path != Path::Contiguous {
+            for &s in &planned.strides {
                 words.push(s as i64 as u64);
             }
         }
     }
-    for s in &args.scalars {
+    for s in ops.scalars {
         words.push(s.bits());
     }
     let sig = MapSig {
         expr: Cow::Borrowed(expr),
         dtypes: operands.iter().map(|o| o.dtype).collect(),
-        contiguous,
-        scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
-        rank: shape.len(),
-        vec,
-        tiled,
-        wide,
+        contiguous: piece
+            .operands
+            .iter()
+            .map(|o| o.path == Path::Contiguous)
+            .collect(),
+        scalars: ops.scalars.iter().map(|s| s.dtype()).collect(),
+        rank: piece.shape.len(),
+        vector: piece.vector,
+        tiled: piece.operands[1..]
+            .iter()
+            .map(|o| o.path == Path::Tiled)
+            .collect(),
+        wide: piece.wide,
     };
-    let work = if sig.tiled.iter().any(|&t| t) {
-        shape[0].div_ceil(32) * shape[1].div_ceil(32) * 256
-    } else {
-        numel.div_ceil(vec)
-    };
-    Ok(Some((sig, Plan::linear(words, work))))
+    Ok(Some((sig, Launch::linear(words, piece.work))))
 }
 
 /// The CUDA C source of a map kernel named `strata_map`.
@@ -162,14 +143,14 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     if tiled {
         let _ = writeln!(
             s,
-            "extern \"C\" __global__ void strata_map(const Words<{total}> p) {{"
+            "extern \"C\" __global__ void strata_map(const Args<{total}> p) {{"
         );
     } else {
         // The work items `first, first + step, ...`: the whole grid's share when launched
         // alone, one block's when launched in a batch.
         let _ = writeln!(
             s,
-            "__device__ __forceinline__ void strata_map_items(const Words<{total}>& p, \
+            "__device__ __forceinline__ void strata_map_items(const Args<{total}>& p, \
              const {idx} first, const {idx} step) {{"
         );
     }
@@ -219,8 +200,8 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         return Ok(s);
     }
     let mut tail_from = "first".to_string();
-    if sig.vec > 1 {
-        let v = sig.vec;
+    if sig.vector > 1 {
+        let v = sig.vector;
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
         let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
         for (k, &d) in sig.dtypes.iter().enumerate() {
@@ -252,7 +233,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     let _ = writeln!(s, "  }}\n}}");
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void strata_map(const Words<{total}> p) {{
+        "extern \"C\" __global__ void strata_map(const Args<{total}> p) {{
   strata_map_items(p, ({idx})blockIdx.x * blockDim.x + threadIdx.x, ({idx})gridDim.x * blockDim.x);
 }}"
     );
@@ -376,7 +357,7 @@ mod tests {
     use super::*;
     use strata_core::ir::BinaryOp;
 
-    fn sig(contiguous: bool, vec: usize) -> MapSig<'static> {
+    fn sig(contiguous: bool, vector: usize) -> MapSig<'static> {
         let e = Expr::binary(
             BinaryOp::Add,
             Expr::input(0, DType::F32),
@@ -388,7 +369,7 @@ mod tests {
             contiguous: vec![contiguous; 3],
             scalars: vec![],
             rank: 2,
-            vec,
+            vector,
             tiled: vec![false; 2],
             wide: false,
         }

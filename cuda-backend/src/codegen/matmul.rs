@@ -3,7 +3,7 @@
 //! or no cuBLAS library).
 
 use super::{cast, compute_type, from_storage, storage_type, to_storage};
-use crate::launch::{Grid, Plan, Words};
+use crate::launch::{Args, Grid, Launch};
 use std::fmt::Write;
 use strata_core::lower::operands::MatmulOperands as Operands;
 use strata_core::{DType, Result};
@@ -73,13 +73,12 @@ fn acc_repr(acc: DType) -> DType {
 }
 
 /// Plans our tiled kernel: 16×16 outputs per block, batches along the grid's z.
-pub(crate) fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Plan)>> {
+pub(crate) fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Launch)>> {
     let (batch, m, k, n) = ops.dims;
     if batch == 0 || m == 0 || n == 0 {
         return Ok(None);
     }
-    let _ = k;
-    let mut w = Words::new();
+    let mut w = Args::new();
     for v in [batch, m, n, k] {
         w.push(v as u64);
     }
@@ -107,8 +106,8 @@ pub(crate) fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Plan
     };
     Ok(Some((
         sig,
-        Plan {
-            words: w,
+        Launch {
+            args: w,
             grid: Grid::Fixed {
                 grid,
                 block: (16, 16, 1),
@@ -134,7 +133,7 @@ pub(crate) fn source(sig: &MatmulSig) -> Result<String> {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void strata_matmul(const Words<19> p) {{"
+        "extern \"C\" __global__ void strata_matmul(const Args<19> p) {{"
     );
     let _ = writeln!(
         s,

@@ -1,10 +1,11 @@
 //! IR → CUDA C. Each kernel kind has a file; this one holds what they share: the C types of
 //! each dtype, strata's cast rule in C, and the expression emitter for `Map` trees.
 //!
-//! Every generated kernel takes one argument, `Words<N>`: 64-bit words holding sizes, strides,
-//! pointers and scalar bits, in an order that the kernel's host-side plan (in `crate::launch`)
-//! writes and the generator reads. Nothing size-dependent is in the source, so one compiled
-//! kernel serves every shape with the same structure.
+//! Launch plans come from core (`strata_core::lower`); each kind's file turns a plan into a
+//! signature, source and argument words. Every generated kernel takes one argument, `Args<N>`:
+//! 64-bit words holding sizes, strides, pointers and scalar bits, in an order that the kind's
+//! packing writes and its generator reads. Nothing size-dependent is in the source, so one
+//! compiled kernel serves every shape with the same structure.
 
 #[cfg(test)]
 mod catalog;

@@ -10,9 +10,9 @@ typedef int i32;
 typedef long long i64;
 
 // Every launch takes one struct of 64-bit words: sizes, strides, pointers and scalar bits.
-template <int N> struct Words { u64 w[N]; };
+template <int N> struct Args { u64 w[N]; };
 // A batch of one kernel's launches (crate::batch): how many, then each launch's words.
-template <int N, int CAP> struct Batch { u64 count; Words<N> ops[CAP]; };
+template <int N, int CAP> struct Batch { u64 count; Args<N> ops[CAP]; };
 
 // Integer traits: signedness, width, range, and the unsigned type wrapping arithmetic runs in
 // (32 bits for the narrow types, so a u16 product cannot overflow a promoted int).

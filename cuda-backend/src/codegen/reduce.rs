@@ -7,10 +7,15 @@
 //! still streams at full bandwidth.
 
 use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
-use crate::launch::{coalesce, needs_wide, Plan, Words};
+use crate::launch::{Args, Launch};
+use crate::memory::CudaBuffer;
 use std::fmt::Write;
 use strata_core::ir::{KernelArgs, ReduceOp};
-use strata_core::{DType, Error, Result};
+use strata_core::lower::operands::ReduceOperands;
+use strata_core::lower::pieces::BufferInfo;
+use strata_core::lower::reduce_plan::{self, ReducePlan};
+use strata_core::lower::target::Target;
+use strata_core::{DType, Result};
 
 /// The structure of a reduce launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -25,7 +30,7 @@ pub(crate) struct ReduceSig {
     /// Threads per output: 1, 32 or 256.
     pub group: usize,
     /// Elements per vector load (1: none).
-    pub vec: usize,
+    pub vector: usize,
     pub wide: bool,
     /// Reads partials (values and, for arg ops, indices) of an earlier launch.
     pub combine: bool,
@@ -45,141 +50,72 @@ pub(crate) fn repr(op: ReduceOp, acc: DType) -> DType {
     }
 }
 
-/// A planned reduction: the first launch's structure and everything to write its words.
+/// A reduction planned by core, with its first launch's structure.
 #[derive(Debug)]
 pub(crate) struct Reduction {
     pub sig: ReduceSig,
-    pub outputs: usize,
-    pub extent: usize,
-    /// Slices per output; more than 1 needs partial buffers and a combine launch.
-    pub splits: usize,
-    chunk: usize,
-    outer_shape: Vec<usize>,
-    reduced_shape: Vec<usize>,
-    in_outer: Vec<isize>,
-    in_reduced: Vec<isize>,
-    out_strides: Vec<isize>,
+    pub plan: ReducePlan,
     in_ptr: u64,
     out_ptr: u64,
 }
 
-/// Plans `Reduce { op, reduced_axes, acc }` for `args` on a device with `sms` multiprocessors.
+/// Plans `Reduce { op, reduced_axes, acc }` for `args` on `target` (one launch: CUDA binds no
+/// windows), or `None` when there is no output.
 pub(crate) fn plan(
     op: ReduceOp,
     reduced_axes: usize,
     acc: DType,
     args: &KernelArgs,
-    sms: usize,
+    target: &Target,
 ) -> Result<Option<Reduction>> {
-    let ([input], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
-        return Err(Error::Invalid(
-            "a reduction takes one input and one output".into(),
-        ));
-    };
-    let (shape, strides) = (input.layout.shape(), input.layout.strides());
-    let k = shape.len().checked_sub(reduced_axes).ok_or_else(|| {
-        Error::Invalid(format!(
-            "cannot reduce {reduced_axes} axes of a rank-{} tensor",
-            shape.len()
-        ))
-    })?;
-    if out.layout.shape() != &shape[..k] {
-        return Err(Error::Shape(format!(
-            "reduction output {:?} for input {:?} over its last {reduced_axes} axes",
-            out.layout.shape(),
-            shape
-        )));
-    }
-    let outputs: usize = shape[..k].iter().product();
-    if outputs == 0 {
+    let ops = ReduceOperands::of(reduced_axes, args)?;
+    if ops.outputs == 0 {
         return Ok(None);
     }
-    let extent: usize = shape[k..].iter().product();
-    let (outer_shape, outer) = coalesce(&shape[..k], &[&strides[..k], out.layout.strides()]);
-    let (reduced_shape, reduced) = coalesce(&shape[k..], &[&strides[k..]]);
-    let (in_outer, out_strides) = (outer[0].clone(), outer[1].clone());
-    let in_reduced = reduced[0].clone();
-    let in_ptr = crate::memory::element_ptr(input)?;
-    let out_ptr = crate::memory::element_ptr(out)?;
-
-    let inner_contiguous = reduced_shape.len() == 1 && in_reduced[0] == 1;
-    let group = if inner_contiguous && extent >= 64 {
-        if extent >= 1024 && outputs * 32 < sms * 2048 {
-            256
-        } else {
-            32
-        }
-    } else {
-        1
-    };
-    let item = input.dtype.itemsize();
-    let mut vec = if inner_contiguous { 16 / item } else { 1 };
-    while vec > 1
-        && (in_ptr % (vec * item) as u64 != 0
-            || in_outer.iter().any(|&s| s.rem_euclid(vec as isize) != 0))
-    {
-        vec /= 2;
-    }
-    let target = (sms * 2048 * 2 / group).max(1);
-    let mut splits = 1;
-    if outputs < target {
-        let per_slice = group * vec * 8;
-        splits = target
-            .div_ceil(outputs)
-            .min(extent.div_ceil(per_slice))
-            .max(1);
-    }
-    let chunk = extent.div_ceil(splits).div_ceil(vec) * vec;
-    let splits = if chunk == 0 {
-        1
-    } else {
-        extent.div_ceil(chunk).max(1)
-    };
-    let wide = needs_wide(
-        input.layout.numel().max(outputs * splits),
-        shape,
-        &[strides.to_vec(), out.layout.strides().to_vec()],
-    );
+    let buffers = [ops.out, ops.input]
+        .iter()
+        .map(|o| {
+            Ok(BufferInfo {
+                address: CudaBuffer::of(o.buffer.as_ref())?.device_ptr(),
+                bytes: o.buffer.len_bytes() as u64,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let plan = reduce_plan::plan(&ops, &buffers, target)?;
     let sig = ReduceSig {
         op,
-        input: input.dtype,
+        input: ops.input.dtype,
         acc,
-        out: out.dtype,
-        outer_rank: outer_shape.len(),
-        reduced_rank: reduced_shape.len(),
-        group,
-        vec,
-        wide,
+        out: ops.out.dtype,
+        outer_rank: plan.outer_shape.len(),
+        reduced_rank: plan.reduced_shape.len(),
+        group: plan.group,
+        vector: plan.vector,
+        wide: plan.wide,
         combine: false,
     };
     Ok(Some(Reduction {
         sig,
-        outputs,
-        extent,
-        splits,
-        chunk: chunk.max(1),
-        outer_shape,
-        reduced_shape,
-        in_outer,
-        in_reduced,
-        out_strides,
-        in_ptr,
-        out_ptr,
+        in_ptr: crate::memory::element_ptr(ops.input)?,
+        out_ptr: crate::memory::element_ptr(ops.out)?,
+        plan,
     }))
 }
 
+/// The words of a launch: counts, shapes, the input, the output, and the partial buffers.
 fn words(
     red: &Reduction,
     (extent, splits, chunk): (usize, usize, usize),
     reduced_shape: &[usize],
     (in_ptr, in_outer, in_reduced): (u64, &[isize], &[isize]),
     partials: (u64, u64, u64),
-) -> Words {
-    let mut w = Words::new();
-    for v in [red.outputs, extent, splits, chunk] {
+) -> Args {
+    let p = &red.plan;
+    let mut w = Args::new();
+    for v in [p.outputs, extent, splits, chunk] {
         w.push(v as u64);
     }
-    for &n in red.outer_shape.iter().chain(reduced_shape) {
+    for &n in p.outer_shape.iter().chain(reduced_shape) {
         w.push(n as u64);
     }
     w.push(in_ptr);
@@ -187,7 +123,7 @@ fn words(
         w.push(s as i64 as u64);
     }
     w.push(red.out_ptr);
-    for &s in &red.out_strides {
+    for &s in &p.out_outer {
         w.push(s as i64 as u64);
     }
     w.push(partials.0);
@@ -197,29 +133,25 @@ fn words(
 }
 
 impl Reduction {
-    /// The first launch, writing the output (one slice) or partials at `part` / `part_idx`.
-    pub(crate) fn first(&self, part: u64, part_idx: u64) -> Plan {
+    /// The first launch, writing the output (one range) or partials at `part` / `part_idx`.
+    pub(crate) fn first(&self, part: u64, part_idx: u64) -> Launch {
+        let p = &self.plan;
+        let launch = &p.launches[0];
         let w = words(
             self,
-            (self.extent, self.splits, self.chunk),
-            &self.reduced_shape,
-            (self.in_ptr, &self.in_outer, &self.in_reduced),
+            (p.extent, p.splits, launch.chunk),
+            &p.reduced_shape,
+            (self.in_ptr, &p.in_outer, &p.in_reduced),
             (part, part_idx, 0),
         );
-        Plan::linear(w, self.outputs * self.splits * self.sig.group)
+        Launch::linear(w, p.work(launch))
     }
 
     /// The combine launch reading `splits` partials per output from `part` / `part_idx`.
-    pub(crate) fn combine(&self, part: u64, part_idx: u64) -> (ReduceSig, Plan) {
-        let s = self.splits;
-        let group = if s >= 64 { 32 } else { 1 };
-        // Partials are [outputs, splits] row-major over the coalesced outer shape.
-        let mut in_outer = vec![0isize; self.outer_shape.len()];
-        let mut acc = s as isize;
-        for d in (0..self.outer_shape.len()).rev() {
-            in_outer[d] = acc;
-            acc *= self.outer_shape[d] as isize;
-        }
+    pub(crate) fn combine(&self, part: u64, part_idx: u64) -> (ReduceSig, Launch) {
+        let p = &self.plan;
+        let s = p.splits;
+        let in_outer = reduce_plan::partial_strides(&p.outer_shape, s);
         let w = words(
             self,
             (s, 1, s),
@@ -230,12 +162,12 @@ impl Reduction {
         let sig = ReduceSig {
             input: repr(self.sig.op, self.sig.acc),
             reduced_rank: 1,
-            group,
-            vec: 1,
+            group: p.combine_group,
+            vector: 1,
             combine: true,
             ..self.sig.clone()
         };
-        (sig, Plan::linear(w, self.outputs * group))
+        (sig, Launch::linear(w, p.outputs * p.combine_group))
     }
 }
 
@@ -294,8 +226,8 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let idx = index_type(sig.wide);
     let r = repr(sig.op, sig.acc);
     let acc_t = compute_type(r);
-    let (ro, rr, g, v) = (sig.outer_rank, sig.reduced_rank, sig.group, sig.vec);
-    // Words: O, R, S, chunk, outer shape, reduced shape, in ptr, in outer strides, in reduced
+    let (ro, rr, g, v) = (sig.outer_rank, sig.reduced_rank, sig.group, sig.vector);
+    // Args: O, R, S, chunk, outer shape, reduced shape, in ptr, in outer strides, in reduced
     // strides, out ptr, out strides, partial values, partial indices, input indices.
     let outer_shape = 4;
     let red_shape = outer_shape + ro;
@@ -326,7 +258,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void strata_reduce(const Words<{total}> p) {{"
+        "extern \"C\" __global__ void strata_reduce(const Args<{total}> p) {{"
     );
     let _ = writeln!(s, "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];");
     let _ = writeln!(s, "  const {in_t}* in = (const {in_t}*)p.w[{in_ptr}];");
@@ -463,7 +395,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
 mod tests {
     use super::*;
 
-    fn sig(op: ReduceOp, group: usize, vec: usize) -> ReduceSig {
+    fn sig(op: ReduceOp, group: usize, vector: usize) -> ReduceSig {
         ReduceSig {
             op,
             input: DType::F32,
@@ -472,7 +404,7 @@ mod tests {
             outer_rank: 1,
             reduced_rank: 1,
             group,
-            vec,
+            vector,
             wide: false,
             combine: false,
         }

@@ -101,7 +101,12 @@ fn validate(src: &str) {
     check(src, &[Target::Vulkan]);
 }
 
-fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map::MapSig<'static> {
+fn map_sig(
+    expr: Expr,
+    dtypes: Vec<DType>,
+    contiguous: bool,
+    vector: usize,
+) -> map::MapSig<'static> {
     let lin = if expr.reads_linear_index() {
         map::Lin::Strided
     } else {
@@ -114,7 +119,7 @@ fn map_sig(expr: Expr, dtypes: Vec<DType>, contiguous: bool, vec4: bool) -> map:
         lin,
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
-        vec4,
+        vector,
         expr: std::borrow::Cow::Owned(expr),
     }
 }
@@ -160,12 +165,12 @@ fn every_map_variant_validates() {
             if let Node::Where(..) = e.node {
                 dtypes[2] = DType::Bool;
             }
-            for (contiguous, vec4) in [(false, false), (true, false), (true, true)] {
-                if vec4 && dtypes.iter().any(|t| t.itemsize() != 4) {
+            for (contiguous, vector) in [(false, 1), (true, 1), (true, 4)] {
+                if vector > 1 && dtypes.iter().any(|t| t.itemsize() != 4) {
                     continue;
                 }
                 for (caps, targets) in caps_for(&dtypes) {
-                    let sig = map_sig(e.clone(), dtypes.clone(), contiguous, vec4);
+                    let sig = map_sig(e.clone(), dtypes.clone(), contiguous, vector);
                     let src = map::source(&sig, caps)
                         .unwrap_or_else(|err| panic!("{err}: {:?} on {d}", e.node));
                     check(&src, targets);
@@ -174,7 +179,7 @@ fn every_map_variant_validates() {
             }
             if dtypes.iter().all(|t| t.itemsize() == 4) {
                 for tiled in [[true, false], [false, true], [true, true]] {
-                    let mut sig = map_sig(e.clone(), dtypes.clone(), false, false);
+                    let mut sig = map_sig(e.clone(), dtypes.clone(), false, 1);
                     sig.tiled = tiled.to_vec();
                     for (caps, targets) in caps_for(&dtypes) {
                         let src = map::source(&sig, caps)
@@ -194,9 +199,9 @@ fn every_map_variant_validates() {
             word: 3,
         },
     };
-    validate(&map::source(&map_sig(philox, vec![DType::U32], false, false), CAPS).unwrap());
+    validate(&map::source(&map_sig(philox, vec![DType::U32], false, 1), CAPS).unwrap());
     let arange = Expr::linear_index().cast(DType::F32, false);
-    validate(&map::source(&map_sig(arange, vec![DType::F32], true, false), CAPS).unwrap());
+    validate(&map::source(&map_sig(arange, vec![DType::F32], true, 1), CAPS).unwrap());
     assert!(n > 1000, "{n} variants");
 }
 
@@ -211,13 +216,13 @@ fn every_reduce_variant_validates() {
                 _ => d,
             };
             let out = if op.returns_index() { DType::I64 } else { acc };
-            for group in [false, true] {
+            for group in [1, 256] {
                 for (combine, partial) in [(false, false), (false, true), (true, false)] {
                     let sig = reduce::ReduceSig {
                         op,
                         acc,
                         input: if combine { acc } else { d },
-                        output: if partial { acc } else { out },
+                        out: if partial { acc } else { out },
                         outer_rank: 2,
                         reduced_rank: if combine { 1 } else { 2 },
                         group,
@@ -264,5 +269,5 @@ fn matmul_and_index_variants_validate() {
 fn the_f32_math_library_validates_without_f64() {
     let caps = Caps::default();
     let e = Expr::unary(UnaryOp::Gelu, Expr::input(0, DType::F32));
-    validate(&map::source(&map_sig(e, vec![DType::F32, DType::F32], true, false), caps).unwrap());
+    validate(&map::source(&map_sig(e, vec![DType::F32, DType::F32], true, 1), caps).unwrap());
 }

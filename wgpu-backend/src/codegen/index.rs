@@ -25,7 +25,7 @@ impl strata_core::lower::cache::Owned for IndexSig {}
 /// Word positions: [0] invocations, [1] extent of the walked axis (scatter), [2..5] offsets
 /// of output, index and source, then the iteration shape, then strides of output, index and
 /// source (rank words each).
-pub(crate) fn words(rank: usize) -> (usize, [usize; 3], usize) {
+pub(crate) fn slots(rank: usize) -> (usize, [usize; 3], usize) {
     let shape = 5;
     let s = shape + rank;
     (shape, [s, s + rank, s + 2 * rank], s + 3 * rank)
@@ -33,7 +33,7 @@ pub(crate) fn words(rank: usize) -> (usize, [usize; 3], usize) {
 
 /// The WGSL source of an index launch.
 pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
-    let (shape, strides, _) = words(sig.rank);
+    let (shape, strides, _) = slots(sig.rank);
     let d = sig.dtype;
     let mut src = super::header(caps);
     src.push_str(&binding(0, d, true, caps));

@@ -1,5 +1,5 @@
-//! `Map` kernels: one expression tree per output element. Four access paths, chosen per
-//! piece: vectorized (every operand a contiguous 32-bit dtype, aligned: one `vec4<u32>` load
+//! `Map` kernels: one expression tree per output element. Four access paths, planned per piece
+//! by core (`lower::map_plan`): vectorized (every operand a contiguous 32-bit dtype, aligned: one `vec4<u32>` load
 //! and store per operand for four elements), contiguous (offset = index), strided (a
 //! rank-specialized decode of the index into each operand's offset) and tiled (a 2-D map of
 //! 32-bit dtypes whose output runs along the rows while an input runs down the columns: each
@@ -9,12 +9,12 @@
 use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
 use super::{binding, compute_type, load, scalar_value, Caps, ENTRY};
-use crate::launch::{dense, split, window, Access, Piece, Window};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::ir::{Expr, KernelArgs};
-use strata_core::{DType, Error, Result};
+use strata_core::ir::Expr;
+use strata_core::lower::map_plan::{MapPiece, Path, Position};
+use strata_core::{DType, Result, Scalar};
 
 /// How a map reads the output's row-major position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,8 +39,8 @@ pub(crate) struct MapSig<'e> {
     pub lin: Lin,
     pub scalars: Vec<DType>,
     pub rank: usize,
-    /// Four elements per invocation through `vec4<u32>`.
-    pub vec4: bool,
+    /// Elements per invocation: 4 through `vec4<u32>` words, or 1.
+    pub vector: usize,
     /// Per input: read through a workgroup-memory tile (the tiled path; rank 2).
     pub tiled: Vec<bool>,
 }
@@ -58,23 +58,48 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
             lin: self.lin,
             scalars: self.scalars.clone(),
             rank: self.rank,
-            vec4: self.vec4,
+            vector: self.vector,
             tiled: self.tiled.clone(),
         }
     }
 }
 
-/// One dispatch of a planned map.
-pub(crate) struct MapPiece<'a, 'e> {
-    pub sig: MapSig<'e>,
-    pub params: Vec<u32>,
-    pub windows: Vec<Window<'a>>,
-    pub threads: usize,
+impl<'e> MapSig<'e> {
+    /// The signature of a piece core planned for `expr`, with operand dtypes `dtypes` (output
+    /// first) and scalars of `scalars`.
+    pub(crate) fn of(
+        expr: &'e Expr,
+        piece: &MapPiece,
+        dtypes: Vec<DType>,
+        scalars: Vec<DType>,
+    ) -> MapSig<'e> {
+        MapSig {
+            expr: Cow::Borrowed(expr),
+            dtypes,
+            contiguous: piece
+                .operands
+                .iter()
+                .map(|o| o.path == Path::Contiguous)
+                .collect(),
+            lin: match piece.position {
+                Position::Unused => Lin::Unused,
+                Position::Linear { .. } => Lin::Contiguous,
+                Position::Strided { .. } => Lin::Strided,
+            },
+            scalars,
+            rank: piece.shape.len(),
+            vector: piece.vector,
+            tiled: piece.operands[1..]
+                .iter()
+                .map(|o| o.path == Path::Tiled)
+                .collect(),
+        }
+    }
 }
 
-/// Word positions in `params`: numel, shape, per operand its offset (and strides), the linear
-/// index base (and strides), then two words per scalar.
-struct Words {
+/// Slots in `params`: numel, shape, per operand its offset (and strides), the position base
+/// (and strides), then two words per scalar.
+struct Slots {
     offset: Vec<usize>,
     strides: Vec<Option<usize>>,
     lin_base: usize,
@@ -82,7 +107,7 @@ struct Words {
     scalars: usize,
 }
 
-fn words(sig: &MapSig) -> Words {
+fn slots(sig: &MapSig) -> Slots {
     let mut w = 1 + sig.rank;
     let mut offset = Vec::new();
     let mut strides = Vec::new();
@@ -104,7 +129,7 @@ fn words(sig: &MapSig) -> Words {
     if sig.lin == Lin::Strided {
         w += sig.rank;
     }
-    Words {
+    Slots {
         offset,
         strides,
         lin_base,
@@ -113,146 +138,33 @@ fn words(sig: &MapSig) -> Words {
     }
 }
 
-/// Splits a map launch into pieces that fit the binding limit and plans each.
-pub(crate) fn plan<'a, 'e>(
-    expr: &'e Expr,
-    args: &'a KernelArgs,
-    limit: u64,
-    align: u64,
-) -> Result<Vec<MapPiece<'a, 'e>>> {
-    let out = strata_core::lower::operands::MapOperands::of(expr, args)?.out;
-    if out.layout.numel() == 0 {
-        return Ok(Vec::new());
-    }
-    let operands: Vec<_> = std::iter::once(out).chain(&args.inputs).collect();
-    let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
-    let (shape, strides) = strata_core::layout::coalesce(out.layout.shape(), &strides);
-    let access: Vec<Access> = operands
-        .iter()
-        .zip(strides)
-        .map(|(o, s)| Access::of(o, s))
-        .collect::<Result<_>>()?;
-    let full_dense = dense(&shape);
-    let reads_lin = expr.reads_linear_index();
-    if reads_lin && out.layout.numel() > u32::MAX as usize {
-        return Err(Error::Unsupported(format!(
-            "wgpu: maps that read the position (arange, random) take at most 2^32 elements, not {}",
-            out.layout.numel()
-        )));
-    }
-    let mut pieces = Vec::new();
-    for p in split(&shape, &access, limit, align)? {
-        let pd = dense(&p.len);
-        let n: usize = p.len.iter().product();
-        let windows: Vec<Window> = access.iter().map(|a| window(a, &p, align)).collect();
-        let contiguous: Vec<bool> = access.iter().map(|a| a.strides == pd).collect();
-        let lin = if !reads_lin {
-            Lin::Unused
-        } else if full_dense
-            .iter()
-            .zip(&pd)
-            .zip(&p.len)
-            .all(|((f, d), &l)| l == 1 || f == d)
-        {
-            Lin::Contiguous
-        } else {
-            Lin::Strided
-        };
-        let all_32_bit = operands.iter().all(|o| o.dtype.itemsize() == 4);
-        let mut contiguous = contiguous;
-        let tiled = tiles(&p.len, &access, lin, all_32_bit);
-        if tiled.iter().any(|&t| t) {
-            contiguous = vec![false; operands.len()];
-        }
-        let vec4 = contiguous.iter().all(|&c| c)
-            && lin != Lin::Strided
-            && all_32_bit
-            && n % 4 == 0
-            && windows.iter().all(|w| w.rel_offset % 4 == 0);
-        let sig = MapSig {
-            expr: Cow::Borrowed(expr),
-            dtypes: operands.iter().map(|o| o.dtype).collect(),
-            contiguous,
-            lin,
-            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
-            rank: p.len.len(),
-            vec4,
-            tiled,
-        };
-        let params = params(&sig, &p, &access, &windows, &full_dense, args);
-        let threads = if sig.tiled.iter().any(|&t| t) {
-            p.len[0].div_ceil(32) * p.len[1].div_ceil(32) * 256
-        } else if vec4 {
-            n / 4
-        } else {
-            n
-        };
-        pieces.push(MapPiece {
-            sig,
-            params,
-            windows,
-            threads,
-        });
-    }
-    Ok(pieces)
-}
-
-/// Which inputs take the tiled path: all of those running down the columns, when the piece is
-/// 2-D, at least 32×32, of 32-bit dtypes, with the output along the rows.
-fn tiles(len: &[usize], access: &[Access], lin: Lin, all_32_bit: bool) -> Vec<bool> {
-    let column_wise =
-        |a: &Access| a.strides[0].unsigned_abs() == 1 && a.strides[1].unsigned_abs() != 1;
-    let inputs = access.len() - 1;
-    if len.len() != 2
-        || len[0] < 32
-        || len[1] < 32
-        || lin != Lin::Unused
-        || !all_32_bit
-        || access[0].strides != dense(len)
-        || !access[1..].iter().any(column_wise)
-    {
-        return vec![false; inputs];
-    }
-    access[1..].iter().map(column_wise).collect()
-}
-
-fn params(
-    sig: &MapSig,
-    p: &Piece,
-    access: &[Access],
-    windows: &[Window],
-    full_dense: &[isize],
-    args: &KernelArgs,
-) -> Vec<u32> {
-    let w = words(sig);
-    let mut v = vec![0u32; w.scalars + 2 * args.scalars.len()];
-    v[0] = p.len.iter().product::<usize>() as u32;
-    for (d, &n) in p.len.iter().enumerate() {
+/// The `params` words of a piece.
+pub(crate) fn params(sig: &MapSig, piece: &MapPiece, scalars: &[Scalar]) -> Vec<u32> {
+    let w = slots(sig);
+    let mut v = vec![0u32; w.scalars + 2 * scalars.len()];
+    v[0] = piece.numel as u32;
+    for (d, &n) in piece.shape.iter().enumerate() {
         v[1 + d] = n as u32;
     }
-    for (k, a) in access.iter().enumerate() {
-        v[w.offset[k]] = windows[k].rel_offset as u32;
+    for (k, o) in piece.operands.iter().enumerate() {
+        v[w.offset[k]] = o.offset as u32;
         if let Some(s) = w.strides[k] {
-            for (d, &st) in a.strides.iter().enumerate() {
+            for (d, &st) in o.strides.iter().enumerate() {
                 v[s + d] = st as i32 as u32;
             }
         }
     }
-    if sig.lin != Lin::Unused {
-        let base: isize = p
-            .start
-            .iter()
-            .zip(full_dense)
-            .map(|(&s, &f)| s as isize * f)
-            .sum();
-        v[w.lin_base] = base as u32;
-        if sig.lin == Lin::Strided {
-            for (d, &f) in full_dense.iter().enumerate() {
+    match &piece.position {
+        Position::Unused => {}
+        Position::Linear { base } => v[w.lin_base] = *base as u32,
+        Position::Strided { base, strides } => {
+            v[w.lin_base] = *base as u32;
+            for (d, &f) in strides.iter().enumerate() {
                 v[w.lin_strides + d] = f as u32;
             }
         }
     }
-    for (k, s) in args.scalars.iter().enumerate() {
+    for (k, s) in scalars.iter().enumerate() {
         let [lo, hi] = crate::launch::scalar_words(*s);
         v[w.scalars + 2 * k] = lo;
         v[w.scalars + 2 * k + 1] = hi;
@@ -262,14 +174,14 @@ fn params(
 
 /// The WGSL source of a map piece.
 pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
-    let w = words(sig);
+    let w = slots(sig);
     let mut used = BTreeSet::new();
     dtypes_of(&sig.expr, &mut used);
     used.extend(sig.dtypes.iter().copied());
     used.extend(sig.scalars.iter().copied());
     let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
-        if sig.vec4 {
+        if sig.vector == 4 {
             let _ = writeln!(
                 src,
                 "@group(0) @binding({}) var<storage, read_write> b{k}: array<vec4<u32>>;",
@@ -291,14 +203,14 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         return Ok(src);
     }
     src.push_str(ENTRY);
-    let threads = if sig.vec4 {
+    let threads = if sig.vector == 4 {
         "(params[0] / 4u)"
     } else {
         "params[0]"
     };
     let _ = writeln!(src, "  if (gid >= {threads}) {{ return; }}");
     scalar_lets(sig, &w, caps, &mut src);
-    if sig.vec4 {
+    if sig.vector == 4 {
         vec4_body(sig, &w, caps, &mut src)?;
     } else {
         offsets(sig, &w, &mut src);
@@ -331,7 +243,7 @@ fn word_value(d: DType, word: String) -> String {
 }
 
 /// Declares `s{k}`, each scalar's value (where the adapter has its type).
-fn scalar_lets(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) {
+fn scalar_lets(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) {
     for (k, &d) in sig.scalars.iter().enumerate() {
         let (lo, hi) = (w.scalars + 2 * k, w.scalars + 2 * k + 1);
         let _ = writeln!(
@@ -358,7 +270,7 @@ fn scalar_lets(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) {
 /// the columns into workgroup memory (a row of 33 words, so the transposed reads do not hit
 /// one bank), then every operand is read or written along the rows. Every invocation reaches
 /// the barrier: out-of-range ones only skip their loads and stores.
-fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<()> {
+fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
     let offset = |k: usize, r: &str, c: &str| {
         let s = w.strides[k].expect("tiled operands are strided");
         format!(
@@ -414,7 +326,7 @@ fn tiled_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<(
 }
 
 /// Declares `o{k}` (each operand's element index) and `li` (the row-major position).
-fn offsets(sig: &MapSig, w: &Words, src: &mut String) {
+fn offsets(sig: &MapSig, w: &Slots, src: &mut String) {
     for (k, &c) in sig.contiguous.iter().enumerate() {
         if c {
             let _ = writeln!(src, "  let o{k} = params[{}] + gid;", w.offset[k]);
@@ -463,7 +375,7 @@ fn offsets(sig: &MapSig, w: &Words, src: &mut String) {
 }
 
 /// Four lanes of the tree on `vec4<u32>` words of 32-bit dtypes.
-fn vec4_body(sig: &MapSig, w: &Words, caps: Caps, src: &mut String) -> Result<()> {
+fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
     for k in 0..sig.dtypes.len() {
         let _ = writeln!(src, "  let q{k} = (params[{}] >> 2u) + gid;", w.offset[k]);
     }

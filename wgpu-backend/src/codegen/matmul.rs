@@ -41,7 +41,7 @@ impl strata_core::lower::cache::Owned for MatmulSig {}
 
 /// Words: [0] batch, [1] m, [2] k, [3] n, [4..7] offsets of A, B, C, [7..10] strides of A
 /// (batch, row, col), [10..13] of B, [13..16] of C, [16, 17] α, [18, 19] β.
-pub(crate) const WORDS: usize = 20;
+pub(crate) const PARAM_WORDS: usize = 20;
 
 /// The WGSL source of a matmul launch (bindings: 0 C, 1 A, 2 B).
 pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {

@@ -20,11 +20,11 @@ pub(crate) struct ReduceSig {
     /// The dtype read (the input's, or `acc` when combining partials).
     pub input: DType,
     /// The dtype written (the output's, or `acc` for partials).
-    pub output: DType,
+    pub out: DType,
     pub outer_rank: usize,
     pub reduced_rank: usize,
-    /// A workgroup per output (else an invocation per output).
-    pub group: bool,
+    /// Invocations per output (or range of it): 256, a workgroup, or 1.
+    pub group: usize,
     /// Reads partials (values and, for arg ops, positions) instead of elements.
     pub combine: bool,
     /// Writes partials (values and, for arg ops, positions).
@@ -33,10 +33,10 @@ pub(crate) struct ReduceSig {
 
 impl strata_core::lower::cache::Owned for ReduceSig {}
 
-/// Word positions: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
+/// Slots in `params`: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
 /// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then outer shape, reduced shape, input outer
 /// strides, output outer strides, input reduced strides.
-pub(crate) struct Words {
+pub(crate) struct Slots {
     pub outer_shape: usize,
     pub reduced_shape: usize,
     pub in_outer: usize,
@@ -45,13 +45,13 @@ pub(crate) struct Words {
     pub len: usize,
 }
 
-pub(crate) fn words(ro: usize, rr: usize) -> Words {
+pub(crate) fn slots(ro: usize, rr: usize) -> Slots {
     let outer_shape = 6;
     let reduced_shape = outer_shape + ro;
     let in_outer = reduced_shape + rr;
     let out_outer = in_outer + ro;
     let in_reduced = out_outer + ro;
-    Words {
+    Slots {
         outer_shape,
         reduced_shape,
         in_outer,
@@ -167,7 +167,7 @@ fn decode(
 /// (its position, for arg ops).
 fn element(
     sig: &ReduceSig,
-    w: &Words,
+    w: &Slots,
     idx_in: Option<usize>,
     r: &str,
     j: usize,
@@ -207,15 +207,15 @@ fn truthy(d: DType, v: &str) -> String {
 
 /// The WGSL source of a reduce launch.
 pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
-    let w = words(sig.outer_rank, sig.reduced_rank);
+    let w = slots(sig.outer_rank, sig.reduced_rank);
     let at = compute_type(sig.acc);
     let arg = sig.op.returns_index();
-    let mut used = BTreeSet::from([sig.acc, sig.input, sig.output]);
+    let mut used = BTreeSet::from([sig.acc, sig.input, sig.out]);
     if arg {
         used.insert(DType::U32);
     }
     let mut src = super::header(caps);
-    src.push_str(&binding(0, sig.output, true, caps));
+    src.push_str(&binding(0, sig.out, true, caps));
     src.push_str(&binding(1, sig.input, false, caps));
     let mut slot = 2;
     let idx_out = (arg && sig.partial).then(|| {
@@ -230,7 +230,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         s
     });
     src.push_str(&helpers(&used, caps));
-    if sig.group {
+    if sig.group > 1 {
         let _ = writeln!(
             src,
             "var<workgroup> shv: array<{at}, 256>;\nvar<workgroup> shi: array<u32, 256>;\nvar<workgroup> shh: array<u32, 256>;"
@@ -238,7 +238,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
     }
     src.push_str(ENTRY);
     // Worker `u` reduces range `k` of output `o`.
-    if sig.group {
+    if sig.group > 1 {
         src.push_str("  let u = wg.y * nwg.x + wg.x;\n  let tid = lid;\n  let step = 256u;\n");
     } else {
         src.push_str("  let u = gid;\n  let tid = 0u;\n  let step = 1u;\n");
@@ -291,7 +291,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
     src.push_str("  }\n  for (; r < hi; r = r + step) {\n");
     element(sig, &w, idx_in, "r", 0, caps, &mut src);
     let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
-    if sig.group {
+    if sig.group > 1 {
         src.push_str(
             "  shv[lid] = acc; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n  workgroupBarrier();\n",
         );
@@ -310,7 +310,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         let _ = writeln!(
             src,
             "  {}",
-            store(sig.output, "b0", "u32(ob) + k", "acc", caps)
+            store(sig.out, "b0", "u32(ob) + k", "acc", caps)
         );
         if let Some(s) = idx_out {
             let _ = writeln!(src, "  b{s}[u32(ob) + k] = best;");
@@ -319,11 +319,11 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         let _ = writeln!(
             src,
             "  {}",
-            store(sig.output, "b0", "u32(ob)", "bitcast<i64>(u64(best))", caps)
+            store(sig.out, "b0", "u32(ob)", "bitcast<i64>(u64(best))", caps)
         );
     } else {
-        let out = cast("acc", sig.acc, sig.output, false);
-        let _ = writeln!(src, "  {}", store(sig.output, "b0", "u32(ob)", &out, caps));
+        let out = cast("acc", sig.acc, sig.out, false);
+        let _ = writeln!(src, "  {}", store(sig.out, "b0", "u32(ob)", &out, caps));
     }
     src.push_str("}\n");
     src

@@ -8,7 +8,7 @@ use half::{bf16, f16};
 
 /// One block of values of one dtype.
 #[derive(Debug, Clone)]
-pub(crate) enum Values {
+pub(crate) enum Block {
     Bool(Vec<bool>),
     U8(Vec<u8>),
     U16(Vec<u16>),
@@ -25,70 +25,70 @@ pub(crate) enum Values {
 }
 
 /// Expands `$body` once per variant with `$x` bound to the vector and `$T` to its element type.
-macro_rules! with_values {
+macro_rules! with_block {
     ($v:expr, $x:ident : $T:ident => $body:expr) => {
         match $v {
-            $crate::cpu::values::Values::Bool($x) => {
+            $crate::cpu::block::Block::Bool($x) => {
                 #[allow(dead_code)]
                 type $T = bool;
                 $body
             }
-            $crate::cpu::values::Values::U8($x) => {
+            $crate::cpu::block::Block::U8($x) => {
                 #[allow(dead_code)]
                 type $T = u8;
                 $body
             }
-            $crate::cpu::values::Values::U16($x) => {
+            $crate::cpu::block::Block::U16($x) => {
                 #[allow(dead_code)]
                 type $T = u16;
                 $body
             }
-            $crate::cpu::values::Values::U32($x) => {
+            $crate::cpu::block::Block::U32($x) => {
                 #[allow(dead_code)]
                 type $T = u32;
                 $body
             }
-            $crate::cpu::values::Values::U64($x) => {
+            $crate::cpu::block::Block::U64($x) => {
                 #[allow(dead_code)]
                 type $T = u64;
                 $body
             }
-            $crate::cpu::values::Values::I8($x) => {
+            $crate::cpu::block::Block::I8($x) => {
                 #[allow(dead_code)]
                 type $T = i8;
                 $body
             }
-            $crate::cpu::values::Values::I16($x) => {
+            $crate::cpu::block::Block::I16($x) => {
                 #[allow(dead_code)]
                 type $T = i16;
                 $body
             }
-            $crate::cpu::values::Values::I32($x) => {
+            $crate::cpu::block::Block::I32($x) => {
                 #[allow(dead_code)]
                 type $T = i32;
                 $body
             }
-            $crate::cpu::values::Values::I64($x) => {
+            $crate::cpu::block::Block::I64($x) => {
                 #[allow(dead_code)]
                 type $T = i64;
                 $body
             }
-            $crate::cpu::values::Values::F16($x) => {
+            $crate::cpu::block::Block::F16($x) => {
                 #[allow(dead_code)]
                 type $T = half::f16;
                 $body
             }
-            $crate::cpu::values::Values::BF16($x) => {
+            $crate::cpu::block::Block::BF16($x) => {
                 #[allow(dead_code)]
                 type $T = half::bf16;
                 $body
             }
-            $crate::cpu::values::Values::F32($x) => {
+            $crate::cpu::block::Block::F32($x) => {
                 #[allow(dead_code)]
                 type $T = f32;
                 $body
             }
-            $crate::cpu::values::Values::F64($x) => {
+            $crate::cpu::block::Block::F64($x) => {
                 #[allow(dead_code)]
                 type $T = f64;
                 $body
@@ -96,7 +96,7 @@ macro_rules! with_values {
         }
     };
 }
-pub(crate) use with_values;
+pub(crate) use with_block;
 
 /// Expands `$body` for the element type of `$dtype`, bound to `$T`.
 macro_rules! with_dtype {
@@ -175,7 +175,7 @@ pub(crate) use with_dtype;
 /// A primitive element type as the CPU kernels see it.
 pub(crate) trait Prim: Copy + Send + Sync + 'static {
     const DTYPE: DType;
-    fn wrap(v: Vec<Self>) -> Values;
+    fn wrap(v: Vec<Self>) -> Block;
     fn nonzero(self) -> bool;
     fn to_f64(self) -> f64;
     fn to_i128(self) -> i128;
@@ -196,7 +196,7 @@ macro_rules! prim_int {
     ($($t:ty => $d:ident),*) => {$(
         impl Prim for $t {
             const DTYPE: DType = DType::$d;
-            fn wrap(v: Vec<Self>) -> Values { Values::$d(v) }
+            fn wrap(v: Vec<Self>) -> Block { Block::$d(v) }
             fn nonzero(self) -> bool { self != 0 }
             fn to_f64(self) -> f64 { self as f64 }
             fn to_i128(self) -> i128 { self as i128 }
@@ -215,7 +215,7 @@ macro_rules! prim_float {
     ($($t:ty => $d:ident, $from64:expr, $to64:expr, $fromi:expr);*) => {$(
         impl Prim for $t {
             const DTYPE: DType = DType::$d;
-            fn wrap(v: Vec<Self>) -> Values { Values::$d(v) }
+            fn wrap(v: Vec<Self>) -> Block { Block::$d(v) }
             fn nonzero(self) -> bool { self.to_f64() != 0.0 }
             fn to_f64(self) -> f64 { $to64(self) }
             fn to_i128(self) -> i128 { self.to_f64() as i128 }
@@ -235,8 +235,8 @@ prim_float!(
 
 impl Prim for bool {
     const DTYPE: DType = DType::Bool;
-    fn wrap(v: Vec<Self>) -> Values {
-        Values::Bool(v)
+    fn wrap(v: Vec<Self>) -> Block {
+        Block::Bool(v)
     }
     fn nonzero(self) -> bool {
         self
@@ -277,37 +277,37 @@ fn cast_vec<T: Prim, U: Prim>(x: &[T], saturate: bool) -> Vec<U> {
     x.iter().map(|&v| cast_elem::<T, U>(v, saturate)).collect()
 }
 
-impl Values {
+impl Block {
     pub(crate) fn dtype(&self) -> DType {
-        with_values!(self, _x: T => <T as Prim>::DTYPE)
+        with_block!(self, _x: T => <T as Prim>::DTYPE)
     }
 
     pub(crate) fn len(&self) -> usize {
-        with_values!(self, x: T => x.len())
+        with_block!(self, x: T => x.len())
     }
 
     /// `len` copies of `s` (already of the wanted dtype).
-    pub(crate) fn splat(s: Scalar, len: usize) -> Values {
+    pub(crate) fn splat(s: Scalar, len: usize) -> Block {
         match s {
-            Scalar::Bool(v) => Values::Bool(vec![v; len]),
-            Scalar::U8(v) => Values::U8(vec![v; len]),
-            Scalar::U16(v) => Values::U16(vec![v; len]),
-            Scalar::U32(v) => Values::U32(vec![v; len]),
-            Scalar::U64(v) => Values::U64(vec![v; len]),
-            Scalar::I8(v) => Values::I8(vec![v; len]),
-            Scalar::I16(v) => Values::I16(vec![v; len]),
-            Scalar::I32(v) => Values::I32(vec![v; len]),
-            Scalar::I64(v) => Values::I64(vec![v; len]),
-            Scalar::F16(v) => Values::F16(vec![v; len]),
-            Scalar::BF16(v) => Values::BF16(vec![v; len]),
-            Scalar::F32(v) => Values::F32(vec![v; len]),
-            Scalar::F64(v) => Values::F64(vec![v; len]),
+            Scalar::Bool(v) => Block::Bool(vec![v; len]),
+            Scalar::U8(v) => Block::U8(vec![v; len]),
+            Scalar::U16(v) => Block::U16(vec![v; len]),
+            Scalar::U32(v) => Block::U32(vec![v; len]),
+            Scalar::U64(v) => Block::U64(vec![v; len]),
+            Scalar::I8(v) => Block::I8(vec![v; len]),
+            Scalar::I16(v) => Block::I16(vec![v; len]),
+            Scalar::I32(v) => Block::I32(vec![v; len]),
+            Scalar::I64(v) => Block::I64(vec![v; len]),
+            Scalar::F16(v) => Block::F16(vec![v; len]),
+            Scalar::BF16(v) => Block::BF16(vec![v; len]),
+            Scalar::F32(v) => Block::F32(vec![v; len]),
+            Scalar::F64(v) => Block::F64(vec![v; len]),
         }
     }
 
     /// Converts every value to `to` with strata's cast rules.
-    pub(crate) fn cast(&self, to: DType, saturate: bool) -> Values {
-        with_values!(self, x: S => with_dtype!(to, D => D::wrap(cast_vec::<S, D>(x, saturate))))
+    pub(crate) fn cast(&self, to: DType, saturate: bool) -> Block {
+        with_block!(self, x: S => with_dtype!(to, D => D::wrap(cast_vec::<S, D>(x, saturate))))
     }
 }
 
@@ -409,7 +409,7 @@ fn unsupported(what: impl std::fmt::Debug, dtype: DType) -> Error {
 }
 
 /// Comparisons and logical ops shared by every dtype.
-fn compare<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Option<Values> {
+fn compare<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Option<Block> {
     use BinaryOp::*;
     let v = match op {
         Eq => zip(a, b, |x, y| x == y),
@@ -423,10 +423,10 @@ fn compare<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Option<Value
         LogicalXor => zip(a, b, |x, y| x.nonzero() != y.nonzero()),
         _ => return None,
     };
-    Some(Values::Bool(v))
+    Some(Block::Bool(v))
 }
 
-fn int_binary<T: Int>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Values> {
+fn int_binary<T: Int>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Block> {
     use BinaryOp::*;
     if let Some(v) = compare(op, a, b) {
         return Ok(v);
@@ -531,7 +531,7 @@ fn nan_min(x: f64, y: f64) -> f64 {
 
 /// Float ops run in f64 and round once to `T`: for `+ − × ÷` that is exactly IEEE arithmetic
 /// in `T` (f64 has more than twice the precision of f32 and the 16-bit floats).
-fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Values> {
+fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<Block> {
     use BinaryOp::*;
     if let Some(v) = compare(op, a, b) {
         return Ok(v);
@@ -568,7 +568,7 @@ fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<
                     _ => None,
                 };
                 if let Some(f) = f {
-                    return Ok(Values::$v(zip(x, y, f)));
+                    return Ok(Block::$v(zip(x, y, f)));
                 }
             }
         };
@@ -598,7 +598,7 @@ fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<
     })))
 }
 
-fn bool_binary(op: BinaryOp, a: &[bool], b: &[bool]) -> Result<Values> {
+fn bool_binary(op: BinaryOp, a: &[bool], b: &[bool]) -> Result<Block> {
     use BinaryOp::*;
     if let Some(v) = compare(op, a, b) {
         return Ok(v);
@@ -609,12 +609,12 @@ fn bool_binary(op: BinaryOp, a: &[bool], b: &[bool]) -> Result<Values> {
         BitXor => |x, y| x ^ y,
         _ => return Err(unsupported(op, DType::Bool)),
     };
-    Ok(Values::Bool(zip(a, b, f)))
+    Ok(Block::Bool(zip(a, b, f)))
 }
 
 /// `op(a, b)` elementwise; both blocks have one dtype.
-pub(crate) fn binary(op: BinaryOp, a: &Values, b: &Values) -> Result<Values> {
-    use Values as V;
+pub(crate) fn binary(op: BinaryOp, a: &Block, b: &Block) -> Result<Block> {
+    use Block as V;
     match (a, b) {
         (V::Bool(x), V::Bool(y)) => bool_binary(op, x, y),
         (V::U8(x), V::U8(y)) => int_binary(op, x, y),
@@ -637,7 +637,7 @@ pub(crate) fn binary(op: BinaryOp, a: &Values, b: &Values) -> Result<Values> {
     }
 }
 
-fn int_unary<T: Int>(op: UnaryOp, a: &[T]) -> Result<Values> {
+fn int_unary<T: Int>(op: UnaryOp, a: &[T]) -> Result<Block> {
     use UnaryOp::*;
     let f: fn(T) -> T = match op {
         Neg => T::wneg,
@@ -646,7 +646,7 @@ fn int_unary<T: Int>(op: UnaryOp, a: &[T]) -> Result<Values> {
         Sign => T::sign,
         Square => |x| x.wmul(x),
         BitNot => T::not,
-        LogicalNot => return Ok(Values::Bool(map(a, |x| !x.nonzero()))),
+        LogicalNot => return Ok(Block::Bool(map(a, |x| !x.nonzero()))),
         _ => return Err(unsupported(op, T::DTYPE)),
     };
     Ok(T::wrap(map(a, f)))
@@ -656,9 +656,9 @@ fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
 
-fn float_unary<T: Prim>(op: UnaryOp, a: &[T]) -> Result<Values> {
+fn float_unary<T: Prim>(op: UnaryOp, a: &[T]) -> Result<Block> {
     use UnaryOp::*;
-    let pred = |p: fn(f64) -> bool| Ok(Values::Bool(map(a, |x| p(x.to_f64()))));
+    let pred = |p: fn(f64) -> bool| Ok(Block::Bool(map(a, |x| p(x.to_f64()))));
     let f: fn(f64) -> f64 = match op {
         IsNan => return pred(f64::is_nan),
         IsInf => return pred(f64::is_infinite),
@@ -713,9 +713,9 @@ fn float_unary<T: Prim>(op: UnaryOp, a: &[T]) -> Result<Values> {
 }
 
 /// `op(a)` elementwise.
-pub(crate) fn unary(op: UnaryOp, a: &Values) -> Result<Values> {
+pub(crate) fn unary(op: UnaryOp, a: &Block) -> Result<Block> {
+    use Block as V;
     use UnaryOp::*;
-    use Values as V;
     match a {
         V::Bool(x) => match op {
             LogicalNot => Ok(V::Bool(map(x, |v| !v))),
@@ -737,8 +737,8 @@ pub(crate) fn unary(op: UnaryOp, a: &Values) -> Result<Values> {
 }
 
 /// `a · b + c` elementwise with one rounding for f32/f64 (16-bit floats go through f32).
-pub(crate) fn fma(a: &Values, b: &Values, c: &Values) -> Result<Values> {
-    use Values as V;
+pub(crate) fn fma(a: &Block, b: &Block, c: &Block) -> Result<Block> {
+    use Block as V;
     fn ints<T: Int>(a: &[T], b: &[T], c: &[T]) -> Vec<T> {
         a.iter()
             .zip(b)
@@ -787,7 +787,7 @@ pub(crate) fn fma(a: &Values, b: &Values, c: &Values) -> Result<Values> {
 }
 
 /// `cond ? a : b` elementwise.
-pub(crate) fn select(cond: &[bool], a: &Values, b: &Values) -> Result<Values> {
+pub(crate) fn select(cond: &[bool], a: &Block, b: &Block) -> Result<Block> {
     fn pick<T: Copy>(c: &[bool], a: &[T], b: &[T]) -> Vec<T> {
         c.iter()
             .zip(a.iter().zip(b))
@@ -804,7 +804,7 @@ pub(crate) fn select(cond: &[bool], a: &Values, b: &Values) -> Result<Values> {
     macro_rules! arms {
         ($($v:ident),*) => {
             match (a, b) {
-                $((Values::$v(x), Values::$v(y)) => Ok(Values::$v(pick(cond, x, y))),)*
+                $((Block::$v(x), Block::$v(y)) => Ok(Block::$v(pick(cond, x, y))),)*
                 _ => Err(mismatch()),
             }
         };

@@ -1,0 +1,383 @@
+//! How a map launch runs: the iteration space with as few axes as possible, cut into pieces
+//! under a binding limit, and per piece how each operand is reached (contiguous, strided, or
+//! through 32×32 tiles), how the element's position is read, the vector width and the index
+//! width. One planner for every backend; a backend turns a piece into source and arguments.
+//!
+//! ```
+//! use strata_core::lower::{map_plan::{plan, Path}, operands::MapOperands, pieces::BufferInfo, target::Target};
+//! use strata_core::{ir::{Expr, KernelArgs}, DType, Device, Tensor};
+//! let dev = Device::cpu();
+//! let x = Tensor::zeros([64, 64], DType::F32, &dev).unwrap();
+//! let out = Tensor::zeros([64, 64], DType::F32, &dev).unwrap();
+//! let args = KernelArgs { outputs: vec![out.operand()], inputs: vec![x.t().unwrap().operand()], scalars: vec![] };
+//! let expr = Expr::input(0, DType::F32);
+//! let ops = MapOperands::of(&expr, &args).unwrap();
+//! let p = plan(&ops, false, &BufferInfo::of_operands(&args), &Target::cpu(1)).unwrap();
+//! assert_eq!(p.pieces[0].operands[1].path, Path::Tiled); // the transposed input
+//! ```
+
+use super::operands::MapOperands;
+use super::pieces::{self, Access, BufferInfo, Piece, Window};
+use super::target::Target;
+use crate::error::{Error, Result};
+use crate::layout::{coalesce, contiguous_strides};
+
+/// How a piece reaches one operand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// Its offset is the element's index in the piece.
+    Contiguous,
+    /// Its offset is decoded from the element's coordinates and its strides.
+    Strided,
+    /// An input read down the columns through a 32×32 tile in shared memory.
+    Tiled,
+}
+
+/// How a piece reads the output element's row-major position (arange, random numbers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Position {
+    /// The expression does not read it.
+    Unused,
+    /// `base` plus the element's index in the piece (the piece is a run of positions).
+    Linear {
+        /// The position of the piece's first element.
+        base: usize,
+    },
+    /// `base` plus the element's coordinates times `strides` (the full launch's row-major
+    /// strides).
+    Strided {
+        /// The position of the piece's first element.
+        base: usize,
+        /// Row-major strides of the whole launch over the piece's axes.
+        strides: Vec<isize>,
+    },
+}
+
+/// One operand of a piece (output first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedOperand {
+    /// Strides over the piece's axes.
+    pub strides: Vec<isize>,
+    /// The piece's first element: in the window when the target binds windows, else in the
+    /// buffer.
+    pub offset: usize,
+    /// The bytes of the buffer bound for this piece (targets with a binding limit).
+    pub window: Option<Window>,
+    /// How the piece reaches it.
+    pub path: Path,
+}
+
+/// One launch of a planned map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapPiece {
+    /// The piece's extents (its axes, coalesced).
+    pub shape: Vec<usize>,
+    /// Elements in the piece.
+    pub numel: usize,
+    /// The output, then each input.
+    pub operands: Vec<PlannedOperand>,
+    /// How the element's position is read.
+    pub position: Position,
+    /// Elements per work item (1: not vectorized).
+    pub vector: usize,
+    /// Offsets or counts need 64-bit index arithmetic.
+    pub wide: bool,
+    /// Work items: elements over the vector width, or 256 per 32×32 tile.
+    pub work: usize,
+}
+
+impl MapPiece {
+    /// True when some input goes through tiles.
+    pub fn tiled(&self) -> bool {
+        self.operands.iter().any(|o| o.path == Path::Tiled)
+    }
+}
+
+/// A planned map: its pieces in order (none when the output is empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapPlan {
+    /// One launch each.
+    pub pieces: Vec<MapPiece>,
+}
+
+/// True when some offset or count over `shape` does not fit 32-bit indexing (with a margin of
+/// 2, so sums of two offsets do not overflow either).
+///
+/// ```
+/// use strata_core::lower::map_plan::needs_wide;
+/// assert!(!needs_wide(1 << 20, &[1 << 20], &[vec![1]]));
+/// assert!(needs_wide(4, &[2, 2], &[vec![1 << 31, 1]]));
+/// ```
+pub fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) -> bool {
+    const LIMIT: u128 = i32::MAX as u128;
+    if numel as u128 > LIMIT / 2 {
+        return true;
+    }
+    strides.iter().any(|s| {
+        let reach: u128 = shape
+            .iter()
+            .zip(s)
+            .map(|(&n, &st)| (n.saturating_sub(1)) as u128 * st.unsigned_abs() as u128)
+            .sum();
+        reach > LIMIT / 2
+    })
+}
+
+/// Plans the map over `ops` for `target`. `reads_position`: the expression reads the element's
+/// position. `buffers`: each operand's buffer (output first).
+pub fn plan(
+    ops: &MapOperands,
+    reads_position: bool,
+    buffers: &[BufferInfo],
+    target: &Target,
+) -> Result<MapPlan> {
+    let out = ops.out;
+    let numel = out.layout.numel();
+    if numel == 0 {
+        return Ok(MapPlan { pieces: Vec::new() });
+    }
+    let operands: Vec<_> = std::iter::once(out).chain(ops.inputs).collect();
+    let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
+    let (shape, strides) = coalesce(out.layout.shape(), &strides);
+    if !target.wide_index && reads_position && numel > u32::MAX as usize {
+        return Err(Error::Unsupported(format!(
+            "maps that read the position (arange, random) take at most 2^32 elements on this \
+             backend, not {numel}"
+        )));
+    }
+    let access: Vec<Access> = operands
+        .iter()
+        .zip(&strides)
+        .zip(buffers)
+        .map(|((o, s), b)| Access {
+            strides: s.clone(),
+            offset: o.layout.offset(),
+            itemsize: o.dtype.itemsize(),
+            buffer_bytes: b.bytes,
+        })
+        .collect();
+    let pieces = match target.binding_limit {
+        Some(limit) => pieces::split(&shape, &access, limit, target.offset_align)?,
+        None => vec![Piece::whole(&shape)],
+    };
+    let full_dense = contiguous_strides(&shape);
+    let itemsizes: Vec<usize> = operands.iter().map(|o| o.dtype.itemsize()).collect();
+    let addresses: Vec<u64> = buffers.iter().map(|b| b.address).collect();
+    let planned = pieces
+        .iter()
+        .map(|p| {
+            plan_piece(
+                p,
+                &access,
+                &itemsizes,
+                &addresses,
+                &full_dense,
+                reads_position,
+                target,
+            )
+        })
+        .collect();
+    Ok(MapPlan { pieces: planned })
+}
+
+fn plan_piece(
+    p: &Piece,
+    access: &[Access],
+    itemsizes: &[usize],
+    addresses: &[u64],
+    full_dense: &[isize],
+    reads_position: bool,
+    target: &Target,
+) -> MapPiece {
+    let dense = contiguous_strides(&p.len);
+    let numel = p.numel();
+    let windows: Vec<Option<Window>> = access
+        .iter()
+        .map(|a| {
+            target
+                .binding_limit
+                .map(|_| pieces::window(a, p, target.offset_align))
+        })
+        .collect();
+    let mut operands: Vec<PlannedOperand> = access
+        .iter()
+        .zip(&windows)
+        .map(|(a, w)| {
+            let origin: isize = p
+                .start
+                .iter()
+                .zip(&a.strides)
+                .map(|(&s, &st)| s as isize * st)
+                .sum();
+            PlannedOperand {
+                strides: a.strides.clone(),
+                offset: match w {
+                    Some(w) => w.rel_offset,
+                    None => (a.offset as isize + origin) as usize,
+                },
+                window: *w,
+                path: if a.strides == dense {
+                    Path::Contiguous
+                } else {
+                    Path::Strided
+                },
+            }
+        })
+        .collect();
+    let base: isize = p
+        .start
+        .iter()
+        .zip(full_dense)
+        .map(|(&s, &f)| s as isize * f)
+        .sum();
+    let position = if !reads_position {
+        Position::Unused
+    } else if full_dense
+        .iter()
+        .zip(&dense)
+        .zip(&p.len)
+        .all(|((f, d), &l)| l == 1 || f == d)
+    {
+        Position::Linear {
+            base: base as usize,
+        }
+    } else {
+        Position::Strided {
+            base: base as usize,
+            strides: full_dense.to_vec(),
+        }
+    };
+    // The tiled path: rank 2, at least 32×32, the output along the rows, an input down the
+    // columns.
+    let all_32_bit = itemsizes.iter().all(|&s| s == 4);
+    let column_wise = |s: &[isize]| s[0].unsigned_abs() == 1 && s[1].unsigned_abs() != 1;
+    let tiled = p.len.len() == 2
+        && p.len[0] >= 32
+        && p.len[1] >= 32
+        && operands[0].strides[1] == 1
+        && (all_32_bit || !target.tile_32bit_only)
+        && (position == Position::Unused || target.tile_reads_position)
+        && operands[1..].iter().any(|o| column_wise(&o.strides));
+    if tiled {
+        for (k, o) in operands.iter_mut().enumerate() {
+            o.path = if k > 0 && column_wise(&o.strides) {
+                Path::Tiled
+            } else {
+                Path::Strided
+            };
+        }
+    }
+    let contiguous = operands.iter().all(|o| o.path == Path::Contiguous);
+    let max_item = itemsizes.iter().copied().max().unwrap_or(1);
+    let mut vector = if contiguous
+        && target.vector_bytes > 0
+        && !matches!(position, Position::Strided { .. })
+        && (all_32_bit || !target.vector_32bit_only)
+    {
+        (target.vector_bytes / max_item).max(1)
+    } else {
+        1
+    };
+    let address = |k: usize| -> u64 {
+        let o = &operands[k];
+        let window_start = o.window.map_or(0, |w| w.byte_offset);
+        addresses.get(k).copied().unwrap_or(0) + window_start + (o.offset * itemsizes[k]) as u64
+    };
+    let aligned =
+        |v: usize| (0..operands.len()).all(|k| address(k) % (v * itemsizes[k]) as u64 == 0);
+    if target.vector_tail {
+        while vector > 1 && !aligned(vector) {
+            vector /= 2;
+        }
+    } else if vector > 1 && (numel % vector != 0 || !aligned(vector)) {
+        vector = 1;
+    }
+    let all_strides: Vec<Vec<isize>> = operands.iter().map(|o| o.strides.clone()).collect();
+    let wide = target.wide_index && needs_wide(numel, &p.len, &all_strides);
+    let work = if tiled {
+        p.len[0].div_ceil(32) * p.len[1].div_ceil(32) * 256
+    } else {
+        numel.div_ceil(vector)
+    };
+    MapPiece {
+        shape: p.len.clone(),
+        numel,
+        operands,
+        position,
+        vector,
+        wide,
+        work,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Expr, KernelArgs};
+    use crate::{DType, Device, Tensor};
+
+    fn gpu(limit: Option<u64>) -> Target {
+        Target {
+            vector_bytes: 16,
+            vector_32bit_only: false,
+            vector_tail: true,
+            binding_limit: limit,
+            offset_align: 256,
+            ..Target::cpu(1)
+        }
+    }
+
+    fn args(out: &Tensor, inputs: &[&Tensor]) -> KernelArgs {
+        KernelArgs {
+            outputs: vec![out.operand()],
+            inputs: inputs.iter().map(|t| t.operand()).collect(),
+            scalars: vec![],
+        }
+    }
+
+    #[test]
+    fn contiguous_operands_take_16_byte_vectors() {
+        let dev = Device::cpu();
+        let (x, y) = (
+            Tensor::zeros([1000], DType::F16, &dev).unwrap(),
+            Tensor::zeros([1000], DType::F16, &dev).unwrap(),
+        );
+        let a = args(&y, &[&x]);
+        let e = Expr::input(0, DType::F16);
+        let ops = MapOperands::of(&e, &a).unwrap();
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &gpu(None)).unwrap();
+        assert_eq!((p.pieces[0].vector, p.pieces[0].work), (8, 125));
+        // A misaligned start halves the vector until it fits.
+        let x1 = x.narrow(0, 2, 998).unwrap();
+        let y1 = y.narrow(0, 0, 998).unwrap();
+        let a = args(&y1, &[&x1]);
+        let ops = MapOperands::of(&e, &a).unwrap();
+        assert_eq!(
+            plan(&ops, false, &BufferInfo::of_operands(&a), &gpu(None))
+                .unwrap()
+                .pieces[0]
+                .vector,
+            2
+        );
+    }
+
+    #[test]
+    fn a_binding_limit_cuts_pieces_with_windows_and_positions() {
+        let dev = Device::cpu();
+        let out = Tensor::zeros([64, 16], DType::F32, &dev).unwrap();
+        let a = args(&out, &[]);
+        let e = Expr::linear_index().cast(DType::F32, false);
+        let ops = MapOperands::of(&e, &a).unwrap();
+        let p = plan(&ops, true, &BufferInfo::of_operands(&a), &gpu(Some(1024))).unwrap();
+        assert_eq!(p.pieces.len(), 4);
+        for (i, piece) in p.pieces.iter().enumerate() {
+            assert_eq!(piece.position, Position::Linear { base: i * 256 });
+            let w = piece.operands[0].window.unwrap();
+            assert!(w.byte_size <= 1024);
+            assert_eq!(
+                w.byte_offset + 4 * piece.operands[0].offset as u64,
+                i as u64 * 1024
+            );
+        }
+    }
+}

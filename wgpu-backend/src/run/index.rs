@@ -1,0 +1,94 @@
+//! Gather and scatter: pieces along the axes other than the indexed one (the operand read or
+//! written wherever an index points binds its whole run along that axis).
+
+use crate::codegen::index;
+use crate::launch::{access, raw, Binding};
+use crate::WgpuBackend;
+use strata_core::ir::{IndexKind, KernelArgs};
+use strata_core::lower::operands::IndexOperands;
+use strata_core::lower::pieces::{split_by, window, Piece};
+use strata_core::Backend;
+use strata_core::{DType, Error, Result};
+
+impl WgpuBackend {
+    pub(crate) fn run_index(&self, kind: IndexKind, axis: usize, args: &KernelArgs) -> Result<()> {
+        let checked = IndexOperands::of(kind, axis, args)?;
+        let (out, index, src) = (checked.out, checked.index, checked.src);
+        let scatter = kind.writes_through_index();
+        self.check_dtype(DType::I64)?;
+        let iter = checked.space().to_vec();
+        let rank = iter.len();
+        if axis >= rank || iter.iter().product::<usize>() == 0 {
+            return Ok(());
+        }
+        let mut shape = iter.clone();
+        if scatter {
+            shape[axis] = 1;
+        }
+        let align = self.target.offset_align;
+        // Bindings 0, 1, 2: the output, the index, the source.
+        let operands = [out, index, src];
+        let [ao, ai, as_] = operands.map(|op| access(op, op.layout.strides().to_vec()));
+        let accesses = [ao?, ai?, as_?];
+        let buffers = [raw(out)?, raw(index)?, raw(src)?];
+        let axis_len = operands.map(|o| o.layout.shape()[axis]);
+        let windows = |p: &Piece| {
+            let reach = if scatter {
+                [
+                    p.whole_along(axis, axis_len[0]),
+                    p.whole_along(axis, axis_len[1]),
+                    p.whole_along(axis, axis_len[1]),
+                ]
+            } else {
+                [p.clone(), p.clone(), p.whole_along(axis, axis_len[2])]
+            };
+            [0, 1, 2].map(|k| window(&accesses[k], &reach[k], align))
+        };
+        let limit = self.binding_limit;
+        let pieces = split_by(&shape, Some(axis), limit, |p| {
+            windows(p).iter().map(|w| w.byte_size).max().unwrap_or(0)
+        })
+        .map_err(|_| {
+            Error::Unsupported(format!(
+                "wgpu: a {} along axis {axis} spans more than the adapter's {limit}-byte \
+                 storage binding (its elements along that axis lie too far apart to bind at \
+                 once); use the CPU or CUDA backend",
+                if scatter { "scatter" } else { "gather" }
+            ))
+        })?;
+        let sig = index::IndexSig {
+            dtype: out.dtype,
+            rank,
+            axis,
+            kind,
+        };
+        let caps = self.gpu.caps;
+        let pl = self
+            .indexing
+            .get(&sig, |sig| self.gpu.pipeline(&index::source(sig, caps), 3))?;
+        let (sw, st, len) = index::slots(rank);
+        for piece in &pieces {
+            let wins = windows(piece);
+            let mut params = vec![0u32; len];
+            params[0] = piece.numel() as u32;
+            params[1] = iter[axis] as u32;
+            for (k, w) in wins.iter().enumerate() {
+                params[2 + k] = w.rel_offset as u32;
+            }
+            for d in 0..rank {
+                params[sw + d] = piece.len[d] as u32;
+                for (k, o) in operands.iter().enumerate() {
+                    params[st[k] + d] = o.layout.strides()[d] as i32 as u32;
+                }
+            }
+            let bindings = buffers
+                .into_iter()
+                .zip(wins)
+                .map(|(buffer, window)| Binding { buffer, window })
+                .collect::<Vec<_>>();
+            self.gpu
+                .dispatch(&pl, &params, &bindings, params[0] as usize)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,54 @@
+//! A map: core's plan, one dispatch per piece.
+
+use crate::codegen::{map, prelude};
+use crate::launch::{buffer_info, raw, Binding};
+use crate::WgpuBackend;
+use strata_core::ir::{Expr, KernelArgs, Operand};
+use strata_core::lower::map_plan;
+use strata_core::lower::operands::MapOperands;
+use strata_core::Backend;
+use strata_core::Result;
+
+impl WgpuBackend {
+    pub(crate) fn run_map(&self, expr: &Expr, args: &KernelArgs) -> Result<()> {
+        let ops = MapOperands::of(expr, args)?;
+        let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+        let buffers = operands
+            .iter()
+            .map(|o| raw(o))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = map_plan::plan(
+            &ops,
+            expr.reads_linear_index(),
+            &buffer_info(&buffers),
+            &self.target,
+        )?;
+        let dtypes: Vec<_> = operands.iter().map(|o| o.dtype).collect();
+        let scalars: Vec<_> = ops.scalars.iter().map(|s| s.dtype()).collect();
+        let caps = self.gpu.caps;
+        for piece in &plan.pieces {
+            let sig = map::MapSig::of(expr, piece, dtypes.clone(), scalars.clone());
+            let pipeline = self.maps.get(&sig, |sig| {
+                // Dtypes inside the tree (an f64 intermediate, say) are checked once, here.
+                let mut used = std::collections::BTreeSet::new();
+                prelude::dtypes_of(&sig.expr, &mut used);
+                for d in used {
+                    self.check_dtype(d)?;
+                }
+                self.gpu.pipeline(&map::source(sig, caps)?, operands.len())
+            })?;
+            let bindings: Vec<Binding> = buffers
+                .iter()
+                .zip(&piece.operands)
+                .map(|(&buffer, o)| Binding {
+                    buffer,
+                    window: o.window.expect("the wgpu target binds windows"),
+                })
+                .collect();
+            let params = map::params(&sig, piece, ops.scalars);
+            self.gpu
+                .dispatch(&pipeline, &params, &bindings, piece.work)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,84 @@
+//! A matmul: pieces of whole batches, then rows of A and C, until every operand's window fits
+//! one storage binding (a right-hand matrix must fit whole).
+
+use crate::codegen::matmul;
+use crate::launch::{access, raw, scalar_words, Binding};
+use crate::WgpuBackend;
+use strata_core::ir::KernelArgs;
+use strata_core::lower::operands::MatmulOperands;
+use strata_core::lower::pieces::{window, Piece};
+use strata_core::Backend;
+use strata_core::{DType, Error, Result};
+
+impl WgpuBackend {
+    pub(crate) fn run_matmul(&self, acc: DType, args: &KernelArgs) -> Result<()> {
+        let ops = MatmulOperands::of(args)?;
+        self.check_dtype(acc)?;
+        let (batch, m, k, n) = ops.dims;
+        if batch == 0 || m == 0 || n == 0 {
+            return Ok(());
+        }
+        let (limit, align) = (self.binding_limit, self.target.offset_align);
+        let [aa, ba, ca] = [ops.a, ops.b, ops.c].map(|o| access(o, o.layout.strides().to_vec()));
+        let [aa, ba, ca] = [aa?, ba?, ca?];
+        let [abuf, bbuf, cbuf] = [raw(ops.a)?, raw(ops.b)?, raw(ops.c)?];
+        let sig = matmul::MatmulSig {
+            dtype: ops.c.dtype,
+            acc,
+        };
+        let caps = self.gpu.caps;
+        let pl = self
+            .matmuls
+            .get(&sig, |sig| self.gpu.pipeline(&matmul::source(sig, caps), 3))?;
+        let [a0, a1] = scalar_words(ops.alpha);
+        let [b0, b1] = scalar_words(ops.beta);
+        // Pieces (batch start, batch count, row start, row count): halve the batch, then the
+        // rows of A and C, until every operand's window fits one storage binding.
+        let mut todo = vec![(0, batch, 0, m)];
+        while let Some((bs, bl, rs, rl)) = todo.pop() {
+            let piece = |start: [usize; 3], len: [usize; 3]| Piece {
+                start: start.to_vec(),
+                len: len.to_vec(),
+            };
+            let wins = [
+                window(&ca, &piece([bs, rs, 0], [bl, rl, n]), align),
+                window(&aa, &piece([bs, rs, 0], [bl, rl, k]), align),
+                window(&ba, &piece([bs, 0, 0], [bl, k, n]), align),
+            ];
+            if wins.iter().any(|w| w.byte_size > limit) {
+                if bl > 1 {
+                    todo.push((bs + bl / 2, bl - bl / 2, rs, rl));
+                    todo.push((bs, bl / 2, rs, rl));
+                } else if rl > 1 {
+                    todo.push((bs, bl, rs + rl / 2, rl - rl / 2));
+                    todo.push((bs, bl, rs, rl / 2));
+                } else {
+                    return Err(Error::Unsupported(format!(
+                        "wgpu: one {k}×{n} matrix of the right operand exceeds the adapter's \
+                         {limit}-byte storage binding; use the CPU or CUDA backend"
+                    )));
+                }
+                continue;
+            }
+            let mut params = vec![0u32; matmul::PARAM_WORDS];
+            params[..4].copy_from_slice(&[bl as u32, rl as u32, k as u32, n as u32]);
+            params[4] = wins[1].rel_offset as u32;
+            params[5] = wins[2].rel_offset as u32;
+            params[6] = wins[0].rel_offset as u32;
+            for (i, o) in [ops.a, ops.b, ops.c].iter().enumerate() {
+                for (j, &s) in o.layout.strides().iter().enumerate() {
+                    params[7 + 3 * i + j] = s as i32 as u32;
+                }
+            }
+            params[16..20].copy_from_slice(&[a0, a1, b0, b1]);
+            let bindings = [cbuf, abuf, bbuf]
+                .into_iter()
+                .zip(wins)
+                .map(|(buffer, window)| Binding { buffer, window })
+                .collect::<Vec<_>>();
+            let tiles = bl * rl.div_ceil(matmul::TILE) * n.div_ceil(matmul::TILE);
+            self.gpu.dispatch(&pl, &params, &bindings, tiles * 256)?;
+        }
+        Ok(())
+    }
+}
