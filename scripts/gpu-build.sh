@@ -21,6 +21,8 @@ strip .gpu/bin/*
 tar -C .gpu -cJf .gpu/bin.tar.xz bin
 du -sh .gpu/bin .gpu/bin.tar.xz
 ls .gpu/bin
+# The unpacked copy would push the carry past its limit.
+rm -rf .gpu/bin
 # The Vulkan loader for the wgpu runs (the GPU machine has NVIDIA's Vulkan driver, not always
 # the loader): a Debian package unpacked there by gpu-run.sh. Carry .gl beside .gpu.
 if ! ls .gl/libglx0_*.deb >/dev/null 2>&1; then

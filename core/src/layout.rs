@@ -423,15 +423,22 @@ impl Layout {
 
     /// The sub-view `start..start + len` along `axis` (already normalized and bounds-checked by
     /// the caller) with the given step, as produced by slicing.
+    /// An empty result keeps its offset: `start` may sit one past the end of a flipped axis,
+    /// where moving would reach before the storage (an empty view reads nothing).
     pub(crate) fn restrict(&mut self, axis: usize, start: usize, len: usize, step: isize) {
-        self.offset = (self.offset as isize + start as isize * self.strides[axis]) as usize;
+        if len > 0 && self.numel() > 0 {
+            self.offset = (self.offset as isize + start as isize * self.strides[axis]) as usize;
+        }
         self.shape[axis] = len;
         self.strides[axis] *= step;
     }
 
-    /// Removes `axis`, fixing its index at `index` (already bounds-checked).
+    /// Removes `axis`, fixing its index at `index` (already bounds-checked). An empty view
+    /// keeps its offset, as in [`Layout::restrict`].
     pub(crate) fn select(&mut self, axis: usize, index: usize) {
-        self.offset = (self.offset as isize + index as isize * self.strides[axis]) as usize;
+        if self.numel() > 0 {
+            self.offset = (self.offset as isize + index as isize * self.strides[axis]) as usize;
+        }
         self.shape.remove(axis);
         self.strides.remove(axis);
     }

@@ -148,21 +148,47 @@ fn pytorch_accepts(dev: &Device) -> Result<()> {
 test_device!(ops_pytorch_accepts_are_not_errors, pytorch_accepts);
 
 /// `all` of values none of which is zero, subnormals included, is true (NVIDIA's Vulkan driver
-/// flushed the f32 subnormal to zero in `x != 0`).
+/// answered false). Each intermediate is checked bit for bit first, so a failure says whether
+/// a copy or the reduction went wrong.
 fn all_of_nonzero(dev: &Device) -> Result<()> {
     let vals: Vec<f32> = (0..32)
         .map(|i| if i == 5 { 1.4e-45 } else { i as f32 - 15.5 })
         .collect();
-    let t = Tensor::from_slice(&vals, [2, 2, 2, 4], dev)?;
-    let r1 = t.flip(&[1, 2])?;
-    let r2 = Tensor::stack(&[&r1, &r1], 3)?;
-    let r3 = Tensor::cat(&[&r2, &r2, &r2], 2)?;
-    assert!(r3.all(Axes::All, true)?.item::<bool>()?);
+    let cpu = Device::cpu();
+    let chain = |d: &Device| -> Result<Vec<Tensor>> {
+        let t = Tensor::from_slice(&vals, [2, 2, 2, 4], d)?;
+        let r1 = t.flip(&[1, 2])?;
+        let r2 = Tensor::stack(&[&r1, &r1], 3)?;
+        let r3 = Tensor::cat(&[&r2, &r2, &r2], 2)?;
+        Ok(vec![t, r1, r2, r3])
+    };
+    for (i, (g, w)) in chain(dev)?.iter().zip(chain(&cpu)?).enumerate() {
+        assert_eq!(
+            bits32(g)?,
+            bits32(&w)?,
+            "step {i}: the values differ from the CPU's"
+        );
+        assert!(
+            g.all(Axes::All, true)?.item::<bool>()?,
+            "step {i}: all() is false over values with no zero"
+        );
+    }
+    let r3 = &chain(dev)?[3];
     assert!(r3
         .to_dtype(DType::Bool)?
         .all(Axes::All, false)?
         .item::<bool>()?);
     assert!(!r3.logical_not()?.any(Axes::All, false)?.item::<bool>()?);
+    // A subnormal alone, and the shape without one.
+    let one = Tensor::from_slice(&[1.4e-45f32], [1], dev)?;
+    assert!(one.all(Axes::All, false)?.item::<bool>()?, "all([1.4e-45])");
+    assert!(one.any(Axes::All, false)?.item::<bool>()?, "any([1.4e-45])");
+    let plain: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
+    let p = Tensor::from_slice(&plain, [2, 2, 2, 4], dev)?;
+    assert!(
+        p.all(Axes::All, false)?.item::<bool>()?,
+        "all of [2, 2, 2, 4]"
+    );
     Ok(())
 }
 test_device!(all_counts_subnormals_as_nonzero, all_of_nonzero);
@@ -323,3 +349,75 @@ test_device!(
     reductions_of_empty_views_at_the_end_of_storage,
     empty_view_reduction
 );
+
+/// `scatter_add_` into a dtype packed several to a word keeps the old value (wgpu read it after
+/// its store had cleared the bits, on NVIDIA's driver).
+fn scatter_add_packed(dev: &Device) -> Result<()> {
+    let x = Tensor::from_slice(
+        &[3u8, 5, 2, 227, 40, 255, 10, 253, 250, 5, 1, 39],
+        [3, 4, 1],
+        dev,
+    )?;
+    let idx = Tensor::from_slice(&[0i32, 0, -1, -1, -1, -1], [3, 2, 1], dev)?;
+    let src = Tensor::from_slice(&[11u8, 1, 10, 2, 0, 13], [3, 2, 1], dev)?;
+    x.scatter_add_(2, &idx, &src)?;
+    assert_eq!(
+        x.to_vec::<u8>()?,
+        vec![14, 6, 2, 227, 50, 1, 10, 253, 250, 18, 1, 39]
+    );
+    let y = Tensor::from_slice(&[-3194i16, 3, 7, -7545, -13, 0, 5, 20517, 7], [9], dev)?;
+    let idx = Tensor::from_slice(&[-5i64, 4, 0, 1, 8, 8, -7], [7], dev)?;
+    let src = Tensor::from_slice(&[11431i16, 12, -11, 1, -32484, 32767, 451], [7], dev)?;
+    y.scatter_add_(0, &idx, &src)?;
+    // Integer sums wrap: -13 + 11431 + 12 and 7 + -32484 + 32767.
+    assert_eq!(
+        y.to_vec::<i16>()?,
+        vec![-3205, 4, 458, -7545, 11430, 0, 5, 20517, 290]
+    );
+    Ok(())
+}
+test_device!(scatter_add_keeps_packed_neighbours, scatter_add_packed);
+
+/// An empty slice at the far end of a flipped axis is an empty view, not a layout before the
+/// storage (the CPU refused `mean` of it).
+fn empty_end_of_flip(dev: &Device) -> Result<()> {
+    let x = Tensor::from_slice(&[4.8f32, f32::INFINITY], [2], dev)?;
+    let e = x.flip(&[0])?.narrow(0, 2, 0)?;
+    assert_eq!(e.shape(), &[0]);
+    assert!(e.mean(0, false)?.item::<f32>()?.is_nan());
+    assert_eq!(e.sum(0, false)?.item::<f32>()?, 0.0);
+    let z = Tensor::zeros([0, 3], DType::F32, dev)?;
+    assert_eq!(
+        z.narrow(1, 2, 1)?.sum(Axes::All, false)?.item::<f32>()?,
+        0.0
+    );
+    assert_eq!(z.flip(&[0, 1])?.contiguous()?.shape(), &[0, 3]);
+    Ok(())
+}
+test_device!(empty_slice_of_a_flipped_axis, empty_end_of_flip);
+
+/// Functions odd at 0 keep the sign of a zero (NVIDIA's Vulkan driver gave f16 tan(-0) = +0).
+fn odd_functions_at_zero(dev: &Device) -> Result<()> {
+    for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        let z = Tensor::from_slice(&[-0.0f64, 0.0], [2], dev)?.to_dtype(d)?;
+        for op in ["neg", "sin", "tan", "tanh", "expm1", "log1p", "erf", "gelu"] {
+            let got = match op {
+                "neg" => z.neg()?.neg()?,
+                "sin" => z.sin()?,
+                "tan" => z.tan()?,
+                "tanh" => z.tanh()?,
+                "expm1" => z.expm1()?,
+                "log1p" => z.log1p()?,
+                "erf" => z.erf()?,
+                _ => z.gelu()?,
+            };
+            let v = got.to_dtype(DType::F64)?.to_vec::<f64>()?;
+            assert!(
+                v[0] == 0.0 && v[0].is_sign_negative() && v[1] == 0.0 && v[1].is_sign_positive(),
+                "{d} {op}(±0) = {v:?}"
+            );
+        }
+    }
+    Ok(())
+}
+test_device!(odd_functions_keep_the_sign_of_zero, odd_functions_at_zero);

@@ -276,6 +276,7 @@ impl Gpu {
         source: &str,
         tensors: usize,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
+        dump(source);
         let layout = self.layout(tensors);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = self
@@ -639,4 +640,19 @@ fn describe(e: &wgpu::Error) -> String {
         src = s.source();
     }
     msg
+}
+
+/// With `STRATA_WGPU_DUMP=<dir>`, writes every shader compiled to `<dir>/NNNN.wgsl` in compile
+/// order, for reading a driver's miscompile off the exact source (errors writing are ignored:
+/// a debugging aid must not change results).
+fn dump(source: &str) {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if let Some(dir) = std::env::var_os("STRATA_WGPU_DUMP") {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(
+            std::path::Path::new(&dir).join(format!("{n:04}.wgsl")),
+            source,
+        );
+    }
 }

@@ -94,7 +94,14 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
             } else {
                 "v".to_string()
             };
-            let _ = writeln!(src, "    {}\n  }}", store(d, "b0", "dst", &value, caps));
+            // The new value is computed before the store: a packed store clears its bits
+            // first, and an accumulation that read the old value inside it would read zero.
+            let _ = writeln!(
+                src,
+                "    let nv: {} = {value};\n    {}\n  }}",
+                compute_type(d),
+                store(d, "b0", "dst", "nv", caps)
+            );
         }
     }
     src.push_str("}\n");

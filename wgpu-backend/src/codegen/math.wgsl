@@ -24,6 +24,7 @@ fn exp_$T(x: $T) -> $T {
 }
 
 fn expm1_$T(x: $T) -> $T {
+  if (x == 0.0$L) { return x; }
   if (abs(x) < 0.5$L) {
     var p = 1.0$L;
     for (var i = 19; i >= 2; i--) { p = 1.0$L + p * x / $T(i); }
@@ -143,6 +144,9 @@ fn rem_pio2_big_$T(x: $T) -> vec2<$T> {
 // (sin x, cos x).
 fn sincos_$T(x: $T) -> vec2<$T> {
   if (isnan_$T(x) || isinf_$T(x)) { return vec2<$T>(nan_$T(), nan_$T()); }
+  // ±0 returned as is: Vulkan need not keep a zero's sign through arithmetic (NVIDIA's f16
+  // tan(-0) came back +0).
+  if (x == 0.0$L) { return vec2<$T>(x, 1.0$L); }
   var r: $T;
   var q: i32;
   if (abs(x) < $PH_MIN) {
@@ -320,6 +324,7 @@ fn rem_$T(x: $T, y: $T) -> $T {
 }
 
 fn tan_$T(x: $T) -> $T {
+  if (x == 0.0$L) { return x; }
   let sc = sincos_$T(x);
   return sc.x / sc.y;
 }
