@@ -353,18 +353,6 @@ impl Expr {
         }
     }
 
-    /// `op(lhs, rhs)` in canonical form ([`lower::legal::binary`](crate::lower::legal::binary):
-    /// bool `+` is or, ...); the operands must share a dtype.
-    ///
-    /// ```
-    /// use strata_core::{DType, ir::{BinaryOp, Expr}};
-    /// let e = Expr::binary(BinaryOp::Lt, Expr::input(0, DType::I8), Expr::input(1, DType::I8));
-    /// assert_eq!(e.dtype, DType::Bool);
-    /// ```
-    pub fn binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
-        crate::lower::legal::binary(op, lhs, rhs)
-    }
-
     /// `op(lhs, rhs)` exactly as given (no rewriting).
     pub(crate) fn raw_binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
         debug_assert_eq!(lhs.dtype, rhs.dtype, "core casts operands to one dtype");
@@ -377,17 +365,6 @@ impl Expr {
             dtype,
             node: Node::Binary(op, Box::new(lhs), Box::new(rhs)),
         }
-    }
-
-    /// `op(arg)` in canonical form ([`lower::legal::unary`](crate::lower::legal::unary): an
-    /// integer's `floor` is the integer, ...).
-    ///
-    /// ```
-    /// use strata_core::{DType, ir::{Expr, UnaryOp}};
-    /// assert_eq!(Expr::unary(UnaryOp::IsNan, Expr::input(0, DType::F16)).dtype, DType::Bool);
-    /// ```
-    pub fn unary(op: UnaryOp, arg: Expr) -> Expr {
-        crate::lower::legal::unary(op, arg)
     }
 
     /// `op(arg)` exactly as given (no rewriting).

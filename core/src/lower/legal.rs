@@ -159,6 +159,33 @@ pub fn binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
     }
 }
 
+/// The canonical constructors live beside the table they follow, so the IR does not depend on
+/// the lowering layer.
+impl Expr {
+    /// `op(lhs, rhs)` in canonical form ([`binary`]:
+    /// bool `+` is or, ...); the operands must share a dtype.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{BinaryOp, Expr}};
+    /// let e = Expr::binary(BinaryOp::Lt, Expr::input(0, DType::I8), Expr::input(1, DType::I8));
+    /// assert_eq!(e.dtype, DType::Bool);
+    /// ```
+    pub fn binary(op: BinaryOp, lhs: Expr, rhs: Expr) -> Expr {
+        binary(op, lhs, rhs)
+    }
+
+    /// `op(arg)` in canonical form ([`unary`]: an
+    /// integer's `floor` is the integer, ...).
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{Expr, UnaryOp}};
+    /// assert_eq!(Expr::unary(UnaryOp::IsNan, Expr::input(0, DType::F16)).dtype, DType::Bool);
+    /// ```
+    pub fn unary(op: UnaryOp, arg: Expr) -> Expr {
+        unary(op, arg)
+    }
+}
+
 /// An `Err` naming the first node of `expr` whose op its dtype does not define: what reaches a
 /// backend is checked once, here.
 ///

@@ -230,10 +230,25 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         s
     });
     src.push_str(&helpers(&used, caps));
+    // Bools cross workgroup memory as u32: NVIDIA's Vulkan driver lost `all` over a
+    // workgroup-shared `array<bool>` (issue 15, item 6), and bool has no memory layout.
+    let bool_acc = sig.acc == DType::Bool;
+    let (sh_type, put) = if bool_acc {
+        ("u32", "select(0u, 1u, acc)")
+    } else {
+        (at, "acc")
+    };
+    let get = |i: &str| {
+        if bool_acc {
+            format!("(shv[{i}] != 0u)")
+        } else {
+            format!("shv[{i}]")
+        }
+    };
     if sig.group > 1 {
         let _ = writeln!(
             src,
-            "var<workgroup> shv: array<{at}, 256>;\nvar<workgroup> shi: array<u32, 256>;\nvar<workgroup> shh: array<u32, 256>;"
+            "var<workgroup> shv: array<{sh_type}, 256>;\nvar<workgroup> shi: array<u32, 256>;\nvar<workgroup> shh: array<u32, 256>;"
         );
     }
     src.push_str(ENTRY);
@@ -292,19 +307,22 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
     element(sig, &w, idx_in, "r", 0, caps, &mut src);
     let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
     if sig.group > 1 {
-        src.push_str(
-            "  shv[lid] = acc; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n  workgroupBarrier();\n",
+        let _ = writeln!(
+            src,
+            "  shv[lid] = {put}; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n  workgroupBarrier();"
         );
         src.push_str("  for (var s = 128u; s > 0u; s = s >> 1u) {\n    if (lid < s) {\n");
         let _ = writeln!(
             src,
-            "      acc = shv[lid]; best = shi[lid]; has = shh[lid] != 0u;\n      \
-             if (shh[lid + s] != 0u) {{ let v = shv[lid + s]; let pos = shi[lid + s]; {} }}\n      \
-             shv[lid] = acc; shi[lid] = best; shh[lid] = select(0u, 1u, has);",
+            "      acc = {}; best = shi[lid]; has = shh[lid] != 0u;\n      \
+             if (shh[lid + s] != 0u) {{ let v = {}; let pos = shi[lid + s]; {} }}\n      \
+             shv[lid] = {put}; shi[lid] = best; shh[lid] = select(0u, 1u, has);",
+            get("lid"),
+            get("lid + s"),
             fold(sig.op, sig.acc, "v", "pos")
         );
         src.push_str("    }\n    workgroupBarrier();\n  }\n  if (lid != 0u) { return; }\n");
-        src.push_str("  acc = shv[0]; best = shi[0];\n");
+        let _ = writeln!(src, "  acc = {}; best = shi[0];", get("0"));
     }
     if sig.partial {
         let _ = writeln!(
