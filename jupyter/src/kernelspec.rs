@@ -1,7 +1,7 @@
 //! The kernelspec and the evcxr configuration it points at.
 //!
 //! The kernel is stock `evcxr_jupyter`; `EVCXR_CONFIG_DIR` makes it run our `init.evcxr`
-//! (the build cache and the strata dependency) and `prelude.rs` (`use strata::prelude::*;`).
+//! (the build cache and the strata dependency) and `prelude.rs` ([`PRELUDE`]).
 
 use crate::paths;
 use std::fs;
@@ -105,8 +105,13 @@ pub fn write(kernel_dir: &Path, evcxr: &Path, source: &Source) -> io::Result<()>
     fs::create_dir_all(&config)?;
     fs::write(kernel_dir.join("kernel.json"), kernel_json(evcxr, &config))?;
     fs::write(config.join("init.evcxr"), init_evcxr(source))?;
-    fs::write(config.join("prelude.rs"), "use strata::prelude::*;\n")
+    fs::write(config.join("prelude.rs"), PRELUDE)
 }
+
+/// What every session starts with. The second line uses `?` once: until a session has, evcxr
+/// cannot compile `(expr?).evcxr_display()` for a cell ending in `expr?` and falls back to
+/// `Debug`, so the first tensor of a notebook showed a one-line summary instead of its table.
+pub const PRELUDE: &str = "use strata::prelude::*;\nlet _: () = Ok::<(), strata::Error>(())?;\n";
 
 #[cfg(test)]
 mod tests {

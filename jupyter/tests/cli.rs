@@ -68,7 +68,12 @@ fn install_doctor_uninstall_round_trip() {
     assert!(init.starts_with(":cache "), "{init}");
     assert!(init.contains(":dep strata = { path = "), "{init}");
     let prelude = std::fs::read_to_string(kernel.join("evcxr/prelude.rs")).unwrap();
-    assert_eq!(prelude, "use strata::prelude::*;\n");
+    assert!(
+        prelude.starts_with("use strata::prelude::*;\n"),
+        "{prelude}"
+    );
+    // One use of `?`, so the first `expr?` cell of a session displays as a table.
+    assert!(prelude.contains(")?;"), "{prelude}");
 
     let after = run(&dir, &["doctor"]);
     let report = text(&after);

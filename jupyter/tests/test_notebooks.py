@@ -177,3 +177,13 @@ def test_bad_op_shows_its_error_and_the_kernel_keeps_variables(device):
 def test_seeded_random_numbers_match_the_cpu(device):
     out = stream(tagged(executed("06-reductions-matmul-random", device), "identical")[0], "stdout")
     assert out.strip().endswith("and cpu: true"), out
+
+
+def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
+    """The first cell of a new kernel that ends in `expr?` returns the HTML table, not the
+    one-line Debug summary (the kernel's prelude uses `?` once; see jupyter/src/kernelspec.rs)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell("Tensor::zeros([2, 3], DType::F32, &Device::cpu())?"))
+    EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600).execute()
+    html = data(nb.cells[0], "text/html")
+    assert html is not None and "<table" in html, all_text(nb.cells[0])

@@ -44,7 +44,7 @@ pub(crate) fn buffer_info(buffers: &[&wgpu::Buffer]) -> Vec<BufferInfo> {
 /// `op` as core's splitter sees it over iteration strides `strides`.
 pub(crate) fn access(op: &Operand, strides: Vec<isize>) -> Result<Access> {
     Ok(Access {
-        strides,
+        strides: strides.into(),
         offset: op.layout.offset(),
         itemsize: op.dtype.itemsize(),
         buffer_bytes: raw(op)?.size(),

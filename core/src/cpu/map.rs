@@ -7,7 +7,7 @@ use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::ir::{Expr, KernelArgs, Node, Operand};
 use crate::layout::Layout;
-use crate::lower::map_plan::{self, MapPiece, MapPlan, Position};
+use crate::lower::map_plan::{self, MapPlan, Position};
 use crate::lower::operands::MapOperands;
 use crate::lower::pieces::BufferInfo;
 use crate::lower::target::Target;
@@ -156,9 +156,23 @@ fn run_range(expr: &Expr, cx: &Context, out: &View, range: std::ops::Range<usize
     Ok(())
 }
 
-/// Executes a `Map` kernel: core's plan for the CPU (one piece, axes coalesced).
+/// Executes a `Map` kernel: core's plan for the CPU (one piece, axes coalesced). Work for one
+/// thread runs on the operands' own layouts: a plan only coalesces axes there, and planning
+/// would be most of a small op's cost.
 pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
     let ops = MapOperands::of(expr, args)?;
+    let numel = ops.out.layout.numel();
+    if numel < PARALLEL_MIN {
+        let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+        let position = Position::Linear { base: 0 };
+        return run_piece(
+            expr,
+            &operands,
+            ops.scalars,
+            &position,
+            ops.out.layout.shape(),
+        );
+    }
     let target = Target::cpu(super::strided::threads());
     let buffers = BufferInfo::of_operands(args);
     let plan = map_plan::plan(&ops, expr.reads_linear_index(), &buffers, &target)?;
@@ -177,12 +191,13 @@ pub(crate) fn run_plan(expr: &Expr, ops: &MapOperands, plan: &MapPlan) -> Result
                 let offset = window_start / o.dtype.itemsize() + p.offset;
                 Ok(Operand {
                     buffer: o.buffer.clone(),
-                    layout: Layout::new(piece.shape.clone(), p.strides.clone(), offset)?,
+                    layout: Layout::new(piece.shape.to_vec(), p.strides.to_vec(), offset)?,
                     dtype: o.dtype,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        run_piece(expr, &operands, ops.scalars, piece)?;
+        let operands: Vec<&Operand> = operands.iter().collect();
+        run_piece(expr, &operands, ops.scalars, &piece.position, &piece.shape)?;
     }
     Ok(())
 }
@@ -190,22 +205,23 @@ pub(crate) fn run_plan(expr: &Expr, ops: &MapOperands, plan: &MapPlan) -> Result
 /// One piece: output `operands[0]`, inputs the rest, threads over blocks when it is large.
 fn run_piece(
     expr: &Expr,
-    operands: &[Operand],
+    operands: &[&Operand],
     scalars: &[Scalar],
-    piece: &MapPiece,
+    position: &Position,
+    shape: &[usize],
 ) -> Result<()> {
-    let out_view = View::new(&operands[0])?;
+    let out_view = View::new(operands[0])?;
     let inputs = operands[1..]
         .iter()
-        .map(View::new)
+        .map(|o| View::new(o))
         .collect::<Result<Vec<_>>>()?;
     let cx = Context {
         inputs,
         scalars,
-        position: &piece.position,
-        shape: &piece.shape,
+        position,
+        shape,
     };
-    let n = piece.numel;
+    let n: usize = shape.iter().product();
     let threads = super::strided::threads();
     if n < PARALLEL_MIN || threads == 1 {
         return run_range(expr, &cx, &out_view, 0..n);

@@ -196,7 +196,8 @@ impl Expr {
 /// ```
 pub fn check(expr: &Expr) -> crate::Result<()> {
     use crate::ir::Node;
-    let mut stack = vec![expr];
+    // Inline for the trees of single ops: this runs on every launch.
+    let mut stack: smallvec::SmallVec<[&Expr; 16]> = smallvec::smallvec![expr];
     while let Some(e) = stack.pop() {
         let bad = match &e.node {
             Node::Unary(op, a) => {

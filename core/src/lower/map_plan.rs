@@ -19,8 +19,9 @@
 use super::operands::MapOperands;
 use super::pieces::{self, Access, BufferInfo, Piece, Window};
 use super::target::Target;
+use super::{Dims, Strides};
 use crate::error::{Error, Result};
-use crate::layout::{coalesce, contiguous_strides};
+use crate::layout::contiguous_strides;
 
 /// How a piece reaches one operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,7 +50,7 @@ pub enum Position {
         /// The position of the piece's first element.
         base: usize,
         /// Row-major strides of the whole launch over the piece's axes.
-        strides: Vec<isize>,
+        strides: Strides,
     },
 }
 
@@ -57,7 +58,7 @@ pub enum Position {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PlannedOperand {
     /// Strides over the piece's axes.
-    pub strides: Vec<isize>,
+    pub strides: Strides,
     /// The piece's first element: in the window when the target binds windows, else in the
     /// buffer.
     pub offset: usize,
@@ -71,7 +72,7 @@ pub struct PlannedOperand {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MapPiece {
     /// The piece's extents (its axes, coalesced).
-    pub shape: Vec<usize>,
+    pub shape: Dims,
     /// Elements in the piece.
     pub numel: usize,
     /// The output, then each input.
@@ -108,12 +109,21 @@ pub struct MapPlan {
 /// assert!(!needs_wide(1 << 20, &[1 << 20], &[vec![1]]));
 /// assert!(needs_wide(4, &[2, 2], &[vec![1 << 31, 1]]));
 /// ```
-pub fn needs_wide(numel: usize, shape: &[usize], strides: &[Vec<isize>]) -> bool {
+pub fn needs_wide<S: AsRef<[isize]>>(numel: usize, shape: &[usize], strides: &[S]) -> bool {
+    needs_wide_of(numel, shape, strides.iter().map(|s| s.as_ref()))
+}
+
+/// [`needs_wide`] over any sequence of stride lists (no collecting on the launch path).
+fn needs_wide_of<'s>(
+    numel: usize,
+    shape: &[usize],
+    mut strides: impl Iterator<Item = &'s [isize]>,
+) -> bool {
     const LIMIT: u128 = i32::MAX as u128;
     if numel as u128 > LIMIT / 2 {
         return true;
     }
-    strides.iter().any(|s| {
+    strides.any(|s| {
         let reach: u128 = shape
             .iter()
             .zip(s)
@@ -136,73 +146,98 @@ pub fn plan(
     if numel == 0 {
         return Ok(MapPlan { pieces: Vec::new() });
     }
-    let operands: Vec<_> = std::iter::once(out).chain(ops.inputs).collect();
-    let strides: Vec<&[isize]> = operands.iter().map(|o| o.layout.strides()).collect();
-    let (shape, strides) = coalesce(out.layout.shape(), &strides);
+    let operands = || std::iter::once(out).chain(ops.inputs);
+    let (shape, strides) = coalesce(out.layout.shape(), operands().map(|o| o.layout.strides()));
     if !target.wide_index && reads_position && numel > u32::MAX as usize {
         return Err(Error::Unsupported(format!(
             "maps that read the position (arange, random) take at most 2^32 elements on this \
              backend, not {numel}"
         )));
     }
-    let access: Vec<Access> = operands
-        .iter()
-        .zip(&strides)
+    let access: Vec<Access> = operands()
+        .zip(strides)
         .zip(buffers)
         .map(|((o, s), b)| Access {
-            strides: s.clone(),
+            strides: s,
             offset: o.layout.offset(),
             itemsize: o.dtype.itemsize(),
             buffer_bytes: b.bytes,
         })
         .collect();
-    let pieces = match target.binding_limit {
-        Some(limit) => pieces::split(&shape, &access, limit, target.offset_align)?,
-        None => vec![Piece::whole(&shape)],
-    };
     let full_dense = contiguous_strides(&shape);
-    let itemsizes: Vec<usize> = operands.iter().map(|o| o.dtype.itemsize()).collect();
-    let addresses: Vec<u64> = buffers.iter().map(|b| b.address).collect();
-    let planned = pieces
-        .iter()
-        .map(|p| {
-            plan_piece(
-                p,
-                &access,
-                &itemsizes,
-                &addresses,
-                &full_dense,
-                reads_position,
-                target,
-            )
-        })
-        .collect();
+    let piece = |p: &Piece| plan_piece(p, &access, buffers, &full_dense, reads_position, target);
+    let planned = match target.binding_limit {
+        Some(limit) => pieces::split(&shape, &access, limit, target.offset_align)?
+            .iter()
+            .map(piece)
+            .collect(),
+        None => vec![piece(&Piece::whole(&shape))],
+    };
     Ok(MapPlan { pieces: planned })
+}
+
+/// Merges neighbouring axes that every operand walks as one (and drops size-1 axes), as
+/// [`crate::layout::coalesce`] does, into inline lists.
+fn coalesce<'s>(
+    shape: &[usize],
+    strides: impl Iterator<Item = &'s [isize]> + Clone,
+) -> (Dims, Vec<Strides>) {
+    let mut out_shape = Dims::new();
+    let mut out: Vec<Strides> = strides.clone().map(|_| Strides::new()).collect();
+    for (d, &n) in shape.iter().enumerate() {
+        if n == 1 {
+            continue;
+        }
+        let merge = !out_shape.is_empty()
+            && strides
+                .clone()
+                .zip(&out)
+                .all(|(s, o)| o.last().is_some_and(|&l| l == s[d] * n as isize));
+        if merge {
+            *out_shape.last_mut().expect("merging into an axis") *= n;
+            for (o, s) in out.iter_mut().zip(strides.clone()) {
+                *o.last_mut().expect("one stride per axis") = s[d];
+            }
+        } else {
+            out_shape.push(n);
+            for (o, s) in out.iter_mut().zip(strides.clone()) {
+                o.push(s[d]);
+            }
+        }
+    }
+    (out_shape, out)
+}
+
+/// True when `strides` walk `len` in row-major order without gaps (size-1 axes may have any
+/// stride).
+fn is_dense(strides: &[isize], len: &[usize]) -> bool {
+    let mut expected = 1isize;
+    for (&st, &n) in strides.iter().zip(len).rev() {
+        if n != 1 && st != expected {
+            return false;
+        }
+        expected *= n as isize;
+    }
+    true
 }
 
 fn plan_piece(
     p: &Piece,
     access: &[Access],
-    itemsizes: &[usize],
-    addresses: &[u64],
+    buffers: &[BufferInfo],
     full_dense: &[isize],
     reads_position: bool,
     target: &Target,
 ) -> MapPiece {
-    let dense = contiguous_strides(&p.len);
     let numel = p.numel();
-    let windows: Vec<Option<Window>> = access
-        .iter()
-        .map(|a| {
-            target
-                .binding_limit
-                .map(|_| pieces::window(a, p, target.offset_align))
-        })
-        .collect();
+    // Allocation-light: this runs on every launch, and a one-element op's whole host cost is
+    // a few microseconds.
     let mut operands: Vec<PlannedOperand> = access
         .iter()
-        .zip(&windows)
-        .map(|(a, w)| {
+        .map(|a| {
+            let w: Option<Window> = target
+                .binding_limit
+                .map(|_| pieces::window(a, p, target.offset_align));
             let origin: isize = p
                 .start
                 .iter()
@@ -210,13 +245,13 @@ fn plan_piece(
                 .map(|(&s, &st)| s as isize * st)
                 .sum();
             PlannedOperand {
-                strides: a.strides.clone(),
+                strides: Strides::from_slice(&a.strides),
                 offset: match w {
                     Some(w) => w.rel_offset,
                     None => (a.offset as isize + origin) as usize,
                 },
-                window: *w,
-                path: if a.strides == dense {
+                window: w,
+                path: if is_dense(&a.strides, &p.len) {
                     Path::Contiguous
                 } else {
                     Path::Strided
@@ -232,24 +267,19 @@ fn plan_piece(
         .sum();
     let position = if !reads_position {
         Position::Unused
-    } else if full_dense
-        .iter()
-        .zip(&dense)
-        .zip(&p.len)
-        .all(|((f, d), &l)| l == 1 || f == d)
-    {
+    } else if is_dense(full_dense, &p.len) {
         Position::Linear {
             base: base as usize,
         }
     } else {
         Position::Strided {
             base: base as usize,
-            strides: full_dense.to_vec(),
+            strides: Strides::from_slice(full_dense),
         }
     };
     // The tiled path: rank 2, at least 32×32, the output along the rows, an input down the
     // columns.
-    let all_32_bit = itemsizes.iter().all(|&s| s == 4);
+    let all_32_bit = access.iter().all(|a| a.itemsize == 4);
     let column_wise = |s: &[isize]| s[0].unsigned_abs() == 1 && s[1].unsigned_abs() != 1;
     let tiled = p.len.len() == 2
         && p.len[0] >= 32
@@ -268,7 +298,7 @@ fn plan_piece(
         }
     }
     let contiguous = operands.iter().all(|o| o.path == Path::Contiguous);
-    let max_item = itemsizes.iter().copied().max().unwrap_or(1);
+    let max_item = access.iter().map(|a| a.itemsize).max().unwrap_or(1);
     let mut vector = if contiguous
         && target.vector_bytes > 0
         && !matches!(position, Position::Strided { .. })
@@ -281,10 +311,12 @@ fn plan_piece(
     let address = |k: usize| -> u64 {
         let o = &operands[k];
         let window_start = o.window.map_or(0, |w| w.byte_offset);
-        addresses.get(k).copied().unwrap_or(0) + window_start + (o.offset * itemsizes[k]) as u64
+        buffers.get(k).map_or(0, |b| b.address)
+            + window_start
+            + (o.offset * access[k].itemsize) as u64
     };
     let aligned =
-        |v: usize| (0..operands.len()).all(|k| address(k) % (v * itemsizes[k]) as u64 == 0);
+        |v: usize| (0..operands.len()).all(|k| address(k) % (v * access[k].itemsize) as u64 == 0);
     if target.vector_tail {
         while vector > 1 && !aligned(vector) {
             vector /= 2;
@@ -292,15 +324,15 @@ fn plan_piece(
     } else if vector > 1 && (numel % vector != 0 || !aligned(vector)) {
         vector = 1;
     }
-    let all_strides: Vec<Vec<isize>> = operands.iter().map(|o| o.strides.clone()).collect();
-    let wide = target.wide_index && needs_wide(numel, &p.len, &all_strides);
+    let wide = target.wide_index
+        && needs_wide_of(numel, &p.len, operands.iter().map(|o| o.strides.as_slice()));
     let work = if tiled {
         p.len[0].div_ceil(32) * p.len[1].div_ceil(32) * 256
     } else {
         numel.div_ceil(vector)
     };
     MapPiece {
-        shape: p.len.clone(),
+        shape: Dims::from_slice(&p.len),
         numel,
         operands,
         position,

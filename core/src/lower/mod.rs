@@ -19,3 +19,21 @@ pub mod operands;
 pub mod pieces;
 pub mod reduce_plan;
 pub mod target;
+
+/// A list of extents on the launch path, inline up to 6 axes (coalesced layouts rarely have
+/// more): a plan is made on every launch, and a one-element op costs a few microseconds in
+/// all, so planning must not allocate per axis list.
+///
+/// ```
+/// let d: strata_core::lower::Dims = [2usize, 3].into_iter().collect();
+/// assert!(!d.spilled());
+/// ```
+pub type Dims = smallvec::SmallVec<[usize; 6]>;
+
+/// Strides on the launch path, inline like [`Dims`].
+///
+/// ```
+/// let s: strata_core::lower::Strides = smallvec::smallvec![3, 1];
+/// assert_eq!(&s[..], &[3, 1]);
+/// ```
+pub type Strides = smallvec::SmallVec<[isize; 6]>;

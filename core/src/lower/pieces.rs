@@ -5,12 +5,13 @@
 //! ```
 //! use strata_core::lower::pieces::{split, Access};
 //! // A [4, 1024] f32 operand, row-major, split until each piece binds at most 8 KiB.
-//! let a = Access { strides: vec![1024, 1], offset: 0, itemsize: 4, buffer_bytes: 16384 };
+//! let a = Access { strides: [1024, 1].into_iter().collect(), offset: 0, itemsize: 4, buffer_bytes: 16384 };
 //! let pieces = split(&[4, 1024], &[a], 8192, 256).unwrap();
 //! assert_eq!(pieces.len(), 2);
-//! assert_eq!((pieces[1].start.clone(), pieces[1].len.clone()), (vec![2, 0], vec![2, 1024]));
+//! assert_eq!((&pieces[1].start[..], &pieces[1].len[..]), (&[2, 0][..], &[2, 1024][..]));
 //! ```
 
+use super::{Dims, Strides};
 use crate::error::{Error, Result};
 
 /// One operand of a launch as the splitter sees it: strides and offset in elements over the
@@ -18,7 +19,7 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     /// Elements between neighbours along each axis of the iteration shape.
-    pub strides: Vec<isize>,
+    pub strides: Strides,
     /// The element at the iteration's origin.
     pub offset: usize,
     /// Bytes per element.
@@ -64,22 +65,22 @@ impl BufferInfo {
 /// ```
 /// let p = strata_core::lower::pieces::Piece::whole(&[3, 4]);
 /// assert_eq!(p.numel(), 12);
-/// assert_eq!(p.whole_along(1, 9).len, vec![3, 9]);
+/// assert_eq!(&p.whole_along(1, 9).len[..], &[3, 9]);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
     /// The first coordinate along each axis.
-    pub start: Vec<usize>,
+    pub start: Dims,
     /// The extent along each axis.
-    pub len: Vec<usize>,
+    pub len: Dims,
 }
 
 impl Piece {
     /// The box covering all of `shape`.
     pub fn whole(shape: &[usize]) -> Piece {
         Piece {
-            start: vec![0; shape.len()],
-            len: shape.to_vec(),
+            start: smallvec::smallvec![0; shape.len()],
+            len: Dims::from_slice(shape),
         }
     }
 
@@ -103,8 +104,8 @@ impl Piece {
 ///
 /// ```
 /// use strata_core::lower::pieces::{window, Access, Piece};
-/// let a = Access { strides: vec![1], offset: 100, itemsize: 4, buffer_bytes: 4096 };
-/// let w = window(&a, &Piece { start: vec![10], len: vec![20] }, 256);
+/// let a = Access { strides: [1].into_iter().collect(), offset: 100, itemsize: 4, buffer_bytes: 4096 };
+/// let w = window(&a, &Piece { start: smallvec::smallvec![10], len: smallvec::smallvec![20] }, 256);
 /// assert_eq!((w.byte_offset, w.byte_size, w.rel_offset), (256, 272, 46));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,7 +234,7 @@ mod tests {
 
     fn access(strides: Vec<isize>, offset: usize, bytes: u64) -> Access {
         Access {
-            strides,
+            strides: strides.into(),
             offset,
             itemsize: 4,
             buffer_bytes: bytes,
@@ -275,8 +276,8 @@ mod tests {
     fn a_window_holds_every_element_of_its_piece() {
         let a = access(vec![-10, 3], 95, 4096);
         let p = Piece {
-            start: vec![2, 1],
-            len: vec![3, 4],
+            start: smallvec::smallvec![2, 1],
+            len: smallvec::smallvec![3, 4],
         };
         let w = window(&a, &p, 64);
         for i in 0..3isize {
@@ -291,8 +292,8 @@ mod tests {
     fn an_empty_view_at_the_end_of_its_buffer_binds_inside_it() {
         let a = access(vec![16, 4, 1], 32, 128);
         let p = Piece {
-            start: vec![0, 0, 0],
-            len: vec![0, 4, 4],
+            start: smallvec::smallvec![0, 0, 0],
+            len: smallvec::smallvec![0, 4, 4],
         };
         let w = window(&a, &p, 32);
         assert!(w.byte_offset + w.byte_size <= 128 && w.byte_size > 0);

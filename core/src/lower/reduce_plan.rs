@@ -247,7 +247,7 @@ pub fn plan(ops: &ReduceOperands, buffers: &[BufferInfo], target: &Target) -> Re
         );
     let combine_out = (target.binding_limit.is_some() && splits > 1).then(|| {
         let only_out = Access {
-            strides: out_outer.clone(),
+            strides: out_outer.iter().copied().collect(),
             ..out_access.clone()
         };
         pieces::window(&only_out, &Piece::whole(&outer_shape), target.offset_align)

@@ -37,8 +37,8 @@ impl WgpuBackend {
         let mut todo = vec![(0, batch, 0, m)];
         while let Some((bs, bl, rs, rl)) = todo.pop() {
             let piece = |start: [usize; 3], len: [usize; 3]| Piece {
-                start: start.to_vec(),
-                len: len.to_vec(),
+                start: start.iter().copied().collect(),
+                len: len.iter().copied().collect(),
             };
             let wins = [
                 window(&ca, &piece([bs, rs, 0], [bl, rl, n]), align),
