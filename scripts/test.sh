@@ -38,6 +38,13 @@ evcxr_found=""
 if command -v evcxr_jupyter >/dev/null 2>&1 || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/evcxr_jupyter" ]; then
   evcxr_found=1
 fi
+# Jupyter's client libraries for them, in .venv, whenever evcxr is here (scripts/notebook.sh
+# and .ci/run install it): the README's test command runs everything on a newcomer's machine.
+if [ -n "$evcxr_found" ] && python3 -m venv --help >/dev/null 2>&1; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -c "import jupyter_client, nbclient, nbformat, pytest" 2>/dev/null ||
+    .venv/bin/pip install --quiet --disable-pip-version-check jupyter_client nbclient nbformat pytest
+fi
 if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "import nbclient, pytest" 2>/dev/null; then
   export JUPYTER_DATA_DIR="$PWD/target/jupyter"  # a kernelspec of the tests' own
   cargo run --locked --quiet -p strata-jupyter -- install --no-warm
