@@ -131,6 +131,15 @@ macro_rules! typed {
 }
 
 impl Host {
+    /// The largest finite magnitude (0 when there is none).
+    fn max_finite(&self) -> f64 {
+        self.vals
+            .iter()
+            .map(|v| v.to_f64().abs())
+            .filter(|v| v.is_finite())
+            .fold(0.0, f64::max)
+    }
+
     /// True when an element is a subnormal f32.
     fn has_f32_subnormal(&self) -> bool {
         self.dtype == DType::F32
@@ -989,25 +998,12 @@ fn differ(got: &Host, want: &Host, scale: f64, unordered: bool) -> Option<String
 
 /// The magnitude that a step's result elements may cancel down from.
 fn scale_of(step: &Step, input: &Host) -> f64 {
-    let max = input
-        .vals
-        .iter()
-        .map(|v| v.to_f64().abs())
-        .filter(|v| v.is_finite())
-        .fold(0.0, f64::max);
+    let max = input.max_finite();
     match step {
         Step::Reduce { op, .. } if matches!(*op, "var" | "std") => {
             max * max * input.vals.len() as f64
         }
-        Step::Matmul(rhs) => {
-            let other = rhs
-                .vals
-                .iter()
-                .map(|v| v.to_f64().abs())
-                .filter(|v| v.is_finite())
-                .fold(0.0, f64::max);
-            max * other.max(1.0) * input.vals.len().max(1) as f64
-        }
+        Step::Matmul(rhs) => max * rhs.max_finite().max(1.0) * input.vals.len().max(1) as f64,
         Step::Reduce { .. } | Step::Softmax(..) => max * input.vals.len().max(1) as f64,
         Step::ScatterAdd(..) => max * 8.0,
         // gelu(x) = x·Φ(x) cancels to ±0 in 1 + erf for x ≪ 0, where an erfc form keeps
