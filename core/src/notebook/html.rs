@@ -75,8 +75,24 @@ fn heatmap_html(map: &Heatmap) -> String {
     )
 }
 
+/// What an empty tensor shows instead of a table with no cells: which axes are empty.
+fn empty_note(shape: &[usize]) -> String {
+    let axes: Vec<String> = (0..shape.len())
+        .filter(|&a| shape[a] == 0)
+        .map(|a| a.to_string())
+        .collect();
+    let which = match axes.as_slice() {
+        [a] => format!("axis {a} has size 0"),
+        _ => format!("axes {} have size 0", axes.join(", ")),
+    };
+    format!("<div style=\"font-family:monospace;color:#999\">empty: 0 elements ({which})</div>")
+}
+
 /// The values as tables: a scalar, a 1-D row, a 2-D grid, or labelled 2-D slices.
 fn values(t: &Tensor) -> Result<String> {
+    if t.numel() == 0 {
+        return Ok(empty_note(t.shape()));
+    }
     let (shown, cut) = summary(t)?;
     let strs = element_strings(&shown)?;
     // The position in `t` of position `k` of the summary along `axis`.
@@ -258,7 +274,10 @@ mod tests {
             let html = t.to_html().unwrap();
             assert!(html.contains(&format!("shape={shape:?}")), "{html}");
             assert!(cells(&html).is_empty(), "{html}");
+            assert!(html.contains("empty: 0 elements (ax"), "{html}");
         }
+        let two = Tensor::zeros([0, 2, 0], DType::F32, &dev).unwrap();
+        assert!(two.to_html().unwrap().contains("(axes 0, 2 have size 0)"));
         let nan = Tensor::full([2, 2], f64::NAN, DType::F32, &dev).unwrap();
         assert!(nan.to_html().unwrap().contains("no finite values"));
     }
