@@ -163,7 +163,24 @@ impl MemoryStats {
     /// ```
     #[cfg(feature = "evcxr")]
     pub fn evcxr_display(&self) {
-        emit(&format!("{self:?}"), &self.to_html(), None);
+        emit(&self.to_string(), &self.to_html(), None);
+    }
+}
+
+/// One line with units, for terminals (`jupyter console` shows the plain text).
+///
+/// ```
+/// let s = strata_core::MemoryStats { allocated: 1536, reserved: 2048, peak: 1536 };
+/// assert_eq!(s.to_string(), "allocated 1.50 KiB (1536 bytes), reserved 2.00 KiB (2048 bytes), peak 1.50 KiB (1536 bytes)");
+/// ```
+impl std::fmt::Display for MemoryStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rows: Vec<String> = self
+            .rows()
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        write!(f, "{}", rows.join(", "))
     }
 }
 
