@@ -103,6 +103,13 @@ fn float_style(values: &[f64]) -> FloatStyle {
     }
 }
 
+/// Floats formatted together in the style the value tables pick for them (fixed, whole or
+/// scientific), so labels elsewhere read like the table.
+pub(crate) fn format_floats(values: &[f64]) -> Vec<String> {
+    let style = float_style(values);
+    values.iter().map(|&v| format_float(v, &style)).collect()
+}
+
 fn format_float(v: f64, style: &FloatStyle) -> String {
     if v.is_nan() {
         return "nan".into();
@@ -134,8 +141,7 @@ pub(crate) fn element_strings(t: &Tensor) -> Result<Vec<String>> {
         .collect();
     Ok(if t.dtype().is_float() {
         let values: Vec<f64> = scalars.iter().map(|s| s.to_f64()).collect();
-        let style = float_style(&values);
-        values.iter().map(|&v| format_float(v, &style)).collect()
+        format_floats(&values)
     } else {
         scalars.iter().map(|s| s.to_string()).collect()
     })

@@ -40,7 +40,10 @@ fn colour(t: f64) -> [u8; 3] {
 /// A rendered heatmap: the PNG file and the value range its colour bar spans.
 pub(crate) struct Heatmap {
     pub png: Vec<u8>,
-    /// The smallest and largest finite values (`None` when there are none).
+    /// The image's height in pixels (the colour bar's labels sit at its ends).
+    pub height: usize,
+    /// The smallest and largest finite values of the whole tensor, sampled or not (`None`
+    /// when there are none).
     pub range: Option<(f64, f64)>,
     /// The sampling step along rows and columns (1 when every element is drawn).
     pub step: (usize, usize),
@@ -69,10 +72,15 @@ pub(crate) fn render(t: &Tensor) -> Result<Heatmap> {
         .map(|i| scalar_at(t.dtype(), &bytes, i).to_f64())
         .collect();
     let finite = values.iter().copied().filter(|v| v.is_finite());
-    let range = finite.fold(None, |r: Option<(f64, f64)>, v| match r {
-        None => Some((v, v)),
-        Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
-    });
+    let range = if step == (1, 1) {
+        finite.fold(None, |r: Option<(f64, f64)>, v| match r {
+            None => Some((v, v)),
+            Some((lo, hi)) => Some((lo.min(v), hi.max(v))),
+        })
+    } else {
+        // Sampled: the bar spans the whole tensor, not only the drawn cells.
+        finite_range(t)?
+    };
     let position = |v: f64| match range {
         _ if v.is_nan() => None,
         _ if v == f64::INFINITY => Some(1.0),
@@ -98,9 +106,27 @@ pub(crate) fn render(t: &Tensor) -> Result<Heatmap> {
     }
     Ok(Heatmap {
         png: image::encode_rgb(width, height, &rgb)?,
+        height,
         range,
         step,
     })
+}
+
+/// The smallest and largest finite elements of `t`, reduced on its device.
+fn finite_range(t: &Tensor) -> Result<Option<(f64, f64)>> {
+    use crate::ops::Axes;
+    let value = |r: Tensor| -> Result<f64> { r.to_dtype(crate::DType::F64)?.item::<f64>() };
+    if !t.dtype().is_float() {
+        let lo = value(t.min(Axes::All, false)?)?;
+        return Ok(Some((lo, value(t.max(Axes::All, false)?)?)));
+    }
+    let finite = t.isfinite()?;
+    if !finite.any(Axes::All, false)?.item::<bool>()? {
+        return Ok(None);
+    }
+    let lo = Tensor::where_cond(&finite, t, f64::INFINITY)?.min(Axes::All, false)?;
+    let hi = Tensor::where_cond(&finite, t, f64::NEG_INFINITY)?.max(Axes::All, false)?;
+    Ok(Some((value(lo)?, value(hi)?)))
 }
 
 #[cfg(test)]
@@ -126,7 +152,8 @@ mod tests {
         t.slice(crate::s![0, 0]).unwrap().fill(f64::NAN).unwrap();
         let h = render(&t).unwrap();
         assert_eq!(h.step, (3, 1));
-        assert_eq!(h.range, Some((1.0, 1793.0)));
+        // The whole tensor's range (the drawn rows end at 1793), NaN left out.
+        assert_eq!(h.range, Some((1.0, 1799.0)));
         assert!(render(&Tensor::zeros([3], DType::F32, &dev).unwrap()).is_err());
     }
 }

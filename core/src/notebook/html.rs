@@ -3,7 +3,7 @@
 
 use super::heatmap::Heatmap;
 use super::image::base64;
-use crate::display::{element_strings, summary, EDGE};
+use crate::display::{element_strings, format_floats, summary, EDGE};
 use crate::error::Result;
 use crate::tensor::Tensor;
 use std::fmt::Write;
@@ -53,24 +53,52 @@ pub(crate) fn tensor(t: &Tensor, heatmap: Option<&Heatmap>) -> Result<String> {
     Ok(out)
 }
 
+/// The heatmap with its colour bar's labels at the bar's ends, in the table's number format.
 fn heatmap_html(map: &Heatmap) -> String {
-    let scale = match map.range {
-        Some((lo, hi)) => format!("{hi:.4e}<br><br>{lo:.4e}"),
-        None => "no finite values".into(),
-    };
-    let sampled = if map.step != (1, 1) {
+    let column = |top: &str, bottom: &str| {
         format!(
-            "<div style=\"color:#999\">every {} rows and {} columns shown</div>",
-            map.step.0, map.step.1
+            "<div style=\"font-family:monospace;font-size:11px;display:flex;\
+             flex-direction:column;justify-content:space-between;height:{}px\">\
+             <span>{top}</span><span>{bottom}</span></div>",
+            map.height
         )
-    } else {
+    };
+    let labels = match map.range {
+        Some((lo, hi)) if lo == hi => {
+            let v = &format_floats(&[lo])[0];
+            format!("<div style=\"font-family:monospace;font-size:11px\">constant {v}</div>")
+        }
+        Some((lo, hi)) => {
+            let s = format_floats(&[hi, lo]);
+            column(&s[0], &s[1])
+        }
+        None => "<div style=\"font-family:monospace;font-size:11px\">no finite values</div>".into(),
+    };
+    let ordinal = |n: usize| match (n % 10, n % 100) {
+        (1, r) if r != 11 => format!("{n}st"),
+        (2, r) if r != 12 => format!("{n}nd"),
+        (3, r) if r != 13 => format!("{n}rd"),
+        _ => format!("{n}th"),
+    };
+    let mut every = Vec::new();
+    if map.step.0 > 1 {
+        every.push(format!("every {} row", ordinal(map.step.0)));
+    }
+    if map.step.1 > 1 {
+        every.push(format!("every {} column", ordinal(map.step.1)));
+    }
+    let sampled = if every.is_empty() {
         String::new()
+    } else {
+        format!(
+            "<div style=\"color:#999\">sampled: {} drawn; the bar spans every element</div>",
+            every.join(" and ")
+        )
     };
     format!(
-        "<div style=\"display:flex;align-items:center;gap:6px;margin-top:6px\">\
+        "<div style=\"display:flex;align-items:flex-start;gap:6px;margin-top:6px\">\
          <img alt=\"heatmap\" style=\"image-rendering:pixelated\" \
-         src=\"data:image/png;base64,{}\"/>\
-         <div style=\"font-family:monospace;font-size:11px\">{scale}</div></div>{sampled}",
+         src=\"data:image/png;base64,{}\"/>{labels}</div>{sampled}",
         base64(&map.png)
     )
 }
@@ -264,6 +292,30 @@ mod tests {
         assert_eq!(cells(&html).len(), 8);
         let s = Tensor::full([0usize; 0], 2.5, DType::F64, &dev).unwrap();
         assert_eq!(cells(&tensor(&s, None).unwrap()), ["2.5000"]);
+    }
+
+    #[test]
+    fn the_colour_bar_is_labelled_at_its_ends_like_the_table() {
+        let dev = Device::cpu();
+        let t = Tensor::linspace(0.0, 11.0, 12, DType::F32, &dev)
+            .unwrap()
+            .reshape([3, 4])
+            .unwrap();
+        let html = heatmap_html(&super::super::heatmap::render(&t).unwrap());
+        // Whole values print as the table prints them ("11." rather than "1.1000e1").
+        let top = html.find("<span>11.</span>").unwrap();
+        let bottom = html.find("<span>0.</span>").unwrap();
+        assert!(
+            top < bottom && html.contains("justify-content:space-between"),
+            "{html}"
+        );
+        assert!(!html.contains("sampled"), "{html}");
+        let c = Tensor::full([2, 2], 3.0, DType::F32, &dev).unwrap();
+        let html = heatmap_html(&super::super::heatmap::render(&c).unwrap());
+        assert!(html.contains("constant 3."), "{html}");
+        let tall = Tensor::zeros([600, 3], DType::F32, &dev).unwrap();
+        let html = heatmap_html(&super::super::heatmap::render(&tall).unwrap());
+        assert!(html.contains("sampled: every 3rd row drawn"), "{html}");
     }
 
     #[test]
