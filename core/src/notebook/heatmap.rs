@@ -39,7 +39,13 @@ fn colour(t: f64) -> [u8; 3] {
 
 /// A rendered heatmap: the PNG file and the value range its colour bar spans.
 pub(crate) struct Heatmap {
+    /// The map, a white gap and the colour bar in one image (for `heatmap_png` and Jupyter's
+    /// `image/png`).
     pub png: Vec<u8>,
+    /// The map alone and the bar alone: the HTML display lays them out with a transparent gap,
+    /// so no white stripe shows in a dark theme.
+    pub map_png: Vec<u8>,
+    pub bar_png: Vec<u8>,
     /// The image's height in pixels (the colour bar's labels sit at its ends).
     pub height: usize,
     /// The smallest and largest finite values of the whole tensor, sampled or not (`None`
@@ -93,19 +99,25 @@ pub(crate) fn render(t: &Tensor) -> Result<Heatmap> {
     let cell_h = (TARGET_PIXELS / rows).clamp(1, MAX_CELL_PIXELS);
     let (map_w, height) = (cols * cell_w, rows * cell_h);
     let width = map_w + BAR_GAP + BAR_WIDTH;
-    let mut rgb = Vec::with_capacity(width * height * 3);
+    let (mut rgb, mut map, mut bar) = (Vec::new(), Vec::new(), Vec::new());
     for y in 0..height {
         let row = &values[y / cell_h * cols..][..cols];
+        let start = map.len();
         for x in 0..map_w {
-            rgb.extend(position(row[x / cell_w]).map_or(NAN_RGB, colour));
+            map.extend(position(row[x / cell_w]).map_or(NAN_RGB, colour));
         }
+        rgb.extend_from_slice(&map[start..]);
         rgb.extend(BACKGROUND.repeat(BAR_GAP));
         // The bar runs from the largest value at the top to the smallest at the bottom.
         let top_down = 1.0 - y as f64 / (height - 1).max(1) as f64;
-        rgb.extend(colour(top_down).repeat(BAR_WIDTH));
+        let line = colour(top_down).repeat(BAR_WIDTH);
+        rgb.extend_from_slice(&line);
+        bar.extend(line);
     }
     Ok(Heatmap {
         png: image::encode_rgb(width, height, &rgb)?,
+        map_png: image::encode_rgb(map_w, height, &map)?,
+        bar_png: image::encode_rgb(BAR_WIDTH, height, &bar)?,
         height,
         range,
         step,

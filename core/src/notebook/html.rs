@@ -98,8 +98,10 @@ fn heatmap_html(map: &Heatmap) -> String {
     format!(
         "<div style=\"display:flex;align-items:flex-start;gap:6px;margin-top:6px\">\
          <img alt=\"heatmap\" style=\"image-rendering:pixelated\" \
+         src=\"data:image/png;base64,{}\"/><img alt=\"colour bar\" \
          src=\"data:image/png;base64,{}\"/>{labels}</div>{sampled}",
-        base64(&map.png)
+        base64(&map.map_png),
+        base64(&map.bar_png)
     )
 }
 
@@ -310,6 +312,8 @@ mod tests {
             "{html}"
         );
         assert!(!html.contains("sampled"), "{html}");
+        // Map and bar are separate images: the gap between them is the page's, not white.
+        assert_eq!(html.matches("data:image/png;base64,").count(), 2, "{html}");
         let c = Tensor::full([2, 2], 3.0, DType::F32, &dev).unwrap();
         let html = heatmap_html(&super::super::heatmap::render(&c).unwrap());
         assert!(html.contains("constant 3."), "{html}");
