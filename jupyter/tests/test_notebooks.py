@@ -187,3 +187,16 @@ def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600).execute()
     html = data(nb.cells[0], "text/html")
     assert html is not None and "<table" in html, all_text(nb.cells[0])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_committed_notebooks_carry_no_outputs(path):
+    """The shipped notebooks are committed without outputs (JupyterLab autosaves them into the
+    working tree when they run): clear them with
+    `.venv/bin/jupyter nbconvert --clear-output --inplace notebooks/*.ipynb`."""
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, (
+                f"{path.name} has outputs in cell {cell.get('id')}; clear them before committing"
+            )
