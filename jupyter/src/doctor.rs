@@ -6,14 +6,32 @@ use strata::prelude::{Device, DeviceExt};
 
 /// One finding: whether it is fine, what it is, and the detail or the fix.
 struct Check {
-    ok: bool,
+    status: Status,
     what: String,
     detail: String,
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Status {
+    /// There and working.
+    Ok,
+    /// Optional and absent: said, not counted as a problem.
+    Absent,
+    /// Needed by the kernel and missing.
+    Missing,
+}
+
 fn check(ok: bool, what: &str, detail: impl Into<String>) -> Check {
     Check {
-        ok,
+        status: if ok { Status::Ok } else { Status::Missing },
+        what: what.into(),
+        detail: detail.into(),
+    }
+}
+
+fn absent(what: &str, detail: impl Into<String>) -> Check {
+    Check {
+        status: Status::Absent,
         what: what.into(),
         detail: detail.into(),
     }
@@ -23,12 +41,11 @@ fn devices() -> Vec<Check> {
     let mut out = vec![check(true, "device cpu", "the CPU reference backend")];
     match Device::cuda(0) {
         Ok(dev) => out.push(check(true, "device cuda", dev.name())),
-        Err(e) => out.push(check(true, "device cuda", format!("not available: {e}"))),
+        Err(e) => out.push(absent("device cuda", e.to_string())),
     }
     let adapters = strata_wgpu::adapters();
     if adapters.is_empty() {
-        out.push(check(
-            true,
+        out.push(absent(
             "device wgpu",
             "no adapter (on Linux without a GPU: apt-get install mesa-vulkan-drivers libvulkan1)",
         ));
@@ -136,19 +153,35 @@ fn environment() -> Vec<Check> {
             },
         ));
     }
-    out.push(match paths::find_program("jupyter") {
+    out.push(match jupyter() {
         Some(p) => check(true, "jupyter", p.display().to_string()),
-        None => check(
-            true,
+        None => absent(
             "jupyter",
-            "not on PATH (scripts/notebook.sh installs JupyterLab into .venv)",
+            "not on PATH nor in .venv (scripts/notebook.sh installs JupyterLab into .venv)",
         ),
     });
     out
 }
 
+/// `jupyter` on PATH, else the one scripts/notebook.sh puts in `.venv`.
+fn jupyter() -> Option<std::path::PathBuf> {
+    paths::find_program("jupyter").or_else(|| {
+        let venv = Path::new(".venv/bin/jupyter");
+        venv.is_file().then(|| venv.to_path_buf())
+    })
+}
+
 /// Prints every finding; `Err` when something the kernel needs is missing.
 pub fn run() -> Result<(), String> {
+    // The device probes load the Vulkan loader, whose Wayland probe prints an error line per
+    // probe without XDG_RUNTIME_DIR; the kernelspec sets it for kernels, and here likewise.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("strata-xdg-{}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_ok() {
+            // Single-threaded here: nothing reads the environment concurrently.
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
     let kernel_dir = paths::kernel_dir();
     let checks: Vec<Check> = devices()
         .into_iter()
@@ -156,16 +189,23 @@ pub fn run() -> Result<(), String> {
         .chain(environment())
         .collect();
     for c in &checks {
-        println!(
-            "{} {:<18} {}",
-            if c.ok { "ok     " } else { "MISSING" },
-            c.what,
-            c.detail
-        );
+        let status = match c.status {
+            Status::Ok => "ok     ",
+            Status::Absent => "-      ",
+            Status::Missing => "MISSING",
+        };
+        println!("{status} {:<18} {}", c.what, c.detail);
     }
-    let missing = checks.iter().filter(|c| !c.ok).count();
+    let missing = checks
+        .iter()
+        .filter(|c| c.status == Status::Missing)
+        .count();
     if missing == 0 {
-        println!("\nThe strata kernel is ready: `jupyter lab` and pick \"Rust (strata)\".");
+        let start = match jupyter() {
+            Some(j) => format!("`{} lab`", j.display()),
+            None => "`bash scripts/notebook.sh` (it installs JupyterLab)".into(),
+        };
+        println!("\nThe strata kernel is ready: start {start} and pick \"Rust (strata)\".");
         Ok(())
     } else {
         Err(format!("{missing} thing(s) missing (see above)"))

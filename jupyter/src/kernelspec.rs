@@ -83,14 +83,30 @@ fn json_string(s: &str) -> String {
 }
 
 /// `kernel.json` for `evcxr` with its configuration in `config_dir`.
-pub fn kernel_json(evcxr: &Path, config_dir: &Path) -> String {
+/// `XDG_RUNTIME_DIR` points at `runtime_dir`: the Vulkan loader probes Wayland, whose library
+/// prints `error: XDG_RUNTIME_DIR is invalid or not set` into cells when the kernel's
+/// environment lacks it (a server started outside a desktop session).
+pub fn kernel_json(evcxr: &Path, config_dir: &Path, runtime_dir: &Path) -> String {
     format!(
         "{{\n  \"argv\": [{}, \"--control_file\", \"{{connection_file}}\"],\n  \
          \"display_name\": \"Rust (strata)\",\n  \"language\": \"rust\",\n  \
-         \"interrupt_mode\": \"message\",\n  \"env\": {{\"EVCXR_CONFIG_DIR\": {}}}\n}}\n",
+         \"interrupt_mode\": \"message\",\n  \
+         \"env\": {{\"EVCXR_CONFIG_DIR\": {}, \"XDG_RUNTIME_DIR\": {}}}\n}}\n",
         json_string(&evcxr.display().to_string()),
-        json_string(&config_dir.display().to_string())
+        json_string(&config_dir.display().to_string()),
+        json_string(&runtime_dir.display().to_string())
     )
+}
+
+/// A private directory for `XDG_RUNTIME_DIR` (the XDG spec asks for mode 0700).
+fn make_runtime_dir(dir: &Path) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 /// `init.evcxr`: the build cache first, so that the dependency's build is cached.
@@ -103,7 +119,12 @@ pub fn init_evcxr(source: &Source) -> String {
 pub fn write(kernel_dir: &Path, evcxr: &Path, source: &Source) -> io::Result<()> {
     let config = paths::evcxr_config_dir(kernel_dir);
     fs::create_dir_all(&config)?;
-    fs::write(kernel_dir.join("kernel.json"), kernel_json(evcxr, &config))?;
+    let runtime = kernel_dir.join("runtime");
+    make_runtime_dir(&runtime)?;
+    fs::write(
+        kernel_dir.join("kernel.json"),
+        kernel_json(evcxr, &config, &runtime),
+    )?;
     fs::write(config.join("init.evcxr"), init_evcxr(source))?;
     fs::write(config.join("prelude.rs"), PRELUDE)
 }
@@ -122,10 +143,13 @@ mod tests {
         let json = kernel_json(
             Path::new("/opt/my \"bin\"/evcxr_jupyter"),
             Path::new("/k/evcxr"),
+            Path::new("/k/runtime"),
         );
         assert!(json.contains(r#""argv": ["/opt/my \"bin\"/evcxr_jupyter", "--control_file""#));
         assert!(json.contains(r#""display_name": "Rust (strata)""#));
-        assert!(json.contains(r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr"}"#));
+        assert!(json.contains(
+            r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr", "XDG_RUNTIME_DIR": "/k/runtime"}"#
+        ));
     }
 
     #[test]
