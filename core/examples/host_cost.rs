@@ -26,8 +26,8 @@ fn main() -> strata_core::Result<()> {
         let x = |k| Expr::input(k, DType::F32);
         let expr = Expr::binary(BinaryOp::Add, x(0), x(1));
         let args = KernelArgs {
-            outputs: vec![one.operand()],
-            inputs: vec![one.operand(), one.operand()],
+            outputs: vec![one.operand().unwrap()],
+            inputs: vec![one.operand().unwrap(), one.operand().unwrap()],
             scalars: vec![],
         };
         let buffers = vec![

@@ -4,7 +4,7 @@
 
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ir::{Kernel, KernelArgs};
+use crate::ir::{Expr, Kernel, KernelArgs};
 use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -69,6 +69,26 @@ pub struct MemoryStats {
     pub peak: usize,
 }
 
+/// Generated source of one kernel and how it would be launched.
+///
+/// ```
+/// let k = strata_core::backend::KernelSource {
+///     language: "CUDA C".into(),
+///     launch: "4096 threads".into(),
+///     source: "extern \"C\" __global__ void strata_map() {}".into(),
+/// };
+/// assert_eq!(k.language, "CUDA C");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelSource {
+    /// `CUDA C` or `WGSL`.
+    pub language: String,
+    /// The launch shape (grid and block, or workgroups and binding windows).
+    pub launch: String,
+    /// The generated program.
+    pub source: String,
+}
+
 /// A block of device memory. Dropping the last reference returns it to its device's
 /// allocator.
 ///
@@ -126,6 +146,14 @@ pub trait Backend: Send + Sync + Debug {
     ) -> Result<Vec<u8>>;
     /// Enqueues `kernel` with `args` on `stream`.
     fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()>;
+    /// The source this backend generates for the map `expr` over `args`, and its launch
+    /// shape, without running it (for [`Tensor::explain`](crate::Tensor::explain)); `None`
+    /// for a backend that generates no source (the CPU backend evaluates the tree directly)
+    /// or an empty launch.
+    fn map_source(&self, expr: &Expr, args: &KernelArgs) -> Result<Option<KernelSource>> {
+        let _ = (expr, args);
+        Ok(None)
+    }
 
     /// The allocator's statistics.
     fn memory_stats(&self) -> MemoryStats;

@@ -253,7 +253,7 @@ impl Tensor {
         let stream = device.current_stream();
         device
             .backend()
-            .upload(t.storage.buffer.as_ref(), 0, &bytes, stream.id())?;
+            .upload(t.buffer()?.as_ref(), 0, &bytes, stream.id())?;
         Ok(t)
     }
 

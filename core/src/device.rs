@@ -7,9 +7,10 @@
 use crate::backend::{Backend, BackendKind, EventId, MemoryStats, StreamId};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
+use crate::tensor::Storage;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 /// A handle to one device and its backend.
 ///
@@ -33,6 +34,9 @@ struct DeviceInner {
     default: Arc<StreamHandle>,
     blocking: AtomicBool,
     allow_tf32: AtomicBool,
+    fusion: AtomicBool,
+    /// Pending storages (lazy fusion) in the order they were recorded; `flush` runs them.
+    pending: Mutex<Vec<Weak<Storage>>>,
 }
 
 /// Owns one backend stream; destroys it when the last handle goes.
@@ -73,6 +77,7 @@ impl Device {
             id: StreamId::DEFAULT,
         });
         let blocking = std::env::var("STRATA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1");
+        let fusion = !std::env::var("STRATA_FUSION").is_ok_and(|v| v == "0");
         Device {
             inner: Arc::new(DeviceInner {
                 backend,
@@ -80,6 +85,8 @@ impl Device {
                 default,
                 blocking: AtomicBool::new(blocking),
                 allow_tf32: AtomicBool::new(false),
+                fusion: AtomicBool::new(fusion),
+                pending: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -117,7 +124,78 @@ impl Device {
     /// strata_core::Device::cpu().synchronize().unwrap();
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        self.flush()?;
         self.inner.backend.synchronize()
+    }
+
+    /// Whether elementwise ops are deferred and fused (lazy fusion; on unless the environment
+    /// has `STRATA_FUSION=0`). Blocking mode runs every op at once whatever this says.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// dev.set_fusion(false);
+    /// assert!(!dev.fusion());
+    /// ```
+    pub fn fusion(&self) -> bool {
+        self.inner.fusion.load(Ordering::Relaxed)
+    }
+
+    /// Turns lazy fusion on or off for this device; turning it off runs what is pending.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// dev.set_fusion(false).unwrap();
+    /// assert!(!Tensor::ones([2], DType::F32, &dev)?.exp()?.is_pending());
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn set_fusion(&self, on: bool) -> Result<()> {
+        self.inner.fusion.store(on, Ordering::Relaxed);
+        if on {
+            Ok(())
+        } else {
+            self.flush()
+        }
+    }
+
+    /// Runs every pending (deferred) op of this device, newest first so that each tree takes
+    /// in the intermediates only it holds. Asynchronous like any launch.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::ones([2], DType::F32, &dev)?.neg()?;
+    /// dev.flush()?;
+    /// assert!(!t.is_pending());
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn flush(&self) -> Result<()> {
+        let mut pending = std::mem::take(&mut *self.lock_pending());
+        while let Some(weak) = pending.pop() {
+            // One strong reference at a time: holding them all would keep every
+            // intermediate "shared" and stop it from fusing into its reader.
+            if let Some(storage) = weak.upgrade() {
+                if let Err(e) = storage.buffer() {
+                    // What did not run stays registered for the next flush.
+                    self.lock_pending().splice(0..0, pending);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Notes a new pending storage for `flush`.
+    pub(crate) fn register_pending(&self, storage: &Arc<Storage>) {
+        let mut pending = self.lock_pending();
+        if pending.len() >= 64 && pending.len().is_power_of_two() {
+            pending.retain(|w| w.upgrade().is_some_and(|s| s.is_pending()));
+        }
+        pending.push(Arc::downgrade(storage));
+    }
+
+    fn lock_pending(&self) -> MutexGuard<'_, Vec<Weak<Storage>>> {
+        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The allocator's statistics.
@@ -353,6 +431,7 @@ impl Stream {
     /// e.synchronize().unwrap();
     /// ```
     pub fn record_event(&self) -> Result<Event> {
+        self.device.flush()?;
         let id = self.device.backend().record_event(self.id())?;
         Ok(Event {
             device: self.device.clone(),
@@ -379,6 +458,7 @@ impl Stream {
                 self.device.name()
             )));
         }
+        self.device.flush()?;
         self.device.backend().wait_event(self.id(), event.id.id)
     }
 
@@ -388,6 +468,7 @@ impl Stream {
     /// strata_core::Device::cpu().default_stream().synchronize().unwrap();
     /// ```
     pub fn synchronize(&self) -> Result<()> {
+        self.device.flush()?;
         self.device.backend().synchronize_stream(self.id())
     }
 }

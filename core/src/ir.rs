@@ -566,7 +566,7 @@ impl ReduceOp {
 /// ```
 /// use strata_core::{Device, DType, Tensor};
 /// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
-/// let op = t.operand();
+/// let op = t.operand().unwrap();
 /// assert_eq!(op.layout.shape(), &[2]);
 /// ```
 #[derive(Debug, Clone)]

@@ -23,6 +23,8 @@ pub mod device;
 mod display;
 pub mod dtype;
 pub mod error;
+pub mod explain;
+pub mod fusion;
 pub mod index;
 pub mod ir;
 pub mod layout;

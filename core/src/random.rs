@@ -5,8 +5,10 @@
 use crate::device::Device;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::fusion::{defers, record};
 use crate::ir::{BinaryOp, Expr, Node, UnaryOp};
 use crate::layout::IntoDims;
+use crate::layout::Layout;
 use crate::tensor::{launch_map, Tensor};
 
 /// Philox4x32-10 (Salmon et al., 2011): 10 rounds over a 128-bit counter with a 64-bit key.
@@ -139,10 +141,16 @@ fn draw(
     extra: Vec<Scalar>,
     expr: Expr,
 ) -> Result<Tensor> {
-    let out = Tensor::empty(dims, dtype, device)?;
-    let mut scalars = gen.take(out.numel());
+    let layout = Layout::contiguous(&crate::layout::shape_arg(dims)?)?;
+    device.backend().check_dtype(dtype)?;
+    let mut scalars = gen.take(layout.numel());
     scalars.extend(extra);
-    launch_map(expr.cast(dtype, false), &out, &[], scalars)?;
+    let expr = expr.cast(dtype, false);
+    if defers(device) {
+        return record(expr, layout, vec![], scalars, device, "random");
+    }
+    let out = Tensor::alloc_with_layout(layout, dtype, device)?;
+    launch_map(expr, &out, &[], scalars)?;
     Ok(out)
 }
 

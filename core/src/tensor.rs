@@ -5,13 +5,24 @@ use crate::backend::DeviceBuffer;
 use crate::device::{Device, StreamHandle};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::fusion::Pending;
 use crate::ir::{Expr, Kernel, KernelArgs, Operand};
 use crate::layout::Layout;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-/// Device memory shared by every view of it, with the streams that touched it last.
+/// Device memory shared by every view of it, with the streams that touched it last. Its
+/// buffer exists once the storage is realized: a pending storage (lazy fusion) holds the
+/// expression that will fill it instead.
 pub(crate) struct Storage {
-    pub(crate) buffer: Arc<dyn DeviceBuffer>,
+    buffer: OnceLock<Arc<dyn DeviceBuffer>>,
+    /// The deferred work that fills this storage, until it runs.
+    pub(crate) pending: Mutex<Option<Pending>>,
+    /// Pending storages whose expressions read this one: they run before it is written.
+    readers: Mutex<Vec<Weak<Storage>>>,
+    /// Size in bytes (known before a pending storage has its buffer).
+    pub(crate) bytes: usize,
+    /// The fused kernel that computed it, for `explain`.
+    pub(crate) ran: OnceLock<crate::explain::Ran>,
     pub(crate) device: Device,
     access: Mutex<Access>,
 }
@@ -25,14 +36,90 @@ struct Access {
 
 impl Storage {
     fn new(buffer: Arc<dyn DeviceBuffer>, device: Device, stream: Arc<StreamHandle>) -> Storage {
+        let bytes = buffer.len_bytes();
         Storage {
-            buffer,
+            buffer: OnceLock::from(buffer),
+            pending: Mutex::new(None),
+            readers: Mutex::new(Vec::new()),
+            bytes,
+            ran: OnceLock::new(),
             device,
             access: Mutex::new(Access {
                 last_write: stream,
                 readers: Vec::new(),
             }),
         }
+    }
+
+    /// A storage of `bytes` bytes whose contents `pending` computes when first needed.
+    pub(crate) fn new_pending(pending: Pending, bytes: usize, device: Device) -> Storage {
+        let stream = pending.stream.clone();
+        Storage {
+            buffer: OnceLock::new(),
+            pending: Mutex::new(Some(pending)),
+            readers: Mutex::new(Vec::new()),
+            bytes,
+            ran: OnceLock::new(),
+            device,
+            access: Mutex::new(Access {
+                last_write: stream,
+                readers: Vec::new(),
+            }),
+        }
+    }
+
+    /// The buffer, running the pending work first if there is any.
+    pub(crate) fn buffer(self: &Arc<Storage>) -> Result<Arc<dyn DeviceBuffer>> {
+        if let Some(b) = self.buffer.get() {
+            return Ok(b.clone());
+        }
+        crate::fusion::realize(self)?;
+        self.buffer.get().cloned().ok_or_else(|| {
+            Error::Invalid("a pending tensor's work could not run (see the earlier error)".into())
+        })
+    }
+
+    /// Sets the buffer of a pending storage as its work is launched.
+    pub(crate) fn set_buffer(&self, buffer: Arc<dyn DeviceBuffer>) {
+        let _ = self.buffer.set(buffer);
+    }
+
+    /// True while the storage's work is deferred.
+    pub(crate) fn is_pending(&self) -> bool {
+        self.buffer.get().is_none()
+    }
+
+    /// Notes that the pending storage `reader` reads this one.
+    pub(crate) fn add_reader(&self, reader: &Arc<Storage>) {
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        // Amortized pruning keeps a tensor read by many (dropped or realized) trees small.
+        if readers.len() >= 16 && readers.len().is_power_of_two() {
+            readers.retain(|w| w.upgrade().is_some_and(|r| r.is_pending()));
+        }
+        readers.push(Arc::downgrade(reader));
+    }
+
+    /// Runs every pending tree that reads this storage, before a write to it: the device's
+    /// whole flush when there is one (so each tree fuses what only it holds), then any reader
+    /// still pending.
+    pub(crate) fn run_pending_readers(&self) -> Result<()> {
+        let live = |readers: &[Weak<Storage>]| -> Vec<Arc<Storage>> {
+            readers
+                .iter()
+                .filter_map(Weak::upgrade)
+                .filter(|r| r.is_pending())
+                .collect()
+        };
+        let any = !live(&self.readers.lock().unwrap_or_else(|p| p.into_inner())).is_empty();
+        if !any {
+            return Ok(());
+        }
+        self.device.flush()?;
+        let rest = live(&self.readers.lock().unwrap_or_else(|p| p.into_inner()));
+        for r in rest {
+            r.buffer()?;
+        }
+        Ok(())
     }
 
     fn access(&self) -> std::sync::MutexGuard<'_, Access> {
@@ -107,8 +194,18 @@ impl Tensor {
     }
 
     pub(crate) fn alloc(shape: &[usize], dtype: DType, device: &Device) -> Result<Tensor> {
+        Tensor::alloc_with_layout(Layout::contiguous(shape)?, dtype, device)
+    }
+
+    /// A new tensor with `layout`, which must be dense with offset 0 (a permutation of a
+    /// contiguous layout).
+    pub(crate) fn alloc_with_layout(
+        layout: Layout,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         device.backend().check_dtype(dtype)?;
-        let layout = Layout::contiguous(shape)?;
+        let shape = layout.shape().to_vec();
         let bytes = layout
             .numel()
             .checked_mul(dtype.itemsize())
@@ -262,14 +359,19 @@ impl Tensor {
     ///
     /// ```
     /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
-    /// assert_eq!(t.operand().dtype, strata_core::DType::I16);
+    /// assert_eq!(t.operand().unwrap().dtype, strata_core::DType::I16);
     /// ```
-    pub fn operand(&self) -> Operand {
-        Operand {
-            buffer: self.storage.buffer.clone(),
+    pub fn operand(&self) -> Result<Operand> {
+        Ok(Operand {
+            buffer: self.buffer()?,
             layout: self.layout.clone(),
             dtype: self.dtype,
-        }
+        })
+    }
+
+    /// The storage's buffer, running pending work first (lazy fusion).
+    pub(crate) fn buffer(&self) -> Result<Arc<dyn DeviceBuffer>> {
+        self.storage.buffer()
     }
 
     /// Makes `current` wait for the work on other streams that this access must follow: the
@@ -339,7 +441,7 @@ fn check_writable(out: &Tensor) -> Result<()> {
 /// A map that does not read the linear index may visit elements in any order: the operands
 /// with their axes in the output's memory order, so a permuted output (and inputs laid out
 /// like it) reach the backend contiguous.
-fn in_memory_order(
+pub(crate) fn in_memory_order(
     kernel: &Kernel,
     out: &Tensor,
     inputs: &[&Tensor],
@@ -366,20 +468,43 @@ pub(crate) fn memory_order(layout: &Layout) -> Vec<usize> {
     order
 }
 
-/// Launches `kernel` writing `out`. This is the one place core orders work across streams and
-/// checks what every write must satisfy.
+/// Launches `kernel` writing `out` on the current stream. This is the one place core orders
+/// work across streams and checks what every write must satisfy.
 pub(crate) fn launch(
     kernel: Kernel,
     out: &Tensor,
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
 ) -> Result<()> {
+    let stream = out.device().current_handle();
+    launch_on(kernel, out, inputs, scalars, &stream, false)
+}
+
+/// [`launch`] on `stream`. `fresh`: `out` is a pending storage being realized, which no
+/// pending tree may need to read before it is written.
+pub(crate) fn launch_on(
+    kernel: Kernel,
+    out: &Tensor,
+    inputs: &[&Tensor],
+    scalars: Vec<Scalar>,
+    stream: &Arc<StreamHandle>,
+    fresh: bool,
+) -> Result<()> {
     check_writable(out)?;
+    // Deferred work runs before this kernel is enqueued: the inputs' own, and any pending
+    // tree that reads the storage about to be written (it must see the old values).
+    for t in inputs {
+        t.realize()?;
+    }
+    if !fresh {
+        out.storage.run_pending_readers()?;
+    }
+    out.realize()?;
     if let Some((out_p, ins)) = in_memory_order(&kernel, out, inputs)? {
         let refs: Vec<&Tensor> = ins.iter().collect();
-        return launch_ordered(kernel, &out_p, &refs, scalars);
+        return launch_ordered(kernel, &out_p, &refs, scalars, stream);
     }
-    launch_ordered(kernel, out, inputs, scalars)
+    launch_ordered(kernel, out, inputs, scalars, stream)
 }
 
 /// `launch` after the checks and the choice of axis order.
@@ -388,6 +513,7 @@ fn launch_ordered(
     out: &Tensor,
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
+    stream: &Arc<StreamHandle>,
 ) -> Result<()> {
     let device = out.device();
     let mut copies = Vec::new();
@@ -406,21 +532,24 @@ fn launch_ordered(
         .zip(&copies)
         .map(|(t, c)| c.as_ref().unwrap_or(t))
         .collect();
-    let stream = device.current_handle();
     for t in &inputs {
-        t.order_access(&stream, false)?;
+        t.realize()?;
+        t.order_access(stream, false)?;
     }
-    out.order_access(&stream, true)?;
+    out.order_access(stream, true)?;
     let args = KernelArgs {
-        outputs: vec![out.operand()],
-        inputs: inputs.iter().map(|t| t.operand()).collect(),
+        outputs: vec![out.operand()?],
+        inputs: inputs
+            .iter()
+            .map(|t| t.operand())
+            .collect::<Result<Vec<_>>>()?,
         scalars,
     };
     device.backend().run(&kernel, &args, stream.id)?;
     for t in &inputs {
-        t.storage.note_read(&stream);
+        t.storage.note_read(stream);
     }
-    out.storage.note_write(&stream);
+    out.storage.note_write(stream);
     if device.blocking() {
         device.backend().synchronize_stream(stream.id)?;
     }

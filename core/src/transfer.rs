@@ -3,7 +3,9 @@
 use crate::device::Device;
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::{Error, Result};
+use crate::fusion::{defers, record};
 use crate::ir::Expr;
+use crate::layout::Layout;
 use crate::tensor::{launch_map, Tensor};
 
 impl Tensor {
@@ -17,7 +19,7 @@ impl Tensor {
         let t = self.contiguous()?;
         let writer = t.storage_last_writer();
         t.device().backend().download(
-            t.storage.buffer.as_ref(),
+            t.buffer()?.as_ref(),
             t.offset() * t.itemsize(),
             t.nbytes(),
             writer,
@@ -119,7 +121,7 @@ impl Tensor {
         let stream = device.current_stream();
         device
             .backend()
-            .upload(out.storage.buffer.as_ref(), 0, &bytes, stream.id())?;
+            .upload(out.buffer()?.as_ref(), 0, &bytes, stream.id())?;
         Ok(out)
     }
 
@@ -150,8 +152,15 @@ impl Tensor {
     }
 
     fn cast_with(&self, dtype: DType, saturate: bool) -> Result<Tensor> {
-        let out = Tensor::alloc(self.shape(), dtype, self.device())?;
         let expr = Expr::input(0, self.dtype).cast(dtype, saturate);
+        let device = self.device();
+        if defers(device) {
+            device.backend().check_dtype(dtype)?;
+            let layout = Layout::contiguous(self.shape())?;
+            let what = if saturate { "to_dtype_sat" } else { "to_dtype" };
+            return record(expr, layout, vec![self.clone()], vec![], device, what);
+        }
+        let out = Tensor::alloc(self.shape(), dtype, device)?;
         launch_map(expr, &out, &[self], vec![])?;
         Ok(out)
     }

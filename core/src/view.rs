@@ -364,7 +364,7 @@ impl Tensor {
     pub(crate) fn checked_view(&self, layout: Layout) -> Result<Tensor> {
         if layout.numel() > 0 {
             let (lo, hi) = layout.span();
-            let len = self.storage.buffer.len_bytes() / self.itemsize();
+            let len = self.storage.bytes / self.itemsize();
             if lo < 0 || hi as usize > len {
                 return Err(Error::Index(format!(
                     "layout {layout:?} reaches outside storage of {len} elements"

@@ -32,7 +32,8 @@ use driver::Gpu;
 use launch::{function, FunctionCache};
 use memory::Memory;
 use std::sync::Arc;
-use strata_core::ir::{IndexKind, Kernel, KernelArgs};
+use strata_core::backend::KernelSource;
+use strata_core::ir::{Expr, IndexKind, Kernel, KernelArgs};
 use strata_core::lower::operands::{IndexOperands, MatmulOperands};
 use strata_core::lower::target::Target;
 use strata_core::{
@@ -333,6 +334,28 @@ impl Backend for CudaBackend {
             }
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
         }
+    }
+
+    fn map_source(&self, expr: &Expr, args: &KernelArgs) -> Result<Option<KernelSource>> {
+        let Some((sig, plan)) = map::plan(expr, args, &self.target)? else {
+            return Ok(None);
+        };
+        let Some((grid, block)) = launch::dims(&self.gpu, &plan.grid) else {
+            return Ok(None);
+        };
+        Ok(Some(KernelSource {
+            language: "CUDA C".into(),
+            launch: format!(
+                "grid {grid:?} × block {block:?}, {} argument words{}",
+                plan.args.0.len(),
+                if sig.vector > 1 {
+                    format!(", {} elements per vector load", sig.vector)
+                } else {
+                    String::new()
+                }
+            ),
+            source: map::source(&sig)?,
+        }))
     }
 
     fn memory_stats(&self) -> MemoryStats {

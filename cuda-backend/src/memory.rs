@@ -195,7 +195,7 @@ impl Memory {
 /// use strata_core::{DType, Tensor};
 /// if let Ok(dev) = strata_cuda::open(0) {
 ///     let t = Tensor::zeros([4], DType::F32, &dev).unwrap();
-///     let buf = t.operand().buffer;
+///     let buf = t.operand().unwrap().buffer;
 ///     let cuda = buf.as_any().downcast_ref::<strata_cuda::CudaBuffer>().unwrap();
 ///     assert_ne!(cuda.device_ptr(), 0);
 /// }
@@ -225,7 +225,7 @@ impl CudaBuffer {
     /// # use strata_core::{DType, Tensor};
     /// if let Ok(dev) = strata_cuda::open(0) {
     ///     let t = Tensor::zeros([0], DType::U8, &dev).unwrap();
-    ///     let buf = t.operand().buffer;
+    ///     let buf = t.operand().unwrap().buffer;
     ///     let cuda = buf.as_any().downcast_ref::<strata_cuda::CudaBuffer>().unwrap();
     ///     assert_eq!(cuda.device_ptr(), 0);
     /// }

@@ -245,6 +245,15 @@ impl Backend for WgpuBackend {
         self.gpu.read(buf.raw(), byte_offset as u64, len)
     }
 
+    fn map_source(
+        &self,
+        expr: &strata_core::ir::Expr,
+        args: &KernelArgs,
+    ) -> Result<Option<strata_core::backend::KernelSource>> {
+        self.check_operands(args)?;
+        self.map_source_of(expr, args)
+    }
+
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         self.check_operands(args)?;
         match kernel {

@@ -271,8 +271,8 @@ mod tests {
         let run_with = |target: &Target| {
             let out = Tensor::zeros([30, 40], DType::F32, &dev).unwrap();
             let args = KernelArgs {
-                outputs: vec![out.operand()],
-                inputs: vec![xt.operand()],
+                outputs: vec![out.operand().unwrap()],
+                inputs: vec![xt.operand().unwrap()],
                 scalars: vec![Scalar::F32(2.0)],
             };
             let ops = MapOperands::of(&expr, &args).unwrap();

@@ -71,6 +71,30 @@ impl Backend for CpuBackend {
         BackendKind::Cpu
     }
 
+    fn map_source(
+        &self,
+        expr: &crate::ir::Expr,
+        args: &KernelArgs,
+    ) -> Result<Option<crate::backend::KernelSource>> {
+        let n = args.outputs.first().map_or(0, |o| o.layout.numel());
+        if n == 0 {
+            return Ok(None);
+        }
+        let threads = if n >= strided::PARALLEL_MIN {
+            format!(", split over {} threads", strided::threads())
+        } else {
+            String::new()
+        };
+        Ok(Some(crate::backend::KernelSource {
+            language: "CPU evaluation plan".into(),
+            launch: format!(
+                "{n} elements, each node evaluated over blocks of {} elements{threads}",
+                strided::BLOCK
+            ),
+            source: crate::explain::evaluation_plan(expr),
+        }))
+    }
+
     fn name(&self) -> String {
         "cpu".into()
     }

@@ -412,8 +412,8 @@ mod tests {
                 let want = Tensor::zeros(&kept, DType::I64, &dev).unwrap();
                 let got = Tensor::zeros(&kept, DType::I64, &dev).unwrap();
                 let args = |o: &Tensor| crate::ir::KernelArgs {
-                    outputs: vec![o.operand()],
-                    inputs: vec![view.operand()],
+                    outputs: vec![o.operand().unwrap()],
+                    inputs: vec![view.operand().unwrap()],
                     scalars: vec![],
                 };
                 let reduced = view.ndim() - kept.len();

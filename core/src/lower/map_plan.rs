@@ -9,7 +9,7 @@
 //! let dev = Device::cpu();
 //! let x = Tensor::zeros([64, 64], DType::F32, &dev).unwrap();
 //! let out = Tensor::zeros([64, 64], DType::F32, &dev).unwrap();
-//! let args = KernelArgs { outputs: vec![out.operand()], inputs: vec![x.t().unwrap().operand()], scalars: vec![] };
+//! let args = KernelArgs { outputs: vec![out.operand().unwrap()], inputs: vec![x.t().unwrap().operand().unwrap()], scalars: vec![] };
 //! let expr = Expr::input(0, DType::F32);
 //! let ops = MapOperands::of(&expr, &args).unwrap();
 //! let p = plan(&ops, false, &BufferInfo::of_operands(&args), &Target::cpu(1)).unwrap();
@@ -361,8 +361,8 @@ mod tests {
 
     fn args(out: &Tensor, inputs: &[&Tensor]) -> KernelArgs {
         KernelArgs {
-            outputs: vec![out.operand()],
-            inputs: inputs.iter().map(|t| t.operand()).collect(),
+            outputs: vec![out.operand().unwrap()],
+            inputs: inputs.iter().map(|t| t.operand().unwrap()).collect(),
             scalars: vec![],
         }
     }

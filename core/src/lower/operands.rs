@@ -12,7 +12,7 @@ use crate::ir::{Expr, IndexKind, KernelArgs, Operand};
 /// ```
 /// use strata_core::{ir::{Expr, KernelArgs}, lower::operands::MapOperands, DType, Device, Tensor};
 /// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
-/// let args = KernelArgs { outputs: vec![t.operand()], inputs: vec![t.operand()], scalars: vec![] };
+/// let args = KernelArgs { outputs: vec![t.operand().unwrap()], inputs: vec![t.operand().unwrap()], scalars: vec![] };
 /// assert!(MapOperands::of(&Expr::input(0, DType::F32), &args).is_ok());
 /// assert!(MapOperands::of(&Expr::input(0, DType::I8), &args).is_err());
 /// ```
@@ -74,7 +74,7 @@ impl<'a> MapOperands<'a> {
 /// use strata_core::{ir::KernelArgs, lower::operands::ReduceOperands, DType, Device, Tensor};
 /// let dev = Device::cpu();
 /// let (x, y) = (Tensor::zeros([3, 4], DType::F32, &dev).unwrap(), Tensor::zeros([3], DType::F32, &dev).unwrap());
-/// let args = KernelArgs { outputs: vec![y.operand()], inputs: vec![x.operand()], scalars: vec![] };
+/// let args = KernelArgs { outputs: vec![y.operand().unwrap()], inputs: vec![x.operand().unwrap()], scalars: vec![] };
 /// let r = ReduceOperands::of(1, &args).unwrap();
 /// assert_eq!((r.outputs, r.extent), (3, 4));
 /// assert!(ReduceOperands::of(2, &args).is_err());
@@ -134,8 +134,8 @@ impl<'a> ReduceOperands<'a> {
 /// let b = Tensor::zeros([1, 3, 4], DType::F32, &dev).unwrap();
 /// let c = Tensor::zeros([1, 2, 4], DType::F32, &dev).unwrap();
 /// let args = KernelArgs {
-///     outputs: vec![c.operand()],
-///     inputs: vec![a.operand(), b.operand()],
+///     outputs: vec![c.operand().unwrap()],
+///     inputs: vec![a.operand().unwrap(), b.operand().unwrap()],
 ///     scalars: vec![Scalar::F32(1.0), Scalar::F32(0.0)],
 /// };
 /// assert_eq!(MatmulOperands::of(&args).unwrap().dims, (1, 2, 3, 4));
@@ -215,7 +215,7 @@ impl<'a> MatmulOperands<'a> {
 /// let src = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
 /// let idx = Tensor::zeros([2, 4], DType::I64, &dev).unwrap();
 /// let out = Tensor::zeros([2, 4], DType::F32, &dev).unwrap();
-/// let args = KernelArgs { outputs: vec![out.operand()], inputs: vec![src.operand(), idx.operand()], scalars: vec![] };
+/// let args = KernelArgs { outputs: vec![out.operand().unwrap()], inputs: vec![src.operand().unwrap(), idx.operand().unwrap()], scalars: vec![] };
 /// let ops = IndexOperands::of(IndexKind::Gather, 0, &args).unwrap();
 /// assert_eq!(ops.space(), &[2, 4]);
 /// ```

@@ -10,7 +10,7 @@
 //! use strata_core::{ir::KernelArgs, DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let (x, y) = (Tensor::zeros([1 << 20], DType::F32, &dev).unwrap(), Tensor::zeros([0usize; 0], DType::F32, &dev).unwrap());
-//! let args = KernelArgs { outputs: vec![y.operand()], inputs: vec![x.operand()], scalars: vec![] };
+//! let args = KernelArgs { outputs: vec![y.operand().unwrap()], inputs: vec![x.operand().unwrap()], scalars: vec![] };
 //! let p = plan(&ReduceOperands::of(1, &args).unwrap(), &BufferInfo::of_operands(&args), &Target::cpu(4)).unwrap();
 //! assert_eq!((p.outputs, p.splits), (1, 8)); // eight ranges for four threads, then a combine
 //! ```
@@ -352,8 +352,8 @@ mod tests {
     fn plan_of(x: &Tensor, kept: &[usize], t: &Target) -> ReducePlan {
         let out = Tensor::zeros(kept, DType::F32, x.device()).unwrap();
         let args = KernelArgs {
-            outputs: vec![out.operand()],
-            inputs: vec![x.operand()],
+            outputs: vec![out.operand().unwrap()],
+            inputs: vec![x.operand().unwrap()],
             scalars: vec![],
         };
         let ops = ReduceOperands::of(x.ndim() - kept.len(), &args).unwrap();

@@ -14,7 +14,7 @@ use crate::backend::MemoryStats;
 use crate::device::{Device, Event, Stream};
 use crate::error::Result;
 use crate::tensor::Tensor;
-use html::escape;
+pub(crate) use html::escape;
 
 impl Tensor {
     /// The notebook view of this tensor as HTML: a header with shape, strides, offset, dtype,
@@ -89,7 +89,7 @@ impl Tensor {
 
 /// Prints one display bundle in evcxr's protocol.
 #[cfg(feature = "evcxr")]
-fn emit(plain: &str, html: &str, png_base64: Option<&str>) {
+pub(crate) fn emit(plain: &str, html: &str, png_base64: Option<&str>) {
     let mut out = format!(
         "EVCXR_BEGIN_CONTENT text/plain\n{plain}\nEVCXR_END_CONTENT\n\
          EVCXR_BEGIN_CONTENT text/html\n{html}\nEVCXR_END_CONTENT\n"

@@ -5,8 +5,9 @@ use super::promote::{can_cast, result_type, DEFAULT_FLOAT};
 use crate::assign::Value;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::fusion::{defers, record};
 use crate::ir::{BinaryOp, Expr, UnaryOp};
-use crate::layout::broadcast_shapes;
+use crate::layout::{broadcast_shapes, Layout};
 use crate::lower::legal::{binary_rule, unary_rule};
 use crate::tensor::{launch_map, Tensor};
 
@@ -57,9 +58,9 @@ impl Lowering {
         })
     }
 
-    /// A new output whose axes follow the memory order of the first input that is a dense
-    /// permutation of the result's shape (as PyTorch preserves strides), else row-major.
-    fn alloc_like_inputs(&self, dtype: DType, device_of: &Tensor) -> Result<Tensor> {
+    /// The layout of a new output: axes in the memory order of the first input that is a
+    /// dense permutation of the result's shape (as PyTorch preserves strides), else row-major.
+    fn output_layout(&self) -> Result<Layout> {
         let dense = self.tensors.iter().find(|t| {
             t.shape() == &self.shape[..]
                 && t.ndim() > 1
@@ -68,18 +69,19 @@ impl Lowering {
                 && t.permute_to_contiguous().is_some()
         });
         let Some(t) = dense else {
-            return Tensor::alloc(&self.shape, dtype, device_of.device());
+            return Layout::contiguous(&self.shape);
         };
         let order = crate::tensor::memory_order(t.layout());
         let permuted: Vec<usize> = order.iter().map(|&a| self.shape[a]).collect();
-        let mut inverse = vec![0isize; order.len()];
+        let mut inverse = vec![0usize; order.len()];
         for (k, &a) in order.iter().enumerate() {
-            inverse[a] = k as isize;
+            inverse[a] = k;
         }
-        Tensor::alloc(&permuted, dtype, device_of.device())?.permute(inverse)
+        Layout::contiguous(&permuted)?.permuted(&inverse)
     }
 
-    /// Writes `expr` into `out` (checked) or a new tensor.
+    /// Writes `expr` into `out` (checked), or returns it as a new tensor: pending (recorded
+    /// for fusion) when the device defers, else computed now.
     fn finish(
         self,
         expr: Expr,
@@ -93,7 +95,15 @@ impl Lowering {
                 device_of.same_device(o, what)?;
                 o.clone()
             }
-            None => self.alloc_like_inputs(expr.dtype, device_of)?,
+            None => {
+                let layout = self.output_layout()?;
+                let device = device_of.device();
+                device.backend().check_dtype(expr.dtype)?;
+                if defers(device) {
+                    return record(expr, layout, self.tensors, self.scalars, device, what);
+                }
+                Tensor::alloc_with_layout(layout, expr.dtype, device)?
+            }
         };
         let expr = expr.cast(out.dtype(), false);
         let inputs: Vec<&Tensor> = self.tensors.iter().collect();

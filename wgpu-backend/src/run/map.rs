@@ -3,6 +3,7 @@
 use crate::codegen::{map, prelude};
 use crate::launch::{buffer_info, raw, Binding};
 use crate::WgpuBackend;
+use strata_core::backend::KernelSource;
 use strata_core::ir::{Expr, KernelArgs, Operand};
 use strata_core::lower::map_plan;
 use strata_core::lower::operands::MapOperands;
@@ -50,5 +51,45 @@ impl WgpuBackend {
                 .dispatch(&pipeline, &params, &bindings, piece.work)?;
         }
         Ok(())
+    }
+
+    /// The WGSL of each piece of the map `expr` (one piece unless binding windows split it).
+    pub(crate) fn map_source_of(
+        &self,
+        expr: &Expr,
+        args: &KernelArgs,
+    ) -> Result<Option<KernelSource>> {
+        let ops = MapOperands::of(expr, args)?;
+        let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+        let buffers = operands
+            .iter()
+            .map(|o| raw(o))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = map_plan::plan(
+            &ops,
+            expr.reads_linear_index(),
+            &buffer_info(&buffers),
+            &self.target,
+        )?;
+        let Some(first) = plan.pieces.first() else {
+            return Ok(None);
+        };
+        let dtypes: Vec<_> = operands.iter().map(|o| o.dtype).collect();
+        let scalars: Vec<_> = ops.scalars.iter().map(|s| s.dtype()).collect();
+        let sig = map::MapSig::of(expr, first, dtypes, scalars);
+        let pieces = plan.pieces.len();
+        Ok(Some(KernelSource {
+            language: "WGSL".into(),
+            launch: format!(
+                "{} invocations in workgroups of 256{}",
+                first.work,
+                if pieces > 1 {
+                    format!(", first of {pieces} dispatches (binding windows)")
+                } else {
+                    String::new()
+                }
+            ),
+            source: map::source(&sig, self.gpu.caps)?,
+        }))
     }
 }

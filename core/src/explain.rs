@@ -1,0 +1,515 @@
+//! [`Tensor::explain`]: the kernels behind a tensor, before they run (lazy fusion) or as they
+//! ran, with the user ops each holds, its operands, launch shape and generated source.
+
+use crate::backend::KernelSource;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::fusion;
+use crate::ir::{BinaryOp, Expr, Kernel, KernelArgs, Node};
+use crate::layout::Layout;
+use crate::notebook::escape;
+use crate::tensor::{in_memory_order, Tensor};
+use std::fmt::{self, Write};
+
+/// What [`Tensor::explain`] found: the kernels still to run for a tensor, in the order they
+/// will run, or the fused kernel that computed it.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let a = Tensor::ones([4], DType::F32, &dev)?;
+/// let y = (&a * 2.0)?.add(&a)?.relu()?;
+/// let e = y.explain()?;
+/// if dev.fusion() {
+///     assert_eq!(e.kernels.len(), 1);
+///     assert_eq!(e.kernels[0].ops, vec!["mul", "add", "relu"]);
+/// }
+/// println!("{e}");
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Explanation {
+    /// The tensor explained: shape, dtype and device.
+    pub tensor: String,
+    /// Kernels still to run (pending), or the one that computed the tensor (ran).
+    pub kernels: Vec<KernelReport>,
+    /// What there is to know besides the kernels (eager op, fusion off, ...).
+    pub note: String,
+}
+
+/// One kernel: what it computes and how it is launched.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let a = Tensor::ones([2], DType::F32, &Device::cpu())?;
+/// let y = a.exp()?;
+/// for k in y.explain()?.kernels {
+///     assert_eq!(k.output.dtype, DType::F32);
+/// }
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct KernelReport {
+    /// `true` while it has not run.
+    pub pending: bool,
+    /// The user ops it holds, in the order they were called.
+    pub ops: Vec<String>,
+    /// The expression per output element (`in0`, `s0`: inputs and launch scalars).
+    pub expression: String,
+    /// The tensors it reads.
+    pub inputs: Vec<OperandReport>,
+    /// The tensor it writes.
+    pub output: OperandReport,
+    /// How many launch scalars it takes.
+    pub scalars: usize,
+    /// The generated source and launch shape (before the kernel runs; the CPU backend shows
+    /// its evaluation plan).
+    pub source: Option<KernelSource>,
+}
+
+/// Shape, strides, offset and dtype of one kernel operand.
+///
+/// ```
+/// let o = strata_core::explain::OperandReport {
+///     shape: vec![2, 3], strides: vec![3, 1], offset: 0, dtype: strata_core::DType::F32,
+/// };
+/// assert_eq!(o.to_string(), "[2, 3] f32 strides [3, 1] offset 0");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperandReport {
+    /// The size of each axis.
+    pub shape: Vec<usize>,
+    /// Steps in elements (0: broadcast).
+    pub strides: Vec<isize>,
+    /// Position of the first element.
+    pub offset: usize,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl OperandReport {
+    pub(crate) fn of(layout: &Layout, dtype: DType) -> OperandReport {
+        OperandReport {
+            shape: layout.shape().to_vec(),
+            strides: layout.strides().to_vec(),
+            offset: layout.offset(),
+            dtype,
+        }
+    }
+}
+
+impl fmt::Display for OperandReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:?} {} strides {:?} offset {}",
+            self.shape, self.dtype, self.strides, self.offset
+        )
+    }
+}
+
+/// What a fused kernel that ran was made of (kept on its tensor for `explain`).
+#[derive(Debug)]
+pub(crate) struct Ran {
+    pub(crate) expr: Expr,
+    pub(crate) ops: Vec<String>,
+    pub(crate) inputs: Vec<OperandReport>,
+    pub(crate) output: OperandReport,
+    pub(crate) scalars: usize,
+}
+
+impl Tensor {
+    /// The work behind this tensor. While it is pending: every kernel that will run to
+    /// compute it, in order (a pending input that others share runs as its own kernel
+    /// first), each with the user ops it fuses, its inputs and output (shape, strides,
+    /// dtype), the launch shape and the generated source (CUDA C, WGSL, or the CPU backend's
+    /// evaluation plan). Once a fused kernel has run: that kernel, without source. Displays
+    /// as text, and as HTML in a notebook.
+    ///
+    /// To show the source for the real buffers, `explain` runs the kernels of shared pending
+    /// inputs (they run before this one in any case) and reserves the output's memory while
+    /// it generates the source; it does not run the explained kernel itself.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let x = Tensor::arange(0, 8, 1, DType::F32, &dev)?;
+    /// let y = (&x - 3.0)?.exp()?;
+    /// let before = y.explain()?;
+    /// y.realize()?;
+    /// let after = y.explain()?;
+    /// if dev.fusion() {
+    ///     assert!(before.kernels[0].pending && !after.kernels[0].pending);
+    ///     assert!(before.kernels[0].expression.contains("exp"));
+    /// }
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn explain(&self) -> Result<Explanation> {
+        let tensor = format!(
+            "{:?} {} on {}",
+            self.shape(),
+            self.dtype(),
+            self.device().name()
+        );
+        let mut kernels = Vec::new();
+        explain_pending(self, &mut kernels)?;
+        let note = if !kernels.is_empty() {
+            format!(
+                "{} kernel{} will run when the value is needed",
+                kernels.len(),
+                if kernels.len() == 1 { "" } else { "s" }
+            )
+        } else if let Some(ran) = self.storage.ran.get() {
+            kernels.push(KernelReport {
+                pending: false,
+                ops: ran.ops.clone(),
+                expression: infix(&ran.expr),
+                inputs: ran.inputs.clone(),
+                output: ran.output.clone(),
+                scalars: ran.scalars,
+                source: None,
+            });
+            "computed by this fused kernel (explain before it runs to see its source)".into()
+        } else if !fusion::defers(self.device()) {
+            "computed eagerly: fusion is off on this device (blocking mode or set_fusion(false))"
+                .into()
+        } else {
+            "computed by an op that is not fused (creation, copy, reduction, matmul, index op, \
+             join) or written in place"
+                .into()
+        };
+        Ok(Explanation {
+            tensor,
+            kernels,
+            note,
+        })
+    }
+}
+
+/// Appends the kernels that would realize `t` (its shared pending inputs' first).
+fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
+    let Some((expr, fused, layout, dtype)) = fusion::plan(&t.storage)? else {
+        return Ok(());
+    };
+    for input in &fused.inputs {
+        if input.is_pending() {
+            explain_pending(input, kernels)?;
+            input.realize()?;
+        }
+    }
+    let device = t.device();
+    let out = Tensor::alloc_with_layout(layout.clone(), dtype, device)?;
+    let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
+    let kernel = Kernel::Map { expr };
+    let (o, ins) = match in_memory_order(&kernel, &out, &inputs)? {
+        Some((o, ins)) => (o, ins),
+        None => (out.clone(), fused.inputs.clone()),
+    };
+    let args = KernelArgs {
+        outputs: vec![o.operand()?],
+        inputs: ins.iter().map(|i| i.operand()).collect::<Result<_>>()?,
+        scalars: fused.scalars.clone(),
+    };
+    let Kernel::Map { expr } = kernel else {
+        unreachable!("built as a map above")
+    };
+    let source = device.backend().map_source(&expr, &args)?;
+    kernels.push(KernelReport {
+        pending: true,
+        ops: fused.ops.clone(),
+        expression: infix(&expr),
+        inputs: fused
+            .inputs
+            .iter()
+            .map(|i| OperandReport::of(i.layout(), i.dtype()))
+            .collect(),
+        output: OperandReport::of(&layout, dtype),
+        scalars: fused.scalars.len(),
+        source,
+    });
+    Ok(())
+}
+
+/// The expression in one line: `relu(in0 * in1 + in2)`, casts as `f32(x)`.
+///
+/// ```
+/// use strata_core::{DType, ir::{BinaryOp, Expr}};
+/// let e = Expr::binary(BinaryOp::Add, Expr::input(0, DType::F32), Expr::scalar(0, DType::F32));
+/// assert_eq!(strata_core::explain::infix(&e), "in0 + s0");
+/// ```
+pub fn infix(e: &Expr) -> String {
+    let mut out = String::new();
+    write_infix(e, &mut out, 0);
+    out
+}
+
+/// Binding strength of a binary operator written infix (0: written as a call).
+fn precedence(op: BinaryOp) -> u8 {
+    use BinaryOp::*;
+    match op {
+        Mul | Div | Rem | FloorDiv => 5,
+        Add | Sub => 4,
+        Shl | Shr => 3,
+        Eq | Ne | Lt | Le | Gt | Ge => 2,
+        BitAnd | BitOr | BitXor => 1,
+        _ => 0,
+    }
+}
+
+fn symbol(op: BinaryOp) -> &'static str {
+    use BinaryOp::*;
+    match op {
+        Add => "+",
+        Sub => "-",
+        Mul => "*",
+        Div => "/",
+        FloorDiv => "//",
+        Rem => "%",
+        Shl => "<<",
+        Shr => ">>",
+        Eq => "==",
+        Ne => "!=",
+        Lt => "<",
+        Le => "<=",
+        Gt => ">",
+        Ge => ">=",
+        BitAnd => "&",
+        BitOr => "|",
+        BitXor => "^",
+        _ => "",
+    }
+}
+
+/// Lower-case name of an enum variant (`Atan2` → `atan2`, `AddSat` → `add_sat`).
+fn snake(debug: String) -> String {
+    let mut out = String::new();
+    for (k, c) in debug.chars().enumerate() {
+        if c.is_ascii_uppercase() && k > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
+fn write_infix(e: &Expr, out: &mut String, outer: u8) {
+    match &e.node {
+        Node::Input(k) => {
+            let _ = write!(out, "in{k}");
+        }
+        Node::Scalar(k) => {
+            let _ = write!(out, "s{k}");
+        }
+        Node::Literal(bits) => {
+            let _ = write!(out, "{}", crate::Scalar::from_bits(e.dtype, *bits));
+        }
+        Node::LinearIndex => out.push_str("index"),
+        Node::Philox { word, .. } => {
+            let _ = write!(out, "philox{word}(index)");
+        }
+        Node::Cast { arg, saturate } => {
+            let _ = write!(out, "{}{}(", e.dtype, if *saturate { "_sat" } else { "" });
+            write_infix(arg, out, 0);
+            out.push(')');
+        }
+        Node::Unary(op, a) => {
+            let _ = write!(out, "{}(", snake(format!("{op:?}")));
+            write_infix(a, out, 0);
+            out.push(')');
+        }
+        Node::Binary(op, a, b) => {
+            let p = precedence(*op);
+            if p == 0 {
+                let _ = write!(out, "{}(", snake(format!("{op:?}")));
+                write_infix(a, out, 0);
+                out.push_str(", ");
+                write_infix(b, out, 0);
+                out.push(')');
+                return;
+            }
+            let paren = p < outer;
+            if paren {
+                out.push('(');
+            }
+            write_infix(a, out, p);
+            let _ = write!(out, " {} ", symbol(*op));
+            write_infix(b, out, p + 1);
+            if paren {
+                out.push(')');
+            }
+        }
+        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
+            out.push_str(if matches!(e.node, Node::Fma(..)) {
+                "fma("
+            } else {
+                "where("
+            });
+            write_infix(a, out, 0);
+            out.push_str(", ");
+            write_infix(b, out, 0);
+            out.push_str(", ");
+            write_infix(c, out, 0);
+            out.push(')');
+        }
+    }
+}
+
+/// The CPU backend's evaluation plan of `e`: one line per node in the order it is evaluated
+/// (each node over a block of elements at a time), with its dtype.
+///
+/// ```
+/// use strata_core::{DType, ir::{BinaryOp, Expr}};
+/// let e = Expr::binary(BinaryOp::Mul, Expr::input(0, DType::F32), Expr::input(1, DType::F32));
+/// let plan = strata_core::explain::evaluation_plan(&e);
+/// assert!(plan.contains("t2 = t0 * t1"));
+/// ```
+pub fn evaluation_plan(e: &Expr) -> String {
+    let mut lines = Vec::new();
+    let last = plan_node(e, &mut lines);
+    lines.push(format!("out = t{last}"));
+    lines.join("\n")
+}
+
+fn plan_node(e: &Expr, lines: &mut Vec<String>) -> usize {
+    let text = match &e.node {
+        Node::Input(_)
+        | Node::Scalar(_)
+        | Node::Literal(_)
+        | Node::LinearIndex
+        | Node::Philox { .. } => infix(e),
+        Node::Cast { arg, saturate } => {
+            let a = plan_node(arg, lines);
+            format!("{}{}(t{a})", e.dtype, if *saturate { "_sat" } else { "" })
+        }
+        Node::Unary(op, arg) => {
+            let a = plan_node(arg, lines);
+            format!("{}(t{a})", snake(format!("{op:?}")))
+        }
+        Node::Binary(op, a, b) => {
+            let (a, b) = (plan_node(a, lines), plan_node(b, lines));
+            match symbol(*op) {
+                "" => format!("{}(t{a}, t{b})", snake(format!("{op:?}"))),
+                s => format!("t{a} {s} t{b}"),
+            }
+        }
+        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
+            let name = if matches!(e.node, Node::Fma(..)) {
+                "fma"
+            } else {
+                "where"
+            };
+            let (a, b, c) = (
+                plan_node(a, lines),
+                plan_node(b, lines),
+                plan_node(c, lines),
+            );
+            format!("{name}(t{a}, t{b}, t{c})")
+        }
+    };
+    let k = lines.len();
+    lines.push(format!("t{k} = {text:<28} : {}", e.dtype));
+    k
+}
+
+impl fmt::Display for Explanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "explain {}: {}", self.tensor, self.note)?;
+        for (k, kernel) in self.kernels.iter().enumerate() {
+            let state = if kernel.pending { "pending" } else { "ran" };
+            writeln!(
+                f,
+                "kernel {} ({state}): {} ({} op{})",
+                k + 1,
+                kernel.ops.join(" → "),
+                kernel.ops.len(),
+                if kernel.ops.len() == 1 { "" } else { "s" }
+            )?;
+            writeln!(f, "  out = {}", kernel.expression)?;
+            for (i, input) in kernel.inputs.iter().enumerate() {
+                writeln!(f, "  in{i}: {input}")?;
+            }
+            writeln!(f, "  out: {}", kernel.output)?;
+            if kernel.scalars > 0 {
+                writeln!(f, "  launch scalars: {}", kernel.scalars)?;
+            }
+            if let Some(src) = &kernel.source {
+                writeln!(f, "  launch: {}", src.launch)?;
+                writeln!(f, "  {}:", src.language)?;
+                for line in src.source.lines() {
+                    writeln!(f, "    {line}")?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Explanation {
+    /// The explanation as HTML: a table per kernel, the source in a collapsible block.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let y = Tensor::ones([3], DType::F32, &Device::cpu())?.exp()?;
+    /// assert!(y.explain()?.to_html().contains("<table"));
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn to_html(&self) -> String {
+        let mono = "font-family:monospace;font-size:12px";
+        let mut out = format!(
+            "<div style=\"{mono}\"><b>explain</b> {} — {}</div>",
+            escape(&self.tensor),
+            escape(&self.note)
+        );
+        for (k, kernel) in self.kernels.iter().enumerate() {
+            let state = if kernel.pending { "pending" } else { "ran" };
+            let _ = write!(
+                out,
+                "<table style=\"border-collapse:collapse;{mono};margin:6px 0\">\
+                 <tr><th colspan=\"2\" style=\"text-align:left\">kernel {} ({state}): {}</th></tr>\
+                 <tr><td style=\"padding-right:12px\">out =</td><td>{}</td></tr>",
+                k + 1,
+                escape(&kernel.ops.join(" → ")),
+                escape(&kernel.expression)
+            );
+            for (i, input) in kernel.inputs.iter().enumerate() {
+                let _ = write!(
+                    out,
+                    "<tr><td>in{i}</td><td>{}</td></tr>",
+                    escape(&input.to_string())
+                );
+            }
+            let _ = write!(
+                out,
+                "<tr><td>out</td><td>{}</td></tr>",
+                escape(&kernel.output.to_string())
+            );
+            if let Some(src) = &kernel.source {
+                let _ = write!(
+                    out,
+                    "<tr><td>launch</td><td>{}</td></tr></table>\
+                     <details><summary style=\"{mono}\">{} source ({} lines)</summary>\
+                     <pre style=\"{mono}\">{}</pre></details>",
+                    escape(&src.launch),
+                    escape(&src.language),
+                    src.source.lines().count(),
+                    escape(&src.source)
+                );
+            } else {
+                out.push_str("</table>");
+            }
+        }
+        out
+    }
+
+    /// Shows the explanation in an evcxr notebook (text and HTML).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// Tensor::ones([3], DType::F32, &Device::cpu())?.exp()?.explain()?.evcxr_display();
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    #[cfg(feature = "evcxr")]
+    pub fn evcxr_display(&self) {
+        crate::notebook::emit(&self.to_string(), &self.to_html(), None);
+    }
+}

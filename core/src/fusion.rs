@@ -1,0 +1,322 @@
+//! Lazy fusion: an elementwise op checks its operands at the call, then records its expression
+//! instead of launching it. The result is a *pending* tensor whose storage has no buffer yet;
+//! chains of pending tensors grow one expression tree, and the first use that needs the values
+//! (a host read, a non-elementwise op, a write into a buffer the tree reads, an event, a
+//! synchronize, [`Tensor::realize`], [`Device::flush`]) runs the whole tree as one `Map`
+//! kernel. Each node keeps its own dtype and rounding, so fused results equal eager ones.
+//!
+//! ```
+//! use strata_core::{Device, DType, Tensor};
+//! let dev = Device::cpu();
+//! let a = Tensor::arange(0, 4, 1, DType::F32, &dev)?;
+//! let y = (&a * 2.0)?.add(1.0)?.relu()?; // three ops, nothing has run yet
+//! assert!(y.is_pending() || !dev.fusion());
+//! assert_eq!(y.to_vec::<f32>()?, vec![1.0, 3.0, 5.0, 7.0]); // one kernel ran
+//! assert!(!y.is_pending());
+//! # Ok::<(), strata_core::Error>(())
+//! ```
+
+use crate::device::{Device, StreamHandle};
+use crate::dtype::{DType, Scalar};
+use crate::error::{Error, Result};
+use crate::explain::{OperandReport, Ran};
+use crate::ir::{Expr, Kernel, Node};
+use crate::layout::Layout;
+use crate::tensor::{launch_on, Storage, Tensor};
+use std::sync::Arc;
+
+/// The most expression nodes one fused kernel holds. Past it, the inputs are run first, so
+/// every tree (and every walk of one) stays small however long a chain is.
+pub const MAX_NODES: usize = 192;
+/// The most tensor inputs one fused kernel reads: wgpu's default of 8 storage bindings per
+/// shader stage, less the parameters and the output.
+pub const MAX_INPUTS: usize = 6;
+
+/// Deferred work: the expression that fills a pending storage.
+pub(crate) struct Pending {
+    /// The value of each element, over `inputs` and `scalars`.
+    pub(crate) expr: Expr,
+    /// Views the expression reads, with the result's shape (realized or pending).
+    pub(crate) inputs: Vec<Tensor>,
+    /// Launch scalars.
+    pub(crate) scalars: Vec<Scalar>,
+    /// The layout the result is written with (dense, offset 0).
+    pub(crate) layout: Layout,
+    /// The stream the op was issued on: the kernel runs there.
+    pub(crate) stream: Arc<StreamHandle>,
+    /// The user op that made this node (`add`, `relu`, ...), for `explain`.
+    pub(crate) what: String,
+    /// Expression nodes of the whole tree this node would fuse (an upper bound).
+    nodes: usize,
+    /// Tensor inputs of that tree (an upper bound).
+    leaves: usize,
+}
+
+/// Nodes of an expression tree.
+fn count_nodes(e: &Expr) -> usize {
+    match &e.node {
+        Node::Input(_) | Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex => 1,
+        Node::Philox { .. } => 1,
+        Node::Cast { arg, .. } | Node::Unary(_, arg) => 1 + count_nodes(arg),
+        Node::Binary(_, a, b) => 1 + count_nodes(a) + count_nodes(b),
+        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
+            1 + count_nodes(a) + count_nodes(b) + count_nodes(c)
+        }
+    }
+}
+
+/// True when `device` defers elementwise ops: fusion on and blocking mode off.
+pub(crate) fn defers(device: &Device) -> bool {
+    device.fusion() && !device.blocking()
+}
+
+/// A pending tensor of `layout` (dense, offset 0) and `expr.dtype` computing `expr` over
+/// `inputs` (views with the layout's shape) and `scalars`, issued on the current stream.
+/// Callers have checked everything an eager launch would check.
+pub(crate) fn record(
+    expr: Expr,
+    layout: Layout,
+    inputs: Vec<Tensor>,
+    scalars: Vec<Scalar>,
+    device: &Device,
+    what: &str,
+) -> Result<Tensor> {
+    let stream = device.current_handle();
+    let mut nodes = count_nodes(&expr);
+    let mut leaves = 0;
+    for t in &inputs {
+        let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+        match child.as_ref() {
+            Some(c) if Arc::ptr_eq(&c.stream, &stream) => {
+                nodes += c.nodes;
+                leaves += c.leaves;
+            }
+            Some(_) => {
+                // Pending on another stream: it runs there, ordered by the usual events.
+                drop(child);
+                t.realize()?;
+                leaves += 1;
+            }
+            None => leaves += 1,
+        }
+    }
+    if nodes > MAX_NODES || leaves > MAX_INPUTS {
+        for t in &inputs {
+            t.realize()?;
+        }
+        nodes = count_nodes(&expr);
+        leaves = inputs.len();
+    }
+    let dtype = expr.dtype;
+    let bytes = layout
+        .numel()
+        .checked_mul(dtype.itemsize())
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{:?} of {dtype} overflows the byte count",
+                layout.shape()
+            ))
+        })?;
+    let pending = Pending {
+        expr,
+        inputs,
+        scalars,
+        layout: layout.clone(),
+        stream,
+        what: what.to_string(),
+        nodes,
+        leaves,
+    };
+    let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
+    if let Some(p) = storage
+        .pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+    {
+        for t in &p.inputs {
+            t.storage.add_reader(&storage);
+        }
+    }
+    device.register_pending(&storage);
+    Ok(Tensor {
+        storage,
+        layout,
+        dtype,
+    })
+}
+
+/// One fused kernel being assembled: its inputs (deduplicated), scalars and user ops.
+#[derive(Default)]
+pub(crate) struct Fused {
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) scalars: Vec<Scalar>,
+    pub(crate) ops: Vec<String>,
+}
+
+impl Fused {
+    /// The index of input `t`, added unless the same view is already an input.
+    fn leaf(&mut self, t: &Tensor) -> usize {
+        let same = |u: &Tensor| u.shares_storage(t) && u.layout == t.layout && u.dtype == t.dtype;
+        if let Some(k) = self.inputs.iter().position(same) {
+            return k;
+        }
+        self.inputs.push(t.clone());
+        self.inputs.len() - 1
+    }
+
+    /// `p`'s expression with every pending input that only this tree reads spliced in
+    /// (recursively), and every other input made a leaf, realized first when `run`.
+    fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
+        let mut subst = Vec::with_capacity(p.inputs.len());
+        for t in &p.inputs {
+            if t.storage.is_pending() {
+                let refs = p.inputs.iter().filter(|u| u.shares_storage(t)).count();
+                // Only this tree holds it: nobody else can read or realize it, so its work
+                // moves into this kernel and its buffer is never allocated.
+                if Arc::strong_count(&t.storage) == refs {
+                    let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    if let Some(c) = child.as_ref() {
+                        if c.layout == t.layout && Arc::ptr_eq(&c.stream, &p.stream) {
+                            subst.push(self.splice(c, run)?);
+                            continue;
+                        }
+                    }
+                }
+                if run {
+                    t.realize()?;
+                }
+            }
+            subst.push(Expr::input(self.leaf(t), t.dtype));
+        }
+        let base = self.scalars.len();
+        self.scalars.extend(p.scalars.iter().cloned());
+        self.ops.push(p.what.clone());
+        Ok(substitute(&p.expr, &subst, base))
+    }
+}
+
+/// `e` with input `k` replaced by `inputs[k]` and scalar indices shifted by `base`.
+fn substitute(e: &Expr, inputs: &[Expr], base: usize) -> Expr {
+    let node = match &e.node {
+        Node::Input(k) => return inputs[*k].clone(),
+        Node::Scalar(k) => Node::Scalar(k + base),
+        Node::Philox { key, counter, word } => Node::Philox {
+            key: key + base,
+            counter: counter + base,
+            word: *word,
+        },
+        Node::Literal(_) | Node::LinearIndex => e.node.clone(),
+        Node::Cast { arg, saturate } => Node::Cast {
+            arg: Box::new(substitute(arg, inputs, base)),
+            saturate: *saturate,
+        },
+        Node::Unary(op, a) => Node::Unary(*op, Box::new(substitute(a, inputs, base))),
+        Node::Binary(op, a, b) => Node::Binary(
+            *op,
+            Box::new(substitute(a, inputs, base)),
+            Box::new(substitute(b, inputs, base)),
+        ),
+        Node::Fma(a, b, c) => Node::Fma(
+            Box::new(substitute(a, inputs, base)),
+            Box::new(substitute(b, inputs, base)),
+            Box::new(substitute(c, inputs, base)),
+        ),
+        Node::Where(c, a, b) => Node::Where(
+            Box::new(substitute(c, inputs, base)),
+            Box::new(substitute(a, inputs, base)),
+            Box::new(substitute(b, inputs, base)),
+        ),
+    };
+    Expr {
+        dtype: e.dtype,
+        node,
+    }
+}
+
+/// The kernel that would realize `storage` now (its expression with the inputs only it holds
+/// spliced in), without running anything: for `explain`. `None` once it has run.
+pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout, DType)>> {
+    let guard = storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(p) = guard.as_ref() else {
+        return Ok(None);
+    };
+    let mut fused = Fused::default();
+    let expr = fused.splice(p, false)?;
+    Ok(Some((expr, fused, p.layout.clone(), p.expr.dtype)))
+}
+
+/// Runs a pending storage's work (its tree fused into one kernel) on the stream it was issued
+/// on. Does nothing once it has run.
+pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
+    let mut guard = storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(p) = guard.as_ref() else {
+        return Ok(());
+    };
+    let mut fused = Fused::default();
+    let expr = fused.splice(p, true)?;
+    let device = &storage.device;
+    let buffer = device.backend().allocate(storage.bytes, p.stream.id)?;
+    storage.set_buffer(buffer);
+    let out = Tensor {
+        storage: storage.clone(),
+        layout: p.layout.clone(),
+        dtype: p.expr.dtype,
+    };
+    let _ = storage.ran.set(Ran {
+        expr: expr.clone(),
+        inputs: fused
+            .inputs
+            .iter()
+            .map(|t| OperandReport::of(t.layout(), t.dtype()))
+            .collect(),
+        output: OperandReport::of(&p.layout, p.expr.dtype),
+        scalars: fused.scalars.len(),
+        ops: std::mem::take(&mut fused.ops),
+    });
+    let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
+    let stream = p.stream.clone();
+    let ran = launch_on(
+        Kernel::Map { expr },
+        &out,
+        &inputs,
+        fused.scalars,
+        &stream,
+        true,
+    );
+    // The tree (and every intermediate only it held) is released here.
+    *guard = None;
+    ran
+}
+
+impl Tensor {
+    /// True while this tensor's value is deferred work that has not run (lazy fusion).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let a = Tensor::ones([3], DType::F32, &dev)?;
+    /// assert!(!a.is_pending()); // creation runs at once
+    /// let b = a.exp()?;
+    /// assert_eq!(b.is_pending(), dev.fusion());
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn is_pending(&self) -> bool {
+        self.storage.is_pending()
+    }
+
+    /// Runs this tensor's deferred work now (one kernel for the whole pending tree behind
+    /// it); does nothing for a tensor that has run. Like every launch it is asynchronous.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let b = Tensor::ones([3], DType::F32, &dev)?.mul(3.0)?;
+    /// b.realize()?;
+    /// assert!(!b.is_pending());
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn realize(&self) -> Result<()> {
+        self.storage.buffer().map(|_| ())
+    }
+}

@@ -1,0 +1,327 @@
+//! Lazy fusion on every backend: elementwise results are pending until something needs them,
+//! and every way of needing them (host reads, non-fused ops, writes into what a pending tree
+//! reads, views, streams, events, blocking mode, size limits, `realize`, `flush`) gives the
+//! eager answer. The aliasing tests matter most: peers have shipped silently wrong results
+//! there (burn#1659, pytorch#198033).
+//!
+//! With `STRATA_FUSION=0` the same tests run eagerly (nothing is ever pending), which
+//! `scripts/test.sh` also does for the whole suite.
+
+use strata::prelude::*;
+use strata_tests::test_device;
+
+fn fusing(dev: &Device) -> bool {
+    dev.fusion() && !dev.blocking()
+}
+
+fn f32s(v: &[f32], dev: &Device) -> Result<Tensor> {
+    Tensor::from_slice(v, [v.len()], dev)
+}
+
+/// `b = a * 2; a += 1`: `b` holds the old `a`'s double.
+fn write_after_pending_read(dev: &Device) -> Result<()> {
+    let a = f32s(&[1.0, 2.0, 3.0], dev)?;
+    let b = (&a * 2.0)?;
+    assert_eq!(b.is_pending(), fusing(dev));
+    a.add_(1.0)?;
+    assert_eq!(b.to_vec::<f32>()?, vec![2.0, 4.0, 6.0]);
+    assert_eq!(a.to_vec::<f32>()?, vec![2.0, 3.0, 4.0]);
+    Ok(())
+}
+test_device!(
+    write_after_pending_read_sees_old_values,
+    write_after_pending_read
+);
+
+/// Writes through views, `fill`, `set`, `assign`, `out=` and scatter into a storage that a
+/// pending tree reads all run the tree first.
+fn writes_through_views(dev: &Device) -> Result<()> {
+    let base = || Tensor::arange(0, 6, 1, DType::F32, dev)?.reshape([2, 3]);
+    // fill through a column view
+    let a = base()?;
+    let b = (&a + 10.0)?;
+    a.slice(s![.., 1])?.fill(-1.0)?;
+    assert_eq!(b.to_vec::<f32>()?, vec![10., 11., 12., 13., 14., 15.]);
+    // assign through a transposed view
+    let a = base()?;
+    let b = a.exp()?.log()?.round()?;
+    a.t()?.assign(&Tensor::zeros([3, 2], DType::F32, dev)?)?;
+    assert_eq!(b.to_vec::<f32>()?, vec![0., 1., 2., 3., 4., 5.]);
+    // an out= form writing the tree's own input
+    let a = base()?;
+    let b = (&a * &a)?;
+    a.neg_out(&a)?;
+    assert_eq!(b.to_vec::<f32>()?, vec![0., 1., 4., 9., 16., 25.]);
+    // scatter through an index tensor
+    let a = base()?.reshape([6])?;
+    let b = (&a - 1.0)?;
+    let idx = Tensor::from_slice(&[5i64, 0], [2], dev)?;
+    a.scatter_(0, &idx, &f32s(&[100.0, 200.0], dev)?)?;
+    assert_eq!(b.to_vec::<f32>()?, vec![-1., 0., 1., 2., 3., 4.]);
+    // a write into a pending tree's *indirect* input (through an intermediate it holds)
+    let a = base()?;
+    let c = (&a + 1.0)?.mul(3.0)?;
+    a.fill(0.0)?;
+    assert_eq!(c.to_vec::<f32>()?, vec![3., 6., 9., 12., 15., 18.]);
+    Ok(())
+}
+test_device!(
+    writes_through_views_run_pending_readers_first,
+    writes_through_views
+);
+
+/// Views of a pending result, and in-place ops on one.
+fn views_and_inplace_of_pending(dev: &Device) -> Result<()> {
+    let a = Tensor::arange(0, 6, 1, DType::I32, dev)?.reshape([2, 3])?;
+    let b = (&a * 2i64)?;
+    let v = b.slice(s![.., ..;-1])?;
+    assert_eq!(v.to_vec::<i32>()?, vec![4, 2, 0, 10, 8, 6]);
+    let b = (&a * 2i64)?;
+    let t = b.t()?;
+    // The transposed view of a pending tensor as an input of another pending op.
+    let c = (&t + 1i64)?;
+    assert_eq!(c.to_vec::<i32>()?, vec![1, 7, 3, 9, 5, 11]);
+    let d = (&a + 1i64)?;
+    d.mul_(10i32)?;
+    assert_eq!(d.to_vec::<i32>()?, vec![10, 20, 30, 40, 50, 60]);
+    // A broadcast view of a pending row.
+    let row = (&a.slice(s![0])? + 100i64)?;
+    let e = (&a + &row)?;
+    assert_eq!(e.to_vec::<i32>()?, vec![100, 102, 104, 103, 105, 107]);
+    Ok(())
+}
+test_device!(
+    views_and_inplace_ops_of_pending_results,
+    views_and_inplace_of_pending
+);
+
+/// Non-fused ops (matmul, reductions, index ops, joins, copies) take pending inputs.
+fn non_fused_consumers(dev: &Device) -> Result<()> {
+    let a = Tensor::arange(0, 4, 1, DType::F32, dev)?.reshape([2, 2])?;
+    let b = (&a + 1.0)?;
+    assert_eq!(b.matmul(&b)?.to_vec::<f32>()?, vec![7., 10., 15., 22.]);
+    let b = (&a + 1.0)?;
+    assert_eq!(b.sum(Axes::All, false)?.item::<f32>()?, 10.0);
+    let b = (&a + 1.0)?;
+    let idx = Tensor::from_slice(&[1i64], [1], dev)?;
+    assert_eq!(b.index_select(0, &idx)?.to_vec::<f32>()?, vec![3., 4.]);
+    let b = (&a + 1.0)?;
+    let c = Tensor::cat(&[&b, &b], 0)?;
+    assert_eq!(c.shape(), &[4, 2]);
+    assert_eq!(c.to_vec::<f32>()?, vec![1., 2., 3., 4., 1., 2., 3., 4.]);
+    let b = (&a + 1.0)?;
+    assert_eq!(b.copy()?.to_vec::<f32>()?, vec![1., 2., 3., 4.]);
+    let b = (&a + 1.0)?;
+    let other = Device::cpu();
+    assert_eq!(b.to_device(&other)?.to_vec::<f32>()?, vec![1., 2., 3., 4.]);
+    Ok(())
+}
+test_device!(non_fused_ops_consume_pending_inputs, non_fused_consumers);
+
+/// A pending tensor used on another stream, and the stream/event/synchronize flush points.
+fn streams_and_events(dev: &Device) -> Result<()> {
+    let s1 = dev.new_stream()?;
+    let s2 = dev.new_stream()?;
+    let a = Tensor::arange(0, 1024, 1, DType::F32, dev)?;
+    let b = dev.with_stream(&s1, || (&a * 2.0)?.add(1.0))??;
+    let c = dev.with_stream(&s2, || (&b + 1.0)?.sum(Axes::All, false))??;
+    assert_eq!(
+        c.item::<f32>()?,
+        (0..1024).map(|i| 2.0 * i as f32 + 2.0).sum::<f32>()
+    );
+    let d = (&a + 1.0)?;
+    let e = s1.record_event()?;
+    assert!(!d.is_pending(), "record_event runs what is pending");
+    s2.wait_event(&e)?;
+    let f = a.neg()?;
+    dev.synchronize()?;
+    assert!(!f.is_pending(), "synchronize runs what is pending");
+    let g = a.abs()?;
+    s1.synchronize()?;
+    assert!(!g.is_pending());
+    Ok(())
+}
+test_device!(pending_tensors_meet_streams_and_events, streams_and_events);
+
+/// A chain of 10,000 ops built in a loop: no stack overflow anywhere, the size limit flushes
+/// along the way, and the value is the eager one.
+fn long_chain(dev: &Device) -> Result<()> {
+    let mut x = Tensor::zeros([64], DType::I64, dev)?;
+    for k in 0..10_000i64 {
+        x = if k % 3 == 0 { (&x + k)? } else { (&x - 1i64)? };
+    }
+    let want: i64 = (0..10_000i64)
+        .map(|k| if k % 3 == 0 { k } else { -1 })
+        .sum();
+    assert_eq!(x.to_vec::<i64>()?, vec![want; 64]);
+    // A diamond repeated: each step reads the previous result twice.
+    let mut y = Tensor::ones([8], DType::F64, dev)?;
+    for _ in 0..2_000 {
+        y = (&(&y * 0.5)? + &(&y * 0.5)?)?;
+    }
+    assert_eq!(y.to_vec::<f64>()?, vec![1.0; 8]);
+    Ok(())
+}
+test_device!(long_chains_flush_at_the_limit, long_chain);
+
+/// Wide trees: more inputs than one kernel may bind, and deep trees past the node limit.
+fn wide_and_deep(dev: &Device) -> Result<()> {
+    let inputs: Vec<Tensor> = (0..20)
+        .map(|k| Tensor::full([5], Scalar::F32(k as f32), DType::F32, dev))
+        .collect::<Result<_>>()?;
+    let mut acc = (&inputs[0] * 1.0)?;
+    for t in &inputs[1..] {
+        acc = (&acc + t)?;
+    }
+    assert_eq!(acc.to_vec::<f32>()?, vec![190.0; 5]);
+    // A balanced tree over all 20 inputs (each level pending).
+    let mut level = inputs.clone();
+    while level.len() > 1 {
+        level = level
+            .chunks(2)
+            .map(|p| {
+                if p.len() == 2 {
+                    &p[0] + &p[1]
+                } else {
+                    Ok(p[0].clone())
+                }
+            })
+            .collect::<Result<_>>()?;
+    }
+    assert_eq!(level[0].to_vec::<f32>()?, vec![190.0; 5]);
+    let mut deep = inputs[3].clone();
+    for _ in 0..500 {
+        deep = deep.sqrt()?.square()?;
+    }
+    let got = deep.to_vec::<f32>()?;
+    assert!(got.iter().all(|v| (v - 3.0).abs() < 1e-3), "{got:?}");
+    Ok(())
+}
+test_device!(wide_and_deep_trees_respect_the_limits, wide_and_deep);
+
+/// Errors come from the op that caused them, pending inputs or not.
+fn errors_at_the_op(dev: &Device) -> Result<()> {
+    let a = (&Tensor::ones([2, 3], DType::F32, dev)? * 2.0)?;
+    let c = Tensor::ones([4], DType::F32, dev)?;
+    let e = (&a + &c).unwrap_err();
+    assert!(
+        e.to_string().contains("[2, 3]") && e.to_string().contains("[4]"),
+        "{e}"
+    );
+    let e = a.bitwise_and(1i32).unwrap_err();
+    assert!(e.to_string().contains("f32"), "{e}");
+    assert_eq!(a.to_vec::<f32>()?, vec![2.0; 6]);
+    Ok(())
+}
+test_device!(errors_are_reported_at_the_op, errors_at_the_op);
+
+/// Random draws inside chains equal eager draws, and fused results equal eager ones bit for
+/// bit (integers everywhere; floats on the CPU, whose eager and fused paths round alike).
+fn fused_equals_eager(dev: &Device) -> Result<()> {
+    // Every element's bits (f16 and f32 widen to f64 exactly; NaN stays NaN).
+    let bits = |t: &Tensor| -> Result<Vec<u64>> {
+        Ok(if t.dtype().is_float() {
+            let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+            v.iter()
+                .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
+                .collect()
+        } else {
+            let v = t.to_dtype(DType::I64)?.to_vec::<i64>()?;
+            v.iter().map(|&x| x as u64).collect()
+        })
+    };
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut g = Generator::new(11);
+        let x = Tensor::randn([257], DType::F32, &mut g, dev)?;
+        let r = Tensor::rand([257], DType::F32, &mut g, dev)?
+            .mul(4.0)?
+            .sub(2.0)?;
+        let h = x.to_dtype(DType::F16)?;
+        let gelu = (&x * 0.5)?.mul(
+            &(&(&(&x * &x)?.mul(&x)?.mul(0.044715)? + &x)? * 0.7978845608)?
+                .tanh()?
+                .add(1.0)?,
+        )?;
+        let half = (&h * &h)?.add(&h)?.exp()?.sub(1.0)?;
+        let ints = (&x * 1000.0)?
+            .to_dtype(DType::I32)?
+            .mul(7i32)?
+            .bitwise_xor(0x55i32)?
+            .bitwise_right_shift(1i32)?
+            .floor_divide(3i32)?;
+        let masked = Tensor::where_cond(&x.gt(0.0)?, &r, &x.exp()?)?.clamp(-1.0, 1.0)?;
+        let out = [gelu, half, ints, masked, r];
+        let bytes = out.iter().map(bits).collect::<Result<_>>()?;
+        dev.set_fusion(before)?;
+        Ok(bytes)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    // Integers (index 2) and the random draws (4) agree bit for bit everywhere.
+    assert_eq!(fused[2], eager[2], "integer chain");
+    assert_eq!(fused[4], eager[4], "random draws in a chain");
+    if dev.kind() != strata::BackendKind::Wgpu {
+        // wgpu drivers may contract a*b + c inside one shader (docs/semantics.md).
+        assert_eq!(fused, eager, "fused vs eager, bit for bit");
+    }
+    Ok(())
+}
+test_device!(fused_results_equal_eager_results, fused_equals_eager);
+
+/// A dropped pending tensor costs nothing; an intermediate only the tree holds is never
+/// allocated: the peak of `relu(a*b + c)` is the three inputs and the output.
+fn dropped_and_intermediates(dev: &Device) -> Result<()> {
+    let dev = if dev.kind() == strata::BackendKind::Cpu {
+        Device::cpu() // a fresh allocator, so the peak below is this test's own
+    } else {
+        return Ok(()); // shared GPU devices carry other tests' peaks
+    };
+    let n = 1 << 16;
+    let [a, b, c] = [1.0f32, 2.0, 3.0].map(|v| Tensor::full([n], Scalar::F32(v), DType::F32, &dev));
+    let (a, b, c) = (a?, b?, c?);
+    let inputs = dev.memory_stats().allocated;
+    drop(a.exp()?.sin()?);
+    assert_eq!(dev.memory_stats().allocated, inputs);
+    if !dev.fusion() {
+        return Ok(());
+    }
+    let y = (&a * &b)?.add(&c)?.relu()?;
+    assert_eq!(
+        dev.memory_stats().peak,
+        inputs,
+        "nothing allocated while pending"
+    );
+    assert_eq!(y.to_vec::<f32>()?, vec![5.0; n]);
+    assert_eq!(
+        dev.memory_stats().peak,
+        inputs + 4 * n,
+        "inputs and the output only"
+    );
+    Ok(())
+}
+test_device!(
+    dropped_pending_tensors_cost_nothing,
+    dropped_and_intermediates
+);
+
+/// Blocking mode runs every op at once; `set_fusion(false)` too; a pending tensor survives
+/// device clones and is run by a clone's `flush`.
+fn switches_and_clones(dev: &Device) -> Result<()> {
+    let a = Tensor::ones([4], DType::F32, dev)?;
+    let clone = dev.clone();
+    let b = a.exp()?;
+    clone.flush()?;
+    assert!(!b.is_pending());
+    let c = a.exp()?;
+    c.realize()?;
+    assert!(!c.is_pending());
+    let was = dev.blocking();
+    dev.set_blocking(true);
+    let d = a.exp()?;
+    dev.set_blocking(was);
+    assert!(!d.is_pending(), "blocking mode runs each op at once");
+    assert!((d.to_vec::<f32>()?[0] - std::f32::consts::E).abs() < 1e-6);
+    Ok(())
+}
+test_device!(blocking_mode_and_device_clones, switches_and_clones);
