@@ -6,8 +6,13 @@
 //! timestamp queries), and the `bytes` moved or `flops` done, so the caller computes GB/s and
 //! TFLOP/s. Defaults: CUDA, 2^28 f32 elements, sgemm 4096³ (smaller sizes suit lavapipe).
 //! `bench_gpu first-op` prints the latency of a new process's first add on CUDA (context,
-//! kernel compile or PTX-cache load, launch, read back); `bench_gpu host` only the host cost
-//! of tiny ops on CUDA.
+//! kernel compile or PTX-cache load, launch, read back) and of its first new fused kernel;
+//! `bench_gpu host` only the host cost of tiny ops on CUDA.
+//!
+//! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
+//! never runs: every timed op here realizes its result (`keep`) so each row measures the
+//! kernels it names. Rows marked `fused` run with fusion on (the default), rows marked `eager`
+//! with `Device::set_fusion(false)`.
 
 use std::time::Instant;
 use strata::ops::Axes;
@@ -65,35 +70,50 @@ fn burst_us(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
 fn host_costs(dev: &Device) -> Result<()> {
     let one = Tensor::ones([1], DType::F32, dev)?;
     for _ in 0..1000 {
-        drop((&one + &one)?);
+        keep(&one + &one)?;
     }
     dev.synchronize()?;
-    let us = burst_us(dev, || (&one + &one).map(drop))?;
+    // Each add realized at once: recording, then its own one-op kernel.
+    let us = burst_us(dev, || keep(&one + &one))?;
     let mut flip = false;
     let alternating = burst_us(dev, || {
         flip = !flip;
-        if flip { &one + &one } else { &one * &one }.map(drop)
+        keep(if flip { &one + &one } else { &one * &one })
     })?;
+    // Recording only (lazy fusion's cost per elementwise op before anything launches): a
+    // chain of 200 adds, realized once per burst by the event that ends it.
+    let mut chain = one.clone();
+    let recorded = burst_us(dev, || {
+        chain = (&chain + &one)?;
+        Ok(())
+    })?;
+    drop(chain);
     let count = 20_000;
     let t = Instant::now();
     for _ in 0..count {
-        drop((&one + &one)?);
+        keep(&one + &one)?;
     }
     dev.synchronize()?;
     let sustained = t.elapsed().as_secs_f64() * 1e6 / count as f64;
     println!(
         "{{\"op\": \"host-us-per-add\", \"us\": {us:.3}, \"sustained_us\": {sustained:.3}, \
-         \"alternating_us\": {alternating:.3}}}"
+         \"alternating_us\": {alternating:.3}, \"recorded_us\": {recorded:.3}}}"
     );
     let out = Tensor::zeros([1], DType::F32, dev)?;
     let into = burst_us(dev, || one.add_out(&one, &out))?;
     let cpu = Device::cpu();
     let one_cpu = Tensor::ones([1], DType::F32, &cpu)?;
-    let on_cpu = burst_us(&cpu, || (&one_cpu + &one_cpu).map(drop))?;
+    let on_cpu = burst_us(&cpu, || keep(&one_cpu + &one_cpu))?;
     println!(
         "{{\"op\": \"host-parts\", \"add_out_us\": {into:.3}, \"cpu_device_us\": {on_cpu:.3}}}"
     );
     Ok(())
+}
+
+/// Runs the deferred work of `t` (lazy fusion) and drops it: what a timed op must do so that
+/// the work it names happens inside the timed span.
+fn keep(t: Result<Tensor>) -> Result<()> {
+    t?.realize()
 }
 
 fn row(op: &str, ms: f64, bytes: f64, flops: f64) {
@@ -108,12 +128,54 @@ fn first_op() -> Result<()> {
     let v = (&a + &a)?.sum(Axes::All, false)?.item::<f32>()?;
     let t2 = Instant::now();
     assert_eq!(v, 2048.0);
+    // A fused kernel of a new structure: compile (or PTX-cache load) and launch.
+    let f = ((&a * &a)?.add(&a)?.exp()?.sub(&a)?.sqrt()?.mul(0.5)?).to_vec::<f32>()?;
+    let t3 = Instant::now();
+    assert_eq!(f.len(), 1024);
     println!(
-        "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}}}",
+        "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \
+         \"first_fused_ms\": {:.1}}}",
         (t1 - t0).as_secs_f64() * 1e3,
-        (t2 - t1).as_secs_f64() * 1e3
+        (t2 - t1).as_secs_f64() * 1e3,
+        (t3 - t2).as_secs_f64() * 1e3
     );
     Ok(())
+}
+
+/// tanh-GELU written with primitives: `0.5·x·(1 + tanh(0.7978845608·(x + 0.044715·x³)))`.
+fn gelu(x: &Tensor) -> Result<Tensor> {
+    let inner = (&(&(&(x * x)? * x)? * 0.044715)? + x)?;
+    let t = (&inner * 0.7978845608)?.tanh()?.add(1.0)?;
+    &(x * 0.5)? * &t
+}
+
+/// Softmax along the last axis written with primitives (strata's `softmax` is the same ops).
+fn softmax(x: &Tensor) -> Result<Tensor> {
+    let e = (x - &x.max(-1, true)?)?.exp()?;
+    &e / &e.sum(-1, true)?
+}
+
+/// The chains of the lazy-fusion issue, fused (fusion on) and eager (fusion off).
+fn fusion_rows(dev: &Device, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<()> {
+    let n = a.numel() as f64;
+    let side = 1usize << (a.numel().trailing_zeros() / 2);
+    let x2 = a.slice(s![..side * side])?.reshape([side, side])?;
+    let sm_bytes = 2.0 * 4.0 * (side * side) as f64;
+    for fused in [true, false] {
+        dev.set_fusion(fused)?;
+        let mode = if fused { "fused" } else { "eager" };
+        let ms = time(dev, 1, || keep((a * b)?.add(c)?.relu()))?;
+        row(&format!("relu(a*b+c) {mode}"), ms, 16.0 * n, 0.0);
+        let ms = time(dev, 1, || keep(gelu(a)))?;
+        row(&format!("gelu-primitives {mode}"), ms, 8.0 * n, 0.0);
+        let ms = time(dev, 1, || keep((a * b)?.sum(Axes::All, false)))?;
+        row(&format!("(a*b).sum() {mode}"), ms, 8.0 * n, 0.0);
+        let ms = time(dev, 1, || keep(softmax(&x2)))?;
+        row(&format!("softmax-primitives {mode}"), ms, sm_bytes, 0.0);
+        let ms = time(dev, 1, || keep(x2.softmax(-1)))?;
+        row(&format!("softmax {mode}"), ms, sm_bytes, 0.0);
+    }
+    dev.set_fusion(true)
 }
 
 /// The value after `flag` on the command line, or `default`.
@@ -154,39 +216,36 @@ fn main() -> Result<()> {
     let b = Tensor::rand([n], DType::F32, &mut g, &dev)?;
     let f = 4.0; // bytes per element
 
-    let ms = time(&dev, 1, || a.copy().map(drop))?;
+    let c = Tensor::rand([n], DType::F32, &mut g, &dev)?;
+    dev.flush()?;
+    let ms = time(&dev, 1, || keep(a.copy()))?;
     row("copy", ms, 2.0 * f * n as f64, 0.0);
-    let ms = time(&dev, 1, || (&a + &b).map(drop))?;
+    let ms = time(&dev, 1, || keep(&a + &b))?;
     row("add", ms, 3.0 * f * n as f64, 0.0);
-    let ms = time(&dev, 1, || a.sum(Axes::All, false).map(drop))?;
+    let ms = time(&dev, 1, || keep(a.sum(Axes::All, false)))?;
     row("sum", ms, f * n as f64, 0.0);
     let a4 = a.reshape([n / 4, 4])?;
-    let ms = time(&dev, 1, || a4.sum(-1, false).map(drop))?;
+    let ms = time(&dev, 1, || keep(a4.sum(-1, false)))?;
     row("sum-inner-4", ms, 1.25 * f * n as f64, 0.0);
     let side = 1usize << (log2n / 2);
     let (at, bs) = (
         a.slice(s![..side * side])?.reshape([side, side])?.t()?,
         b.slice(s![..side * side])?.reshape([side, side])?,
     );
-    let ms = time(&dev, 1, || (&at + &bs).map(drop))?;
+    let ms = time(&dev, 1, || keep(&at + &bs))?;
     row("add-transposed", ms, 3.0 * f * (side * side) as f64, 0.0);
-    let relu = || -> Result<()> {
-        drop(((&a * &b)? + &a)?.relu()?);
-        Ok(())
-    };
-    let ms = time(&dev, 1, relu)?;
-    row("relu(a*b+a) eager", ms, 3.0 * f * n as f64, 0.0);
+    fusion_rows(&dev, &a, &b, &c)?;
 
     let k: usize = arg("--gemm", "4096").parse().unwrap_or(4096);
     let mut g = strata::random::Generator::new(2);
     let x = Tensor::rand([k, k], DType::F32, &mut g, &dev)?;
     let y = Tensor::rand([k, k], DType::F32, &mut g, &dev)?;
     let flops = 2.0 * (k * k * k) as f64;
-    let ms = time(&dev, 1, || x.matmul(&y).map(drop))?;
+    let ms = time(&dev, 1, || keep(x.matmul(&y)))?;
     row(&format!("sgemm-{k}-fp32"), ms, 0.0, flops);
     if cuda {
         dev.set_allow_tf32(true);
-        let ms = time(&dev, 1, || x.matmul(&y).map(drop))?;
+        let ms = time(&dev, 1, || keep(x.matmul(&y)))?;
         row(&format!("sgemm-{k}-tf32"), ms, 0.0, flops);
         dev.set_allow_tf32(false);
     }

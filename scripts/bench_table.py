@@ -40,6 +40,8 @@ def alone(s):
         h = s["host-us-per-add"]
         print(f"| 1-element add, enqueue cost (bursts of 200) | {h['us']:.2f} us | | |")
         print(f"| 1-element add, sustained (20,000, one sync) | {h['sustained_us']:.2f} us | | |")
+        if "recorded_us" in h:
+            print(f"| recording one elementwise op (lazy fusion) | {h['recorded_us']:.2f} us | | |")
 
 
 def main():
@@ -55,12 +57,20 @@ def main():
         ratio = f"{p['ms'] / r['ms']:.2f}x" if p else ""
         pms = f"{p['ms']:.3f} ms" if p else ""
         print(f"| {op} | {r['ms']:.3f} ms | {rate(r)} | {pms} | {rate(p) if p else ''} | {ratio} |")
+    for op, p in t.items():
+        if op not in s and "ms" in p:
+            print(f"| {op} (PyTorch only) | | | {p['ms']:.3f} ms | {rate(p)} | |")
+    for op, p in t.items():
+        if op.startswith("compile-"):
+            what = f"{p['first_ms']:.0f} ms" if "first_ms" in p else p.get("error", "")
+            print(f"| torch.{op} | | | {what} | | |")
     for op, prefix in (("host-us-per-add", ""), ("unbatched-host-us-per-add", "unbatched: ")):
         if op not in s:
             continue
         for key, what in (("us", "host cost of a 1-element add (enqueue, bursts of 200)"),
                           ("alternating_us", "the same, adds and multiplies alternating"),
-                          ("sustained_us", "sustained rate of 1-element adds (20,000, one sync)")):
+                          ("sustained_us", "sustained rate of 1-element adds (20,000, one sync)"),
+                          ("recorded_us", "recording one elementwise op (lazy fusion, chains of 200)")):
             a, b = s[op].get(key), t.get("host-us-per-add", {}).get(key)
             if a is None:
                 continue
@@ -75,7 +85,8 @@ def main():
     for k in ("first-op-cold", "first-op-warm"):
         if k in s:
             r = s[k]
-            print(f"| {k}: context / first add+sum+read | {r['context_ms']:.0f} ms / {r['first_ops_ms']:.0f} ms | | | | |")
+            print(f"| {k}: context / first add+sum+read / first new fused kernel | {r['context_ms']:.0f} ms / "
+                  f"{r['first_ops_ms']:.0f} ms / {r.get('first_fused_ms', 0):.0f} ms | | | | |")
 
 
 if __name__ == "__main__":

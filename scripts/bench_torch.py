@@ -27,6 +27,55 @@ def row(op, ms, nbytes=0, flops=0):
     print(json.dumps({"op": op, "ms": ms, "bytes": nbytes, "flops": flops}), flush=True)
 
 
+def gelu(x):
+    return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
+
+
+def softmax(x):
+    e = (x - x.max(-1, keepdim=True).values).exp()
+    return e / e.sum(-1, keepdim=True)
+
+
+def compiled(name, fn, *args):
+    """torch.compile of fn: the first call's time (compile included) as its own row, then the
+    steady time under `name`; a row saying why when torch.compile is not available."""
+    try:
+        c = torch.compile(fn)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        c(*args)
+        torch.cuda.synchronize()
+        first = (time.perf_counter() - t) * 1e3
+        print(json.dumps({"op": f"compile-first-call {name}", "first_ms": first}), flush=True)
+        return timed(lambda: c(*args))
+    except Exception as e:  # no triton, no compiler: say so and go on
+        print(json.dumps({"op": f"compile-failed {name}", "error": str(e)[:200]}), flush=True)
+        return None
+
+
+def fusion_rows(a, b, n):
+    """The lazy-fusion chains: eager PyTorch under the strata row names '... eager', and
+    torch.compile (steady state) under '... fused'; hand-fused kernels as their own rows."""
+    c = torch.rand(n, device="cuda")
+    side = 1 << 14
+    x2 = a.view(side, side)
+    chains = [
+        ("relu(a*b+c)", lambda: torch.relu(a * b + c), 16 * n),
+        ("gelu-primitives", lambda: gelu(a), 8 * n),
+        ("(a*b).sum()", lambda: (a * b).sum(), 8 * n),
+        ("softmax-primitives", lambda: softmax(x2), 8 * n),
+        ("softmax", lambda: torch.softmax(x2, -1), 8 * n),
+    ]
+    for name, fn, nbytes in chains:
+        row(f"{name} eager", timed(fn), nbytes)
+        ms = compiled(name, fn)
+        if ms is not None:
+            row(f"{name} fused", ms, nbytes)
+    row("F.gelu(tanh) (hand-fused)",
+        timed(lambda: torch.nn.functional.gelu(a, approximate="tanh")), 8 * n)
+    row("torch.dot (hand-fused (a*b).sum())", timed(lambda: torch.dot(a, b)), 8 * n)
+
+
 def main():
     n = 1 << 28
     a = torch.rand(n, device="cuda")
@@ -39,7 +88,7 @@ def main():
     side = 1 << 14
     at, bs = a.view(side, side).t(), b.view(side, side)
     row("add-transposed", timed(lambda: at + bs), 12 * n)
-    row("relu(a*b+a) eager", timed(lambda: torch.relu(a * b + a)), 12 * n)
+    fusion_rows(a, b, n)
     k = 4096
     x = torch.rand(k, k, device="cuda")
     y = torch.rand(k, k, device="cuda")
