@@ -30,6 +30,12 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
     --test elementwise --test index_ops --test matmul --test reduce -- --test-threads=1
 fi
 
+# Lazy fusion off (every elementwise op launched at once, as before fusion): the differential
+# suite once more, so both modes stay equal to the reference on every backend present.
+fusion_off_devices=cpu
+if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then fusion_off_devices=cpu,wgpu; fi
+STRATA_FUSION=0 STRATA_TEST_DEVICES=$fusion_off_devices cargo test --locked -p strata-tests -- --test-threads=1
+
 # The notebooks: every one in notebooks/ executed through nbclient with the strata kernel, on
 # the CPU and (where a Vulkan driver is present) on wgpu. Needs evcxr_jupyter and a .venv with
 # nbclient and pytest (.ci/run installs both). The kernel loads the committed HEAD of this

@@ -158,8 +158,10 @@ impl Device {
         }
     }
 
-    /// Runs every pending (deferred) op of this device, newest first so that each tree takes
-    /// in the intermediates only it holds. Asynchronous like any launch.
+    /// Runs every pending (deferred) op of this device, oldest first: a pending tensor that
+    /// someone holds runs once, as its own kernel, and later trees read it; one that only
+    /// other pending trees hold is left to them and spliced into their kernels (never
+    /// written). Asynchronous like any launch.
     ///
     /// ```
     /// use strata_core::{Device, DType, Tensor};
@@ -170,16 +172,21 @@ impl Device {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn flush(&self) -> Result<()> {
-        let mut pending = std::mem::take(&mut *self.lock_pending());
-        while let Some(weak) = pending.pop() {
-            // One strong reference at a time: holding them all would keep every
-            // intermediate "shared" and stop it from fusing into its reader.
-            if let Some(storage) = weak.upgrade() {
-                if let Err(e) = storage.buffer() {
-                    // What did not run stays registered for the next flush.
-                    self.lock_pending().splice(0..0, pending);
-                    return Err(e);
-                }
+        let pending = std::mem::take(&mut *self.lock_pending());
+        for (k, weak) in pending.iter().enumerate() {
+            // One strong reference at a time: holding them all would make every intermediate
+            // look held by someone.
+            let Some(storage) = weak.upgrade() else {
+                continue;
+            };
+            if !storage.is_pending() || crate::fusion::held_only_by_trees(&storage, 1) {
+                continue;
+            }
+            if let Err(e) = storage.buffer() {
+                // What did not run stays registered for the next flush.
+                self.lock_pending()
+                    .splice(0..0, pending[k..].iter().cloned());
+                return Err(e);
             }
         }
         Ok(())

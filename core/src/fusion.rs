@@ -165,24 +165,23 @@ impl Fused {
         self.inputs.len() - 1
     }
 
-    /// `p`'s expression with every pending input that only this tree reads spliced in
-    /// (recursively), and every other input made a leaf, realized first when `run`.
+    /// `p`'s expression with every pending input read element for element (the same layout,
+    /// the same stream) spliced in, recursively, and every other input made a leaf, realized
+    /// first when `run`. A spliced input that someone else still holds stays pending: its
+    /// nodes are recomputed here (registers, no memory traffic), and it runs again only if
+    /// its own value is needed later — the temporaries of a one-line chain never are.
     fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
         let mut subst = Vec::with_capacity(p.inputs.len());
         for t in &p.inputs {
             if t.storage.is_pending() {
-                let refs = p.inputs.iter().filter(|u| u.shares_storage(t)).count();
-                // Only this tree holds it: nobody else can read or realize it, so its work
-                // moves into this kernel and its buffer is never allocated.
-                if Arc::strong_count(&t.storage) == refs {
-                    let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(c) = child.as_ref() {
-                        if c.layout == t.layout && Arc::ptr_eq(&c.stream, &p.stream) {
-                            subst.push(self.splice(c, run)?);
-                            continue;
-                        }
+                let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(c) = child.as_ref() {
+                    if c.layout == t.layout && Arc::ptr_eq(&c.stream, &p.stream) {
+                        subst.push(self.splice(c, run)?);
+                        continue;
                     }
                 }
+                drop(child);
                 if run {
                     t.realize()?;
                 }
@@ -244,6 +243,28 @@ pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout
     let mut fused = Fused::default();
     let expr = fused.splice(p, false)?;
     Ok(Some((expr, fused, p.layout.clone(), p.expr.dtype)))
+}
+
+/// True when only pending trees hold `storage` (nobody can read it but through them): a flush
+/// leaves it to the trees, which splice it in, instead of writing it to memory.
+pub(crate) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
+    let by_trees: usize = storage
+        .live_readers()
+        .iter()
+        .map(|r| {
+            r.pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .map_or(0, |p| {
+                    p.inputs
+                        .iter()
+                        .filter(|t| Arc::ptr_eq(&t.storage, storage))
+                        .count()
+                })
+        })
+        .sum();
+    Arc::strong_count(storage) == by_trees + extra
 }
 
 /// Runs a pending storage's work (its tree fused into one kernel) on the stream it was issued

@@ -99,24 +99,25 @@ impl Storage {
         readers.push(Arc::downgrade(reader));
     }
 
+    /// The pending trees that read this storage.
+    pub(crate) fn live_readers(&self) -> Vec<Arc<Storage>> {
+        let readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        readers
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|r| r.is_pending())
+            .collect()
+    }
+
     /// Runs every pending tree that reads this storage, before a write to it: the device's
     /// whole flush when there is one (so each tree fuses what only it holds), then any reader
     /// still pending.
     pub(crate) fn run_pending_readers(&self) -> Result<()> {
-        let live = |readers: &[Weak<Storage>]| -> Vec<Arc<Storage>> {
-            readers
-                .iter()
-                .filter_map(Weak::upgrade)
-                .filter(|r| r.is_pending())
-                .collect()
-        };
-        let any = !live(&self.readers.lock().unwrap_or_else(|p| p.into_inner())).is_empty();
-        if !any {
+        if self.live_readers().is_empty() {
             return Ok(());
         }
         self.device.flush()?;
-        let rest = live(&self.readers.lock().unwrap_or_else(|p| p.into_inner()));
-        for r in rest {
+        for r in self.live_readers() {
             r.buffer()?;
         }
         Ok(())

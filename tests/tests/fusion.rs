@@ -325,3 +325,36 @@ fn switches_and_clones(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(blocking_mode_and_device_clones, switches_and_clones);
+
+/// A chain written in one statement fuses although its temporaries are alive when it runs
+/// (their nodes are recomputed in registers); intermediates the user keeps run once at a flush
+/// and later trees read them.
+fn one_statement_chains(dev: &Device) -> Result<()> {
+    let fresh = dev.kind() == strata::BackendKind::Cpu;
+    let dev = if fresh { Device::cpu() } else { dev.clone() };
+    let n = 1 << 12;
+    let a = Tensor::full([n], Scalar::F32(2.0), DType::F32, &dev)?;
+    let b = Tensor::full([n], Scalar::F32(3.0), DType::F32, &dev)?;
+    let c = Tensor::full([n], Scalar::F32(-1.0), DType::F32, &dev)?;
+    let inputs = dev.memory_stats().allocated;
+    let kernels = (&a * &b)?.add(&c)?.relu()?.explain()?.kernels.len();
+    assert_eq!(kernels, usize::from(dev.fusion()));
+    let v = (&a * &b)?.add(&c)?.relu()?.to_vec::<f32>()?;
+    assert_eq!(v, vec![5.0; n]);
+    if fresh && dev.fusion() {
+        assert_eq!(
+            dev.memory_stats().peak,
+            inputs + 4 * n,
+            "only the result was written"
+        );
+    }
+    // Kept intermediates: a flush runs each once, oldest first.
+    let ab = (&a * &b)?;
+    let y = (&ab + &c)?.relu()?;
+    dev.flush()?;
+    assert!(!ab.is_pending() && !y.is_pending());
+    assert_eq!(ab.to_vec::<f32>()?, vec![6.0; n]);
+    assert_eq!(y.to_vec::<f32>()?, vec![5.0; n]);
+    Ok(())
+}
+test_device!(one_statement_chains_fuse, one_statement_chains);
