@@ -179,6 +179,21 @@ def test_seeded_random_numbers_match_the_cpu(device):
     assert out.strip().endswith("and cpu: true"), out
 
 
+def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
+    nb = executed("07-fusion-and-kernels", device)
+    html = data(tagged(nb, "explain-chain")[0], "text/html")
+    assert "kernel 1 (pending): mul → add → relu" in html, html
+    assert "relu(in0 * in1 + in2)" in html and "<details>" in html, html
+    out = stream(tagged(nb, "eager-vs-fused")[0], "stdout")
+    peaks = {}
+    for line in out.splitlines():
+        mode, rest = line.split(":", 1)
+        peaks[mode.strip()] = int(rest.rsplit("inputs", 1)[1].split("KiB")[0])
+    assert peaks["fused"] < peaks["eager"], out
+    broken = stream(tagged(nb, "broken-chain")[0], "stdout")
+    assert "doubled is pending: false" in broken and "kernel 1 (ran)" in broken, broken
+
+
 def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     """The first cell of a new kernel that ends in `expr?` returns the HTML table, not the
     one-line Debug summary (the kernel's prelude uses `?` once; see jupyter/src/kernelspec.rs)."""

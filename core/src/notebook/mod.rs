@@ -200,6 +200,7 @@ impl Device {
                 format!("#{}", self.current_stream().id().0),
             ),
             ("blocking", self.blocking().to_string()),
+            ("lazy fusion", self.fusion().to_string()),
             ("allow TF32", self.allow_tf32().to_string()),
         ];
         rows.extend(self.memory_stats().rows());
