@@ -1,9 +1,10 @@
-//! The host cost of core's launch path, without a GPU: one-element adds on the CPU device, or
+//! The host cost of core's launch path, without a GPU: one-element adds on the CPU device
+//! (realized, or with `--record` only recorded by lazy fusion), or
 //! (`--plan`) only the operand checks and the map plan a GPU backend makes for each launch.
 //! Wall-clock times on a shared machine are noisy; count instructions instead with
 //! `valgrind --tool=callgrind` at two values of `HOST_COST_N` and divide the difference.
 //!
-//! `cargo run --release -p strata-core --example host_cost [-- --plan]`
+//! `cargo run --release -p strata-core --example host_cost [-- --plan | --record]`
 
 use std::time::Instant;
 use strata_core::ir::{BinaryOp, Expr, KernelArgs};
@@ -47,17 +48,29 @@ fn main() -> strata_core::Result<()> {
         println!("operand checks + map plan: {us:.3} us ({pieces} pieces)");
         return Ok(());
     }
+    // `--record`: recording only (lazy fusion; a pending add dropped unread never runs).
+    // Otherwise each add is realized: recording, then its one-op kernel.
+    let record_only = std::env::args().any(|a| a == "--record");
+    let add = || -> strata_core::Result<()> {
+        let y = (&one + &one)?;
+        if record_only {
+            Ok(())
+        } else {
+            y.realize()
+        }
+    };
     for _ in 0..(n / 5).max(10) {
-        drop((&one + &one)?);
+        add()?;
     }
     let mut best = f64::MAX;
     for _ in 0..5 {
         let t = Instant::now();
         for _ in 0..n {
-            drop((&one + &one)?);
+            add()?;
         }
         best = best.min(t.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
-    println!("one-element add on the CPU device: {best:.3} us (best of 5 × {n})");
+    let what = if record_only { "recorded" } else { "realized" };
+    println!("one-element add on the CPU device, {what}: {best:.3} us (best of 5 × {n})");
     Ok(())
 }

@@ -45,7 +45,7 @@ pub(crate) struct Pending {
     /// The stream the op was issued on: the kernel runs there.
     pub(crate) stream: Arc<StreamHandle>,
     /// The user op that made this node (`add`, `relu`, ...), for `explain`.
-    pub(crate) what: String,
+    pub(crate) what: &'static str,
     /// Expression nodes of the whole tree this node would fuse (an upper bound).
     nodes: usize,
     /// Tensor inputs of that tree (an upper bound).
@@ -79,7 +79,7 @@ pub(crate) fn record(
     inputs: Vec<Tensor>,
     scalars: Vec<Scalar>,
     device: &Device,
-    what: &str,
+    what: &'static str,
 ) -> Result<Tensor> {
     let stream = device.current_handle();
     let mut nodes = count_nodes(&expr);
@@ -123,7 +123,7 @@ pub(crate) fn record(
         scalars,
         layout: layout.clone(),
         stream,
-        what: what.to_string(),
+        what,
         nodes,
         leaves,
     };
@@ -190,7 +190,7 @@ impl Fused {
         }
         let base = self.scalars.len();
         self.scalars.extend(p.scalars.iter().cloned());
-        self.ops.push(p.what.clone());
+        self.ops.push(p.what.to_string());
         Ok(substitute(&p.expr, &subst, base))
     }
 }

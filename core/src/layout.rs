@@ -13,10 +13,11 @@ use crate::error::{Error, Result};
 /// assert_eq!(l.position(&[1, 2]), 5);
 /// assert!(l.is_contiguous());
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
-    shape: Vec<usize>,
-    strides: Vec<isize>,
+    // Inline up to rank 6: cloning a tensor (every op's operands) allocates nothing.
+    shape: crate::lower::Dims,
+    strides: crate::lower::Strides,
     offset: usize,
 }
 
@@ -138,6 +139,18 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
         .collect()
 }
 
+// By hand: SmallVec's derived clone goes through `extend`; a slice copy is several times
+// cheaper, and every op clones the layouts of its operands.
+impl Clone for Layout {
+    fn clone(&self) -> Layout {
+        Layout {
+            shape: crate::lower::Dims::from_slice(&self.shape),
+            strides: crate::lower::Strides::from_slice(&self.strides),
+            offset: self.offset,
+        }
+    }
+}
+
 impl Layout {
     /// A row-major layout of `shape` at offset 0.
     ///
@@ -147,8 +160,16 @@ impl Layout {
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
         checked_numel(shape)?;
         Ok(Layout {
-            shape: shape.to_vec(),
-            strides: contiguous_strides(shape),
+            shape: crate::lower::Dims::from_slice(shape),
+            strides: {
+                let mut strides: crate::lower::Strides = smallvec::smallvec![0isize; shape.len()];
+                let mut acc = 1isize;
+                for (s, &d) in strides.iter_mut().zip(shape).rev() {
+                    *s = acc;
+                    acc = acc.saturating_mul(d.max(1) as isize);
+                }
+                strides
+            },
             offset: 0,
         })
     }
@@ -169,8 +190,8 @@ impl Layout {
         }
         checked_numel(&shape)?;
         let layout = Layout {
-            shape,
-            strides,
+            shape: shape.into(),
+            strides: strides.into(),
             offset,
         };
         if layout.numel() > 0 && layout.span().0 < 0 {
@@ -353,7 +374,7 @@ impl Layout {
             return Err(fail());
         }
         let lead = shape.len() - self.ndim();
-        let mut strides = vec![0isize; shape.len()];
+        let mut strides: crate::lower::Strides = smallvec::smallvec![0isize; shape.len()];
         for (k, &target) in shape.iter().enumerate().skip(lead) {
             let (d, s) = (self.shape[k - lead], self.strides[k - lead]);
             strides[k] = if d == target {
@@ -366,7 +387,7 @@ impl Layout {
         }
         checked_numel(shape)?;
         Ok(Layout {
-            shape: shape.to_vec(),
+            shape: shape.into(),
             strides,
             offset: self.offset,
         })
@@ -382,9 +403,9 @@ impl Layout {
     /// assert_eq!(t.reshaped(&[2, 3, 4]).unwrap().strides(), &[3, 1, 6]);
     /// ```
     pub fn reshaped(&self, new_shape: &[usize]) -> Option<Layout> {
-        let make = |strides| Layout {
-            shape: new_shape.to_vec(),
-            strides,
+        let make = |strides: Vec<isize>| Layout {
+            shape: new_shape.into(),
+            strides: strides.into(),
             offset: self.offset,
         };
         if self.numel() == 0 || self.ndim() == 0 {

@@ -179,6 +179,7 @@ def test_seeded_random_numbers_match_the_cpu(device):
     assert out.strip().endswith("and cpu: true"), out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
     nb = executed("07-fusion-and-kernels", device)
     html = data(tagged(nb, "explain-chain")[0], "text/html")

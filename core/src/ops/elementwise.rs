@@ -48,7 +48,11 @@ impl Lowering {
     fn leaf(&mut self, v: &Value, compute: DType) -> Result<Expr> {
         Ok(match v {
             Value::Tensor(t) => {
-                self.tensors.push(t.broadcast_to(&self.shape)?);
+                self.tensors.push(if t.shape() == &self.shape[..] {
+                    t.clone()
+                } else {
+                    t.broadcast_to(&self.shape)?
+                });
                 Expr::input(self.tensors.len() - 1, t.dtype()).cast(compute, false)
             }
             Value::Scalar(s) => {
@@ -87,7 +91,7 @@ impl Lowering {
         expr: Expr,
         device_of: &Tensor,
         out: Option<&Tensor>,
-        what: &str,
+        what: &'static str,
     ) -> Result<Tensor> {
         let out = match out {
             Some(o) => {
@@ -170,7 +174,13 @@ fn binary_compute(op: BinaryOp, promoted: DType, what: &str) -> Result<DType> {
 }
 
 /// Lowers `op(a, b)` and runs it, into `out` when given.
-fn binary(op: BinaryOp, a: &Value, b: &Value, out: Option<&Tensor>, what: &str) -> Result<Tensor> {
+fn binary(
+    op: BinaryOp,
+    a: &Value,
+    b: &Value,
+    out: Option<&Tensor>,
+    what: &'static str,
+) -> Result<Tensor> {
     let (mut l, device_of) = Lowering::new(&[a, b], what)?;
     let compute = binary_compute(op, result_type(&[a.clone(), b.clone()]), what)?;
     let (x, y) = (l.leaf(a, compute)?, l.leaf(b, compute)?);
@@ -196,7 +206,7 @@ fn unary_compute(op: UnaryOp, dtype: DType, what: &str) -> Result<DType> {
     }
 }
 
-fn unary(op: UnaryOp, a: &Tensor, out: Option<&Tensor>, what: &str) -> Result<Tensor> {
+fn unary(op: UnaryOp, a: &Tensor, out: Option<&Tensor>, what: &'static str) -> Result<Tensor> {
     let v = Value::from(a);
     let (mut l, device_of) = Lowering::new(&[&v], what)?;
     let compute = unary_compute(op, a.dtype(), what)?;
