@@ -560,15 +560,48 @@ fn float_binary<T: Prim + PartialOrd>(op: BinaryOp, a: &[T], b: &[T]) -> Result<
                         &*(b as *const [T] as *const [$t]),
                     )
                 };
-                let f: Option<fn($t, $t) -> $t> = match op {
-                    Add | AddSat => Some(|p, q| p + q),
-                    Sub | SubSat => Some(|p, q| p - q),
-                    Mul | MulSat => Some(|p, q| p * q),
-                    Div | DivSat => Some(|p, q| p / q),
-                    _ => None,
-                };
-                if let Some(f) = f {
-                    return Ok(Block::$v(zip(x, y, f)));
+                // One closure per arm (not a function pointer), so each loop inlines and
+                // vectorizes. Max/Min: NaN if either is NaN, +0 over -0 (as `nan_max`).
+                match op {
+                    Add | AddSat => return Ok(Block::$v(zip(x, y, |p, q| p + q))),
+                    Sub | SubSat => return Ok(Block::$v(zip(x, y, |p, q| p - q))),
+                    Mul | MulSat => return Ok(Block::$v(zip(x, y, |p, q| p * q))),
+                    Div | DivSat => return Ok(Block::$v(zip(x, y, |p, q| p / q))),
+                    Max => {
+                        return Ok(Block::$v(zip(x, y, |p: $t, q: $t| {
+                            if p.is_nan() || q.is_nan() {
+                                <$t>::NAN
+                            } else if p == q {
+                                if p.is_sign_negative() {
+                                    q
+                                } else {
+                                    p
+                                }
+                            } else if p > q {
+                                p
+                            } else {
+                                q
+                            }
+                        })))
+                    }
+                    Min => {
+                        return Ok(Block::$v(zip(x, y, |p: $t, q: $t| {
+                            if p.is_nan() || q.is_nan() {
+                                <$t>::NAN
+                            } else if p == q {
+                                if p.is_sign_negative() {
+                                    p
+                                } else {
+                                    q
+                                }
+                            } else if p < q {
+                                p
+                            } else {
+                                q
+                            }
+                        })))
+                    }
+                    _ => {}
                 }
             }
         };
@@ -658,6 +691,36 @@ fn sigmoid(x: f64) -> f64 {
 
 fn float_unary<T: Prim>(op: UnaryOp, a: &[T]) -> Result<Block> {
     use UnaryOp::*;
+    // Ops exact in the native type run there, one closure per arm so each loop vectorizes.
+    macro_rules! native {
+        ($t:ty, $v:ident) => {
+            if T::DTYPE == <$t as Prim>::DTYPE {
+                // SAFETY: T is $t (same DType).
+                let x = unsafe { &*(a as *const [T] as *const [$t]) };
+                match op {
+                    Neg | NegSat => return Ok(Block::$v(map(x, |v| -v))),
+                    Abs => return Ok(Block::$v(map(x, <$t>::abs))),
+                    Relu => {
+                        return Ok(Block::$v(map(x, |v: $t| {
+                            if v > 0.0 || v.is_nan() {
+                                v
+                            } else {
+                                0.0
+                            }
+                        })))
+                    }
+                    Sqrt => return Ok(Block::$v(map(x, <$t>::sqrt))),
+                    Floor => return Ok(Block::$v(map(x, <$t>::floor))),
+                    Ceil => return Ok(Block::$v(map(x, <$t>::ceil))),
+                    Trunc => return Ok(Block::$v(map(x, <$t>::trunc))),
+                    Round => return Ok(Block::$v(map(x, <$t>::round_ties_even))),
+                    _ => {}
+                }
+            }
+        };
+    }
+    native!(f32, F32);
+    native!(f64, F64);
     let pred = |p: fn(f64) -> bool| Ok(Block::Bool(map(a, |x| p(x.to_f64()))));
     let f: fn(f64) -> f64 = match op {
         IsNan => return pred(f64::is_nan),
