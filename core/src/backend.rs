@@ -146,6 +146,11 @@ pub trait Backend: Send + Sync + Debug {
     ) -> Result<Vec<u8>>;
     /// Enqueues `kernel` with `args` on `stream`.
     fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()>;
+    /// Whether this backend runs a `Reduce` whose elements are a fused map (`map: Some`);
+    /// otherwise core runs the map as its own kernel first.
+    fn fuses_map_into_reduce(&self) -> bool {
+        false
+    }
     /// The source this backend generates for the map `expr` over `args`, and its launch
     /// shape, without running it (for [`Tensor::explain`](crate::Tensor::explain)); `None`
     /// for a backend that generates no source (the CPU backend evaluates the tree directly)

@@ -245,6 +245,38 @@ pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout
     Ok(Some((expr, fused, p.layout.clone(), p.expr.dtype)))
 }
 
+/// Map→reduce fusion: the expression and leaves of the pending tensor `t` for a reduction to
+/// read directly, when `t` is read whole (not through a view), the device fuses into
+/// reductions, and every leaf shares one layout and item size (the reduction plans the first
+/// and reads the others at the same offsets). Pending inputs read through another view run
+/// first. `None`: the reduction reads `t` realized.
+pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
+    let device = t.device();
+    if !defers(device) || !device.backend().fuses_map_into_reduce() {
+        return Ok(None);
+    }
+    let guard = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(p) = guard.as_ref() else {
+        return Ok(None);
+    };
+    if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &device.current_handle()) {
+        return Ok(None);
+    }
+    let mut fused = Fused::default();
+    let expr = fused.splice(p, true)?;
+    let Some(first) = fused.inputs.first() else {
+        return Ok(None); // a map of scalars and draws only: nothing to plan the reduction on
+    };
+    let same = fused
+        .inputs
+        .iter()
+        .all(|i| i.layout == first.layout && i.dtype.itemsize() == first.dtype.itemsize());
+    if !same || fused.inputs.len() > MAX_INPUTS || expr.reads_linear_index() {
+        return Ok(None);
+    }
+    Ok(Some((expr, fused)))
+}
+
 /// True when only pending trees hold `storage` (nobody can read it but through them): a flush
 /// leaves it to the trees, which splice it in, instead of writing it to memory.
 pub(crate) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {

@@ -473,6 +473,12 @@ pub enum Kernel {
         reduced_axes: usize,
         /// The accumulation dtype (float accumulation may use more precision than this).
         acc: DType,
+        /// Map→reduce fusion: when given, the element reduced at each position is this
+        /// expression over inputs `0..` (all of one layout: shape, strides and offset, and of
+        /// one item size) and the launch scalars, instead of input 0's element. It never reads
+        /// the linear index. Only backends whose
+        /// [`fuses_map_into_reduce`](crate::Backend::fuses_map_into_reduce) is true get one.
+        map: Option<Expr>,
     },
     /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
     /// `[batch, m, n]`, all of one dtype and any strides (a batch stride may be 0). Scalars:

@@ -154,16 +154,27 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// Runs `kernel`, a `Kernel::Reduce`.
     fn run_reduce(
         &self,
-        op: strata_core::ir::ReduceOp,
-        reduced_axes: usize,
-        acc: DType,
+        kernel: &Kernel,
         args: &KernelArgs,
         stream: StreamId,
         s: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
-        let Some(red) = reduce::plan(op, reduced_axes, acc, args, &self.target)? else {
+        let &Kernel::Reduce {
+            op,
+            reduced_axes,
+            acc,
+            ref map,
+        } = kernel
+        else {
+            return Err(strata_core::Error::Backend(
+                "internal error: run_reduce takes a reduction".into(),
+            ));
+        };
+        let map = map.as_ref();
+        let Some(red) = reduce::plan(op, reduced_axes, acc, map, args, &self.target)? else {
             return Ok(());
         };
         let f = function(
@@ -304,11 +315,7 @@ impl Backend for CudaBackend {
                 self.batches.send(&self.gpu, stream)?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
-            Kernel::Reduce {
-                op,
-                reduced_axes,
-                acc,
-            } => self.run_reduce(*op, *reduced_axes, *acc, args, stream, s),
+            Kernel::Reduce { .. } => self.run_reduce(kernel, args, stream, s),
             Kernel::Matmul { acc, tf32 } => {
                 let ops = MatmulOperands::of(args)?;
                 if let Some(blas) = &self.blas {
@@ -334,6 +341,10 @@ impl Backend for CudaBackend {
             }
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
         }
+    }
+
+    fn fuses_map_into_reduce(&self) -> bool {
+        true
     }
 
     fn map_source(&self, expr: &Expr, args: &KernelArgs) -> Result<Option<KernelSource>> {

@@ -358,3 +358,57 @@ fn one_statement_chains(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(one_statement_chains_fuse, one_statement_chains);
+
+/// Map→reduce fusion: a reduction reads a pending elementwise tree directly where the backend
+/// fuses it (the CPU and CUDA backends), with the eager results; trees it cannot take (a
+/// broadcast leaf, a view of the tree) run first.
+fn map_then_reduce(dev: &Device) -> Result<()> {
+    let mut g = Generator::new(5);
+    let a = Tensor::randn([6, 33], DType::F32, &mut g, dev)?;
+    let b = Tensor::randn([6, 33], DType::F32, &mut g, dev)?;
+    let i = Tensor::arange(-90, 108, 1, DType::I32, dev)?.reshape([6, 33])?;
+    let row = Tensor::randn([33], DType::F32, &mut g, dev)?;
+    dev.flush()?;
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let bits32 = |t: Tensor| -> Result<Vec<u64>> {
+            let t = t.to_dtype(DType::F64)?;
+            Ok(t.to_vec::<f64>()?.iter().map(|x| x.to_bits()).collect())
+        };
+        let ints = |t: Tensor| -> Result<Vec<u64>> {
+            Ok(t.to_dtype(DType::I64)?
+                .to_vec::<i64>()?
+                .iter()
+                .map(|&x| x as u64)
+                .collect())
+        };
+        let out = vec![
+            bits32((&a * &b)?.sum(Axes::All, false)?)?,
+            bits32((&a * &b)?.add(1.5)?.exp()?.sum(-1, false)?)?,
+            bits32((&a - &b)?.abs()?.max(0, true)?)?,
+            ints((&a * &b)?.argmax(Some(-1), false)?)?,
+            ints((&i * 3i64)?.bitwise_xor(5i32)?.sum(vec![0, 1], false)?)?,
+            ints(a.gt(&b)?.any(-1, false)?)?,
+            bits32((&i * 0.5)?.mean(-1, false)?)?,
+            // A transposed read, a broadcast leaf, and a view of the tree: not all fused.
+            bits32((&a.t()? * 2.0)?.sum(0, false)?)?,
+            bits32((&a * &row)?.sum(-1, false)?)?,
+            bits32((&a * &b)?.slice(s![.., ..;2])?.sum(-1, false)?)?,
+            bits32((&a * &b)?.var(-1, 1, false)?)?,
+        ];
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    assert_eq!(fused, eager, "map→reduce fused vs eager, bit for bit");
+    // The tree is read by the reduction, not realized (where the backend fuses).
+    let p = (&a * &b)?;
+    let s = p.sum(Axes::All, false)?;
+    if dev.fusion() && dev.kind() != strata::BackendKind::Wgpu {
+        assert!(p.is_pending(), "the reduction read the tree directly");
+    }
+    assert!(s.item::<f32>()?.is_finite());
+    Ok(())
+}
+test_device!(reductions_read_pending_trees, map_then_reduce);

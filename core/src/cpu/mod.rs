@@ -141,10 +141,46 @@ impl Backend for CpuBackend {
                 op,
                 reduced_axes,
                 acc,
+                map: None,
             } => reduce::run(*op, *reduced_axes, *acc, args),
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
+                map: Some(expr),
+            } => {
+                // The oracle keeps it simple: the map into a scratch buffer laid out like
+                // the inputs' shape, then the plain reduction of it.
+                let ops = crate::lower::operands::ReduceOperands::of(*reduced_axes, args)?;
+                let layout = crate::Layout::contiguous(ops.input.layout.shape())?;
+                let bytes = layout.numel() * expr.dtype.itemsize();
+                let scratch = crate::ir::Operand {
+                    buffer: Arc::new(CpuBuffer::new(bytes, self.pool.clone())?),
+                    layout,
+                    dtype: expr.dtype,
+                };
+                map::run(
+                    expr,
+                    &KernelArgs {
+                        outputs: vec![scratch.clone()],
+                        inputs: args.inputs.clone(),
+                        scalars: args.scalars.clone(),
+                    },
+                )?;
+                let plain = KernelArgs {
+                    outputs: args.outputs.clone(),
+                    inputs: vec![scratch],
+                    scalars: vec![],
+                };
+                reduce::run(*op, *reduced_axes, *acc, &plain)
+            }
             Kernel::Matmul { acc, .. } => matmul::run(*acc, args),
             Kernel::Index { kind, axis } => index::run(*kind, *axis, args),
         }
+    }
+
+    fn fuses_map_into_reduce(&self) -> bool {
+        true
     }
 
     fn memory_stats(&self) -> MemoryStats {

@@ -68,7 +68,8 @@ impl<'a> MapOperands<'a> {
 }
 
 /// The operands of a [`Kernel::Reduce`](crate::ir::Kernel::Reduce): one input whose trailing
-/// `reduced_axes` axes are reduced into one output of the input's leading axes.
+/// `reduced_axes` axes are reduced into one output of the input's leading axes (and, for a
+/// fused map, more inputs of exactly the first one's layout and item size).
 ///
 /// ```
 /// use strata_core::{ir::KernelArgs, lower::operands::ReduceOperands, DType, Device, Tensor};
@@ -81,8 +82,10 @@ impl<'a> MapOperands<'a> {
 /// ```
 #[derive(Debug)]
 pub struct ReduceOperands<'a> {
-    /// The tensor read.
+    /// The tensor read (the first of a fused map's inputs).
     pub input: &'a Operand,
+    /// A fused map's other inputs, laid out like `input`.
+    pub more: &'a [Operand],
     /// The tensor written: the input's leading axes.
     pub out: &'a Operand,
     /// How many leading (kept) axes the input has.
@@ -96,11 +99,21 @@ pub struct ReduceOperands<'a> {
 impl<'a> ReduceOperands<'a> {
     /// Checks `args` for a reduction of the trailing `reduced_axes` axes.
     pub fn of(reduced_axes: usize, args: &'a KernelArgs) -> Result<ReduceOperands<'a>> {
-        let ([input], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
+        let (Some((input, more)), [out]) = (args.inputs.split_first(), args.outputs.as_slice())
+        else {
             return Err(Error::Invalid(
-                "a reduction takes one input and one output".into(),
+                "a reduction takes an input and one output".into(),
             ));
         };
+        if let Some(m) = more
+            .iter()
+            .find(|m| m.layout != input.layout || m.dtype.itemsize() != input.dtype.itemsize())
+        {
+            return Err(Error::Invalid(format!(
+                "a fused reduction's inputs share one layout and item size: {:?} {} vs {:?} {}",
+                input.layout, input.dtype, m.layout, m.dtype
+            )));
+        }
         let shape = input.layout.shape();
         let kept = shape.len().checked_sub(reduced_axes).ok_or_else(|| {
             Error::Invalid(format!(
@@ -116,6 +129,7 @@ impl<'a> ReduceOperands<'a> {
         }
         Ok(ReduceOperands {
             input,
+            more,
             out,
             kept,
             outputs: shape[..kept].iter().product(),

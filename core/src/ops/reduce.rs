@@ -111,18 +111,36 @@ impl Tensor {
             )));
         }
         let order: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
-        let input = self.with_layout(self.layout.permuted(&order)?);
         let out_shape: Vec<usize> = kept.iter().map(|&a| self.shape()[a]).collect();
         let out = Tensor::alloc(&out_shape, out_dtype, self.device())?;
+        // A pending elementwise input is read by the reduction directly (map→reduce fusion):
+        // its leaves, permuted like the input, and its expression per element.
+        let (map, inputs, scalars) = match crate::fusion::reduce_prologue(self)? {
+            Some((expr, fused)) => {
+                let inputs = fused
+                    .inputs
+                    .iter()
+                    .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
+                    .collect::<Result<Vec<_>>>()?;
+                (Some(expr), inputs, fused.scalars)
+            }
+            None => (
+                None,
+                vec![self.with_layout(self.layout.permuted(&order)?)],
+                vec![],
+            ),
+        };
+        let refs: Vec<&Tensor> = inputs.iter().collect();
         crate::tensor::launch(
             Kernel::Reduce {
                 op,
                 reduced_axes: reduced.len(),
                 acc,
+                map,
             },
             &out,
-            &[&input],
-            vec![],
+            &refs,
+            scalars,
         )?;
         if !keepdim {
             return Ok(out);

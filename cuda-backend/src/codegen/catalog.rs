@@ -139,8 +139,72 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     },
                     wide: group == 32,
                     combine,
+                    map: None,
                 });
             }
+        }
+    }
+    // Map→reduce fusion: the element is a map over several inputs and a scalar.
+    use strata_core::ir::{BinaryOp, Expr, UnaryOp};
+    let x = |k: usize, d: DType| Expr::input(k, d);
+    let fused = [
+        // sum(a * b + s0) in f32
+        (Sum, DType::F32, DType::F32, vec![DType::F32, DType::F32], {
+            let ab = Expr::binary(BinaryOp::Mul, x(0, DType::F32), x(1, DType::F32));
+            Expr::binary(BinaryOp::Add, ab, Expr::scalar(0, DType::F32))
+        }),
+        // argmax(exp(f16 a - f16 b)), computed per node in f16
+        (
+            ArgMax,
+            DType::F16,
+            DType::F16,
+            vec![DType::F16, DType::F16],
+            {
+                let d = Expr::binary(BinaryOp::Sub, x(0, DType::F16), x(1, DType::F16));
+                Expr::unary(UnaryOp::Exp, d)
+            },
+        ),
+        // any(a > b) over i32
+        (
+            Any,
+            DType::Bool,
+            DType::I32,
+            vec![DType::I32, DType::I32],
+            {
+                let gt = Expr::binary(BinaryOp::Gt, x(0, DType::I32), x(1, DType::I32));
+                Expr::binary(BinaryOp::BitOr, gt, Expr::scalar(0, DType::Bool))
+            },
+        ),
+    ];
+    for (op, acc, d, inputs, expr) in fused {
+        let result = match op {
+            ArgMax => DType::I64,
+            Any => DType::Bool,
+            _ => acc,
+        };
+        let scalars: Vec<DType> = match op {
+            Any => vec![DType::Bool],
+            Sum => vec![DType::F32],
+            _ => vec![],
+        };
+        for (group, vector) in [(1, 1), (32, 4), (256, 2)] {
+            out.push(ReduceSig {
+                op,
+                input: d,
+                acc,
+                out: result,
+                outer_rank: 2,
+                reduced_rank: 1 + group / 256,
+                group,
+                vector,
+                wide: group == 32,
+                combine: false,
+                map: Some(super::reduce::ReduceMap {
+                    expr: expr.clone(),
+                    inputs: inputs.clone(),
+                    scalars: scalars.clone(),
+                }),
+            });
         }
     }
     out

@@ -6,11 +6,14 @@
 //! Contiguous reduced axes are read 16 bytes at a time, so a short innermost axis (length 4)
 //! still streams at full bandwidth.
 
-use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
+use super::{
+    cast, compute_type, from_storage, index_type, scalar_from_word, storage_type, to_storage,
+    vector_type,
+};
 use crate::launch::{Args, Launch};
 use crate::memory::CudaBuffer;
 use std::fmt::Write;
-use strata_core::ir::{KernelArgs, ReduceOp};
+use strata_core::ir::{Expr, KernelArgs, ReduceOp};
 use strata_core::lower::operands::ReduceOperands;
 use strata_core::lower::pieces::BufferInfo;
 use strata_core::lower::reduce_plan::{self, ReducePlan};
@@ -34,6 +37,17 @@ pub(crate) struct ReduceSig {
     pub wide: bool,
     /// Reads partials (values and, for arg ops, indices) of an earlier launch.
     pub combine: bool,
+    /// Map→reduce fusion: the element is this map over inputs of one layout.
+    pub map: Option<ReduceMap>,
+}
+
+/// A fused map's structure: its tree, the dtypes of its inputs (input 0 is `input`) and of
+/// its scalars.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ReduceMap {
+    pub expr: Expr,
+    pub inputs: Vec<DType>,
+    pub scalars: Vec<DType>,
 }
 
 impl strata_core::lower::cache::Owned for ReduceSig {}
@@ -57,6 +71,8 @@ pub(crate) struct Reduction {
     pub plan: ReducePlan,
     in_ptr: u64,
     out_ptr: u64,
+    /// A fused map's other input pointers (at input 0's element offset) and scalar words.
+    map_words: Vec<u64>,
 }
 
 /// Plans `Reduce { op, reduced_axes, acc }` for `args` on `target` (one launch: CUDA binds no
@@ -65,6 +81,7 @@ pub(crate) fn plan(
     op: ReduceOp,
     reduced_axes: usize,
     acc: DType,
+    map: Option<&Expr>,
     args: &KernelArgs,
     target: &Target,
 ) -> Result<Option<Reduction>> {
@@ -93,12 +110,28 @@ pub(crate) fn plan(
         vector: plan.vector,
         wide: plan.wide,
         combine: false,
+        map: map.map(|expr| ReduceMap {
+            expr: expr.clone(),
+            inputs: std::iter::once(ops.input)
+                .chain(ops.more)
+                .map(|o| o.dtype)
+                .collect(),
+            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
+        }),
     };
+    let mut map_words = Vec::new();
+    if map.is_some() {
+        for o in ops.more {
+            map_words.push(crate::memory::element_ptr(o)?);
+        }
+        map_words.extend(args.scalars.iter().map(|s| s.bits()));
+    }
     Ok(Some(Reduction {
         sig,
         in_ptr: crate::memory::element_ptr(ops.input)?,
         out_ptr: crate::memory::element_ptr(ops.out)?,
         plan,
+        map_words,
     }))
 }
 
@@ -144,6 +177,10 @@ impl Reduction {
             (self.in_ptr, &p.in_outer, &p.in_reduced),
             (part, part_idx, 0),
         );
+        let mut w = w;
+        for &word in &self.map_words {
+            w.push(word);
+        }
         Launch::linear(w, p.work(launch))
     }
 
@@ -165,6 +202,7 @@ impl Reduction {
             group: p.combine_group,
             vector: 1,
             combine: true,
+            map: None,
             ..self.sig.clone()
         };
         (sig, Launch::linear(w, p.outputs * p.combine_group))
@@ -237,21 +275,23 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let out_ptr = in_red + rr;
     let out_strides = out_ptr + 1;
     let part = out_strides + ro;
-    let total = part + 3;
+    // A fused map's other input pointers, then its scalars, follow the partial buffers.
+    let map_ptrs = part + 3;
+    let (more, scalars) = sig
+        .map
+        .as_ref()
+        .map_or((0, 0), |m| (m.inputs.len() - 1, m.scalars.len()));
+    let total = map_ptrs + more + scalars;
     let in_t = storage_type(sig.input);
 
-    // The value an element at storage expression `x` contributes.
-    let convert = |x: &str| -> String {
-        if sig.combine {
-            return from_storage(r, x);
-        }
-        let value = from_storage(sig.input, x);
-        let as_acc = cast(&value, sig.input, sig.acc, false);
+    // The contribution of a compute value `value` of dtype `from`.
+    let convert = |value: &str, from: DType| -> String {
+        let as_acc = cast(value, from, sig.acc, false);
         match r {
             DType::I64 if matches!(sig.op, ReduceOp::Sum | ReduceOp::Prod) => {
                 format!("(i64)({as_acc})")
             }
-            _ => cast(&value, sig.input, r, false),
+            _ => cast(value, from, r, false),
         }
     };
 
@@ -262,6 +302,26 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     );
     let _ = writeln!(s, "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];");
     let _ = writeln!(s, "  const {in_t}* in = (const {in_t}*)p.w[{in_ptr}];");
+    if let Some(m) = &sig.map {
+        let _ = writeln!(s, "  const {in_t}* in0 = in;");
+        for (k, &d) in m.inputs.iter().enumerate().skip(1) {
+            let t = storage_type(d);
+            let _ = writeln!(
+                s,
+                "  const {t}* in{k} = (const {t}*)p.w[{}];",
+                map_ptrs + k - 1
+            );
+        }
+        for (k, &d) in m.scalars.iter().enumerate() {
+            let word = format!("p.w[{}]", map_ptrs + more + k);
+            let _ = writeln!(
+                s,
+                "  const {} s{k} = {};",
+                compute_type(d),
+                scalar_from_word(d, &word)
+            );
+        }
+    }
     let out_t = storage_type(sig.out);
     let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{out_ptr}];");
     let part_t = storage_type(r);
@@ -302,10 +362,31 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     );
     let _ = writeln!(s, "    const {idx} r0 = s * chunk;");
     let _ = writeln!(s, "    const {idx} r1 = (R - r0 < chunk) ? R : r0 + chunk;");
-    let step = |s: &mut String, indent: &str, x: &str, i: &str| {
-        let _ = writeln!(s, "{indent}{{ const {acc_t} v = {};", convert(x));
+    // Folds the element whose input `k` is stored at `at(k)`, found at position `i`.
+    let mut next = 0;
+    let mut step = |s: &mut String, indent: &str, at: &dyn Fn(usize) -> String, i: &str| {
+        let _ = writeln!(s, "{indent}{{");
+        let value = match &sig.map {
+            _ if sig.combine => from_storage(r, &at(0)),
+            None => convert(&from_storage(sig.input, &at(0)), sig.input),
+            Some(m) => {
+                for (k, &d) in m.inputs.iter().enumerate() {
+                    let _ = writeln!(
+                        s,
+                        "{indent}  const {} x{k} = {};",
+                        compute_type(d),
+                        from_storage(d, &at(k))
+                    );
+                }
+                let name = super::expr::emit(&m.expr, s, &format!("{indent}  "), &mut next)?;
+                convert(&name, m.expr.dtype)
+            }
+        };
+        let _ = writeln!(s, "{indent}  const {acc_t} v = {value};");
         let _ = writeln!(s, "{indent}  {} }}", update(sig.op, r, "v", i));
+        Ok::<(), strata_core::Error>(())
     };
+    let inputs = sig.map.as_ref().map_or(1, |m| m.inputs.len());
     if v > 1 {
         let vt = vector_type(v * sig.input.itemsize());
         let _ = writeln!(s, "    const {idx} rv = r0 + ((r1 - r0) / {v}) * {v};");
@@ -313,15 +394,33 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             s,
             "    for ({idx} r = r0 + lane * {v}; r < rv; r += {g} * {v}) {{"
         );
-        let _ = writeln!(
-            s,
-            "      union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in + ib + r);"
-        );
+        for k in 0..inputs {
+            let (name, t) = match &sig.map {
+                Some(m) => (format!("in{k}"), storage_type(m.inputs[k])),
+                None => ("in".to_string(), in_t),
+            };
+            let _ = writeln!(
+                s,
+                "      union {{ {vt} v; {t} e[{v}]; }} u{k}; u{k}.v = *(const {vt}*)({name} + ib + r);"
+            );
+        }
         let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++)");
-        step(&mut s, "      ", "u.e[l]", "(i64)(r + l)");
+        step(&mut s, "      ", &|k| format!("u{k}.e[l]"), "(i64)(r + l)")?;
         let _ = writeln!(s, "    }}");
         let _ = writeln!(s, "    for ({idx} r = rv + lane; r < r1; r += {g})");
-        step(&mut s, "      ", "in[ib + r]", "(i64)r");
+        let name = |k: usize| {
+            if sig.map.is_some() {
+                format!("in{k}")
+            } else {
+                "in".into()
+            }
+        };
+        step(
+            &mut s,
+            "      ",
+            &|k| format!("{}[ib + r]", name(k)),
+            "(i64)r",
+        )?;
     } else {
         let _ = writeln!(s, "    for ({idx} r = r0 + lane; r < r1; r += {g}) {{");
         let _ = writeln!(s, "      {idx} off = ib, rr = r;");
@@ -335,7 +434,14 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             );
         }
         let i = if sig.combine { "in_idx[off]" } else { "(i64)r" };
-        step(&mut s, "      ", "in[off]", i);
+        let name = |k: usize| {
+            if sig.map.is_some() {
+                format!("in{k}")
+            } else {
+                "in".into()
+            }
+        };
+        step(&mut s, "      ", &|k| format!("{}[off]", name(k)), i)?;
         let _ = writeln!(s, "    }}");
     }
     let warp_reduce = |s: &mut String, indent: &str| {
@@ -407,7 +513,27 @@ mod tests {
             vector,
             wide: false,
             combine: false,
+            map: None,
         }
+    }
+
+    #[test]
+    fn a_fused_map_loads_every_input_and_computes_the_element() {
+        use strata_core::ir::BinaryOp;
+        let x = |k| Expr::input(k, DType::F32);
+        let mut s = sig(ReduceOp::Sum, 32, 4);
+        s.map = Some(ReduceMap {
+            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
+            inputs: vec![DType::F32, DType::F32],
+            scalars: vec![],
+        });
+        let src = source(&s).unwrap();
+        assert!(
+            src.contains("u1.v = *(const uint4*)(in1 + ib + r);"),
+            "{src}"
+        );
+        assert!(src.contains("const float x1 = u1.e[l];"), "{src}");
+        assert!(src.contains("const float x1 = in1[ib + r];"), "{src}");
     }
 
     #[test]
