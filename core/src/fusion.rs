@@ -246,10 +246,9 @@ pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout
 }
 
 /// Map→reduce fusion: the expression and leaves of the pending tensor `t` for a reduction to
-/// read directly, when `t` is read whole (not through a view), the device fuses into
-/// reductions, and every leaf shares one layout and item size (the reduction plans the first
-/// and reads the others at the same offsets). Pending inputs read through another view run
-/// first. `None`: the reduction reads `t` realized.
+/// read directly, when `t` is read whole (not through a view), on the stream it was issued
+/// on, and the device fuses into reductions (the caller checks the leaves' layouts). Pending
+/// inputs read through another view run first. `None`: the reduction reads `t` realized.
 pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
     let device = t.device();
     if !defers(device) || !device.backend().fuses_map_into_reduce() {
@@ -264,17 +263,20 @@ pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
     }
     let mut fused = Fused::default();
     let expr = fused.splice(p, true)?;
-    let Some(first) = fused.inputs.first() else {
-        return Ok(None); // a map of scalars and draws only: nothing to plan the reduction on
-    };
-    let same = fused
-        .inputs
-        .iter()
-        .all(|i| i.layout == first.layout && i.dtype.itemsize() == first.dtype.itemsize());
-    if !same || fused.inputs.len() > MAX_INPUTS || expr.reads_linear_index() {
+    if fused.inputs.is_empty() || fused.inputs.len() > MAX_INPUTS || expr.reads_linear_index() {
         return Ok(None);
     }
     Ok(Some((expr, fused)))
+}
+
+/// `expr` with input `k` renamed `to[k]`, for `dtypes[k]`.
+pub(crate) fn renumber_inputs(expr: &Expr, to: &[usize], dtypes: &[DType]) -> Expr {
+    let inputs: Vec<Expr> = to
+        .iter()
+        .zip(dtypes)
+        .map(|(&k, &d)| Expr::input(k, d))
+        .collect();
+    substitute(expr, &inputs, 0)
 }
 
 /// True when only pending trees hold `storage` (nobody can read it but through them): a flush

@@ -474,9 +474,10 @@ pub enum Kernel {
         /// The accumulation dtype (float accumulation may use more precision than this).
         acc: DType,
         /// Map→reduce fusion: when given, the element reduced at each position is this
-        /// expression over inputs `0..` (all of one layout: shape, strides and offset, and of
-        /// one item size) and the launch scalars, instead of input 0's element. It never reads
-        /// the linear index. Only backends whose
+        /// expression over inputs `0..` and the launch scalars, instead of input 0's element.
+        /// Each further input is laid out like input 0 (shape, strides, offset, item size) or
+        /// holds one value per output ([`per_output`](crate::lower::operands::per_output)).
+        /// It never reads the linear index. Only backends whose
         /// [`fuses_map_into_reduce`](crate::Backend::fuses_map_into_reduce) is true get one.
         map: Option<Expr>,
     },

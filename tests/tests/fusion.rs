@@ -396,6 +396,12 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
             bits32((&a * &row)?.sum(-1, false)?)?,
             bits32((&a * &b)?.slice(s![.., ..;2])?.sum(-1, false)?)?,
             bits32((&a * &b)?.var(-1, 1, false)?)?,
+            // Composites whose elementwise parts read a keepdim result (one value per output).
+            bits32(a.softmax(-1)?)?,
+            bits32(a.log_softmax(0)?)?,
+            bits32(a.std(Axes::All, 0, true)?)?,
+            bits32(a.mean(vec![0, 1], false)?)?,
+            bits32((&a - &a.max(-1, true)?)?.exp()?.sum(-1, true)?)?,
         ];
         dev.set_fusion(before)?;
         Ok(out)
@@ -405,9 +411,16 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
     // The tree is read by the reduction, not realized (where the backend fuses).
     let p = (&a * &b)?;
     let s = p.sum(Axes::All, false)?;
+    let e = (&a - &a.max(-1, true)?)?.exp()?;
+    let es = e.sum(-1, true)?;
     if dev.fusion() && dev.kind() != strata::BackendKind::Wgpu {
         assert!(p.is_pending(), "the reduction read the tree directly");
+        assert!(
+            e.is_pending(),
+            "a keepdim max broadcast back is one value per output"
+        );
     }
+    assert!(es.to_vec::<f32>()?.iter().all(|v| *v >= 1.0));
     assert!(s.item::<f32>()?.is_finite());
     Ok(())
 }

@@ -84,7 +84,8 @@ impl<'a> MapOperands<'a> {
 pub struct ReduceOperands<'a> {
     /// The tensor read (the first of a fused map's inputs).
     pub input: &'a Operand,
-    /// A fused map's other inputs, laid out like `input`.
+    /// A fused map's other inputs: laid out like `input`, or one value per output (see
+    /// [`per_output`]).
     pub more: &'a [Operand],
     /// The tensor written: the input's leading axes.
     pub out: &'a Operand,
@@ -105,15 +106,6 @@ impl<'a> ReduceOperands<'a> {
                 "a reduction takes an input and one output".into(),
             ));
         };
-        if let Some(m) = more
-            .iter()
-            .find(|m| m.layout != input.layout || m.dtype.itemsize() != input.dtype.itemsize())
-        {
-            return Err(Error::Invalid(format!(
-                "a fused reduction's inputs share one layout and item size: {:?} {} vs {:?} {}",
-                input.layout, input.dtype, m.layout, m.dtype
-            )));
-        }
         let shape = input.layout.shape();
         let kept = shape.len().checked_sub(reduced_axes).ok_or_else(|| {
             Error::Invalid(format!(
@@ -127,6 +119,16 @@ impl<'a> ReduceOperands<'a> {
                 out.layout.shape()
             )));
         }
+        if let Some(m) = more
+            .iter()
+            .find(|m| !per_output(m, out, kept) && !alike(m, input))
+        {
+            return Err(Error::Invalid(format!(
+                "a fused reduction's inputs are laid out like the first ({:?} {}) or hold one \
+                 value per output (laid out like the output, {:?}); got {:?} {}",
+                input.layout, input.dtype, out.layout, m.layout, m.dtype
+            )));
+        }
         Ok(ReduceOperands {
             input,
             more,
@@ -136,6 +138,37 @@ impl<'a> ReduceOperands<'a> {
             extent: shape[kept..].iter().product(),
         })
     }
+}
+
+/// True when `m` has `input`'s layout and item size (read at the same offsets).
+fn alike(m: &Operand, input: &Operand) -> bool {
+    m.layout == input.layout && m.dtype.itemsize() == input.dtype.itemsize()
+}
+
+/// True when `m` holds one value per output of a reduction keeping `kept` leading axes: zero
+/// strides along the reduced axes and the output's strides along the kept ones (a keepdim
+/// result broadcast back, as softmax and var read theirs), so it is read at the output's
+/// offset.
+///
+/// ```
+/// use strata_core::{lower::operands::per_output, DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
+/// let m = Tensor::zeros([3, 1], DType::F32, &dev).unwrap().broadcast_to([3, 4]).unwrap();
+/// let y = Tensor::zeros([3], DType::F32, &dev).unwrap();
+/// assert!(per_output(&m.operand().unwrap(), &y.operand().unwrap(), 1));
+/// assert!(!per_output(&x.operand().unwrap(), &y.operand().unwrap(), 1));
+/// ```
+pub fn per_output(m: &Operand, out: &Operand, kept: usize) -> bool {
+    let (shape, strides) = (m.layout.shape(), m.layout.strides());
+    kept <= shape.len()
+        && strides[kept..].iter().all(|&s| s == 0)
+        && shape[..kept] == *out.layout.shape()
+        && strides[..kept]
+            .iter()
+            .zip(out.layout.strides())
+            .zip(out.layout.shape())
+            .all(|((&a, &b), &n)| a == b || n == 1)
 }
 
 /// The operands of a [`Kernel::Matmul`](crate::ir::Kernel::Matmul):

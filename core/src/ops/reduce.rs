@@ -4,7 +4,7 @@
 use super::promote::DEFAULT_FLOAT;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::{Kernel, ReduceOp};
+use crate::ir::{Expr, Kernel, ReduceOp};
 use crate::layout::normalize_axis;
 use crate::tensor::Tensor;
 
@@ -70,6 +70,55 @@ pub fn accumulation_dtype(d: DType) -> DType {
     }
 }
 
+/// The leaves of a fused map permuted by `order` (kept axes, then reduced ones) and arranged
+/// for `Kernel::Reduce { map }`: first a leaf read element by element, then the others, each
+/// laid out like it or holding one value per output of `out`; the expression renumbered to
+/// match. `None` when the leaves do not fit that shape (the map then runs first).
+fn fused_reduce_inputs(
+    expr: &Expr,
+    leaves: &[Tensor],
+    order: &[usize],
+    out: &Tensor,
+) -> Result<Option<(Expr, Vec<Tensor>)>> {
+    use crate::lower::operands::per_output;
+    let permuted = leaves
+        .iter()
+        .map(|t| Ok(t.with_layout(t.layout.permuted(order)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let out_op = out.operand()?;
+    let kept = out.ndim();
+    let ops = permuted
+        .iter()
+        .map(|t| t.operand())
+        .collect::<Result<Vec<_>>>()?;
+    let one_per_output: Vec<bool> = ops.iter().map(|o| per_output(o, &out_op, kept)).collect();
+    let Some(first) = one_per_output.iter().position(|&p| !p) else {
+        return Ok(None);
+    };
+    let (f, fd) = (&permuted[first].layout, permuted[first].dtype.itemsize());
+    let fits = permuted
+        .iter()
+        .zip(&one_per_output)
+        .all(|(t, &p)| p || (&t.layout == f && t.dtype.itemsize() == fd));
+    if !fits {
+        return Ok(None);
+    }
+    // Input `first` becomes input 0; the others keep their order after it.
+    let mut to = vec![0; permuted.len()];
+    let mut arranged = vec![permuted[first].clone()];
+    for (k, t) in permuted.iter().enumerate() {
+        if k != first {
+            to[k] = arranged.len();
+            arranged.push(t.clone());
+        }
+    }
+    let dtypes: Vec<DType> = leaves.iter().map(|t| t.dtype()).collect();
+    Ok(Some((
+        crate::fusion::renumber_inputs(expr, &to, &dtypes),
+        arranged,
+    )))
+}
+
 impl Tensor {
     /// The sorted, distinct axes `axes` names.
     fn reduce_axes(&self, axes: &Axes) -> Result<Vec<usize>> {
@@ -115,15 +164,13 @@ impl Tensor {
         let out = Tensor::alloc(&out_shape, out_dtype, self.device())?;
         // A pending elementwise input is read by the reduction directly (map→reduce fusion):
         // its leaves, permuted like the input, and its expression per element.
-        let (map, inputs, scalars) = match crate::fusion::reduce_prologue(self)? {
-            Some((expr, fused)) => {
-                let inputs = fused
-                    .inputs
-                    .iter()
-                    .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
-                    .collect::<Result<Vec<_>>>()?;
-                (Some(expr), inputs, fused.scalars)
-            }
+        let fused = match crate::fusion::reduce_prologue(self)? {
+            Some((expr, fused)) => fused_reduce_inputs(&expr, &fused.inputs, &order, &out)?
+                .map(|(expr, inputs)| (Some(expr), inputs, fused.scalars)),
+            None => None,
+        };
+        let (map, inputs, scalars) = match fused {
+            Some(f) => f,
             None => (
                 None,
                 vec![self.with_layout(self.layout.permuted(&order)?)],

@@ -153,6 +153,15 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             let ab = Expr::binary(BinaryOp::Mul, x(0, DType::F32), x(1, DType::F32));
             Expr::binary(BinaryOp::Add, ab, Expr::scalar(0, DType::F32))
         }),
+        // softmax's sum(exp(x - max)), the max one value per output
+        (Sum, DType::F32, DType::F32, vec![DType::F32, DType::F32], {
+            let d = Expr::binary(BinaryOp::Sub, x(0, DType::F32), x(1, DType::F32));
+            Expr::binary(
+                BinaryOp::Add,
+                Expr::unary(UnaryOp::Exp, d),
+                Expr::scalar(0, DType::F32),
+            )
+        }),
         // argmax(exp(f16 a - f16 b)), computed per node in f16
         (
             ArgMax,
@@ -176,7 +185,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             },
         ),
     ];
-    for (op, acc, d, inputs, expr) in fused {
+    for (k, (op, acc, d, inputs, expr)) in fused.into_iter().enumerate() {
         let result = match op {
             ArgMax => DType::I64,
             Any => DType::Bool,
@@ -201,6 +210,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 combine: false,
                 map: Some(super::reduce::ReduceMap {
                     expr: expr.clone(),
+                    per_output: (0..inputs.len()).map(|i| k == 1 && i == 1).collect(),
                     inputs: inputs.clone(),
                     scalars: scalars.clone(),
                 }),

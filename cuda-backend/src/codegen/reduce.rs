@@ -14,7 +14,7 @@ use crate::launch::{Args, Launch};
 use crate::memory::CudaBuffer;
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs, ReduceOp};
-use strata_core::lower::operands::ReduceOperands;
+use strata_core::lower::operands::{self, ReduceOperands};
 use strata_core::lower::pieces::BufferInfo;
 use strata_core::lower::reduce_plan::{self, ReducePlan};
 use strata_core::lower::target::Target;
@@ -47,6 +47,8 @@ pub(crate) struct ReduceSig {
 pub(crate) struct ReduceMap {
     pub expr: Expr,
     pub inputs: Vec<DType>,
+    /// Inputs holding one value per output (read at the output's offset, not the element's).
+    pub per_output: Vec<bool>,
     pub scalars: Vec<DType>,
 }
 
@@ -115,6 +117,11 @@ pub(crate) fn plan(
             inputs: std::iter::once(ops.input)
                 .chain(ops.more)
                 .map(|o| o.dtype)
+                .collect(),
+            per_output: std::iter::once(false)
+                .chain(ops.more.iter().map(|o| {
+                    o.layout != ops.input.layout && operands::per_output(o, ops.out, ops.kept)
+                }))
                 .collect(),
             scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
         }),
@@ -371,11 +378,16 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             None => convert(&from_storage(sig.input, &at(0)), sig.input),
             Some(m) => {
                 for (k, &d) in m.inputs.iter().enumerate() {
+                    let at = if m.per_output[k] {
+                        format!("in{k}[ob]")
+                    } else {
+                        at(k)
+                    };
                     let _ = writeln!(
                         s,
                         "{indent}  const {} x{k} = {};",
                         compute_type(d),
-                        from_storage(d, &at(k))
+                        from_storage(d, &at)
                     );
                 }
                 let name = super::expr::emit(&m.expr, s, &format!("{indent}  "), &mut next)?;
@@ -396,6 +408,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         );
         for k in 0..inputs {
             let (name, t) = match &sig.map {
+                Some(m) if m.per_output[k] => continue,
                 Some(m) => (format!("in{k}"), storage_type(m.inputs[k])),
                 None => ("in".to_string(), in_t),
             };
@@ -522,9 +535,11 @@ mod tests {
         use strata_core::ir::BinaryOp;
         let x = |k| Expr::input(k, DType::F32);
         let mut s = sig(ReduceOp::Sum, 32, 4);
+        // sum(in0 * in1 - in2), in2 one value per output
         s.map = Some(ReduceMap {
-            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
-            inputs: vec![DType::F32, DType::F32],
+            expr: Expr::binary(BinaryOp::Sub, Expr::binary(BinaryOp::Mul, x(0), x(1)), x(2)),
+            inputs: vec![DType::F32; 3],
+            per_output: vec![false, false, true],
             scalars: vec![],
         });
         let src = source(&s).unwrap();
@@ -534,6 +549,10 @@ mod tests {
         );
         assert!(src.contains("const float x1 = u1.e[l];"), "{src}");
         assert!(src.contains("const float x1 = in1[ib + r];"), "{src}");
+        assert!(
+            src.contains("const float x2 = in2[ob];") && !src.contains("u2"),
+            "{src}"
+        );
     }
 
     #[test]
