@@ -234,11 +234,15 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         Rsqrt => format!("({one} / sqrt({a}))"),
         Reciprocal if t == "f32" => format!("div_f32({one}, {a})"),
         Reciprocal => format!("({one} / {a})"),
+        // f32 (and 16-bit floats, computed in f32) in f32: see F32_FAST in prelude.rs.
+        Exp if t == "f32" => format!("exp_fast_f32({a})"),
         Exp => m("exp"),
         Exp2 => via_math(d, caps, a, |x, mt| {
             format!("exp_{mt}({x} * {})", lit(mt, std::f64::consts::LN_2))
         }),
+        Expm1 if t == "f32" => format!("expm1_fast_f32({a})"),
         Expm1 => m("expm1"),
+        Log if t == "f32" => format!("log_fast_f32({a})"),
         Log => m("log"),
         Log2 => via_math(d, caps, a, |x, mt| {
             format!("(log_{mt}({x}) * {})", lit(mt, std::f64::consts::LOG2_E))
@@ -246,10 +250,12 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         Log10 => via_math(d, caps, a, |x, mt| {
             format!("(log_{mt}({x}) * {})", lit(mt, std::f64::consts::LOG10_E))
         }),
+        Log1p if t == "f32" => format!("log1p_fast_f32({a})"),
         Log1p => m("log1p"),
         Sin => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).x")),
         Cos => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).y")),
         Tan => via_math(d, caps, a, |x, mt| format!("tan_{mt}({x})")),
+        Tanh if t == "f32" => format!("tanh_fast_f32({a})"),
         Tanh => m("tanh"),
         Sigmoid => via_math(d, caps, a, |x, mt| {
             format!("(1.0{s} / (1.0{s} + exp_{mt}(-{x})))", s = suffix(mt))

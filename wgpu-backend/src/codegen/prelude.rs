@@ -120,6 +120,91 @@ fn div_f32(x: f32, y: f32) -> f32 { return x / y; }
 fn sqrt_f32(x: f32) -> f32 { return sqrt(x); }
 ";
 
+/// f32 exp, expm1, log, log1p and tanh computed in f32 (the math library runs in f64 where
+/// the adapter has it, which makes one `exp` cost several times a copy on a GPU): fdlibm's
+/// Cody–Waite reduction for exp and the atanh-series form of log, with Taylor polynomials
+/// short enough for f32. Within 3 ulp (tests/tests/elementwise.rs checks it on every
+/// backend; CUDA's `expf`/`tanhf` are within 2).
+const F32_FAST: &str = "
+fn exp_fast_f32(x: f32) -> f32 {
+  if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }
+  if (x > 88.72283935546875f) { return bitcast<f32>(0x7f800000u); }
+  if (x < -103.97208404541016f) { return 0.0f; }
+  let k = round(x * 1.4426950216293335f);
+  // k * ln2_hi is exact (ln2_hi has 15 significant bits, |k| <= 150).
+  let r = (x - k * 0.693145751953125f) - k * 1.4286067653e-06f;
+  // Taylor to r^7 on |r| <= ln2 / 2: truncation below 0.03 ulp.
+  var p = 1.9841269841e-04f;
+  p = p * r + 1.3888888889e-03f;
+  p = p * r + 8.3333333333e-03f;
+  p = p * r + 4.1666666667e-02f;
+  p = p * r + 1.6666666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  // Two steps keep the scale factor finite near the ends of the range.
+  let h = i32(k) / 2;
+  return ldexp(ldexp(p, h), i32(k) - h);
+}
+fn expm1_fast_f32(x: f32) -> f32 {
+  if (x == 0.0f) { return x; }
+  if (abs(x) < 0.5f) {
+    // x (1 + x/2! + ... + x^8/9!): truncation below 1e-9 relative.
+    var p = 2.7557319224e-06f;
+    p = p * x + 2.4801587302e-05f;
+    p = p * x + 1.9841269841e-04f;
+    p = p * x + 1.3888888889e-03f;
+    p = p * x + 8.3333333333e-03f;
+    p = p * x + 4.1666666667e-02f;
+    p = p * x + 1.6666666667e-01f;
+    p = p * x + 0.5f;
+    p = p * x + 1.0f;
+    return x * p;
+  }
+  return exp_fast_f32(x) - 1.0f;
+}
+fn tanh_fast_f32(x: f32) -> f32 {
+  let a = abs(x);
+  // Past 9.1, tanh rounds to 1 in f32.
+  if (a > 9.1f) { return select(1.0f, -1.0f, x < 0.0f); }
+  let t = expm1_fast_f32(2.0f * a);
+  let r = div_f32(t, t + 2.0f);
+  return select(r, -r, (bitcast<u32>(x) & 0x80000000u) != 0u);
+}
+fn log_fast_f32(x: f32) -> f32 {
+  if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u || x < 0.0f) { return bitcast<f32>(0x7fc00000u); }
+  if (x == 0.0f) { return bitcast<f32>(0xff800000u); }
+  if (x == bitcast<f32>(0x7f800000u)) { return x; }
+  let fr = frexp(x);
+  var m = fr.fract;
+  var e = f32(fr.exp);
+  if (m < 0.70710678f) { m = m * 2.0f; e = e - 1.0f; }
+  return (log1p_core_f32(m - 1.0f) + e * 1.4286067653e-06f) + e * 0.693145751953125f;
+}
+// log(1 + f) for f in [sqrt(1/2) - 1, sqrt(2) - 1], as fdlibm's log: with s = f / (2 + f),
+// log(1 + f) = f - (f^2/2 - s (f^2/2 + R(s^2))), R(z) = 2z/3 + 2z^2/5 + ... + 2z^7/15
+// (truncation below 1e-12): only the small terms carry rounding errors.
+fn log1p_core_f32(f: f32) -> f32 {
+  let s = div_f32(f, 2.0f + f);
+  let z = s * s;
+  var r = 1.3333333333e-01f;
+  r = r * z + 1.5384615385e-01f;
+  r = r * z + 1.8181818182e-01f;
+  r = r * z + 2.2222222222e-01f;
+  r = r * z + 2.8571428571e-01f;
+  r = r * z + 4.0e-01f;
+  r = r * z + 6.6666666667e-01f;
+  r = r * z;
+  let hfsq = 0.5f * f * f;
+  return f - (hfsq - s * (hfsq + r));
+}
+fn log1p_fast_f32(x: f32) -> f32 {
+  // Near 0 from x itself: no 1 + x to round (nor a (1 + x) - 1 a shader compiler may fold).
+  if (x > -0.2928932f && x < 0.41421356f) { return log1p_core_f32(x); }
+  return log_fast_f32(1.0f + x);
+}
+";
+
 /// The float helpers every kernel computing in floats includes.
 fn float_helpers(caps: Caps) -> String {
     let mut s = instantiate(MIN_MAX, false);
@@ -129,6 +214,7 @@ fn float_helpers(caps: Caps) -> String {
     } else {
         s += F32_PLAIN;
     }
+    s += F32_FAST;
     s
 }
 
