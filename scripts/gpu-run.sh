@@ -42,9 +42,10 @@ run_tests() {
   echo "== differential suite on $devices" | tee -a "$summary"
   for t in "$bin"/test-*; do
     name=$(basename "$t")
-    # ONLY="reduce streams" limits the run to those test files.
+    # ONLY="reduce streams" limits the run to those test files; FILTER="name" to the tests
+    # whose names contain it (printing what they print).
     if [ -n "${ONLY:-}" ] && ! [[ " $ONLY " == *" ${name#test-} "* ]]; then continue; fi
-    STRATA_TEST_DEVICES="$devices" timeout 900 "$t" --test-threads=1 > "$out/$name.log" 2>&1
+    STRATA_TEST_DEVICES="$devices" timeout 900 "$t" ${FILTER:+"$FILTER" --nocapture} --test-threads=1 > "$out/$name.log" 2>&1
     rc=$?
     printf '%-28s rc=%-3s %s\n' "$name" "$rc" "$(grep -E '^test result' "$out/$name.log" | tail -1)" | tee -a "$summary"
     [ $rc -ne 0 ] && grep -E 'panicked|FAILED|failed' "$out/$name.log" | head -20 | tee -a "$summary"
