@@ -407,7 +407,24 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
         Ok(out)
     };
     let (fused, eager) = (run(true)?, run(false)?);
-    assert_eq!(fused, eager, "map→reduce fused vs eager, bit for bit");
+    if dev.kind() == strata::BackendKind::Wgpu {
+        // A Vulkan driver may contract a*b + c inside one shader (docs/semantics.md): the
+        // integer results (3, 4, 5) agree bit for bit, the float ones within f32 rounding.
+        for k in [3, 4, 5] {
+            assert_eq!(fused[k], eager[k], "result {k}, fused vs eager");
+        }
+        for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
+            for (&f, &e) in f.iter().zip(e) {
+                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
+                assert!(
+                    (f - e).abs() <= 1e-5 * e.abs().max(1.0) || (f.is_nan() && e.is_nan()),
+                    "result {k}: fused {f} vs eager {e}"
+                );
+            }
+        }
+    } else {
+        assert_eq!(fused, eager, "map→reduce fused vs eager, bit for bit");
+    }
     // The tree is read by the reduction, not realized (where the backend fuses).
     let p = (&a * &b)?;
     let s = p.sum(Axes::All, false)?;
