@@ -37,26 +37,25 @@ struct Access {
 impl Storage {
     fn new(buffer: Arc<dyn DeviceBuffer>, device: Device, stream: Arc<StreamHandle>) -> Storage {
         let bytes = buffer.len_bytes();
-        Storage {
-            buffer: OnceLock::from(buffer),
-            pending: Mutex::new(None),
-            readers: Mutex::new(Vec::new()),
-            bytes,
-            ran: OnceLock::new(),
-            device,
-            access: Mutex::new(Access {
-                last_write: stream,
-                readers: Vec::new(),
-            }),
-        }
+        Storage::with(OnceLock::from(buffer), None, bytes, device, stream)
     }
 
     /// A storage of `bytes` bytes whose contents `pending` computes when first needed.
     pub(crate) fn new_pending(pending: Pending, bytes: usize, device: Device) -> Storage {
         let stream = pending.stream.clone();
+        Storage::with(OnceLock::new(), Some(pending), bytes, device, stream)
+    }
+
+    fn with(
+        buffer: OnceLock<Arc<dyn DeviceBuffer>>,
+        pending: Option<Pending>,
+        bytes: usize,
+        device: Device,
+        stream: Arc<StreamHandle>,
+    ) -> Storage {
         Storage {
-            buffer: OnceLock::new(),
-            pending: Mutex::new(Some(pending)),
+            buffer,
+            pending: Mutex::new(pending),
             readers: Mutex::new(Vec::new()),
             bytes,
             ran: OnceLock::new(),

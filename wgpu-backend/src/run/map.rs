@@ -10,8 +10,16 @@ use strata_core::lower::operands::MapOperands;
 use strata_core::Backend;
 use strata_core::Result;
 
+/// A map's operands (output first), their buffers, and core's plan for them.
+type PlannedMap<'a> = (
+    MapOperands<'a>,
+    Vec<&'a Operand>,
+    Vec<&'a wgpu::Buffer>,
+    map_plan::MapPlan,
+);
+
 impl WgpuBackend {
-    pub(crate) fn run_map(&self, expr: &Expr, args: &KernelArgs) -> Result<()> {
+    fn plan_map<'a>(&self, expr: &Expr, args: &'a KernelArgs) -> Result<PlannedMap<'a>> {
         let ops = MapOperands::of(expr, args)?;
         let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
         let buffers = operands
@@ -24,6 +32,11 @@ impl WgpuBackend {
             &buffer_info(&buffers),
             &self.target,
         )?;
+        Ok((ops, operands, buffers, plan))
+    }
+
+    pub(crate) fn run_map(&self, expr: &Expr, args: &KernelArgs) -> Result<()> {
+        let (ops, operands, buffers, plan) = self.plan_map(expr, args)?;
         let dtypes: Vec<_> = operands.iter().map(|o| o.dtype).collect();
         let scalars: Vec<_> = ops.scalars.iter().map(|s| s.dtype()).collect();
         let caps = self.gpu.caps;
@@ -59,18 +72,7 @@ impl WgpuBackend {
         expr: &Expr,
         args: &KernelArgs,
     ) -> Result<Option<KernelSource>> {
-        let ops = MapOperands::of(expr, args)?;
-        let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
-        let buffers = operands
-            .iter()
-            .map(|o| raw(o))
-            .collect::<Result<Vec<_>>>()?;
-        let plan = map_plan::plan(
-            &ops,
-            expr.reads_linear_index(),
-            &buffer_info(&buffers),
-            &self.target,
-        )?;
+        let (ops, operands, _, plan) = self.plan_map(expr, args)?;
         let Some(first) = plan.pieces.first() else {
             return Ok(None);
         };
