@@ -88,7 +88,7 @@ pub struct OperandReport {
 }
 
 impl OperandReport {
-    pub(crate) fn of(layout: &Layout, dtype: DType) -> OperandReport {
+    fn of(layout: &Layout, dtype: DType) -> OperandReport {
         OperandReport {
             shape: layout.shape().to_vec(),
             strides: layout.strides().to_vec(),
@@ -112,9 +112,9 @@ impl fmt::Display for OperandReport {
 #[derive(Debug)]
 pub(crate) struct Ran {
     pub(crate) expr: Expr,
-    pub(crate) ops: Vec<String>,
-    pub(crate) inputs: Vec<OperandReport>,
-    pub(crate) output: OperandReport,
+    pub(crate) ops: Vec<&'static str>,
+    pub(crate) inputs: Vec<(Layout, DType)>,
+    pub(crate) output: (Layout, DType),
     pub(crate) scalars: usize,
 }
 
@@ -162,10 +162,14 @@ impl Tensor {
         } else if let Some(ran) = self.storage.ran.get() {
             kernels.push(KernelReport {
                 pending: false,
-                ops: ran.ops.clone(),
+                ops: ran.ops.iter().map(|s| s.to_string()).collect(),
                 expression: infix(&ran.expr),
-                inputs: ran.inputs.clone(),
-                output: ran.output.clone(),
+                inputs: ran
+                    .inputs
+                    .iter()
+                    .map(|(l, d)| OperandReport::of(l, *d))
+                    .collect(),
+                output: OperandReport::of(&ran.output.0, ran.output.1),
                 scalars: ran.scalars,
                 source: None,
             });
@@ -216,7 +220,7 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
     let source = device.backend().map_source(&expr, &args)?;
     kernels.push(KernelReport {
         pending: true,
-        ops: fused.ops.clone(),
+        ops: fused.ops.iter().map(|s| s.to_string()).collect(),
         expression: infix(&expr),
         inputs: fused
             .inputs

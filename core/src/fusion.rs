@@ -19,7 +19,7 @@
 use crate::device::{Device, StreamHandle};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::explain::{OperandReport, Ran};
+use crate::explain::Ran;
 use crate::ir::{Expr, Kernel, Node};
 use crate::layout::Layout;
 use crate::tensor::{launch_on, Storage, Tensor};
@@ -151,7 +151,7 @@ pub(crate) fn record(
 pub(crate) struct Fused {
     pub(crate) inputs: Vec<Tensor>,
     pub(crate) scalars: Vec<Scalar>,
-    pub(crate) ops: Vec<String>,
+    pub(crate) ops: Vec<&'static str>,
 }
 
 impl Fused {
@@ -190,7 +190,7 @@ impl Fused {
         }
         let base = self.scalars.len();
         self.scalars.extend(p.scalars.iter().cloned());
-        self.ops.push(p.what.to_string());
+        self.ops.push(p.what);
         Ok(substitute(&p.expr, &subst, base))
     }
 }
@@ -323,9 +323,9 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
         inputs: fused
             .inputs
             .iter()
-            .map(|t| OperandReport::of(t.layout(), t.dtype()))
+            .map(|t| (t.layout.clone(), t.dtype))
             .collect(),
-        output: OperandReport::of(&p.layout, p.expr.dtype),
+        output: (p.layout.clone(), p.expr.dtype),
         scalars: fused.scalars.len(),
         ops: std::mem::take(&mut fused.ops),
     });
@@ -339,6 +339,9 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
         &stream,
         true,
     );
+    if let Err(e) = &ran {
+        let _ = storage.failed.set(e.to_string());
+    }
     // The tree (and every intermediate only it held) is released here.
     *guard = None;
     ran

@@ -23,6 +23,8 @@ pub(crate) struct Storage {
     pub(crate) bytes: usize,
     /// The fused kernel that computed it, for `explain`.
     pub(crate) ran: OnceLock<crate::explain::Ran>,
+    /// Why the launch of its pending work failed (its buffer then holds nothing valid).
+    pub(crate) failed: OnceLock<String>,
     pub(crate) device: Device,
     access: Mutex<Access>,
 }
@@ -59,6 +61,7 @@ impl Storage {
             readers: Mutex::new(Vec::new()),
             bytes,
             ran: OnceLock::new(),
+            failed: OnceLock::new(),
             device,
             access: Mutex::new(Access {
                 last_write: stream,
@@ -69,6 +72,11 @@ impl Storage {
 
     /// The buffer, running the pending work first if there is any.
     pub(crate) fn buffer(self: &Arc<Storage>) -> Result<Arc<dyn DeviceBuffer>> {
+        if let Some(why) = self.failed.get() {
+            return Err(Error::Backend(format!(
+                "this tensor's deferred work failed when it ran: {why}"
+            )));
+        }
         if let Some(b) = self.buffer.get() {
             return Ok(b.clone());
         }

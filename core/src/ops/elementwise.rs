@@ -1,7 +1,7 @@
 //! Elementwise ops: the one place their dtype rules live. Each op lowers to a `Map` kernel
 //! whose operands are broadcast views and whose scalars are launch arguments.
 
-use super::promote::{can_cast, result_type, DEFAULT_FLOAT};
+use super::promote::{can_cast, result_type_of, DEFAULT_FLOAT};
 use crate::assign::Value;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -182,7 +182,7 @@ fn binary(
     what: &'static str,
 ) -> Result<Tensor> {
     let (mut l, device_of) = Lowering::new(&[a, b], what)?;
-    let compute = binary_compute(op, result_type(&[a.clone(), b.clone()]), what)?;
+    let compute = binary_compute(op, result_type_of([a, b]), what)?;
     let (x, y) = (l.leaf(a, compute)?, l.leaf(b, compute)?);
     l.finish(Expr::binary(op, x, y), &device_of, out, what)
 }
@@ -835,7 +835,7 @@ impl Tensor {
         }
         let (a, b, c) = (a.into(), b.into(), Value::from(cond));
         let (mut l, device_of) = Lowering::new(&[&c, &a, &b], "where_cond")?;
-        let dtype = result_type(&[a.clone(), b.clone()]);
+        let dtype = result_type_of([&a, &b]);
         let cond = l.leaf(&c, DType::Bool)?;
         let (x, y) = (l.leaf(&a, dtype)?, l.leaf(&b, dtype)?);
         l.finish(Expr::select(cond, x, y), &device_of, None, "where_cond")
@@ -851,7 +851,7 @@ impl Tensor {
     pub fn clamp(&self, min: impl Into<Value>, max: impl Into<Value>) -> Result<Tensor> {
         let (x, lo, hi) = (Value::from(self), min.into(), max.into());
         let (mut l, device_of) = Lowering::new(&[&x, &lo, &hi], "clamp")?;
-        let dtype = result_type(&[x.clone(), lo.clone(), hi.clone()]);
+        let dtype = result_type_of([&x, &lo, &hi]);
         let (x, lo, hi) = (l.leaf(&x, dtype)?, l.leaf(&lo, dtype)?, l.leaf(&hi, dtype)?);
         let expr = Expr::binary(BinaryOp::Min, Expr::binary(BinaryOp::Max, x, lo), hi);
         l.finish(expr, &device_of, None, "clamp")
@@ -867,7 +867,7 @@ impl Tensor {
     pub fn fma(&self, b: impl Into<Value>, c: impl Into<Value>) -> Result<Tensor> {
         let (a, b, c) = (Value::from(self), b.into(), c.into());
         let (mut l, device_of) = Lowering::new(&[&a, &b, &c], "fma")?;
-        let dtype = result_type(&[a.clone(), b.clone(), c.clone()]);
+        let dtype = result_type_of([&a, &b, &c]);
         if !crate::lower::legal::fma_defined(dtype) {
             return Err(Error::DType("fma is not defined for bool operands".into()));
         }
@@ -886,7 +886,7 @@ impl Tensor {
     pub fn lerp(&self, end: impl Into<Value>, weight: impl Into<Value>) -> Result<Tensor> {
         let (a, b, w) = (Value::from(self), end.into(), weight.into());
         let (mut l, device_of) = Lowering::new(&[&a, &b, &w], "lerp")?;
-        let dtype = result_type(&[a.clone(), b.clone(), w.clone()]);
+        let dtype = result_type_of([&a, &b, &w]);
         if !dtype.is_float() {
             return Err(Error::DType(format!(
                 "lerp is defined for float tensors, not {dtype}; convert with to_dtype"

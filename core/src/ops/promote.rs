@@ -91,6 +91,11 @@ fn combine(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
 /// assert_eq!(result_type(&[Value::from(&u8s), Value::from(&zero_d)]), DType::F64);
 /// ```
 pub fn result_type(operands: &[Value]) -> DType {
+    result_type_of(operands.iter())
+}
+
+/// [`result_type`] of borrowed operands (no clone of each tensor on every op).
+pub(crate) fn result_type_of<'a>(operands: impl IntoIterator<Item = &'a Value>) -> DType {
     let (mut dims, mut zero_d, mut scalars) = (None, None, None);
     for op in operands {
         let (slot, dtype) = match op {
