@@ -54,6 +54,8 @@ pub struct KernelReport {
     pub pending: bool,
     /// The user ops it holds, in the order they were called.
     pub ops: Vec<String>,
+    /// Where each op was called (`file:line`), beside `ops`.
+    pub sources: Vec<String>,
     /// The expression per output element (`in0`, `s0`: inputs and launch scalars).
     pub expression: String,
     /// The tensors it reads.
@@ -113,6 +115,7 @@ impl fmt::Display for OperandReport {
 pub(crate) struct Ran {
     pub(crate) expr: Expr,
     pub(crate) ops: Vec<&'static str>,
+    pub(crate) sources: Vec<&'static std::panic::Location<'static>>,
     pub(crate) inputs: Vec<(Layout, DType)>,
     pub(crate) output: (Layout, DType),
     pub(crate) scalars: usize,
@@ -163,6 +166,7 @@ impl Tensor {
             kernels.push(KernelReport {
                 pending: false,
                 ops: ran.ops.iter().map(|s| s.to_string()).collect(),
+                sources: ran.sources.iter().map(|l| place(l)).collect(),
                 expression: infix(&ran.expr),
                 inputs: ran
                     .inputs
@@ -221,6 +225,7 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
     kernels.push(KernelReport {
         pending: true,
         ops: fused.ops.iter().map(|s| s.to_string()).collect(),
+        sources: fused.sources.iter().map(|l| place(l)).collect(),
         expression: infix(&expr),
         inputs: fused
             .inputs
@@ -232,6 +237,21 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
         source,
     });
     Ok(())
+}
+
+/// `file:line` of a call site.
+fn place(l: &std::panic::Location<'_>) -> String {
+    format!("{}:{}", l.file(), l.line())
+}
+
+/// The ops of `kernel` with where they were called: `mul (src/main.rs:12)`, one line each.
+fn ops_with_sources(kernel: &KernelReport) -> Vec<String> {
+    kernel
+        .ops
+        .iter()
+        .zip(&kernel.sources)
+        .map(|(op, at)| format!("{op} ({at})"))
+        .collect()
 }
 
 /// The expression in one line: `relu(in0 * in1 + in2)`, casts as `f32(x)`.
@@ -428,6 +448,7 @@ impl fmt::Display for Explanation {
                 kernel.ops.len(),
                 if kernel.ops.len() == 1 { "" } else { "s" }
             )?;
+            writeln!(f, "  ops: {}", ops_with_sources(kernel).join(", "))?;
             writeln!(f, "  out = {}", kernel.expression)?;
             for (i, input) in kernel.inputs.iter().enumerate() {
                 writeln!(f, "  in{i}: {input}")?;
@@ -470,9 +491,11 @@ impl Explanation {
                 out,
                 "<table style=\"border-collapse:collapse;{mono};margin:6px 0\">\
                  <tr><th colspan=\"2\" style=\"text-align:left\">kernel {} ({state}): {}</th></tr>\
+                 <tr><td>ops</td><td>{}</td></tr>\
                  <tr><td style=\"padding-right:12px\">out =</td><td>{}</td></tr>",
                 k + 1,
                 escape(&kernel.ops.join(" → ")),
+                escape(&ops_with_sources(kernel).join(", ")),
                 escape(&kernel.expression)
             );
             for (i, input) in kernel.inputs.iter().enumerate() {

@@ -46,6 +46,8 @@ pub(crate) struct Pending {
     pub(crate) stream: Arc<StreamHandle>,
     /// The user op that made this node (`add`, `relu`, ...), for `explain`.
     pub(crate) what: &'static str,
+    /// Where the user called it (ops carry `#[track_caller]` down to `record`).
+    pub(crate) at: &'static std::panic::Location<'static>,
     /// Expression nodes of the whole tree this node would fuse (an upper bound).
     nodes: usize,
     /// Tensor inputs of that tree (an upper bound).
@@ -73,6 +75,7 @@ pub(crate) fn defers(device: &Device) -> bool {
 /// A pending tensor of `layout` (dense, offset 0) and `expr.dtype` computing `expr` over
 /// `inputs` (views with the layout's shape) and `scalars`, issued on the current stream.
 /// Callers have checked everything an eager launch would check.
+#[track_caller]
 pub(crate) fn record(
     expr: Expr,
     layout: Layout,
@@ -124,6 +127,7 @@ pub(crate) fn record(
         layout: layout.clone(),
         stream,
         what,
+        at: std::panic::Location::caller(),
         nodes,
         leaves,
     };
@@ -152,6 +156,8 @@ pub(crate) struct Fused {
     pub(crate) inputs: Vec<Tensor>,
     pub(crate) scalars: Vec<Scalar>,
     pub(crate) ops: Vec<&'static str>,
+    /// Where each op was called (`file:line`).
+    pub(crate) sources: Vec<&'static std::panic::Location<'static>>,
 }
 
 impl Fused {
@@ -191,6 +197,7 @@ impl Fused {
         let base = self.scalars.len();
         self.scalars.extend(p.scalars.iter().cloned());
         self.ops.push(p.what);
+        self.sources.push(p.at);
         Ok(substitute(&p.expr, &subst, base))
     }
 }
@@ -328,6 +335,7 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
         output: (p.layout.clone(), p.expr.dtype),
         scalars: fused.scalars.len(),
         ops: std::mem::take(&mut fused.ops),
+        sources: std::mem::take(&mut fused.sources),
     });
     let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
     let stream = p.stream.clone();

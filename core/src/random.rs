@@ -133,6 +133,7 @@ fn uniform53_scalars() -> Vec<Scalar> {
 
 /// A new tensor of `dims` holding `expr` (which reads the generator's two scalars, then
 /// `extra`), taking one counter per element from `gen`.
+#[track_caller]
 fn draw(
     dims: impl IntoDims,
     dtype: DType,
@@ -174,6 +175,7 @@ impl Tensor {
     /// let v = t.to_vec::<f64>().unwrap();
     /// assert!(v.iter().all(|&x| (0.0..1.0).contains(&x)));
     /// ```
+    #[track_caller]
     pub fn rand(
         dims: impl IntoDims,
         dtype: DType,
@@ -201,6 +203,7 @@ impl Tensor {
     /// let std = t.std(Axes::All, 1, false).unwrap().item::<f32>().unwrap();
     /// assert!(mean.abs() < 0.03 && (std - 1.0).abs() < 0.03);
     /// ```
+    #[track_caller]
     pub fn randn(
         dims: impl IntoDims,
         dtype: DType,
@@ -242,6 +245,7 @@ impl Tensor {
     /// let v = t.to_vec::<i8>().unwrap();
     /// assert!(v.iter().all(|&x| (-3..3).contains(&x)) && v.contains(&-3) && v.contains(&2));
     /// ```
+    #[track_caller]
     pub fn randint(
         low: i64,
         high: i64,
@@ -273,6 +277,7 @@ impl Tensor {
     /// let frac = t.mean(Axes::All, false).unwrap().item::<f32>().unwrap();
     /// assert!((frac - 0.25).abs() < 0.02);
     /// ```
+    #[track_caller]
     pub fn bernoulli(
         dims: impl IntoDims,
         p: f64,
@@ -299,6 +304,7 @@ impl Tensor {
     /// let m = Tensor::dropout_mask([8], 0.5, DType::F32, &mut g, &Device::cpu()).unwrap();
     /// assert!(m.to_vec::<f32>().unwrap().iter().all(|&x| x == 0.0 || x == 2.0));
     /// ```
+    #[track_caller]
     pub fn dropout_mask(
         dims: impl IntoDims,
         p: f64,

@@ -135,6 +135,7 @@ impl Tensor {
     /// let i = Tensor::from_slice(&[300i32, -1], [2], &Device::cpu()).unwrap();
     /// assert_eq!(i.to_dtype(DType::U8).unwrap().to_vec::<u8>().unwrap(), vec![44, 255]);
     /// ```
+    #[track_caller]
     pub fn to_dtype(&self, dtype: DType) -> Result<Tensor> {
         self.cast_with(dtype, false)
     }
@@ -147,10 +148,12 @@ impl Tensor {
     /// let i = Tensor::from_slice(&[300i32, -1], [2], &Device::cpu()).unwrap();
     /// assert_eq!(i.to_dtype_sat(DType::U8).unwrap().to_vec::<u8>().unwrap(), vec![255, 0]);
     /// ```
+    #[track_caller]
     pub fn to_dtype_sat(&self, dtype: DType) -> Result<Tensor> {
         self.cast_with(dtype, true)
     }
 
+    #[track_caller]
     fn cast_with(&self, dtype: DType, saturate: bool) -> Result<Tensor> {
         let expr = Expr::input(0, self.dtype).cast(dtype, saturate);
         let device = self.device();

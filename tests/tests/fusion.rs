@@ -337,8 +337,18 @@ fn one_statement_chains(dev: &Device) -> Result<()> {
     let b = Tensor::full([n], Scalar::F32(3.0), DType::F32, &dev)?;
     let c = Tensor::full([n], Scalar::F32(-1.0), DType::F32, &dev)?;
     let inputs = dev.memory_stats().allocated;
-    let kernels = (&a * &b)?.add(&c)?.relu()?.explain()?.kernels.len();
-    assert_eq!(kernels, usize::from(dev.fusion()));
+    let explained = (&a * &b)?.add(&c)?.relu()?.explain()?;
+    assert_eq!(explained.kernels.len(), usize::from(dev.fusion()));
+    if let Some(k) = explained.kernels.first() {
+        // Each op with the line that called it.
+        assert_eq!(k.ops, vec!["mul", "add", "relu"]);
+        assert!(
+            k.sources
+                .iter()
+                .all(|s| s.starts_with("tests/tests/fusion.rs:")),
+            "{k:?}"
+        );
+    }
     let v = (&a * &b)?.add(&c)?.relu()?.to_vec::<f32>()?;
     assert_eq!(v, vec![5.0; n]);
     if fresh && dev.fusion() {

@@ -86,6 +86,7 @@ impl Lowering {
 
     /// Writes `expr` into `out` (checked), or returns it as a new tensor: pending (recorded
     /// for fusion) when the device defers, else computed now.
+    #[track_caller]
     fn finish(
         self,
         expr: Expr,
@@ -174,6 +175,7 @@ fn binary_compute(op: BinaryOp, promoted: DType, what: &str) -> Result<DType> {
 }
 
 /// Lowers `op(a, b)` and runs it, into `out` when given.
+#[track_caller]
 fn binary(
     op: BinaryOp,
     a: &Value,
@@ -206,6 +208,7 @@ fn unary_compute(op: UnaryOp, dtype: DType, what: &str) -> Result<DType> {
     }
 }
 
+#[track_caller]
 fn unary(op: UnaryOp, a: &Tensor, out: Option<&Tensor>, what: &'static str) -> Result<Tensor> {
     let v = Value::from(a);
     let (mut l, device_of) = Lowering::new(&[&v], what)?;
@@ -219,6 +222,7 @@ macro_rules! binary_methods {
     ($($(#[$doc:meta])* $name:ident, $inplace:ident, $out:ident => $op:ident, $ex:ident;)*) => {
         impl Tensor {$(
             $(#[$doc])*
+            #[track_caller]
             pub fn $name(&self, other: impl Into<Value>) -> Result<Tensor> {
                 binary(BinaryOp::$op, &Value::from(self), &other.into(), None, stringify!($name))
             }
@@ -233,6 +237,7 @@ macro_rules! binary_methods {
             #[doc = concat!("t.", stringify!($inplace), "(1).unwrap();")]
             /// assert_eq!(t.shape(), &[2]);
             /// ```
+            #[track_caller]
             pub fn $inplace(&self, other: impl Into<Value>) -> Result<()> {
                 binary(BinaryOp::$op, &Value::from(self), &other.into(), Some(self), stringify!($inplace))
                     .map(|_| ())
@@ -250,6 +255,7 @@ macro_rules! binary_methods {
             #[doc = concat!("t.", stringify!($out), "(1, &out).unwrap();")]
             /// assert!(t.ones_like().unwrap().add_out(1, &Tensor::zeros([3], DType::I32, &dev).unwrap()).is_err());
             /// ```
+            #[track_caller]
             pub fn $out(&self, other: impl Into<Value>, out: &Tensor) -> Result<()> {
                 binary(BinaryOp::$op, &Value::from(self), &other.into(), Some(out), stringify!($out))
                     .map(|_| ())
@@ -495,6 +501,7 @@ macro_rules! unary_methods {
     ($($(#[$doc:meta])* $name:ident, $inplace:ident, $out:ident => $op:ident, $ex:ident;)*) => {
         impl Tensor {$(
             $(#[$doc])*
+            #[track_caller]
             pub fn $name(&self) -> Result<Tensor> {
                 unary(UnaryOp::$op, self, None, stringify!($name))
             }
@@ -507,6 +514,7 @@ macro_rules! unary_methods {
             #[doc = concat!("let t = Tensor::ones([2], DType::", stringify!($ex), ", &Device::cpu()).unwrap();")]
             #[doc = concat!("t.", stringify!($inplace), "().unwrap();")]
             /// ```
+            #[track_caller]
             pub fn $inplace(&self) -> Result<()> {
                 unary(UnaryOp::$op, self, Some(self), stringify!($inplace)).map(|_| ())
             }
@@ -521,6 +529,7 @@ macro_rules! unary_methods {
             /// let out = Tensor::zeros([2], DType::F64, &Device::cpu()).unwrap();
             #[doc = concat!("t.", stringify!($out), "(&out).unwrap();")]
             /// ```
+            #[track_caller]
             pub fn $out(&self, out: &Tensor) -> Result<()> {
                 unary(UnaryOp::$op, self, Some(out), stringify!($out)).map(|_| ())
             }
@@ -533,6 +542,7 @@ macro_rules! predicate_methods {
     ($($(#[$doc:meta])* $name:ident, $out:ident => $op:ident;)*) => {
         impl Tensor {$(
             $(#[$doc])*
+            #[track_caller]
             pub fn $name(&self) -> Result<Tensor> {
                 unary(UnaryOp::$op, self, None, stringify!($name))
             }
@@ -546,6 +556,7 @@ macro_rules! predicate_methods {
             /// let out = Tensor::zeros([2], DType::Bool, &Device::cpu()).unwrap();
             #[doc = concat!("t.", stringify!($out), "(&out).unwrap();")]
             /// ```
+            #[track_caller]
             pub fn $out(&self, out: &Tensor) -> Result<()> {
                 unary(UnaryOp::$op, self, Some(out), stringify!($out)).map(|_| ())
             }
@@ -826,6 +837,7 @@ impl Tensor {
     /// let y = Tensor::where_cond(&x.gt(0.0).unwrap(), &x, 0.0).unwrap();
     /// assert_eq!(y.to_vec::<f32>().unwrap(), vec![0.0, 2.0]);
     /// ```
+    #[track_caller]
     pub fn where_cond(cond: &Tensor, a: impl Into<Value>, b: impl Into<Value>) -> Result<Tensor> {
         if cond.dtype() != DType::Bool {
             return Err(Error::DType(format!(
@@ -848,6 +860,7 @@ impl Tensor {
     /// let t = Tensor::arange(0, 5, 1, DType::I32, &Device::cpu()).unwrap();
     /// assert_eq!(t.clamp(1, 3).unwrap().to_vec::<i32>().unwrap(), vec![1, 1, 2, 3, 3]);
     /// ```
+    #[track_caller]
     pub fn clamp(&self, min: impl Into<Value>, max: impl Into<Value>) -> Result<Tensor> {
         let (x, lo, hi) = (Value::from(self), min.into(), max.into());
         let (mut l, device_of) = Lowering::new(&[&x, &lo, &hi], "clamp")?;
@@ -864,6 +877,7 @@ impl Tensor {
     /// let t = Tensor::full([2], 3, DType::I32, &Device::cpu()).unwrap();
     /// assert_eq!(t.fma(4, 5).unwrap().to_vec::<i32>().unwrap(), vec![17, 17]);
     /// ```
+    #[track_caller]
     pub fn fma(&self, b: impl Into<Value>, c: impl Into<Value>) -> Result<Tensor> {
         let (a, b, c) = (Value::from(self), b.into(), c.into());
         let (mut l, device_of) = Lowering::new(&[&a, &b, &c], "fma")?;
@@ -883,6 +897,7 @@ impl Tensor {
     /// let t = Tensor::zeros([1], DType::F32, &Device::cpu()).unwrap();
     /// assert_eq!(t.lerp(10.0, 0.25).unwrap().item::<f32>().unwrap(), 2.5);
     /// ```
+    #[track_caller]
     pub fn lerp(&self, end: impl Into<Value>, weight: impl Into<Value>) -> Result<Tensor> {
         let (a, b, w) = (Value::from(self), end.into(), weight.into());
         let (mut l, device_of) = Lowering::new(&[&a, &b, &w], "lerp")?;
@@ -918,24 +933,28 @@ macro_rules! operator {
     ($trait:ident, $method:ident, $op:ident) => {
         impl std::ops::$trait<&Tensor> for &Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: &Tensor) -> Result<Tensor> {
                 binary(BinaryOp::$op, &Value::from(self), &Value::from(rhs), None, stringify!($method))
             }
         }
         impl std::ops::$trait<Tensor> for &Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: Tensor) -> Result<Tensor> {
                 self.$method(&rhs)
             }
         }
         impl std::ops::$trait<&Tensor> for Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: &Tensor) -> Result<Tensor> {
                 (&self).$method(rhs)
             }
         }
         impl std::ops::$trait<Tensor> for Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: Tensor) -> Result<Tensor> {
                 (&self).$method(&rhs)
             }
@@ -945,24 +964,28 @@ macro_rules! operator {
     (@scalars $trait:ident, $method:ident, $op:ident, $($t:ty),*) => {$(
         impl std::ops::$trait<$t> for &Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: $t) -> Result<Tensor> {
                 binary(BinaryOp::$op, &Value::from(self), &Value::from(rhs), None, stringify!($method))
             }
         }
         impl std::ops::$trait<$t> for Tensor {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: $t) -> Result<Tensor> {
                 (&self).$method(rhs)
             }
         }
         impl std::ops::$trait<&Tensor> for $t {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: &Tensor) -> Result<Tensor> {
                 binary(BinaryOp::$op, &Value::from(self), &Value::from(rhs), None, stringify!($method))
             }
         }
         impl std::ops::$trait<Tensor> for $t {
             type Output = Result<Tensor>;
+            #[track_caller]
             fn $method(self, rhs: Tensor) -> Result<Tensor> {
                 self.$method(&rhs)
             }
@@ -978,6 +1001,7 @@ operator!(Rem, rem, Rem);
 
 impl std::ops::Neg for &Tensor {
     type Output = Result<Tensor>;
+    #[track_caller]
     fn neg(self) -> Result<Tensor> {
         Tensor::neg(self)
     }
@@ -985,6 +1009,7 @@ impl std::ops::Neg for &Tensor {
 
 impl std::ops::Neg for Tensor {
     type Output = Result<Tensor>;
+    #[track_caller]
     fn neg(self) -> Result<Tensor> {
         Tensor::neg(&self)
     }
