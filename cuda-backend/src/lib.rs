@@ -112,6 +112,7 @@ impl CudaBackend {
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,
+            vector_splat: true,
             wide_index: true,
             // 2,048 resident threads per multiprocessor.
             parallel_slots: gpu.sm_count as usize * 2048,

@@ -114,6 +114,7 @@ impl WgpuBackend {
             vector_tail: false,
             tile_32bit_only: true,
             tile_reads_position: false,
+            vector_splat: false,
             wide_index: false,
             // wgpu tells nothing of the device's size: enough threads for a large GPU (2,048
             // workgroups of 256); a small one runs the extra ranges in turn.

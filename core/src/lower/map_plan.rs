@@ -297,7 +297,21 @@ fn plan_piece(
             };
         }
     }
-    let contiguous = operands.iter().all(|o| o.path == Path::Contiguous);
+    // Inputs constant along the innermost axis (stride 0 there) may join a vectorized launch
+    // as splats where the target reads them once per vector (whole vectors within a row).
+    let inner = p.len.last().copied().unwrap_or(1);
+    let splat = |k: usize, o: &PlannedOperand| {
+        target.vector_splat
+            && k > 0
+            && o.path == Path::Strided
+            && o.strides.last() == Some(&0)
+            && target.binding_limit.is_none()
+    };
+    let contiguous = operands
+        .iter()
+        .enumerate()
+        .all(|(k, o)| o.path == Path::Contiguous || splat(k, o));
+    let any_splat = operands.iter().enumerate().any(|(k, o)| splat(k, o));
     let max_item = access.iter().map(|a| a.itemsize).max().unwrap_or(1);
     let mut vector = if contiguous
         && target.vector_bytes > 0
@@ -315,8 +329,18 @@ fn plan_piece(
             + window_start
             + (o.offset * access[k].itemsize) as u64
     };
-    let aligned =
-        |v: usize| (0..operands.len()).all(|k| address(k) % (v * access[k].itemsize) as u64 == 0);
+    let aligned = |v: usize| {
+        (0..operands.len()).all(|k| {
+            operands[k].path != Path::Contiguous
+                || address(k) % (v * access[k].itemsize) as u64 == 0
+        })
+    };
+    if any_splat {
+        // A vector must not cross a row: its splatted inputs take one value per row.
+        while vector > 1 && inner % vector != 0 {
+            vector /= 2;
+        }
+    }
     if target.vector_tail {
         while vector > 1 && !aligned(vector) {
             vector /= 2;
@@ -365,6 +389,42 @@ mod tests {
             inputs: inputs.iter().map(|t| t.operand().unwrap()).collect(),
             scalars: vec![],
         }
+    }
+
+    #[test]
+    fn a_row_broadcast_input_joins_vectors_where_the_target_splats() {
+        let dev = Device::cpu();
+        let x = Tensor::zeros([6, 12], DType::F32, &dev).unwrap();
+        let m = Tensor::zeros([6, 1], DType::F32, &dev).unwrap();
+        let m = m.broadcast_to([6, 12]).unwrap();
+        let y = Tensor::zeros([6, 12], DType::F32, &dev).unwrap();
+        let a = args(&y, &[&x, &m]);
+        let e = Expr::binary(
+            crate::ir::BinaryOp::Sub,
+            Expr::input(0, DType::F32),
+            Expr::input(1, DType::F32),
+        );
+        let ops = MapOperands::of(&e, &a).unwrap();
+        let buffers = BufferInfo::of_operands(&a);
+        let splat = Target {
+            vector_splat: true,
+            ..gpu(None)
+        };
+        let p = plan(&ops, false, &buffers, &splat).unwrap();
+        // 12 elements a row: vectors of 4 stay inside a row; m is read once per vector.
+        assert_eq!(p.pieces[0].vector, 4);
+        assert_eq!(p.pieces[0].operands[2].path, Path::Strided);
+        // Rows of 6: vectors of 2.
+        let (x, y) = (x.reshape([12, 6]).unwrap(), y.reshape([12, 6]).unwrap());
+        let m6 = Tensor::zeros([12, 1], DType::F32, &dev).unwrap();
+        let m6 = m6.broadcast_to([12, 6]).unwrap();
+        let a = args(&y, &[&x, &m6]);
+        let ops = MapOperands::of(&e, &a).unwrap();
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &splat).unwrap();
+        assert_eq!(p.pieces[0].vector, 2);
+        // Without splats (wgpu), no vectors.
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &gpu(None)).unwrap();
+        assert_eq!(p.pieces[0].vector, 1);
     }
 
     #[test]

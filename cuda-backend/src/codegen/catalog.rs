@@ -84,6 +84,17 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
             false,
             1,
         ));
+        // Vector loads with a row-broadcast input read once per vector (x - row_max).
+        if binary_rule(BinaryOp::Sub, d).defined() && d != DType::Bool {
+            let mut sig = map(
+                Expr::binary(BinaryOp::Sub, x.clone(), y.clone()),
+                &[d, d],
+                true,
+                2,
+            );
+            sig.contiguous[2] = false;
+            out.push(sig);
+        }
     }
     let philox = Expr {
         dtype: DType::U32,

@@ -205,6 +205,9 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
         let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
         for (k, &d) in sig.dtypes.iter().enumerate() {
+            if !sig.contiguous[k] {
+                continue;
+            }
             let vt = vector_type(v * d.itemsize());
             let _ = writeln!(
                 s,
@@ -215,11 +218,36 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 let _ = writeln!(s, "    u{k}.v = ((const {vt}*)a{k})[j];");
             }
         }
+        if sig.contiguous.iter().any(|c| !c) {
+            // Inputs constant along the inner axis: one read per vector (a vector lies in
+            // one row), at the offset of its first element.
+            let splats: Vec<Option<usize>> = stride_words
+                .iter()
+                .enumerate()
+                .map(|(k, w)| w.filter(|_| k > 0))
+                .collect();
+            decode_offsets(&mut s, idx, &format!("(j * {v})"), &shape_words, &splats);
+            for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+                if !sig.contiguous[k] {
+                    let _ = writeln!(s, "    const {} e{k} = a{k}[off{k}];", storage_type(d));
+                }
+            }
+        }
         let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
         let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
-        element(&mut s, "      ", &|k| format!("u{k}.e[l]"), &|val| {
-            format!("u0.e[l] = {val};")
-        })?;
+        let contiguous = &sig.contiguous;
+        element(
+            &mut s,
+            "      ",
+            &|k| {
+                if contiguous[k] {
+                    format!("u{k}.e[l]")
+                } else {
+                    format!("e{k}")
+                }
+            },
+            &|val| format!("u0.e[l] = {val};"),
+        )?;
         let _ = writeln!(s, "    }}");
         let vt = vector_type(v * sig.dtypes[0].itemsize());
         let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
