@@ -2,7 +2,7 @@
 # Runs on the GPU machine (no Rust toolchain there): the binaries scripts/gpu-build.sh put in
 # .gpu/bin. Modes: tests (the differential suite on CUDA), sanitize (a reduced suite under
 # compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
-# wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
+# sweep (every op family, strata beside PyTorch, and on wgpu), wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
 # (the wgpu backend's benchmark), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
@@ -88,6 +88,21 @@ run_wgpu_bench() {
   python3 scripts/bench_table.py "$out/wgpu.jsonl" | tee -a "$summary"
 }
 
+# The sweep of the whole op set: strata on CUDA, PyTorch, then strata on wgpu (smaller runs
+# of it are SWEEP_ARGS="--log2n 24 --side 4096 --gemm 2048"), joined into one table.
+run_sweep() {
+  echo "== sweep: strata vs PyTorch, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" | tee -a "$summary"
+  "$bin/bench_sweep" --device cuda ${SWEEP_ARGS:-} > "$out/sweep-strata.jsonl" 2> "$out/sweep-strata.err"
+  python3 scripts/bench_sweep_torch.py ${SWEEP_ARGS:-} > "$out/sweep-torch.jsonl" 2> "$out/sweep-torch.err"
+  wgpu=""
+  if [ -z "${SWEEP_NO_WGPU:-}" ]; then
+    (setup_vulkan; "$bin/bench_sweep" --device wgpu ${SWEEP_ARGS:-} > "$out/sweep-wgpu.jsonl" 2> "$out/sweep-wgpu.err")
+    wgpu="$out/sweep-wgpu.jsonl"
+  fi
+  tail -3 "$out"/sweep-*.err | tee -a "$summary"
+  python3 scripts/bench_sweep_table.py "$out/sweep-strata.jsonl" "$out/sweep-torch.jsonl" $wgpu | tee -a "$summary"
+}
+
 # Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.
 run_random() {
   n="${RANDOM_PROGRAMS:-3000}"
@@ -109,5 +124,6 @@ case "$mode" in
   wgpu-tests) setup_vulkan; run_tests wgpu ;;
   wgpu-bench) setup_vulkan; run_wgpu_bench ;;
   random) run_random ;;
+  sweep) run_sweep ;;
   all) run_tests; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
 esac
