@@ -114,7 +114,9 @@ pub trait DeviceBuffer: Any + Send + Sync + Debug {
 /// let b = dev.backend();
 /// let buf = b.allocate(4, StreamId::DEFAULT).unwrap();
 /// b.upload(buf.as_ref(), 0, &[1, 2, 3, 4], StreamId::DEFAULT).unwrap();
-/// assert_eq!(b.download(buf.as_ref(), 1, 2, StreamId::DEFAULT).unwrap(), vec![2, 3]);
+/// let mut out = [0u8; 2];
+/// b.download(buf.as_ref(), 1, &mut out, StreamId::DEFAULT).unwrap();
+/// assert_eq!(out, [2, 3]);
 /// ```
 pub trait Backend: Send + Sync + Debug {
     /// Which implementation this is.
@@ -136,14 +138,15 @@ pub trait Backend: Send + Sync + Debug {
         data: &[u8],
         stream: StreamId,
     ) -> Result<()>;
-    /// Waits for `stream`, then copies `len` bytes from `byte_offset` of `src` to the host.
+    /// Waits for `stream`, then copies `out.len()` bytes from `byte_offset` of `src` into
+    /// `out` (the caller's memory: `to_vec` reads straight into the `Vec` it returns).
     fn download(
         &self,
         src: &dyn DeviceBuffer,
         byte_offset: usize,
-        len: usize,
+        out: &mut [u8],
         stream: StreamId,
-    ) -> Result<Vec<u8>>;
+    ) -> Result<()>;
     /// Enqueues `kernel` with `args` on `stream`.
     fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()>;
     /// Whether this backend runs a `Reduce` whose elements are a fused map (`map: Some`);

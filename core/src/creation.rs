@@ -248,12 +248,10 @@ impl Tensor {
             )));
         }
         let t = Tensor::alloc(&shape, T::DTYPE, device)?;
-        let mut bytes = Vec::with_capacity(t.nbytes());
-        T::extend_bytes(data, &mut bytes);
         let stream = device.current_stream();
         device
             .backend()
-            .upload(t.buffer()?.as_ref(), 0, &bytes, stream.id())?;
+            .upload(t.buffer()?.as_ref(), 0, T::as_bytes(data), stream.id())?;
         Ok(t)
     }
 

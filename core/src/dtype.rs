@@ -240,8 +240,11 @@ impl std::str::FromStr for DType {
 pub trait Element: Copy + Send + Sync + PartialEq + fmt::Debug + 'static {
     /// The dtype this type stands for.
     const DTYPE: DType;
-    /// Appends the little-endian bytes of `values` to `out`.
-    fn extend_bytes(values: &[Self], out: &mut Vec<u8>);
+    /// The little-endian bytes of `values`, without a copy.
+    fn as_bytes(values: &[Self]) -> &[u8];
+    /// `n` values read by `fill`, which writes their little-endian bytes into the slice it is
+    /// given: the returned `Vec`'s own memory where the type allows (no second copy).
+    fn read_vec(n: usize, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<Vec<Self>>;
     /// Reads values from little-endian bytes (`bytes.len()` a multiple of the itemsize).
     fn from_bytes(bytes: &[u8]) -> Vec<Self>;
     /// This value as a [`Scalar`].
@@ -254,8 +257,17 @@ macro_rules! pod_element {
     ($($t:ty => $d:ident),*) => {$(
         impl Element for $t {
             const DTYPE: DType = DType::$d;
-            fn extend_bytes(values: &[Self], out: &mut Vec<u8>) {
-                out.extend_from_slice(bytemuck::cast_slice(values));
+            fn as_bytes(values: &[Self]) -> &[u8] {
+                bytemuck::cast_slice(values)
+            }
+            fn read_vec(
+                n: usize,
+                fill: &mut dyn FnMut(&mut [u8]) -> Result<()>,
+            ) -> Result<Vec<Self>> {
+                // Zeroed by the allocator (fresh pages), so 1 GiB costs no pass of its own.
+                let mut v: Vec<$t> = bytemuck::zeroed_vec(n);
+                fill(bytemuck::cast_slice_mut(&mut v))?;
+                Ok(v)
             }
             fn from_bytes(bytes: &[u8]) -> Vec<Self> {
                 bytes
@@ -280,8 +292,14 @@ pod_element!(u8 => U8, u16 => U16, u32 => U32, u64 => U64, i8 => I8, i16 => I16,
 
 impl Element for bool {
     const DTYPE: DType = DType::Bool;
-    fn extend_bytes(values: &[Self], out: &mut Vec<u8>) {
-        out.extend(values.iter().map(|&b| b as u8));
+    fn as_bytes(values: &[Self]) -> &[u8] {
+        bytemuck::cast_slice(values)
+    }
+    fn read_vec(n: usize, fill: &mut dyn FnMut(&mut [u8]) -> Result<()>) -> Result<Vec<Self>> {
+        // Through bytes: a device byte other than 0 or 1 must not become a `bool`.
+        let mut bytes = vec![0u8; n];
+        fill(&mut bytes)?;
+        Ok(bytes.into_iter().map(|b| b != 0).collect())
     }
     fn from_bytes(bytes: &[u8]) -> Vec<Self> {
         bytes.iter().map(|&b| b != 0).collect()
@@ -518,7 +536,7 @@ impl Scalar {
     /// ```
     pub fn to_le_bytes(self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8);
-        with_scalar!(self, v => Element::extend_bytes(&[v], &mut out));
+        with_scalar!(self, v => out.extend_from_slice(Element::as_bytes(&[v])));
         out
     }
 }

@@ -12,18 +12,23 @@ impl Tensor {
     /// The elements in row-major order as raw little-endian bytes; waits only for the work
     /// that wrote this tensor.
     pub(crate) fn host_bytes(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.nbytes()];
+        self.read_bytes_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Writes the elements in row-major order into `out` (`nbytes()` long); waits only for
+    /// the work that wrote this tensor.
+    fn read_bytes_into(&self, out: &mut [u8]) -> Result<()> {
         if self.numel() == 0 {
             // A zero-size view may carry an offset past its (empty) storage.
-            return Ok(vec![]);
+            return Ok(());
         }
         let t = self.contiguous()?;
         let writer = t.storage_last_writer();
-        t.device().backend().download(
-            t.buffer()?.as_ref(),
-            t.offset() * t.itemsize(),
-            t.nbytes(),
-            writer,
-        )
+        t.device()
+            .backend()
+            .download(t.buffer()?.as_ref(), t.offset() * t.itemsize(), out, writer)
     }
 
     fn check_element<T: Element>(&self) -> Result<()> {
@@ -47,7 +52,7 @@ impl Tensor {
     /// ```
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         self.check_element::<T>()?;
-        Ok(T::from_bytes(&self.host_bytes()?))
+        T::read_vec(self.numel(), &mut |bytes| self.read_bytes_into(bytes))
     }
 
     /// The elements as an ndarray array of the same shape.

@@ -22,6 +22,7 @@ mod compile;
 mod driver;
 mod launch;
 mod memory;
+mod staging;
 
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
@@ -78,6 +79,8 @@ pub fn device_count() -> usize {
 pub struct CudaBackend {
     gpu: Arc<Gpu>,
     memory: Arc<Memory>,
+    /// Pinned chunks for large host↔device copies.
+    staging: staging::Staging,
     compiler: Compiler,
     batches: batch::Batches,
     blas: Option<blas::Blas>,
@@ -112,7 +115,7 @@ impl CudaBackend {
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,
-            vector_splat: true,
+            vector_rows: true,
             wide_index: true,
             // 2,048 resident threads per multiprocessor.
             parallel_slots: gpu.sm_count as usize * 2048,
@@ -125,6 +128,7 @@ impl CudaBackend {
         Ok(CudaBackend {
             target,
             blas: blas::Blas::new(),
+            staging: staging::Staging::new(gpu.clone()),
             gpu,
             memory,
             compiler,
@@ -247,11 +251,17 @@ impl Backend for CudaBackend {
         let s = self.gpu.stream(stream)?;
         self.batches.send(&self.gpu, stream)?;
         buf.used_on(stream);
+        let dst_ptr = buf.device_ptr() + byte_offset as u64;
+        if data.len() >= staging::STAGED_FROM {
+            if let Some(done) = self.staging.upload(dst_ptr, data, s) {
+                return done;
+            }
+        }
         // SAFETY: range checked; a pageable source is staged before the call returns.
         driver::check(
             unsafe {
                 cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
-                    buf.device_ptr() + byte_offset as u64,
+                    dst_ptr,
                     data.as_ptr() as *const std::ffi::c_void,
                     data.len(),
                     s,
@@ -265,24 +275,30 @@ impl Backend for CudaBackend {
         &self,
         src: &dyn DeviceBuffer,
         byte_offset: usize,
-        len: usize,
+        out: &mut [u8],
         stream: StreamId,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<()> {
         let buf = CudaBuffer::of(src)?;
-        buf.range_check(byte_offset, len)?;
-        let mut out = vec![0u8; len];
+        buf.range_check(byte_offset, out.len())?;
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
         self.batches.send(&self.gpu, stream)?;
-        if len > 0 {
+        let src_ptr = buf.device_ptr() + byte_offset as u64;
+        if !out.is_empty() {
             buf.used_on(stream);
-            // SAFETY: range checked; `out` has `len` bytes and lives until the stream syncs.
+            if out.len() >= staging::STAGED_FROM {
+                if let Some(done) = self.staging.download(src_ptr, out, s) {
+                    return done;
+                }
+            }
+            // SAFETY: range checked; `out` has its length in bytes and lives until the
+            // stream syncs.
             driver::check(
                 unsafe {
                     cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
                         out.as_mut_ptr() as *mut std::ffi::c_void,
-                        buf.device_ptr() + byte_offset as u64,
-                        len,
+                        src_ptr,
+                        out.len(),
                         s,
                     )
                 },
@@ -293,8 +309,7 @@ impl Backend for CudaBackend {
         driver::check(
             unsafe { cudarc::driver::sys::cuStreamSynchronize(s) },
             "cuStreamSynchronize",
-        )?;
-        Ok(out)
+        )
     }
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()> {

@@ -141,10 +141,10 @@ impl strata::Backend for StandIn {
         &self,
         b: &dyn strata::DeviceBuffer,
         o: usize,
-        n: usize,
+        out: &mut [u8],
         s: strata::StreamId,
-    ) -> Result<Vec<u8>> {
-        self.0.download(b, o, n, s)
+    ) -> Result<()> {
+        self.0.download(b, o, out, s)
     }
     fn run(
         &self,

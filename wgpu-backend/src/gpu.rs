@@ -466,8 +466,17 @@ impl Gpu {
     /// Copies `len` bytes at `offset` of `src` to the host: the copy joins the batch, the batch
     /// is submitted, and only that submission is waited for.
     pub(crate) fn read(&self, src: &wgpu::Buffer, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut out = vec![0; len];
+        self.read_into(src, offset, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads `out.len()` bytes at `offset` of `src` into `out`, after the work submitted so
+    /// far (through a mapped staging buffer).
+    pub(crate) fn read_into(&self, src: &wgpu::Buffer, offset: u64, out: &mut [u8]) -> Result<()> {
+        let len = out.len();
         if len == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         let start = offset / 4 * 4;
         let end = (offset + len as u64).div_ceil(4) * 4;
@@ -496,7 +505,8 @@ impl Gpu {
             .get_mapped_range(..)
             .map_err(|e| Error::Backend(format!("wgpu: readback: {e}")))?;
         let skip = (offset - start) as usize;
-        Ok(data[skip..skip + len].to_vec())
+        out.copy_from_slice(&data[skip..skip + len]);
+        Ok(())
     }
 
     /// Writes `data` at `offset` of `dst` in stream order (through a staging buffer copied in

@@ -114,7 +114,7 @@ impl WgpuBackend {
             vector_tail: false,
             tile_32bit_only: true,
             tile_reads_position: false,
-            vector_splat: false,
+            vector_rows: false,
             wide_index: false,
             // wgpu tells nothing of the device's size: enough threads for a large GPU (2,048
             // workgroups of 256); a small one runs the extra ranges in turn.
@@ -238,12 +238,12 @@ impl Backend for WgpuBackend {
         &self,
         src: &dyn DeviceBuffer,
         byte_offset: usize,
-        len: usize,
+        out: &mut [u8],
         _stream: StreamId,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<()> {
         let buf = WgpuBuffer::of(src)?;
-        range_check(buf, byte_offset, len)?;
-        self.gpu.read(buf.raw(), byte_offset as u64, len)
+        range_check(buf, byte_offset, out.len())?;
+        self.gpu.read_into(buf.raw(), byte_offset as u64, out)
     }
 
     fn map_source(

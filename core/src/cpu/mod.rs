@@ -125,13 +125,16 @@ impl Backend for CpuBackend {
         &self,
         src: &dyn DeviceBuffer,
         offset: usize,
-        len: usize,
+        out: &mut [u8],
         _: StreamId,
-    ) -> Result<Vec<u8>> {
+    ) -> Result<()> {
         let buf = CpuBuffer::of(src)?;
-        buf.range_check(offset, len)?;
+        buf.range_check(offset, out.len())?;
         // SAFETY: range checked.
-        Ok(unsafe { std::slice::from_raw_parts(buf.ptr().add(offset), len) }.to_vec())
+        out.copy_from_slice(unsafe {
+            std::slice::from_raw_parts(buf.ptr().add(offset), out.len())
+        });
+        Ok(())
     }
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _: StreamId) -> Result<()> {
