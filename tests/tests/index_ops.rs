@@ -195,3 +195,60 @@ fn ops_all() -> strata::ops::Axes {
     strata::ops::Axes::All
 }
 test_device!(index_errors_name_the_values, errors);
+
+/// `index_select` on layouts that take the row path of a gather (whole runs after the indexed
+/// axis, moved in vectors of 16, 8, 4 or 2 bytes) and layouts that do not (misaligned runs, a
+/// flipped or transposed source, runs shorter than 4), checked element by element against
+/// the host. Indices repeat and count from the end.
+fn index_select_rows(dev: &Device) -> Result<()> {
+    let cases: [(&[usize], usize); 5] = [
+        (&[9, 12], 0),
+        (&[3, 5, 8], 1),
+        (&[4, 6, 2, 3], 1),
+        (&[2, 3, 5, 4], 2),
+        (&[7, 3], 0),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::U8, DType::I64, DType::Bool] {
+        for &(shape, axis) in &cases {
+            let numel: usize = shape.iter().product();
+            let base = Tensor::arange(0, numel as i64, 1, DType::I64, dev)?
+                .remainder(251)?
+                .to_dtype(dtype)?
+                .reshape(shape)?;
+            let n = shape[axis] as i64;
+            let picks = [n - 1, 0, -1, 1 % n, -n, n - 1];
+            let index = Tensor::from_slice(&picks, [picks.len()], dev)?;
+            // Views: the tensor itself, its runs one element off a vector, a flipped source.
+            let last = shape.len() - 1;
+            let mut views = vec![("whole", base.clone())];
+            if axis < last && shape[last] > 1 {
+                views.push(("narrowed", base.narrow(last as isize, 1, shape[last] - 1)?));
+            }
+            views.push(("flipped", base.flip(&[axis as isize])?));
+            for (what, src) in views {
+                let got = src.index_select(axis as isize, &index)?;
+                let host = src.to_dtype(DType::I64)?.to_vec::<i64>()?;
+                let dims = src.shape().to_vec();
+                let mut want_shape = dims.clone();
+                want_shape[axis] = picks.len();
+                let want: Vec<i64> = strata_tests::indices(&want_shape)
+                    .iter()
+                    .map(|ix| {
+                        let mut at = ix.clone();
+                        at[axis] = picks[ix[axis]].rem_euclid(n) as usize;
+                        let flat = at.iter().zip(&dims).fold(0, |acc, (&i, &d)| acc * d + i);
+                        host[flat]
+                    })
+                    .collect();
+                assert_eq!(got.shape(), &want_shape[..]);
+                assert_eq!(
+                    got.to_dtype(DType::I64)?.to_vec::<i64>()?,
+                    want,
+                    "{dtype} {shape:?} axis {axis} ({what})"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(index_select_moves_whole_runs, index_select_rows);

@@ -2,7 +2,8 @@
 //! backend would otherwise decide on its own, written once. Which `(op, dtype)` pairs exist and
 //! their canonical forms ([`legal`]), the operand checks of every kernel kind ([`operands`]),
 //! the launch plans of maps and reductions computed from the [`Target`](target::Target) each
-//! backend describes ([`map_plan`], [`reduce_plan`]), splitting launches into pieces under a
+//! backend describes ([`map_plan`], [`reduce_plan`], the row path of gathers in
+//! [`index_plan`]), splitting launches into pieces under a
 //! binding limit ([`pieces`]), and the kernel-cache type both GPU backends use ([`cache`]). A
 //! backend turns a plan into source, packs its arguments and runs it.
 //!
@@ -13,6 +14,7 @@
 //! ```
 
 pub mod cache;
+pub mod index_plan;
 pub mod legal;
 pub mod map_plan;
 pub mod operands;

@@ -1,7 +1,7 @@
 //! Index ops: gather, index_select, take, scatter (and add), masked_fill, masked_select,
 //! index_put and one_hot. Index tensors are i32 or i64; negative indices count from the end;
-//! an index out of range is an `Err` naming it (checked once per op, which reads two values
-//! back to the host).
+//! an index out of range is an `Err` naming it (checked once per op in one pass over the index,
+//! which reads one value back to the host).
 
 use crate::assign::Value;
 use crate::dtype::DType;
@@ -24,22 +24,26 @@ pub(crate) fn normalized_index(index: &Tensor, size: usize, what: &str) -> Resul
     if idx.numel() == 0 {
         return Ok(idx);
     }
-    let (lo, hi) = (
-        idx.min(Axes::All, false)?.item::<i64>()?,
-        idx.max(Axes::All, false)?.item::<i64>()?,
-    );
+    // One pass and one value read back: 2 where some index is out of range, else 1 where
+    // some is negative, else 0 (fused into one reduction where the backend fuses maps).
     let n = size as i64;
-    for v in [lo, hi] {
-        if v < -n || v >= n {
-            return Err(Error::Index(format!(
+    let outside = idx.lt(-n)?.logical_or(&idx.ge(n)?)?;
+    let code = Tensor::where_cond(&outside, 2u8, &idx.lt(0)?.to_dtype(DType::U8)?)?;
+    match code.max(Axes::All, false)?.item::<u8>()? {
+        0 => Ok(idx),
+        1 => Tensor::where_cond(&idx.lt(0)?, &idx.add(n)?, &idx),
+        _ => {
+            // The error path reads the extremes to name one.
+            let (lo, hi) = (
+                idx.min(Axes::All, false)?.item::<i64>()?,
+                idx.max(Axes::All, false)?.item::<i64>()?,
+            );
+            let v = if lo < -n { lo } else { hi };
+            Err(Error::Index(format!(
                 "{what}: index {v} is out of range for an axis of size {size}"
-            )));
+            )))
         }
     }
-    if lo >= 0 {
-        return Ok(idx);
-    }
-    Tensor::where_cond(&idx.lt(0)?, &idx.add(n)?, &idx)
 }
 
 impl Tensor {
@@ -60,12 +64,17 @@ impl Tensor {
         let a = normalize_axis(axis, self.ndim())?;
         self.check_index_shape(index, a, what)?;
         let idx = normalized_index(index, self.shape()[a], what)?;
-        let out = Tensor::alloc(index.shape(), self.dtype(), self.device())?;
+        self.gather_checked(a, &idx)
+    }
+
+    /// The gather kernel over an index already checked and wrapped (`normalized_index`).
+    fn gather_checked(&self, axis: usize, idx: &Tensor) -> Result<Tensor> {
+        let out = Tensor::alloc(idx.shape(), self.dtype(), self.device())?;
         let gather = Kernel::Index {
             kind: IndexKind::Gather,
-            axis: a,
+            axis,
         };
-        launch(gather, &out, &[self, &idx], vec![])?;
+        launch(gather, &out, &[self, idx], vec![])?;
         Ok(out)
     }
 
@@ -104,7 +113,8 @@ impl Tensor {
         // left (a `[0, 0, 1]` tensor), and then no value would be checked.
         let index = normalized_index(index, self.shape()[a], "index_select")?;
         let (expanded, _) = self.index_along(a, &index)?;
-        self.gather(a as isize, &expanded)
+        // Checked once, on the 1-D index: its broadcast view needs no second pass.
+        self.gather_checked(a, &expanded)
     }
 
     /// A 1-D `index` laid along `axis` and broadcast over every other axis of `self` (a view,
@@ -261,8 +271,15 @@ impl Tensor {
     /// assert_eq!(t.masked_fill(&m, -1).unwrap().to_vec::<i32>().unwrap(), vec![0, 1, -1, -1]);
     /// ```
     pub fn masked_fill(&self, mask: &Tensor, value: impl Into<Value>) -> Result<Tensor> {
-        let out = self.copy()?;
-        out.masked_fill_(mask, value)?;
+        let mask = self.check_mask(mask, "masked_fill")?;
+        let out = Tensor::where_cond(&mask, self.fill_value(value)?, self)?;
+        if out.shape() != self.shape() {
+            return Err(Error::Shape(format!(
+                "masked_fill: a value of shape {:?} does not fit a tensor of shape {:?}",
+                out.shape(),
+                self.shape()
+            )));
+        }
         Ok(out)
     }
 
@@ -277,17 +294,20 @@ impl Tensor {
     /// ```
     pub fn masked_fill_(&self, mask: &Tensor, value: impl Into<Value>) -> Result<()> {
         let mask = self.check_mask(mask, "masked_fill")?;
-        // The value takes this tensor's dtype (as PyTorch), so the unmasked elements are
-        // selected in their own dtype and never pass through a wider or float type.
-        let value = match value.into() {
+        let filled = Tensor::where_cond(&mask, self.fill_value(value)?, self)?;
+        self.assign(&filled)
+    }
+
+    /// A fill value in this tensor's dtype (as PyTorch), so the unmasked elements are
+    /// selected in their own dtype and never pass through a wider or float type.
+    fn fill_value(&self, value: impl Into<Value>) -> Result<Value> {
+        Ok(match value.into() {
             Value::Scalar(s) => Value::Scalar(s.cast(self.dtype(), false)),
             Value::Tensor(t) if t.dtype() != self.dtype() => {
                 Value::Tensor(t.to_dtype(self.dtype())?)
             }
             tensor => tensor,
-        };
-        let filled = Tensor::where_cond(&mask, value, self)?;
-        self.assign(&filled)
+        })
     }
 
     fn check_mask(&self, mask: &Tensor, what: &str) -> Result<Tensor> {

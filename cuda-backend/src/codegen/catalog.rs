@@ -33,6 +33,7 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vector: usize) -> MapSig<
             .chain(inputs.iter().copied())
             .collect(),
         contiguous: vec![contiguous; inputs.len() + 1],
+        rows: vec![false; inputs.len() + 1],
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
         vector,
@@ -93,6 +94,11 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
                 2,
             );
             sig.contiguous[2] = false;
+            out.push(sig);
+            // Vector accesses of strided rows: a part of a cat written, a slice read.
+            let mut sig = map(x.clone(), &[d], true, 2);
+            sig.contiguous = vec![false, false];
+            sig.rows = vec![true, true];
             out.push(sig);
         }
     }
@@ -242,6 +248,20 @@ pub(crate) fn indexing() -> Vec<IndexSig> {
                 rank: 3,
                 dtype: d,
                 wide: kind == IndexKind::ScatterAdd,
+                row_bytes: 0,
+            });
+        }
+    }
+    // The row path of gathers: one kernel per access width, 32- and 64-bit indexing.
+    for row_bytes in [1, 2, 4, 8, 16] {
+        for wide in [false, true] {
+            out.push(IndexSig {
+                kind: IndexKind::Gather,
+                axis: 0,
+                rank: 0,
+                dtype: DType::U8,
+                wide,
+                row_bytes,
             });
         }
     }

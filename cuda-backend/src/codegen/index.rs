@@ -2,10 +2,11 @@
 //! Scatter with accumulation adds atomically (a compare-and-swap loop for every width).
 
 use super::expr::emit;
-use super::{compute_type, from_storage, index_type, storage_type, to_storage};
+use super::{compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
 use crate::launch::{Args, Launch};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Operand};
+use strata_core::lower::index_plan::{self, IndexRows};
 use strata_core::lower::map_plan::needs_wide;
 use strata_core::lower::operands::IndexOperands;
 use strata_core::{DType, Result};
@@ -19,6 +20,8 @@ pub(crate) struct IndexSig {
     /// The dtype moved (source and output share it).
     pub dtype: DType,
     pub wide: bool,
+    /// Bytes per access of the row path ([`index_plan::rows`]); 0: one thread per element.
+    pub row_bytes: usize,
 }
 
 impl strata_core::lower::cache::Owned for IndexSig {}
@@ -31,6 +34,13 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>
     let numel: usize = shape.iter().product();
     if numel == 0 {
         return Ok(None);
+    }
+    let addresses = [
+        crate::memory::element_ptr(src)?,
+        crate::memory::element_ptr(out)?,
+    ];
+    if let Some(rows) = index_plan::rows(checked, addresses, 16) {
+        return Ok(Some(rows_launch(checked, &rows, addresses)?));
     }
     let ops: [&Operand; 3] = [src, index, out];
     // A 0-d operation runs as a 1-element 1-d one (the index value is then 0).
@@ -74,12 +84,85 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>
         rank,
         dtype: out.dtype,
         wide,
+        row_bytes: 0,
     };
     Ok(Some((sig, Launch::linear(words, numel))))
 }
 
+/// The launch of the row path: one work item per vector of a run.
+fn rows_launch(
+    checked: &IndexOperands,
+    rows: &IndexRows,
+    addresses: [u64; 2],
+) -> Result<(IndexSig, Launch)> {
+    let v = rows.vector as isize;
+    let vectors_per_run = rows.inner / rows.vector;
+    let items = rows.outer * rows.count * vectors_per_run;
+    let span =
+        |st: [isize; 2], n: [usize; 2]| st[0].unsigned_abs() * n[0] + st[1].unsigned_abs() * n[1];
+    let src_rows = checked.src.layout.shape()[checked.axis];
+    let wide = items > i32::MAX as usize / 2
+        || span(rows.src_strides, [rows.outer, src_rows]) > i32::MAX as usize / 2
+        || span(rows.out_strides, [rows.outer, rows.count]) > i32::MAX as usize / 2
+        || span(rows.index_strides, [rows.outer, rows.count]) > i32::MAX as usize / 2;
+    let mut words = Args::new();
+    for w in [items, rows.count, vectors_per_run] {
+        words.push(w as u64);
+    }
+    words.push(addresses[0]);
+    for s in rows.src_strides {
+        words.push((s / v) as i64 as u64);
+    }
+    words.push(crate::memory::element_ptr(checked.index)?);
+    for s in rows.index_strides {
+        words.push(s as i64 as u64);
+    }
+    words.push(addresses[1]);
+    for s in rows.out_strides {
+        words.push((s / v) as i64 as u64);
+    }
+    let sig = IndexSig {
+        kind: checked.kind,
+        axis: 0,
+        rank: 0,
+        // Runs move as raw bytes: one kernel per access width serves every dtype.
+        dtype: DType::U8,
+        wide,
+        row_bytes: rows.vector * checked.out.dtype.itemsize(),
+    };
+    Ok((sig, Launch::linear(words, items)))
+}
+
+/// The row path's source: each work item copies one vector of a run, reading the run's
+/// index value (cached: the work items of a run are neighbours).
+fn rows_source(sig: &IndexSig) -> String {
+    let idx = index_type(sig.wide);
+    let vt = vector_type(sig.row_bytes);
+    format!(
+        "extern \"C\" __global__ void strata_index(const Args<12> p) {{
+  const {vt}* src = (const {vt}*)p.w[3];
+  const i64* index = (const i64*)p.w[6];
+  {vt}* out = ({vt}*)p.w[9];
+  const {idx} n = ({idx})p.w[0], count = ({idx})p.w[1], per_run = ({idx})p.w[2];
+  const {idx} s0 = ({idx})(i64)p.w[4], s1 = ({idx})(i64)p.w[5];
+  const {idx} i0 = ({idx})(i64)p.w[7], i1 = ({idx})(i64)p.w[8];
+  const {idx} o0 = ({idx})(i64)p.w[10], o1 = ({idx})(i64)p.w[11];
+  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n; i += ({idx})gridDim.x * blockDim.x) {{
+    const {idx} run = i / per_run, k = i - run * per_run;
+    const {idx} o = run / count, j = run - o * count;
+    const {idx} at = ({idx})index[o * i0 + j * i1];
+    out[o * o0 + j * o1 + k] = src[o * s0 + at * s1 + k];
+  }}
+}}
+"
+    )
+}
+
 /// The CUDA C source of `strata_index`.
 pub(crate) fn source(sig: &IndexSig) -> Result<String> {
+    if sig.row_bytes > 0 {
+        return Ok(rows_source(sig));
+    }
     let idx = index_type(sig.wide);
     let r = sig.rank;
     // Args: numel, shape, then src, index, out: a pointer and `rank` strides each.
@@ -162,6 +245,7 @@ mod tests {
             rank: 2,
             dtype: DType::F16,
             wide: false,
+            row_bytes: 0,
         };
         let src = source(&sig).unwrap();
         assert!(src.contains("atomic_update(&out[o2]"), "{src}");
