@@ -62,6 +62,51 @@ fn joins(dev: &Device) -> Result<()> {
 }
 test_device!(joining_and_splitting, joins);
 
+/// `cat` along the last axis writes each part as rows of the output: whole vectors where every
+/// row starts on one (CUDA's strided-row vectors), element by element where not. Checked
+/// against the host for widths that align and widths that do not, in 1-, 2-, 4- and 8-byte
+/// dtypes; then reading such rows back (`split` parts made contiguous).
+fn cat_rows(dev: &Device) -> Result<()> {
+    for dtype in [DType::U8, DType::F16, DType::F32, DType::I64] {
+        for (wa, wb) in [(8usize, 4usize), (16, 16), (3, 5), (4, 6), (1, 8)] {
+            let rows = 5;
+            let a =
+                Tensor::arange(0, (rows * wa) as i64, 1, DType::I64, dev)?.reshape([rows, wa])?;
+            let b = Tensor::arange(1000, 1000 + (rows * wb) as i64, 1, DType::I64, dev)?
+                .reshape([rows, wb])?;
+            let (ad, bd) = (a.to_dtype(dtype)?, b.to_dtype(dtype)?);
+            let got = Tensor::cat(&[&ad, &bd], -1)?;
+            let (ha, hb) = (a.to_vec::<i64>()?, b.to_vec::<i64>()?);
+            let want: Vec<i64> = (0..rows)
+                .flat_map(|r| {
+                    let mut row = ha[r * wa..(r + 1) * wa].to_vec();
+                    row.extend_from_slice(&hb[r * wb..(r + 1) * wb]);
+                    row
+                })
+                .collect();
+            let round = |v: Vec<i64>| -> Result<Vec<i64>> {
+                let t = Tensor::from_slice(&v, [v.len()], &Device::cpu())?;
+                t.to_dtype(dtype)?.to_dtype(DType::I64)?.to_vec::<i64>()
+            };
+            let want = round(want)?;
+            let what = format!("{dtype} widths {wa} + {wb}");
+            assert_eq!(got.to_dtype(DType::I64)?.to_vec::<i64>()?, want, "{what}");
+            let parts = got.split_sizes(&[wa, wb], -1)?;
+            let back = parts[1]
+                .contiguous()?
+                .to_dtype(DType::I64)?
+                .to_vec::<i64>()?;
+            assert_eq!(
+                back,
+                round(hb.clone())?,
+                "{what}: the second part read back"
+            );
+        }
+    }
+    Ok(())
+}
+test_device!(cat_along_the_last_axis_writes_rows, cat_rows);
+
 #[test]
 fn philox_known_answers() {
     // Random123's known-answer vectors for philox4x32-10.

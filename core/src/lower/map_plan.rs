@@ -297,21 +297,23 @@ fn plan_piece(
             };
         }
     }
-    // Inputs constant along the innermost axis (stride 0 there) may join a vectorized launch
-    // as splats where the target reads them once per vector (whole vectors within a row).
+    // Strided operands may join a vectorized launch where the target decodes one offset per
+    // vector (whole vectors within a row): inputs constant along the innermost axis (stride 0,
+    // splats read once per vector) and operands contiguous along it (stride 1, whole-vector
+    // accesses at the decoded offset).
     let inner = p.len.last().copied().unwrap_or(1);
+    let by_rows = target.vector_rows && target.binding_limit.is_none();
     let splat = |k: usize, o: &PlannedOperand| {
-        target.vector_splat
-            && k > 0
-            && o.path == Path::Strided
-            && o.strides.last() == Some(&0)
-            && target.binding_limit.is_none()
+        by_rows && k > 0 && o.path == Path::Strided && o.strides.last() == Some(&0)
+    };
+    let row = |o: &PlannedOperand| {
+        by_rows && o.path == Path::Strided && o.strides.last() == Some(&1) && p.len.len() > 1
     };
     let contiguous = operands
         .iter()
         .enumerate()
-        .all(|(k, o)| o.path == Path::Contiguous || splat(k, o));
-    let any_splat = operands.iter().enumerate().any(|(k, o)| splat(k, o));
+        .all(|(k, o)| o.path == Path::Contiguous || splat(k, o) || row(o));
+    let any_strided = operands.iter().any(|o| o.path != Path::Contiguous);
     let max_item = access.iter().map(|a| a.itemsize).max().unwrap_or(1);
     let mut vector = if contiguous
         && target.vector_bytes > 0
@@ -329,14 +331,25 @@ fn plan_piece(
             + window_start
             + (o.offset * access[k].itemsize) as u64
     };
+    // Contiguous operands start on a vector; row operands start every row on one.
     let aligned = |v: usize| {
-        (0..operands.len()).all(|k| {
-            operands[k].path != Path::Contiguous
-                || address(k) % (v * access[k].itemsize) as u64 == 0
+        operands.iter().enumerate().all(|(k, o)| {
+            let starts = address(k) % (v * access[k].itemsize) as u64 == 0;
+            match o.path {
+                Path::Contiguous => starts,
+                _ if row(o) => {
+                    starts
+                        && o.strides[..o.strides.len() - 1]
+                            .iter()
+                            .all(|s| s.unsigned_abs() % v == 0)
+                }
+                _ => true,
+            }
         })
     };
-    if any_splat {
-        // A vector must not cross a row: its splatted inputs take one value per row.
+    if any_strided {
+        // A vector must not cross a row: a splat takes one value per row, a row operand's
+        // next row starts elsewhere.
         while vector > 1 && inner % vector != 0 {
             vector /= 2;
         }
@@ -407,7 +420,7 @@ mod tests {
         let ops = MapOperands::of(&e, &a).unwrap();
         let buffers = BufferInfo::of_operands(&a);
         let splat = Target {
-            vector_splat: true,
+            vector_rows: true,
             ..gpu(None)
         };
         let p = plan(&ops, false, &buffers, &splat).unwrap();
@@ -425,6 +438,34 @@ mod tests {
         // Without splats (wgpu), no vectors.
         let p = plan(&ops, false, &BufferInfo::of_operands(&a), &gpu(None)).unwrap();
         assert_eq!(p.pieces[0].vector, 1);
+    }
+
+    #[test]
+    fn strided_rows_take_vectors_where_every_row_starts_aligned() {
+        let dev = Device::cpu();
+        let rows = Target {
+            vector_rows: true,
+            ..gpu(None)
+        };
+        let buf = Tensor::zeros([4, 32], DType::F32, &dev).unwrap();
+        let x = Tensor::zeros([4, 16], DType::F32, &dev).unwrap();
+        let e = Expr::input(0, DType::F32);
+        let vector_of = |out: &Tensor, target: &Target| {
+            let a = args(out, &[&x]);
+            let ops = MapOperands::of(&e, &a).unwrap();
+            plan(&ops, false, &BufferInfo::of_operands(&a), target)
+                .unwrap()
+                .pieces[0]
+                .vector
+        };
+        // cat's second part: columns 16..32 of each row.
+        assert_eq!(vector_of(&buf.narrow(1, 16, 16).unwrap(), &rows), 4);
+        // Rows starting one element off a vector; rows 18 apart (every other row is off).
+        assert_eq!(vector_of(&buf.narrow(1, 1, 16).unwrap(), &rows), 1);
+        let b18 = Tensor::zeros([4, 18], DType::F32, &dev).unwrap();
+        assert_eq!(vector_of(&b18.narrow(1, 0, 16).unwrap(), &rows), 2);
+        // Targets without strided vectors (wgpu) keep one element per work item.
+        assert_eq!(vector_of(&buf.narrow(1, 16, 16).unwrap(), &gpu(None)), 1);
     }
 
     #[test]

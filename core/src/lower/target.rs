@@ -26,9 +26,11 @@ pub struct Target {
     pub tile_32bit_only: bool,
     /// The tiled map path may read the element's position (arange, random numbers).
     pub tile_reads_position: bool,
-    /// A vectorized map may take inputs constant along the innermost axis (a row or column
-    /// broadcast: stride 0 there), read once per vector, when whole vectors fit in a row.
-    pub vector_splat: bool,
+    /// A vectorized map may take strided operands when whole vectors fit in a row: inputs
+    /// constant along the innermost axis (a row or column broadcast: stride 0 there), read
+    /// once per vector, and operands contiguous along it (stride 1: a slice of rows, one part
+    /// of a `cat`), read or written a whole vector at the offset decoded for its first element.
+    pub vector_rows: bool,
     /// 64-bit index arithmetic is available (else every offset and count of a launch must
     /// fit 32 bits, which the binding limit guarantees for offsets).
     pub wide_index: bool,
@@ -61,7 +63,7 @@ impl Target {
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,
-            vector_splat: false,
+            vector_rows: false,
             wide_index: true,
             parallel_slots: threads.max(1),
             items_per_thread: 2048,

@@ -29,6 +29,10 @@ pub(crate) struct MapSig<'e> {
     pub dtypes: Vec<DType>,
     /// Per operand (output first): true when its offset is the linear index.
     pub contiguous: Vec<bool>,
+    /// Per operand, on the vectorized path: true when it is strided but contiguous along the
+    /// inner axis (whole vectors at the offset decoded per vector); a strided input that is
+    /// not is constant along that axis (one value per vector).
+    pub rows: Vec<bool>,
     pub scalars: Vec<DType>,
     pub rank: usize,
     /// Elements per thread on the vectorized path (1: not vectorized).
@@ -48,6 +52,7 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
             expr: Cow::Owned(self.expr.clone().into_owned()),
             dtypes: self.dtypes.clone(),
             contiguous: self.contiguous.clone(),
+            rows: self.rows.clone(),
             scalars: self.scalars.clone(),
             rank: self.rank,
             vector: self.vector,
@@ -102,6 +107,11 @@ pub(crate) fn plan<'e>(
             .operands
             .iter()
             .map(|o| o.path == Path::Contiguous)
+            .collect(),
+        rows: piece
+            .operands
+            .iter()
+            .map(|o| piece.vector > 1 && o.path == Path::Strided && o.strides.last() == Some(&1))
             .collect(),
         scalars: ops.scalars.iter().map(|s| s.dtype()).collect(),
         rank: piece.shape.len(),
@@ -202,45 +212,42 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     let mut tail_from = "first".to_string();
     if sig.vector > 1 {
         let v = sig.vector;
+        // Vector loads and stores: contiguous operands at vector `j`, row operands at the
+        // offset decoded for the vector's first element.
+        let whole = |k: usize| sig.contiguous[k] || sig.rows[k];
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
         let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
+        if sig.contiguous.iter().any(|c| !c) {
+            // Strided operands: one offset per vector (a vector lies in one row).
+            let strided: Vec<Option<usize>> = stride_words.to_vec();
+            decode_offsets(&mut s, idx, &format!("(j * {v})"), &shape_words, &strided);
+        }
         for (k, &d) in sig.dtypes.iter().enumerate() {
-            if !sig.contiguous[k] {
+            let st = storage_type(d);
+            if !whole(k) {
+                if k > 0 {
+                    let _ = writeln!(s, "    const {st} e{k} = a{k}[off{k}];");
+                }
                 continue;
             }
             let vt = vector_type(v * d.itemsize());
-            let _ = writeln!(
-                s,
-                "    union {{ {vt} v; {} e[{v}]; }} u{k};",
-                storage_type(d)
-            );
+            let _ = writeln!(s, "    union {{ {vt} v; {st} e[{v}]; }} u{k};");
             if k > 0 {
-                let _ = writeln!(s, "    u{k}.v = ((const {vt}*)a{k})[j];");
-            }
-        }
-        if sig.contiguous.iter().any(|c| !c) {
-            // Inputs constant along the inner axis: one read per vector (a vector lies in
-            // one row), at the offset of its first element.
-            let splats: Vec<Option<usize>> = stride_words
-                .iter()
-                .enumerate()
-                .map(|(k, w)| w.filter(|_| k > 0))
-                .collect();
-            decode_offsets(&mut s, idx, &format!("(j * {v})"), &shape_words, &splats);
-            for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-                if !sig.contiguous[k] {
-                    let _ = writeln!(s, "    const {} e{k} = a{k}[off{k}];", storage_type(d));
-                }
+                let at = if sig.contiguous[k] {
+                    format!("((const {vt}*)a{k})[j]")
+                } else {
+                    format!("*(const {vt}*)(a{k} + off{k})")
+                };
+                let _ = writeln!(s, "    u{k}.v = {at};");
             }
         }
         let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
         let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
-        let contiguous = &sig.contiguous;
         element(
             &mut s,
             "      ",
             &|k| {
-                if contiguous[k] {
+                if whole(k) {
                     format!("u{k}.e[l]")
                 } else {
                     format!("e{k}")
@@ -250,7 +257,11 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         )?;
         let _ = writeln!(s, "    }}");
         let vt = vector_type(v * sig.dtypes[0].itemsize());
-        let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
+        if sig.contiguous[0] {
+            let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
+        } else {
+            let _ = writeln!(s, "    *({vt}*)(a0 + off0) = u0.v;\n  }}");
+        }
         tail_from = format!("nv * {v} + first");
     }
     let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
@@ -395,6 +406,7 @@ mod tests {
             expr: Cow::Owned(e),
             dtypes: vec![DType::F32; 3],
             contiguous: vec![contiguous; 3],
+            rows: vec![false; 3],
             scalars: vec![],
             rank: 2,
             vector,
@@ -408,6 +420,19 @@ mod tests {
         let src = source(&sig(true, 4)).unwrap();
         assert!(src.contains("union { uint4 v; float e[4]; } u1;"), "{src}");
         assert!(src.contains("((uint4*)a0)[j] = u0.v;"));
+    }
+
+    #[test]
+    fn strided_rows_move_whole_vectors_at_their_decoded_offsets() {
+        // The output is a part of a cat (rows apart), input 0 a slice of rows, input 1
+        // contiguous.
+        let mut s = sig(false, 4);
+        s.contiguous = vec![false, false, true];
+        s.rows = vec![true, true, false];
+        let src = source(&s).unwrap();
+        assert!(src.contains("u1.v = *(const uint4*)(a1 + off1);"), "{src}");
+        assert!(src.contains("u2.v = ((const uint4*)a2)[j];"), "{src}");
+        assert!(src.contains("*(uint4*)(a0 + off0) = u0.v;"), "{src}");
     }
 
     #[test]
