@@ -328,8 +328,24 @@ fn write_infix(e: &Expr, out: &mut String, outer: u8) {
             let _ = write!(out, "{}", crate::Scalar::from_bits(e.dtype, *bits));
         }
         Node::LinearIndex => out.push_str("index"),
-        Node::Philox { word, .. } => {
+        Node::Philox {
+            word,
+            per_counter: 1,
+            ..
+        } => {
             let _ = write!(out, "philox{word}(index)");
+        }
+        Node::Philox {
+            word,
+            per_counter,
+            shared,
+            ..
+        } => {
+            let _ = write!(out, "philox{word}(index, {per_counter} per counter");
+            if *shared > 1 {
+                let _ = write!(out, ", pairs");
+            }
+            out.push(')');
         }
         Node::Cast { arg, saturate } => {
             let _ = write!(out, "{}{}(", e.dtype, if *saturate { "_sat" } else { "" });

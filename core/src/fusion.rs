@@ -207,10 +207,18 @@ fn substitute(e: &Expr, inputs: &[Expr], base: usize) -> Expr {
     let node = match &e.node {
         Node::Input(k) => return inputs[*k].clone(),
         Node::Scalar(k) => Node::Scalar(k + base),
-        Node::Philox { key, counter, word } => Node::Philox {
+        Node::Philox {
+            key,
+            counter,
+            word,
+            per_counter,
+            shared,
+        } => Node::Philox {
             key: key + base,
             counter: counter + base,
             word: *word,
+            per_counter: *per_counter,
+            shared: *shared,
         },
         Node::Literal(_) | Node::LinearIndex => e.node.clone(),
         Node::Cast { arg, saturate } => Node::Cast {

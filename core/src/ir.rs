@@ -48,16 +48,25 @@ pub enum Node {
     Literal(u64),
     /// The row-major position of the output element, as `i64`.
     LinearIndex,
-    /// Word `word` (0..4) of Philox4x32-10 ([`philox4x32_10`](crate::random::philox4x32_10))
-    /// of the counter `[c as u32, (c >> 32) as u32, 0, 0]` with `c = scalar counter + linear
-    /// index` (wrapping), keyed by `[k as u32, (k >> 32) as u32]` with `k = scalar key`; `u32`.
+    /// One word of Philox4x32-10 ([`philox4x32_10`](crate::random::philox4x32_10)), `u32`.
+    /// Neighbouring elements share a counter, so one Philox call serves `per_counter` of
+    /// them: element `i` (its row-major position) reads counter
+    /// `c = scalar counter + i / per_counter` (wrapping), as `[c as u32, (c >> 32) as u32, 0, 0]`
+    /// keyed by `[k as u32, (k >> 32) as u32]` with `k = scalar key`, and there the word
+    /// [`philox_word`]`(i, per_counter, shared, word)`: the `per_counter / shared` groups of
+    /// `shared` neighbours split the four words evenly, and `word` picks one of its group's.
     Philox {
         /// Index of the `u64` launch scalar holding the key (the seed).
         key: usize,
         /// Index of the `u64` launch scalar holding the first element's counter.
         counter: usize,
-        /// Which of the four output words.
+        /// Which word of the element's group (below `4 · shared / per_counter`).
         word: u8,
+        /// Elements per counter: 1, 2 or 4.
+        per_counter: u8,
+        /// Neighbouring elements that read the same words (a Box–Muller pair: 2), dividing
+        /// `per_counter`.
+        shared: u8,
     },
     /// Converts the operand to this node's dtype with strata's cast rules
     /// ([`Scalar::cast`](crate::Scalar::cast)): integers wrap, or clamp when `saturate`.
@@ -75,6 +84,24 @@ pub enum Node {
     Fma(Box<Expr>, Box<Expr>, Box<Expr>),
     /// `cond ? a : b`; `cond` is `bool`, `a` and `b` have this node's dtype.
     Where(Box<Expr>, Box<Expr>, Box<Expr>),
+}
+
+/// Which of the four Philox words element `i` reads for a [`Node::Philox`] of these
+/// parameters.
+///
+/// ```
+/// use strata_core::ir::philox_word;
+/// // Four elements per counter, one word each.
+/// assert_eq!((0..4).map(|i| philox_word(i, 4, 1, 0)).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+/// // Pairs of elements sharing two words (f32 Box–Muller): the second word of each pair.
+/// assert_eq!((0..4).map(|i| philox_word(i, 4, 2, 1)).collect::<Vec<_>>(), vec![1, 1, 3, 3]);
+/// // One element per counter reads the word it names.
+/// assert_eq!(philox_word(7, 1, 1, 3), 3);
+/// ```
+pub fn philox_word(i: u64, per_counter: u8, shared: u8, word: u8) -> usize {
+    let (per, shared) = (per_counter.max(1) as u64, shared.max(1) as u64);
+    let width = 4 * shared / per;
+    ((i % per) / shared * width) as usize + word as usize
 }
 
 /// Binary operations of the IR. Both operands have the same dtype; comparisons and logical

@@ -37,8 +37,9 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
     c
 }
 
-/// The state of a random stream: a seed and how many counters have been used. Each op takes
-/// one counter per element and advances the offset.
+/// The state of a random stream: a seed and how many counters have been used. Each draw
+/// takes one counter per two or four elements (one Philox call makes four 32-bit words) and
+/// advances the offset.
 ///
 /// ```
 /// use strata_core::{random::Generator, Device, DType, Tensor};
@@ -88,7 +89,8 @@ impl Generator {
         self.offset = offset;
     }
 
-    /// The launch scalars for `n` elements (key, first counter), advancing the offset.
+    /// The launch scalars for a draw of `n` counters (key, first counter), advancing the
+    /// offset.
     fn take(&mut self, n: usize) -> Vec<Scalar> {
         let scalars = vec![Scalar::U64(self.seed), Scalar::U64(self.offset)];
         self.offset = self.offset.wrapping_add(n as u64);
@@ -96,17 +98,52 @@ impl Generator {
     }
 }
 
-/// Word `word` of this element's Philox output, as u64.
-fn bits(word: u8) -> Expr {
+/// How a draw spreads Philox's four words over elements: `per_counter` neighbours share one
+/// counter (one Philox call), and groups of `shared` neighbours read the same words.
+#[derive(Debug, Clone, Copy)]
+struct Lanes {
+    per_counter: u8,
+    shared: u8,
+}
+
+/// Four elements per counter, one word each (32-bit draws).
+const ONE_WORD: Lanes = Lanes {
+    per_counter: 4,
+    shared: 1,
+};
+/// Two elements per counter, two words each (64-bit draws).
+const TWO_WORDS: Lanes = Lanes {
+    per_counter: 2,
+    shared: 1,
+};
+/// Two Box–Muller pairs per counter, two words (two 32-bit uniforms) per pair.
+const PAIRS_OF_TWO_WORDS: Lanes = Lanes {
+    per_counter: 4,
+    shared: 2,
+};
+/// One Box–Muller pair per counter, all four words (two 53-bit uniforms).
+const PAIR_OF_FOUR_WORDS: Lanes = Lanes {
+    per_counter: 2,
+    shared: 2,
+};
+
+/// Word `word` of this element's group of Philox words, as u32.
+fn word32(word: u8, lanes: Lanes) -> Expr {
     Expr {
         dtype: DType::U32,
         node: Node::Philox {
             key: 0,
             counter: 1,
             word,
+            per_counter: lanes.per_counter,
+            shared: lanes.shared,
         },
     }
-    .cast(DType::U64, false)
+}
+
+/// Word `word` of this element's group of Philox words, as u64.
+fn bits(word: u8, lanes: Lanes) -> Expr {
+    word32(word, lanes).cast(DType::U64, false)
 }
 
 fn bin(op: BinaryOp, a: Expr, b: Expr) -> Expr {
@@ -114,10 +151,10 @@ fn bin(op: BinaryOp, a: Expr, b: Expr) -> Expr {
 }
 
 /// A uniform value in `[0, 1)` as f64 with 53 random bits from words `w`, `w + 1`.
-fn uniform53(w: u8, scalar_base: usize) -> Expr {
+fn uniform53(w: u8, lanes: Lanes, scalar_base: usize) -> Expr {
     let s = |k: usize| Expr::scalar(scalar_base + k, DType::U64);
-    let hi = bin(BinaryOp::Shl, bits(w), s(0)); // << 21
-    let lo = bin(BinaryOp::Shr, bits(w + 1), s(1)); // >> 11
+    let hi = bin(BinaryOp::Shl, bits(w, lanes), s(0)); // << 21
+    let lo = bin(BinaryOp::Shr, bits(w + 1, lanes), s(1)); // >> 11
     let m = bin(BinaryOp::BitOr, hi, lo).cast(DType::F64, false);
     bin(BinaryOp::Mul, m, Expr::scalar(scalar_base + 2, DType::F64))
 }
@@ -131,20 +168,93 @@ fn uniform53_scalars() -> Vec<Scalar> {
     ]
 }
 
+/// A uniform value in `[0, 1)` as f32 from the top `bits` bits of word `w` (exact: `bits` is
+/// at most 24, and the value rounds to no float type with as many significant bits).
+fn uniform_f32(w: u8, lanes: Lanes, scalar_base: usize) -> Expr {
+    // 32-bit integer work: a GPU converts u32 to f32 in one instruction, u64 in several.
+    let top = bin(
+        BinaryOp::Shr,
+        word32(w, lanes),
+        Expr::scalar(scalar_base, DType::U32),
+    );
+    bin(
+        BinaryOp::Mul,
+        top.cast(DType::F32, false),
+        Expr::scalar(scalar_base + 1, DType::F32),
+    )
+}
+
+/// Scalars `uniform_f32` reads: the shift and the scale for `bits` random bits.
+fn uniform_f32_scalars(bits: u32) -> Vec<Scalar> {
+    vec![
+        Scalar::U32(32 - bits),
+        Scalar::F32(2f32.powi(-(bits as i32))),
+    ]
+}
+
+/// The significant bits of a float dtype's uniform draws: every value `k · 2^-bits` is exact
+/// in the dtype and below 1.
+fn uniform_bits(dtype: DType) -> u32 {
+    match dtype {
+        DType::F16 => 11,
+        DType::BF16 => 8,
+        _ => 24,
+    }
+}
+
+/// Box–Muller: `sqrt(-2 ln u1) · cos(2π u2)` for the even element of a pair, `… · sin(2π u2)`
+/// for the odd one, with `u1` in `(0, 1]`; in the dtype of `u1` and `u2`. `k` indexes the
+/// scalars 1, -2, 2π (of that dtype), then i64 1 and 0.
+fn box_muller(u1: Expr, u2: Expr, k: usize) -> Expr {
+    let dtype = u1.dtype;
+    let f = |i: usize| Expr::scalar(k + i, dtype);
+    let i = |j: usize| Expr::scalar(k + j, DType::I64);
+    let radius = Expr::unary(
+        UnaryOp::Sqrt,
+        bin(
+            BinaryOp::Mul,
+            f(1),
+            Expr::unary(UnaryOp::Log, bin(BinaryOp::Sub, f(0), u1)),
+        ),
+    );
+    let angle = bin(BinaryOp::Mul, f(2), u2);
+    let odd = bin(BinaryOp::BitAnd, Expr::linear_index(), i(3));
+    let even = bin(BinaryOp::Eq, odd, i(4));
+    let trig = Expr::select(
+        even,
+        Expr::unary(UnaryOp::Cos, angle.clone()),
+        Expr::unary(UnaryOp::Sin, angle),
+    );
+    bin(BinaryOp::Mul, radius, trig)
+}
+
+/// The scalars `box_muller` reads, for f32 or f64.
+fn box_muller_scalars(dtype: DType) -> Vec<Scalar> {
+    let v = |x: f64| Scalar::F64(x).cast(dtype, false);
+    vec![
+        v(1.0),
+        v(-2.0),
+        v(std::f64::consts::TAU),
+        Scalar::I64(1),
+        Scalar::I64(0),
+    ]
+}
+
 /// A new tensor of `dims` holding `expr` (which reads the generator's two scalars, then
-/// `extra`), taking one counter per element from `gen`.
+/// `extra`), taking one counter per `lanes.per_counter` elements from `gen`.
 #[track_caller]
 fn draw(
     dims: impl IntoDims,
     dtype: DType,
     gen: &mut Generator,
     device: &Device,
+    lanes: Lanes,
     extra: Vec<Scalar>,
     expr: Expr,
 ) -> Result<Tensor> {
     let layout = Layout::contiguous(&crate::layout::shape_arg(dims)?)?;
     device.backend().check_dtype(dtype)?;
-    let mut scalars = gen.take(layout.numel());
+    let mut scalars = gen.take(layout.numel().div_ceil(lanes.per_counter as usize));
     scalars.extend(extra);
     let expr = expr.cast(dtype, false);
     if defers(device) {
@@ -165,8 +275,9 @@ fn check_float(dtype: DType, what: &str) -> Result<()> {
 }
 
 impl Tensor {
-    /// Uniform values in `[0, 1)` (53 random bits, rounded to `dtype`; rounding to a 16-bit
-    /// float can give 1.0).
+    /// Uniform values in `[0, 1)`: multiples of `2^-b` with `b` random bits, as many as the
+    /// dtype holds exactly (f64 53, f32 24, f16 11, bf16 8), so no value rounds up to 1.
+    /// f64 draws take two Philox words per element, the others one.
     ///
     /// ```
     /// use strata_core::{random::Generator, Device, DType, Tensor};
@@ -183,17 +294,27 @@ impl Tensor {
         device: &Device,
     ) -> Result<Tensor> {
         check_float(dtype, "rand")?;
-        draw(
-            dims,
-            dtype,
-            gen,
-            device,
-            uniform53_scalars(),
-            uniform53(0, 2),
-        )
+        if dtype == DType::F64 {
+            let expr = uniform53(0, TWO_WORDS, 2);
+            return draw(
+                dims,
+                dtype,
+                gen,
+                device,
+                TWO_WORDS,
+                uniform53_scalars(),
+                expr,
+            );
+        }
+        let extra = uniform_f32_scalars(uniform_bits(dtype));
+        let expr = uniform_f32(0, ONE_WORD, 2);
+        draw(dims, dtype, gen, device, ONE_WORD, extra, expr)
     }
 
-    /// Standard normal values (Box–Muller over two 53-bit uniforms, computed in f64).
+    /// Standard normal values by Box–Muller: neighbouring elements `2k` and `2k + 1` are the
+    /// cosine and sine halves of one pair of uniforms. f64 computes in f64 from two 53-bit
+    /// uniforms (one Philox call per pair); the other float dtypes compute in f32 from two
+    /// 24-bit uniforms (one Philox call per two pairs), then round.
     ///
     /// ```
     /// use strata_core::{ops::Axes, random::Generator, Device, DType, Tensor};
@@ -211,32 +332,22 @@ impl Tensor {
         device: &Device,
     ) -> Result<Tensor> {
         check_float(dtype, "randn")?;
-        let mut extra = uniform53_scalars();
-        extra.extend([
-            Scalar::F64(1.0),
-            Scalar::F64(-2.0),
-            Scalar::F64(std::f64::consts::TAU),
-        ]);
-        let f = |k| Expr::scalar(k, DType::F64);
-        // u1 in (0, 1]: 1 - u; u2 in [0, 1).
-        let u1 = bin(BinaryOp::Sub, f(5), uniform53(0, 2));
-        let u2 = uniform53(2, 2);
-        let radius = Expr::unary(
-            UnaryOp::Sqrt,
-            bin(BinaryOp::Mul, f(6), Expr::unary(UnaryOp::Log, u1)),
-        );
-        let angle = Expr::unary(UnaryOp::Cos, bin(BinaryOp::Mul, f(7), u2));
-        draw(
-            dims,
-            dtype,
-            gen,
-            device,
-            extra,
-            bin(BinaryOp::Mul, radius, angle),
-        )
+        if dtype == DType::F64 {
+            let lanes = PAIR_OF_FOUR_WORDS;
+            let mut extra = uniform53_scalars();
+            extra.extend(box_muller_scalars(DType::F64));
+            let expr = box_muller(uniform53(0, lanes, 2), uniform53(2, lanes, 2), 5);
+            return draw(dims, dtype, gen, device, lanes, extra, expr);
+        }
+        let lanes = PAIRS_OF_TWO_WORDS;
+        let mut extra = uniform_f32_scalars(24);
+        extra.extend(box_muller_scalars(DType::F32));
+        let expr = box_muller(uniform_f32(0, lanes, 2), uniform_f32(1, lanes, 2), 4);
+        draw(dims, dtype, gen, device, lanes, extra, expr)
     }
 
-    /// Integers uniform in `low..high` (64 random bits modulo the range) as an integer dtype.
+    /// Integers uniform in `low..high` as an integer dtype: a random word modulo the range, of
+    /// 32 bits when the range is below 2^32 (one Philox word per element), else of 64.
     ///
     /// ```
     /// use strata_core::{random::Generator, Device, DType, Tensor};
@@ -260,12 +371,26 @@ impl Tensor {
             )));
         }
         let span = (high as i128 - low as i128) as u64;
+        let low_at = |k| Expr::scalar(k, DType::I64);
+        if span <= u32::MAX as u64 {
+            // A 32-bit word modulo a 32-bit range: 32-bit arithmetic (a 64-bit modulo is a
+            // long instruction sequence on a GPU).
+            let extra = vec![Scalar::U32(span as u32), Scalar::I64(low)];
+            let r = bin(
+                BinaryOp::Rem,
+                word32(0, ONE_WORD),
+                Expr::scalar(2, DType::U32),
+            );
+            let v = bin(BinaryOp::Add, r.cast(DType::I64, false), low_at(3));
+            return draw(dims, dtype, gen, device, ONE_WORD, extra, v);
+        }
         let extra = vec![Scalar::U64(32), Scalar::U64(span), Scalar::I64(low)];
         let u = |k| Expr::scalar(k, DType::U64);
-        let word = bin(BinaryOp::BitOr, bin(BinaryOp::Shl, bits(0), u(2)), bits(1));
+        let hi = bin(BinaryOp::Shl, bits(0, TWO_WORDS), u(2));
+        let word = bin(BinaryOp::BitOr, hi, bits(1, TWO_WORDS));
         let r = bin(BinaryOp::Rem, word, u(3)).cast(DType::I64, false);
-        let v = bin(BinaryOp::Add, r, Expr::scalar(4, DType::I64));
-        draw(dims, dtype, gen, device, extra, v)
+        let v = bin(BinaryOp::Add, r, low_at(4));
+        draw(dims, dtype, gen, device, TWO_WORDS, extra, v)
     }
 
     /// 1 with probability `p`, else 0, as `dtype` (a uniform draw compared with `p`).
@@ -292,8 +417,12 @@ impl Tensor {
         }
         let mut extra = uniform53_scalars();
         extra.push(Scalar::F64(p));
-        let hit = bin(BinaryOp::Lt, uniform53(0, 2), Expr::scalar(5, DType::F64));
-        draw(dims, dtype, gen, device, extra, hit)
+        let hit = bin(
+            BinaryOp::Lt,
+            uniform53(0, TWO_WORDS, 2),
+            Expr::scalar(5, DType::F64),
+        );
+        draw(dims, dtype, gen, device, TWO_WORDS, extra, hit)
     }
 
     /// A dropout mask: 0 with probability `p`, else `1 / (1 - p)` (so the expectation is 1).

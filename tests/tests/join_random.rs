@@ -127,36 +127,80 @@ fn philox_known_answers() {
     );
 }
 
-/// The uniform of element `i`, as the IR defines it.
-fn host_uniform(seed: u64, offset: u64, i: u64, word: usize) -> f64 {
-    let c = offset.wrapping_add(i);
-    let w = philox4x32_10(
+/// Philox words of counter `offset + c` under `seed`.
+fn words(seed: u64, offset: u64, c: u64) -> [u32; 4] {
+    let c = offset.wrapping_add(c);
+    philox4x32_10(
         [c as u32, (c >> 32) as u32, 0, 0],
         [seed as u32, (seed >> 32) as u32],
-    );
-    (((w[word] as u64) << 21) | ((w[word + 1] as u64) >> 11)) as f64 * 2f64.powi(-53)
+    )
+}
+
+/// A 53-bit uniform from two words.
+fn u53(hi: u32, lo: u32) -> f64 {
+    (((hi as u64) << 21) | ((lo as u64) >> 11)) as f64 * 2f64.powi(-53)
 }
 
 fn random(dev: &Device) -> Result<()> {
+    // f64 uniforms: two elements per counter, two words each.
     let mut g = Generator::new(1234);
     let u = Tensor::rand([4, 5], DType::F64, &mut g, dev)?.to_vec::<f64>()?;
     for (i, &v) in u.iter().enumerate() {
-        assert_eq!(v, host_uniform(1234, 0, i as u64, 0), "rand element {i}");
+        let w = words(1234, 0, i as u64 / 2);
+        let k = 2 * (i % 2);
+        assert_eq!(v, u53(w[k], w[k + 1]), "rand element {i}");
     }
-    assert_eq!(g.state(), (1234, 20));
-    let n = Tensor::randn([50], DType::F64, &mut g, dev)?.to_vec::<f64>()?;
+    assert_eq!(g.state(), (1234, 10));
+    // f64 normals: one Box–Muller pair per counter, cosine then sine.
+    let n = Tensor::randn([51], DType::F64, &mut g, dev)?.to_vec::<f64>()?;
     for (i, &v) in n.iter().enumerate() {
-        let (u1, u2) = (
-            1.0 - host_uniform(1234, 20, i as u64, 0),
-            host_uniform(1234, 20, i as u64, 2),
-        );
-        let want = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        let w = words(1234, 10, i as u64 / 2);
+        let (u1, u2) = (1.0 - u53(w[0], w[1]), u53(w[2], w[3]));
+        let angle = std::f64::consts::TAU * u2;
+        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
+        let want = (-2.0 * u1.ln()).sqrt() * trig;
         assert!((v - want).abs() < 1e-12, "randn element {i}: {v} vs {want}");
     }
-    // f32 values are the f64 ones rounded.
-    let mut g2 = Generator::new(1234);
-    let f = Tensor::rand([20], DType::F32, &mut g2, dev)?.to_vec::<f32>()?;
-    assert!(f.iter().zip(&u).all(|(&a, &b)| a == b as f32));
+    assert_eq!(g.state(), (1234, 36));
+    // f32 uniforms: four elements per counter, the top 24 bits of one word each (exact).
+    let mut g2 = Generator::new(99);
+    let f = Tensor::rand([21], DType::F32, &mut g2, dev)?.to_vec::<f32>()?;
+    for (i, &v) in f.iter().enumerate() {
+        let w = words(99, 0, i as u64 / 4)[i % 4];
+        assert_eq!(v, (w >> 8) as f32 * 2f32.powi(-24), "f32 rand element {i}");
+    }
+    assert_eq!(g2.state(), (99, 6));
+    // f32 normals: two pairs per counter, in f32 (each backend's log, cos and sin: a few
+    // ulps apart).
+    let z = Tensor::randn([22], DType::F32, &mut g2, dev)?.to_vec::<f32>()?;
+    for (i, &v) in z.iter().enumerate() {
+        let w = words(99, 6, i as u64 / 4);
+        let k = 2 * ((i % 4) / 2);
+        let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
+        let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
+        let angle = std::f32::consts::TAU * u2;
+        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
+        let want = (-2.0 * u1.ln()).sqrt() * trig;
+        assert!(
+            (v - want).abs() <= 4e-6 * want.abs().max(1.0),
+            "f32 randn element {i}: {v} vs {want}"
+        );
+    }
+    // Integers over a 32-bit range: one word each, four per counter (a vector of two i64
+    // lanes on CUDA covers half a counter).
+    let mut g3 = Generator::new(5);
+    let r = Tensor::randint(-7, 1000, [23], DType::I64, &mut g3, dev)?.to_vec::<i64>()?;
+    for (i, &v) in r.iter().enumerate() {
+        let w = words(5, 0, i as u64 / 4)[i % 4];
+        assert_eq!(v, -7 + (w as u64 % 1007) as i64, "randint element {i}");
+    }
+    assert_eq!(g3.state(), (5, 6));
+    // 16-bit floats: as many random bits as they hold, so never 1.0.
+    for dt in [DType::F16, DType::BF16] {
+        let h = Tensor::rand([4096], dt, &mut g2, dev)?.to_dtype(DType::F64)?;
+        let top = h.max(Axes::All, false)?.item::<f64>()?;
+        assert!((0.9..1.0).contains(&top), "{dt} rand max {top}");
+    }
     // Distribution checks (fixed seeds, so deterministic).
     let mut g = Generator::new(7);
     let big = Tensor::randn([40000], DType::F32, &mut g, dev)?;

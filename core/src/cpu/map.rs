@@ -81,7 +81,13 @@ fn eval(
                 .map(|p| p as i64)
                 .collect(),
         ),
-        Node::Philox { key, counter, word } => {
+        Node::Philox {
+            key,
+            counter,
+            word,
+            per_counter,
+            shared,
+        } => {
             let scalar = |k: usize| {
                 cx.scalars
                     .get(k)
@@ -99,9 +105,9 @@ fn eval(
                 cx.positions(start, len)
                     .into_iter()
                     .map(|i| {
-                        let c = base.wrapping_add(i);
-                        crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)
-                            [*word as usize]
+                        let c = base.wrapping_add(i / (*per_counter).max(1) as u64);
+                        let w = crate::ir::philox_word(i, *per_counter, *shared, *word);
+                        crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[w]
                     })
                     .collect(),
             )

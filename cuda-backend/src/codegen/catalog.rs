@@ -107,10 +107,16 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
         node: strata_core::ir::Node::Philox {
             key: 0,
             counter: 1,
-            word: 3,
+            word: 1,
+            per_counter: 4,
+            shared: 2,
         },
     };
-    out.push(map(philox, &[], true, 4));
+    out.push(map(philox.clone(), &[], true, 4));
+    // Lanes over two counters (f16 out), inside one counter (i64 out), and unvectorized.
+    out.push(map(philox.clone().cast(DType::F16, false), &[], true, 8));
+    out.push(map(philox.clone().cast(DType::I64, false), &[], true, 2));
+    out.push(map(philox, &[], false, 1));
     out.push(map(
         Expr::linear_index().cast(DType::F32, false),
         &[],

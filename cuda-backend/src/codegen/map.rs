@@ -241,20 +241,67 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 let _ = writeln!(s, "    u{k}.v = {at};");
             }
         }
+        // Random draws whose counters the lanes share: one Philox call per counter, before
+        // the lanes (the compiler does not merge the lanes' calls by itself).
+        let (lane_expr, draws) = hoist_philox(&sig.expr, v, sig.dtypes.len());
+        let mut sources: Vec<(usize, usize, u8)> = Vec::new();
+        for d in &draws {
+            if !sources.contains(&(d.key, d.counter, d.per_counter)) {
+                sources.push((d.key, d.counter, d.per_counter));
+            }
+        }
+        for &(key, counter, per) in &sources {
+            let per = per as usize;
+            // A vector spans `v / per` counters, or lies inside one counter's elements.
+            let (groups, first) = if v >= per {
+                (v / per, format!("upos(j) * {}u", v / per))
+            } else {
+                (1, format!("upos(j) / {}u", per / v))
+            };
+            let _ = writeln!(s, "    u32 ph{key}_{counter}[{groups}][4];");
+            let _ = writeln!(
+                s,
+                "    for (int g = 0; g < {groups}; g++) philox4((u64)s{key}, (u64)s{counter} + {first} + g, ph{key}_{counter}[g]);"
+            );
+        }
         let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
         let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
-        element(
-            &mut s,
-            "      ",
-            &|k| {
-                if whole(k) {
-                    format!("u{k}.e[l]")
-                } else {
-                    format!("e{k}")
-                }
-            },
-            &|val| format!("u0.e[l] = {val};"),
-        )?;
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+            let at = if whole(k) {
+                format!("u{k}.e[l]")
+            } else {
+                format!("e{k}")
+            };
+            let _ = writeln!(
+                s,
+                "      const {} x{} = {};",
+                compute_type(d),
+                k - 1,
+                from_storage(d, &at)
+            );
+        }
+        for d in &draws {
+            let (per, shared) = (d.per_counter as usize, d.shared as usize);
+            let width = 4 * shared / per;
+            // The lane's place among its counter's elements: constant per lane when a vector
+            // spans whole counters, else offset by the vector's place in the counter.
+            let (group, place) = if v >= per {
+                (format!("l / {per}"), format!("(l % {per})"))
+            } else {
+                (
+                    "0".to_string(),
+                    format!("((int)(upos(j) % {}u) * {v} + l)", per / v),
+                )
+            };
+            let _ = writeln!(
+                s,
+                "      const u32 x{} = pick4(ph{}_{}[{group}], ({place} / {shared}) * {width} + {});",
+                d.input, d.key, d.counter, d.word
+            );
+        }
+        let mut next = 0;
+        let value = emit(&lane_expr, &mut s, "      ", &mut next)?;
+        let _ = writeln!(s, "      u0.e[l] = {};", to_storage(sig.dtypes[0], &value));
         let _ = writeln!(s, "    }}");
         let vt = vector_type(v * sig.dtypes[0].itemsize());
         if sig.contiguous[0] {
@@ -291,6 +338,76 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         );
     }
     Ok(s)
+}
+
+/// A Philox word the lanes of a vector read from a call made once per counter: the node's
+/// parameters and the input number standing for it in the lanes' expression.
+struct LaneDraw {
+    key: usize,
+    counter: usize,
+    word: u8,
+    per_counter: u8,
+    shared: u8,
+    input: usize,
+}
+
+/// `expr` with each Philox node whose counters `vector` lanes share (`per_counter` divides
+/// `vector`, or `vector` divides `per_counter`) replaced by an input numbered from `first_input` up (one per distinct node), and
+/// those nodes.
+fn hoist_philox(expr: &Expr, vector: usize, first_input: usize) -> (Expr, Vec<LaneDraw>) {
+    use strata_core::ir::Node;
+    fn walk(e: &Expr, vector: usize, first: usize, draws: &mut Vec<LaneDraw>) -> Expr {
+        let sub = |x: &Expr, draws: &mut Vec<LaneDraw>| Box::new(walk(x, vector, first, draws));
+        let node = match &e.node {
+            Node::Philox {
+                key,
+                counter,
+                word,
+                per_counter,
+                shared,
+            } if *per_counter > 1
+                && vector > 1
+                && (vector % *per_counter as usize == 0 || *per_counter as usize % vector == 0) =>
+            {
+                let same = |d: &LaneDraw| {
+                    (d.key, d.counter, d.word, d.per_counter, d.shared)
+                        == (*key, *counter, *word, *per_counter, *shared)
+                };
+                let input = match draws.iter().find(|d| same(d)) {
+                    Some(d) => d.input,
+                    None => {
+                        let input = first + draws.len();
+                        draws.push(LaneDraw {
+                            key: *key,
+                            counter: *counter,
+                            word: *word,
+                            per_counter: *per_counter,
+                            shared: *shared,
+                            input,
+                        });
+                        input
+                    }
+                };
+                Node::Input(input)
+            }
+            Node::Cast { arg, saturate } => Node::Cast {
+                arg: sub(arg, draws),
+                saturate: *saturate,
+            },
+            Node::Unary(op, a) => Node::Unary(*op, sub(a, draws)),
+            Node::Binary(op, a, b) => Node::Binary(*op, sub(a, draws), sub(b, draws)),
+            Node::Fma(a, b, c) => Node::Fma(sub(a, draws), sub(b, draws), sub(c, draws)),
+            Node::Where(c, a, b) => Node::Where(sub(c, draws), sub(a, draws), sub(b, draws)),
+            other => other.clone(),
+        };
+        Expr {
+            dtype: e.dtype,
+            node,
+        }
+    }
+    let mut draws = Vec::new();
+    let e = walk(expr, vector, first_input, &mut draws);
+    (e, draws)
 }
 
 /// Writes the body of a per-element step: loads through `load(k)`, stores through `store`.
@@ -433,6 +550,58 @@ mod tests {
         assert!(src.contains("u1.v = *(const uint4*)(a1 + off1);"), "{src}");
         assert!(src.contains("u2.v = ((const uint4*)a2)[j];"), "{src}");
         assert!(src.contains("*(uint4*)(a0 + off0) = u0.v;"), "{src}");
+    }
+
+    /// `rand`'s f32 expression: the top 24 bits of one Philox word per element, four
+    /// elements per counter.
+    fn rand_f32() -> Expr {
+        let word = Expr {
+            dtype: DType::U32,
+            node: strata_core::ir::Node::Philox {
+                key: 0,
+                counter: 1,
+                word: 0,
+                per_counter: 4,
+                shared: 1,
+            },
+        };
+        let top = Expr::binary(
+            BinaryOp::Shr,
+            word.cast(DType::U64, false),
+            Expr::scalar(2, DType::U64),
+        );
+        Expr::binary(
+            BinaryOp::Mul,
+            top.cast(DType::F32, false),
+            Expr::scalar(3, DType::F32),
+        )
+    }
+
+    #[test]
+    fn a_vector_of_random_draws_makes_one_philox_call_per_counter() {
+        let Ok(_) = crate::compile::nvrtc_version() else {
+            return; // the NVRTC catalog test says whether NVRTC must be present
+        };
+        let sig = MapSig {
+            expr: Cow::Owned(rand_f32()),
+            dtypes: vec![DType::F32],
+            contiguous: vec![true],
+            rows: vec![false],
+            scalars: vec![DType::U64, DType::U64, DType::U64, DType::F32],
+            rank: 1,
+            vector: 4,
+            tiled: vec![],
+            wide: false,
+        };
+        let src = source(&sig).unwrap();
+        let compiler = crate::compile::Compiler::new(None, (9, 0));
+        let ptx = compiler.ptx_uncached(&src).unwrap();
+        // Philox's 10 rounds take two high multiplies each; the vector loop, the tail loop
+        // and the batched form call it once per counter each.
+        let entry = ptx.split(".entry strata_map(").nth(1).unwrap_or(&ptx);
+        let entry = entry.split(".entry").next().unwrap_or(entry);
+        let calls = entry.matches("mul.hi.u32").count() / 20;
+        assert!(calls <= 2, "{calls} Philox calls in strata_map:\n{src}");
     }
 
     #[test]

@@ -272,8 +272,12 @@ __device__ __forceinline__ bool f_isinf(double x) {
   return fabs(x) == __longlong_as_double(0x7ff0000000000000ll);
 }
 
-// Philox4x32-10, word `w` of counter [c lo, c hi, 0, 0] under key [k lo, k hi].
-__device__ u32 philox(u64 key, u64 counter, int w) {
+// A non-negative index as u64 (no sign extension to undo).
+__device__ __forceinline__ u64 upos(i32 x) { return (u64)(u32)x; }
+__device__ __forceinline__ u64 upos(i64 x) { return (u64)x; }
+
+// Philox4x32-10: the four words of counter [c lo, c hi, 0, 0] under key [k lo, k hi].
+__device__ __forceinline__ void philox4(u64 key, u64 counter, u32 out[4]) {
   u32 c0 = (u32)counter, c1 = (u32)(counter >> 32), c2 = 0, c3 = 0;
   u32 k0 = (u32)key, k1 = (u32)(key >> 32);
 #pragma unroll
@@ -284,7 +288,19 @@ __device__ u32 philox(u64 key, u64 counter, int w) {
     u32 n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
     c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
   }
-  return w == 0 ? c0 : (w == 1 ? c1 : (w == 2 ? c2 : c3));
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+
+// Word `i` of four (a select chain: a computed index into a local array would spill it).
+__device__ __forceinline__ u32 pick4(const u32 w[4], int i) {
+  return i == 0 ? w[0] : (i == 1 ? w[1] : (i == 2 ? w[2] : w[3]));
+}
+
+// Word `w` of Philox4x32-10 of that counter.
+__device__ __forceinline__ u32 philox(u64 key, u64 counter, int w) {
+  u32 out[4];
+  philox4(key, counter, out);
+  return pick4(out, w);
 }
 
 // Atomic read-modify-write of one element of any width (sub-word elements through their

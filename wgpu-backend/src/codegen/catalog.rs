@@ -196,7 +196,9 @@ fn every_map_variant_validates() {
         node: Node::Philox {
             key: 0,
             counter: 1,
-            word: 3,
+            word: 1,
+            per_counter: 4,
+            shared: 2,
         },
     };
     validate(&map::source(&map_sig(philox, vec![DType::U32], false, 1), CAPS).unwrap());

@@ -20,9 +20,32 @@ pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) 
                 "the linear index is i64, which this adapter lacks (SHADER_INT64)".into(),
             ))
         }
-        Node::Philox { key, counter, word } => format!(
-            "philox(s{key}lo, s{key}hi, s{counter}lo + li, s{counter}hi + select(0u, 1u, s{counter}lo + li < li), {word}u)"
-        ),
+        Node::Philox {
+            key,
+            counter,
+            word,
+            per_counter,
+            shared,
+        } => {
+            // The element's counter offset `q` and word, from its position `li` (u32).
+            let (per, width) = (
+                *per_counter as u32,
+                4 * *shared as u32 / *per_counter as u32,
+            );
+            let q = if per == 1 {
+                "li".to_string()
+            } else {
+                format!("(li / {per}u)")
+            };
+            let w = if per == 1 {
+                format!("{word}u")
+            } else {
+                format!("((li % {per}u) / {shared}u) * {width}u + {word}u")
+            };
+            format!(
+                "philox(s{key}lo, s{key}hi, s{counter}lo + {q}, s{counter}hi + select(0u, 1u, s{counter}lo + {q} < {q}), {w})"
+            )
+        }
         // Casting the linear index to a narrower type needs no 64-bit integers.
         Node::Cast { arg, saturate } if arg.node == Node::LinearIndex && !caps.int64 => {
             cast("li", DType::U32, expr.dtype, *saturate)
