@@ -43,4 +43,5 @@ pub use dtype::{Category, DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use index::{Ellipsis, IndexArgs, NewAxis, SliceArg};
 pub use layout::{IntoDims, Layout};
+pub use notebook::{show_layout_pictures, LayoutSvg};
 pub use tensor::Tensor;

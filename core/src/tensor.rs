@@ -320,6 +320,11 @@ impl Tensor {
         self.numel() * self.itemsize()
     }
 
+    /// Bytes of the whole storage this view looks into (known before pending work runs).
+    pub(crate) fn storage_bytes(&self) -> usize {
+        self.storage.bytes
+    }
+
     /// The element type.
     ///
     /// ```

@@ -148,6 +148,35 @@ def test_view_header_shows_shape_strides_and_offset(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_layout_pictures_draw_the_views_cells(device):
+    import xml.etree.ElementTree as ET
+    nb = executed("02-views-and-strides", device)
+    ns = "{http://www.w3.org/2000/svg}"
+
+    def cells(tag):
+        svg = data(tagged(nb, tag)[0], "image/svg+xml")
+        assert svg, f"{tag}: no image/svg+xml output"
+        root = ET.fromstring(svg)  # well-formed XML, or this raises
+        classes = [r.get("class", "") for r in root.iter(ns + "rect")]
+        return root, [c for c in classes if c.startswith("cell")]
+
+    # [3, 4] over 12 cells: a 2×2 slice, every other column reversed, the transpose, a
+    # broadcast row (4 cells, each read 3 times).
+    for tag, view, shared in [("layout-slice", 4, 0), ("layout-reversed", 6, 0),
+                              ("layout-transpose", 12, 0), ("layout-broadcast", 0, 4)]:
+        root, classes = cells(tag)
+        assert len(classes) == 12, (tag, classes)
+        assert classes.count("cell view") == view, (tag, classes)
+        assert classes.count("cell view shared") == shared, (tag, classes)
+    root, _ = cells("layout-reversed")
+    text = " ".join(t.text or "" for t in root.iter(ns + "text"))
+    assert "offset 3" in text and "stride -2" in text, text
+    # The opt-in puts the picture into the tensor's own display.
+    html = data(tagged(nb, "layout-in-display")[0], "text/html")
+    assert "<svg" in html and "shape=[2] strides=[8] offset=1" in html, html[:300]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["01-tour", "06-reductions-matmul-random"])
 def test_two_d_floats_get_a_heatmap_that_decodes(name, device):
     cell = tagged(executed(name, device), "heatmap")[0]

@@ -45,6 +45,12 @@ pub(crate) fn tensor(t: &Tensor, heatmap: Option<&Heatmap>) -> Result<String> {
          <b>Tensor</b> {}</div>",
         escape(&header(t))
     );
+    if super::layout_svg::layout_pictures_shown() {
+        out.push_str(&format!(
+            "<div style=\"margin-bottom:4px\">{}</div>",
+            t.layout_svg()
+        ));
+    }
     out.push_str(&values(t)?);
     if let Some(map) = heatmap {
         out.push_str(&heatmap_html(map));

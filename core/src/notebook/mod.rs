@@ -9,12 +9,14 @@
 mod heatmap;
 mod html;
 mod image;
+mod layout_svg;
 
 use crate::backend::MemoryStats;
 use crate::device::{Device, Event, Stream};
 use crate::error::Result;
 use crate::tensor::Tensor;
 pub(crate) use html::escape;
+pub use layout_svg::{show_layout_pictures, LayoutSvg};
 
 impl Tensor {
     /// The notebook view of this tensor as HTML: a header with shape, strides, offset, dtype,
