@@ -328,21 +328,12 @@ fn write_infix(e: &Expr, out: &mut String, outer: u8) {
             let _ = write!(out, "{}", crate::Scalar::from_bits(e.dtype, *bits));
         }
         Node::LinearIndex => out.push_str("index"),
-        Node::Philox {
-            word,
-            per_counter: 1,
-            ..
-        } => {
-            let _ = write!(out, "philox{word}(index)");
+        Node::Philox(w) if w.per_counter <= 1 => {
+            let _ = write!(out, "philox{}(index)", w.word);
         }
-        Node::Philox {
-            word,
-            per_counter,
-            shared,
-            ..
-        } => {
-            let _ = write!(out, "philox{word}(index, {per_counter} per counter");
-            if *shared > 1 {
+        Node::Philox(w) => {
+            let _ = write!(out, "philox{}(index, {} per counter", w.word, w.per_counter);
+            if w.shared > 1 {
                 let _ = write!(out, ", pairs");
             }
             out.push(')');
@@ -416,7 +407,7 @@ fn plan_node(e: &Expr, lines: &mut Vec<String>) -> usize {
         | Node::Scalar(_)
         | Node::Literal(_)
         | Node::LinearIndex
-        | Node::Philox { .. } => infix(e),
+        | Node::Philox(_) => infix(e),
         Node::Cast { arg, saturate } => {
             let a = plan_node(arg, lines);
             format!("{}{}(t{a})", e.dtype, if *saturate { "_sat" } else { "" })

@@ -58,7 +58,7 @@ pub(crate) struct Pending {
 fn count_nodes(e: &Expr) -> usize {
     match &e.node {
         Node::Input(_) | Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex => 1,
-        Node::Philox { .. } => 1,
+        Node::Philox(_) => 1,
         Node::Cast { arg, .. } | Node::Unary(_, arg) => 1 + count_nodes(arg),
         Node::Binary(_, a, b) => 1 + count_nodes(a) + count_nodes(b),
         Node::Fma(a, b, c) | Node::Where(a, b, c) => {
@@ -207,19 +207,11 @@ fn substitute(e: &Expr, inputs: &[Expr], base: usize) -> Expr {
     let node = match &e.node {
         Node::Input(k) => return inputs[*k].clone(),
         Node::Scalar(k) => Node::Scalar(k + base),
-        Node::Philox {
-            key,
-            counter,
-            word,
-            per_counter,
-            shared,
-        } => Node::Philox {
-            key: key + base,
-            counter: counter + base,
-            word: *word,
-            per_counter: *per_counter,
-            shared: *shared,
-        },
+        Node::Philox(w) => Node::Philox(crate::ir::PhiloxWord {
+            key: w.key + base,
+            counter: w.counter + base,
+            ..*w
+        }),
         Node::Literal(_) | Node::LinearIndex => e.node.clone(),
         Node::Cast { arg, saturate } => Node::Cast {
             arg: Box::new(substitute(arg, inputs, base)),

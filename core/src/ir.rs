@@ -48,26 +48,8 @@ pub enum Node {
     Literal(u64),
     /// The row-major position of the output element, as `i64`.
     LinearIndex,
-    /// One word of Philox4x32-10 ([`philox4x32_10`](crate::random::philox4x32_10)), `u32`.
-    /// Neighbouring elements share a counter, so one Philox call serves `per_counter` of
-    /// them: element `i` (its row-major position) reads counter
-    /// `c = scalar counter + i / per_counter` (wrapping), as `[c as u32, (c >> 32) as u32, 0, 0]`
-    /// keyed by `[k as u32, (k >> 32) as u32]` with `k = scalar key`, and there the word
-    /// [`philox_word`]`(i, per_counter, shared, word)`: the `per_counter / shared` groups of
-    /// `shared` neighbours split the four words evenly, and `word` picks one of its group's.
-    Philox {
-        /// Index of the `u64` launch scalar holding the key (the seed).
-        key: usize,
-        /// Index of the `u64` launch scalar holding the first element's counter.
-        counter: usize,
-        /// Which word of the element's group (below `4 · shared / per_counter`).
-        word: u8,
-        /// Elements per counter: 1, 2 or 4.
-        per_counter: u8,
-        /// Neighbouring elements that read the same words (a Box–Muller pair: 2), dividing
-        /// `per_counter`.
-        shared: u8,
-    },
+    /// One word of Philox4x32-10 per element, `u32` (see [`PhiloxWord`]).
+    Philox(PhiloxWord),
     /// Converts the operand to this node's dtype with strata's cast rules
     /// ([`Scalar::cast`](crate::Scalar::cast)): integers wrap, or clamp when `saturate`.
     Cast {
@@ -86,22 +68,71 @@ pub enum Node {
     Where(Box<Expr>, Box<Expr>, Box<Expr>),
 }
 
-/// Which of the four Philox words element `i` reads for a [`Node::Philox`] of these
-/// parameters.
+/// A [`Node::Philox`]: one word of Philox4x32-10
+/// ([`philox4x32_10`](crate::random::philox4x32_10)) for each element. Neighbouring elements
+/// share a counter, so one Philox call serves `per_counter` of them: element `i` (its row-major
+/// position) reads counter `c = scalar counter + i / per_counter` (wrapping), as
+/// `[c as u32, (c >> 32) as u32, 0, 0]` keyed by `[k as u32, (k >> 32) as u32]` with
+/// `k = scalar key`, and there the word [`word_of`](PhiloxWord::word_of)`(i)`: the
+/// `per_counter / shared` groups of `shared` neighbours split the four words evenly, and
+/// `word` picks one of its group's.
 ///
 /// ```
-/// use strata_core::ir::philox_word;
+/// use strata_core::ir::PhiloxWord;
 /// // Four elements per counter, one word each.
-/// assert_eq!((0..4).map(|i| philox_word(i, 4, 1, 0)).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+/// let one = PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 4, shared: 1 };
+/// assert_eq!((0..4).map(|i| one.word_of(i)).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+/// assert_eq!(one.counter_of(9), 2);
 /// // Pairs of elements sharing two words (f32 Box–Muller): the second word of each pair.
-/// assert_eq!((0..4).map(|i| philox_word(i, 4, 2, 1)).collect::<Vec<_>>(), vec![1, 1, 3, 3]);
-/// // One element per counter reads the word it names.
-/// assert_eq!(philox_word(7, 1, 1, 3), 3);
+/// let pairs = PhiloxWord { word: 1, shared: 2, ..one };
+/// assert_eq!((0..4).map(|i| pairs.word_of(i)).collect::<Vec<_>>(), vec![1, 1, 3, 3]);
 /// ```
-pub fn philox_word(i: u64, per_counter: u8, shared: u8, word: u8) -> usize {
-    let (per, shared) = (per_counter.max(1) as u64, shared.max(1) as u64);
-    let width = 4 * shared / per;
-    ((i % per) / shared * width) as usize + word as usize
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PhiloxWord {
+    /// Index of the `u64` launch scalar holding the key (the seed).
+    pub key: usize,
+    /// Index of the `u64` launch scalar holding the first element's counter.
+    pub counter: usize,
+    /// Which word of the element's group (below `4 · shared / per_counter`).
+    pub word: u8,
+    /// Elements per counter: 1, 2 or 4.
+    pub per_counter: u8,
+    /// Neighbouring elements that read the same words (a Box–Muller pair: 2), dividing
+    /// `per_counter`.
+    pub shared: u8,
+}
+
+impl PhiloxWord {
+    /// Words each group of `shared` neighbours owns: `4 · shared / per_counter`.
+    ///
+    /// ```
+    /// let w = strata_core::ir::PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 2, shared: 1 };
+    /// assert_eq!(w.group_width(), 2);
+    /// ```
+    pub fn group_width(&self) -> usize {
+        4 * self.shared.max(1) as usize / self.per_counter.max(1) as usize
+    }
+
+    /// Which of the four words element `i` reads.
+    ///
+    /// ```
+    /// let w = strata_core::ir::PhiloxWord { key: 0, counter: 1, word: 1, per_counter: 2, shared: 1 };
+    /// assert_eq!((w.word_of(0), w.word_of(1)), (1, 3));
+    /// ```
+    pub fn word_of(&self, i: u64) -> usize {
+        let (per, shared) = (self.per_counter.max(1) as u64, self.shared.max(1) as u64);
+        ((i % per) / shared) as usize * self.group_width() + self.word as usize
+    }
+
+    /// The counter of element `i`, counted from the scalar counter.
+    ///
+    /// ```
+    /// let w = strata_core::ir::PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 4, shared: 1 };
+    /// assert_eq!(w.counter_of(7), 1);
+    /// ```
+    pub fn counter_of(&self, i: u64) -> u64 {
+        i / self.per_counter.max(1) as u64
+    }
 }
 
 /// Binary operations of the IR. Both operands have the same dtype; comparisons and logical
@@ -445,7 +476,7 @@ impl Expr {
     /// ```
     pub fn reads_linear_index(&self) -> bool {
         match &self.node {
-            Node::LinearIndex | Node::Philox { .. } => true,
+            Node::LinearIndex | Node::Philox(_) => true,
             Node::Input(_) | Node::Scalar(_) | Node::Literal(_) => false,
             Node::Cast { arg, .. } | Node::Unary(_, arg) => arg.reads_linear_index(),
             Node::Binary(_, a, b) => a.reads_linear_index() || b.reads_linear_index(),
@@ -463,7 +494,7 @@ impl Expr {
     pub fn max_input(&self) -> Option<usize> {
         match &self.node {
             Node::Input(k) => Some(*k),
-            Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex | Node::Philox { .. } => None,
+            Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex | Node::Philox(_) => None,
             Node::Cast { arg, .. } => arg.max_input(),
             Node::Unary(_, a) => a.max_input(),
             Node::Binary(_, a, b) => a.max_input().max(b.max_input()),

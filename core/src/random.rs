@@ -6,7 +6,7 @@ use crate::device::Device;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::fusion::{defers, record};
-use crate::ir::{BinaryOp, Expr, Node, UnaryOp};
+use crate::ir::{BinaryOp, Expr, Node, PhiloxWord, UnaryOp};
 use crate::layout::IntoDims;
 use crate::layout::Layout;
 use crate::tensor::{launch_map, Tensor};
@@ -131,13 +131,13 @@ const PAIR_OF_FOUR_WORDS: Lanes = Lanes {
 fn word32(word: u8, lanes: Lanes) -> Expr {
     Expr {
         dtype: DType::U32,
-        node: Node::Philox {
+        node: Node::Philox(PhiloxWord {
             key: 0,
             counter: 1,
             word,
             per_counter: lanes.per_counter,
             shared: lanes.shared,
-        },
+        }),
     }
 }
 

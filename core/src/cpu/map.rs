@@ -81,13 +81,7 @@ fn eval(
                 .map(|p| p as i64)
                 .collect(),
         ),
-        Node::Philox {
-            key,
-            counter,
-            word,
-            per_counter,
-            shared,
-        } => {
+        Node::Philox(w) => {
             let scalar = |k: usize| {
                 cx.scalars
                     .get(k)
@@ -99,15 +93,15 @@ fn eval(
                         ))
                     })
             };
-            let (key, base) = (scalar(*key)?, scalar(*counter)?);
+            let (key, base) = (scalar(w.key)?, scalar(w.counter)?);
             let key = [key as u32, (key >> 32) as u32];
             Block::U32(
                 cx.positions(start, len)
                     .into_iter()
                     .map(|i| {
-                        let c = base.wrapping_add(i / (*per_counter).max(1) as u64);
-                        let w = crate::ir::philox_word(i, *per_counter, *shared, *word);
-                        crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[w]
+                        let c = base.wrapping_add(w.counter_of(i));
+                        crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)
+                            [w.word_of(i)]
                     })
                     .collect(),
             )

@@ -224,7 +224,7 @@ pub fn check(expr: &Expr) -> crate::Result<()> {
             | Node::Scalar(_)
             | Node::Literal(_)
             | Node::LinearIndex
-            | Node::Philox { .. } => None,
+            | Node::Philox(_) => None,
         };
         if let Some(op) = bad {
             return Err(crate::Error::Unsupported(format!(

@@ -104,13 +104,13 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
     }
     let philox = Expr {
         dtype: DType::U32,
-        node: strata_core::ir::Node::Philox {
+        node: strata_core::ir::Node::Philox(strata_core::ir::PhiloxWord {
             key: 0,
             counter: 1,
             word: 1,
             per_counter: 4,
             shared: 2,
-        },
+        }),
     };
     out.push(map(philox.clone(), &[], true, 4));
     // Lanes over two counters (f16 out), inside one counter (i64 out), and unvectorized.

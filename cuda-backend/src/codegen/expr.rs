@@ -20,28 +20,22 @@ pub(crate) fn emit(
         Node::Scalar(k) => return Ok(format!("s{k}")),
         Node::Literal(bits) => super::scalar_from_word(expr.dtype, &format!("{bits}ull")),
         Node::LinearIndex => "((i64)li)".to_string(),
-        Node::Philox {
-            key,
-            counter,
-            word,
-            per_counter: 1,
-            ..
-        } => format!("philox((u64)s{key}, (u64)s{counter} + (u64)li, {word})"),
-        // Neighbours share a counter.
-        Node::Philox {
-            key,
-            counter,
-            word,
-            per_counter,
-            shared,
-        } => {
-            // Shifts and masks: per_counter is a power of two. (Vectorized maps call Philox
-            // once per counter before their lanes: codegen/map.rs.)
-            let width = 4 * shared / per_counter;
-            let (shift, mask) = (per_counter.trailing_zeros(), per_counter - 1);
+        Node::Philox(w) if w.per_counter <= 1 => format!(
+            "philox((u64)s{}, (u64)s{} + (u64)li, {})",
+            w.key, w.counter, w.word
+        ),
+        // Neighbours share a counter; shifts and masks, as per_counter is a power of two.
+        // (Vectorized maps call Philox once per counter before their lanes: codegen/map.rs.)
+        Node::Philox(w) => {
+            let (shift, mask) = (w.per_counter.trailing_zeros(), w.per_counter - 1);
             format!(
-                "philox((u64)s{key}, (u64)s{counter} + upos(li >> {shift}), \
-                 (int)((li & {mask}) / {shared}) * {width} + {word})"
+                "philox((u64)s{}, (u64)s{} + upos(li >> {shift}), \
+                 (int)((li & {mask}) / {}) * {} + {})",
+                w.key,
+                w.counter,
+                w.shared,
+                w.group_width(),
+                w.word
             )
         }
         Node::Cast { arg, saturate } => {

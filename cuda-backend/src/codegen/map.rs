@@ -246,8 +246,9 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         let (lane_expr, draws) = hoist_philox(&sig.expr, v, sig.dtypes.len());
         let mut sources: Vec<(usize, usize, u8)> = Vec::new();
         for d in &draws {
-            if !sources.contains(&(d.key, d.counter, d.per_counter)) {
-                sources.push((d.key, d.counter, d.per_counter));
+            let p = &d.philox;
+            if !sources.contains(&(p.key, p.counter, p.per_counter)) {
+                sources.push((p.key, p.counter, p.per_counter));
             }
         }
         for &(key, counter, per) in &sources {
@@ -281,8 +282,8 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
             );
         }
         for d in &draws {
-            let (per, shared) = (d.per_counter as usize, d.shared as usize);
-            let width = 4 * shared / per;
+            let p = &d.philox;
+            let (per, shared, width) = (p.per_counter as usize, p.shared as usize, p.group_width());
             // The lane's place among its counter's elements: constant per lane when a vector
             // spans whole counters, else offset by the vector's place in the counter.
             let (group, place) = if v >= per {
@@ -296,7 +297,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
             let _ = writeln!(
                 s,
                 "      const u32 x{} = pick4(ph{}_{}[{group}], ({place} / {shared}) * {width} + {});",
-                d.input, d.key, d.counter, d.word
+                d.input, p.key, p.counter, p.word
             );
         }
         let mut next = 0;
@@ -343,11 +344,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
 /// A Philox word the lanes of a vector read from a call made once per counter: the node's
 /// parameters and the input number standing for it in the lanes' expression.
 struct LaneDraw {
-    key: usize,
-    counter: usize,
-    word: u8,
-    per_counter: u8,
-    shared: u8,
+    philox: strata_core::ir::PhiloxWord,
     input: usize,
 }
 
@@ -359,32 +356,17 @@ fn hoist_philox(expr: &Expr, vector: usize, first_input: usize) -> (Expr, Vec<La
     fn walk(e: &Expr, vector: usize, first: usize, draws: &mut Vec<LaneDraw>) -> Expr {
         let sub = |x: &Expr, draws: &mut Vec<LaneDraw>| Box::new(walk(x, vector, first, draws));
         let node = match &e.node {
-            Node::Philox {
-                key,
-                counter,
-                word,
-                per_counter,
-                shared,
-            } if *per_counter > 1
-                && vector > 1
-                && (vector % *per_counter as usize == 0 || *per_counter as usize % vector == 0) =>
+            Node::Philox(w)
+                if w.per_counter > 1
+                    && vector > 1
+                    && (vector % w.per_counter as usize == 0
+                        || w.per_counter as usize % vector == 0) =>
             {
-                let same = |d: &LaneDraw| {
-                    (d.key, d.counter, d.word, d.per_counter, d.shared)
-                        == (*key, *counter, *word, *per_counter, *shared)
-                };
-                let input = match draws.iter().find(|d| same(d)) {
+                let input = match draws.iter().find(|d| d.philox == *w) {
                     Some(d) => d.input,
                     None => {
                         let input = first + draws.len();
-                        draws.push(LaneDraw {
-                            key: *key,
-                            counter: *counter,
-                            word: *word,
-                            per_counter: *per_counter,
-                            shared: *shared,
-                            input,
-                        });
+                        draws.push(LaneDraw { philox: *w, input });
                         input
                     }
                 };
@@ -557,13 +539,13 @@ mod tests {
     fn rand_f32() -> Expr {
         let word = Expr {
             dtype: DType::U32,
-            node: strata_core::ir::Node::Philox {
+            node: strata_core::ir::Node::Philox(strata_core::ir::PhiloxWord {
                 key: 0,
                 counter: 1,
                 word: 0,
                 per_counter: 4,
                 shared: 1,
-            },
+            }),
         };
         let top = Expr::binary(
             BinaryOp::Shr,

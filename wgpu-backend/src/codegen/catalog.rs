@@ -193,13 +193,13 @@ fn every_map_variant_validates() {
     }
     let philox = Expr {
         dtype: DType::U32,
-        node: Node::Philox {
+        node: Node::Philox(strata_core::ir::PhiloxWord {
             key: 0,
             counter: 1,
             word: 1,
             per_counter: 4,
             shared: 2,
-        },
+        }),
     };
     validate(&map::source(&map_sig(philox, vec![DType::U32], false, 1), CAPS).unwrap());
     let arange = Expr::linear_index().cast(DType::F32, false);

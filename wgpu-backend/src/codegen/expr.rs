@@ -20,30 +20,27 @@ pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) 
                 "the linear index is i64, which this adapter lacks (SHADER_INT64)".into(),
             ))
         }
-        Node::Philox {
-            key,
-            counter,
-            word,
-            per_counter,
-            shared,
-        } => {
+        Node::Philox(w) => {
             // The element's counter offset `q` and word, from its position `li` (u32).
-            let (per, width) = (
-                *per_counter as u32,
-                4 * *shared as u32 / *per_counter as u32,
-            );
+            let per = w.per_counter.max(1) as u32;
             let q = if per == 1 {
                 "li".to_string()
             } else {
                 format!("(li / {per}u)")
             };
-            let w = if per == 1 {
-                format!("{word}u")
+            let word = if per == 1 {
+                format!("{}u", w.word)
             } else {
-                format!("((li % {per}u) / {shared}u) * {width}u + {word}u")
+                format!(
+                    "((li % {per}u) / {}u) * {}u + {}u",
+                    w.shared,
+                    w.group_width(),
+                    w.word
+                )
             };
+            let (k, c) = (w.key, w.counter);
             format!(
-                "philox(s{key}lo, s{key}hi, s{counter}lo + {q}, s{counter}hi + select(0u, 1u, s{counter}lo + {q} < {q}), {w})"
+                "philox(s{k}lo, s{k}hi, s{c}lo + {q}, s{c}hi + select(0u, 1u, s{c}lo + {q} < {q}), {word})"
             )
         }
         // Casting the linear index to a narrower type needs no 64-bit integers.

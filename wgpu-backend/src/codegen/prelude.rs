@@ -293,7 +293,7 @@ pub(crate) fn dtypes_of(e: &Expr, out: &mut BTreeSet<DType>) {
         | Node::Scalar(_)
         | Node::Literal(_)
         | Node::LinearIndex
-        | Node::Philox { .. } => {}
+        | Node::Philox(_) => {}
         Node::Cast { arg, .. } | Node::Unary(_, arg) => dtypes_of(arg, out),
         Node::Binary(_, a, b) => {
             dtypes_of(a, out);
