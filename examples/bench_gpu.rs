@@ -14,14 +14,12 @@
 //! kernels it names. Rows marked `fused` run with fusion on (the default), rows marked `eager`
 //! with `Device::set_fusion(false)`.
 
+mod bench_common;
+
+use bench_common::{arg, median};
 use std::time::Instant;
 use strata::ops::Axes;
 use strata::prelude::*;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// Median milliseconds of `op` over 20 repetitions of `inner` calls each, timed with events.
 fn time(dev: &Device, inner: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -176,16 +174,6 @@ fn fusion_rows(dev: &Device, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<()> {
         row(&format!("softmax {mode}"), ms, sm_bytes, 0.0);
     }
     dev.set_fusion(true)
-}
-
-/// The value after `flag` on the command line, or `default`.
-fn arg(flag: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
 }
 
 fn main() -> Result<()> {

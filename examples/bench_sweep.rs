@@ -8,16 +8,14 @@
 //! Defaults: 2^28 f32 elements, [16384, 16384] matrices, matmuls of 8192³ (smaller sizes suit
 //! lavapipe). Every timed op realizes its result, so lazy fusion cannot skip it.
 
+mod bench_common;
+
+use bench_common::{arg, median};
 use std::time::Instant;
 use strata::ops::Axes;
 use strata::prelude::*;
 
 const REPS: usize = 15;
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// Median milliseconds of `op`, timed with events on the current stream.
 fn time(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
@@ -62,15 +60,6 @@ fn row(op: &str, ms: Result<f64>) {
         Ok(ms) => println!("{{\"op\": \"{op}\", \"ms\": {ms:.6}}}"),
         Err(e) => println!("{{\"op\": \"{op}\", \"error\": {:?}}}", e.to_string()),
     }
-}
-
-fn arg(flag: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == flag)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
 }
 
 fn main() -> Result<()> {
