@@ -32,6 +32,9 @@ pub enum Path {
     Strided,
     /// An input read down the columns through a 32×32 tile in shared memory.
     Tiled,
+    /// Strided between rows, contiguous along them, in a vectorized piece: whole vectors at
+    /// the offset decoded for each vector's first element (targets with `vector_rows`).
+    Rows,
 }
 
 /// How a piece reads the output element's row-major position (arange, random numbers).
@@ -306,9 +309,10 @@ fn plan_piece(
     let splat = |k: usize, o: &PlannedOperand| {
         by_rows && k > 0 && o.path == Path::Strided && o.strides.last() == Some(&0)
     };
-    let row = |o: &PlannedOperand| {
-        by_rows && o.path == Path::Strided && o.strides.last() == Some(&1) && p.len.len() > 1
-    };
+    // (A strided operand with stride 1 along the inner axis has more than one axis: a 1-D
+    // one would be contiguous.)
+    let row =
+        |o: &PlannedOperand| by_rows && o.path == Path::Strided && o.strides.last() == Some(&1);
     let contiguous = operands
         .iter()
         .enumerate()
@@ -360,6 +364,11 @@ fn plan_piece(
         }
     } else if vector > 1 && (numel % vector != 0 || !aligned(vector)) {
         vector = 1;
+    }
+    if vector > 1 {
+        for o in operands.iter_mut().filter(|o| row(o)) {
+            o.path = Path::Rows;
+        }
     }
     let wide = target.wide_index
         && needs_wide_of(numel, &p.len, operands.iter().map(|o| o.strides.as_slice()));
@@ -458,8 +467,14 @@ mod tests {
                 .pieces[0]
                 .vector
         };
-        // cat's second part: columns 16..32 of each row.
+        // cat's second part: columns 16..32 of each row, reached as whole rows.
         assert_eq!(vector_of(&buf.narrow(1, 16, 16).unwrap(), &rows), 4);
+        let part = buf.narrow(1, 16, 16).unwrap();
+        let a = args(&part, &[&x]);
+        let ops = MapOperands::of(&e, &a).unwrap();
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &rows).unwrap();
+        assert_eq!(p.pieces[0].operands[0].path, Path::Rows);
+        assert_eq!(p.pieces[0].operands[1].path, Path::Contiguous);
         // Rows starting one element off a vector; rows 18 apart (every other row is off).
         assert_eq!(vector_of(&buf.narrow(1, 1, 16).unwrap(), &rows), 1);
         let b18 = Tensor::zeros([4, 18], DType::F32, &dev).unwrap();

@@ -8,6 +8,7 @@ use super::matmul::MatmulSig;
 use super::reduce::ReduceSig;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, unary_rule, Rule};
+use strata_core::lower::map_plan::Path;
 use strata_core::DType;
 
 const UNARY: [UnaryOp; 32] = {
@@ -32,12 +33,17 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vector: usize) -> MapSig<
         dtypes: std::iter::once(expr.dtype)
             .chain(inputs.iter().copied())
             .collect(),
-        contiguous: vec![contiguous; inputs.len() + 1],
-        rows: vec![false; inputs.len() + 1],
+        // Not contiguous: the first input through a tile, the other operands strided.
+        paths: (0..=inputs.len())
+            .map(|k| match (contiguous, k) {
+                (true, _) => Path::Contiguous,
+                (false, 1) => Path::Tiled,
+                _ => Path::Strided,
+            })
+            .collect(),
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
         vector,
-        tiled: (0..inputs.len()).map(|k| !contiguous && k == 0).collect(),
         wide: !contiguous,
         expr: std::borrow::Cow::Owned(expr),
     }
@@ -93,12 +99,11 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
                 true,
                 2,
             );
-            sig.contiguous[2] = false;
+            sig.paths[2] = Path::Strided;
             out.push(sig);
             // Vector accesses of strided rows: a part of a cat written, a slice read.
             let mut sig = map(x.clone(), &[d], true, 2);
-            sig.contiguous = vec![false, false];
-            sig.rows = vec![true, true];
+            sig.paths = vec![Path::Rows, Path::Rows];
             out.push(sig);
         }
     }

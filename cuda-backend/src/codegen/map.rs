@@ -27,19 +27,28 @@ pub(crate) struct MapSig<'e> {
     pub expr: Cow<'e, Expr>,
     /// Output dtype first, then the inputs'.
     pub dtypes: Vec<DType>,
-    /// Per operand (output first): true when its offset is the linear index.
-    pub contiguous: Vec<bool>,
-    /// Per operand, on the vectorized path: true when it is strided but contiguous along the
-    /// inner axis (whole vectors at the offset decoded per vector); a strided input that is
-    /// not is constant along that axis (one value per vector).
-    pub rows: Vec<bool>,
+    /// Per operand (output first), how core's plan reaches it: its offset is the linear
+    /// index (`Contiguous`), decoded from its strides (`Strided`; on the vectorized path an
+    /// input constant along the inner axis, read once per vector), whole vectors at the
+    /// decoded offset (`Rows`), or an input through a shared-memory tile (`Tiled`, rank 2).
+    pub paths: Vec<Path>,
     pub scalars: Vec<DType>,
     pub rank: usize,
     /// Elements per thread on the vectorized path (1: not vectorized).
     pub vector: usize,
-    /// Per input: read through a shared-memory tile (the tiled path; rank 2).
-    pub tiled: Vec<bool>,
     pub wide: bool,
+}
+
+impl MapSig<'_> {
+    /// Operand `k` (0: the output) is at the linear index.
+    fn contiguous(&self, k: usize) -> bool {
+        self.paths[k] == Path::Contiguous
+    }
+
+    /// Operand `k` (an input) is read through a tile.
+    fn tiled(&self, k: usize) -> bool {
+        self.paths[k] == Path::Tiled
+    }
 }
 
 impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
@@ -51,12 +60,10 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
         MapSig {
             expr: Cow::Owned(self.expr.clone().into_owned()),
             dtypes: self.dtypes.clone(),
-            contiguous: self.contiguous.clone(),
-            rows: self.rows.clone(),
+            paths: self.paths.clone(),
             scalars: self.scalars.clone(),
             rank: self.rank,
             vector: self.vector,
-            tiled: self.tiled.clone(),
             wide: self.wide,
         }
     }
@@ -103,23 +110,10 @@ pub(crate) fn plan<'e>(
     let sig = MapSig {
         expr: Cow::Borrowed(expr),
         dtypes: operands.iter().map(|o| o.dtype).collect(),
-        contiguous: piece
-            .operands
-            .iter()
-            .map(|o| o.path == Path::Contiguous)
-            .collect(),
-        rows: piece
-            .operands
-            .iter()
-            .map(|o| piece.vector > 1 && o.path == Path::Strided && o.strides.last() == Some(&1))
-            .collect(),
+        paths: piece.operands.iter().map(|o| o.path).collect(),
         scalars: ops.scalars.iter().map(|s| s.dtype()).collect(),
         rank: piece.shape.len(),
         vector: piece.vector,
-        tiled: piece.operands[1..]
-            .iter()
-            .map(|o| o.path == Path::Tiled)
-            .collect(),
         wide: piece.wide,
     };
     Ok(Some((sig, Launch::linear(words, piece.work))))
@@ -138,7 +132,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     for k in 0..n_ops {
         ptr_words.push(w);
         w += 1;
-        if sig.contiguous[k] {
+        if sig.contiguous(k) {
             stride_words.push(None);
         } else {
             stride_words.push(Some(w));
@@ -148,7 +142,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     let scalar_words: Vec<usize> = (w..w + sig.scalars.len()).collect();
     let total = (w + sig.scalars.len()).max(1);
 
-    let tiled = sig.tiled.iter().any(|&t| t);
+    let tiled = (1..n_ops).any(|k| sig.tiled(k));
     let mut s = String::new();
     if tiled {
         let _ = writeln!(
@@ -186,6 +180,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     // The body for one element at linear index `li`, reading operand k at `off{k}`.
     let element = |s: &mut String,
                    indent: &str,
+                   expr: &Expr,
                    load: &dyn Fn(usize) -> String,
                    store: &dyn Fn(&str) -> String|
      -> Result<()> {
@@ -199,7 +194,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
             );
         }
         let mut next = 0;
-        let v = emit(&sig.expr, s, indent, &mut next)?;
+        let v = emit(expr, s, indent, &mut next)?;
         let _ = writeln!(s, "{indent}{}", store(&to_storage(sig.dtypes[0], &v)));
         Ok(())
     };
@@ -214,13 +209,18 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         let v = sig.vector;
         // Vector loads and stores: contiguous operands at vector `j`, row operands at the
         // offset decoded for the vector's first element.
-        let whole = |k: usize| sig.contiguous[k] || sig.rows[k];
+        let whole = |k: usize| sig.contiguous(k) || sig.paths[k] == Path::Rows;
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
         let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
-        if sig.contiguous.iter().any(|c| !c) {
+        if (0..n_ops).any(|k| !sig.contiguous(k)) {
             // Strided operands: one offset per vector (a vector lies in one row).
-            let strided: Vec<Option<usize>> = stride_words.to_vec();
-            decode_offsets(&mut s, idx, &format!("(j * {v})"), &shape_words, &strided);
+            decode_offsets(
+                &mut s,
+                idx,
+                &format!("(j * {v})"),
+                &shape_words,
+                &stride_words,
+            );
         }
         for (k, &d) in sig.dtypes.iter().enumerate() {
             let st = storage_type(d);
@@ -233,7 +233,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
             let vt = vector_type(v * d.itemsize());
             let _ = writeln!(s, "    union {{ {vt} v; {st} e[{v}]; }} u{k};");
             if k > 0 {
-                let at = if sig.contiguous[k] {
+                let at = if sig.contiguous(k) {
                     format!("((const {vt}*)a{k})[j]")
                 } else {
                     format!("*(const {vt}*)(a{k} + off{k})")
@@ -267,20 +267,6 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         }
         let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
         let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-            let at = if whole(k) {
-                format!("u{k}.e[l]")
-            } else {
-                format!("e{k}")
-            };
-            let _ = writeln!(
-                s,
-                "      const {} x{} = {};",
-                compute_type(d),
-                k - 1,
-                from_storage(d, &at)
-            );
-        }
         for d in &draws {
             let p = &d.philox;
             let (per, shared, width) = (p.per_counter as usize, p.shared as usize, p.group_width());
@@ -300,12 +286,22 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 d.input, p.key, p.counter, p.word
             );
         }
-        let mut next = 0;
-        let value = emit(&lane_expr, &mut s, "      ", &mut next)?;
-        let _ = writeln!(s, "      u0.e[l] = {};", to_storage(sig.dtypes[0], &value));
+        element(
+            &mut s,
+            "      ",
+            &lane_expr,
+            &|k| {
+                if whole(k) {
+                    format!("u{k}.e[l]")
+                } else {
+                    format!("e{k}")
+                }
+            },
+            &|val| format!("u0.e[l] = {val};"),
+        )?;
         let _ = writeln!(s, "    }}");
         let vt = vector_type(v * sig.dtypes[0].itemsize());
-        if sig.contiguous[0] {
+        if sig.contiguous(0) {
             let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
         } else {
             let _ = writeln!(s, "    *({vt}*)(a0 + off0) = u0.v;\n  }}");
@@ -314,9 +310,13 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     }
     let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
     decode_offsets(&mut s, idx, "li", &shape_words, &stride_words);
-    element(&mut s, "      ", &|k| format!("a{k}[off{k}]"), &|val| {
-        format!("a0[off0] = {val};")
-    })?;
+    element(
+        &mut s,
+        "      ",
+        &sig.expr,
+        &|k| format!("a{k}[off{k}]"),
+        &|val| format!("a0[off0] = {val};"),
+    )?;
     let _ = writeln!(s, "  }}\n}}");
     let _ = writeln!(
         s,
@@ -392,9 +392,10 @@ fn hoist_philox(expr: &Expr, vector: usize, first_input: usize) -> (Expr, Vec<La
     (e, draws)
 }
 
-/// Writes the body of a per-element step: loads through `load(k)`, stores through `store`.
-type Element<'a> =
-    dyn Fn(&mut String, &str, &dyn Fn(usize) -> String, &dyn Fn(&str) -> String) -> Result<()> + 'a;
+/// Writes the body of a per-element step computing `expr`: loads through `load(k)`, stores
+/// through `store`.
+type Element<'a> = dyn Fn(&mut String, &str, &Expr, &dyn Fn(usize) -> String, &dyn Fn(&str) -> String) -> Result<()>
+    + 'a;
 
 /// The tiled path: each block takes 32×32 tiles; tiled inputs are loaded down the columns
 /// (coalesced for them) into shared memory, then every operand is read or written along the
@@ -410,11 +411,10 @@ fn tiled_body(
         let w = stride_words[k].expect("tiled operands are strided") + d;
         format!("({idx})(i64)p.w[{w}]")
     };
-    for (k, &t) in sig.tiled.iter().enumerate() {
-        if t {
-            let st = storage_type(sig.dtypes[k + 1]);
-            let _ = writeln!(s, "  __shared__ {st} tile{}[32][33];", k + 1);
-        }
+    let inputs = 1..sig.dtypes.len();
+    for k in inputs.clone().filter(|&k| sig.tiled(k)) {
+        let st = storage_type(sig.dtypes[k]);
+        let _ = writeln!(s, "  __shared__ {st} tile{k}[32][33];");
     }
     let _ = writeln!(
         s,
@@ -436,16 +436,13 @@ fn tiled_body(
     let _ = writeln!(s, "    for (int j = ty; j < 32; j += 8) {{");
     let _ = writeln!(s, "      const {idx} r = r0 + tx, c = c0 + j;");
     let _ = writeln!(s, "      if (r < rows && c < cols) {{");
-    for (k, &t) in sig.tiled.iter().enumerate() {
-        if t {
-            let k = k + 1;
-            let _ = writeln!(
-                s,
-                "        tile{k}[j][tx] = a{k}[r * {} + c * {}];",
-                stride(k, 0),
-                stride(k, 1)
-            );
-        }
+    for k in inputs.filter(|&k| sig.tiled(k)) {
+        let _ = writeln!(
+            s,
+            "        tile{k}[j][tx] = a{k}[r * {} + c * {}];",
+            stride(k, 0),
+            stride(k, 1)
+        );
     }
     let _ = writeln!(
         s,
@@ -458,7 +455,7 @@ fn tiled_body(
     let _ = writeln!(s, "      if (r < rows && c < cols) {{");
     let _ = writeln!(s, "        const {idx} li = r * cols + c;");
     for k in 0..sig.dtypes.len() {
-        if k == 0 || !sig.tiled[k - 1] {
+        if k == 0 || !sig.tiled(k) {
             let _ = writeln!(
                 s,
                 "        const {idx} off{k} = r * {} + c * {};",
@@ -467,12 +464,12 @@ fn tiled_body(
             );
         }
     }
-    let tiled = &sig.tiled;
     element(
         s,
         "        ",
+        &sig.expr,
         &|k| {
-            if tiled[k - 1] {
+            if sig.tiled(k) {
                 format!("tile{k}[tx][j]")
             } else {
                 format!("a{k}[off{k}]")
@@ -504,12 +501,17 @@ mod tests {
         MapSig {
             expr: Cow::Owned(e),
             dtypes: vec![DType::F32; 3],
-            contiguous: vec![contiguous; 3],
-            rows: vec![false; 3],
+            paths: vec![
+                if contiguous {
+                    Path::Contiguous
+                } else {
+                    Path::Strided
+                };
+                3
+            ],
             scalars: vec![],
             rank: 2,
             vector,
-            tiled: vec![false; 2],
             wide: false,
         }
     }
@@ -526,8 +528,7 @@ mod tests {
         // The output is a part of a cat (rows apart), input 0 a slice of rows, input 1
         // contiguous.
         let mut s = sig(false, 4);
-        s.contiguous = vec![false, false, true];
-        s.rows = vec![true, true, false];
+        s.paths = vec![Path::Rows, Path::Rows, Path::Contiguous];
         let src = source(&s).unwrap();
         assert!(src.contains("u1.v = *(const uint4*)(a1 + off1);"), "{src}");
         assert!(src.contains("u2.v = ((const uint4*)a2)[j];"), "{src}");
@@ -567,12 +568,10 @@ mod tests {
         let sig = MapSig {
             expr: Cow::Owned(rand_f32()),
             dtypes: vec![DType::F32],
-            contiguous: vec![true],
-            rows: vec![false],
+            paths: vec![Path::Contiguous],
             scalars: vec![DType::U64, DType::U64, DType::U64, DType::F32],
             rank: 1,
             vector: 4,
-            tiled: vec![],
             wide: false,
         };
         let src = source(&sig).unwrap();
@@ -599,14 +598,14 @@ mod tests {
         wide.wide = true;
         assert!(!source(&wide).unwrap().contains("strata_map_batch"));
         let mut tiled = sig(false, 1);
-        tiled.tiled = vec![true, false];
+        tiled.paths[1] = Path::Tiled;
         assert!(!source(&tiled).unwrap().contains("strata_map_batch"));
     }
 
     #[test]
     fn column_wise_inputs_pass_through_a_shared_tile() {
         let mut s = sig(false, 1);
-        s.tiled = vec![true, false];
+        s.paths[1] = Path::Tiled;
         let src = source(&s).unwrap();
         assert!(src.contains("__shared__ float tile1[32][33];"), "{src}");
         assert!(src.contains("tile1[tx][j]"));
