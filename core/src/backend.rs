@@ -89,6 +89,24 @@ pub struct KernelSource {
     pub source: String,
 }
 
+/// What a backend launches for one kernel, for the profiler: the kernel function's name and
+/// its launch shape.
+///
+/// ```
+/// let d = strata_core::backend::LaunchDescription {
+///     name: "strata_map".into(),
+///     shape: "grid [4, 1, 1] × block [256, 1, 1]".into(),
+/// };
+/// assert_eq!(d.name, "strata_map");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchDescription {
+    /// The kernel function (or library call) that runs.
+    pub name: String,
+    /// Grid and block, workgroups, or the CPU's split of the work.
+    pub shape: String,
+}
+
 /// A block of device memory. Dropping the last reference returns it to its device's
 /// allocator.
 ///
@@ -163,6 +181,13 @@ pub trait Backend: Send + Sync + Debug {
         Ok(None)
     }
 
+    /// The kernel function and launch shape `run` uses for `kernel` over `args`, for the
+    /// profiler (called only while one records); `None` where the backend does not say.
+    fn describe_launch(&self, kernel: &Kernel, args: &KernelArgs) -> Option<LaunchDescription> {
+        let _ = (kernel, args);
+        None
+    }
+
     /// The allocator's statistics.
     fn memory_stats(&self) -> MemoryStats;
     /// Returns cached, unused blocks to the system.
@@ -180,6 +205,11 @@ pub trait Backend: Send + Sync + Debug {
     fn synchronize_event(&self, event: EventId) -> Result<()>;
     /// Milliseconds between two completed events.
     fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64>;
+    /// Milliseconds from `base` to each of `events` (all completed): the profiler's device
+    /// timeline. A backend that can read many timestamps at once overrides it.
+    fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {
+        events.iter().map(|&e| self.elapsed_ms(base, e)).collect()
+    }
     /// Releases an event.
     fn destroy_event(&self, event: EventId);
     /// Blocks the host until all work on `stream` completes.

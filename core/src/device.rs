@@ -7,6 +7,7 @@
 use crate::backend::{Backend, BackendKind, EventId, MemoryStats, StreamId};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
+use crate::profile::{ProfileState, RecordKind};
 use crate::tensor::Storage;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +38,8 @@ struct DeviceInner {
     fusion: AtomicBool,
     /// Pending storages (lazy fusion) in the order they were recorded; `flush` runs them.
     pending: Mutex<Vec<Weak<Storage>>>,
+    /// The profiler's recorder, when one records.
+    profile: ProfileState,
 }
 
 /// Owns one backend stream; destroys it when the last handle goes.
@@ -78,7 +81,7 @@ impl Device {
         });
         let blocking = std::env::var("STRATA_LAUNCH_BLOCKING").is_ok_and(|v| v == "1");
         let fusion = !std::env::var("STRATA_FUSION").is_ok_and(|v| v == "0");
-        Device {
+        let device = Device {
             inner: Arc::new(DeviceInner {
                 backend,
                 current: Mutex::new(default.clone()),
@@ -87,8 +90,16 @@ impl Device {
                 allow_tf32: AtomicBool::new(false),
                 fusion: AtomicBool::new(fusion),
                 pending: Mutex::new(Vec::new()),
+                profile: ProfileState::default(),
             }),
-        }
+        };
+        device.resume_env_profile();
+        device
+    }
+
+    /// The profiler's state.
+    pub(crate) fn profile_state_ref(&self) -> &ProfileState {
+        &self.inner.profile
     }
 
     /// The backend behind this device.
@@ -125,7 +136,9 @@ impl Device {
     /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.flush()?;
-        self.inner.backend.synchronize()
+        self.wait_recorded(StreamId::DEFAULT, "synchronize device", || {
+            self.inner.backend.synchronize()
+        })
     }
 
     /// Whether elementwise ops are deferred and fused (lazy fusion; on unless the environment
@@ -440,6 +453,11 @@ impl Stream {
     pub fn record_event(&self) -> Result<Event> {
         self.device.flush()?;
         let id = self.device.backend().record_event(self.id())?;
+        self.device.record_marker(
+            RecordKind::EventRecord,
+            self.id(),
+            format!("event #{}", id.0),
+        );
         Ok(Event {
             device: self.device.clone(),
             id: Arc::new(EventHandle {
@@ -466,7 +484,13 @@ impl Stream {
             )));
         }
         self.device.flush()?;
-        self.device.backend().wait_event(self.id(), event.id.id)
+        self.device.backend().wait_event(self.id(), event.id.id)?;
+        self.device.record_marker(
+            RecordKind::EventWait,
+            self.id(),
+            format!("wait for event #{}", event.id.id.0),
+        );
+        Ok(())
     }
 
     /// Blocks until all work queued on this stream is done.
@@ -476,7 +500,10 @@ impl Stream {
     /// ```
     pub fn synchronize(&self) -> Result<()> {
         self.device.flush()?;
-        self.device.backend().synchronize_stream(self.id())
+        let what = format!("synchronize stream #{}", self.id().0);
+        self.device.wait_recorded(self.id(), &what, || {
+            self.device.backend().synchronize_stream(self.id())
+        })
     }
 }
 
@@ -530,7 +557,10 @@ impl Event {
     /// dev.current_stream().record_event().unwrap().synchronize().unwrap();
     /// ```
     pub fn synchronize(&self) -> Result<()> {
-        self.device.backend().synchronize_event(self.id.id)
+        let what = format!("synchronize event #{}", self.id.id.0);
+        self.device.wait_recorded(StreamId::DEFAULT, &what, || {
+            self.device.backend().synchronize_event(self.id.id)
+        })
     }
 
     /// Milliseconds from this event to `end` (both must be complete; synchronize `end` first).

@@ -305,7 +305,7 @@ fn symbol(op: BinaryOp) -> &'static str {
 }
 
 /// Lower-case name of an enum variant (`Atan2` → `atan2`, `AddSat` → `add_sat`).
-fn snake(debug: String) -> String {
+pub(crate) fn snake(debug: String) -> String {
     let mut out = String::new();
     for (k, c) in debug.chars().enumerate() {
         if c.is_ascii_uppercase() && k > 0 {

@@ -318,7 +318,7 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
     let mut fused = Fused::default();
     let expr = fused.splice(p, true)?;
     let device = &storage.device;
-    let buffer = device.backend().allocate(storage.bytes, p.stream.id)?;
+    let buffer = device.allocate_buffer(storage.bytes, p.stream.id)?;
     storage.set_buffer(buffer);
     let out = Tensor {
         storage: storage.clone(),

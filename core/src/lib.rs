@@ -31,17 +31,21 @@ pub mod layout;
 pub mod lower;
 mod notebook;
 pub mod ops;
+mod profile;
 pub mod random;
 mod tensor;
 mod transfer;
 mod view;
 
 pub use assign::Value;
-pub use backend::{Backend, BackendKind, DeviceBuffer, EventId, MemoryStats, StreamId};
+pub use backend::{
+    Backend, BackendKind, DeviceBuffer, EventId, LaunchDescription, MemoryStats, StreamId,
+};
 pub use device::{Device, Event, Stream};
 pub use dtype::{Category, DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use index::{Ellipsis, IndexArgs, NewAxis, SliceArg};
 pub use layout::{IntoDims, Layout};
-pub use notebook::{show_layout_pictures, LayoutSvg};
+pub use notebook::{show_layout_pictures, LayoutSvg, TimelineSvg};
+pub use profile::{Profile, ProfileRecord, Profiler, RecordKind};
 pub use tensor::Tensor;

@@ -221,7 +221,7 @@ impl Tensor {
                 Error::Shape(format!("{shape:?} of {dtype} overflows the byte count"))
             })?;
         let stream = device.current_handle();
-        let buffer = device.backend().allocate(bytes, stream.id)?;
+        let buffer = device.allocate_buffer(bytes, stream.id)?;
         Ok(Tensor {
             storage: Arc::new(Storage::new(buffer, device.clone(), stream)),
             layout,
@@ -558,7 +558,10 @@ fn launch_ordered(
             .collect::<Result<Vec<_>>>()?,
         scalars,
     };
-    device.backend().run(&kernel, &args, stream.id)?;
+    device.run_kernel(&kernel, &args, stream.id, || {
+        let ran = out.storage.ran.get()?;
+        Some(ran.ops.iter().map(|op| op.to_string()).collect())
+    })?;
     for t in &inputs {
         t.storage.note_read(stream);
     }

@@ -27,8 +27,7 @@ impl Tensor {
         let t = self.contiguous()?;
         let writer = t.storage_last_writer();
         t.device()
-            .backend()
-            .download(t.buffer()?.as_ref(), t.offset() * t.itemsize(), out, writer)
+            .download_bytes(t.buffer()?.as_ref(), t.offset() * t.itemsize(), out, writer)
     }
 
     fn check_element<T: Element>(&self) -> Result<()> {
@@ -124,9 +123,7 @@ impl Tensor {
         let bytes = self.host_bytes()?;
         let out = Tensor::alloc(self.shape(), self.dtype, device)?;
         let stream = device.current_stream();
-        device
-            .backend()
-            .upload(out.buffer()?.as_ref(), 0, &bytes, stream.id())?;
+        device.upload_bytes(out.buffer()?.as_ref(), 0, &bytes, stream.id())?;
         Ok(out)
     }
 

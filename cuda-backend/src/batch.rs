@@ -99,6 +99,11 @@ impl Batches {
     /// Appends the launch of `f` with `plan` to `stream`'s batch when it is small enough and
     /// `f` has a batched form; `false` when it must be launched alone (after
     /// [`Batches::send`]).
+    /// Whether batching is on (`STRATA_CUDA_BATCH` is not `0`).
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
     pub(crate) fn add(
         &self,
         gpu: &Gpu,

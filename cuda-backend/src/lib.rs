@@ -19,6 +19,7 @@ mod batch;
 mod blas;
 pub mod codegen;
 mod compile;
+mod describe;
 mod driver;
 mod launch;
 mod memory;
@@ -383,6 +384,14 @@ impl Backend for CudaBackend {
             ),
             source: map::source(&sig)?,
         }))
+    }
+
+    fn describe_launch(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+    ) -> Option<strata_core::backend::LaunchDescription> {
+        self.describe(kernel, args)
     }
 
     fn memory_stats(&self) -> MemoryStats {

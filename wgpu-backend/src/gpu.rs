@@ -599,40 +599,57 @@ impl Gpu {
 
     /// Milliseconds between two events, from their timestamps.
     pub(crate) fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64> {
+        Ok(self.event_times_ms(start, &[end])?[0])
+    }
+
+    /// Milliseconds from `base` to each of `events`: every timestamp resolved in one
+    /// command and read back at once (the profiler reads thousands).
+    pub(crate) fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {
         let Some(qs) = &self.timestamps else {
             return Err(Error::Unsupported(format!(
                 "wgpu ({}): this adapter has no TIMESTAMP_QUERY, so events cannot be timed",
                 self.info.name
             )));
         };
-        self.synchronize_event(start)?;
-        self.synchronize_event(end)?;
+        for &e in events.iter().chain([&base]) {
+            self.synchronize_event(e)?;
+        }
         let slots = {
             let b = self.batch();
-            let slot = |e: EventId| b.events.get(&e.0).and_then(|s| s.slot);
-            (slot(start), slot(end))
+            let slot = |e: &EventId| b.events.get(&e.0).and_then(|s| s.slot);
+            std::iter::once(&base)
+                .chain(events)
+                .map(slot)
+                .collect::<Option<Vec<u32>>>()
         };
-        let (Some(a), Some(z)) = slots else {
+        let Some(slots) = slots else {
             return Err(Error::Invalid("unknown event".into()));
         };
+        // Resolve destinations are 256-byte aligned: one 256-byte row per timestamp.
+        const ROW: u64 = 256;
         let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata timestamps"),
-            size: 512,
+            size: ROW * slots.len() as u64,
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
         {
             let mut b = self.batch();
             let enc = b.encoder(&self.device);
-            enc.resolve_query_set(qs, a..a + 1, &resolve, 0);
-            // Resolve destinations are 256-byte aligned.
-            enc.resolve_query_set(qs, z..z + 1, &resolve, 256);
+            for (k, &slot) in slots.iter().enumerate() {
+                enc.resolve_query_set(qs, slot..slot + 1, &resolve, ROW * k as u64);
+            }
         }
-        let bytes = self.read(&resolve, 0, 264)?;
-        let t0 = u64::from_le_bytes(bytes[0..8].try_into().expect("8 bytes"));
-        let t1 = u64::from_le_bytes(bytes[256..264].try_into().expect("8 bytes"));
+        let bytes = self.read(&resolve, 0, (ROW as usize) * slots.len())?;
+        let tick = |k: usize| {
+            let at = k * ROW as usize;
+            u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes")) as f64
+        };
         let period = self.queue.get_timestamp_period() as f64;
-        Ok((t1 as f64 - t0 as f64) * period / 1e6)
+        let t0 = tick(0);
+        Ok((1..slots.len())
+            .map(|k| (tick(k) - t0) * period / 1e6)
+            .collect())
     }
 
     pub(crate) fn destroy_event(&self, event: EventId) {

@@ -274,6 +274,18 @@ impl Backend for WgpuBackend {
         }
     }
 
+    fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {
+        self.gpu.event_times_ms(base, events)
+    }
+
+    fn describe_launch(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+    ) -> Option<strata_core::backend::LaunchDescription> {
+        self.describe(kernel, args)
+    }
+
     fn memory_stats(&self) -> MemoryStats {
         self.pool.stats()
     }

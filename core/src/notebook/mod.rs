@@ -10,6 +10,8 @@ mod heatmap;
 mod html;
 mod image;
 mod layout_svg;
+mod profile_html;
+mod timeline_svg;
 
 use crate::backend::MemoryStats;
 use crate::device::{Device, Event, Stream};
@@ -17,6 +19,7 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 pub(crate) use html::escape;
 pub use layout_svg::{show_layout_pictures, LayoutSvg};
+pub use timeline_svg::TimelineSvg;
 
 impl Tensor {
     /// The notebook view of this tensor as HTML: a header with shape, strides, offset, dtype,

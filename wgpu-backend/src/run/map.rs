@@ -19,7 +19,7 @@ type PlannedMap<'a> = (
 );
 
 impl WgpuBackend {
-    fn plan_map<'a>(&self, expr: &Expr, args: &'a KernelArgs) -> Result<PlannedMap<'a>> {
+    pub(crate) fn plan_map<'a>(&self, expr: &Expr, args: &'a KernelArgs) -> Result<PlannedMap<'a>> {
         let ops = MapOperands::of(expr, args)?;
         let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
         let buffers = operands

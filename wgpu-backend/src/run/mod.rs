@@ -2,6 +2,7 @@
 //! binding limit asks for), the pipeline from the cache, the `params` words and the bindings,
 //! then the dispatch.
 
+mod describe;
 mod index;
 mod map;
 mod matmul;

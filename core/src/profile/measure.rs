@@ -1,0 +1,160 @@
+//! What a kernel moves and computes, from its IR and operands: the bytes each operand reads
+//! or writes, the operation count, and the names of the ops it holds.
+
+use super::{ProfileRecord, RecordKind};
+use crate::backend::{LaunchDescription, StreamId};
+use crate::explain::snake;
+use crate::ir::{Expr, IndexKind, Kernel, KernelArgs, Node, Operand};
+
+/// The record of one launch of `kernel` (times filled in by the recorder).
+pub(super) fn kernel_record(
+    kernel: &Kernel,
+    args: &KernelArgs,
+    stream: StreamId,
+    launch: Option<LaunchDescription>,
+    fused_ops: Option<Vec<String>>,
+) -> ProfileRecord {
+    let (default_name, ops, flops) = match kernel {
+        Kernel::Map { expr } => {
+            let n = args.outputs.first().map_or(0, |o| o.layout.numel()) as u64;
+            ("map", map_ops(expr), n * expr_flops(expr))
+        }
+        Kernel::Reduce { op, map, .. } => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let mut ops = map.as_ref().map(map_ops).unwrap_or_default();
+            ops.push(snake(format!("{op:?}")));
+            ("reduce", ops, n * (1 + map.as_ref().map_or(0, expr_flops)))
+        }
+        Kernel::Matmul { .. } => ("matmul", vec!["matmul".to_string()], matmul_flops(args)),
+        Kernel::Index { kind, .. } => {
+            let name = match kind {
+                IndexKind::Gather => "gather",
+                IndexKind::Scatter => "scatter",
+                IndexKind::ScatterAdd => "scatter_add",
+            };
+            (name, vec![name.to_string()], 0)
+        }
+    };
+    let (bytes_read, bytes_written) = bytes_moved(kernel, args);
+    let (name, launch) = match launch {
+        Some(l) => (l.name, Some(l.shape)),
+        None => (default_name.to_string(), None),
+    };
+    let mut record = ProfileRecord::new(RecordKind::Kernel, name, stream);
+    record.ops = fused_ops.unwrap_or(ops);
+    record.launch = launch;
+    record.bytes_read = bytes_read;
+    record.bytes_written = bytes_written;
+    record.flops = flops;
+    record
+}
+
+/// Bytes of the distinct elements a view addresses (a stride-0 axis counts once).
+fn distinct_bytes(o: &Operand) -> u64 {
+    let l = &o.layout;
+    let elements: u64 = l
+        .shape()
+        .iter()
+        .zip(l.strides())
+        .map(|(&d, &s)| if s == 0 && d > 0 { 1 } else { d as u64 })
+        .product();
+    elements * o.dtype.itemsize() as u64
+}
+
+/// Bytes of every element of a view (each is touched once).
+fn all_bytes(o: &Operand) -> u64 {
+    o.layout.numel() as u64 * o.dtype.itemsize() as u64
+}
+
+fn bytes_moved(kernel: &Kernel, args: &KernelArgs) -> (u64, u64) {
+    let written: u64 = args.outputs.iter().map(all_bytes).sum();
+    match kernel {
+        Kernel::Index { kind, .. } => {
+            let index = args.inputs.get(1).map_or(0, all_bytes);
+            let moved = match kind {
+                // Each output element reads one source element.
+                IndexKind::Gather => written,
+                // Each index position moves one source element.
+                _ => args.inputs.get(1).map_or(0, |i| {
+                    i.layout.numel() as u64 * args.outputs[0].dtype.itemsize() as u64
+                }),
+            };
+            match kind {
+                IndexKind::Gather => (moved + index, written),
+                _ => (moved + index, moved),
+            }
+        }
+        _ => (args.inputs.iter().map(distinct_bytes).sum(), written),
+    }
+}
+
+/// Operations per output element: one per unary or binary node, two per fused multiply-add.
+fn expr_flops(e: &Expr) -> u64 {
+    match &e.node {
+        Node::Input(_)
+        | Node::Scalar(_)
+        | Node::Literal(_)
+        | Node::LinearIndex
+        | Node::Philox(_) => 0,
+        Node::Cast { arg, .. } => expr_flops(arg),
+        Node::Unary(_, a) => 1 + expr_flops(a),
+        Node::Binary(_, a, b) => 1 + expr_flops(a) + expr_flops(b),
+        Node::Fma(a, b, c) => 2 + expr_flops(a) + expr_flops(b) + expr_flops(c),
+        Node::Where(a, b, c) => expr_flops(a) + expr_flops(b) + expr_flops(c),
+    }
+}
+
+/// The operations of a map in evaluation order; `copy` for a bare input, `fill` for a value.
+fn map_ops(e: &Expr) -> Vec<String> {
+    fn walk(e: &Expr, out: &mut Vec<String>) {
+        match &e.node {
+            Node::Input(_) | Node::Scalar(_) | Node::Literal(_) => {}
+            Node::LinearIndex => out.push("arange".into()),
+            Node::Philox(_) => out.push("random".into()),
+            Node::Cast { arg, .. } => {
+                walk(arg, out);
+                out.push(format!("to_{}", e.dtype));
+            }
+            Node::Unary(op, a) => {
+                walk(a, out);
+                out.push(snake(format!("{op:?}")));
+            }
+            Node::Binary(op, a, b) => {
+                walk(a, out);
+                walk(b, out);
+                out.push(snake(format!("{op:?}")));
+            }
+            Node::Fma(a, b, c) | Node::Where(a, b, c) => {
+                for x in [a, b, c] {
+                    walk(x, out);
+                }
+                out.push(
+                    if matches!(e.node, Node::Fma(..)) {
+                        "fma"
+                    } else {
+                        "where"
+                    }
+                    .into(),
+                );
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(e, &mut out);
+    if out.is_empty() {
+        out.push(match e.node {
+            Node::Input(_) => "copy".into(),
+            _ => "fill".into(),
+        });
+    }
+    out
+}
+
+/// `2·batch·m·n·k` from `A [batch, m, k]` and the output `[batch, m, n]`.
+fn matmul_flops(args: &KernelArgs) -> u64 {
+    let (Some(a), Some(c)) = (args.inputs.first(), args.outputs.first()) else {
+        return 0;
+    };
+    let k = a.layout.shape().last().copied().unwrap_or(0) as u64;
+    2 * c.layout.numel() as u64 * k
+}

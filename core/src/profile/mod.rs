@@ -1,0 +1,375 @@
+//! The profiler: what the device did while it recorded. Every kernel launch, host↔device
+//! copy, allocation, synchronization and event is a [`ProfileRecord`] with the user ops in the
+//! kernel, its name and launch shape, the stream, the host's enqueue time, the device's start
+//! and end (timed with the backend's own events: CUDA events, wgpu timestamp queries, the CPU's
+//! clock), the bytes moved and the FLOPs. A [`Profile`] prints as a table, shows in a notebook
+//! as a table and a stream timeline, and saves as a Chrome trace.
+//!
+//! Recording costs one relaxed atomic load per launch when no profile records (see
+//! BENCHMARKS.md). While one records, every op is bracketed by two events, so CUDA's
+//! batching of tiny launches is off and each op is timed on its own.
+
+mod bandwidth;
+mod chrome_trace;
+mod measure;
+mod recorder;
+mod table;
+
+use crate::backend::StreamId;
+use crate::device::Device;
+use crate::error::Result;
+pub(crate) use recorder::ProfileState;
+pub(crate) use table::{
+    bytes as bytes_text, caption as profile_caption, Row as ProfileRow,
+    HEADINGS as PROFILE_HEADINGS,
+};
+
+/// What one record is.
+///
+/// ```
+/// assert_eq!(strata_core::RecordKind::Kernel.label(), "kernel");
+/// assert!(strata_core::RecordKind::Upload.is_device_work());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RecordKind {
+    /// A kernel launch.
+    Kernel,
+    /// A copy from host memory to the device.
+    Upload,
+    /// A copy from the device to host memory (it waits for the stream first).
+    Download,
+    /// A buffer taken from the device's allocator.
+    Allocate,
+    /// The host waiting for the device, a stream or an event.
+    Synchronize,
+    /// An event recorded on a stream.
+    EventRecord,
+    /// A stream made to wait for an event.
+    EventWait,
+}
+
+impl RecordKind {
+    /// A short lower-case name: `kernel`, `upload`, `download`, `allocate`, `synchronize`,
+    /// `event`, `wait`.
+    ///
+    /// ```
+    /// assert_eq!(strata_core::RecordKind::EventWait.label(), "wait");
+    /// ```
+    pub fn label(self) -> &'static str {
+        match self {
+            RecordKind::Kernel => "kernel",
+            RecordKind::Upload => "upload",
+            RecordKind::Download => "download",
+            RecordKind::Allocate => "allocate",
+            RecordKind::Synchronize => "synchronize",
+            RecordKind::EventRecord => "event",
+            RecordKind::EventWait => "wait",
+        }
+    }
+
+    /// Kernels and copies: work that occupies a stream on the device (a bar on the timeline).
+    ///
+    /// ```
+    /// assert!(!strata_core::RecordKind::Synchronize.is_device_work());
+    /// ```
+    pub fn is_device_work(self) -> bool {
+        matches!(
+            self,
+            RecordKind::Kernel | RecordKind::Upload | RecordKind::Download
+        )
+    }
+}
+
+/// One thing the device (or the host waiting for it) did while a profile recorded. Times are
+/// microseconds since the profile started; device times are `None` where the backend could
+/// not time them (see [`Profile::timing`]).
+///
+/// ```
+/// use strata_core::{Device, DType, RecordKind, Tensor};
+/// let dev = Device::cpu();
+/// let a = Tensor::ones([256], DType::F32, &dev)?;
+/// let profile = dev.profile(|| {
+///     (&a * 2.0)?.realize()?;
+///     Ok(())
+/// })?;
+/// let k = profile.records.iter().find(|r| r.kind == RecordKind::Kernel).unwrap();
+/// assert_eq!(k.ops, vec!["mul"]);
+/// assert_eq!((k.bytes_read, k.bytes_written), (1024, 1024));
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileRecord {
+    /// Kernel, copy, allocation, synchronization or event.
+    pub kind: RecordKind,
+    /// The kernel function (`strata_map`, `cublasGemmEx`, ...) or what was done.
+    pub name: String,
+    /// The user ops the kernel computes (after fusion, the ops fused into it).
+    pub ops: Vec<String>,
+    /// The launch shape, where the backend says.
+    pub launch: Option<String>,
+    /// The stream it was issued on.
+    pub stream: StreamId,
+    /// When the host started issuing it.
+    pub host_start_us: f64,
+    /// When the call returned to the host (for asynchronous work, long before it ran).
+    pub host_end_us: f64,
+    /// When the device started it.
+    pub device_start_us: Option<f64>,
+    /// When the device finished it.
+    pub device_end_us: Option<f64>,
+    /// Bytes read: each operand's distinct elements (a broadcast operand counts once).
+    pub bytes_read: u64,
+    /// Bytes written (for an allocation: its size).
+    pub bytes_written: u64,
+    /// Floating-point (or integer) operations: one per arithmetic node per element, two per
+    /// fused multiply-add, `2·m·n·k` per matmul.
+    pub flops: u64,
+}
+
+impl ProfileRecord {
+    /// Device time in microseconds, where timed.
+    ///
+    /// ```
+    /// # use strata_core::{ProfileRecord, RecordKind, StreamId};
+    /// let mut r = ProfileRecord::new(RecordKind::Kernel, "k", StreamId::DEFAULT);
+    /// r.device_start_us = Some(2.0);
+    /// r.device_end_us = Some(5.0);
+    /// assert_eq!(r.device_us(), Some(3.0));
+    /// ```
+    pub fn device_us(&self) -> Option<f64> {
+        Some((self.device_end_us? - self.device_start_us?).max(0.0))
+    }
+
+    /// Bytes moved per second of device time, in GB/s (10⁹ bytes).
+    ///
+    /// ```
+    /// # use strata_core::{ProfileRecord, RecordKind, StreamId};
+    /// let mut r = ProfileRecord::new(RecordKind::Kernel, "k", StreamId::DEFAULT);
+    /// (r.device_start_us, r.device_end_us) = (Some(0.0), Some(1.0));
+    /// (r.bytes_read, r.bytes_written) = (1000, 1000);
+    /// assert_eq!(r.gb_per_s(), Some(2.0));
+    /// ```
+    pub fn gb_per_s(&self) -> Option<f64> {
+        let us = self.device_us().filter(|&t| t > 0.0)?;
+        let bytes = self.bytes_read + self.bytes_written;
+        (self.kind.is_device_work() && bytes > 0).then(|| bytes as f64 / us / 1e3)
+    }
+
+    /// Operations per second of device time, in GFLOP/s.
+    ///
+    /// ```
+    /// # use strata_core::{ProfileRecord, RecordKind, StreamId};
+    /// let mut r = ProfileRecord::new(RecordKind::Kernel, "k", StreamId::DEFAULT);
+    /// (r.device_start_us, r.device_end_us, r.flops) = (Some(0.0), Some(2.0), 4000);
+    /// assert_eq!(r.gflop_per_s(), Some(2.0));
+    /// ```
+    pub fn gflop_per_s(&self) -> Option<f64> {
+        let us = self.device_us().filter(|&t| t > 0.0)?;
+        (self.flops > 0).then(|| self.flops as f64 / us / 1e3)
+    }
+
+    /// A record with no ops, times or bytes.
+    ///
+    /// ```
+    /// # use strata_core::{ProfileRecord, RecordKind, StreamId};
+    /// let r = ProfileRecord::new(RecordKind::Allocate, "allocate", StreamId::DEFAULT);
+    /// assert_eq!(r.bytes_written, 0);
+    /// ```
+    pub fn new(kind: RecordKind, name: impl Into<String>, stream: StreamId) -> ProfileRecord {
+        ProfileRecord {
+            kind,
+            name: name.into(),
+            ops: Vec::new(),
+            launch: None,
+            stream,
+            host_start_us: 0.0,
+            host_end_us: 0.0,
+            device_start_us: None,
+            device_end_us: None,
+            bytes_read: 0,
+            bytes_written: 0,
+            flops: 0,
+        }
+    }
+}
+
+/// What a device did while a profile recorded ([`Device::profile`]): the records in the
+/// order they were issued. Prints as a table; in a notebook, a table and a timeline with one
+/// lane per stream; [`save_chrome_trace`](Profile::save_chrome_trace) writes it for Perfetto.
+///
+/// ```
+/// use strata_core::{Device, DType, RecordKind, Tensor};
+/// let dev = Device::cpu();
+/// let profile = dev.profile(|| {
+///     let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], &dev)?;
+///     let total = a.exp()?.sum(strata_core::ops::Axes::All, false)?.item::<f32>()?;
+///     assert!(total > 30.0);
+///     Ok(())
+/// })?;
+/// let kinds: Vec<_> = profile.device_work().map(|r| r.kind).collect();
+/// assert_eq!(kinds.first(), Some(&RecordKind::Upload));
+/// assert_eq!(kinds.last(), Some(&RecordKind::Download));
+/// println!("{profile}");
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// The device's name.
+    pub device: String,
+    /// How device times were taken (events, timestamp queries, per-submission waits).
+    pub timing: String,
+    /// The device's measured copy bandwidth in GB/s (read plus write, measured once per
+    /// device and cached on disk), for each kernel's fraction of it.
+    pub copy_bandwidth_gb_per_s: Option<f64>,
+    /// Everything recorded, in issue order.
+    pub records: Vec<ProfileRecord>,
+}
+
+impl Profile {
+    /// The kernels and copies (the records that occupy a stream).
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let p = dev.profile(|| Tensor::zeros([4], DType::F32, &dev).map(|_| ()))?;
+    /// assert_eq!(p.device_work().count(), 1); // the fill kernel
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn device_work(&self) -> impl Iterator<Item = &ProfileRecord> {
+        self.records.iter().filter(|r| r.kind.is_device_work())
+    }
+
+    /// The streams that appear, in order of id.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, StreamId, Tensor};
+    /// let dev = Device::cpu();
+    /// let p = dev.profile(|| Tensor::zeros([4], DType::F32, &dev).map(|_| ()))?;
+    /// assert_eq!(p.streams(), vec![StreamId::DEFAULT]);
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn streams(&self) -> Vec<StreamId> {
+        let mut s: Vec<StreamId> = self.records.iter().map(|r| r.stream).collect();
+        s.sort();
+        s.dedup();
+        s
+    }
+
+    /// The span of the profile in microseconds: the latest host or device time.
+    ///
+    /// ```
+    /// use strata_core::Device;
+    /// let dev = Device::cpu();
+    /// let p = dev.profile(|| Ok(()))?;
+    /// assert_eq!(p.span_us(), 0.0);
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn span_us(&self) -> f64 {
+        self.records
+            .iter()
+            .map(|r| r.host_end_us.max(r.device_end_us.unwrap_or(0.0)))
+            .fold(0.0, f64::max)
+    }
+
+    /// A kernel's (or copy's) share of the device's measured copy bandwidth.
+    ///
+    /// ```
+    /// # use strata_core::{Profile, ProfileRecord, RecordKind, StreamId};
+    /// let mut r = ProfileRecord::new(RecordKind::Kernel, "k", StreamId::DEFAULT);
+    /// (r.device_start_us, r.device_end_us, r.bytes_read) = (Some(0.0), Some(1.0), 500);
+    /// let p = Profile { device: "x".into(), timing: String::new(), copy_bandwidth_gb_per_s: Some(1.0), records: vec![] };
+    /// assert_eq!(p.fraction_of_copy_bandwidth(&r), Some(0.5));
+    /// ```
+    pub fn fraction_of_copy_bandwidth(&self, record: &ProfileRecord) -> Option<f64> {
+        Some(record.gb_per_s()? / self.copy_bandwidth_gb_per_s.filter(|&b| b > 0.0)?)
+    }
+}
+
+/// A profile being recorded: [`stop`](Profiler::stop) ends it and returns the
+/// [`Profile`]. Dropping it unstopped discards what it recorded.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let profiler = dev.start_profiling()?;
+/// let t = Tensor::ones([8], DType::F32, &dev)?;
+/// let profile = profiler.stop()?;
+/// assert_eq!(profile.device_work().count(), 1);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[must_use = "stop() returns the profile"]
+pub struct Profiler {
+    device: Device,
+    stopped: bool,
+}
+
+impl Profiler {
+    /// Ends the recording: runs pending work, waits for the device, reads the device times
+    /// and returns the profile.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let p = dev.start_profiling()?.stop()?;
+    /// assert!(p.records.is_empty());
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn stop(mut self) -> Result<Profile> {
+        self.stopped = true;
+        self.device.stop_profiling()
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.device.discard_profile();
+        }
+    }
+}
+
+impl Device {
+    /// Starts recording a profile of everything this device does until
+    /// [`Profiler::stop`]. Pending work runs and the device is waited for first, so the
+    /// profile starts idle. `Err` while another profile records on this device.
+    ///
+    /// ```
+    /// let dev = strata_core::Device::cpu();
+    /// let first = dev.start_profiling()?;
+    /// assert!(dev.start_profiling().is_err());
+    /// first.stop()?;
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn start_profiling(&self) -> Result<Profiler> {
+        self.begin_profile(false)?;
+        Ok(Profiler {
+            device: self.clone(),
+            stopped: false,
+        })
+    }
+
+    /// Runs `f` and returns the profile of what this device did meanwhile (the work `f`
+    /// left pending included). `f`'s error is returned after the recording stops.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let a = Tensor::ones([1024], DType::F32, &dev)?;
+    /// let profile = dev.profile(|| {
+    ///     let y = (&a * 3.0)?.relu()?;
+    ///     y.realize()?;
+    ///     Ok(())
+    /// })?;
+    /// let kernel = profile.device_work().next().unwrap();
+    /// if dev.fusion() {
+    ///     assert_eq!(kernel.ops, vec!["mul", "relu"]); // one fused kernel
+    /// }
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn profile(&self, f: impl FnOnce() -> Result<()>) -> Result<Profile> {
+        let profiler = self.start_profiling()?;
+        let ran = f();
+        let profile = profiler.stop();
+        ran?;
+        profile
+    }
+}

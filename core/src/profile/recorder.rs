@@ -1,0 +1,431 @@
+//! Recording: the device's hooks around every backend call that does work (launch, copy,
+//! allocation, synchronization, event), and turning what they recorded into a [`Profile`].
+//! With no profile recording each hook costs one relaxed atomic load.
+
+use super::{measure, table, Profile, ProfileRecord, RecordKind};
+use crate::backend::{DeviceBuffer, EventId, StreamId};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::ir::{Kernel, KernelArgs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+/// Records with device times at most: wgpu keeps 4096 timestamps in a ring, two per record.
+const DEVICE_TIMED_RECORDS: usize = 1500;
+
+/// A device's profiling state (inside the device, like every other piece of state).
+#[derive(Default)]
+pub(crate) struct ProfileState {
+    /// Whether a recorder is installed: the only thing a hook reads when none is.
+    on: AtomicBool,
+    recorder: Mutex<Option<Recorder>>,
+    /// Measured copy bandwidth in GB/s (`None`: could not be measured).
+    pub(super) copy_bandwidth: OnceLock<Option<f64>>,
+}
+
+/// How device times are taken.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timing {
+    /// Events on the stream before and after each record, read against a base event.
+    Events(EventId),
+    /// The adapter cannot time events: each op is waited for, and its device time is from
+    /// its enqueue to the end of that wait.
+    PerSubmission,
+}
+
+/// What a profile has recorded so far.
+pub(crate) struct Recorder {
+    zero: Instant,
+    timing: Timing,
+    /// Printing mode (`STRATA_PROFILE=1`): the table is printed at each synchronization.
+    printing: bool,
+    records: Vec<(ProfileRecord, Option<EventId>, Option<EventId>)>,
+    timed: usize,
+}
+
+impl Recorder {
+    fn us(&self, t: Instant) -> f64 {
+        t.saturating_duration_since(self.zero).as_secs_f64() * 1e6
+    }
+}
+
+impl Device {
+    fn profile_state(&self) -> &ProfileState {
+        self.profile_state_ref()
+    }
+
+    fn lock_recorder(&self) -> MutexGuard<'_, Option<Recorder>> {
+        self.profile_state()
+            .recorder
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// True while a profile records.
+    pub(crate) fn profiling(&self) -> bool {
+        self.profile_state().on.load(Ordering::Relaxed)
+    }
+
+    /// Installs a recorder. The device is idle first, so device time 0 is the host's 0.
+    pub(crate) fn begin_profile(&self, printing: bool) -> Result<()> {
+        let printing_before = {
+            let mut guard = self.lock_recorder();
+            if guard.as_ref().is_some_and(|r| !r.printing) {
+                return Err(Error::Invalid(format!(
+                    "a profile is already recording on {}; stop it before starting another",
+                    self.name()
+                )));
+            }
+            self.profile_state().on.store(false, Ordering::Relaxed);
+            guard.take()
+        };
+        // A STRATA_PROFILE recorder prints what it has; an explicit profile takes over.
+        if let Some(r) = printing_before {
+            if r.records.is_empty() {
+                self.release_events(&r);
+            } else {
+                println!("{}", table::text(&self.finish(r)?));
+            }
+        }
+        self.synchronize()?;
+        let backend = self.backend();
+        // The device is idle: it reaches the base event as soon as it is recorded, so device
+        // time 0 is this host instant.
+        let base = backend.record_event(StreamId::DEFAULT)?;
+        let zero = Instant::now();
+        backend.synchronize_event(base)?;
+        let timing = match backend.elapsed_ms(base, base) {
+            Ok(_) => Timing::Events(base),
+            Err(Error::Unsupported(_)) => {
+                backend.destroy_event(base);
+                Timing::PerSubmission
+            }
+            Err(e) => {
+                backend.destroy_event(base);
+                return Err(e);
+            }
+        };
+        *self.lock_recorder() = Some(Recorder {
+            zero,
+            timing,
+            printing,
+            records: Vec::new(),
+            timed: 0,
+        });
+        self.profile_state().on.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Removes the recorder and turns it into a profile.
+    pub(crate) fn stop_profiling(&self) -> Result<Profile> {
+        self.flush()?;
+        let recorder = self.take_recorder();
+        let profile = match recorder {
+            Some(r) => self.finish(r),
+            None => Err(Error::Invalid(format!(
+                "no profile is recording on {}",
+                self.name()
+            ))),
+        };
+        self.resume_env_profile();
+        profile
+    }
+
+    /// Drops the recorder without reading it (an unstopped [`Profiler`](super::Profiler)).
+    pub(crate) fn discard_profile(&self) {
+        if let Some(r) = self.take_recorder() {
+            let _ = self.backend().synchronize();
+            self.release_events(&r);
+        }
+        self.resume_env_profile();
+    }
+
+    fn take_recorder(&self) -> Option<Recorder> {
+        let mut guard = self.lock_recorder();
+        self.profile_state().on.store(false, Ordering::Relaxed);
+        guard.take()
+    }
+
+    /// With `STRATA_PROFILE=1`, records from the start (and again after an explicit profile).
+    pub(crate) fn resume_env_profile(&self) {
+        if std::env::var("STRATA_PROFILE").is_ok_and(|v| v == "1") {
+            if let Err(e) = self.begin_profile(true) {
+                eprintln!("STRATA_PROFILE: cannot record on {}: {e}", self.name());
+            }
+        }
+    }
+
+    /// In printing mode (`STRATA_PROFILE=1`), prints the table of what was recorded since the
+    /// last print and starts again; otherwise nothing.
+    pub(crate) fn print_profile_now(&self) -> Result<()> {
+        if !self.profiling() {
+            return Ok(());
+        }
+        let recorder = {
+            let mut guard = self.lock_recorder();
+            match guard.as_ref() {
+                Some(r) if r.printing && !r.records.is_empty() => {
+                    self.profile_state().on.store(false, Ordering::Relaxed);
+                    guard.take()
+                }
+                _ => None,
+            }
+        };
+        if let Some(r) = recorder {
+            let profile = self.finish(r);
+            self.resume_env_profile();
+            println!("{}", table::text(&profile?));
+        }
+        Ok(())
+    }
+
+    fn finish(&self, r: Recorder) -> Result<Profile> {
+        let backend = self.backend();
+        let waited = backend.synchronize();
+        let mut records: Vec<ProfileRecord> = r.records.iter().map(|x| x.0.clone()).collect();
+        let timing = match r.timing {
+            Timing::Events(base) => {
+                let events: Vec<EventId> = r
+                    .records
+                    .iter()
+                    .flat_map(|(_, a, b)| [*a, *b])
+                    .flatten()
+                    .collect();
+                let times = waited.and_then(|_| backend.event_times_ms(base, &events));
+                self.release_events(&r);
+                let times = times?;
+                let mut next = times.iter().map(|ms| ms * 1e3);
+                for (rec, (_, a, b)) in records.iter_mut().zip(&r.records) {
+                    if a.is_some() {
+                        rec.device_start_us = next.next();
+                    }
+                    if b.is_some() {
+                        rec.device_end_us = next.next();
+                    }
+                }
+                format!(
+                    "device times from {} events{}",
+                    self.name(),
+                    if r.timed >= DEVICE_TIMED_RECORDS {
+                        format!(" (the first {DEVICE_TIMED_RECORDS} records only)")
+                    } else {
+                        String::new()
+                    }
+                )
+            }
+            Timing::PerSubmission => {
+                waited?;
+                format!(
+                    "{} cannot time events (no TIMESTAMP_QUERY): each op was waited for, and \
+                     its device time runs from its enqueue to the end of that wait",
+                    self.name()
+                )
+            }
+        };
+        Ok(Profile {
+            device: self.name(),
+            timing,
+            copy_bandwidth_gb_per_s: self.copy_bandwidth_gb_per_s(),
+            records,
+        })
+    }
+
+    fn release_events(&self, r: &Recorder) {
+        let backend = self.backend();
+        for e in r.records.iter().flat_map(|(_, a, b)| [*a, *b]).flatten() {
+            backend.destroy_event(e);
+        }
+        if let Timing::Events(base) = r.timing {
+            backend.destroy_event(base);
+        }
+    }
+
+    /// Whether the next record gets device events (and the recorder's mode).
+    fn timing_for_next(&self) -> Option<Timing> {
+        let guard = self.lock_recorder();
+        let r = guard.as_ref()?;
+        Some(match r.timing {
+            Timing::Events(_) if r.timed >= DEVICE_TIMED_RECORDS => Timing::PerSubmission,
+            t => t,
+        })
+    }
+
+    /// Runs `work` (a call that issues device work on `stream`), bracketed by events, and
+    /// records it as `record`.
+    fn record_work<T>(
+        &self,
+        mut record: ProfileRecord,
+        work: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let Some(timing) = self.timing_for_next() else {
+            return work();
+        };
+        let backend = self.backend();
+        let stream = record.stream;
+        let events = matches!(timing, Timing::Events(_));
+        let start_event = if events {
+            Some(backend.record_event(stream)?)
+        } else {
+            None
+        };
+        let host_start = Instant::now();
+        let out = work();
+        let host_end = Instant::now();
+        let end_event = match (events, &out) {
+            (true, Ok(_)) => Some(backend.record_event(stream)?),
+            _ => None,
+        };
+        let waited = if !events && out.is_ok() {
+            backend.synchronize_stream(stream)?;
+            Some(Instant::now())
+        } else {
+            None
+        };
+        let mut guard = self.lock_recorder();
+        let Some(r) = guard.as_mut() else {
+            drop(guard);
+            for e in [start_event, end_event].into_iter().flatten() {
+                backend.destroy_event(e);
+            }
+            return out;
+        };
+        record.host_start_us = r.us(host_start);
+        record.host_end_us = r.us(host_end);
+        if let Some(done) = waited {
+            record.device_start_us = Some(record.host_start_us);
+            record.device_end_us = Some(r.us(done));
+        }
+        if out.is_err() {
+            record.name.push_str(" (failed)");
+        }
+        if end_event.is_some() {
+            r.timed += 1;
+        }
+        r.records.push((record, start_event, end_event));
+        out
+    }
+
+    /// Records a host-side moment or wait (allocation, synchronization) without device times.
+    fn record_host<T>(&self, mut record: ProfileRecord, work: impl FnOnce() -> T) -> T {
+        let host_start = Instant::now();
+        let out = work();
+        let host_end = Instant::now();
+        if let Some(r) = self.lock_recorder().as_mut() {
+            record.host_start_us = r.us(host_start);
+            record.host_end_us = r.us(host_end);
+            r.records.push((record, None, None));
+        }
+        out
+    }
+
+    /// Records an event (recorded or waited for) on `stream` as a marker with its device time.
+    pub(crate) fn record_marker(&self, kind: RecordKind, stream: StreamId, name: String) {
+        if !self.profiling() {
+            return;
+        }
+        let marker = match self.timing_for_next() {
+            Some(Timing::Events(_)) => self.backend().record_event(stream).ok(),
+            _ => None,
+        };
+        let mut record = ProfileRecord::new(kind, name, stream);
+        let mut guard = self.lock_recorder();
+        if let Some(r) = guard.as_mut() {
+            record.host_start_us = r.us(Instant::now());
+            record.host_end_us = record.host_start_us;
+            if marker.is_some() {
+                r.timed += 1;
+            }
+            r.records.push((record, marker, None));
+        } else if let Some(e) = marker {
+            self.backend().destroy_event(e);
+        }
+    }
+
+    /// `Backend::run`, recorded while a profile records. `fused_ops`: the user ops a fused
+    /// kernel holds.
+    pub(crate) fn run_kernel(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+        stream: StreamId,
+        fused_ops: impl FnOnce() -> Option<Vec<String>>,
+    ) -> Result<()> {
+        let backend = self.backend();
+        if !self.profiling() {
+            return backend.run(kernel, args, stream);
+        }
+        let launch = backend.describe_launch(kernel, args);
+        let record = measure::kernel_record(kernel, args, stream, launch, fused_ops());
+        self.record_work(record, || backend.run(kernel, args, stream))
+    }
+
+    /// `Backend::upload`, recorded while a profile records.
+    pub(crate) fn upload_bytes(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        let backend = self.backend();
+        if !self.profiling() {
+            return backend.upload(dst, byte_offset, data, stream);
+        }
+        let mut record = ProfileRecord::new(RecordKind::Upload, "copy host → device", stream);
+        record.bytes_read = data.len() as u64;
+        record.bytes_written = data.len() as u64;
+        self.record_work(record, || backend.upload(dst, byte_offset, data, stream))
+    }
+
+    /// `Backend::download`, recorded while a profile records; prints the table in printing
+    /// mode (a download waits for the device).
+    pub(crate) fn download_bytes(
+        &self,
+        src: &dyn DeviceBuffer,
+        byte_offset: usize,
+        out: &mut [u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        let backend = self.backend();
+        if !self.profiling() {
+            return backend.download(src, byte_offset, out, stream);
+        }
+        let mut record = ProfileRecord::new(RecordKind::Download, "copy device → host", stream);
+        record.bytes_read = out.len() as u64;
+        record.bytes_written = out.len() as u64;
+        self.record_work(record, || backend.download(src, byte_offset, out, stream))?;
+        self.print_profile_now()
+    }
+
+    /// `Backend::allocate`, recorded while a profile records.
+    pub(crate) fn allocate_buffer(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        let backend = self.backend();
+        if !self.profiling() {
+            return backend.allocate(bytes, stream);
+        }
+        let mut record = ProfileRecord::new(RecordKind::Allocate, "allocate", stream);
+        record.bytes_written = bytes as u64;
+        self.record_host(record, || backend.allocate(bytes, stream))
+    }
+
+    /// A host wait (`what` names it), recorded while a profile records; prints the table in
+    /// printing mode.
+    pub(crate) fn wait_recorded(
+        &self,
+        stream: StreamId,
+        what: &str,
+        wait: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        if !self.profiling() {
+            return wait();
+        }
+        let record = ProfileRecord::new(RecordKind::Synchronize, what, stream);
+        self.record_host(record, wait)?;
+        self.print_profile_now()
+    }
+}

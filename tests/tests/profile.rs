@@ -1,0 +1,285 @@
+//! The profiler on every backend: a known sequence gives the right records in order (kinds,
+//! ops, byte counts, FLOPs, streams) with device times that make sense; events are markers;
+//! the Chrome trace follows the format; `STRATA_PROFILE=1` prints a table at each
+//! synchronization.
+
+use strata::prelude::*;
+use strata::{Profile, RecordKind, StreamId};
+use strata_tests::test_device;
+
+fn work(p: &Profile) -> Vec<(RecordKind, Vec<String>, u64, u64)> {
+    p.device_work()
+        .map(|r| (r.kind, r.ops.clone(), r.bytes_read, r.bytes_written))
+        .collect()
+}
+
+fn ops(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+fn known_sequence(dev: &Device) -> Result<()> {
+    let host: Vec<f32> = (0..1024).map(|i| i as f32 - 512.0).collect();
+    let mut total = 0.0;
+    let p = dev.profile(|| {
+        let a = Tensor::from_slice(&host, [1024], dev)?;
+        let b = (&a * 2.0)?.relu()?;
+        b.realize()?;
+        total = b.sum(Axes::All, false)?.item::<f32>()?;
+        Ok(())
+    })?;
+    assert_eq!(total, 2.0 * (1..512).sum::<i32>() as f32);
+    let mapped = if dev.fusion() {
+        vec![(RecordKind::Kernel, ops(&["mul", "relu"]), 4096, 4096)]
+    } else {
+        vec![
+            (RecordKind::Kernel, ops(&["mul"]), 4096, 4096),
+            (RecordKind::Kernel, ops(&["relu"]), 4096, 4096),
+        ]
+    };
+    let mut want = vec![(RecordKind::Upload, vec![], 4096, 4096)];
+    want.extend(mapped);
+    want.push((RecordKind::Kernel, ops(&["sum"]), 4096, 4));
+    want.push((RecordKind::Download, vec![], 4, 4));
+    assert_eq!(work(&p), want, "{p}");
+    let kernels: Vec<_> = p
+        .device_work()
+        .filter(|r| r.kind == RecordKind::Kernel)
+        .collect();
+    assert_eq!(
+        kernels.last().unwrap().flops,
+        1024,
+        "a sum adds each element once"
+    );
+    if dev.fusion() {
+        assert_eq!(kernels[0].flops, 2048, "mul and relu: two per element");
+    }
+    let allocated: Vec<u64> = p
+        .records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Allocate)
+        .map(|r| r.bytes_written)
+        .collect();
+    assert_eq!(allocated.first(), Some(&4096), "{p}");
+    assert_eq!(allocated.last(), Some(&4), "{p}");
+    // Issue order on the host, and device order on the one stream.
+    let mut last_host = 0.0;
+    let mut last_end = 0.0;
+    for r in p.device_work() {
+        assert!(
+            r.host_start_us >= last_host && r.host_end_us >= r.host_start_us,
+            "{p}"
+        );
+        last_host = r.host_start_us;
+        let (start, end) = (r.device_start_us.unwrap(), r.device_end_us.unwrap());
+        assert!(start <= end && start + 1.0 >= last_end, "{p}");
+        last_end = end;
+    }
+    // Every record is on the default stream, and the table names the device.
+    assert_eq!(p.streams(), vec![StreamId::DEFAULT]);
+    assert!(p.to_string().contains(&dev.name()));
+    assert!(p.copy_bandwidth_gb_per_s.is_some_and(|g| g > 0.0));
+    Ok(())
+}
+test_device!(
+    a_known_sequence_lists_its_kernels_and_copies_in_order,
+    known_sequence
+);
+
+fn broadcast_bytes(dev: &Device) -> Result<()> {
+    let col = Tensor::ones([64, 1], DType::F32, dev)?;
+    let row = Tensor::ones([1, 64], DType::F32, dev)?;
+    let p = dev.profile(|| (&col + &row)?.realize())?;
+    let k = p.device_work().next().unwrap();
+    assert_eq!(k.ops, ops(&["add"]));
+    // A broadcast operand is read once per distinct element: 64 + 64 floats in, 64² out.
+    assert_eq!((k.bytes_read, k.bytes_written), (512, 16384));
+    assert_eq!(k.flops, 4096);
+    Ok(())
+}
+test_device!(
+    broadcast_operands_count_their_distinct_bytes,
+    broadcast_bytes
+);
+
+fn matmul_flops(dev: &Device) -> Result<()> {
+    let a = Tensor::ones([8, 16], DType::F32, dev)?;
+    let b = Tensor::ones([16, 4], DType::F32, dev)?;
+    let p = dev.profile(|| a.matmul(&b)?.realize())?;
+    let k = p
+        .device_work()
+        .find(|r| r.ops == ops(&["matmul"]))
+        .expect("a matmul kernel");
+    assert_eq!(k.flops, 2 * 8 * 4 * 16);
+    assert_eq!((k.bytes_read, k.bytes_written), (4 * (128 + 64), 4 * 32));
+    Ok(())
+}
+test_device!(a_matmul_counts_two_flops_per_multiply_add, matmul_flops);
+
+fn streams_and_events(dev: &Device) -> Result<()> {
+    let (s1, s2) = (dev.new_stream()?, dev.new_stream()?);
+    let p = dev.profile(|| {
+        let a = dev.with_stream(&s1, || Tensor::full([256], 3.0, DType::F32, dev))??;
+        let ready = s1.record_event()?;
+        s2.wait_event(&ready)?;
+        let b = dev.with_stream(&s2, || (&a * 2.0)?.realize())?;
+        b?;
+        s2.synchronize()
+    })?;
+    assert_eq!(p.streams(), vec![s1.id(), s2.id()]);
+    let kinds: Vec<(RecordKind, StreamId)> = p
+        .records
+        .iter()
+        .filter(|r| r.kind != RecordKind::Allocate)
+        .map(|r| (r.kind, r.stream))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (RecordKind::Kernel, s1.id()),
+            (RecordKind::EventRecord, s1.id()),
+            (RecordKind::EventWait, s2.id()),
+            (RecordKind::Kernel, s2.id()),
+            (RecordKind::Synchronize, s2.id()),
+        ],
+        "{p}"
+    );
+    let at = |k: RecordKind| {
+        p.records
+            .iter()
+            .find(|r| r.kind == k)
+            .and_then(|r| r.device_start_us)
+            .unwrap()
+    };
+    let fill_end = p.device_work().next().unwrap().device_end_us.unwrap();
+    let second_start = p.device_work().nth(1).unwrap().device_start_us.unwrap();
+    // The event completes after the fill, and the waiting stream's kernel starts after it.
+    assert!(at(RecordKind::EventRecord) + 1.0 >= fill_end, "{p}");
+    assert!(second_start + 1.0 >= at(RecordKind::EventRecord), "{p}");
+    Ok(())
+}
+test_device!(two_streams_and_an_event_between_them, streams_and_events);
+
+fn chrome_trace(dev: &Device) -> Result<()> {
+    let s1 = dev.new_stream()?;
+    let p = dev.profile(|| {
+        Tensor::ones([128], DType::F32, dev)?.realize()?;
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        dev.with_stream(&s1, || Tensor::zeros([128], DType::F32, dev))??;
+        dev.synchronize()
+    })?;
+    let path = std::env::temp_dir().join(format!("strata-trace-{}.json", std::process::id()));
+    p.save_chrome_trace(&path)?;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let _ = std::fs::remove_file(&path);
+    let json: serde_json::Value = serde_json::from_str(&text).expect("the trace is JSON");
+    let events = json["traceEvents"]
+        .as_array()
+        .expect("traceEvents is an array");
+    let mut tracks = Vec::new();
+    let mut kernels = Vec::new();
+    let mut enqueues = Vec::new();
+    for e in events {
+        let ph = e["ph"].as_str().expect("every event has a phase");
+        assert!(
+            e["name"].is_string() && e["pid"].is_u64() && e["tid"].is_u64(),
+            "{e}"
+        );
+        match ph {
+            "M" => {
+                if e["name"] == "thread_name" {
+                    tracks.push(e["args"]["name"].as_str().unwrap().to_string());
+                }
+            }
+            "X" => {
+                assert!(
+                    e["ts"].is_number() && e["dur"].as_f64().unwrap() >= 0.0,
+                    "{e}"
+                );
+                if e["cat"] == "kernel" {
+                    kernels.push(e["tid"].as_u64().unwrap());
+                }
+                if e["cat"] == "host kernel" {
+                    enqueues.push(e["ts"].as_f64().unwrap());
+                }
+            }
+            "i" | "s" | "f" => assert!(e["ts"].is_number(), "{e}"),
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    // One track for the host and one per stream.
+    let mut want = vec!["host".to_string()];
+    want.extend(p.streams().iter().map(|s| format!("stream #{}", s.0)));
+    assert_eq!(tracks, want);
+    // Two fills on two tracks, enqueued at least the 20 ms sleep apart: times are
+    // microseconds. (Their device times may be closer: wgpu submits at the synchronize.)
+    assert_eq!(kernels.len(), 2, "{text}");
+    assert_ne!(kernels[0], kernels[1]);
+    assert!(enqueues[1] - enqueues[0] >= 20_000.0, "{enqueues:?}");
+    Ok(())
+}
+test_device!(
+    the_chrome_trace_follows_the_trace_event_format,
+    chrome_trace
+);
+
+fn one_at_a_time(dev: &Device) -> Result<()> {
+    let first = dev.start_profiling()?;
+    let err = dev
+        .start_profiling()
+        .err()
+        .expect("a second profile is refused");
+    assert!(err.to_string().contains("already recording"), "{err}");
+    drop(first);
+    // A dropped profiler recorded nothing that leaks into the next profile.
+    let p = dev.profile(|| Ok(()))?;
+    assert!(p.records.is_empty(), "{p}");
+    let failed = dev.profile(|| Tensor::ones([2], DType::F32, dev)?.reshape([3]).map(|_| ()));
+    assert!(failed.unwrap_err().to_string().contains("[3]"));
+    // The failed closure still stopped its profile.
+    dev.profile(|| Ok(()))?;
+    Ok(())
+}
+test_device!(one_profile_at_a_time_and_errors_stop_it, one_at_a_time);
+
+/// Run in a child process with `STRATA_PROFILE=1` by the test below.
+#[test]
+fn strata_profile_child() {
+    if std::env::var("STRATA_PROFILE_CHILD").is_err() {
+        return;
+    }
+    for dev in strata_tests::devices() {
+        let a = Tensor::ones([64], DType::F32, &dev).unwrap();
+        let b = (&a * 2.0).unwrap();
+        dev.synchronize().unwrap();
+        println!(
+            "SUM {}",
+            b.sum(Axes::All, false).unwrap().item::<f32>().unwrap()
+        );
+    }
+}
+
+#[test]
+fn strata_profile_prints_a_table_at_each_synchronization() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "strata_profile_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("STRATA_PROFILE", "1")
+        .env("STRATA_PROFILE_CHILD", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let devices = strata_tests::devices().len();
+    // Per device: one table at `synchronize` (the fill and the mul), one at `item` (the sum
+    // and the download).
+    assert_eq!(text.matches("profile of ").count(), 2 * devices, "{text}");
+    assert_eq!(text.matches("SUM 128").count(), devices, "{text}");
+    assert!(
+        text.contains("download") && text.contains("synchronize device"),
+        "{text}"
+    );
+}
