@@ -45,10 +45,15 @@ fn time(dev: &Device, inner: usize, mut op: impl FnMut() -> Result<()>) -> Resul
 /// holds, so the device never holds the host back), over 50 bursts with a sync between them.
 /// Each burst ends with an event recorded on the stream, inside the timed span, so work a
 /// backend holds back (the CUDA backend's launch batches) is sent before the clock stops.
-fn burst_us(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
+fn burst_us(dev: &Device, op: impl FnMut() -> Result<()>) -> Result<f64> {
+    bursts_us(dev, 50, op)
+}
+
+/// [`burst_us`] over `count` bursts.
+fn bursts_us(dev: &Device, count: usize, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     let burst = 200;
     let mut bursts = Vec::new();
-    for _ in 0..50 {
+    for _ in 0..count {
         let t = Instant::now();
         for _ in 0..burst {
             op()?;
@@ -96,6 +101,14 @@ fn host_costs(dev: &Device) -> Result<()> {
     println!(
         "{{\"op\": \"host-us-per-add\", \"us\": {us:.3}, \"sustained_us\": {sustained:.3}, \
          \"alternating_us\": {alternating:.3}, \"recorded_us\": {recorded:.3}}}"
+    );
+    // The same adds while a profile records (two events and a record per op): 5 bursts,
+    // within the records a profile times on the device.
+    let profiler = dev.start_profiling()?;
+    let profiled = bursts_us(dev, 5, || keep(&one + &one))?;
+    let records = profiler.stop()?.records.len();
+    println!(
+        "{{\"op\": \"host-profiled\", \"us\": {profiled:.3}, \"records\": {records}}}"
     );
     let out = Tensor::zeros([1], DType::F32, dev)?;
     let into = burst_us(dev, || one.add_out(&one, &out))?;

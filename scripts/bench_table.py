@@ -77,6 +77,9 @@ def main():
             ratio = f"{b / a:.2f}x" if b else ""
             pb = f"{b:.2f} us" if b else ""
             print(f"| {prefix}{what} | {a:.2f} us | | {pb} | | {ratio} |")
+    if "host-profiled" in s:
+        r = s["host-profiled"]
+        print(f"| the same adds while a profile records ({r['records']} records) | {r['us']:.2f} us | | | | |")
     for op in ("host-parts", "unbatched-host-parts"):
         if op in s:
             r = s[op]

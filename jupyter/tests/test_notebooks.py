@@ -177,6 +177,33 @@ def test_layout_pictures_draw_the_views_cells(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_profile_shows_two_streams_on_a_timeline(device):
+    import re
+    import xml.etree.ElementTree as ET
+    nb = executed("04-async-streams-and-events", device)
+    cell = tagged(nb, "profile-two-streams")[0]
+    html = data(cell, "text/html")
+    assert html and "<table" in html, all_text(cell)[:500]
+    svg = re.search(r"<svg.*?</svg>", html, re.S).group(0)
+    root = ET.fromstring(svg)  # well-formed XML, or this raises
+    ns = "{http://www.w3.org/2000/svg}"
+    classes = [e.get("class", "") for e in root.iter() if e.tag in (ns + "rect", ns + "polygon")]
+    # Each stream's map and sum, then the add: at least three kernels (a backend that fuses
+    # the maps into the sums shows three, the others five); one download; the event and the
+    # wait as markers; a lane per stream beside the host's.
+    assert classes.count("bar kernel") >= 3, classes
+    assert classes.count("bar download") == 1, classes
+    assert classes.count("marker event") == 1 and classes.count("marker wait") == 1, classes
+    assert classes.count("host enqueue") == classes.count("bar kernel") + 1, classes
+    lanes = [t.text for t in root.iter(ns + "text") if (t.text or "").startswith("stream #")]
+    assert len(lanes) == 2, lanes
+    # The table has a row per record, and the plain text the same table.
+    assert html.count("<tr>") >= 8, html[-2000:]
+    assert "profile of" in data(cell, "text/plain")
+    assert "records written to" in stream(tagged(nb, "profile-trace")[0], "stdout")
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["01-tour", "06-reductions-matmul-random"])
 def test_two_d_floats_get_a_heatmap_that_decodes(name, device):
     cell = tagged(executed(name, device), "heatmap")[0]

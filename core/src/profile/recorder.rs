@@ -32,6 +32,8 @@ enum Timing {
     /// The adapter cannot time events: each op is waited for, and its device time is from
     /// its enqueue to the end of that wait.
     PerSubmission,
+    /// Past [`DEVICE_TIMED_RECORDS`]: recorded without device times.
+    Untimed,
 }
 
 /// What a profile has recorded so far.
@@ -214,7 +216,7 @@ impl Device {
                     }
                 )
             }
-            Timing::PerSubmission => {
+            Timing::PerSubmission | Timing::Untimed => {
                 waited?;
                 format!(
                     "{} cannot time events (no TIMESTAMP_QUERY): each op was waited for, and \
@@ -246,7 +248,7 @@ impl Device {
         let guard = self.lock_recorder();
         let r = guard.as_ref()?;
         Some(match r.timing {
-            Timing::Events(_) if r.timed >= DEVICE_TIMED_RECORDS => Timing::PerSubmission,
+            Timing::Events(_) if r.timed >= DEVICE_TIMED_RECORDS => Timing::Untimed,
             t => t,
         })
     }
@@ -276,7 +278,7 @@ impl Device {
             (true, Ok(_)) => Some(backend.record_event(stream)?),
             _ => None,
         };
-        let waited = if !events && out.is_ok() {
+        let waited = if timing == Timing::PerSubmission && out.is_ok() {
             backend.synchronize_stream(stream)?;
             Some(Instant::now())
         } else {
