@@ -107,9 +107,7 @@ fn host_costs(dev: &Device) -> Result<()> {
     let profiler = dev.start_profiling()?;
     let profiled = bursts_us(dev, 5, || keep(&one + &one))?;
     let records = profiler.stop()?.records.len();
-    println!(
-        "{{\"op\": \"host-profiled\", \"us\": {profiled:.3}, \"records\": {records}}}"
-    );
+    println!("{{\"op\": \"host-profiled\", \"us\": {profiled:.3}, \"records\": {records}}}");
     let out = Tensor::zeros([1], DType::F32, dev)?;
     let into = burst_us(dev, || one.add_out(&one, &out))?;
     let cpu = Device::cpu();

@@ -5,8 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .gpu && mkdir -p .gpu/bin
-cargo build --release --example bench_gpu --example bench_sweep
-cp target/release/examples/bench_gpu target/release/examples/bench_sweep .gpu/bin/
+cargo build --release --example bench_gpu --example bench_sweep --example profile
+cp target/release/examples/bench_gpu target/release/examples/bench_sweep target/release/examples/profile .gpu/bin/
 # One executable per integration-test file of tests/ (cargo prints each path).
 cargo test --release -p strata-tests --no-run --message-format=json 2>/dev/null \
   | python3 -c '

@@ -48,8 +48,12 @@ fi
 # and .ci/run install it): the README's test command runs everything on a newcomer's machine.
 if [ -n "$evcxr_found" ] && python3 -m venv --help >/dev/null 2>&1; then
   [ -x .venv/bin/python ] || python3 -m venv .venv
-  .venv/bin/python -c "import jupyter_client, nbclient, nbformat, pytest" 2>/dev/null ||
-    .venv/bin/pip install --quiet --disable-pip-version-check jupyter_client nbclient nbformat pytest
+  .venv/bin/python -c "import jupyter_client, nbclient, nbformat, pytest, PIL" 2>/dev/null ||
+    .venv/bin/pip install --quiet --disable-pip-version-check jupyter_client nbclient nbformat pytest pillow
+  # A headless browser for the screenshot test, where this machine can install one.
+  if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get install -y -qq chromium >/dev/null 2>&1 || echo "could not install chromium: the screenshot test will skip"
+  fi
 fi
 if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "import nbclient, pytest" 2>/dev/null; then
   export JUPYTER_DATA_DIR="$PWD/target/jupyter"  # a kernelspec of the tests' own

@@ -188,6 +188,14 @@ pub trait Backend: Send + Sync + Debug {
         None
     }
 
+    /// Compiles (or loads from a cache) what `run` needs for `kernel` over `args`, so that a
+    /// profiler's events around the launch time the kernel and not the compiler; true when
+    /// something was compiled or loaded. Called only while a profile records.
+    fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> Result<bool> {
+        let _ = (kernel, args);
+        Ok(false)
+    }
+
     /// The allocator's statistics.
     fn memory_stats(&self) -> MemoryStats;
     /// Returns cached, unused blocks to the system.

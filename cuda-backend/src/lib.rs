@@ -19,10 +19,10 @@ mod batch;
 mod blas;
 pub mod codegen;
 mod compile;
-mod describe;
 mod driver;
 mod launch;
 mod memory;
+mod profiling;
 mod staging;
 
 pub use compile::{nvrtc_version, ptx_cache_dir};
@@ -392,6 +392,10 @@ impl Backend for CudaBackend {
         args: &KernelArgs,
     ) -> Option<strata_core::backend::LaunchDescription> {
         self.describe(kernel, args)
+    }
+
+    fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> Result<bool> {
+        self.prepare(kernel, args)
     }
 
     fn memory_stats(&self) -> MemoryStats {

@@ -27,6 +27,7 @@ const UPLOAD: &str = "#f58518";
 const DOWNLOAD: &str = "#54a24b";
 const HOST: &str = "#57606a";
 const WAIT: &str = "#c9d1d9";
+const COMPILE: &str = "#8250df";
 const EVENT: &str = "#e45756";
 
 /// A profile's timeline picture: SVG text ([`Profile::timeline_svg`]). A notebook shows it
@@ -81,8 +82,8 @@ impl std::fmt::Display for TimelineSvg {
 impl Profile {
     /// The timeline picture (see the module notes): a host lane and one lane per stream,
     /// kernels (blue), uploads (orange) and downloads (green) as bars at their device times,
-    /// enqueue spans and waits on the host lane linked to the work they started, events as
-    /// red diamonds. Each bar's tooltip gives its ops, time, bytes and GB/s.
+    /// enqueue spans, compiles (purple) and waits on the host lane, a dashed line from each
+    /// enqueue to the work it started, events as red diamonds. Each bar's tooltip gives its ops, time, bytes and GB/s.
     ///
     /// ```
     /// use strata_core::{Device, DType, Tensor};
@@ -199,6 +200,7 @@ fn render(p: &Profile) -> String {
         (DOWNLOAD, "device → host"),
         (HOST, "host enqueue"),
         (WAIT, "host waits"),
+        (COMPILE, "compile"),
         (EVENT, "event"),
     ];
     let mut lx = 12.0;
@@ -256,19 +258,26 @@ fn render(p: &Profile) -> String {
         let tip = tooltip(r, p);
         let (hx0, hx1) = (x(r.host_start_us), x(r.host_end_us));
         match r.kind {
-            RecordKind::Synchronize => {
+            RecordKind::Synchronize | RecordKind::Compile => {
+                let (class, fill) = if r.kind == RecordKind::Compile {
+                    ("host compile", COMPILE)
+                } else {
+                    ("host wait", WAIT)
+                };
                 let _ = write!(
                     s,
-                    "<rect class=\"host wait\" x=\"{hx0:.2}\" y=\"{host_top}\" width=\"{:.2}\" \
-                     height=\"{BAR}\" fill=\"{WAIT}\"><title>{tip}</title></rect>",
+                    "<rect class=\"{class}\" x=\"{hx0:.2}\" y=\"{host_top}\" width=\"{:.2}\" \
+                     height=\"{BAR}\" fill=\"{fill}\"><title>{tip}</title></rect>",
                     (hx1 - hx0).max(1.0)
                 );
             }
             kind if kind.is_device_work() => {
+                // A download holds the host until its data is there: drawn as a wait.
+                let fill = if kind == RecordKind::Download { WAIT } else { HOST };
                 let _ = write!(
                     s,
                     "<rect class=\"host enqueue\" x=\"{hx0:.2}\" y=\"{host_top}\" width=\"{:.2}\" \
-                     height=\"{BAR}\" fill=\"{HOST}\"><title>{tip}</title></rect>",
+                     height=\"{BAR}\" fill=\"{fill}\"><title>{tip}</title></rect>",
                     (hx1 - hx0).max(1.0)
                 );
                 let (Some(d0), Some(d1)) = (r.device_start_us, r.device_end_us) else {

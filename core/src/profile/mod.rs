@@ -42,6 +42,8 @@ pub enum RecordKind {
     Allocate,
     /// The host waiting for the device, a stream or an event.
     Synchronize,
+    /// The host compiling (or loading from the disk cache) a kernel on its first use.
+    Compile,
     /// An event recorded on a stream.
     EventRecord,
     /// A stream made to wait for an event.
@@ -50,7 +52,7 @@ pub enum RecordKind {
 
 impl RecordKind {
     /// A short lower-case name: `kernel`, `upload`, `download`, `allocate`, `synchronize`,
-    /// `event`, `wait`.
+    /// `compile`, `event`, `wait`.
     ///
     /// ```
     /// assert_eq!(strata_core::RecordKind::EventWait.label(), "wait");
@@ -62,6 +64,7 @@ impl RecordKind {
             RecordKind::Download => "download",
             RecordKind::Allocate => "allocate",
             RecordKind::Synchronize => "synchronize",
+            RecordKind::Compile => "compile",
             RecordKind::EventRecord => "event",
             RecordKind::EventWait => "wait",
         }
@@ -271,7 +274,8 @@ impl Profile {
             .fold(0.0, f64::max)
     }
 
-    /// A kernel's (or copy's) share of the device's measured copy bandwidth.
+    /// A kernel's share of the device's measured copy bandwidth (`None` for host↔device
+    /// copies, which cross another bus).
     ///
     /// ```
     /// # use strata_core::{Profile, ProfileRecord, RecordKind, StreamId};
@@ -281,6 +285,10 @@ impl Profile {
     /// assert_eq!(p.fraction_of_copy_bandwidth(&r), Some(0.5));
     /// ```
     pub fn fraction_of_copy_bandwidth(&self, record: &ProfileRecord) -> Option<f64> {
+        // Host↔device copies have their own bus; the yardstick is the device's memory.
+        if record.kind != RecordKind::Kernel {
+            return None;
+        }
         Some(record.gb_per_s()? / self.copy_bandwidth_gb_per_s.filter(|&b| b > 0.0)?)
     }
 }

@@ -321,6 +321,26 @@ impl Device {
         out
     }
 
+    /// [`record_host`](Self::record_host) of a step that says whether it did anything: only
+    /// a step that did is recorded (a compile on a kernel's first use).
+    fn record_host_if(
+        &self,
+        mut record: ProfileRecord,
+        step: impl FnOnce() -> Result<bool>,
+    ) -> Result<bool> {
+        let host_start = Instant::now();
+        let did = step()?;
+        let host_end = Instant::now();
+        if did {
+            if let Some(r) = self.lock_recorder().as_mut() {
+                record.host_start_us = r.us(host_start);
+                record.host_end_us = r.us(host_end);
+                r.records.push((record, None, None));
+            }
+        }
+        Ok(did)
+    }
+
     /// Records an event (recorded or waited for) on `stream` as a marker with its device time.
     pub(crate) fn record_marker(&self, kind: RecordKind, stream: StreamId, name: String) {
         if !self.profiling() {
@@ -359,6 +379,14 @@ impl Device {
         }
         let launch = backend.describe_launch(kernel, args);
         let record = measure::kernel_record(kernel, args, stream, launch, fused_ops());
+        // Compile first, so the events around the launch time the kernel alone.
+        let mut compile = ProfileRecord::new(
+            RecordKind::Compile,
+            format!("compile {}", record.name),
+            stream,
+        );
+        compile.ops = record.ops.clone();
+        self.record_host_if(compile, || backend.prepare(kernel, args))?;
         self.record_work(record, || backend.run(kernel, args, stream))
     }
 

@@ -1,0 +1,181 @@
+//! What the profiler asks of the CUDA backend: the kernel function and grid `run` would
+//! launch (planned as `run` plans it), and compiling it ahead, so that the events around a
+//! launch time the kernel, not NVRTC.
+
+use crate::batch::MAX_BATCHED_WORK;
+use crate::codegen::{index, map, matmul, reduce};
+use crate::launch::{dims, function, FunctionCache, Grid, Launch};
+use crate::CudaBackend;
+use strata_core::backend::LaunchDescription;
+use strata_core::ir::{Kernel, KernelArgs};
+use strata_core::lower::cache::Signature;
+use strata_core::lower::operands::{IndexOperands, MatmulOperands};
+use strata_core::DType;
+
+impl CudaBackend {
+    pub(crate) fn describe(&self, kernel: &Kernel, args: &KernelArgs) -> Option<LaunchDescription> {
+        let grid =
+            |l: &Launch| dims(&self.gpu, &l.grid).map(|(g, b)| format!("grid {g:?} × block {b:?}"));
+        let (name, shape) = match kernel {
+            Kernel::Map { expr } => {
+                let (_, plan) = map::plan(expr, args, &self.target).ok()??;
+                // A launch small enough is appended to its stream's batch (crate::batch).
+                let batched = self.batches.enabled()
+                    && matches!(plan.grid, Grid::Linear { work } if work <= MAX_BATCHED_WORK);
+                let name = if batched {
+                    "strata_map_batch"
+                } else {
+                    "strata_map"
+                };
+                (name.to_string(), grid(&plan)?)
+            }
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
+                map,
+            } => {
+                let red = reduce::plan(*op, *reduced_axes, *acc, map.as_ref(), args, &self.target)
+                    .ok()??;
+                let first = grid(&red.first(0, 0))?;
+                if red.plan.splits == 1 {
+                    ("strata_reduce".into(), first)
+                } else {
+                    let (_, combine) = red.combine(0, 0);
+                    (
+                        "strata_reduce ×2".into(),
+                        format!(
+                            "{first} in {} splits, then {} to combine",
+                            red.plan.splits,
+                            grid(&combine)?
+                        ),
+                    )
+                }
+            }
+            Kernel::Matmul { acc, .. } => {
+                let ops = MatmulOperands::of(args).ok()?;
+                let (batch, m, k, n) = ops.dims;
+                let blas = self.blas.is_some()
+                    && matches!(
+                        ops.a.dtype,
+                        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+                    );
+                if blas {
+                    (
+                        "cublasGemmStridedBatchedEx".into(),
+                        format!("batch {batch}, m {m}, n {n}, k {k}"),
+                    )
+                } else {
+                    let (_, plan) = matmul::plan(*acc, &ops).ok()??;
+                    ("strata_matmul".into(), grid(&plan)?)
+                }
+            }
+            Kernel::Index { kind, axis } => {
+                let ops = IndexOperands::of(*kind, *axis, args).ok()?;
+                let (_, plan) = index::plan(&ops).ok()??;
+                ("strata_index".into(), grid(&plan)?)
+            }
+        };
+        Some(LaunchDescription { name, shape })
+    }
+
+    /// Compiles the kernels `run` will launch for `kernel` (a no-op when cached); true when
+    /// something was compiled.
+    pub(crate) fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> strata_core::Result<bool> {
+        let mut compiled = false;
+        match kernel {
+            Kernel::Map { expr } => {
+                if let Some((sig, _)) = map::plan(expr, args, &self.target)? {
+                    compile(
+                        &self.maps,
+                        &sig,
+                        "strata_map",
+                        self,
+                        map::source,
+                        &mut compiled,
+                    )?;
+                }
+            }
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
+                map,
+            } => {
+                if let Some(red) =
+                    reduce::plan(*op, *reduced_axes, *acc, map.as_ref(), args, &self.target)?
+                {
+                    compile(
+                        &self.reductions,
+                        &red.sig,
+                        "strata_reduce",
+                        self,
+                        reduce::source,
+                        &mut compiled,
+                    )?;
+                    if red.plan.splits > 1 {
+                        let (sig, _) = red.combine(0, 0);
+                        compile(
+                            &self.reductions,
+                            &sig,
+                            "strata_reduce",
+                            self,
+                            reduce::source,
+                            &mut compiled,
+                        )?;
+                    }
+                }
+            }
+            Kernel::Matmul { acc, .. } => {
+                let ops = MatmulOperands::of(args)?;
+                let blas = self.blas.is_some()
+                    && matches!(
+                        ops.a.dtype,
+                        DType::F32 | DType::F64 | DType::F16 | DType::BF16
+                    );
+                if !blas {
+                    if let Some((sig, _)) = matmul::plan(*acc, &ops)? {
+                        compile(
+                            &self.matmuls,
+                            &sig,
+                            "strata_matmul",
+                            self,
+                            matmul::source,
+                            &mut compiled,
+                        )?;
+                    }
+                }
+            }
+            Kernel::Index { kind, axis } => {
+                let ops = IndexOperands::of(*kind, *axis, args)?;
+                if let Some((sig, _)) = index::plan(&ops)? {
+                    compile(
+                        &self.indexing,
+                        &sig,
+                        "strata_index",
+                        self,
+                        index::source,
+                        &mut compiled,
+                    )?;
+                }
+            }
+        }
+        Ok(compiled)
+    }
+}
+
+/// [`function`], noting in `compiled` whether it missed the cache.
+fn compile<K: Signature>(
+    cache: &FunctionCache<K::Stored>,
+    key: &K,
+    name: &str,
+    backend: &CudaBackend,
+    source: impl FnOnce(&K) -> strata_core::Result<String>,
+    compiled: &mut bool,
+) -> strata_core::Result<()> {
+    function(cache, key, name, &backend.compiler, |k| {
+        *compiled = true;
+        source(k)
+    })
+    .map(|_| ())
+}
