@@ -226,7 +226,8 @@ def screenshot(html, path, height):
 
 def pixel_stats(image, colour):
     """(distinct colours, share of non-white pixels, pixels within 6 of `colour` per channel)."""
-    pixels = list(image.getdata())
+    raw = image.tobytes()
+    pixels = [tuple(raw[i : i + 3]) for i in range(0, len(raw), 3)]
     near = sum(1 for p in pixels if all(abs(a - b) <= 6 for a, b in zip(p, colour)))
     ink = sum(1 for p in pixels if p != (255, 255, 255)) / len(pixels)
     return len(set(pixels)), ink, near
