@@ -182,6 +182,30 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn describe_launch(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+    ) -> Option<crate::backend::LaunchDescription> {
+        let Kernel::Map { .. } = kernel else {
+            return None;
+        };
+        let n = args.outputs.first()?.layout.numel();
+        let threads = if n < strided::PARALLEL_MIN {
+            1
+        } else {
+            strided::threads()
+        };
+        Some(crate::backend::LaunchDescription {
+            name: "cpu map".into(),
+            shape: format!(
+                "{n} elements in blocks of {}, on {threads} thread{}",
+                strided::BLOCK,
+                if threads == 1 { "" } else { "s" }
+            ),
+        })
+    }
+
     fn fuses_map_into_reduce(&self) -> bool {
         true
     }

@@ -273,7 +273,11 @@ fn render(p: &Profile) -> String {
             }
             kind if kind.is_device_work() => {
                 // A download holds the host until its data is there: drawn as a wait.
-                let fill = if kind == RecordKind::Download { WAIT } else { HOST };
+                let fill = if kind == RecordKind::Download {
+                    WAIT
+                } else {
+                    HOST
+                };
                 let _ = write!(
                     s,
                     "<rect class=\"host enqueue\" x=\"{hx0:.2}\" y=\"{host_top}\" width=\"{:.2}\" \
