@@ -204,11 +204,12 @@ fn uniform_bits(dtype: DType) -> u32 {
 
 /// Box–Muller: `sqrt(-2 ln u1) · cos(2π u2)` for the even element of a pair, `… · sin(2π u2)`
 /// for the odd one, with `u1` in `(0, 1]`; in the dtype of `u1` and `u2`. `k` indexes the
-/// scalars 1, -2, 2π (of that dtype), then i64 1 and 0.
+/// scalars 1, -2, 2π (of that dtype). The parity test's 1 and 0 are literals: a GPU whose
+/// lanes know their parity at compile time then evaluates only the branch each lane takes.
 fn box_muller(u1: Expr, u2: Expr, k: usize) -> Expr {
     let dtype = u1.dtype;
     let f = |i: usize| Expr::scalar(k + i, dtype);
-    let i = |j: usize| Expr::scalar(k + j, DType::I64);
+    let i = |j: usize| Expr::literal(Scalar::I64(if j == 3 { 1 } else { 0 }));
     let radius = Expr::unary(
         UnaryOp::Sqrt,
         bin(
@@ -235,8 +236,6 @@ fn box_muller_scalars(dtype: DType) -> Vec<Scalar> {
         v(1.0),
         v(-2.0),
         v(std::f64::consts::TAU),
-        Scalar::I64(1),
-        Scalar::I64(0),
     ]
 }
 
