@@ -232,11 +232,7 @@ fn box_muller(u1: Expr, u2: Expr, k: usize) -> Expr {
 /// The scalars `box_muller` reads, for f32 or f64.
 fn box_muller_scalars(dtype: DType) -> Vec<Scalar> {
     let v = |x: f64| Scalar::F64(x).cast(dtype, false);
-    vec![
-        v(1.0),
-        v(-2.0),
-        v(std::f64::consts::TAU),
-    ]
+    vec![v(1.0), v(-2.0), v(std::f64::consts::TAU)]
 }
 
 /// A new tensor of `dims` holding `expr` (which reads the generator's two scalars, then

@@ -265,41 +265,83 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 "    for (int g = 0; g < {groups}; g++) philox4((u64)s{key}, (u64)s{counter} + {first} + g, ph{key}_{counter}[g]);"
             );
         }
-        let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
-        let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
-        for d in &draws {
-            let p = &d.philox;
-            let (per, shared, width) = (p.per_counter as usize, p.shared as usize, p.group_width());
-            // The lane's place among its counter's elements: constant per lane when a vector
-            // spans whole counters, else offset by the vector's place in the counter.
-            let (group, place) = if v >= per {
-                (format!("l / {per}"), format!("(l % {per})"))
-            } else {
-                (
-                    "0".to_string(),
-                    format!("((int)(upos(j) % {}u) * {v} + l)", per / v),
-                )
-            };
-            let _ = writeln!(
-                s,
-                "      const u32 x{} = pick4(ph{}_{}[{group}], ({place} / {shared}) * {width} + {});",
-                d.input, p.key, p.counter, p.word
-            );
-        }
-        element(
-            &mut s,
-            "      ",
-            &lane_expr,
-            &|k| {
-                if whole(k) {
-                    format!("u{k}.e[l]")
-                } else {
-                    format!("e{k}")
+        // Lanes that read the same Philox words (a Box–Muller pair) are written out one by one,
+        // so the work on those words is shared (`LaneCse`): the compiler does not merge it
+        // across the iterations of an unrolled loop by itself.
+        let shares_words = !draws.is_empty()
+            && draws.iter().any(|d| d.philox.shared >= 2)
+            && draws.iter().all(|d| v >= d.philox.per_counter as usize);
+        if shares_words {
+            let mut cse = LaneCse::default();
+            for l in 0..v {
+                let mut lane = String::new();
+                let _ = writeln!(lane, "    const {idx} li = j * {v} + {l};");
+                for d in &draws {
+                    let p = &d.philox;
+                    let (per, shared) = (p.per_counter as usize, p.shared as usize);
+                    let word = (l % per / shared) * p.group_width() as usize + p.word as usize;
+                    let _ = writeln!(
+                        lane,
+                        "    const u32 x{} = pick4(ph{}_{}[{}], {word});",
+                        d.input,
+                        p.key,
+                        p.counter,
+                        l / per
+                    );
                 }
-            },
-            &|val| format!("u0.e[l] = {val};"),
-        )?;
-        let _ = writeln!(s, "    }}");
+                element(
+                    &mut lane,
+                    "    ",
+                    &lane_expr,
+                    &|k| {
+                        if whole(k) {
+                            format!("u{k}.e[{l}]")
+                        } else {
+                            format!("e{k}")
+                        }
+                    },
+                    &|val| format!("u0.e[{l}] = {val};"),
+                )?;
+                cse.lane(&mut s, &lane, l);
+            }
+        } else {
+            let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
+            let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
+            for d in &draws {
+                let p = &d.philox;
+                let (per, shared, width) =
+                    (p.per_counter as usize, p.shared as usize, p.group_width());
+                // The lane's place among its counter's elements: constant per lane when a vector
+                // spans whole counters, else offset by the vector's place in the counter.
+                let (group, place) = if v >= per {
+                    (format!("l / {per}"), format!("(l % {per})"))
+                } else {
+                    (
+                        "0".to_string(),
+                        format!("((int)(upos(j) % {}u) * {v} + l)", per / v),
+                    )
+                };
+                let _ = writeln!(
+                    s,
+                    "      const u32 x{} = pick4(ph{}_{}[{group}], ({place} / {shared}) * {width} + {});",
+                    d.input, p.key, p.counter, p.word
+                );
+            }
+            element(
+                &mut s,
+                "      ",
+                &lane_expr,
+                &|k| {
+                    if whole(k) {
+                        format!("u{k}.e[l]")
+                    } else {
+                        format!("e{k}")
+                    }
+                },
+                &|val| format!("u0.e[l] = {val};"),
+            )?;
+            let _ = writeln!(s, "    }}");
+        }
         let vt = vector_type(v * sig.dtypes[0].itemsize());
         if sig.contiguous(0) {
             let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
@@ -339,6 +381,75 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         );
     }
     Ok(s)
+}
+
+/// Common subexpressions across a vector's lanes written out one by one: each lane's
+/// statements get lane-suffixed names, and a `const` whose type and right-hand side (after
+/// renaming) an earlier lane already computed becomes an alias of that value instead of a
+/// second computation. Pure statements only, so sharing changes no result.
+#[derive(Default)]
+struct LaneCse {
+    /// `type rhs` → the name holding it.
+    computed: std::collections::HashMap<String, String>,
+    /// A lane's name → the earlier name it stands for.
+    alias: std::collections::HashMap<String, String>,
+}
+
+impl LaneCse {
+    /// `li`, `xN` and `vN` of lane `l` as `li_l`, `xN_l`, `vN_l`, then through the aliases.
+    fn rename(&self, text: &str, l: usize) -> String {
+        let mut out = String::with_capacity(text.len() + 16);
+        let mut token = String::new();
+        let flush = |token: &mut String, out: &mut String| {
+            let lane_local = token == "li"
+                || ((token.starts_with('x') || token.starts_with('v'))
+                    && token.len() > 1
+                    && token[1..].bytes().all(|b| b.is_ascii_digit()));
+            if lane_local {
+                let name = format!("{token}_{l}");
+                out.push_str(self.alias.get(&name).unwrap_or(&name));
+            } else {
+                out.push_str(token);
+            }
+            token.clear();
+        };
+        for c in text.chars() {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                token.push(c);
+            } else {
+                flush(&mut token, &mut out);
+                out.push(c);
+            }
+        }
+        flush(&mut token, &mut out);
+        out
+    }
+
+    /// Appends lane `l`'s statements to `s`, dropping those an earlier lane computed.
+    fn lane(&mut self, s: &mut String, lane: &str, l: usize) {
+        for line in lane.lines() {
+            let renamed = self.rename(line, l);
+            let decl = renamed
+                .trim_start()
+                .strip_prefix("const ")
+                .and_then(|rest| {
+                    let (ty, rest) = rest.split_once(' ')?;
+                    let (name, rhs) = rest.split_once(" = ")?;
+                    Some((
+                        format!("{ty} {}", rhs.trim_end_matches(';')),
+                        name.to_string(),
+                    ))
+                });
+            if let Some((key, name)) = decl {
+                if let Some(earlier) = self.computed.get(&key) {
+                    self.alias.insert(name, earlier.clone());
+                    continue;
+                }
+                self.computed.insert(key, name);
+            }
+            let _ = writeln!(s, "{renamed}");
+        }
+    }
 }
 
 /// A Philox word the lanes of a vector read from a call made once per counter: the node's
@@ -558,6 +669,77 @@ mod tests {
             top.cast(DType::F32, false),
             Expr::scalar(3, DType::F32),
         )
+    }
+
+    /// `sqrt(-2 ln(1 - u1)) · (cos or sin)(2π u2)` as `randn` builds it for f32: two words
+    /// per pair of elements, the parity picking the cosine or the sine.
+    fn box_muller_f32() -> Expr {
+        use strata_core::ir::{PhiloxWord, UnaryOp};
+        let uniform = |word: u8| {
+            let w = Expr {
+                dtype: DType::U32,
+                node: strata_core::ir::Node::Philox(PhiloxWord {
+                    key: 0,
+                    counter: 1,
+                    word,
+                    per_counter: 4,
+                    shared: 2,
+                }),
+            };
+            let top = Expr::binary(BinaryOp::Shr, w, Expr::scalar(2, DType::U32));
+            Expr::binary(
+                BinaryOp::Mul,
+                top.cast(DType::F32, false),
+                Expr::scalar(3, DType::F32),
+            )
+        };
+        let f = |i: usize| Expr::scalar(4 + i, DType::F32);
+        let log = Expr::unary(UnaryOp::Log, Expr::binary(BinaryOp::Sub, f(0), uniform(0)));
+        let radius = Expr::unary(UnaryOp::Sqrt, Expr::binary(BinaryOp::Mul, f(1), log));
+        let angle = Expr::binary(BinaryOp::Mul, f(2), uniform(1));
+        let one = Expr::literal(strata_core::Scalar::I64(1));
+        let zero = Expr::literal(strata_core::Scalar::I64(0));
+        let odd = Expr::binary(BinaryOp::BitAnd, Expr::linear_index(), one);
+        let trig = Expr::select(
+            Expr::binary(BinaryOp::Eq, odd, zero),
+            Expr::unary(UnaryOp::Cos, angle.clone()),
+            Expr::unary(UnaryOp::Sin, angle),
+        );
+        Expr::binary(BinaryOp::Mul, radius, trig)
+    }
+
+    #[test]
+    fn the_lanes_of_a_box_muller_pair_share_their_log_and_square_root() {
+        let sig = MapSig {
+            expr: Cow::Owned(box_muller_f32()),
+            dtypes: vec![DType::F32],
+            paths: vec![Path::Contiguous],
+            scalars: vec![
+                DType::U64,
+                DType::U64,
+                DType::U32,
+                DType::F32,
+                DType::F32,
+                DType::F32,
+                DType::F32,
+            ],
+            rank: 1,
+            vector: 4,
+            wide: false,
+        };
+        let src = source(&sig).unwrap();
+        // Four lanes, two pairs: two logs and two roots, then one of each in the tail loop.
+        assert_eq!(src.matches("logf(").count(), 3, "{src}");
+        assert_eq!(src.matches("sqrtf(").count(), 3, "{src}");
+        // Each lane still writes its own element, from its own cosine or sine.
+        for l in 0..4 {
+            assert!(src.contains(&format!("u0.e[{l}] = ")), "{src}");
+        }
+        let Ok(_) = crate::compile::nvrtc_version() else {
+            return; // the NVRTC catalog test says whether NVRTC must be present
+        };
+        let compiler = crate::compile::Compiler::new(None, (9, 0));
+        compiler.ptx_uncached(&src).unwrap();
     }
 
     #[test]
