@@ -279,7 +279,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 for d in &draws {
                     let p = &d.philox;
                     let (per, shared) = (p.per_counter as usize, p.shared as usize);
-                    let word = (l % per / shared) * p.group_width() as usize + p.word as usize;
+                    let word = (l % per / shared) * p.group_width() + p.word as usize;
                     let _ = writeln!(
                         lane,
                         "    const u32 x{} = pick4(ph{}_{}[{}], {word});",
