@@ -132,7 +132,9 @@ pub fn write(kernel_dir: &Path, evcxr: &Path, source: &Source) -> io::Result<()>
 /// What every session starts with. The second line uses `?` once: until a session has, evcxr
 /// cannot compile `(expr?).evcxr_display()` for a cell ending in `expr?` and falls back to
 /// `Debug`, so the first tensor of a notebook showed a one-line summary instead of its table.
-pub const PRELUDE: &str = "use strata::prelude::*;\nlet _: () = Ok::<(), strata::Error>(())?;\n";
+/// The third makes a panic one line (message and place) instead of a backtrace through
+/// evcxr's runtime, which evcxr turns on whatever `RUST_BACKTRACE` says.
+pub const PRELUDE: &str = "use strata::prelude::*;\nlet _: () = Ok::<(), strata::Error>(())?;\nstrata::install_notebook_panic_hook();\n";
 
 #[cfg(test)]
 mod tests {

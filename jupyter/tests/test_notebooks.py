@@ -312,9 +312,18 @@ def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     one-line Debug summary (the kernel's prelude uses `?` once; see jupyter/src/kernelspec.rs)."""
     nb = nbformat.v4.new_notebook()
     nb.cells.append(nbformat.v4.new_code_cell("Tensor::zeros([2, 3], DType::F32, &Device::cpu())?"))
-    EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600).execute()
+    # The same fresh kernel: a panic shows its message and where, not a backtrace through
+    # evcxr's runtime, and the kernel goes on.
+    nb.cells.append(nbformat.v4.new_code_cell("let v = vec![1, 2];\nv[7]"))
+    nb.cells.append(nbformat.v4.new_code_cell("let w = 6 * 7;\nw"))
+    EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600,
+                        allow_errors=True).execute()
     html = data(nb.cells[0], "text/html")
     assert html is not None and "<table" in html, all_text(nb.cells[0])
+    text = all_text(nb.cells[1])
+    assert "panicked at this cell: index out of bounds: the len is 2 but the index is 7" in text, text
+    assert "stack backtrace" not in text and "run_user_code" not in text, text
+    assert data(nb.cells[2], "text/plain") == "42", all_text(nb.cells[2])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

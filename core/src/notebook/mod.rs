@@ -21,6 +21,39 @@ pub(crate) use html::escape;
 pub use layout_svg::{show_layout_pictures, LayoutSvg};
 pub use timeline_svg::TimelineSvg;
 
+/// Makes a panic print one line — `panicked at this cell: <message>` for a panic in a
+/// notebook cell's own code, `panicked at <file>:<line>: <message>` elsewhere — and a note
+/// about the cell's variables, instead of the default message and backtrace. The strata
+/// kernel's prelude calls it (evcxr turns backtraces on whatever `RUST_BACKTRACE` says, and
+/// its frames are evcxr's runtime, not the user's code).
+///
+/// ```
+/// strata_core::install_notebook_panic_hook();
+/// let caught = std::panic::catch_unwind(|| panic!("boom"));
+/// assert!(caught.is_err());
+/// let _ = std::panic::take_hook(); // back to the default hook
+/// ```
+pub fn install_notebook_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(a panic without a message)".into());
+        // evcxr compiles each cell into `src/lib.rs` of a crate of its own.
+        let place = match info.location() {
+            Some(l) if l.file() == "src/lib.rs" => "this cell".to_string(),
+            Some(l) => format!("{}:{}", l.file(), l.line()),
+            None => "an unknown place".to_string(),
+        };
+        eprintln!(
+            "panicked at {place}: {message}\n(the variables this cell defined are gone; \
+             those of earlier cells are kept)"
+        );
+    }));
+}
+
 impl Tensor {
     /// The notebook view of this tensor as HTML: a header with shape, strides, offset, dtype,
     /// device and contiguity, the values as a table (summarized with `…` past 1000 elements),
