@@ -22,8 +22,8 @@ pub use layout_svg::{show_layout_pictures, LayoutSvg};
 pub use timeline_svg::TimelineSvg;
 
 /// Makes a panic print one line — `panicked at this cell: <message>` for a panic in a
-/// notebook cell's own code, `panicked at <file>:<line>: <message>` elsewhere — and a note
-/// about the cell's variables, instead of the default message and backtrace. The strata
+/// notebook cell's own code, `panicked at <file>:<line>: <message>` elsewhere, with a note
+/// about the cell's variables — instead of the default message and backtrace. The strata
 /// kernel's prelude calls it (evcxr turns backtraces on whatever `RUST_BACKTRACE` says, and
 /// its frames are evcxr's runtime, not the user's code).
 ///
@@ -48,7 +48,7 @@ pub fn install_notebook_panic_hook() {
             None => "an unknown place".to_string(),
         };
         eprintln!(
-            "panicked at {place}: {message}\n(the variables this cell defined are gone; \
+            "panicked at {place}: {message} (the variables this cell defined are gone; \
              those of earlier cells are kept)"
         );
     }));
