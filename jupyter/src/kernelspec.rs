@@ -87,12 +87,22 @@ fn json_string(s: &str) -> String {
 /// prints `error: XDG_RUNTIME_DIR is invalid or not set` into cells when the kernel's
 /// environment lacks it (a server started outside a desktop session).
 pub fn kernel_json(evcxr: &Path, config_dir: &Path, runtime_dir: &Path) -> String {
+    // evcxr_jupyter prints its start-up notice and cargo's `Compiling …` lines to its own
+    // output, which `jupyter console` shares with the user's terminal: they go to
+    // `kernel.log` beside the kernelspec instead (cells' output travels over Jupyter's
+    // sockets and is not affected).
+    let log = config_dir
+        .parent()
+        .unwrap_or(config_dir)
+        .join("kernel.log");
     format!(
-        "{{\n  \"argv\": [{}, \"--control_file\", \"{{connection_file}}\"],\n  \
+        "{{\n  \"argv\": [\"/bin/sh\", \"-c\", {}, {}, \"{{connection_file}}\", {}],\n  \
          \"display_name\": \"Rust (strata)\",\n  \"language\": \"rust\",\n  \
          \"interrupt_mode\": \"message\",\n  \
          \"env\": {{\"EVCXR_CONFIG_DIR\": {}, \"XDG_RUNTIME_DIR\": {}}}\n}}\n",
+        json_string(r#"exec "$0" --control_file "$1" >>"$2" 2>&1"#),
         json_string(&evcxr.display().to_string()),
+        json_string(&log.display().to_string()),
         json_string(&config_dir.display().to_string()),
         json_string(&runtime_dir.display().to_string())
     )
@@ -147,7 +157,9 @@ mod tests {
             Path::new("/k/evcxr"),
             Path::new("/k/runtime"),
         );
-        assert!(json.contains(r#""argv": ["/opt/my \"bin\"/evcxr_jupyter", "--control_file""#));
+        assert!(json.contains(
+            r#""argv": ["/bin/sh", "-c", "exec \"$0\" --control_file \"$1\" >>\"$2\" 2>&1", "/opt/my \"bin\"/evcxr_jupyter", "{connection_file}", "/k/kernel.log"]"#
+        ));
         assert!(json.contains(r#""display_name": "Rust (strata)""#));
         assert!(json.contains(
             r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr", "XDG_RUNTIME_DIR": "/k/runtime"}"#
