@@ -326,6 +326,28 @@ def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     assert data(nb.cells[2], "text/plain") == "42", all_text(nb.cells[2])
 
 
+def test_the_kernel_keeps_its_build_output_out_of_the_terminal():
+    """`jupyter console` shares the kernel's stdout and stderr with the user's terminal: the
+    kernel writes its start-up notice and cargo's Compiling lines to kernel.log instead."""
+    import subprocess
+    from jupyter_client import KernelManager
+    km = KernelManager(kernel_name="strata")
+    km.start_kernel(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=3600)
+        reply = kc.execute_interactive("1 + 1", timeout=600)
+        assert reply["content"]["status"] == "ok", reply
+        kc.stop_channels()
+    finally:
+        km.shutdown_kernel(now=True)
+    out, err = km.provisioner.process.communicate(timeout=60)
+    assert out == b"" and err == b"", (out[-500:], err[-500:])
+    log = pathlib.Path(km.kernel_spec.argv[-1])
+    assert log.name == "kernel.log" and log.is_file(), km.kernel_spec.argv
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_committed_notebooks_carry_no_outputs(path):
     """The shipped notebooks are committed without outputs (JupyterLab autosaves them into the
