@@ -333,6 +333,7 @@ def test_the_kernel_keeps_its_build_output_out_of_the_terminal():
     from jupyter_client import KernelManager
     km = KernelManager(kernel_name="strata")
     km.start_kernel(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = km.provisioner.process
     try:
         kc = km.client()
         kc.start_channels()
@@ -342,7 +343,7 @@ def test_the_kernel_keeps_its_build_output_out_of_the_terminal():
         kc.stop_channels()
     finally:
         km.shutdown_kernel(now=True)
-    out, err = km.provisioner.process.communicate(timeout=60)
+    out, err = process.communicate(timeout=60)
     assert out == b"" and err == b"", (out[-500:], err[-500:])
     log = pathlib.Path(km.kernel_spec.argv[-1])
     assert log.name == "kernel.log" and log.is_file(), km.kernel_spec.argv
