@@ -334,6 +334,17 @@ def test_the_kernel_keeps_its_build_output_out_of_the_terminal():
     km = KernelManager(kernel_name="strata")
     km.start_kernel(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     process = km.provisioner.process
+    import threading
+    seen = {"out": b"", "err": b""}
+
+    def drain(name, pipe):
+        for line in iter(pipe.readline, b""):
+            seen[name] += line
+
+    readers = [threading.Thread(target=drain, args=(n, p), daemon=True)
+               for n, p in (("out", process.stdout), ("err", process.stderr))]
+    for r in readers:
+        r.start()
     try:
         kc = km.client()
         kc.start_channels()
@@ -343,8 +354,10 @@ def test_the_kernel_keeps_its_build_output_out_of_the_terminal():
         kc.stop_channels()
     finally:
         km.shutdown_kernel(now=True)
-    out, err = process.communicate(timeout=60)
-    assert out == b"" and err == b"", (out[-500:], err[-500:])
+    process.wait(timeout=60)
+    for r in readers:
+        r.join(timeout=10)
+    assert seen["out"] == b"" and seen["err"] == b"", (seen["out"][-500:], seen["err"][-500:])
     log = pathlib.Path(km.kernel_spec.argv[-1])
     assert log.name == "kernel.log" and log.is_file(), km.kernel_spec.argv
 
