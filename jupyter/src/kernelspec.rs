@@ -91,10 +91,7 @@ pub fn kernel_json(evcxr: &Path, config_dir: &Path, runtime_dir: &Path) -> Strin
     // output, which `jupyter console` shares with the user's terminal: they go to
     // `kernel.log` beside the kernelspec instead (cells' output travels over Jupyter's
     // sockets and is not affected).
-    let log = config_dir
-        .parent()
-        .unwrap_or(config_dir)
-        .join("kernel.log");
+    let log = config_dir.parent().unwrap_or(config_dir).join("kernel.log");
     format!(
         "{{\n  \"argv\": [\"/bin/sh\", \"-c\", {}, {}, \"{{connection_file}}\", {}],\n  \
          \"display_name\": \"Rust (strata)\",\n  \"language\": \"rust\",\n  \

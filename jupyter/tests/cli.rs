@@ -60,7 +60,10 @@ fn install_doctor_uninstall_round_trip() {
     assert!(out.status.success(), "{}", text(&out));
     let json = std::fs::read_to_string(kernel.join("kernel.json")).unwrap();
     assert!(
-        json.contains(&format!("2>&1\", \"{}\", \"{{connection_file}}\"", fake.display())),
+        json.contains(&format!(
+            "2>&1\", \"{}\", \"{{connection_file}}\"",
+            fake.display()
+        )),
         "{json}"
     );
     assert!(json.contains("\"display_name\": \"Rust (strata)\""));
