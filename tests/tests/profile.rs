@@ -283,3 +283,110 @@ fn strata_profile_prints_a_table_at_each_synchronization() {
         "{text}"
     );
 }
+
+/// The CPU backend with events that cannot be timed, like a wgpu adapter without
+/// TIMESTAMP_QUERY: a profile then waits for each op and times it from its enqueue to the
+/// end of that wait, and says so.
+#[derive(Debug)]
+struct Untimed(strata::cpu::CpuBackend);
+
+impl strata::Backend for Untimed {
+    fn kind(&self) -> strata::BackendKind {
+        self.0.kind()
+    }
+    fn name(&self) -> String {
+        "untimed cpu".into()
+    }
+    fn check_dtype(&self, dtype: DType) -> Result<()> {
+        self.0.check_dtype(dtype)
+    }
+    fn allocate(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<std::sync::Arc<dyn strata::DeviceBuffer>> {
+        self.0.allocate(bytes, stream)
+    }
+    fn upload(
+        &self,
+        dst: &dyn strata::DeviceBuffer,
+        at: usize,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        self.0.upload(dst, at, data, stream)
+    }
+    fn download(
+        &self,
+        src: &dyn strata::DeviceBuffer,
+        at: usize,
+        out: &mut [u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        self.0.download(src, at, out, stream)
+    }
+    fn run(
+        &self,
+        kernel: &strata::ir::Kernel,
+        args: &strata::ir::KernelArgs,
+        stream: StreamId,
+    ) -> Result<()> {
+        self.0.run(kernel, args, stream)
+    }
+    fn memory_stats(&self) -> strata::MemoryStats {
+        self.0.memory_stats()
+    }
+    fn empty_cache(&self) {
+        self.0.empty_cache()
+    }
+    fn new_stream(&self) -> Result<StreamId> {
+        self.0.new_stream()
+    }
+    fn destroy_stream(&self, stream: StreamId) {
+        self.0.destroy_stream(stream)
+    }
+    fn record_event(&self, stream: StreamId) -> Result<strata::EventId> {
+        self.0.record_event(stream)
+    }
+    fn wait_event(&self, stream: StreamId, event: strata::EventId) -> Result<()> {
+        self.0.wait_event(stream, event)
+    }
+    fn synchronize_event(&self, event: strata::EventId) -> Result<()> {
+        self.0.synchronize_event(event)
+    }
+    fn elapsed_ms(&self, _: strata::EventId, _: strata::EventId) -> Result<f64> {
+        Err(strata::Error::Unsupported(
+            "these events cannot be timed".into(),
+        ))
+    }
+    fn destroy_event(&self, event: strata::EventId) {
+        self.0.destroy_event(event)
+    }
+    fn synchronize_stream(&self, stream: StreamId) -> Result<()> {
+        self.0.synchronize_stream(stream)
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.0.synchronize()
+    }
+}
+
+#[test]
+fn without_timed_events_each_op_is_waited_for_and_timed_by_the_host() {
+    let dev = Device::from_backend(std::sync::Arc::new(Untimed(strata::cpu::CpuBackend::new())));
+    let a = Tensor::ones([4096], DType::F32, &dev).unwrap();
+    let p = dev
+        .profile(|| {
+            (&a * 2.0)?.exp()?.realize()?;
+            (&a + 1.0)?.to_vec::<f32>().map(|_| ())
+        })
+        .unwrap();
+    assert!(p.timing.contains("cannot time events"), "{}", p.timing);
+    let work: Vec<_> = p.device_work().collect();
+    assert_eq!(work.len(), 3, "{p}");
+    for r in work {
+        let (start, end) = (r.device_start_us.unwrap(), r.device_end_us.unwrap());
+        // From the enqueue to the end of the wait: the op ran inside that span.
+        assert_eq!(start, r.host_start_us, "{p}");
+        assert!(end >= r.host_end_us, "{p}");
+    }
+}
