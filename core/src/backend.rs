@@ -122,6 +122,23 @@ pub trait DeviceBuffer: Any + Send + Sync + Debug {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// What owns memory that another library lent to strata (through DLPack): dropping it gives
+/// the memory back (it calls the producer's deleter).
+///
+/// ```
+/// let owner: strata_core::backend::ForeignOwner = Box::new(vec![0u8; 4]);
+/// drop(owner);
+/// ```
+pub type ForeignOwner = Box<dyn Any + Send + Sync>;
+
+/// The `Err` of a backend whose memory or streams other libraries cannot reach.
+fn not_shareable(backend: &str, what: &str) -> crate::error::Error {
+    crate::error::Error::Unsupported(format!(
+        "{backend}: {what} (its buffers cannot be shared with other libraries); \
+         copy the tensor to the CPU first, or let the exchange copy (copy=true)"
+    ))
+}
+
 /// What a device implements. Core holds it as `Arc<dyn Backend>` inside a
 /// [`Device`](crate::Device); all state (caches, pools, streams) lives in the implementing
 /// value, never in statics.
@@ -194,6 +211,54 @@ pub trait Backend: Send + Sync + Debug {
     fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> Result<bool> {
         let _ = (kernel, args);
         Ok(false)
+    }
+
+    /// The address of `buffer`'s byte 0 as another library sees it (a host pointer on the
+    /// CPU, a device pointer on CUDA), for a DLPack export; `Err` where buffers cannot be
+    /// shared (wgpu).
+    fn buffer_address(&self, buffer: &dyn DeviceBuffer) -> Result<u64> {
+        let _ = buffer;
+        Err(not_shareable(&self.name(), "no DLPack export"))
+    }
+
+    /// This device as DLPack names it (device type and ordinal), or `None` where other
+    /// libraries cannot address its memory.
+    fn dlpack_device(&self) -> Option<dlpark::ffi::DLDevice> {
+        None
+    }
+
+    /// A buffer over `bytes` bytes at `address` that another library owns (a DLPack import).
+    /// `owner` is dropped once the last view is gone and the work that used the memory is
+    /// complete; the allocator never reuses or counts the memory.
+    fn wrap_foreign(
+        &self,
+        address: u64,
+        bytes: usize,
+        owner: ForeignOwner,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        let _ = (address, bytes, owner);
+        Err(not_shareable(&self.name(), "no DLPack import"))
+    }
+
+    /// The native handle of `stream` (a `CUstream` on CUDA), which another library's
+    /// `__dlpack__(stream=…)` takes.
+    fn native_stream(&self, stream: StreamId) -> Result<u64> {
+        let _ = stream;
+        Err(not_shareable(&self.name(), "no native streams"))
+    }
+
+    /// Makes the native stream `foreign` (another library's) wait for the work enqueued on
+    /// `stream` so far, without the host waiting: a DLPack export to a consumer's stream.
+    fn foreign_waits_for(&self, foreign: u64, stream: StreamId) -> Result<()> {
+        let _ = (foreign, stream);
+        Err(not_shareable(&self.name(), "no native streams"))
+    }
+
+    /// Makes later work on `stream` wait for the work enqueued on the native stream `foreign`
+    /// so far: a DLPack import from a producer's stream.
+    fn wait_for_foreign(&self, stream: StreamId, foreign: u64) -> Result<()> {
+        let _ = (stream, foreign);
+        Err(not_shareable(&self.name(), "no native streams"))
     }
 
     /// The allocator's statistics.

@@ -21,6 +21,7 @@ pub mod cpu;
 mod creation;
 pub mod device;
 mod display;
+pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod explain;

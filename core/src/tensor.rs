@@ -26,6 +26,8 @@ pub(crate) struct Storage {
     /// Why the launch of its pending work failed (its buffer then holds nothing valid).
     pub(crate) failed: OnceLock<String>,
     pub(crate) device: Device,
+    /// Memory another library lent read-only (DLPack): no kernel may write it.
+    pub(crate) read_only: bool,
     access: Mutex<Access>,
 }
 
@@ -63,6 +65,7 @@ impl Storage {
             ran: OnceLock::new(),
             failed: OnceLock::new(),
             device,
+            read_only: false,
             access: Mutex::new(Access {
                 last_write: stream,
                 readers: Vec::new(),
@@ -227,6 +230,23 @@ impl Tensor {
             layout,
             dtype,
         })
+    }
+
+    /// A tensor over a buffer another library lent (a DLPack import).
+    pub(crate) fn from_foreign(
+        buffer: Arc<dyn DeviceBuffer>,
+        layout: Layout,
+        dtype: DType,
+        device: &Device,
+        read_only: bool,
+    ) -> Tensor {
+        let mut storage = Storage::new(buffer, device.clone(), device.current_handle());
+        storage.read_only = read_only;
+        Tensor {
+            storage: Arc::new(storage),
+            layout,
+            dtype,
+        }
     }
 
     /// A view of the same storage with another layout (checked to lie inside the storage).
@@ -440,6 +460,14 @@ pub(crate) fn launch_map(
 /// An `Err` naming the view when two of its indices share a storage position (a broadcast
 /// view), since writing it would write one element several times.
 fn check_writable(out: &Tensor) -> Result<()> {
+    if out.storage.read_only {
+        return Err(Error::Invalid(format!(
+            "cannot write into a read-only tensor (shape {:?}, {}): its DLPack producer lent it \
+             read-only; write into a copy (t.copy()) instead",
+            out.shape(),
+            out.dtype
+        )));
+    }
     if out.layout.has_internal_overlap() {
         return Err(Error::Invalid(format!(
             "cannot write into a view whose elements overlap in memory (shape {:?}, strides {:?}); \

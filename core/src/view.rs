@@ -108,7 +108,7 @@ impl Tensor {
         let known_numel = checked_numel(&known)?;
         let mut shape: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
         if let Some(&k) = unknown.first() {
-            if known_numel == 0 || self.numel() % known_numel != 0 {
+            if known_numel == 0 || !self.numel().is_multiple_of(known_numel) {
                 return Err(bad(format!(
                     "{} elements do not divide into the given sizes",
                     self.numel()

@@ -218,6 +218,39 @@ impl Gpu {
         )
     }
 
+    /// Makes `foreign`, another library's stream in this context, wait for `event`.
+    pub(crate) fn foreign_wait_event(&self, foreign: sys::CUstream, event: EventId) -> Result<()> {
+        self.bind()?;
+        let e = self.event(event)?;
+        // SAFETY: the event is live; the caller vouches for the foreign handle (DLPack's
+        // consumer passed it; 1 and 2 are the driver's legacy and per-thread default streams).
+        check(
+            unsafe { sys::cuStreamWaitEvent(foreign, e, 0) },
+            "cuStreamWaitEvent (a foreign stream)",
+        )
+    }
+
+    /// Makes `stream` wait for the work enqueued so far on `foreign`, another library's
+    /// stream in this context.
+    pub(crate) fn wait_foreign(&self, stream: StreamId, foreign: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        let s = self.stream(stream)?;
+        let mut e = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: context bound; the event is created, recorded on the foreign stream (the
+        // caller vouches for the handle), waited for on a live stream, then released.
+        unsafe {
+            check(sys::cuEventCreate(&mut e, flags), "cuEventCreate")?;
+            let done = check(
+                sys::cuEventRecord(e, foreign),
+                "cuEventRecord (a foreign stream)",
+            )
+            .and_then(|_| check(sys::cuStreamWaitEvent(s, e, 0), "cuStreamWaitEvent"));
+            sys::cuEventDestroy_v2(e);
+            done
+        }
+    }
+
     pub(crate) fn synchronize_event(&self, event: EventId) -> Result<()> {
         self.bind()?;
         let e = self.event(event)?;

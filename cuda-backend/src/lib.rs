@@ -398,6 +398,45 @@ impl Backend for CudaBackend {
         self.prepare(kernel, args)
     }
 
+    fn buffer_address(&self, buffer: &dyn DeviceBuffer) -> Result<u64> {
+        Ok(CudaBuffer::of(buffer)?.device_ptr())
+    }
+
+    fn dlpack_device(&self) -> Option<strata_core::dlpack::DLDevice> {
+        Some(strata_core::dlpack::DLDevice::cuda(self.gpu.ordinal as i32))
+    }
+
+    fn wrap_foreign(
+        &self,
+        address: u64,
+        bytes: usize,
+        owner: strata_core::backend::ForeignOwner,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        let buffer = self
+            .memory
+            .foreign(address, bytes, StreamId::DEFAULT, owner);
+        Ok(Arc::new(buffer))
+    }
+
+    fn native_stream(&self, stream: StreamId) -> Result<u64> {
+        Ok(self.gpu.stream(stream)? as usize as u64)
+    }
+
+    fn foreign_waits_for(&self, foreign: u64, stream: StreamId) -> Result<()> {
+        let event = self.record_event(stream)?;
+        let waited = self
+            .gpu
+            .foreign_wait_event(foreign as usize as cudarc::driver::sys::CUstream, event);
+        self.gpu.destroy_event(event);
+        waited
+    }
+
+    fn wait_for_foreign(&self, stream: StreamId, foreign: u64) -> Result<()> {
+        self.batches.send(&self.gpu, stream)?;
+        self.gpu
+            .wait_foreign(stream, foreign as usize as cudarc::driver::sys::CUstream)
+    }
+
     fn memory_stats(&self) -> MemoryStats {
         self.memory.stats()
     }

@@ -11,6 +11,7 @@ use cudarc::driver::sys;
 use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use strata_core::backend::ForeignOwner;
 use strata_core::ir::Operand;
 use strata_core::{DeviceBuffer, Error, MemoryStats, Result, StreamId};
 
@@ -116,7 +117,29 @@ impl Memory {
             home: stream,
             others: Mutex::new(Vec::new()),
             memory: self.clone(),
+            foreign: None,
         })
+    }
+
+    /// A buffer over `bytes` bytes at `ptr` that another library owns (a DLPack import),
+    /// first used on `stream`. It is not counted in `memory_stats`; its drop waits for the
+    /// streams that used it, then drops `owner`.
+    pub(crate) fn foreign(
+        self: &Arc<Self>,
+        ptr: u64,
+        bytes: usize,
+        stream: StreamId,
+        owner: ForeignOwner,
+    ) -> CudaBuffer {
+        CudaBuffer {
+            ptr,
+            bytes,
+            class: 0,
+            home: stream,
+            others: Mutex::new(Vec::new()),
+            memory: self.clone(),
+            foreign: Some(owner),
+        }
     }
 
     fn take_cached(&self, stream: StreamId, class: usize) -> Option<u64> {
@@ -210,6 +233,8 @@ pub struct CudaBuffer {
     /// Other streams that used it.
     others: Mutex<Vec<StreamId>>,
     memory: Arc<Memory>,
+    /// For memory another library lent: what gives it back.
+    foreign: Option<ForeignOwner>,
 }
 
 impl std::fmt::Debug for CudaBuffer {
@@ -277,6 +302,19 @@ impl DeviceBuffer for CudaBuffer {
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
+        if let Some(owner) = self.foreign.take() {
+            // The owner may free or reuse the memory at once: strata's work on it ends first.
+            let gpu = &self.memory.gpu;
+            if gpu.bind().is_ok() {
+                let others = self.others.get_mut().unwrap_or_else(|p| p.into_inner());
+                for s in std::iter::once(self.home).chain(others.drain(..)) {
+                    // SAFETY: a live stream handle (a destroyed one was synchronized then).
+                    unsafe { sys::cuStreamSynchronize(gpu.stream_or_default(s)) };
+                }
+            }
+            drop(owner);
+            return;
+        }
         self.memory
             .allocated
             .fetch_sub(self.bytes, Ordering::Relaxed);

@@ -2,7 +2,7 @@
 //! wait in a cache for the next allocation of their class (no system call, no zeroing), up to
 //! a limit; `empty_cache` returns them to the system.
 
-use crate::backend::{DeviceBuffer, MemoryStats};
+use crate::backend::{DeviceBuffer, ForeignOwner, MemoryStats};
 use crate::error::{Error, Result};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
@@ -135,12 +135,28 @@ impl Drop for Pool {
 /// assert!(buf.as_any().downcast_ref::<CpuBuffer>().is_some());
 /// assert!(dev.memory_stats().reserved >= 100);
 /// ```
-#[derive(Debug)]
 pub struct CpuBuffer {
     ptr: NonNull<u8>,
     len: usize,
-    class: usize,
-    pool: Arc<Pool>,
+    home: Home,
+}
+
+/// Where a buffer's memory goes back to.
+enum Home {
+    /// A block of `class` bytes from the backend's pool.
+    Pool { class: usize, pool: Arc<Pool> },
+    /// Memory another library lent (a DLPack import): dropping the owner returns it.
+    Foreign(#[allow(dead_code)] ForeignOwner),
+}
+
+impl std::fmt::Debug for CpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let whose = match self.home {
+            Home::Pool { .. } => "",
+            Home::Foreign(_) => ", foreign",
+        };
+        write!(f, "CpuBuffer({} bytes at {:p}{whose})", self.len, self.ptr)
+    }
 }
 
 // SAFETY: the block is plain memory; the backend orders accesses (writes of one kernel go to
@@ -157,8 +173,24 @@ impl CpuBuffer {
         Ok(CpuBuffer {
             ptr,
             len,
-            class,
-            pool,
+            home: Home::Pool { class, pool },
+        })
+    }
+
+    /// A buffer over `len` bytes at `address` that `owner` keeps alive (a DLPack import).
+    pub(crate) fn foreign(address: u64, len: usize, owner: ForeignOwner) -> Result<CpuBuffer> {
+        // An empty import may carry a null pointer: any non-null dangling one serves.
+        let ptr = NonNull::new(address as usize as *mut u8)
+            .or(if len == 0 {
+                Some(NonNull::dangling())
+            } else {
+                None
+            })
+            .ok_or_else(|| Error::Invalid(format!("a null data pointer for {len} bytes")))?;
+        Ok(CpuBuffer {
+            ptr,
+            len,
+            home: Home::Foreign(owner),
         })
     }
 
@@ -194,8 +226,12 @@ impl CpuBuffer {
 
 impl Drop for CpuBuffer {
     fn drop(&mut self) {
-        self.pool.allocated.fetch_sub(self.class, Ordering::Relaxed);
-        self.pool.give_back(self.class, self.ptr);
+        // A foreign owner is dropped with the buffer: the CPU backend's work is complete by
+        // the time a view can be dropped.
+        if let Home::Pool { class, pool } = &self.home {
+            pool.allocated.fetch_sub(*class, Ordering::Relaxed);
+            pool.give_back(*class, self.ptr);
+        }
     }
 }
 

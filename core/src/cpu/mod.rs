@@ -12,7 +12,9 @@ mod strided;
 
 pub use buffer::CpuBuffer;
 
-use crate::backend::{Backend, BackendKind, DeviceBuffer, EventId, MemoryStats, StreamId};
+use crate::backend::{
+    Backend, BackendKind, DeviceBuffer, EventId, ForeignOwner, MemoryStats, StreamId,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Kernel, KernelArgs};
@@ -208,6 +210,23 @@ impl Backend for CpuBackend {
 
     fn fuses_map_into_reduce(&self) -> bool {
         true
+    }
+
+    fn buffer_address(&self, buffer: &dyn DeviceBuffer) -> Result<u64> {
+        Ok(CpuBuffer::of(buffer)?.ptr() as usize as u64)
+    }
+
+    fn dlpack_device(&self) -> Option<dlpark::ffi::DLDevice> {
+        Some(dlpark::ffi::DLDevice::CPU)
+    }
+
+    fn wrap_foreign(
+        &self,
+        address: u64,
+        bytes: usize,
+        owner: ForeignOwner,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        Ok(Arc::new(CpuBuffer::foreign(address, bytes, owner)?))
     }
 
     fn memory_stats(&self) -> MemoryStats {

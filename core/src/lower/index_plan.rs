@@ -92,7 +92,7 @@ pub fn rows(ops: &IndexOperands, addresses: [u64; 2], vector_bytes: usize) -> Op
     let mut vector = (vector_bytes / itemsize).max(1);
     let fits = |v: usize| {
         let bytes = (v * itemsize) as u64;
-        inner % v == 0
+        inner.is_multiple_of(v)
             && base.iter().all(|&p| p % bytes == 0)
             && [outer_strides[0], src[a], outer_strides[2], out[a]]
                 .iter()

@@ -362,7 +362,7 @@ fn plan_piece(
         while vector > 1 && !aligned(vector) {
             vector /= 2;
         }
-    } else if vector > 1 && (numel % vector != 0 || !aligned(vector)) {
+    } else if vector > 1 && (!numel.is_multiple_of(vector) || !aligned(vector)) {
         vector = 1;
     }
     if vector > 1 {

@@ -254,7 +254,7 @@ mod tests {
         for p in &pieces {
             for a in &ops {
                 let w = window(a, p, 32);
-                assert!(w.byte_size <= 512 && w.byte_offset % 32 == 0);
+                assert!(w.byte_size <= 512 && w.byte_offset.is_multiple_of(32));
                 assert!(w.byte_offset + w.byte_size <= a.buffer_bytes);
             }
             for i in p.start[0]..p.start[0] + p.len[0] {

@@ -168,7 +168,7 @@ pub fn plan(ops: &ReduceOperands, buffers: &[BufferInfo], target: &Target) -> Re
     };
     let first = address + (input.layout.offset() * item) as u64;
     while vector > 1
-        && (first % (vector * item) as u64 != 0
+        && (!first.is_multiple_of((vector * item) as u64)
             || in_outer.iter().any(|&s| s.rem_euclid(vector as isize) != 0))
     {
         vector /= 2;

@@ -470,8 +470,8 @@ fn hoist_philox(expr: &Expr, vector: usize, first_input: usize) -> (Expr, Vec<La
             Node::Philox(w)
                 if w.per_counter > 1
                     && vector > 1
-                    && (vector % w.per_counter as usize == 0
-                        || w.per_counter as usize % vector == 0) =>
+                    && (vector.is_multiple_of(w.per_counter as usize)
+                        || (w.per_counter as usize).is_multiple_of(vector)) =>
             {
                 let input = match draws.iter().find(|d| d.philox == *w) {
                     Some(d) => d.input,
