@@ -16,10 +16,15 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
         print(m["target"]["name"], m["executable"])
 ' | while read -r name exe; do cp "$exe" ".gpu/bin/test-$name"; done
-strip .gpu/bin/*
+# The Python extension (DLPack with PyTorch and CuPy there): a release wheel, abi3 (the GPU
+# machine's python3 is 3.12, this one's 3.11).
+[ -x .venv/bin/maturin ] || { python3 -m venv .venv && .venv/bin/pip install --quiet "maturin>=1.9,<2"; }
+.venv/bin/maturin build --quiet --release --locked -m python/Cargo.toml -o .gpu/wheels
+mkdir -p .gpu/bin/py && cp python/tests/*.py .gpu/bin/py/
+strip .gpu/bin/test-* .gpu/bin/bench_* .gpu/bin/profile
 # Carried files are limited to 64 MiB in all: carry the compressed archive (gpu-run.sh unpacks it).
 tar -C .gpu -cJf .gpu/bin.tar.xz bin
-du -sh .gpu/bin .gpu/bin.tar.xz
+du -sh .gpu/bin .gpu/bin.tar.xz .gpu/wheels
 ls .gpu/bin
 # The unpacked copy would push the carry past its limit.
 rm -rf .gpu/bin

@@ -3,7 +3,8 @@
 # .gpu/bin. Modes: tests (the differential suite on CUDA), sanitize (a reduced suite under
 # compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
 # sweep (every op family, strata beside PyTorch, and on wgpu), wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
-# (the wgpu backend's benchmark), random (thousands of random programs on cuda:0 and on wgpu,
+# (the wgpu backend's benchmark), python (the Python extension's DLPack tests with PyTorch
+# and CuPy), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -103,6 +104,18 @@ run_sweep() {
   python3 scripts/bench_sweep_table.py "$out/sweep-strata.jsonl" "$out/sweep-torch.jsonl" $wgpu | tee -a "$summary"
 }
 
+# The Python extension's tests (python/tests) with PyTorch and CuPy: the wheel gpu-build.sh
+# made, unpacked beside the tests (no network, no install into the image's environment).
+run_python() {
+  echo "== Python extension: DLPack with PyTorch, CuPy and NumPy" | tee -a "$summary"
+  py=/tmp/strata-py && rm -rf "$py" && mkdir -p "$py"
+  python3 -m pip install --quiet --no-deps --no-index --target "$py" .gpu/wheels/*.whl > "$out/python-install.log" 2>&1
+  PYTHONPATH="$py" timeout 560 python3 -m pytest -q -p no:cacheprovider "$bin/py" > "$out/python.log" 2>&1
+  rc=$?
+  printf 'rc=%-3s %s\n' "$rc" "$(tail -1 "$out/python.log")" | tee -a "$summary"
+  [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)|Error' "$out/python.log" | head -30 | tee -a "$summary"
+}
+
 # Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.
 run_random() {
   n="${RANDOM_PROGRAMS:-3000}"
@@ -125,5 +138,6 @@ case "$mode" in
   wgpu-bench) setup_vulkan; run_wgpu_bench ;;
   random) run_random ;;
   sweep) run_sweep ;;
-  all) run_tests; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
+  python) run_python ;;
+  all) run_tests; run_python; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
 esac

@@ -36,6 +36,24 @@ fusion_off_devices=cpu
 if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then fusion_off_devices=cpu,wgpu; fi
 STRATA_FUSION=0 STRATA_TEST_DEVICES=$fusion_off_devices cargo test --locked -p strata-tests -- --test-threads=1
 
+# The Python extension (python/): built with maturin into .venv, then its DLPack tests against
+# NumPy on the CPU (and wgpu through a host copy where Vulkan runs). PyTorch and CuPy tests
+# skip without a GPU (the GPU machine runs them: `bash scripts/gpu-run.sh python`).
+if python3 -m venv --help >/dev/null 2>&1; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  .venv/bin/python -c "import maturin, numpy, pytest" 2>/dev/null ||
+    .venv/bin/pip install --quiet --disable-pip-version-check "maturin>=1.9,<2" numpy pytest
+fi
+if [ -x .venv/bin/maturin ] && .venv/bin/python -c "import numpy, pytest" 2>/dev/null; then
+  VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --quiet --locked -m python/Cargo.toml
+  .venv/bin/python -m pytest -q python/tests
+elif [ -n "${STRATA_REQUIRE_PYTHON:-}" ]; then
+  echo "the Python extension's tests need python3-venv (for maturin, numpy and pytest in .venv)" >&2
+  exit 1
+else
+  echo "skipping the Python extension's tests: no python3 venv"
+fi
+
 # The notebooks: every one in notebooks/ executed through nbclient with the strata kernel, on
 # the CPU and (where a Vulkan driver is present) on wgpu. Needs evcxr_jupyter and a .venv with
 # nbclient and pytest (.ci/run installs both). The kernel loads the committed HEAD of this
