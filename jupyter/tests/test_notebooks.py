@@ -307,6 +307,24 @@ def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
     assert "doubled is pending: false" in broken and "kernel 1 (ran)" in broken, broken
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_dlpack_notebook_shows_zero_copy_or_says_it_copied(device):
+    nb = executed("08-dlpack-exchange", device)
+    crossed = stream(tagged(nb, "dlpack-descriptor")[0], "stdout")
+    assert "shape [3, 4]" in crossed and "dtype code 2 (32 bits)" in crossed, crossed
+    writes = stream(tagged(nb, "dlpack-shared-writes")[0], "stdout")
+    freed = stream(tagged(nb, "dlpack-deleter")[0], "stdout")
+    if device == "wgpu":
+        assert "copied: true" in crossed, crossed
+        assert "[0.0, 1.0, 2.0, 3.0]" in writes, writes  # a copy: strata's tensor unchanged
+    else:
+        assert "strides [4, -1] · copied: false" in crossed, crossed
+        assert "first element: true" in crossed, crossed
+        assert "same address on both sides: true" in writes and "[-1.0, -1.0, -1.0, -1.0]" in writes, writes
+        assert "256 KiB still in use" in freed, freed
+    assert "after the consumer's deleter ran: 0 KiB" in freed, freed
+
+
 def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     """The first cell of a new kernel that ends in `expr?` returns the HTML table, not the
     one-line Debug summary (the kernel's prelude uses `?` once; see jupyter/src/kernelspec.rs)."""
