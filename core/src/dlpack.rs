@@ -154,29 +154,43 @@ impl Tensor {
         self.to_dlpack_with(&ExportOptions::default())
     }
 
-    /// Lends this view (or a copy, as `options` ask) as a DLPack tensor of either ABI:
-    /// [`Dlpack`] (versioned) or [`LegacyDlpack`]. Pending work is realized first; the
-    /// consumer's stream waits for the tensor's last write. The storage stays alive until
-    /// the returned value (or the consumer holding it) calls the deleter.
+    /// Lends this view (or a copy, as `options` ask) as a versioned DLPack tensor. Pending
+    /// work is realized first; the consumer's stream waits for the tensor's last write. The
+    /// storage stays alive until the returned value (or the consumer holding it) calls the
+    /// deleter.
     ///
     /// `Err` when the consumer wants another device than the tensor's or the CPU, when a
     /// copy is needed and `copy` is `Some(false)`, for a wgpu tensor unless a copy is allowed
     /// (`copy: Some(true)`, or the CPU as `device`), and for a stream on a CPU tensor.
     ///
     /// ```
-    /// use strata_core::dlpack::{DlpackFlags, ExportOptions, LegacyDlpack};
+    /// use strata_core::dlpack::{DlpackFlags, ExportOptions};
     /// use strata_core::{Device, DType, Tensor};
     /// let t = Tensor::ones([4], DType::I64, &Device::cpu()).unwrap();
     /// let copy = ExportOptions { copy: Some(true), ..Default::default() };
-    /// let d: strata_core::dlpack::Dlpack = t.to_dlpack_with(&copy).unwrap();
+    /// let d = t.to_dlpack_with(&copy).unwrap();
     /// assert!(d.flags().contains(DlpackFlags::IS_COPIED));
-    /// let legacy: LegacyDlpack = t.to_dlpack_with(&ExportOptions::default()).unwrap();
+    /// ```
+    pub fn to_dlpack_with(&self, options: &ExportOptions) -> Result<Dlpack> {
+        self.export(options)
+    }
+
+    /// [`Tensor::to_dlpack_with`] in the legacy ABI (`DLManagedTensor`, no flags), for
+    /// consumers that predate DLPack 1.0.
+    ///
+    /// ```
+    /// use strata_core::dlpack::ExportOptions;
+    /// use strata_core::{Device, DType, Tensor};
+    /// let t = Tensor::ones([4], DType::I64, &Device::cpu()).unwrap();
+    /// let legacy = t.to_legacy_dlpack_with(&ExportOptions::default()).unwrap();
     /// assert_eq!(legacy.validate().unwrap().shape(), &[4]);
     /// ```
-    pub fn to_dlpack_with<M: ManagedTensorBase>(
-        &self,
-        options: &ExportOptions,
-    ) -> Result<Managed<M>> {
+    pub fn to_legacy_dlpack_with(&self, options: &ExportOptions) -> Result<LegacyDlpack> {
+        self.export(options)
+    }
+
+    /// The export of either ABI.
+    fn export<M: ManagedTensorBase>(&self, options: &ExportOptions) -> Result<Managed<M>> {
         self.realize()?;
         let own = self.dlpack_device();
         let here = || own.map_or_else(|| self.device().name(), device_name);

@@ -10,10 +10,7 @@ use pyo3::exceptions::{PyBufferError, PyRuntimeError, PyTypeError, PyValueError}
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::sync::{Mutex, OnceLock};
-use strata::dlpack::{
-    ConsumerStream, DLDevice, DLDeviceType, DLManagedTensor, DLManagedTensorVersioned,
-    ExportOptions,
-};
+use strata::dlpack::{ConsumerStream, DLDevice, DLDeviceType, ExportOptions};
 use strata::prelude::*;
 
 /// A strata error as the Python exception a DLPack user expects: `BufferError` where an
@@ -113,13 +110,13 @@ impl PyTensor {
         Ok(match request.abi() {
             ExportAbi::Versioned => self
                 .inner
-                .to_dlpack_with::<DLManagedTensorVersioned>(&options)
+                .to_dlpack_with(&options)
                 .map_err(py_err)?
                 .into_pyobject(py)?
                 .unbind(),
             ExportAbi::Legacy => self
                 .inner
-                .to_dlpack_with::<DLManagedTensor>(&options)
+                .to_legacy_dlpack_with(&options)
                 .map_err(py_err)?
                 .into_pyobject(py)?
                 .unbind(),

@@ -108,7 +108,7 @@ fn every_dtype_and_layout_round_trips(dev: &Device) -> Result<()> {
     }
     // The legacy ABI carries the same tensor.
     let t = base(DType::F32, dev)?.slice(s![.., ..;-1, ..])?;
-    let legacy: LegacyDlpack = t.to_dlpack_with(&ExportOptions::default())?;
+    let legacy: LegacyDlpack = t.to_legacy_dlpack_with(&ExportOptions::default())?;
     assert_eq!(values(&Tensor::from_dlpack(legacy, dev)?)?, values(&t)?);
     Ok(())
 }
@@ -282,13 +282,13 @@ fn bad_input_is_an_error_that_says_what_is_wrong() {
         stream: ConsumerStream::Native(5),
         ..Default::default()
     };
-    let e = t.to_dlpack_with::<strata::dlpack::DLManagedTensorVersioned>(&on_stream);
+    let e = t.to_dlpack_with(&on_stream);
     assert!(err(e).contains("takes no stream"));
     let to_gpu = ExportOptions {
         device: Some(DLDevice::cuda(0)),
         ..Default::default()
     };
-    let e = t.to_dlpack_with::<strata::dlpack::DLManagedTensorVersioned>(&to_gpu);
+    let e = t.to_dlpack_with(&to_gpu);
     assert!(err(e).contains("asked for cuda:0"));
 }
 
@@ -331,14 +331,8 @@ fn wgpu_exchange(dev: &Device) -> Result<()> {
         device: Some(DLDevice::CPU),
         ..Default::default()
     };
-    assert!(t
-        .to_dlpack_with::<strata::dlpack::DLManagedTensorVersioned>(&no_copy)
-        .is_err());
-    let e = Tensor::from_dlpack(
-        t.to_dlpack_with::<strata::dlpack::DLManagedTensor>(&copy)?,
-        dev,
-    )
-    .unwrap_err();
+    assert!(t.to_dlpack_with(&no_copy).is_err());
+    let e = Tensor::from_dlpack(t.to_legacy_dlpack_with(&copy)?, dev).unwrap_err();
     assert!(e.to_string().contains("from_dlpack_copy"), "{e}");
     let back = Tensor::from_dlpack_copy(d, dev)?;
     assert_eq!(back.device().kind(), BackendKind::Wgpu);
