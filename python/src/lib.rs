@@ -301,32 +301,43 @@ fn from_dlpack(
     copy: Option<bool>,
 ) -> PyResult<PyTensor> {
     let request = dlpark::python::ImportRequest::new(obj.as_borrowed())?;
-    // A bare capsule does not say its device before it is opened.
-    let theirs = request.device().ok();
-    let dev = match (device, theirs) {
-        (Some(spec), _) => self::device(spec)?,
-        (None, Some(d)) => device_of(d)?,
-        (None, None) => self::device("cpu")?,
+    let choose = |theirs: DLDevice| match device {
+        Some(spec) => self::device(spec),
+        None => device_of(theirs),
+    };
+    let (dev, imported) = match request.device() {
+        Ok(theirs) => {
+            let dev = choose(theirs)?;
+            let ours = dev.backend().dlpack_device();
+            if ours.is_some() && ours != Some(theirs) && copy != Some(true) {
+                return Err(PyBufferError::new_err(format!(
+                    "the tensor is on {}, which {} cannot wrap; leave device unset to take it \
+                     where it is",
+                    strata::dlpack::device_name(theirs),
+                    dev.name()
+                )));
+            }
+            if ours.is_none() && copy == Some(false) {
+                return Err(PyBufferError::new_err(format!(
+                    "{} cannot wrap another library's memory; allow a copy (copy=None or True)",
+                    dev.name()
+                )));
+            }
+            // The producer orders its pending work before strata's current stream.
+            let imported = request.import(Some(&Consumer(dev.clone())), None)?;
+            (dev, imported)
+        }
+        // A bare capsule says its device only once it is opened (and takes no stream).
+        Err(_) => {
+            let imported = request.import(None, None)?;
+            let theirs = imported
+                .validate()
+                .map_err(|e| PyValueError::new_err(format!("a malformed DLPack tensor: {e}")))?
+                .device();
+            (choose(theirs)?, imported)
+        }
     };
     let zero_copy = dev.backend().dlpack_device().is_some() && copy != Some(true);
-    if let Some(d) = theirs.filter(|&d| zero_copy && dev.backend().dlpack_device() != Some(d)) {
-        return Err(PyBufferError::new_err(format!(
-            "the tensor is on {}, which {} cannot wrap; leave device unset to take it where it is",
-            strata::dlpack::device_name(d),
-            dev.name()
-        )));
-    }
-    if !zero_copy && copy == Some(false) {
-        return Err(PyBufferError::new_err(format!(
-            "{} cannot wrap another library's memory; allow a copy (copy=None or True)",
-            dev.name()
-        )));
-    }
-    let consumer = Consumer(dev.clone());
-    let imported = match theirs {
-        Some(_) => request.import(Some(&consumer), None)?,
-        None => request.import(None, None)?,
-    };
     let tensor = match (imported, zero_copy) {
         (ImportedDlpack::Versioned(m), true) => Tensor::from_dlpack(m, &dev),
         (ImportedDlpack::Legacy(m), true) => Tensor::from_dlpack(m, &dev),
