@@ -114,6 +114,8 @@ run_python() {
   rc=$?
   printf 'rc=%-3s %s\n' "$rc" "$(tail -1 "$out/python.log")" | tee -a "$summary"
   [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)|Error' "$out/python.log" | head -30 | tee -a "$summary"
+  # The host cost of one exchange, strata beside PyTorch and CuPy.
+  PYTHONPATH="$py" timeout 300 python3 scripts/bench_dlpack.py 2>&1 | tee -a "$summary"
 }
 
 # Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.

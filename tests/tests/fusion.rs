@@ -440,7 +440,7 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
     let s = p.sum(Axes::All, false)?;
     let e = (&a - &a.max(-1, true)?)?.exp()?;
     let es = e.sum(-1, true)?;
-    if dev.fusion() && dev.kind() != strata::BackendKind::Wgpu {
+    if dev.fusion() {
         assert!(p.is_pending(), "the reduction read the tree directly");
         assert!(
             e.is_pending(),
@@ -452,3 +452,25 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(reductions_read_pending_trees, map_then_reduce);
+
+/// wgpu evaluates a fused map inside its reduction shader: no temporary the size of the input
+/// (a fresh device, so its allocator's peak counts only this work).
+#[test]
+fn wgpu_map_reduce_allocates_no_temporary() {
+    for dev in strata_tests::devices() {
+        if dev.kind() != strata::BackendKind::Wgpu || !dev.fusion() {
+            continue;
+        }
+        let fresh = Device::parse("wgpu").unwrap();
+        let n = 1 << 16;
+        let a = Tensor::from_slice(&vec![1.5f32; n], [n], &fresh).unwrap();
+        let b = Tensor::from_slice(&vec![2.0f32; n], [n], &fresh).unwrap();
+        let s = (&a * &b).unwrap().sum(Axes::All, false).unwrap();
+        assert_eq!(s.item::<f32>().unwrap(), 3.0 * n as f32);
+        let peak = fresh.memory_stats().peak;
+        assert!(
+            peak < 2 * n * 4 + (64 << 10),
+            "peak {peak} bytes: a temporary was written"
+        );
+    }
+}

@@ -263,15 +263,15 @@ impl Backend for WgpuBackend {
                 op,
                 reduced_axes,
                 acc,
-                map: None,
-            } => self.run_reduce(*op, *reduced_axes, *acc, args),
-            // fuses_map_into_reduce is false: core runs the map as its own kernel.
-            Kernel::Reduce { map: Some(_), .. } => Err(strata_core::Error::Backend(
-                "the wgpu backend does not fuse a map into a reduction".into(),
-            )),
+                map,
+            } => self.run_reduce(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args),
         }
+    }
+
+    fn fuses_map_into_reduce(&self) -> bool {
+        true
     }
 
     fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {

@@ -230,9 +230,64 @@ fn every_reduce_variant_validates() {
                         group,
                         combine,
                         partial,
+                        map: None,
                     };
                     for (caps, targets) in caps_for(&[d, acc]) {
-                        check(&reduce::source(&sig, caps), targets);
+                        check(&reduce::source(&sig, caps).unwrap(), targets);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Map→reduce: `exp(x0 - x1)` with `x1` one value per output, summed (softmax's denominator),
+/// and `x0 * x1 * s0` over inputs laid out alike, arg-maxed, each unsplit and split.
+#[test]
+fn map_reduce_variants_validate() {
+    use ReduceOp::*;
+    for d in [DType::F32, DType::F16, DType::BF16] {
+        let x = |k| Box::new(Expr::input(k, d));
+        let node = |node| Expr { dtype: d, node };
+        let sub = node(Node::Binary(BinaryOp::Sub, x(0), x(1)));
+        let exp = node(Node::Unary(UnaryOp::Exp, Box::new(sub)));
+        let mul = node(Node::Binary(BinaryOp::Mul, x(0), x(1)));
+        let scaled = node(Node::Binary(
+            BinaryOp::Mul,
+            Box::new(mul),
+            Box::new(Expr::scalar(0, d)),
+        ));
+        let cases = [
+            (Sum, DType::F32, exp, vec![false, true], vec![]),
+            (ArgMax, d, scaled, vec![false, false], vec![d]),
+        ];
+        for (op, acc, expr, per_output, scalars) in cases {
+            for group in [1, 256] {
+                for partial in [false, true] {
+                    let out = match op {
+                        _ if partial => acc,
+                        ArgMax => DType::I64,
+                        _ => d,
+                    };
+                    let sig = reduce::ReduceSig {
+                        op,
+                        acc,
+                        input: d,
+                        out,
+                        outer_rank: 2,
+                        reduced_rank: 2,
+                        group,
+                        combine: false,
+                        partial,
+                        map: Some(reduce::ReduceMap {
+                            expr: expr.clone(),
+                            inputs: vec![d, d],
+                            per_output: per_output.clone(),
+                            scalars: scalars.clone(),
+                        }),
+                    };
+                    for (caps, targets) in caps_for(&[d, acc]) {
+                        check(&reduce::source(&sig, caps).unwrap(), targets);
                     }
                 }
             }

@@ -8,7 +8,7 @@
 
 use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
-use super::{binding, compute_type, load, scalar_value, Caps, ENTRY};
+use super::{binding, compute_type, load, Caps, ENTRY};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -197,7 +197,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
             let _ = writeln!(src, "var<workgroup> tile{}: array<u32, 1056>;", k + 1);
         }
         src.push_str(ENTRY);
-        scalar_lets(sig, &w, caps, &mut src);
+        super::scalar_lets(&sig.scalars, w.scalars, caps, &mut src);
         tiled_body(sig, &w, caps, &mut src)?;
         src.push_str("}\n");
         return Ok(src);
@@ -209,7 +209,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         "params[0]"
     };
     let _ = writeln!(src, "  if (gid >= {threads}) {{ return; }}");
-    scalar_lets(sig, &w, caps, &mut src);
+    super::scalar_lets(&sig.scalars, w.scalars, caps, &mut src);
     if sig.vector == 4 {
         vec4_body(sig, &w, caps, &mut src)?;
     } else {
@@ -239,30 +239,6 @@ fn word_value(d: DType, word: String) -> String {
     match d {
         DType::U32 => word,
         _ => format!("bitcast<{}>({word})", compute_type(d)),
-    }
-}
-
-/// Declares `s{k}`, each scalar's value (where the adapter has its type).
-fn scalar_lets(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) {
-    for (k, &d) in sig.scalars.iter().enumerate() {
-        let (lo, hi) = (w.scalars + 2 * k, w.scalars + 2 * k + 1);
-        let _ = writeln!(
-            src,
-            "  let s{k}lo = params[{lo}]; let s{k}hi = params[{hi}];"
-        );
-        let wide_ok = match d {
-            DType::U64 | DType::I64 => caps.int64,
-            DType::F64 => caps.f64,
-            _ => true,
-        };
-        if wide_ok {
-            let _ = writeln!(
-                src,
-                "  let s{k}: {} = {};",
-                compute_type(d),
-                scalar_value(d, &format!("s{k}lo"), &format!("s{k}hi"))
-            );
-        }
     }
 }
 

@@ -389,3 +389,29 @@ pub(crate) fn binding(slot: usize, d: DType, atomic: bool, caps: Caps) -> String
         slot + 1
     )
 }
+
+/// Declares `s{k}lo`, `s{k}hi` (the words from `params[first]` on) and `s{k}`, each scalar's
+/// value (where the adapter has its type).
+pub(crate) fn scalar_lets(scalars: &[DType], first: usize, caps: Caps, src: &mut String) {
+    use std::fmt::Write;
+    for (k, &d) in scalars.iter().enumerate() {
+        let (lo, hi) = (first + 2 * k, first + 2 * k + 1);
+        let _ = writeln!(
+            src,
+            "  let s{k}lo = params[{lo}]; let s{k}hi = params[{hi}];"
+        );
+        let wide_ok = match d {
+            DType::U64 | DType::I64 => caps.int64,
+            DType::F64 => caps.f64,
+            _ => true,
+        };
+        if wide_ok {
+            let _ = writeln!(
+                src,
+                "  let s{k}: {} = {};",
+                compute_type(d),
+                scalar_value(d, &format!("s{k}lo"), &format!("s{k}hi"))
+            );
+        }
+    }
+}

@@ -5,12 +5,12 @@
 //! reduced axis, one launch each: every range writes a partial result (and, for
 //! argmin/argmax, its position), and a second launch combines the partials.
 
-use super::prelude::helpers;
+use super::prelude::{dtypes_of, helpers};
 use super::{binding, cast, compute_type, literal, load, round_to, store, wrap, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::ir::ReduceOp;
-use strata_core::DType;
+use strata_core::ir::{Expr, ReduceOp};
+use strata_core::{DType, Result};
 
 /// The structure of a reduce launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -29,42 +29,68 @@ pub(crate) struct ReduceSig {
     pub combine: bool,
     /// Writes partials (values and, for arg ops, positions).
     pub partial: bool,
+    /// Map→reduce fusion: each element is this map over the inputs.
+    pub map: Option<ReduceMap>,
+}
+
+/// A fused map's structure: its tree, its inputs' dtypes (input 0 is the reduction's input) and
+/// its scalars' dtypes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ReduceMap {
+    pub expr: Expr,
+    pub inputs: Vec<DType>,
+    /// Inputs holding one value per output (read at the output's position, not the element's).
+    pub per_output: Vec<bool>,
+    pub scalars: Vec<DType>,
 }
 
 impl strata_core::lower::cache::Owned for ReduceSig {}
 
 /// Slots in `params`: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
-/// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then outer shape, reduced shape, input outer
-/// strides, output outer strides, input reduced strides.
+/// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then
+/// outer shape, reduced shape, input outer strides, output outer strides, input reduced
+/// strides; for a fused map, each further input's base offset, the outer strides of inputs
+/// with one value per output (the output's), and two words per scalar.
 pub(crate) struct Slots {
     pub outer_shape: usize,
     pub reduced_shape: usize,
     pub in_outer: usize,
     pub out_outer: usize,
     pub in_reduced: usize,
+    pub map_base: usize,
+    pub map_outer: usize,
+    pub scalars: usize,
     pub len: usize,
 }
 
-pub(crate) fn slots(ro: usize, rr: usize) -> Slots {
+pub(crate) fn slots(ro: usize, rr: usize, map: Option<&ReduceMap>) -> Slots {
     let outer_shape = 6;
     let reduced_shape = outer_shape + ro;
     let in_outer = reduced_shape + rr;
     let out_outer = in_outer + ro;
     let in_reduced = out_outer + ro;
+    let map_base = in_reduced + rr;
+    let (more, scalars) = map.map_or((0, 0), |m| (m.inputs.len() - 1, m.scalars.len()));
+    let map_outer = map_base + more;
+    let scalar_words = map_outer + if more > 0 { ro } else { 0 };
     Slots {
         outer_shape,
         reduced_shape,
         in_outer,
         out_outer,
         in_reduced,
-        len: in_reduced + rr,
+        map_base,
+        map_outer,
+        scalars: scalar_words,
+        len: scalar_words + 2 * scalars,
     }
 }
 
 /// The number of tensor bindings of a launch with `sig`.
 pub(crate) fn bindings(sig: &ReduceSig) -> usize {
     let arg = sig.op.returns_index();
-    2 + usize::from(arg && sig.partial) + usize::from(arg && sig.combine)
+    let more = sig.map.as_ref().map_or(0, |m| m.inputs.len() - 1);
+    2 + usize::from(arg && sig.partial) + usize::from(arg && sig.combine) + more
 }
 
 fn identity(op: ReduceOp, acc: DType) -> String {
@@ -164,16 +190,19 @@ fn decode(
 }
 
 /// Declares `v{j}` (the value at reduced position `r`, as the accumulator's type) and `pos{j}`
-/// (its position, for arg ops).
+/// (its position, for arg ops). A fused map reads its further inputs from bindings `more`.
+#[allow(clippy::too_many_arguments)]
 fn element(
     sig: &ReduceSig,
     w: &Slots,
     idx_in: Option<usize>,
+    more: usize,
     r: &str,
     j: usize,
+    next: &mut usize,
     caps: Caps,
     src: &mut String,
-) {
+) -> Result<()> {
     let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
     let (rr, off) = (format!("rr{j}"), format!("off{j}"));
     decode(
@@ -185,34 +214,56 @@ fn element(
         &[(&off, w.in_reduced)],
     );
     let x = load(sig.input, "b1", &format!("u32(off{j})"), caps);
-    let v = if sig.combine {
-        x
+    let at = compute_type(sig.acc);
+    if let Some(m) = &sig.map {
+        // The map's values in a block of their own, so unrolled elements reuse the names.
+        // (`mv`: the tree's own `let`s are named `v…`.)
+        let _ = writeln!(src, "    var mv{j}: {at};\n    {{\n      let x0 = {x};");
+        for (k, &d) in m.inputs.iter().enumerate().skip(1) {
+            let at_k = if m.per_output[k] { "pb" } else { off.as_str() };
+            let idx = format!("u32({at_k} + bitcast<i32>(params[{}]))", w.map_base + k - 1);
+            let b = format!("b{}", more + k - 1);
+            let _ = writeln!(src, "      let x{k} = {};", load(d, &b, &idx, caps));
+        }
+        let mut body = String::new();
+        let value = super::expr::emit(&m.expr, &mut body, next, caps)?;
+        for line in body.lines() {
+            let _ = writeln!(src, "    {line}");
+        }
+        let v = cast(&value, m.expr.dtype, sig.acc, false);
+        let _ = writeln!(src, "      mv{j} = {v};\n    }}\n    let v{j} = mv{j};");
     } else {
-        cast(&x, sig.input, sig.acc, false)
-    };
+        let v = if sig.combine {
+            x
+        } else {
+            cast(&x, sig.input, sig.acc, false)
+        };
+        let _ = writeln!(src, "    let v{j}: {at} = {v};");
+    }
     let pos = match idx_in {
         Some(s) => format!("b{s}[u32(off{j})]"),
         None => format!("(params[2] + {r})"),
     };
-    let _ = writeln!(
-        src,
-        "    let v{j}: {} = {v};\n    let pos{j} = {pos};",
-        compute_type(sig.acc)
-    );
+    let _ = writeln!(src, "    let pos{j} = {pos};");
+    Ok(())
 }
 
 fn truthy(d: DType, v: &str) -> String {
     super::ne_zero(d, v)
 }
 
-/// The WGSL source of a reduce launch.
-pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
-    let w = slots(sig.outer_rank, sig.reduced_rank);
+/// The WGSL source of a reduce launch (`Err` for a fused map the adapter cannot compute).
+pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
+    let w = slots(sig.outer_rank, sig.reduced_rank, sig.map.as_ref());
     let at = compute_type(sig.acc);
     let arg = sig.op.returns_index();
     let mut used = BTreeSet::from([sig.acc, sig.input, sig.out]);
     if arg {
         used.insert(DType::U32);
+    }
+    if let Some(m) = &sig.map {
+        dtypes_of(&m.expr, &mut used);
+        used.extend(m.inputs.iter().chain(&m.scalars).copied());
     }
     let mut src = super::header(caps);
     src.push_str(&binding(0, sig.out, true, caps));
@@ -226,9 +277,19 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
     });
     let idx_in = (arg && sig.combine).then(|| {
         let s = slot;
+        slot += 1;
         src.push_str(&binding(s, DType::U32, false, caps));
         s
     });
+    // A fused map's further inputs follow.
+    let more = slot;
+    for (k, &d) in sig
+        .map
+        .iter()
+        .flat_map(|m| m.inputs.iter().enumerate().skip(1))
+    {
+        src.push_str(&binding(more + k - 1, d, false, caps));
+    }
     src.push_str(&helpers(&used, caps));
     // Bools cross workgroup memory as u32: NVIDIA's Vulkan driver lost `all` over a
     // workgroup-shared `array<bool>` (issue 15, item 6), and bool has no memory layout.
@@ -265,13 +326,22 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         src,
         "  var ib = i32(params[3]);\n  var ob = i32(params[4]);\n  var rem = o;"
     );
+    let mut targets = vec![("ib", w.in_outer), ("ob", w.out_outer)];
+    if let Some(m) = &sig.map {
+        super::scalar_lets(&m.scalars, w.scalars, caps, &mut src);
+        if m.per_output.iter().any(|&p| p) {
+            // Inputs with one value per output: at the output's position, as if unsplit.
+            src.push_str("  var pb = 0;\n");
+            targets.push(("pb", w.map_outer));
+        }
+    }
     decode(
         &mut src,
         "  ",
         "rem",
         sig.outer_rank,
         w.outer_shape,
-        &[("ib", w.in_outer), ("ob", w.out_outer)],
+        &targets,
     );
     let _ = writeln!(
         src,
@@ -285,16 +355,19 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         "  let chunk = (params[1] + ks - 1u) / ks;\n  let hi = min(params[1], k * chunk + chunk);\n\
          var r = k * chunk + tid;\n  for (; r < hi && hi - r > 3u * step; r = r + 4u * step) {\n",
     );
+    let mut next = 0;
     for j in 0..4 {
         element(
             sig,
             &w,
             idx_in,
+            more,
             &format!("r + {j}u * step"),
             j,
+            &mut next,
             caps,
             &mut src,
-        );
+        )?;
     }
     for j in 0..4 {
         let _ = writeln!(
@@ -304,7 +377,7 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         );
     }
     src.push_str("  }\n  for (; r < hi; r = r + step) {\n");
-    element(sig, &w, idx_in, "r", 0, caps, &mut src);
+    element(sig, &w, idx_in, more, "r", 0, &mut next, caps, &mut src)?;
     let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
     if sig.group > 1 {
         let _ = writeln!(
@@ -344,5 +417,5 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> String {
         let _ = writeln!(src, "  {}", store(sig.out, "b0", "u32(ob)", &out, caps));
     }
     src.push_str("}\n");
-    src
+    Ok(src)
 }

@@ -1,14 +1,16 @@
 //! A reduction: core's plan, one dispatch per window, and a combine dispatch when the plan
 //! splits the extent into ranges (partials `[outputs, splits]` in the accumulator dtype, and
-//! positions for argmin/argmax).
+//! positions for argmin/argmax). A fused map (map→reduce) is evaluated per element inside the
+//! reduction, its further inputs bound whole; where they do not fit a binding, or the bindings
+//! run out, the map runs first into a temporary.
 
 use crate::codegen::reduce;
 use crate::launch::{buffer_info, raw, Binding};
 use crate::WgpuBackend;
-use strata_core::ir::{KernelArgs, ReduceOp};
-use strata_core::lower::operands::ReduceOperands;
+use strata_core::ir::{Expr, KernelArgs, Operand, ReduceOp};
+use strata_core::lower::operands::{per_output, ReduceOperands};
 use strata_core::lower::reduce_plan::{self, partial_strides};
-use strata_core::Backend;
+use strata_core::{Backend, Layout, StreamId};
 use strata_core::{DType, Result};
 
 impl WgpuBackend {
@@ -17,6 +19,7 @@ impl WgpuBackend {
         op: ReduceOp,
         reduced_axes: usize,
         acc: DType,
+        map: Option<&Expr>,
         args: &KernelArgs,
     ) -> Result<()> {
         let ops = ReduceOperands::of(reduced_axes, args)?;
@@ -24,6 +27,13 @@ impl WgpuBackend {
         if ops.outputs == 0 {
             return Ok(());
         }
+        let map = match map {
+            Some(expr) => match self.fused_map(expr, &ops, args)? {
+                Some(m) => Some(m),
+                None => return self.map_then_reduce(op, reduced_axes, acc, expr, args),
+            },
+            None => None,
+        };
         let (in_buf, out_buf) = (raw(ops.input)?, raw(ops.out)?);
         let plan = reduce_plan::plan(&ops, &buffer_info(&[out_buf, in_buf]), &self.target)?;
         let (ro, rr) = (plan.outer_shape.len(), plan.reduced_shape.len());
@@ -37,7 +47,7 @@ impl WgpuBackend {
         } else {
             (None, None)
         };
-        let slots = reduce::slots(ro, rr);
+        let slots = reduce::slots(ro, rr, map.as_ref());
         let sig = reduce::ReduceSig {
             op,
             acc,
@@ -48,10 +58,11 @@ impl WgpuBackend {
             group: plan.group,
             combine: false,
             partial,
+            map,
         };
         let pl = self.reductions.get(&sig, |sig| {
             self.gpu
-                .pipeline(&reduce::source(sig, caps), reduce::bindings(sig))
+                .pipeline(&reduce::source(sig, caps)?, reduce::bindings(sig))
         })?;
         let partial_outer = partial_strides(&plan.outer_shape, plan.splits);
         for launch in &plan.launches {
@@ -92,6 +103,34 @@ impl WgpuBackend {
             if let Some(positions) = &positions {
                 bindings.push(Binding::whole(positions.raw()));
             }
+            if let Some(m) = &sig.map {
+                // Further inputs, bound whole: alike ones at the element's offset from the
+                // input's, per-output ones at the output's position (from the piece's start).
+                let first = (input.byte_offset / ops.input.dtype.itemsize() as u64) as i64;
+                let start: i64 = (0..ro)
+                    .map(|d| launch.piece.start[d] as i64 * plan.out_outer[d] as i64)
+                    .sum();
+                for (k, o) in ops.more.iter().enumerate() {
+                    let own = o.layout.offset() as i64;
+                    let base = if m.per_output[k + 1] {
+                        own + start
+                    } else {
+                        own - ops.input.layout.offset() as i64 + first
+                    };
+                    params[slots.map_base + k] = base as i32 as u32;
+                    bindings.push(Binding::whole(raw(o)?));
+                }
+                if !ops.more.is_empty() {
+                    for d in 0..ro {
+                        params[slots.map_outer + d] = plan.out_outer[d] as i32 as u32;
+                    }
+                }
+                for (k, s) in args.scalars.iter().enumerate() {
+                    let [lo, hi] = crate::launch::scalar_words(*s);
+                    params[slots.scalars + 2 * k] = lo;
+                    params[slots.scalars + 2 * k + 1] = hi;
+                }
+            }
             for d in 0..ro {
                 params[slots.outer_shape + d] = launch.piece.len[d] as u32;
                 params[slots.in_outer + d] = plan.in_outer[d] as i32 as u32;
@@ -112,9 +151,10 @@ impl WgpuBackend {
             group: plan.combine_group,
             combine: true,
             partial: false,
+            map: None,
             ..sig
         };
-        let slots = reduce::slots(ro, 1);
+        let slots = reduce::slots(ro, 1, None);
         let mut params = vec![0u32; slots.len];
         params[0] = plan.outputs as u32;
         params[1] = plan.splits as u32;
@@ -140,10 +180,70 @@ impl WgpuBackend {
         }
         let pl = self.reductions.get(&sig, |sig| {
             self.gpu
-                .pipeline(&reduce::source(sig, caps), reduce::bindings(sig))
+                .pipeline(&reduce::source(sig, caps)?, reduce::bindings(sig))
         })?;
         let threads = plan.outputs * plan.combine_group;
         self.gpu.dispatch(&pl, &params, &bindings, threads)
         // The partial buffers return to the pool here; later work is ordered after the combine.
+    }
+
+    /// The fused map's structure when this launch can evaluate it in place: every further
+    /// input fits one binding and the bindings fit the adapter's limit. `None`: run the map
+    /// first ([`WgpuBackend::map_then_reduce`]).
+    fn fused_map(
+        &self,
+        expr: &Expr,
+        ops: &ReduceOperands,
+        args: &KernelArgs,
+    ) -> Result<Option<reduce::ReduceMap>> {
+        let mut per = vec![false];
+        for o in ops.more {
+            if raw(o)?.size() > self.binding_limit {
+                return Ok(None);
+            }
+            per.push(o.layout != ops.input.layout && per_output(o, ops.out, ops.kept));
+        }
+        // Params, output, input, the further inputs, and positions for a split argmin/argmax.
+        let needed = 3 + ops.more.len() + 2;
+        if needed > self.gpu.limits.max_storage_buffers_per_shader_stage as usize {
+            return Ok(None);
+        }
+        Ok(Some(reduce::ReduceMap {
+            expr: expr.clone(),
+            inputs: args.inputs.iter().map(|o| o.dtype).collect(),
+            per_output: per,
+            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
+        }))
+    }
+
+    /// A map→reduce the reduction cannot evaluate in place: the map into a temporary laid out
+    /// like the input, then the reduction of it.
+    fn map_then_reduce(
+        &self,
+        op: ReduceOp,
+        reduced_axes: usize,
+        acc: DType,
+        expr: &Expr,
+        args: &KernelArgs,
+    ) -> Result<()> {
+        let layout = Layout::contiguous(args.inputs[0].layout.shape())?;
+        let bytes = layout.numel() * expr.dtype.itemsize();
+        let temp = Operand {
+            buffer: self.allocate(bytes, StreamId::DEFAULT)?,
+            layout,
+            dtype: expr.dtype,
+        };
+        let mapped = KernelArgs {
+            outputs: vec![temp.clone()],
+            inputs: args.inputs.clone(),
+            scalars: args.scalars.clone(),
+        };
+        self.run_map(expr, &mapped)?;
+        let reduced = KernelArgs {
+            outputs: args.outputs.clone(),
+            inputs: vec![temp],
+            scalars: vec![],
+        };
+        self.run_reduce(op, reduced_axes, acc, None, &reduced)
     }
 }
