@@ -274,9 +274,8 @@ impl Tensor {
                 backend.foreign_waits_for(foreign, self.storage_last_writer())?;
             }
         }
-        let to_i64 = |v: isize| v as i64;
         let shape: Vec<i64> = self.shape().iter().map(|&d| d as i64).collect();
-        let strides: Vec<i64> = self.strides().iter().map(|&s| to_i64(s)).collect();
+        let strides: Vec<i64> = self.strides().iter().map(|&s| s as i64).collect();
         let (code, bits, lanes) = self.dtype.dlpack();
         let owner: Box<std::sync::Arc<dyn crate::DeviceBuffer>> = Box::new(buffer);
         let mut init = dlpark::metadata::Dynamic::new(shape, strides)

@@ -140,6 +140,55 @@ impl<'a> ReduceOperands<'a> {
     }
 }
 
+/// The structure of a map fused into a reduction (map→reduce), what a backend's generated
+/// source depends on: the tree, its inputs' dtypes (input 0 is the reduction's input), which
+/// inputs hold one value per output ([`per_output`], read at the output's position), and the
+/// scalars' dtypes.
+///
+/// ```
+/// use strata_core::ir::{Expr, KernelArgs};
+/// use strata_core::lower::operands::{ReduceMap, ReduceOperands};
+/// use strata_core::{DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
+/// let m = Tensor::zeros([3, 1], DType::F32, &dev).unwrap().broadcast_to([3, 4]).unwrap();
+/// let y = Tensor::zeros([3], DType::F32, &dev).unwrap();
+/// let args = KernelArgs {
+///     outputs: vec![y.operand().unwrap()],
+///     inputs: vec![x.operand().unwrap(), m.operand().unwrap()],
+///     scalars: vec![],
+/// };
+/// let ops = ReduceOperands::of(1, &args).unwrap();
+/// let map = ReduceMap::of(&Expr::input(0, DType::F32), &ops, &args);
+/// assert_eq!(map.per_output, vec![false, true]);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReduceMap {
+    /// The tree evaluated per element.
+    pub expr: Expr,
+    /// Its inputs' dtypes, input 0 first.
+    pub inputs: Vec<DType>,
+    /// Per input, whether it holds one value per output.
+    pub per_output: Vec<bool>,
+    /// Its scalars' dtypes.
+    pub scalars: Vec<DType>,
+}
+
+impl ReduceMap {
+    /// The structure of `expr` fused into the reduction `ops` of `args`.
+    pub fn of(expr: &Expr, ops: &ReduceOperands, args: &KernelArgs) -> ReduceMap {
+        let inputs = std::iter::once(ops.input).chain(ops.more);
+        ReduceMap {
+            expr: expr.clone(),
+            inputs: inputs.clone().map(|o| o.dtype).collect(),
+            per_output: inputs
+                .map(|o| o.layout != ops.input.layout && per_output(o, ops.out, ops.kept))
+                .collect(),
+            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
+        }
+    }
+}
+
 /// True when `m` has `input`'s layout and item size (read at the same offsets).
 fn alike(m: &Operand, input: &Operand) -> bool {
     m.layout == input.layout && m.dtype.itemsize() == input.dtype.itemsize()

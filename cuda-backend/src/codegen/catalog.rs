@@ -236,7 +236,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 vector,
                 wide: group == 32,
                 combine: false,
-                map: Some(super::reduce::ReduceMap {
+                map: Some(strata_core::lower::operands::ReduceMap {
                     expr: expr.clone(),
                     per_output: (0..inputs.len()).map(|i| k == 1 && i == 1).collect(),
                     inputs: inputs.clone(),

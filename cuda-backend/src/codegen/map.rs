@@ -210,6 +210,14 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         // Vector loads and stores: contiguous operands at vector `j`, row operands at the
         // offset decoded for the vector's first element.
         let whole = |k: usize| sig.contiguous(k) || sig.paths[k] == Path::Rows;
+        // Input `k` of lane `l`: its element of a whole vector, or the vector's one value.
+        let lane_input = |k: usize, l: &str| {
+            if whole(k) {
+                format!("u{k}.e[{l}]")
+            } else {
+                format!("e{k}")
+            }
+        };
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
         let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
         if (0..n_ops).any(|k| !sig.contiguous(k)) {
@@ -293,13 +301,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                     &mut lane,
                     "    ",
                     &lane_expr,
-                    &|k| {
-                        if whole(k) {
-                            format!("u{k}.e[{l}]")
-                        } else {
-                            format!("e{k}")
-                        }
-                    },
+                    &|k| lane_input(k, &l.to_string()),
                     &|val| format!("u0.e[{l}] = {val};"),
                 )?;
                 cse.lane(&mut s, &lane, l);
@@ -331,13 +333,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 &mut s,
                 "      ",
                 &lane_expr,
-                &|k| {
-                    if whole(k) {
-                        format!("u{k}.e[l]")
-                    } else {
-                        format!("e{k}")
-                    }
-                },
+                &|k| lane_input(k, "l"),
                 &|val| format!("u0.e[l] = {val};"),
             )?;
             let _ = writeln!(s, "    }}");

@@ -14,7 +14,7 @@ use crate::launch::{Args, Launch};
 use crate::memory::CudaBuffer;
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs, ReduceOp};
-use strata_core::lower::operands::{self, ReduceOperands};
+use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::BufferInfo;
 use strata_core::lower::reduce_plan::{self, ReducePlan};
 use strata_core::lower::target::Target;
@@ -39,17 +39,6 @@ pub(crate) struct ReduceSig {
     pub combine: bool,
     /// Map→reduce fusion: the element is this map over inputs of one layout.
     pub map: Option<ReduceMap>,
-}
-
-/// A fused map's structure: its tree, the dtypes of its inputs (input 0 is `input`) and of
-/// its scalars.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct ReduceMap {
-    pub expr: Expr,
-    pub inputs: Vec<DType>,
-    /// Inputs holding one value per output (read at the output's offset, not the element's).
-    pub per_output: Vec<bool>,
-    pub scalars: Vec<DType>,
 }
 
 impl strata_core::lower::cache::Owned for ReduceSig {}
@@ -112,19 +101,7 @@ pub(crate) fn plan(
         vector: plan.vector,
         wide: plan.wide,
         combine: false,
-        map: map.map(|expr| ReduceMap {
-            expr: expr.clone(),
-            inputs: std::iter::once(ops.input)
-                .chain(ops.more)
-                .map(|o| o.dtype)
-                .collect(),
-            per_output: std::iter::once(false)
-                .chain(ops.more.iter().map(|o| {
-                    o.layout != ops.input.layout && operands::per_output(o, ops.out, ops.kept)
-                }))
-                .collect(),
-            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
-        }),
+        map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
     };
     let mut map_words = Vec::new();
     if map.is_some() {

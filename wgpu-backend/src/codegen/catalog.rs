@@ -279,7 +279,7 @@ fn map_reduce_variants_validate() {
                         group,
                         combine: false,
                         partial,
-                        map: Some(reduce::ReduceMap {
+                        map: Some(strata_core::lower::operands::ReduceMap {
                             expr: expr.clone(),
                             inputs: vec![d, d],
                             per_output: per_output.clone(),

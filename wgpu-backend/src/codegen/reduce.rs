@@ -9,7 +9,8 @@ use super::prelude::{dtypes_of, helpers};
 use super::{binding, cast, compute_type, literal, load, round_to, store, wrap, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::ir::{Expr, ReduceOp};
+use strata_core::ir::ReduceOp;
+use strata_core::lower::operands::ReduceMap;
 use strata_core::{DType, Result};
 
 /// The structure of a reduce launch.
@@ -31,17 +32,6 @@ pub(crate) struct ReduceSig {
     pub partial: bool,
     /// Map→reduce fusion: each element is this map over the inputs.
     pub map: Option<ReduceMap>,
-}
-
-/// A fused map's structure: its tree, its inputs' dtypes (input 0 is the reduction's input) and
-/// its scalars' dtypes.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct ReduceMap {
-    pub expr: Expr,
-    pub inputs: Vec<DType>,
-    /// Inputs holding one value per output (read at the output's position, not the element's).
-    pub per_output: Vec<bool>,
-    pub scalars: Vec<DType>,
 }
 
 impl strata_core::lower::cache::Owned for ReduceSig {}

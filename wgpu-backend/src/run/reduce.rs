@@ -8,7 +8,7 @@ use crate::codegen::reduce;
 use crate::launch::{buffer_info, raw, Binding};
 use crate::WgpuBackend;
 use strata_core::ir::{Expr, KernelArgs, Operand, ReduceOp};
-use strata_core::lower::operands::{per_output, ReduceOperands};
+use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::reduce_plan::{self, partial_strides};
 use strata_core::{Backend, Layout, StreamId};
 use strata_core::{DType, Result};
@@ -195,25 +195,18 @@ impl WgpuBackend {
         expr: &Expr,
         ops: &ReduceOperands,
         args: &KernelArgs,
-    ) -> Result<Option<reduce::ReduceMap>> {
-        let mut per = vec![false];
+    ) -> Result<Option<ReduceMap>> {
         for o in ops.more {
             if raw(o)?.size() > self.binding_limit {
                 return Ok(None);
             }
-            per.push(o.layout != ops.input.layout && per_output(o, ops.out, ops.kept));
         }
         // Params, output, input, the further inputs, and positions for a split argmin/argmax.
-        let needed = 3 + ops.more.len() + 2;
+        let needed = 3 + ops.more.len() + 1;
         if needed > self.gpu.limits.max_storage_buffers_per_shader_stage as usize {
             return Ok(None);
         }
-        Ok(Some(reduce::ReduceMap {
-            expr: expr.clone(),
-            inputs: args.inputs.iter().map(|o| o.dtype).collect(),
-            per_output: per,
-            scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
-        }))
+        Ok(Some(ReduceMap::of(expr, ops, args)))
     }
 
     /// A map→reduce the reduction cannot evaluate in place: the map into a temporary laid out
