@@ -107,6 +107,23 @@ fn kernel(kernel_dir: Option<&Path>) -> Vec<Check> {
     ));
     if dir.join("kernel.json").is_file() {
         out.push(check(true, "kernelspec", dir.display().to_string()));
+        let spec = std::fs::read_to_string(dir.join("kernel.json")).unwrap_or_default();
+        out.push(if spec.contains(crate::kernelspec::PROXY_FILE) {
+            check(
+                true,
+                "socket proxy",
+                "libzmq holds IOPub and the heartbeat for evcxr",
+            )
+        } else {
+            Check {
+                status: Status::Absent,
+                what: "socket proxy".into(),
+                detail:
+                    "none: reinstall with a Python that has jupyter_client (--python) so that one \
+                 stalled client cannot hang the kernel (issue 18)"
+                        .into(),
+            }
+        });
         let init = paths::evcxr_config_dir(dir).join("init.evcxr");
         let dep = std::fs::read_to_string(&init).ok().and_then(|s| {
             s.lines()

@@ -66,12 +66,18 @@ pub fn find_python(explicit: Option<&Path>, repo: &Path) -> Option<PathBuf> {
         .chain(std::env::var_os("VIRTUAL_ENV").map(|v| PathBuf::from(v).join("bin/python")))
         .chain([repo.join(".venv/bin/python"), PathBuf::from("python3")])
         .collect();
-    candidates.into_iter().find(|py| {
+    let python = candidates.into_iter().find(|py| {
         Command::new(py)
             .args(["-c", "import jupyter_client"])
             .output()
             .is_ok_and(|o| o.status.success())
-    })
+    })?;
+    // A kernelspec names it by an absolute path (a virtual environment's `python` is not
+    // resolved through its symlink, which would leave the environment).
+    if python.components().count() == 1 {
+        return crate::paths::find_program(&python.to_string_lossy());
+    }
+    std::path::absolute(&python).ok()
 }
 
 /// Runs `cells` in a fresh kernel named `kernel` with `python`, printing the timings.

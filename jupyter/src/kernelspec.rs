@@ -82,26 +82,54 @@ fn json_string(s: &str) -> String {
     out
 }
 
-/// `kernel.json` for `evcxr` with its configuration in `config_dir`.
+/// The kernel's front door ([`PROXY`], run by a Python that has pyzmq), if one was found.
+pub const PROXY_FILE: &str = "kernel_proxy.py";
+
+/// The proxy that holds Jupyter's sockets with libzmq in front of evcxr_jupyter, whose
+/// pure-Rust ZeroMQ hangs the whole kernel when one IOPub subscriber stops reading and stops
+/// its heartbeat when one client goes away (issue 18; the file's docstring says how).
+pub const PROXY: &str = include_str!("kernel_proxy.py");
+
+/// `kernel.json` for `evcxr` with its configuration in `config_dir`. With `proxy` (a Python
+/// that has pyzmq, and the proxy script), the kernel starts behind the proxy; without, evcxr
+/// binds Jupyter's ports itself.
 /// `XDG_RUNTIME_DIR` points at `runtime_dir`: the Vulkan loader probes Wayland, whose library
 /// prints `error: XDG_RUNTIME_DIR is invalid or not set` into cells when the kernel's
 /// environment lacks it (a server started outside a desktop session).
-pub fn kernel_json(evcxr: &Path, config_dir: &Path, runtime_dir: &Path) -> String {
+pub fn kernel_json(
+    evcxr: &Path,
+    proxy: Option<(&Path, &Path)>,
+    config_dir: &Path,
+    runtime_dir: &Path,
+) -> String {
     // evcxr_jupyter prints its start-up notice and cargo's `Compiling …` lines to its own
     // output, which `jupyter console` shares with the user's terminal: they go to
     // `kernel.log` beside the kernelspec instead (cells' output travels over Jupyter's
     // sockets and is not affected).
     let log = config_dir.parent().unwrap_or(config_dir).join("kernel.log");
+    let path = |p: &Path| json_string(&p.display().to_string());
+    let argv = match proxy {
+        Some((python, script)) => format!(
+            "{}, {}, \"{{connection_file}}\", {}, {}",
+            path(python),
+            path(script),
+            path(&log),
+            path(evcxr)
+        ),
+        None => format!(
+            "\"/bin/sh\", \"-c\", {}, {}, \"{{connection_file}}\", {}",
+            json_string(r#"exec "$0" --control_file "$1" >>"$2" 2>&1"#),
+            path(evcxr),
+            path(&log)
+        ),
+    };
     format!(
-        "{{\n  \"argv\": [\"/bin/sh\", \"-c\", {}, {}, \"{{connection_file}}\", {}],\n  \
+        "{{\n  \"argv\": [{argv}],\n  \
          \"display_name\": \"Rust (strata)\",\n  \"language\": \"rust\",\n  \
          \"interrupt_mode\": \"message\",\n  \
          \"env\": {{\"EVCXR_CONFIG_DIR\": {}, \"XDG_RUNTIME_DIR\": {}}}\n}}\n",
-        json_string(r#"exec "$0" --control_file "$1" >>"$2" 2>&1"#),
-        json_string(&evcxr.display().to_string()),
-        json_string(&log.display().to_string()),
-        json_string(&config_dir.display().to_string()),
-        json_string(&runtime_dir.display().to_string())
+        path(config_dir),
+        path(runtime_dir)
     )
 }
 
@@ -122,15 +150,34 @@ pub fn init_evcxr(source: &Source) -> String {
     format!(":cache {CACHE_MIB}\n{}\n", source.dep_line())
 }
 
-/// Writes the kernelspec and the evcxr configuration into `kernel_dir`.
-pub fn write(kernel_dir: &Path, evcxr: &Path, source: &Source) -> io::Result<()> {
+/// Writes the kernelspec and the evcxr configuration into `kernel_dir`; with `python` (one
+/// that has pyzmq) the kernel starts behind [`PROXY`].
+pub fn write(
+    kernel_dir: &Path,
+    evcxr: &Path,
+    python: Option<&Path>,
+    source: &Source,
+) -> io::Result<()> {
     let config = paths::evcxr_config_dir(kernel_dir);
     fs::create_dir_all(&config)?;
     let runtime = kernel_dir.join("runtime");
     make_runtime_dir(&runtime)?;
+    let script = kernel_dir.join(PROXY_FILE);
+    match python {
+        Some(_) => fs::write(&script, PROXY)?,
+        None => match fs::remove_file(&script) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        },
+    }
     fs::write(
         kernel_dir.join("kernel.json"),
-        kernel_json(evcxr, &config, &runtime),
+        kernel_json(
+            evcxr,
+            python.map(|py| (py, script.as_path())),
+            &config,
+            &runtime,
+        ),
     )?;
     fs::write(config.join("init.evcxr"), init_evcxr(source))?;
     fs::write(config.join("prelude.rs"), PRELUDE)
@@ -151,6 +198,7 @@ mod tests {
     fn kernel_json_escapes_paths_and_names_the_config_dir() {
         let json = kernel_json(
             Path::new("/opt/my \"bin\"/evcxr_jupyter"),
+            None,
             Path::new("/k/evcxr"),
             Path::new("/k/runtime"),
         );
@@ -161,6 +209,20 @@ mod tests {
         assert!(json.contains(
             r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr", "XDG_RUNTIME_DIR": "/k/runtime"}"#
         ));
+    }
+
+    #[test]
+    fn behind_the_proxy_python_runs_the_script_with_the_connection_file_log_and_evcxr() {
+        let json = kernel_json(
+            Path::new("/bin/evcxr_jupyter"),
+            Some((Path::new("/v/bin/python"), Path::new("/k/kernel_proxy.py"))),
+            Path::new("/k/evcxr"),
+            Path::new("/k/runtime"),
+        );
+        assert!(json.contains(
+            r#""argv": ["/v/bin/python", "/k/kernel_proxy.py", "{connection_file}", "/k/kernel.log", "/bin/evcxr_jupyter"]"#
+        ), "{json}");
+        assert!(PROXY.contains("zmq.PUB"));
     }
 
     #[test]

@@ -26,7 +26,8 @@ strata-jupyter: the strata Jupyter kernel (\"Rust (strata)\")
       --path         load the working tree as it is (rebuilt by every new kernel, ~1 min)
                      instead of its committed HEAD through git (cached: starts in seconds)
       --no-warm      skip running the warming cell
-      --python PY    a Python with jupyter_client, for the warming cell
+      --python PY    a Python with jupyter_client: it runs the kernel's socket proxy and the
+                     warming cell
   strata-jupyter uninstall
       Removes the kernelspec and its evcxr configuration.
   strata-jupyter doctor
@@ -98,17 +99,29 @@ fn install(opts: InstallOptions) -> Result<(), String> {
     };
     let evcxr_path = evcxr::find_or_install()?;
     let dir = paths::kernel_dir().ok_or("no Jupyter data dir: set HOME or JUPYTER_DATA_DIR")?;
-    kernelspec::write(&dir, &evcxr_path, &source)
+    let python = evcxr::find_python(opts.python.as_deref(), &opts.source);
+    kernelspec::write(&dir, &evcxr_path, python.as_deref(), &source)
         .map_err(|e| format!("writing the kernelspec to {}: {e}", dir.display()))?;
     println!(
         "Installed the kernel \"Rust (strata)\" at {}",
         dir.display()
     );
     println!("  runs {} with {}", evcxr_path.display(), source.dep_line());
+    match &python {
+        Some(py) => println!(
+            "  behind {} (libzmq holds IOPub and the heartbeat), run by {}",
+            kernelspec::PROXY_FILE,
+            py.display()
+        ),
+        None => println!(
+            "  without the socket proxy: no Python with jupyter_client found (pass --python); \
+             one stalled client can hang the kernel (issue 18)"
+        ),
+    }
     if !opts.warm {
         return Ok(());
     }
-    let Some(python) = evcxr::find_python(opts.python.as_deref(), &opts.source) else {
+    let Some(python) = python else {
         println!(
             "Skipped warming the cache: no Python with jupyter_client (pip install \
              jupyter_client, or pass --python). The first notebook will build strata (minutes)."

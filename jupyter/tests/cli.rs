@@ -59,13 +59,38 @@ fn install_doctor_uninstall_round_trip() {
     let out = run(&dir, &["install", "--no-warm", "--path", "--source", repo]);
     assert!(out.status.success(), "{}", text(&out));
     let json = std::fs::read_to_string(kernel.join("kernel.json")).unwrap();
-    assert!(
-        json.contains(&format!(
-            "2>&1\", \"{}\", \"{{connection_file}}\"",
-            fake.display()
-        )),
-        "{json}"
-    );
+    // Behind the socket proxy where a Python with jupyter_client is found (the repository's
+    // .venv, the active environment, python3), else evcxr alone through /bin/sh.
+    let proxy = kernel.join("kernel_proxy.py");
+    if proxy.is_file() {
+        assert!(
+            json.contains(&format!(
+                "\"{}\", \"{{connection_file}}\", \"{}\", \"{}\"]",
+                proxy.display(),
+                kernel.join("kernel.log").display(),
+                fake.display()
+            )),
+            "{json}"
+        );
+        assert!(
+            text(&out).contains("behind kernel_proxy.py"),
+            "{}",
+            text(&out)
+        );
+    } else {
+        assert!(
+            json.contains(&format!(
+                "2>&1\", \"{}\", \"{{connection_file}}\"",
+                fake.display()
+            )),
+            "{json}"
+        );
+        assert!(
+            text(&out).contains("without the socket proxy"),
+            "{}",
+            text(&out)
+        );
+    }
     assert!(json.contains("\"display_name\": \"Rust (strata)\""));
     let init = std::fs::read_to_string(kernel.join("evcxr/init.evcxr")).unwrap();
     assert!(init.starts_with(":cache "), "{init}");

@@ -390,6 +390,87 @@ def test_every_new_kernel_answers():
             km.shutdown_kernel(now=True)
 
 
+def kernel_behind_the_proxy():
+    """A started strata kernel, after checking that its kernelspec runs the socket proxy."""
+    from jupyter_client import KernelManager
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    argv = KernelSpecManager().get_kernel_spec("strata").argv
+    assert "kernel_proxy.py" in " ".join(argv), argv
+    km = KernelManager(kernel_name="strata")
+    km.start_kernel()
+    return km
+
+
+def test_a_subscriber_that_stops_reading_does_not_hang_the_kernel():
+    """Issue 18's hang, reproduced: evcxr_jupyter's own ZeroMQ waits for every IOPub
+    subscriber to take each message, so one client that stops reading blocks every publish and
+    every reply (stock evcxr: no reply to the first cell below in 60 s). Behind the
+    kernelspec's libzmq proxy a lagging subscriber only loses messages."""
+    import time
+    import zmq
+
+    km = kernel_behind_the_proxy()
+    kc = km.client()
+    ctx = zmq.Context()
+    try:
+        kc.start_channels()
+        kc.wait_for_ready(timeout=600)
+        info = km.get_connection_info()
+        stalled = ctx.socket(zmq.SUB)
+        stalled.setsockopt(zmq.RCVHWM, 1)
+        stalled.setsockopt(zmq.RCVBUF, 4096)
+        stalled.setsockopt(zmq.LINGER, 0)
+        stalled.setsockopt(zmq.SUBSCRIBE, b"")
+        stalled.connect(f"tcp://{info['ip']}:{info['iopub_port']}")
+        time.sleep(1.0)
+        # About 2 MB of output per cell: far past what the stalled socket's buffers hold.
+        cell = 'for _ in 0..2000 { println!("{}", "x".repeat(1000)); }'
+        for k in range(3):
+            reply = kc.execute_interactive(cell, timeout=120, output_hook=lambda m: None)
+            assert reply["content"]["status"] == "ok", (k, reply)
+        stalled.close()
+    finally:
+        ctx.destroy(linger=0)
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_the_heartbeat_outlives_clients_that_go_away():
+    """evcxr_jupyter's heartbeat loop ends at the first client that disconnects before its
+    reply (stock evcxr answered 2 of the 20 pings below); behind the proxy every ping is
+    answered."""
+    import time
+    import zmq
+
+    km = kernel_behind_the_proxy()
+    ctx = zmq.Context()
+    try:
+        url = f"tcp://{km.get_connection_info()['ip']}:{km.get_connection_info()['hb_port']}"
+
+        def ping(wait_ms):
+            s = ctx.socket(zmq.REQ)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(url)
+            s.send(b"ping")
+            answered = wait_ms > 0 and bool(s.poll(wait_ms))
+            s.close()
+            return answered
+
+        deadline = time.time() + 600
+        while not ping(1000):
+            assert time.time() < deadline, "the heartbeat never answered"
+        answered = 0
+        for _ in range(20):
+            ping(0)  # sends and goes away at once
+            time.sleep(0.05)
+            answered += ping(3000)
+        assert answered == 20, f"{answered} of 20 pings answered after clients went away"
+    finally:
+        ctx.destroy(linger=0)
+        km.shutdown_kernel(now=True)
+
+
 def test_the_kernel_keeps_its_build_output_out_of_the_terminal():
     """`jupyter console` shares the kernel's stdout and stderr with the user's terminal: the
     kernel writes its start-up notice and cargo's Compiling lines to kernel.log instead."""
