@@ -1,5 +1,7 @@
 //! Profiles two streams working at once and writes the timeline and a Chrome trace:
-//! `cargo run --release --example profile -- [cpu|cuda|wgpu] [out-dir]`.
+//! `cargo run --release --example profile -- [cpu|cuda|wgpu] [out-dir]`; with a third
+//! argument `softmax`, profiles softmax along the last axis instead (strata's `softmax` and
+//! the same from primitives), so each kernel's share of its time shows.
 
 use strata::prelude::*;
 
@@ -7,6 +9,9 @@ fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dev = Device::parse(args.get(1).map_or("cpu", String::as_str))?;
     let out = std::path::PathBuf::from(args.get(2).map_or("target/profile", String::as_str));
+    if args.get(3).map(String::as_str) == Some("softmax") {
+        return profile_softmax(&dev);
+    }
     // Large enough on a GPU that the device, not the host, sets the pace.
     let n = if dev.kind() == strata::BackendKind::Cuda {
         1 << 26
@@ -41,5 +46,41 @@ fn main() -> Result<()> {
         .map_err(|e| Error::Invalid(e.to_string()))?;
     profile.save_chrome_trace(out.join("trace.json"))?;
     println!("wrote {}/timeline.svg and trace.json", out.display());
+    Ok(())
+}
+
+/// Softmax of a [16384, 16384] f32 tensor on a GPU ([256, 1024] on the CPU), profiled after a
+/// warm-up call: strata's `softmax`, then the same from primitives.
+fn profile_softmax(dev: &Device) -> Result<()> {
+    let (rows, cols) = if dev.kind() == strata::BackendKind::Cpu {
+        (256, 1024)
+    } else {
+        (16384, 16384)
+    };
+    let x = Tensor::rand(
+        [rows, cols],
+        DType::F32,
+        &mut strata::random::Generator::new(0),
+        dev,
+    )?;
+    let primitives = |x: &Tensor| -> Result<Tensor> {
+        let e = x.sub(&x.max(-1, true)?)?.exp()?;
+        e.div(&e.sum(-1, true)?)
+    };
+    for (name, f) in [
+        (
+            "softmax",
+            &(|x: &Tensor| x.softmax(-1)) as &dyn Fn(&Tensor) -> Result<Tensor>,
+        ),
+        ("softmax from primitives", &primitives),
+    ] {
+        f(&x)?.realize()?;
+        dev.synchronize()?;
+        let profile = dev.profile(|| {
+            f(&x)?.realize()?;
+            dev.synchronize()
+        })?;
+        println!("== {name} of [{rows}, {cols}] f32\n{profile}");
+    }
     Ok(())
 }

@@ -4,7 +4,7 @@
 # compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
 # sweep (every op family, strata beside PyTorch, and on wgpu), wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
 # (the wgpu backend's benchmark), python (the Python extension's DLPack tests with PyTorch
-# and CuPy), random (thousands of random programs on cuda:0 and on wgpu,
+# and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -118,6 +118,16 @@ run_python() {
   PYTHONPATH="$py" timeout 300 python3 scripts/bench_dlpack.py 2>&1 | tee -a "$summary"
 }
 
+# Per-kernel profiles of softmax (examples/profile.rs softmax) on CUDA and on NVIDIA's Vulkan
+# driver: each kernel's time and bandwidth, to see where a composite op spends it.
+run_profile() {
+  for device in cuda wgpu; do
+    [ "$device" = wgpu ] && setup_vulkan
+    echo "== softmax profile on $device" | tee -a "$summary"
+    timeout 300 "$bin/profile" "$device" "$out/profile-$device" softmax 2>&1 | tee -a "$summary"
+  done
+}
+
 # Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.
 run_random() {
   n="${RANDOM_PROGRAMS:-3000}"
@@ -139,6 +149,7 @@ case "$mode" in
   wgpu-tests) setup_vulkan; run_tests wgpu ;;
   wgpu-bench) setup_vulkan; run_wgpu_bench ;;
   random) run_random ;;
+  profile) run_profile ;;
   sweep) run_sweep ;;
   python) run_python ;;
   all) run_tests; run_python; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;

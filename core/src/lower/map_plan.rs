@@ -281,9 +281,10 @@ fn plan_piece(
         }
     };
     // The tiled path: rank 2, at least 32×32, the output along the rows, an input down the
-    // columns.
+    // columns. An input constant along the rows (inner stride 0, a [n, 1] broadcast) is no
+    // column walk: it is read once per row (a splat, below), never through a tile.
     let all_32_bit = access.iter().all(|a| a.itemsize == 4);
-    let column_wise = |s: &[isize]| s[0].unsigned_abs() == 1 && s[1].unsigned_abs() != 1;
+    let column_wise = |s: &[isize]| s[0].unsigned_abs() == 1 && s[1].unsigned_abs() > 1;
     let tiled = p.len.len() == 2
         && p.len[0] >= 32
         && p.len[1] >= 32
@@ -447,6 +448,25 @@ mod tests {
         // Without splats (wgpu), no vectors.
         let p = plan(&ops, false, &BufferInfo::of_operands(&a), &gpu(None)).unwrap();
         assert_eq!(p.pieces[0].vector, 1);
+        // Softmax's last map at 32×32 and more: the [n, 1] inputs (strides 1 and 0) are no
+        // column walk, so nothing goes through tiles (it did, at 60% of copy bandwidth on the
+        // H100) and the launch keeps its vectors.
+        let (x, y) = (
+            Tensor::zeros([64, 64], DType::F32, &dev).unwrap(),
+            Tensor::zeros([64, 64], DType::F32, &dev).unwrap(),
+        );
+        let m = Tensor::zeros([64, 1], DType::F32, &dev).unwrap();
+        let m = m.broadcast_to([64, 64]).unwrap();
+        let a = args(&y, &[&x, &m, &m]);
+        let e3 = Expr::binary(crate::ir::BinaryOp::Div, e.clone(), Expr::input(2, DType::F32));
+        let ops = MapOperands::of(&e3, &a).unwrap();
+        for target in [&splat, &gpu(None)] {
+            let p = plan(&ops, false, &BufferInfo::of_operands(&a), target).unwrap();
+            assert!(!p.pieces[0].tiled(), "{:?}", p.pieces[0]);
+        }
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &splat).unwrap();
+        assert_eq!(p.pieces[0].vector, 4);
+        assert_eq!(p.pieces[0].operands[0].path, Path::Contiguous);
     }
 
     #[test]
