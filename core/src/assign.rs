@@ -27,6 +27,29 @@ impl From<&Tensor> for Value {
         Value::Tensor(t.clone())
     }
 }
+
+/// A [`Value`] borrowed: what an elementwise op reads its operands as, so an operator on
+/// tensors the caller holds (`&a + &b`) clones no tensor to check and lower them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ValueRef<'a> {
+    Tensor(&'a Tensor),
+    Scalar(Scalar),
+}
+
+impl<'a> From<&'a Value> for ValueRef<'a> {
+    fn from(v: &'a Value) -> ValueRef<'a> {
+        match v {
+            Value::Tensor(t) => ValueRef::Tensor(t),
+            Value::Scalar(s) => ValueRef::Scalar(*s),
+        }
+    }
+}
+
+impl<'a> From<&'a Tensor> for ValueRef<'a> {
+    fn from(t: &'a Tensor) -> ValueRef<'a> {
+        ValueRef::Tensor(t)
+    }
+}
 impl From<Tensor> for Value {
     fn from(t: Tensor) -> Value {
         Value::Tensor(t)

@@ -120,6 +120,9 @@ pub fn coalesce(shape: &[usize], strides: &[&[isize]]) -> (Vec<usize>, Vec<Vec<i
 /// assert!(broadcast_shapes(&[3], &[4]).is_err());
 /// ```
 pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
+    if a == b {
+        return Ok(a.to_vec()); // the common case, on every op's path
+    }
     let n = a.len().max(b.len());
     let dim = |s: &[usize], i: usize| {
         if i + s.len() >= n {

@@ -458,7 +458,11 @@ mod tests {
         let m = Tensor::zeros([64, 1], DType::F32, &dev).unwrap();
         let m = m.broadcast_to([64, 64]).unwrap();
         let a = args(&y, &[&x, &m, &m]);
-        let e3 = Expr::binary(crate::ir::BinaryOp::Div, e.clone(), Expr::input(2, DType::F32));
+        let e3 = Expr::binary(
+            crate::ir::BinaryOp::Div,
+            e.clone(),
+            Expr::input(2, DType::F32),
+        );
         let ops = MapOperands::of(&e3, &a).unwrap();
         for target in [&splat, &gpu(None)] {
             let p = plan(&ops, false, &BufferInfo::of_operands(&a), target).unwrap();

@@ -2,7 +2,7 @@
 //! whose operands are broadcast views and whose scalars are launch arguments.
 
 use super::promote::{can_cast, result_type_of, DEFAULT_FLOAT};
-use crate::assign::Value;
+use crate::assign::{Value, ValueRef};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::fusion::{defers, record};
@@ -20,20 +20,22 @@ struct Lowering {
 
 impl Lowering {
     /// Collects the operands, broadcasting their shapes, and finds the device.
-    fn new(operands: &[&Value], what: &str) -> Result<(Lowering, Tensor)> {
+    fn new<'v>(operands: &[ValueRef<'v>], what: &str) -> Result<(Lowering, &'v Tensor)> {
         let first = operands
             .iter()
-            .find_map(|v| match v {
-                Value::Tensor(t) => Some(t.clone()),
-                Value::Scalar(_) => None,
+            .find_map(|v| match *v {
+                ValueRef::Tensor(t) => Some(t),
+                ValueRef::Scalar(_) => None,
             })
             .ok_or_else(|| Error::Invalid(format!("{what} needs at least one tensor operand")))?;
-        let mut shape: Vec<usize> = vec![];
+        let mut shape: Vec<usize> = first.shape().to_vec();
         for v in operands {
-            if let Value::Tensor(t) = v {
+            if let ValueRef::Tensor(t) = *v {
                 first.same_device(t, what)?;
-                shape = broadcast_shapes(&shape, t.shape())
-                    .map_err(|e| Error::Shape(format!("{what}: {}", strip(&e))))?;
+                if t.shape() != &shape[..] {
+                    shape = broadcast_shapes(&shape, t.shape())
+                        .map_err(|e| Error::Shape(format!("{what}: {}", strip(&e))))?;
+                }
             }
         }
         let lowering = Lowering {
@@ -45,9 +47,9 @@ impl Lowering {
     }
 
     /// The leaf for `v`, converted to `compute`.
-    fn leaf(&mut self, v: &Value, compute: DType) -> Result<Expr> {
+    fn leaf(&mut self, v: ValueRef, compute: DType) -> Result<Expr> {
         Ok(match v {
-            Value::Tensor(t) => {
+            ValueRef::Tensor(t) => {
                 self.tensors.push(if t.shape() == &self.shape[..] {
                     t.clone()
                 } else {
@@ -55,7 +57,7 @@ impl Lowering {
                 });
                 Expr::input(self.tensors.len() - 1, t.dtype()).cast(compute, false)
             }
-            Value::Scalar(s) => {
+            ValueRef::Scalar(s) => {
                 self.scalars.push(s.cast(compute, false));
                 Expr::scalar(self.scalars.len() - 1, compute)
             }
@@ -178,15 +180,15 @@ fn binary_compute(op: BinaryOp, promoted: DType, what: &str) -> Result<DType> {
 #[track_caller]
 fn binary(
     op: BinaryOp,
-    a: &Value,
-    b: &Value,
+    a: ValueRef,
+    b: ValueRef,
     out: Option<&Tensor>,
     what: &'static str,
 ) -> Result<Tensor> {
     let (mut l, device_of) = Lowering::new(&[a, b], what)?;
     let compute = binary_compute(op, result_type_of([a, b]), what)?;
     let (x, y) = (l.leaf(a, compute)?, l.leaf(b, compute)?);
-    l.finish(Expr::binary(op, x, y), &device_of, out, what)
+    l.finish(Expr::binary(op, x, y), device_of, out, what)
 }
 
 /// The dtype `op` computes in for an operand of `dtype`.
@@ -210,11 +212,11 @@ fn unary_compute(op: UnaryOp, dtype: DType, what: &str) -> Result<DType> {
 
 #[track_caller]
 fn unary(op: UnaryOp, a: &Tensor, out: Option<&Tensor>, what: &'static str) -> Result<Tensor> {
-    let v = Value::from(a);
-    let (mut l, device_of) = Lowering::new(&[&v], what)?;
+    let v = ValueRef::from(a);
+    let (mut l, device_of) = Lowering::new(&[v], what)?;
     let compute = unary_compute(op, a.dtype(), what)?;
-    let x = l.leaf(&v, compute)?;
-    l.finish(Expr::unary(op, x), &device_of, out, what)
+    let x = l.leaf(v, compute)?;
+    l.finish(Expr::unary(op, x), device_of, out, what)
 }
 
 /// Defines `name`, `name_` (in place) and `name_out` methods for binary ops.
@@ -224,7 +226,7 @@ macro_rules! binary_methods {
             $(#[$doc])*
             #[track_caller]
             pub fn $name(&self, other: impl Into<Value>) -> Result<Tensor> {
-                binary(BinaryOp::$op, &Value::from(self), &other.into(), None, stringify!($name))
+                binary(BinaryOp::$op, self.into(), (&other.into()).into(), None, stringify!($name))
             }
 
             #[doc = concat!("In-place [`", stringify!($name), "`](Tensor::", stringify!($name),
@@ -239,7 +241,7 @@ macro_rules! binary_methods {
             /// ```
             #[track_caller]
             pub fn $inplace(&self, other: impl Into<Value>) -> Result<()> {
-                binary(BinaryOp::$op, &Value::from(self), &other.into(), Some(self), stringify!($inplace))
+                binary(BinaryOp::$op, self.into(), (&other.into()).into(), Some(self), stringify!($inplace))
                     .map(|_| ())
             }
 
@@ -257,7 +259,7 @@ macro_rules! binary_methods {
             /// ```
             #[track_caller]
             pub fn $out(&self, other: impl Into<Value>, out: &Tensor) -> Result<()> {
-                binary(BinaryOp::$op, &Value::from(self), &other.into(), Some(out), stringify!($out))
+                binary(BinaryOp::$op, self.into(), (&other.into()).into(), Some(out), stringify!($out))
                     .map(|_| ())
             }
         )*}
@@ -845,12 +847,13 @@ impl Tensor {
                 cond.dtype()
             )));
         }
-        let (a, b, c) = (a.into(), b.into(), Value::from(cond));
-        let (mut l, device_of) = Lowering::new(&[&c, &a, &b], "where_cond")?;
-        let dtype = result_type_of([&a, &b]);
-        let cond = l.leaf(&c, DType::Bool)?;
-        let (x, y) = (l.leaf(&a, dtype)?, l.leaf(&b, dtype)?);
-        l.finish(Expr::select(cond, x, y), &device_of, None, "where_cond")
+        let (a, b) = (a.into(), b.into());
+        let (a, b, c) = (ValueRef::from(&a), ValueRef::from(&b), ValueRef::from(cond));
+        let (mut l, device_of) = Lowering::new(&[c, a, b], "where_cond")?;
+        let dtype = result_type_of([a, b]);
+        let cond = l.leaf(c, DType::Bool)?;
+        let (x, y) = (l.leaf(a, dtype)?, l.leaf(b, dtype)?);
+        l.finish(Expr::select(cond, x, y), device_of, None, "where_cond")
     }
 
     /// Each element limited to `[min, max]` (tensors or scalars, broadcasting); NaN stays NaN.
@@ -862,12 +865,17 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn clamp(&self, min: impl Into<Value>, max: impl Into<Value>) -> Result<Tensor> {
-        let (x, lo, hi) = (Value::from(self), min.into(), max.into());
-        let (mut l, device_of) = Lowering::new(&[&x, &lo, &hi], "clamp")?;
-        let dtype = result_type_of([&x, &lo, &hi]);
-        let (x, lo, hi) = (l.leaf(&x, dtype)?, l.leaf(&lo, dtype)?, l.leaf(&hi, dtype)?);
+        let (lo, hi) = (min.into(), max.into());
+        let (x, lo, hi) = (
+            ValueRef::from(self),
+            ValueRef::from(&lo),
+            ValueRef::from(&hi),
+        );
+        let (mut l, device_of) = Lowering::new(&[x, lo, hi], "clamp")?;
+        let dtype = result_type_of([x, lo, hi]);
+        let (x, lo, hi) = (l.leaf(x, dtype)?, l.leaf(lo, dtype)?, l.leaf(hi, dtype)?);
         let expr = Expr::binary(BinaryOp::Min, Expr::binary(BinaryOp::Max, x, lo), hi);
-        l.finish(expr, &device_of, None, "clamp")
+        l.finish(expr, device_of, None, "clamp")
     }
 
     /// `self · b + c` with one rounding for f32 and f64 (augpy's fma), broadcasting.
@@ -879,14 +887,15 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn fma(&self, b: impl Into<Value>, c: impl Into<Value>) -> Result<Tensor> {
-        let (a, b, c) = (Value::from(self), b.into(), c.into());
-        let (mut l, device_of) = Lowering::new(&[&a, &b, &c], "fma")?;
-        let dtype = result_type_of([&a, &b, &c]);
+        let (b, c) = (b.into(), c.into());
+        let (a, b, c) = (ValueRef::from(self), ValueRef::from(&b), ValueRef::from(&c));
+        let (mut l, device_of) = Lowering::new(&[a, b, c], "fma")?;
+        let dtype = result_type_of([a, b, c]);
         if !crate::lower::legal::fma_defined(dtype) {
             return Err(Error::DType("fma is not defined for bool operands".into()));
         }
-        let (x, y, z) = (l.leaf(&a, dtype)?, l.leaf(&b, dtype)?, l.leaf(&c, dtype)?);
-        l.finish(Expr::fma(x, y, z), &device_of, None, "fma")
+        let (x, y, z) = (l.leaf(a, dtype)?, l.leaf(b, dtype)?, l.leaf(c, dtype)?);
+        l.finish(Expr::fma(x, y, z), device_of, None, "fma")
     }
 
     /// Linear interpolation `self + weight · (end - self)` for floats, computed as PyTorch
@@ -899,15 +908,16 @@ impl Tensor {
     /// ```
     #[track_caller]
     pub fn lerp(&self, end: impl Into<Value>, weight: impl Into<Value>) -> Result<Tensor> {
-        let (a, b, w) = (Value::from(self), end.into(), weight.into());
-        let (mut l, device_of) = Lowering::new(&[&a, &b, &w], "lerp")?;
-        let dtype = result_type_of([&a, &b, &w]);
+        let (b, w) = (end.into(), weight.into());
+        let (a, b, w) = (ValueRef::from(self), ValueRef::from(&b), ValueRef::from(&w));
+        let (mut l, device_of) = Lowering::new(&[a, b, w], "lerp")?;
+        let dtype = result_type_of([a, b, w]);
         if !dtype.is_float() {
             return Err(Error::DType(format!(
                 "lerp is defined for float tensors, not {dtype}; convert with to_dtype"
             )));
         }
-        let (a, b, w) = (l.leaf(&a, dtype)?, l.leaf(&b, dtype)?, l.leaf(&w, dtype)?);
+        let (a, b, w) = (l.leaf(a, dtype)?, l.leaf(b, dtype)?, l.leaf(w, dtype)?);
         l.scalars.extend([
             Scalar::F64(0.5).cast(dtype, false),
             Scalar::F64(1.0).cast(dtype, false),
@@ -922,7 +932,7 @@ impl Tensor {
         let rest = Expr::binary(BinaryOp::Sub, Expr::scalar(one, dtype), w.clone());
         let high = Expr::binary(BinaryOp::Sub, b, Expr::binary(BinaryOp::Mul, diff, rest));
         let use_low = Expr::binary(BinaryOp::Lt, w, Expr::scalar(half, dtype));
-        l.finish(Expr::select(use_low, low, high), &device_of, None, "lerp")
+        l.finish(Expr::select(use_low, low, high), device_of, None, "lerp")
     }
 }
 
@@ -935,7 +945,7 @@ macro_rules! operator {
             type Output = Result<Tensor>;
             #[track_caller]
             fn $method(self, rhs: &Tensor) -> Result<Tensor> {
-                binary(BinaryOp::$op, &Value::from(self), &Value::from(rhs), None, stringify!($method))
+                binary(BinaryOp::$op, ValueRef::from(self), ValueRef::from(rhs), None, stringify!($method))
             }
         }
         impl std::ops::$trait<Tensor> for &Tensor {
@@ -966,7 +976,7 @@ macro_rules! operator {
             type Output = Result<Tensor>;
             #[track_caller]
             fn $method(self, rhs: $t) -> Result<Tensor> {
-                binary(BinaryOp::$op, &Value::from(self), &Value::from(rhs), None, stringify!($method))
+                binary(BinaryOp::$op, ValueRef::from(self), ValueRef::Scalar(rhs.into()), None, stringify!($method))
             }
         }
         impl std::ops::$trait<$t> for Tensor {
@@ -980,7 +990,7 @@ macro_rules! operator {
             type Output = Result<Tensor>;
             #[track_caller]
             fn $method(self, rhs: &Tensor) -> Result<Tensor> {
-                binary(BinaryOp::$op, &Value::from(self), &Value::from(rhs), None, stringify!($method))
+                binary(BinaryOp::$op, ValueRef::Scalar(self.into()), ValueRef::from(rhs), None, stringify!($method))
             }
         }
         impl std::ops::$trait<Tensor> for $t {

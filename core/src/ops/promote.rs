@@ -6,7 +6,7 @@
 //! default (scalar: `i64` for integers, `f32` for floats). So `u8 tensor + 3` stays `u8`,
 //! `u8 tensor + 3.5` is `f32`, and `i32 tensor + f16 tensor` is `f16`.
 
-use crate::assign::Value;
+use crate::assign::{Value, ValueRef};
 use crate::dtype::{Category, DType};
 
 /// The dtype both of two dtypes convert to without losing their category (PyTorch's
@@ -91,17 +91,17 @@ fn combine(higher: Option<DType>, lower: Option<DType>) -> Option<DType> {
 /// assert_eq!(result_type(&[Value::from(&u8s), Value::from(&zero_d)]), DType::F64);
 /// ```
 pub fn result_type(operands: &[Value]) -> DType {
-    result_type_of(operands.iter())
+    result_type_of(operands.iter().map(ValueRef::from))
 }
 
 /// [`result_type`] of borrowed operands (no clone of each tensor on every op).
-pub(crate) fn result_type_of<'a>(operands: impl IntoIterator<Item = &'a Value>) -> DType {
+pub(crate) fn result_type_of<'a>(operands: impl IntoIterator<Item = ValueRef<'a>>) -> DType {
     let (mut dims, mut zero_d, mut scalars) = (None, None, None);
     for op in operands {
         let (slot, dtype) = match op {
-            Value::Tensor(t) if t.ndim() > 0 => (&mut dims, t.dtype()),
-            Value::Tensor(t) => (&mut zero_d, t.dtype()),
-            Value::Scalar(s) => (
+            ValueRef::Tensor(t) if t.ndim() > 0 => (&mut dims, t.dtype()),
+            ValueRef::Tensor(t) => (&mut zero_d, t.dtype()),
+            ValueRef::Scalar(s) => (
                 &mut scalars,
                 match s.dtype().category() {
                     Category::Bool => DType::Bool,
