@@ -4,7 +4,7 @@
 # compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
 # sweep (every op family, strata beside PyTorch, and on wgpu), wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
 # (the wgpu backend's benchmark), python (the Python extension's DLPack tests with PyTorch
-# and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), random (thousands of random programs on cuda:0 and on wgpu,
+# and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), host (the host cost per op), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -128,6 +128,13 @@ run_profile() {
   done
 }
 
+# The host cost of an op (bench_gpu host): enqueue, sustained, recording; three runs, since
+# one run's spread is about a microsecond.
+run_host() {
+  echo "== host cost per op (bench_gpu host, 3 runs)" | tee -a "$summary"
+  for i in 1 2 3; do timeout 120 "$bin/bench_gpu" host 2>&1 | grep host-us-per-add | tee -a "$summary"; done
+}
+
 # Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.
 run_random() {
   n="${RANDOM_PROGRAMS:-3000}"
@@ -150,6 +157,7 @@ case "$mode" in
   wgpu-bench) setup_vulkan; run_wgpu_bench ;;
   random) run_random ;;
   profile) run_profile ;;
+  host) run_host ;;
   sweep) run_sweep ;;
   python) run_python ;;
   all) run_tests; run_python; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
