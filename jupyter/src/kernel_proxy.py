@@ -116,6 +116,10 @@ def main(connection_file, log_file, evcxr):
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
             child.kill()
+        try:
+            os.remove(back_file)
+        except OSError:
+            pass
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
