@@ -325,7 +325,7 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
         layout: p.layout.clone(),
         dtype: p.expr.dtype,
     };
-    let _ = storage.ran.set(Ran {
+    let _ = storage.ran.set(Box::new(Ran {
         expr: expr.clone(),
         inputs: fused
             .inputs
@@ -336,7 +336,7 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
         scalars: fused.scalars.len(),
         ops: std::mem::take(&mut fused.ops),
         sources: std::mem::take(&mut fused.sources),
-    });
+    }));
     let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
     let stream = p.stream.clone();
     let ran = launch_on(

@@ -21,8 +21,9 @@ pub(crate) struct Storage {
     readers: Mutex<Vec<Weak<Storage>>>,
     /// Size in bytes (known before a pending storage has its buffer).
     pub(crate) bytes: usize,
-    /// The fused kernel that computed it, for `explain`.
-    pub(crate) ran: OnceLock<crate::explain::Ran>,
+    /// The fused kernel that computed it, for `explain` (boxed: set once a kernel runs, and
+    /// a large value inline would be copied with every storage a recorded op makes).
+    pub(crate) ran: OnceLock<Box<crate::explain::Ran>>,
     /// Why the launch of its pending work failed (its buffer then holds nothing valid).
     pub(crate) failed: OnceLock<String>,
     pub(crate) device: Device,
