@@ -117,6 +117,7 @@ impl CudaBackend {
             tile_32bit_only: false,
             tile_reads_position: true,
             vector_rows: true,
+            vector_splats: true,
             wide_index: true,
             // 2,048 resident threads per multiprocessor.
             parallel_slots: gpu.sm_count as usize * 2048,

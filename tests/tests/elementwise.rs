@@ -1072,3 +1072,32 @@ test_device!(
     f32_transcendentals_are_within_3_ulp,
     f32_transcendentals_within_3_ulp
 );
+
+/// Inputs broadcast along the rows (`[n, 1]`, strides (1, 0)) or along the columns (`[1, m]`)
+/// beside a contiguous input, at sizes where vectors apply (rows a multiple of 4) and past
+/// 32×32 (where the planner once sent row broadcasts through column tiles): on targets with
+/// vector splats (CUDA, wgpu) the row values are read once per vector. Small integers in f32
+/// and i32, so every backend's answer is exact.
+fn row_broadcasts(dev: &Device) -> Result<()> {
+    for (rows, cols) in [(3, 4), (8, 12), (40, 64), (33, 36)] {
+        for dtype in [DType::F32, DType::I32] {
+            let n = rows * cols;
+            let x: Vec<i32> = (0..n as i32).map(|v| v % 97 - 40).collect();
+            let m: Vec<i32> = (0..rows as i32).map(|r| r % 7 - 3).collect();
+            let c: Vec<i32> = (0..cols as i32).map(|k| k % 5 - 2).collect();
+            let xt = Tensor::from_slice(&x, [rows, cols], dev)?.to_dtype(dtype)?;
+            let mt = Tensor::from_slice(&m, [rows, 1], dev)?.to_dtype(dtype)?;
+            let ct = Tensor::from_slice(&c, [1, cols], dev)?.to_dtype(dtype)?;
+            // The row values alone beside x (one kernel), then a column broadcast too.
+            let y = (&xt - &mt)?.mul(&mt)?;
+            let got = y.to_dtype(DType::I32)?.to_vec::<i32>()?;
+            let want: Vec<i32> = (0..n).map(|i| (x[i] - m[i / cols]) * m[i / cols]).collect();
+            assert_eq!(got, want, "{rows}×{cols} {dtype} on {}", dev.name());
+            let got = y.add(&ct)?.to_dtype(DType::I32)?.to_vec::<i32>()?;
+            let want: Vec<i32> = (0..n).map(|i| want[i] + c[i % cols]).collect();
+            assert_eq!(got, want, "{rows}×{cols} {dtype} on {}", dev.name());
+        }
+    }
+    Ok(())
+}
+test_device!(row_and_column_broadcasts_are_exact, row_broadcasts);

@@ -115,6 +115,8 @@ impl WgpuBackend {
             tile_32bit_only: true,
             tile_reads_position: false,
             vector_rows: false,
+            // Row-broadcast inputs (softmax's [n, 1] values) read once per vec4.
+            vector_splats: true,
             wide_index: false,
             // wgpu tells nothing of the device's size: enough threads for a large GPU (2,048
             // workgroups of 256); a small one runs the extra ranges in turn.

@@ -307,8 +307,9 @@ fn plan_piece(
     // accesses at the decoded offset).
     let inner = p.len.last().copied().unwrap_or(1);
     let by_rows = target.vector_rows && target.binding_limit.is_none();
+    let splats = by_rows || target.vector_splats;
     let splat = |k: usize, o: &PlannedOperand| {
-        by_rows && k > 0 && o.path == Path::Strided && o.strides.last() == Some(&0)
+        splats && k > 0 && o.path == Path::Strided && o.strides.last() == Some(&0)
     };
     // (A strided operand with stride 1 along the inner axis has more than one axis: a 1-D
     // one would be contiguous.)
@@ -471,6 +472,17 @@ mod tests {
         let p = plan(&ops, false, &BufferInfo::of_operands(&a), &splat).unwrap();
         assert_eq!(p.pieces[0].vector, 4);
         assert_eq!(p.pieces[0].operands[0].path, Path::Contiguous);
+        // A target that binds windows (wgpu) takes splats without whole-row operands.
+        let windowed = Target {
+            vector_32bit_only: true,
+            vector_tail: false,
+            vector_splats: true,
+            ..gpu(Some(1 << 20))
+        };
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &windowed).unwrap();
+        assert_eq!(p.pieces[0].vector, 4);
+        assert_eq!(p.pieces[0].operands[2].path, Path::Strided);
+        assert!(p.pieces[0].operands[2].window.is_some());
     }
 
     #[test]

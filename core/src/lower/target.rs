@@ -31,6 +31,11 @@ pub struct Target {
     /// once per vector, and operands contiguous along it (stride 1: a slice of rows, one part
     /// of a `cat`), read or written a whole vector at the offset decoded for its first element.
     pub vector_rows: bool,
+    /// A vectorized map may take inputs constant along the innermost axis (stride 0 there: a
+    /// row broadcast such as softmax's `[n, 1]` values) when whole vectors fit in a row, one
+    /// value per vector read at the offset decoded for the vector's first element. Implied by
+    /// `vector_rows`; a target that binds windows may have it without `vector_rows`.
+    pub vector_splats: bool,
     /// 64-bit index arithmetic is available (else every offset and count of a launch must
     /// fit 32 bits, which the binding limit guarantees for offsets).
     pub wide_index: bool,
@@ -64,6 +69,7 @@ impl Target {
             tile_32bit_only: false,
             tile_reads_position: true,
             vector_rows: false,
+            vector_splats: false,
             wide_index: true,
             parallel_slots: threads.max(1),
             items_per_thread: 2048,

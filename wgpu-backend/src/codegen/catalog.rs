@@ -178,6 +178,17 @@ fn every_map_variant_validates() {
                 }
             }
             if dtypes.iter().all(|t| t.itemsize() == 4) {
+                // vec4 launches whose second input is a splat (constant along the rows).
+                // Input 1 too, whose name must not meet scalar 1's.
+                let mut sig = map_sig(e.clone(), dtypes.clone(), true, 4);
+                sig.contiguous[2] = false;
+                sig.contiguous[1] = n % 2 == 0;
+                for (caps, targets) in caps_for(&dtypes) {
+                    let src = map::source(&sig, caps)
+                        .unwrap_or_else(|err| panic!("{err}: {:?} on {d}", e.node));
+                    check(&src, targets);
+                    n += 1;
+                }
                 for tiled in [[true, false], [false, true], [true, true]] {
                     let mut sig = map_sig(e.clone(), dtypes.clone(), false, 1);
                     sig.tiled = tiled.to_vec();

@@ -1,6 +1,7 @@
 //! `Map` kernels: one expression tree per output element. Four access paths, planned per piece
 //! by core (`lower::map_plan`): vectorized (every operand a contiguous 32-bit dtype, aligned: one `vec4<u32>` load
-//! and store per operand for four elements), contiguous (offset = index), strided (a
+//! and store per operand for four elements; an input constant along the rows, a splat, is
+//! one word per vector at its decoded offset), contiguous (offset = index), strided (a
 //! rank-specialized decode of the index into each operand's offset) and tiled (a 2-D map of
 //! 32-bit dtypes whose output runs along the rows while an input runs down the columns: each
 //! workgroup passes a 32×32 tile of that input through workgroup memory, so both sides read
@@ -182,9 +183,16 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
         if sig.vector == 4 {
+            // Contiguous operands move `vec4<u32>` words; a splat (an input constant along
+            // the rows) is one `u32` word per vector, at any element offset.
+            let word = if sig.contiguous[k] {
+                "vec4<u32>"
+            } else {
+                "u32"
+            };
             let _ = writeln!(
                 src,
-                "@group(0) @binding({}) var<storage, read_write> b{k}: array<vec4<u32>>;",
+                "@group(0) @binding({}) var<storage, read_write> b{k}: array<{word}>;",
                 k + 1
             );
         } else {
@@ -350,13 +358,49 @@ fn offsets(sig: &MapSig, w: &Slots, src: &mut String) {
     }
 }
 
-/// Four lanes of the tree on `vec4<u32>` words of 32-bit dtypes.
+/// Four lanes of the tree on `vec4<u32>` words of 32-bit dtypes. An input that is not
+/// contiguous is a splat (core's plan: constant along the rows, which vectors do not cross):
+/// one word, at the offset decoded for the vector's first element.
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
-    for k in 0..sig.dtypes.len() {
+    let splats: Vec<usize> = (1..sig.dtypes.len())
+        .filter(|&k| !sig.contiguous[k])
+        .collect();
+    for k in (0..sig.dtypes.len()).filter(|&k| sig.contiguous[k]) {
         let _ = writeln!(src, "  let q{k} = (params[{}] >> 2u) + gid;", w.offset[k]);
     }
+    if !splats.is_empty() {
+        for &k in &splats {
+            let _ = writeln!(src, "  var o{k} = i32(params[{}]);", w.offset[k]);
+        }
+        let _ = writeln!(src, "  var rem = gid * 4u;");
+        for d in (0..sig.rank).rev() {
+            let c = if d == 0 {
+                "rem".to_string()
+            } else {
+                let _ = writeln!(
+                    src,
+                    "  let c{d} = rem % params[{}]; rem = rem / params[{}];",
+                    1 + d,
+                    1 + d
+                );
+                format!("c{d}")
+            };
+            for &k in &splats {
+                let first = w.strides[k].expect("a splat has strides");
+                let _ = writeln!(
+                    src,
+                    "  o{k} = o{k} + i32({c}) * bitcast<i32>(params[{}]);",
+                    first + d
+                );
+            }
+        }
+    }
     for k in 1..sig.dtypes.len() {
-        let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
+        if sig.contiguous[k] {
+            let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
+        } else {
+            let _ = writeln!(src, "  let sp{k} = b{k}[u32(o{k})];");
+        }
     }
     let _ = writeln!(src, "  var r: vec4<u32>;");
     for (lane, c) in ["x", "y", "z", "w"].iter().enumerate() {
@@ -369,12 +413,12 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             );
         }
         for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-            let _ = writeln!(
-                src,
-                "  let x{} = {};",
-                k - 1,
-                word_value(d, format!("w{k}.{c}"))
-            );
+            let word = if sig.contiguous[k] {
+                format!("w{k}.{c}")
+            } else {
+                format!("sp{k}")
+            };
+            let _ = writeln!(src, "  let x{} = {};", k - 1, word_value(d, word));
         }
         let mut next = 0;
         let v = emit(&sig.expr, src, &mut next, caps)?;
