@@ -330,7 +330,28 @@ fn offsets(sig: &MapSig, w: &Slots, src: &mut String) {
     if sig.contiguous.iter().all(|&c| c) && sig.lin != Lin::Strided {
         return;
     }
-    let _ = writeln!(src, "  var rem = gid;");
+    let strided: Vec<usize> = (0..w.strides.len())
+        .filter(|&k| w.strides[k].is_some())
+        .collect();
+    decode(sig, w, &strided, "gid", src, |src, c, d| {
+        if sig.lin == Lin::Strided {
+            let _ = writeln!(src, "  li = li + {c} * params[{}];", w.lin_strides + d);
+        }
+    });
+}
+
+/// Decodes element `first` of the piece into its coordinates (`c{d}`, the outermost `rem`)
+/// and adds each to the offset `o{k}` of every operand in `strided`; `more` writes what else
+/// an axis's coordinate `c` feeds.
+fn decode(
+    sig: &MapSig,
+    w: &Slots,
+    strided: &[usize],
+    first: &str,
+    src: &mut String,
+    mut more: impl FnMut(&mut String, &str, usize),
+) {
+    let _ = writeln!(src, "  var rem = {first};");
     for d in (0..sig.rank).rev() {
         let c = if d == 0 {
             "rem".to_string()
@@ -343,18 +364,15 @@ fn offsets(sig: &MapSig, w: &Slots, src: &mut String) {
             );
             format!("c{d}")
         };
-        for (k, s) in w.strides.iter().enumerate() {
-            if let Some(first) = s {
-                let _ = writeln!(
-                    src,
-                    "  o{k} = o{k} + i32({c}) * bitcast<i32>(params[{}]);",
-                    first + d
-                );
-            }
+        for &k in strided {
+            let first = w.strides[k].expect("a strided operand has strides");
+            let _ = writeln!(
+                src,
+                "  o{k} = o{k} + i32({c}) * bitcast<i32>(params[{}]);",
+                first + d
+            );
         }
-        if sig.lin == Lin::Strided {
-            let _ = writeln!(src, "  li = li + {c} * params[{}];", w.lin_strides + d);
-        }
+        more(src, &c, d);
     }
 }
 
@@ -372,28 +390,7 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         for &k in &splats {
             let _ = writeln!(src, "  var o{k} = i32(params[{}]);", w.offset[k]);
         }
-        let _ = writeln!(src, "  var rem = gid * 4u;");
-        for d in (0..sig.rank).rev() {
-            let c = if d == 0 {
-                "rem".to_string()
-            } else {
-                let _ = writeln!(
-                    src,
-                    "  let c{d} = rem % params[{}]; rem = rem / params[{}];",
-                    1 + d,
-                    1 + d
-                );
-                format!("c{d}")
-            };
-            for &k in &splats {
-                let first = w.strides[k].expect("a splat has strides");
-                let _ = writeln!(
-                    src,
-                    "  o{k} = o{k} + i32({c}) * bitcast<i32>(params[{}]);",
-                    first + d
-                );
-            }
-        }
+        decode(sig, w, &splats, "gid * 4u", src, |_, _, _| {});
     }
     for k in 1..sig.dtypes.len() {
         if sig.contiguous[k] {
