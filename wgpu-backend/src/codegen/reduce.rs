@@ -309,8 +309,11 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
     } else {
         src.push_str("  let u = gid;\n  let tid = 0u;\n  let step = 1u;\n");
     }
-    src.push_str("  let ks = params[5];\n  let o = u / ks;\n  let k = u % ks;\n");
-    src.push_str("  if (o >= params[0]) { return; }\n");
+    // Neighbouring workers take neighbouring outputs (then the next range of each): along an
+    // outer axis their reads are neighbours in memory, where range-major order would put
+    // `chunk` rows between them.
+    src.push_str("  let ks = params[5];\n  let o = u % params[0];\n  let k = u / params[0];\n");
+    src.push_str("  if (k >= ks) { return; }\n");
     // Outer coordinates → input base and output offset.
     let _ = writeln!(
         src,
