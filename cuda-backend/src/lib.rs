@@ -112,7 +112,7 @@ impl CudaBackend {
         let compiler = Compiler::new(Some(gpu.clone()), gpu.arch);
         let target = Target {
             vector_bytes: 16,
-            vector_32bit_only: false,
+            vector_lanes: 0,
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,

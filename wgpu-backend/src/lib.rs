@@ -109,8 +109,9 @@ impl WgpuBackend {
         let binding_limit = (gpu.limits.max_storage_buffer_binding_size.min(cap) / 16) * 16;
         let target = Target {
             vector_bytes: 16,
-            // WGSL moves `vec4<u32>` words: vectors and tiles of 32-bit dtypes, whole vectors.
-            vector_32bit_only: true,
+            // WGSL moves four elements in `u32` words (dtypes up to 32 bits), whole vectors;
+            // tiles of 32-bit dtypes.
+            vector_lanes: 4,
             vector_tail: false,
             tile_32bit_only: true,
             tile_reads_position: false,

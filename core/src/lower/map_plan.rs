@@ -324,9 +324,12 @@ fn plan_piece(
     let mut vector = if contiguous
         && target.vector_bytes > 0
         && !matches!(position, Position::Strided { .. })
-        && (all_32_bit || !target.vector_32bit_only)
     {
-        (target.vector_bytes / max_item).max(1)
+        match target.vector_lanes {
+            0 => (target.vector_bytes / max_item).max(1),
+            n if n * max_item <= target.vector_bytes => n,
+            _ => 1,
+        }
     } else {
         1
     };
@@ -399,7 +402,7 @@ mod tests {
     fn gpu(limit: Option<u64>) -> Target {
         Target {
             vector_bytes: 16,
-            vector_32bit_only: false,
+            vector_lanes: 0,
             vector_tail: true,
             binding_limit: limit,
             offset_align: 256,
@@ -474,7 +477,7 @@ mod tests {
         assert_eq!(p.pieces[0].operands[0].path, Path::Contiguous);
         // A target that binds windows (wgpu) takes splats without whole-row operands.
         let windowed = Target {
-            vector_32bit_only: true,
+            vector_lanes: 4,
             vector_tail: false,
             vector_splats: true,
             ..gpu(Some(1 << 20))
@@ -543,6 +546,34 @@ mod tests {
                 .vector,
             2
         );
+    }
+
+    #[test]
+    fn a_target_with_fixed_lanes_vectorizes_narrow_dtypes_but_not_64_bit_ones() {
+        let dev = Device::cpu();
+        let wgsl = Target {
+            vector_lanes: 4,
+            vector_tail: false,
+            ..gpu(Some(1 << 20))
+        };
+        let vector = |from: DType, to: DType, n: usize| {
+            let (x, y) = (
+                Tensor::zeros([n], from, &dev).unwrap(),
+                Tensor::zeros([n], to, &dev).unwrap(),
+            );
+            let a = args(&y, &[&x]);
+            let e = Expr::input(0, from).cast(to, false);
+            let ops = MapOperands::of(&e, &a).unwrap();
+            let p = plan(&ops, false, &BufferInfo::of_operands(&a), &wgsl).unwrap();
+            (p.pieces[0].vector, p.pieces[0].work)
+        };
+        // Four elements a work item whatever the width: a cast to f16 writes whole words.
+        assert_eq!(vector(DType::F32, DType::F16, 1000), (4, 250));
+        assert_eq!(vector(DType::U8, DType::BF16, 1000), (4, 250));
+        assert_eq!(vector(DType::F16, DType::F16, 1000), (4, 250));
+        // A 64-bit operand: no vectors; nor a count that is not a multiple of four.
+        assert_eq!(vector(DType::F64, DType::F32, 1000).0, 1);
+        assert_eq!(vector(DType::F32, DType::F16, 1002).0, 1);
     }
 
     #[test]

@@ -15,8 +15,11 @@
 pub struct Target {
     /// Bytes one vector load or store moves (16: `uint4`, `vec4<u32>`); 0 for none.
     pub vector_bytes: usize,
-    /// Vector loads only when every operand is a 32-bit dtype (WGSL moves `vec4<u32>` words).
-    pub vector_32bit_only: bool,
+    /// Elements per vector where the target fixes the count (WGSL: four, each operand's in
+    /// `u32` words: `vec4<u32>` for 32-bit dtypes, `vec2<u32>` for 16-bit ones, one `u32` for
+    /// 8-bit ones, so a cast to f16 writes whole words); operands wider than `vector_bytes`
+    /// over it take no vectors. 0: `vector_bytes` over the widest operand's size.
+    pub vector_lanes: usize,
     /// A vectorized launch handles a tail of fewer than a vector's elements, and narrower
     /// vectors when the operands' alignment asks for them; without it the vector is all or
     /// nothing (the element count a multiple of it).
@@ -64,7 +67,7 @@ impl Target {
     pub fn cpu(threads: usize) -> Target {
         Target {
             vector_bytes: 0,
-            vector_32bit_only: false,
+            vector_lanes: 0,
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,

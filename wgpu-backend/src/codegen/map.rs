@@ -183,10 +183,10 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
         if sig.vector == 4 {
-            // Contiguous operands move `vec4<u32>` words; a splat (an input constant along
-            // the rows) is one `u32` word per vector, at any element offset.
+            // Contiguous operands move a vector's four elements in `u32` words; a splat (an
+            // input constant along the rows) is one value per vector, at any element offset.
             let word = if sig.contiguous[k] {
-                "vec4<u32>"
+                vector_word(d)
             } else {
                 "u32"
             };
@@ -242,11 +242,58 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     Ok(src)
 }
 
-/// The compute value of a 32-bit dtype held in the `u32` word `word`.
-fn word_value(d: DType, word: String) -> String {
+/// The compute value of a dtype of 32 bits or fewer whose stored bits are the low bits of the
+/// `u32` expression `bits` (the rest zero).
+fn bits_value(d: DType, bits: String) -> String {
     match d {
-        DType::U32 => word,
-        _ => format!("bitcast<{}>({word})", compute_type(d)),
+        DType::Bool => format!("({bits} != 0u)"),
+        DType::U8 | DType::U16 | DType::U32 => bits,
+        DType::I8 | DType::I16 => super::wrap(d, &format!("bitcast<i32>({bits})")),
+        DType::F16 => format!("f16_to_f32({bits})"),
+        DType::BF16 => format!("bitcast<f32>({bits} << 16u)"),
+        _ => format!("bitcast<{}>({bits})", compute_type(d)),
+    }
+}
+
+/// The `u32` words that hold four elements of `d` (a dtype of 32 bits or fewer).
+fn vector_word(d: DType) -> &'static str {
+    match d.itemsize() {
+        4 => "vec4<u32>",
+        2 => "vec2<u32>",
+        _ => "u32",
+    }
+}
+
+/// The bits of lane `lane` (0–3) in the vector words `w` of `d`.
+fn lane_bits(d: DType, w: &str, lane: usize) -> String {
+    const C: [&str; 4] = ["x", "y", "z", "w"];
+    match d.itemsize() {
+        4 => format!("{w}.{}", C[lane]),
+        2 => format!("(({w}.{} >> {}u) & 0xffffu)", C[lane / 2], 16 * (lane % 2)),
+        _ => format!("(({w} >> {}u) & 0xffu)", 8 * lane),
+    }
+}
+
+/// The vector words of `d` holding the four lanes' bits `l0`..`l3`.
+fn lanes_word(d: DType) -> &'static str {
+    match d.itemsize() {
+        4 => "vec4<u32>(l0, l1, l2, l3)",
+        2 => "vec2<u32>(l0 | (l1 << 16u), l2 | (l3 << 16u))",
+        _ => "l0 | (l1 << 8u) | (l2 << 16u) | (l3 << 24u)",
+    }
+}
+
+/// The bits of element `o` (an `i32` offset) of `d` in the `u32` words of binding `b`.
+fn element_bits(d: DType, b: &str, o: &str) -> String {
+    match d.itemsize() {
+        4 => format!("{b}[u32({o})]"),
+        n => {
+            let (per, bits) = (4 / n, 8 * n);
+            format!(
+                "(({b}[u32({o}) / {per}u] >> ((u32({o}) % {per}u) * {bits}u)) & {}u)",
+                (1u64 << bits) - 1
+            )
+        }
     }
 }
 
@@ -296,7 +343,7 @@ fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<(
         } else {
             format!("b{k}[{}]", offset(k, "r", "c"))
         };
-        let _ = writeln!(src, "      let x{} = {};", k - 1, word_value(d, word));
+        let _ = writeln!(src, "      let x{} = {};", k - 1, bits_value(d, word));
     }
     let mut next = 0;
     let v = emit(&sig.expr, src, &mut next, caps)?;
@@ -376,9 +423,10 @@ fn decode(
     }
 }
 
-/// Four lanes of the tree on `vec4<u32>` words of 32-bit dtypes. An input that is not
-/// contiguous is a splat (core's plan: constant along the rows, which vectors do not cross):
-/// one word, at the offset decoded for the vector's first element.
+/// Four lanes of the tree on the `u32` words that hold four elements of each operand (see
+/// [`vector_word`]); the output's words are written whole, so narrow outputs need no atomics.
+/// An input that is not contiguous is a splat (core's plan: constant along the rows, which
+/// vectors do not cross): one value, at the offset decoded for the vector's first element.
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
     let splats: Vec<usize> = (1..sig.dtypes.len())
         .filter(|&k| !sig.contiguous[k])
@@ -392,15 +440,16 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         }
         decode(sig, w, &splats, "gid * 4u", src, |_, _, _| {});
     }
-    for k in 1..sig.dtypes.len() {
+    for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
         if sig.contiguous[k] {
             let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
         } else {
-            let _ = writeln!(src, "  let sp{k} = b{k}[u32(o{k})];");
+            let bits = element_bits(d, &format!("b{k}"), &format!("o{k}"));
+            let _ = writeln!(src, "  let sp{k} = {bits};");
         }
     }
-    let _ = writeln!(src, "  var r: vec4<u32>;");
-    for (lane, c) in ["x", "y", "z", "w"].iter().enumerate() {
+    let _ = writeln!(src, "  var l0: u32; var l1: u32; var l2: u32; var l3: u32;");
+    for lane in 0..4 {
         src.push_str("  {\n");
         if sig.lin != Lin::Unused {
             let _ = writeln!(
@@ -410,18 +459,18 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             );
         }
         for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-            let word = if sig.contiguous[k] {
-                format!("w{k}.{c}")
+            let bits = if sig.contiguous[k] {
+                lane_bits(d, &format!("w{k}"), lane)
             } else {
                 format!("sp{k}")
             };
-            let _ = writeln!(src, "  let x{} = {};", k - 1, word_value(d, word));
+            let _ = writeln!(src, "  let x{} = {};", k - 1, bits_value(d, bits));
         }
         let mut next = 0;
         let v = emit(&sig.expr, src, &mut next, caps)?;
-        let _ = writeln!(src, "  r.{c} = {};", super::bits_of(sig.dtypes[0], &v));
+        let _ = writeln!(src, "  l{lane} = {};", super::bits_of(sig.dtypes[0], &v));
         src.push_str("  }\n");
     }
-    let _ = writeln!(src, "  b0[q0] = r;");
+    let _ = writeln!(src, "  b0[q0] = {};", lanes_word(sig.dtypes[0]));
     Ok(())
 }
