@@ -139,6 +139,14 @@ fn not_shareable(backend: &str, what: &str) -> crate::error::Error {
     ))
 }
 
+/// The `Err` of a backend without page-locked host memory.
+fn no_pinned_memory(backend: &str) -> crate::error::Error {
+    crate::error::Error::Unsupported(format!(
+        "{backend} has no page-locked (pinned) host memory: pinned memory speeds up copies \
+         between the host and a CUDA device (`Device::cuda(0)?.pinned_host()`)"
+    ))
+}
+
 /// What a device implements. Core holds it as `Arc<dyn Backend>` inside a
 /// [`Device`](crate::Device); all state (caches, pools, streams) lives in the implementing
 /// value, never in statics.
@@ -259,6 +267,50 @@ pub trait Backend: Send + Sync + Debug {
     fn wait_for_foreign(&self, stream: StreamId, foreign: u64) -> Result<()> {
         let _ = (stream, foreign);
         Err(not_shareable(&self.name(), "no native streams"))
+    }
+
+    /// Whether [`allocate_pinned`](Backend::allocate_pinned) gives page-locked host memory.
+    fn pins_host_memory(&self) -> bool {
+        false
+    }
+
+    /// `bytes` of page-locked host memory that this device copies to and from without
+    /// staging (CUDA's `cuMemHostAlloc`): its address, and what frees it when dropped. The
+    /// memory of a [`Device::pinned_host`](crate::Device::pinned_host) device.
+    fn allocate_pinned(&self, bytes: usize) -> Result<(u64, ForeignOwner)> {
+        let _ = bytes;
+        Err(no_pinned_memory(&self.name()))
+    }
+
+    /// Enqueues on `stream` a copy of `len` bytes of page-locked host memory at `src` (from
+    /// [`allocate_pinned`](Backend::allocate_pinned)) into `dst` at `byte_offset`, without
+    /// waiting, and returns an event recorded after it. The caller keeps the host memory
+    /// alive and unwritten until the event completes.
+    fn upload_pinned(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        src: u64,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<EventId> {
+        let _ = (dst, byte_offset, src, len, stream);
+        Err(no_pinned_memory(&self.name()))
+    }
+
+    /// Enqueues on `stream` a copy of `len` bytes of `src` from `byte_offset` into page-locked
+    /// host memory at `dst`, without waiting, and returns an event recorded after it. The
+    /// caller neither reads nor frees the host memory until the event completes.
+    fn download_pinned(
+        &self,
+        src: &dyn DeviceBuffer,
+        byte_offset: usize,
+        dst: u64,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<EventId> {
+        let _ = (src, byte_offset, dst, len, stream);
+        Err(no_pinned_memory(&self.name()))
     }
 
     /// The allocator's statistics.

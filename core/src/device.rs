@@ -40,6 +40,11 @@ struct DeviceInner {
     pending: Mutex<Vec<Weak<Storage>>>,
     /// The profiler's recorder, when one records.
     profile: ProfileState,
+    /// For a pinned host device: the device whose page-locked memory it holds.
+    pinned_for: Option<Device>,
+    /// This device's pinned host device, while one is alive (`pinned_host` hands it out
+    /// again, so its tensors and their copies stay on one device).
+    pinned_host: Mutex<Weak<DeviceInner>>,
 }
 
 /// Owns one backend stream; destroys it when the last handle goes.
@@ -75,6 +80,11 @@ impl Device {
     /// assert_eq!(dev.name(), "cpu");
     /// ```
     pub fn from_backend(backend: Arc<dyn Backend>) -> Device {
+        Device::with_backend(backend, None)
+    }
+
+    /// A device of `backend`; `pinned_for`: the device whose page-locked memory it holds.
+    pub(crate) fn with_backend(backend: Arc<dyn Backend>, pinned_for: Option<Device>) -> Device {
         let default = Arc::new(StreamHandle {
             backend: backend.clone(),
             id: StreamId::DEFAULT,
@@ -91,10 +101,22 @@ impl Device {
                 fusion: AtomicBool::new(fusion),
                 pending: Mutex::new(Vec::new()),
                 profile: ProfileState::default(),
+                pinned_for,
+                pinned_host: Mutex::new(Weak::new()),
             }),
         };
         device.resume_env_profile();
         device
+    }
+
+    /// The shared state behind this handle (for a pinned host device's weak link).
+    fn inner_weak(&self) -> Weak<DeviceInner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    /// The device behind a live weak link from [`inner_weak`](Device::inner_weak).
+    fn from_weak(weak: &Weak<DeviceInner>) -> Option<Device> {
+        weak.upgrade().map(|inner| Device { inner })
     }
 
     /// The profiler's state.
@@ -361,6 +383,47 @@ impl Device {
         let result = f();
         *self.lock_current() = previous;
         Ok(result)
+    }
+
+    /// The host device whose memory is page-locked for this device: tensors there
+    /// ([`Tensor::pin_memory`](crate::Tensor::pin_memory)) copy to and from this device at
+    /// the copy engine's speed and without the host waiting (PyTorch's `pin_memory()` and
+    /// `non_blocking=True`), ordered by streams like every op. It is a CPU device: every op
+    /// runs on its tensors, and a host use of one waits for the copy in flight on it, so no
+    /// `synchronize` is needed for correct values. The same device while one is alive. `Err`
+    /// on a device without page-locked memory (CPU, wgpu).
+    ///
+    /// ```
+    /// let cpu = strata_core::Device::cpu();
+    /// let err = cpu.pinned_host().unwrap_err();
+    /// assert!(err.to_string().contains("pinned"));
+    /// ```
+    pub fn pinned_host(&self) -> Result<Device> {
+        if self.inner.pinned_for.is_some() {
+            return Ok(self.clone());
+        }
+        let mut slot = self
+            .inner
+            .pinned_host
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(host) = Device::from_weak(&slot) {
+            return Ok(host);
+        }
+        let backend = CpuBackend::pinned(self.backend().clone())?;
+        let host = Device::with_backend(Arc::new(backend), Some(self.clone()));
+        *slot = host.inner_weak();
+        Ok(host)
+    }
+
+    /// For a [`pinned_host`](Device::pinned_host) device, the device its memory is pinned
+    /// for; `None` for every other device.
+    ///
+    /// ```
+    /// assert!(strata_core::Device::cpu().pinned_for().is_none());
+    /// ```
+    pub fn pinned_for(&self) -> Option<&Device> {
+        self.inner.pinned_for.as_ref()
     }
 
     /// True when tensors of the two devices can be combined in one op: the same device, or

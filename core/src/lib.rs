@@ -32,6 +32,7 @@ pub mod layout;
 pub mod lower;
 mod notebook;
 pub mod ops;
+mod pinned;
 mod profile;
 pub mod random;
 mod tensor;

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::fusion::Pending;
 use crate::ir::{Expr, Kernel, KernelArgs, Operand};
 use crate::layout::Layout;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 /// Device memory shared by every view of it, with the streams that touched it last. Its
@@ -30,6 +31,18 @@ pub(crate) struct Storage {
     /// Memory another library lent read-only (DLPack): no kernel may write it.
     pub(crate) read_only: bool,
     access: Mutex<Access>,
+    /// An asynchronous copy to or from this (pinned host) storage is in flight: the host
+    /// waits for it before any use of the buffer, and before freeing it.
+    fenced: AtomicBool,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        // Page-locked memory goes back only once the copy that uses it is done.
+        if *self.fenced.get_mut() {
+            let _ = self.wait_for_copy();
+        }
+    }
 }
 
 /// The stream of the last write, and the other streams that read since: what a new read
@@ -37,6 +50,8 @@ pub(crate) struct Storage {
 struct Access {
     last_write: Arc<StreamHandle>,
     readers: Vec<Arc<StreamHandle>>,
+    /// The asynchronous copy in flight on a pinned host storage.
+    copy: Option<crate::pinned::Fence>,
 }
 
 impl Storage {
@@ -70,8 +85,25 @@ impl Storage {
             access: Mutex::new(Access {
                 last_write: stream,
                 readers: Vec::new(),
+                copy: None,
             }),
+            fenced: AtomicBool::new(false),
         }
+    }
+
+    /// Notes an asynchronous copy in flight on this pinned host storage: every later use of
+    /// its buffer on the host, and its release, waits for `fence` first.
+    pub(crate) fn set_copy_fence(&self, fence: crate::pinned::Fence) -> Result<()> {
+        let earlier = self.access().copy.replace(fence);
+        self.fenced.store(true, Ordering::Release);
+        earlier.map_or(Ok(()), |f| f.wait())
+    }
+
+    /// Waits for the asynchronous copy in flight on this storage, if there is one.
+    fn wait_for_copy(&self) -> Result<()> {
+        let fence = self.access().copy.take();
+        self.fenced.store(false, Ordering::Release);
+        fence.map_or(Ok(()), |f| f.wait())
     }
 
     /// The buffer, running the pending work first if there is any.
@@ -82,6 +114,9 @@ impl Storage {
             )));
         }
         if let Some(b) = self.buffer.get() {
+            if self.fenced.load(Ordering::Acquire) {
+                self.wait_for_copy()?;
+            }
             return Ok(b.clone());
         }
         crate::fusion::realize(self)?;

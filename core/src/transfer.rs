@@ -114,6 +114,9 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        if let Some(copied) = crate::pinned::copy_async(self, device) {
+            return copied;
+        }
         if device.shares_memory_with(self.device()) {
             // Host memory to host memory: one copy, no round trip through a Vec.
             let out = Tensor::alloc(self.shape(), self.dtype, device)?;

@@ -22,6 +22,7 @@ mod compile;
 mod driver;
 mod launch;
 mod memory;
+mod pinned;
 mod profiling;
 mod staging;
 
@@ -417,6 +418,36 @@ impl Backend for CudaBackend {
             .memory
             .foreign(address, bytes, StreamId::DEFAULT, owner);
         Ok(Arc::new(buffer))
+    }
+
+    fn pins_host_memory(&self) -> bool {
+        true
+    }
+
+    fn allocate_pinned(&self, bytes: usize) -> Result<(u64, strata_core::backend::ForeignOwner)> {
+        self.allocate_pinned_block(bytes)
+    }
+
+    fn upload_pinned(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        src: u64,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<EventId> {
+        self.copy_pinned(dst, byte_offset, src, len, stream, true)
+    }
+
+    fn download_pinned(
+        &self,
+        src: &dyn DeviceBuffer,
+        byte_offset: usize,
+        dst: u64,
+        len: usize,
+        stream: StreamId,
+    ) -> Result<EventId> {
+        self.copy_pinned(src, byte_offset, dst, len, stream, false)
     }
 
     fn native_stream(&self, stream: StreamId) -> Result<u64> {

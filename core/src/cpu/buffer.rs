@@ -38,6 +38,9 @@ pub(crate) struct Pool {
     reserved: AtomicUsize,
     peak: AtomicUsize,
     cache: Mutex<HashMap<usize, Vec<Block>>>,
+    /// Free page-locked blocks of a pinned host device by size class: their addresses and
+    /// what frees them (allocating page-locked memory costs a driver call and page faults).
+    pinned: Mutex<HashMap<usize, Vec<(u64, ForeignOwner)>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -66,8 +69,61 @@ impl Pool {
         cache.iter().map(|(class, v)| class * v.len()).sum()
     }
 
+    /// A page-locked block of `class` bytes: a cached one, else a fresh (zeroed) one from
+    /// `allocate`.
+    fn take_pinned(
+        &self,
+        class: usize,
+        allocate: impl FnOnce(usize) -> Result<(u64, ForeignOwner)>,
+    ) -> Result<(u64, ForeignOwner)> {
+        let cached = self
+            .pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&class)
+            .and_then(Vec::pop);
+        if let Some(block) = cached {
+            return Ok(block);
+        }
+        let (address, owner) = allocate(class)?;
+        if address == 0 {
+            return Err(Error::Invalid(format!(
+                "a null pinned block of {class} bytes"
+            )));
+        }
+        // SAFETY: the allocator handed out `class` writable bytes at `address`, used by no
+        // one yet. Zeroed, so no read of an `empty` tensor sees uninitialized bytes.
+        unsafe { std::ptr::write_bytes(address as usize as *mut u8, 0, class) };
+        self.reserved.fetch_add(class, Ordering::Relaxed);
+        Ok((address, owner))
+    }
+
+    /// Keeps a free page-locked block for the next request of its class, or frees it past
+    /// the cache limit.
+    fn give_back_pinned(&self, class: usize, block: (u64, ForeignOwner)) {
+        let mut cache = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        let cached: usize = cache.iter().map(|(c, v)| c * v.len()).sum();
+        if cached + class <= CACHE_LIMIT {
+            cache.entry(class).or_default().push(block);
+            return;
+        }
+        drop(cache);
+        drop(block);
+        self.reserved.fetch_sub(class, Ordering::Relaxed);
+    }
+
     /// Returns every cached block to the system.
     pub(crate) fn empty_cache(&self) {
+        let pinned: Vec<_> = self
+            .pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        for (class, blocks) in pinned {
+            self.reserved
+                .fetch_sub(class * blocks.len(), Ordering::Relaxed);
+        }
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         for (class, blocks) in cache.drain() {
             for b in blocks {
@@ -147,6 +203,13 @@ enum Home {
     Pool { class: usize, pool: Arc<Pool> },
     /// Memory another library lent (a DLPack import): dropping the owner returns it.
     Foreign(#[allow(dead_code)] ForeignOwner),
+    /// A page-locked block of `class` bytes a GPU backend allocated (`owner` frees it),
+    /// returned to `pool`'s pinned cache.
+    Pinned {
+        class: usize,
+        owner: Option<ForeignOwner>,
+        pool: Arc<Pool>,
+    },
 }
 
 impl std::fmt::Debug for CpuBuffer {
@@ -154,6 +217,7 @@ impl std::fmt::Debug for CpuBuffer {
         let whose = match self.home {
             Home::Pool { .. } => "",
             Home::Foreign(_) => ", foreign",
+            Home::Pinned { .. } => ", pinned",
         };
         write!(f, "CpuBuffer({} bytes at {:p}{whose})", self.len, self.ptr)
     }
@@ -194,6 +258,29 @@ impl CpuBuffer {
         })
     }
 
+    /// A buffer of `len` bytes of page-locked memory from `pool`'s pinned cache, or from
+    /// `allocate` (a GPU backend's `allocate_pinned`).
+    pub(crate) fn pinned(
+        len: usize,
+        pool: Arc<Pool>,
+        allocate: impl FnOnce(usize) -> Result<(u64, ForeignOwner)>,
+    ) -> Result<CpuBuffer> {
+        let class = size_class(len);
+        let (address, owner) = pool.take_pinned(class, allocate)?;
+        let ptr = NonNull::new(address as usize as *mut u8).expect("take_pinned checks null");
+        let now = pool.allocated.fetch_add(class, Ordering::Relaxed) + class;
+        pool.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(CpuBuffer {
+            ptr,
+            len,
+            home: Home::Pinned {
+                class,
+                owner: Some(owner),
+                pool,
+            },
+        })
+    }
+
     /// The buffer behind a `DeviceBuffer`, or an `Err` when it belongs to another backend.
     pub(crate) fn of(buf: &dyn DeviceBuffer) -> Result<&CpuBuffer> {
         buf.as_any().downcast_ref::<CpuBuffer>().ok_or_else(|| {
@@ -228,9 +315,18 @@ impl Drop for CpuBuffer {
     fn drop(&mut self) {
         // A foreign owner is dropped with the buffer: the CPU backend's work is complete by
         // the time a view can be dropped.
-        if let Home::Pool { class, pool } = &self.home {
-            pool.allocated.fetch_sub(*class, Ordering::Relaxed);
-            pool.give_back(*class, self.ptr);
+        match &mut self.home {
+            Home::Pool { class, pool } => {
+                pool.allocated.fetch_sub(*class, Ordering::Relaxed);
+                pool.give_back(*class, self.ptr);
+            }
+            Home::Pinned { class, owner, pool } => {
+                pool.allocated.fetch_sub(*class, Ordering::Relaxed);
+                if let Some(owner) = owner.take() {
+                    pool.give_back_pinned(*class, (self.ptr.as_ptr() as usize as u64, owner));
+                }
+            }
+            Home::Foreign(_) => {}
         }
     }
 }

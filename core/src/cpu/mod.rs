@@ -37,6 +37,9 @@ pub struct CpuBackend {
     pool: Arc<Pool>,
     next_id: AtomicU64,
     events: Mutex<HashMap<u64, Instant>>,
+    /// The GPU backend whose page-locked memory this backend's buffers are (a
+    /// [`Device::pinned_host`](crate::Device::pinned_host) device), and its name.
+    pinned_by: Option<(Arc<dyn Backend>, String)>,
 }
 
 impl CpuBackend {
@@ -52,6 +55,26 @@ impl CpuBackend {
             next_id: AtomicU64::new(1),
             ..CpuBackend::default()
         }
+    }
+
+    /// A CPU backend whose buffers are page-locked memory of `gpu` (see
+    /// [`Device::pinned_host`](crate::Device::pinned_host)); `Err` when `gpu` has none.
+    ///
+    /// ```
+    /// use strata_core::{cpu::CpuBackend, Device};
+    /// let err = CpuBackend::pinned(Device::cpu().backend().clone()).unwrap_err();
+    /// assert!(err.to_string().contains("pinned"));
+    /// ```
+    pub fn pinned(gpu: Arc<dyn Backend>) -> Result<CpuBackend> {
+        if !gpu.pins_host_memory() {
+            // The backend's own `Err`, which names it.
+            gpu.allocate_pinned(0)?;
+        }
+        let name = gpu.name();
+        Ok(CpuBackend {
+            pinned_by: Some((gpu, name)),
+            ..CpuBackend::new()
+        })
     }
 
     fn fresh_id(&self) -> u64 {
@@ -98,7 +121,10 @@ impl Backend for CpuBackend {
     }
 
     fn name(&self) -> String {
-        "cpu".into()
+        match &self.pinned_by {
+            Some((_, gpu)) => format!("cpu (pinned for {gpu})"),
+            None => "cpu".into(),
+        }
     }
 
     fn check_dtype(&self, _dtype: DType) -> Result<()> {
@@ -106,6 +132,10 @@ impl Backend for CpuBackend {
     }
 
     fn allocate(&self, bytes: usize, _: StreamId) -> Result<Arc<dyn DeviceBuffer>> {
+        if let Some((gpu, _)) = &self.pinned_by {
+            let pinned = CpuBuffer::pinned(bytes, self.pool.clone(), |n| gpu.allocate_pinned(n))?;
+            return Ok(Arc::new(pinned));
+        }
         Ok(Arc::new(CpuBuffer::new(bytes, self.pool.clone())?))
     }
 

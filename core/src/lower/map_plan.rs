@@ -321,18 +321,16 @@ fn plan_piece(
         .all(|(k, o)| o.path == Path::Contiguous || splat(k, o) || row(o));
     let any_strided = operands.iter().any(|o| o.path != Path::Contiguous);
     let max_item = access.iter().map(|a| a.itemsize).max().unwrap_or(1);
-    let mut vector = if contiguous
-        && target.vector_bytes > 0
-        && !matches!(position, Position::Strided { .. })
-    {
-        match target.vector_lanes {
-            0 => (target.vector_bytes / max_item).max(1),
-            n if n * max_item <= target.vector_bytes => n,
-            _ => 1,
-        }
-    } else {
-        1
-    };
+    let mut vector =
+        if contiguous && target.vector_bytes > 0 && !matches!(position, Position::Strided { .. }) {
+            match target.vector_lanes {
+                0 => (target.vector_bytes / max_item).max(1),
+                n if n * max_item <= target.vector_bytes => n,
+                _ => 1,
+            }
+        } else {
+            1
+        };
     let address = |k: usize| -> u64 {
         let o = &operands[k];
         let window_start = o.window.map_or(0, |w| w.byte_offset);

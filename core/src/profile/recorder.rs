@@ -428,6 +428,29 @@ impl Device {
         self.print_profile_now()
     }
 
+    /// An asynchronous copy between this device and its pinned host memory (`upload`: host
+    /// to device), recorded while a profile records; `copy` enqueues it and returns its event.
+    pub(crate) fn copy_pinned(
+        &self,
+        upload: bool,
+        bytes: usize,
+        stream: StreamId,
+        copy: impl FnOnce() -> Result<crate::backend::EventId>,
+    ) -> Result<crate::backend::EventId> {
+        if !self.profiling() {
+            return copy();
+        }
+        let (kind, name) = if upload {
+            (RecordKind::Upload, "copy pinned host → device")
+        } else {
+            (RecordKind::Download, "copy device → pinned host")
+        };
+        let mut record = ProfileRecord::new(kind, name, stream);
+        record.bytes_read = bytes as u64;
+        record.bytes_written = bytes as u64;
+        self.record_work(record, copy)
+    }
+
     /// `Backend::allocate`, recorded while a profile records.
     pub(crate) fn allocate_buffer(
         &self,
