@@ -110,6 +110,19 @@ fn main() -> Result<()> {
     let a = Tensor::rand([n], f32, &mut g, &dev)?;
     let b = Tensor::rand([n], f32, &mut g, &dev)?;
     row("to_vec 1GiB", wall(&dev, 5, || a.to_vec::<f32>().map(drop)));
+    // From and into pinned host memory (CUDA): PyTorch's `pin_memory()` + `non_blocking`.
+    if let Ok(pinned) = dev.pinned_host() {
+        let p = Tensor::arange(0, n as i64, 1, f32, &pinned)?;
+        row(
+            "pinned upload 1GiB",
+            wall(&dev, 5, || keep(p.to_device(&dev))),
+        );
+        drop(p);
+        row(
+            "pinned download 1GiB",
+            wall(&dev, 5, || a.to_device(&pinned).map(drop)),
+        );
+    }
 
     // Elementwise, casts.
     row("copy", time(&dev, || keep(a.copy())));

@@ -1,7 +1,8 @@
 //! Profiles two streams working at once and writes the timeline and a Chrome trace:
 //! `cargo run --release --example profile -- [cpu|cuda|wgpu] [out-dir]`; with a third
 //! argument `softmax`, profiles softmax along the last axis instead (strata's `softmax` and
-//! the same from primitives), so each kernel's share of its time shows.
+//! the same from primitives), so each kernel's share of its time shows; with `copies` (CUDA),
+//! pinned host↔device copies on one stream beside kernels on another, to show them overlap.
 
 use strata::prelude::*;
 
@@ -11,6 +12,9 @@ fn main() -> Result<()> {
     let out = std::path::PathBuf::from(args.get(2).map_or("target/profile", String::as_str));
     if args.get(3).map(String::as_str) == Some("softmax") {
         return profile_softmax(&dev);
+    }
+    if args.get(3).map(String::as_str) == Some("copies") {
+        return profile_copies(&dev, &out);
     }
     // Large enough on a GPU that the device, not the host, sets the pace.
     let n = if dev.kind() == strata::BackendKind::Cuda {
@@ -82,5 +86,36 @@ fn profile_softmax(dev: &Device) -> Result<()> {
         })?;
         println!("== {name} of [{rows}, {cols}] f32\n{profile}");
     }
+    Ok(())
+}
+
+/// Four 256 MiB uploads from pinned memory and four downloads into it on one stream while
+/// another stream runs kernels: the copy engine and the SMs work at once (the timeline shows
+/// the two lanes overlapping).
+fn profile_copies(dev: &Device, out: &std::path::Path) -> Result<()> {
+    let host = dev.pinned_host()?;
+    let n = 1 << 26;
+    let chunks: Vec<Tensor> = (0..4)
+        .map(|k| Tensor::full([n], k as f64, DType::F32, &host))
+        .collect::<Result<_>>()?;
+    let x = Tensor::rand([n], DType::F32, &mut strata::random::Generator::new(0), dev)?;
+    let (copy, compute) = (dev.new_stream()?, dev.new_stream()?);
+    let work = || -> Result<()> {
+        let mut kept = Vec::new();
+        for c in &chunks {
+            kept.push(dev.with_stream(&copy, || c.to_device(dev))??);
+            let y = dev.with_stream(&compute, || (&x * 1.5)?.exp()?.tanh()?.sqrt())??;
+            y.realize()?;
+            kept.push(dev.with_stream(&copy, || x.to_device(&host))??);
+        }
+        dev.synchronize()
+    };
+    work()?;
+    let profile = dev.profile(work)?;
+    println!("== pinned copies on one stream, kernels on another\n{profile}");
+    std::fs::create_dir_all(out).map_err(|e| Error::Invalid(e.to_string()))?;
+    std::fs::write(out.join("copies.svg"), profile.timeline_svg().as_str())
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    println!("wrote {}/copies.svg", out.display());
     Ok(())
 }

@@ -4,7 +4,8 @@
 # compute-sanitizer memcheck and racecheck), bench (strata's CUDA backend beside PyTorch),
 # sweep (every op family, strata beside PyTorch, and on wgpu), wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
 # (the wgpu backend's benchmark), python (the Python extension's DLPack tests with PyTorch
-# and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), host (the host cost per op), random (thousands of random programs on cuda:0 and on wgpu,
+# and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), copies (pinned copies
+# beside kernels on two streams), host (the host cost per op), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -128,6 +129,13 @@ run_profile() {
   done
 }
 
+# Pinned host↔device copies on one stream beside kernels on another (examples/profile.rs
+# copies): the profile's device times show whether they overlap.
+run_copies() {
+  echo "== pinned copies beside kernels (profile copies)" | tee -a "$summary"
+  timeout 200 "$bin/profile" cuda "$out/profile-copies" copies 2>&1 | tee -a "$summary"
+}
+
 # The host cost of an op (bench_gpu host): enqueue, sustained, recording; three runs, since
 # one run's spread is about a microsecond.
 run_host() {
@@ -157,6 +165,7 @@ case "$mode" in
   wgpu-bench) setup_vulkan; run_wgpu_bench ;;
   random) run_random ;;
   profile) run_profile ;;
+  copies) run_copies ;;
   host) run_host ;;
   sweep) run_sweep ;;
   python) run_python ;;
