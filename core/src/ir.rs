@@ -553,9 +553,12 @@ pub enum Kernel {
     /// `src` of the output's dtype, all of one rank). Gather: `out[p] = src[p with coordinate
     /// axis replaced by index[p]]` over the output's positions. Scatter: for every position `p`
     /// of `index`, `out[p with coordinate axis replaced by index[p]] = src[p]` (or `+=` for
-    /// [`IndexKind::ScatterAdd`]); `out` is read and written in place. Core guarantees the
-    /// indices are in range and that the other axes fit; with repeated indices a plain
-    /// scatter's winning write is unspecified.
+    /// [`IndexKind::ScatterAdd`]); `out` is read and written in place. Core guarantees that
+    /// the other axes fit, and for a scatter that the indices are in range; with repeated
+    /// indices a plain scatter's winning write is unspecified. A gather has a second output,
+    /// a one-element u32 flag (zero before): it reads negative index values from the end of
+    /// `src`'s axis, and sets the flag to 1 for a value still outside it (leaving that
+    /// element unspecified), so the range check costs no pass of its own.
     Index {
         /// Gather, scatter or scatter-add.
         kind: IndexKind,

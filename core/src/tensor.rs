@@ -557,6 +557,24 @@ pub(crate) fn launch(
     launch_on(kernel, out, inputs, scalars, &stream, false)
 }
 
+/// [`launch`] of a kernel that also writes `extra`: outputs made for this launch (a gather's
+/// range flag), which no view or pending tree shares.
+pub(crate) fn launch_writing(
+    kernel: Kernel,
+    out: &Tensor,
+    extra: &[&Tensor],
+    inputs: &[&Tensor],
+) -> Result<()> {
+    check_writable(out)?;
+    for t in inputs {
+        t.realize()?;
+    }
+    out.storage.run_pending_readers()?;
+    out.realize()?;
+    let stream = out.device().current_handle();
+    launch_ordered(kernel, out, extra, inputs, vec![], &stream)
+}
+
 /// [`launch`] on `stream`. `fresh`: `out` is a pending storage being realized, which no
 /// pending tree may need to read before it is written.
 pub(crate) fn launch_on(
@@ -579,15 +597,16 @@ pub(crate) fn launch_on(
     out.realize()?;
     if let Some((out_p, ins)) = in_memory_order(&kernel, out, inputs)? {
         let refs: Vec<&Tensor> = ins.iter().collect();
-        return launch_ordered(kernel, &out_p, &refs, scalars, stream);
+        return launch_ordered(kernel, &out_p, &[], &refs, scalars, stream);
     }
-    launch_ordered(kernel, out, inputs, scalars, stream)
+    launch_ordered(kernel, out, &[], inputs, scalars, stream)
 }
 
 /// `launch` after the checks and the choice of axis order.
 fn launch_ordered(
     kernel: Kernel,
     out: &Tensor,
+    extra: &[&Tensor],
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
     stream: &Arc<StreamHandle>,
@@ -614,8 +633,15 @@ fn launch_ordered(
         t.order_access(stream, false)?;
     }
     out.order_access(stream, true)?;
+    for t in extra {
+        t.realize()?;
+        t.order_access(stream, true)?;
+    }
     let args = KernelArgs {
-        outputs: vec![out.operand()?],
+        outputs: std::iter::once(out)
+            .chain(extra.iter().copied())
+            .map(|t| t.operand())
+            .collect::<Result<Vec<_>>>()?,
         inputs: inputs
             .iter()
             .map(|t| t.operand())
@@ -630,6 +656,9 @@ fn launch_ordered(
         t.storage.note_read(stream);
     }
     out.storage.note_write(stream);
+    for t in extra {
+        t.storage.note_write(stream);
+    }
     if device.blocking() {
         device.backend().synchronize_stream(stream.id)?;
     }

@@ -187,8 +187,26 @@ fn errors(dev: &Device) -> Result<()> {
         &Tensor::ones([1, 1], DType::F64, dev)?,
     ));
     assert!(e.contains("f64") && e.contains("i32"), "{e}");
+    // Gathers check inside their kernel: one bad value among many, through the row path
+    // (whole rows of a matrix), the element path, and an i32 index; and with nothing to
+    // gather, the index itself.
+    let m = Tensor::zeros([9, 12], DType::F32, dev)?;
+    let mut rows = vec![0i64; 40];
+    rows[17] = -10;
+    let e = msg(m.index_select(0, &Tensor::from_slice(&rows, [40], dev)?));
+    assert!(e.contains("index -10") && e.contains("size 9"), "{e}");
+    let mut flat: Vec<i32> = (0..1000).map(|i| i % 108 - 54).collect();
+    flat[999] = 108;
+    let e = msg(m.take(&Tensor::from_slice(&flat, [10, 100], dev)?));
+    assert!(e.contains("index 108") && e.contains("size 108"), "{e}");
+    let e = msg(Tensor::zeros([0, 3], DType::F32, dev)?
+        .index_select(1, &Tensor::from_slice(&[3i64], [1], dev)?));
+    assert!(e.contains("index 3") && e.contains("size 3"), "{e}");
     // The device still works.
     assert_eq!(t.sum(ops_all(), false)?.item::<f32>()?, 0.0);
+    flat[999] = -108;
+    let got = m.take(&Tensor::from_slice(&flat, [10, 100], dev)?)?;
+    assert_eq!(got.shape(), &[10, 100]);
     Ok(())
 }
 fn ops_all() -> strata::ops::Axes {

@@ -69,10 +69,32 @@ fn write(view: &View, pos: usize, value: &Block) {
 /// Executes an index kernel (`Gather`, `Scatter` or `ScatterAdd`).
 pub(crate) fn run(kind: IndexKind, axis: usize, args: &KernelArgs) -> Result<()> {
     let IndexOperands {
-        src, index, out, ..
+        src,
+        index,
+        out,
+        flag,
+        ..
     } = IndexOperands::of(kind, axis, args)?;
-    let values = index_values(index)?;
+    let mut values = index_values(index)?;
     let (vs, vo) = (View::new(src)?, View::new(out)?);
+    if let Some(flag) = flag {
+        // A flagged gather reads negative values from the end, and flags (and skips) the
+        // positions still outside the axis, as the GPU kernels do.
+        let n = src.layout.shape()[axis] as i64;
+        let mut outside = false;
+        for v in &mut values {
+            if *v < 0 {
+                *v += n;
+            }
+            outside |= *v < 0 || *v >= n;
+        }
+        if outside {
+            let view = View::new(flag)?;
+            // SAFETY: the flag's one element lies inside its buffer (View::new checked).
+            unsafe { view.store::<u32>(0, &[1], &mut Vec::new()) };
+            return Ok(());
+        }
+    }
     if kind == IndexKind::Gather {
         let out_shape = out.layout.shape().to_vec();
         return for_each_index(&out_shape, |flat, idx| {

@@ -302,8 +302,8 @@ impl<'a> MatmulOperands<'a> {
 }
 
 /// The operands of a [`Kernel::Index`](crate::ir::Kernel::Index), in one order for every kind:
-/// inputs `[src, index]` and the output. All share one rank; `index` holds i64; `src` has the
-/// output's dtype.
+/// inputs `[src, index]` and the output (and a gather's range flag). All share one rank;
+/// `index` holds i64; `src` has the output's dtype.
 ///
 /// ```
 /// use strata_core::{ir::{IndexKind, KernelArgs}, lower::operands::IndexOperands, DType, Device, Tensor};
@@ -311,9 +311,11 @@ impl<'a> MatmulOperands<'a> {
 /// let src = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
 /// let idx = Tensor::zeros([2, 4], DType::I64, &dev).unwrap();
 /// let out = Tensor::zeros([2, 4], DType::F32, &dev).unwrap();
-/// let args = KernelArgs { outputs: vec![out.operand().unwrap()], inputs: vec![src.operand().unwrap(), idx.operand().unwrap()], scalars: vec![] };
+/// let flag = Tensor::zeros([1], DType::U32, &dev).unwrap();
+/// let args = KernelArgs { outputs: vec![out.operand().unwrap(), flag.operand().unwrap()], inputs: vec![src.operand().unwrap(), idx.operand().unwrap()], scalars: vec![] };
 /// let ops = IndexOperands::of(IndexKind::Gather, 0, &args).unwrap();
 /// assert_eq!(ops.space(), &[2, 4]);
+/// assert!(ops.flag.is_some());
 /// ```
 #[derive(Debug)]
 pub struct IndexOperands<'a> {
@@ -327,15 +329,35 @@ pub struct IndexOperands<'a> {
     pub index: &'a Operand,
     /// The tensor written (read too by a scatter-add).
     pub out: &'a Operand,
+    /// A gather's range flag (one u32): negative index values then count from the end of the
+    /// axis, and one still outside it sets the flag to 1. `None`: core checked the range.
+    pub flag: Option<&'a Operand>,
 }
 
 impl<'a> IndexOperands<'a> {
     /// Checks `args` for an index kernel of `kind` along `axis`.
     pub fn of(kind: IndexKind, axis: usize, args: &'a KernelArgs) -> Result<IndexOperands<'a>> {
-        let ([src, index], [out]) = (args.inputs.as_slice(), args.outputs.as_slice()) else {
+        let ([src, index], [out, flag @ ..]) = (args.inputs.as_slice(), args.outputs.as_slice())
+        else {
             return Err(Error::Invalid(
                 "an index kernel takes inputs [src, index] and one output".into(),
             ));
+        };
+        let flag = match flag {
+            [] => None,
+            [f] if kind == IndexKind::Gather && f.dtype == DType::U32 && f.layout.numel() == 1 => {
+                Some(f)
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "{kind:?} takes one output{}",
+                    if kind == IndexKind::Gather {
+                        " and a one-element u32 range flag"
+                    } else {
+                        ""
+                    }
+                )))
+            }
         };
         if index.dtype != DType::I64 {
             return Err(Error::DType(format!(
@@ -363,6 +385,7 @@ impl<'a> IndexOperands<'a> {
             src,
             index,
             out,
+            flag,
         })
     }
 

@@ -1,7 +1,9 @@
 //! Index ops: gather, index_select, take, scatter (and add), masked_fill, masked_select,
 //! index_put and one_hot. Index tensors are i32 or i64; negative indices count from the end;
-//! an index out of range is an `Err` naming it (checked once per op in one pass over the index,
-//! which reads one value back to the host).
+//! an index out of range is an `Err` naming it. Gathers (gather, index_select, take) check
+//! inside their kernel, which raises a flag that is read back; the scatters check in one pass
+//! over the index before (a scatter must not write anything when a value is out of range).
+//! Either way the op reads one value back to the host.
 
 use crate::assign::Value;
 use crate::dtype::DType;
@@ -9,18 +11,12 @@ use crate::error::{Error, Result};
 use crate::ir::{IndexKind, Kernel};
 use crate::layout::normalize_axis;
 use crate::ops::Axes;
-use crate::tensor::{launch, Tensor};
+use crate::tensor::{launch, launch_writing, Tensor};
 
 /// `index` as i64 with negative values wrapped, after checking it is an integer tensor whose
 /// values lie in `-size..size`.
 pub(crate) fn normalized_index(index: &Tensor, size: usize, what: &str) -> Result<Tensor> {
-    if !matches!(index.dtype(), DType::I32 | DType::I64) {
-        return Err(Error::DType(format!(
-            "{what}: the index tensor must be i32 or i64, not {}",
-            index.dtype()
-        )));
-    }
-    let idx = index.to_dtype(DType::I64)?;
+    let idx = index_as_i64(index, what)?;
     if idx.numel() == 0 {
         return Ok(idx);
     }
@@ -32,17 +28,31 @@ pub(crate) fn normalized_index(index: &Tensor, size: usize, what: &str) -> Resul
     match code.max(Axes::All, false)?.item::<u8>()? {
         0 => Ok(idx),
         1 => Tensor::where_cond(&idx.lt(0)?, &idx.add(n)?, &idx),
-        _ => {
-            // The error path reads the extremes to name one.
-            let (lo, hi) = (
-                idx.min(Axes::All, false)?.item::<i64>()?,
-                idx.max(Axes::All, false)?.item::<i64>()?,
-            );
-            let v = if lo < -n { lo } else { hi };
-            Err(Error::Index(format!(
-                "{what}: index {v} is out of range for an axis of size {size}"
-            )))
-        }
+        _ => Err(out_of_range(&idx, size, what)?),
+    }
+}
+
+/// The `Err` for an index tensor with a value outside `-size..size`, naming one (the error
+/// path reads the extremes).
+fn out_of_range(idx: &Tensor, size: usize, what: &str) -> Result<Error> {
+    let (lo, hi) = (
+        idx.min(Axes::All, false)?.item::<i64>()?,
+        idx.max(Axes::All, false)?.item::<i64>()?,
+    );
+    let v = if lo < -(size as i64) { lo } else { hi };
+    Ok(Error::Index(format!(
+        "{what}: index {v} is out of range for an axis of size {size}"
+    )))
+}
+
+/// `index` as i64 (a copy only when it is i32), after checking it is an integer tensor.
+fn index_as_i64(index: &Tensor, what: &str) -> Result<Tensor> {
+    match index.dtype() {
+        DType::I64 => Ok(index.clone()),
+        DType::I32 => index.to_dtype(DType::I64),
+        other => Err(Error::DType(format!(
+            "{what}: the index tensor must be i32 or i64, not {other}"
+        ))),
     }
 }
 
@@ -63,18 +73,27 @@ impl Tensor {
         self.same_device(index, what)?;
         let a = normalize_axis(axis, self.ndim())?;
         self.check_index_shape(index, a, what)?;
-        let idx = normalized_index(index, self.shape()[a], what)?;
-        self.gather_checked(a, &idx)
+        let idx = index_as_i64(index, what)?;
+        self.gather_in_range(a, &idx, what)
     }
 
-    /// The gather kernel over an index already checked and wrapped (`normalized_index`).
-    fn gather_checked(&self, axis: usize, idx: &Tensor) -> Result<Tensor> {
+    /// The gather kernel over an i64 index as the user gave it: the kernel wraps negative
+    /// values and checks the range as it reads them, raising a flag that is read back (one
+    /// value) instead of a pass of its own over the index before.
+    fn gather_in_range(&self, axis: usize, idx: &Tensor, what: &str) -> Result<Tensor> {
         let out = Tensor::alloc(idx.shape(), self.dtype(), self.device())?;
+        if out.numel() == 0 {
+            return Ok(out);
+        }
+        let flag = Tensor::zeros([1], DType::U32, self.device())?;
         let gather = Kernel::Index {
             kind: IndexKind::Gather,
             axis,
         };
-        launch(gather, &out, &[self, idx], vec![])?;
+        launch_writing(gather, &out, &[&flag], &[self, idx])?;
+        if flag.item::<u32>()? != 0 {
+            return Err(out_of_range(idx, self.shape()[axis], what)?);
+        }
         Ok(out)
     }
 
@@ -109,12 +128,15 @@ impl Tensor {
                 index.shape()
             )));
         }
-        // Check the index itself: once broadcast over the other axes it may have no elements
-        // left (a `[0, 0, 1]` tensor), and then no value would be checked.
-        let index = normalized_index(index, self.shape()[a], "index_select")?;
-        let (expanded, _) = self.index_along(a, &index)?;
-        // Checked once, on the 1-D index: its broadcast view needs no second pass.
-        self.gather_checked(a, &expanded)
+        let what = "index_select";
+        let index = index_as_i64(index, what)?;
+        let (expanded, shape) = self.index_along(a, &index)?;
+        if shape.contains(&0) {
+            // No element to gather, so the kernel would check no value: check the index
+            // itself (a `[0, 0, 1]` tensor's other axes leave nothing of its broadcast).
+            normalized_index(&index, self.shape()[a], what)?;
+        }
+        self.gather_in_range(a, &expanded, what)
     }
 
     /// A 1-D `index` laid along `axis` and broadcast over every other axis of `self` (a view,

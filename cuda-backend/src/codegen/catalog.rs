@@ -253,27 +253,37 @@ pub(crate) fn indexing() -> Vec<IndexSig> {
     let mut out = Vec::new();
     for d in DType::ALL {
         for kind in [IndexKind::Gather, IndexKind::Scatter, IndexKind::ScatterAdd] {
-            out.push(IndexSig {
-                kind,
-                axis: 1,
-                rank: 3,
-                dtype: d,
-                wide: kind == IndexKind::ScatterAdd,
-                row_bytes: 0,
-            });
+            for flagged in [false, true] {
+                if flagged && kind != IndexKind::Gather {
+                    continue;
+                }
+                out.push(IndexSig {
+                    kind,
+                    axis: 1,
+                    rank: 3,
+                    dtype: d,
+                    wide: kind == IndexKind::ScatterAdd || flagged,
+                    row_bytes: 0,
+                    flagged,
+                });
+            }
         }
     }
-    // The row path of gathers: one kernel per access width, 32- and 64-bit indexing.
+    // The row path of gathers: one kernel per access width, 32- and 64-bit indexing, with
+    // and without the range flag.
     for row_bytes in [1, 2, 4, 8, 16] {
         for wide in [false, true] {
-            out.push(IndexSig {
-                kind: IndexKind::Gather,
-                axis: 0,
-                rank: 0,
-                dtype: DType::U8,
-                wide,
-                row_bytes,
-            });
+            for flagged in [false, true] {
+                out.push(IndexSig {
+                    kind: IndexKind::Gather,
+                    axis: 0,
+                    rank: 0,
+                    dtype: DType::U8,
+                    wide,
+                    row_bytes,
+                    flagged,
+                });
+            }
         }
     }
     out

@@ -22,6 +22,10 @@ pub(crate) struct IndexSig {
     pub wide: bool,
     /// Bytes per access of the row path ([`index_plan::rows`]); 0: one thread per element.
     pub row_bytes: usize,
+    /// A gather with a range flag: negative index values count from the end of the source's
+    /// axis, and one still outside it sets the flag (two more argument words: the extent and
+    /// the flag's address).
+    pub flagged: bool,
 }
 
 impl strata_core::lower::cache::Owned for IndexSig {}
@@ -78,6 +82,7 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>
             words.push(s as i64 as u64);
         }
     }
+    push_flag(checked, &mut words)?;
     let sig = IndexSig {
         kind: checked.kind,
         axis,
@@ -85,8 +90,32 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>
         dtype: out.dtype,
         wide,
         row_bytes: 0,
+        flagged: checked.flag.is_some(),
     };
     Ok(Some((sig, Launch::linear(words, numel))))
+}
+
+/// A flagged gather's last two words: the source's extent along the axis, the flag's address.
+fn push_flag(checked: &IndexOperands, words: &mut Args) -> Result<()> {
+    if let Some(flag) = checked.flag {
+        words.push(checked.src.layout.shape()[checked.axis] as u64);
+        words.push(crate::memory::element_ptr(flag)?);
+    }
+    Ok(())
+}
+
+/// The statements that read index value `read` into `at` (of type `idx`): as it is, or for a
+/// flagged gather from the end when negative, flagging (and skipping) one outside the axis.
+fn read_index(sig: &IndexSig, idx: &str, read: &str, extent: usize, flag: usize) -> String {
+    if !sig.flagged {
+        return format!("const {idx} at = ({idx}){read};");
+    }
+    format!(
+        "i64 v = {read}; const i64 extent = (i64)p.w[{extent}];\n    \
+         if (v < 0) v += extent;\n    \
+         if (v < 0 || v >= extent) {{ *(unsigned int*)p.w[{flag}] = 1u; continue; }}\n    \
+         const {idx} at = ({idx})v;"
+    )
 }
 
 /// The launch of the row path: one work item per vector of a run.
@@ -121,6 +150,7 @@ fn rows_launch(
     for s in rows.out_strides {
         words.push((s / v) as i64 as u64);
     }
+    push_flag(checked, &mut words)?;
     let sig = IndexSig {
         kind: checked.kind,
         axis: 0,
@@ -129,6 +159,7 @@ fn rows_launch(
         dtype: DType::U8,
         wide,
         row_bytes: rows.vector * checked.out.dtype.itemsize(),
+        flagged: checked.flag.is_some(),
     };
     Ok((sig, Launch::linear(words, items)))
 }
@@ -138,8 +169,10 @@ fn rows_launch(
 fn rows_source(sig: &IndexSig) -> String {
     let idx = index_type(sig.wide);
     let vt = vector_type(sig.row_bytes);
+    let words = if sig.flagged { 14 } else { 12 };
+    let at = read_index(sig, idx, "index[o * i0 + j * i1]", 12, 13);
     format!(
-        "extern \"C\" __global__ void strata_index(const Args<12> p) {{
+        "extern \"C\" __global__ void strata_index(const Args<{words}> p) {{
   const {vt}* src = (const {vt}*)p.w[3];
   const i64* index = (const i64*)p.w[6];
   {vt}* out = ({vt}*)p.w[9];
@@ -150,7 +183,7 @@ fn rows_source(sig: &IndexSig) -> String {
   for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n; i += ({idx})gridDim.x * blockDim.x) {{
     const {idx} run = i / per_run, k = i - run * per_run;
     const {idx} o = run / count, j = run - o * count;
-    const {idx} at = ({idx})index[o * i0 + j * i1];
+    {at}
     out[o * o0 + j * o1 + k] = src[o * s0 + at * s1 + k];
   }}
 }}
@@ -167,7 +200,7 @@ pub(crate) fn source(sig: &IndexSig) -> Result<String> {
     let r = sig.rank;
     // Args: numel, shape, then src, index, out: a pointer and `rank` strides each.
     let base = |k: usize| 1 + r + k * (r + 1);
-    let total = 1 + r + 3 * (r + 1);
+    let total = 1 + r + 3 * (r + 1) + if sig.flagged { 2 } else { 0 };
     let (st, dt) = (storage_type(sig.dtype), storage_type(sig.dtype));
     let mut s = String::new();
     let _ = writeln!(
@@ -195,7 +228,11 @@ pub(crate) fn source(sig: &IndexSig) -> Result<String> {
         }
         let _ = writeln!(s, "    }}");
     }
-    let _ = writeln!(s, "    const {idx} at = ({idx})index[o1];");
+    let _ = writeln!(
+        s,
+        "    {}",
+        read_index(sig, idx, "index[o1]", total - 2, total - 1)
+    );
     // Move along `axis` from the iteration coordinate to the index value.
     let moved = if sig.kind == IndexKind::Gather { 0 } else { 2 };
     let _ = writeln!(
@@ -246,6 +283,7 @@ mod tests {
             dtype: DType::F16,
             wide: false,
             row_bytes: 0,
+            flagged: false,
         };
         let src = source(&sig).unwrap();
         assert!(src.contains("atomic_update(&out[o2]"), "{src}");

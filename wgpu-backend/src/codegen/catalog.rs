@@ -321,12 +321,18 @@ fn matmul_and_index_variants_validate() {
                 targets,
             );
         }
-        for kind in [IndexKind::Gather, IndexKind::Scatter, IndexKind::ScatterAdd] {
+        for (kind, flagged) in [
+            (IndexKind::Gather, false),
+            (IndexKind::Gather, true),
+            (IndexKind::Scatter, false),
+            (IndexKind::ScatterAdd, false),
+        ] {
             let sig = index::IndexSig {
                 dtype: d,
                 rank: 3,
                 axis: 1,
                 kind,
+                flagged,
             };
             for (caps, targets) in caps_for(&[d]) {
                 check(&index::source(&sig, caps), targets);

@@ -11,18 +11,22 @@ use strata_core::ir::IndexKind;
 use strata_core::DType;
 
 /// The structure of an index launch. Bindings: 0 output, 1 index (i64), 2 source (gather) or
-/// values (scatter).
+/// values (scatter), 3 a flagged gather's range flag.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct IndexSig {
     pub dtype: DType,
     pub rank: usize,
     pub axis: usize,
     pub kind: IndexKind,
+    /// A gather with a range flag: negative index values count from the end of the source's
+    /// axis (its extent in word 1), and one still outside it sets the flag.
+    pub flagged: bool,
 }
 
 impl strata_core::lower::cache::Owned for IndexSig {}
 
-/// Word positions: [0] invocations, [1] extent of the walked axis (scatter), [2..5] offsets
+/// Word positions: [0] invocations, [1] extent of the walked axis (scatter) or of the source's
+/// indexed axis (a flagged gather), [2..5] offsets
 /// of output, index and source, then the iteration shape, then strides of output, index and
 /// source (rank words each).
 pub(crate) fn slots(rank: usize) -> (usize, [usize; 3], usize) {
@@ -39,6 +43,9 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
     src.push_str(&binding(0, d, true, caps));
     src.push_str(&binding(1, DType::I64, false, caps));
     src.push_str(&binding(2, d, false, caps));
+    if sig.flagged {
+        src.push_str("@group(0) @binding(4) var<storage, read_write> b3: array<atomic<u32>>;\n");
+    }
     src.push_str(&helpers(&BTreeSet::from([d]), caps));
     src.push_str(ENTRY);
     src.push_str("  if (gid >= params[0]) { return; }\n");
@@ -60,9 +67,16 @@ pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
     match sig.kind {
         IndexKind::Gather => {
             // The source offset walks the axis by the index value instead of the coordinate.
+            let read = if sig.flagged {
+                "var j = b1[u32(o1)];\n  let extent = i64(params[1]);\n  \
+                 if (j < 0li) { j = j + extent; }\n  \
+                 if (j < 0li || j >= extent) { atomicStore(&b3[0], 1u); return; }"
+            } else {
+                "let j = b1[u32(o1)];"
+            };
             let _ = writeln!(
                 src,
-                "  let c = (gid / {below}) % params[{s}];\n  let j = b1[u32(o1)];\n  \
+                "  let c = (gid / {below}) % params[{s}];\n  {read}\n  \
                  let so = o2 - i32(c) * bitcast<i32>(params[{st}]) + i32(j) * bitcast<i32>(params[{st}]);\n  {}",
                 store(d, "b0", "u32(o0)", &load(d, "b2", "u32(so)", caps), caps),
                 below = below(sig.rank, ax, shape),

@@ -61,17 +61,27 @@ impl WgpuBackend {
             rank,
             axis,
             kind,
+            flagged: checked.flag.is_some(),
         };
         let caps = self.gpu.caps;
-        let pl = self
-            .indexing
-            .get(&sig, |sig| self.gpu.pipeline(&index::source(sig, caps), 3))?;
+        let bindings_count = 3 + usize::from(sig.flagged);
+        let pl = self.indexing.get(&sig, |sig| {
+            self.gpu.pipeline(&index::source(sig, caps), bindings_count)
+        })?;
+        let flag = match checked.flag {
+            Some(f) => Some((raw(f)?, access(f, f.layout.strides().to_vec())?)),
+            None => None,
+        };
         let (sw, st, len) = index::slots(rank);
         for piece in &pieces {
             let wins = windows(piece);
             let mut params = vec![0u32; len];
             params[0] = piece.numel() as u32;
-            params[1] = iter[axis] as u32;
+            params[1] = if sig.flagged {
+                src.layout.shape()[axis] as u32
+            } else {
+                iter[axis] as u32
+            };
             for (k, w) in wins.iter().enumerate() {
                 params[2 + k] = w.rel_offset as u32;
             }
@@ -81,11 +91,19 @@ impl WgpuBackend {
                     params[st[k] + d] = o.layout.strides()[d] as i32 as u32;
                 }
             }
-            let bindings = buffers
+            let mut bindings = buffers
                 .into_iter()
                 .zip(wins)
                 .map(|(buffer, window)| Binding { buffer, window })
                 .collect::<Vec<_>>();
+            if let Some((buffer, a)) = &flag {
+                // The flag's one word, at its offset (a fresh tensor: offset 0).
+                let one = Piece::whole(&[1]);
+                bindings.push(Binding {
+                    buffer: *buffer,
+                    window: window(a, &one, align),
+                });
+            }
             self.gpu
                 .dispatch(&pl, &params, &bindings, params[0] as usize)?;
         }
