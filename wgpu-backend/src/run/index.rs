@@ -100,7 +100,7 @@ impl WgpuBackend {
                 // The flag's one word, at its offset (a fresh tensor: offset 0).
                 let one = Piece::whole(&[1]);
                 bindings.push(Binding {
-                    buffer: *buffer,
+                    buffer,
                     window: window(a, &one, align),
                 });
             }
