@@ -5,7 +5,8 @@
 # sweep (every op family, strata beside PyTorch, and on wgpu), wgpu-tests (the differential suite on the wgpu backend, NVIDIA's Vulkan driver), wgpu-bench
 # (the wgpu backend's benchmark), python (the Python extension's DLPack tests with PyTorch
 # and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), copies (pinned copies
-# beside kernels on two streams), host (the host cost per op), random (thousands of random programs on cuda:0 and on wgpu,
+# beside kernels on two streams), sweep-ab (an earlier build's sweep beside this one's), host
+# (the host cost per op), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -101,8 +102,40 @@ run_sweep() {
     (setup_vulkan; "$bin/bench_sweep" --device wgpu ${SWEEP_ARGS:-} > "$out/sweep-wgpu.jsonl" 2> "$out/sweep-wgpu.err")
     wgpu="$out/sweep-wgpu.jsonl"
   fi
-  tail -3 "$out"/sweep-*.err | tee -a "$summary"
+  tail -n 3 "$out"/sweep-*.err | tee -a "$summary"
   python3 scripts/bench_sweep_table.py "$out/sweep-strata.jsonl" "$out/sweep-torch.jsonl" $wgpu | tee -a "$summary"
+}
+
+# The sweep of an earlier build (.gpu/before/bench_sweep, copied there by hand after
+# gpu-build.sh) and of this one, on SWEEP_DEVICE (wgpu unless set), twice each in turn: a
+# before/after table from one machine, so a change is told apart from another GPU's numbers.
+run_sweep_ab() {
+  device="${SWEEP_DEVICE:-wgpu}"
+  [ "$device" = wgpu ] && setup_vulkan
+  echo "== sweep before/after on $device" | tee -a "$summary"
+  for i in 1 2; do
+    .gpu/before/bench_sweep --device "$device" ${SWEEP_ARGS:-} > "$out/ab-before-$i.jsonl" 2>/dev/null
+    "$bin/bench_sweep" --device "$device" ${SWEEP_ARGS:-} > "$out/ab-now-$i.jsonl" 2>/dev/null
+  done
+  python3 - "$out" <<'PY' | tee -a "$summary"
+import json, sys
+out = sys.argv[1]
+def load(name):
+    rows = {}
+    for i in (1, 2):
+        for line in open(f"{out}/ab-{name}-{i}.jsonl"):
+            r = json.loads(line)
+            if "ms" in r:
+                rows.setdefault(r["op"], []).append(r["ms"])
+    return rows
+before, now = load("before"), load("now")
+print("| op | before (ms, 2 runs) | now (ms, 2 runs) | before / now |\n|---|---:|---:|---:|")
+for op, ms in now.items():
+    b = before.get(op)
+    fmt = lambda v: " / ".join(f"{x:.3f}" for x in v)
+    ratio = f"{min(b) / min(ms):.2f}×" if b else ""
+    print(f"| {op} | {fmt(b) if b else ''} | {fmt(ms)} | {ratio} |")
+PY
 }
 
 # The Python extension's tests (python/tests) with PyTorch and CuPy: the wheel gpu-build.sh
@@ -166,6 +199,7 @@ case "$mode" in
   random) run_random ;;
   profile) run_profile ;;
   copies) run_copies ;;
+  sweep-ab) run_sweep_ab ;;
   host) run_host ;;
   sweep) run_sweep ;;
   python) run_python ;;
