@@ -13,7 +13,7 @@ use super::{binding, compute_type, load, Caps, ENTRY};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::ir::Expr;
+use strata_core::ir::{Expr, Node};
 use strata_core::lower::map_plan::{MapPiece, Path, Position};
 use strata_core::{DType, Result, Scalar};
 
@@ -255,6 +255,20 @@ fn bits_value(d: DType, bits: String) -> String {
     }
 }
 
+/// The tree whose value a vector lane converts to the output's bits: a root cast from f32 to
+/// f16 or bf16 is left to that conversion (the same round to nearest even), which would
+/// otherwise round, widen and round again: three conversions per element for one.
+fn stored(expr: &Expr) -> &Expr {
+    match &expr.node {
+        Node::Cast { arg, .. }
+            if arg.dtype == DType::F32 && matches!(expr.dtype, DType::F16 | DType::BF16) =>
+        {
+            arg
+        }
+        _ => expr,
+    }
+}
+
 /// The `u32` words that hold four elements of `d` (a dtype of 32 bits or fewer).
 fn vector_word(d: DType) -> &'static str {
     match d.itemsize() {
@@ -467,10 +481,47 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             let _ = writeln!(src, "  let x{} = {};", k - 1, bits_value(d, bits));
         }
         let mut next = 0;
-        let v = emit(&sig.expr, src, &mut next, caps)?;
+        let v = emit(stored(&sig.expr), src, &mut next, caps)?;
         let _ = writeln!(src, "  l{lane} = {};", super::bits_of(sig.dtypes[0], &v));
         src.push_str("  }\n");
     }
     let _ = writeln!(src, "  b0[q0] = {};", lanes_word(sig.dtypes[0]));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Four lanes of a contiguous cast from f32 to `to`.
+    fn cast_source(to: DType) -> String {
+        let sig = MapSig {
+            expr: Cow::Owned(Expr::input(0, DType::F32).cast(to, false)),
+            dtypes: vec![to, DType::F32],
+            contiguous: vec![true, true],
+            lin: Lin::Unused,
+            scalars: vec![],
+            rank: 1,
+            vector: 4,
+            tiled: vec![false],
+        };
+        source(&sig, Caps::default()).unwrap()
+    }
+
+    #[test]
+    fn a_vector_cast_to_a_half_type_converts_each_lane_once() {
+        for (to, convert, round) in [
+            (DType::F16, "f32_to_f16(", "round_f16("),
+            (DType::BF16, "f32_to_bf16(", "round_bf16("),
+        ] {
+            let src = cast_source(to);
+            let body = &src[src.find("@compute").unwrap()..];
+            assert_eq!(body.matches(convert).count(), 4, "{body}");
+            assert!(!body.contains(round), "{body}");
+            assert!(
+                body.contains("b0[q0] = vec2<u32>(l0 | (l1 << 16u)"),
+                "{body}"
+            );
+        }
+    }
 }
