@@ -339,7 +339,72 @@ impl UnaryOp {
     }
 }
 
+/// A Philox word the lanes of a vector read from a call made once per counter (see
+/// [`Expr::hoist_philox`]): the node's parameters and the input standing for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneDraw {
+    /// The Philox node replaced.
+    pub philox: PhiloxWord,
+    /// The input number that stands for it in the lanes' expression.
+    pub input: usize,
+}
+
 impl Expr {
+    /// This tree with each Philox node whose counters the `vector` lanes of a vectorized map
+    /// share (`per_counter` divides `vector`, or `vector` divides `per_counter`) replaced by an
+    /// input numbered from `first_input` up (one per distinct node), and those nodes: a
+    /// renderer makes one Philox call per counter before the lanes and gives each lane its
+    /// word (compilers do not merge the lanes' calls by themselves).
+    ///
+    /// ```
+    /// use strata_core::ir::{Expr, Node, PhiloxWord};
+    /// use strata_core::DType;
+    /// let w = PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 4, shared: 1 };
+    /// let e = Expr { dtype: DType::U32, node: Node::Philox(w) }.cast(DType::F32, false);
+    /// let (lanes, draws) = e.hoist_philox(4, 1);
+    /// assert_eq!(draws.len(), 1);
+    /// assert_eq!(lanes.max_input(), Some(1));
+    /// ```
+    pub fn hoist_philox(&self, vector: usize, first_input: usize) -> (Expr, Vec<LaneDraw>) {
+        fn walk(e: &Expr, vector: usize, first: usize, draws: &mut Vec<LaneDraw>) -> Expr {
+            let sub = |x: &Expr, draws: &mut Vec<LaneDraw>| Box::new(walk(x, vector, first, draws));
+            let node = match &e.node {
+                Node::Philox(w)
+                    if w.per_counter > 1
+                        && vector > 1
+                        && (vector.is_multiple_of(w.per_counter as usize)
+                            || (w.per_counter as usize).is_multiple_of(vector)) =>
+                {
+                    let input = match draws.iter().find(|d| d.philox == *w) {
+                        Some(d) => d.input,
+                        None => {
+                            let input = first + draws.len();
+                            draws.push(LaneDraw { philox: *w, input });
+                            input
+                        }
+                    };
+                    Node::Input(input)
+                }
+                Node::Cast { arg, saturate } => Node::Cast {
+                    arg: sub(arg, draws),
+                    saturate: *saturate,
+                },
+                Node::Unary(op, a) => Node::Unary(*op, sub(a, draws)),
+                Node::Binary(op, a, b) => Node::Binary(*op, sub(a, draws), sub(b, draws)),
+                Node::Fma(a, b, c) => Node::Fma(sub(a, draws), sub(b, draws), sub(c, draws)),
+                Node::Where(c, a, b) => Node::Where(sub(c, draws), sub(a, draws), sub(b, draws)),
+                other => other.clone(),
+            };
+            Expr {
+                dtype: e.dtype,
+                node,
+            }
+        }
+        let mut draws = Vec::new();
+        let e = walk(self, vector, first_input, &mut draws);
+        (e, draws)
+    }
+
     /// Input tensor `k` of dtype `dtype`.
     ///
     /// ```

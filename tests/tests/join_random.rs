@@ -186,6 +186,33 @@ fn random(dev: &Device) -> Result<()> {
             "f32 randn element {i}: {v} vs {want}"
         );
     }
+    // The same where launches take four elements a work item (a multiple of four): the
+    // lanes share one Philox call per counter (CUDA and wgpu make it before the lanes).
+    let mut g4 = Generator::new(41);
+    let f = Tensor::rand([6, 4], DType::F32, &mut g4, dev)?.to_vec::<f32>()?;
+    for (i, &v) in f.iter().enumerate() {
+        let w = words(41, 0, i as u64 / 4)[i % 4];
+        assert_eq!(
+            v,
+            (w >> 8) as f32 * 2f32.powi(-24),
+            "f32 rand [6, 4] element {i}"
+        );
+    }
+    assert_eq!(g4.state(), (41, 6));
+    let z = Tensor::randn([24], DType::F32, &mut g4, dev)?.to_vec::<f32>()?;
+    for (i, &v) in z.iter().enumerate() {
+        let w = words(41, 6, i as u64 / 4);
+        let k = 2 * ((i % 4) / 2);
+        let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
+        let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
+        let angle = std::f32::consts::TAU * u2;
+        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
+        let want = (-2.0 * u1.ln()).sqrt() * trig;
+        assert!(
+            (v - want).abs() <= 4e-6 * want.abs().max(1.0),
+            "f32 randn [24] element {i}: {v} vs {want}"
+        );
+    }
     // Integers over a 32-bit range: one word each, four per counter (a vector of two i64
     // lanes on CUDA covers half a counter).
     let mut g3 = Generator::new(5);

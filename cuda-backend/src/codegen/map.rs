@@ -251,7 +251,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         }
         // Random draws whose counters the lanes share: one Philox call per counter, before
         // the lanes (the compiler does not merge the lanes' calls by itself).
-        let (lane_expr, draws) = hoist_philox(&sig.expr, v, sig.dtypes.len());
+        let (lane_expr, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
         let mut sources: Vec<(usize, usize, u8)> = Vec::new();
         for d in &draws {
             let p = &d.philox;
@@ -446,57 +446,6 @@ impl LaneCse {
             let _ = writeln!(s, "{renamed}");
         }
     }
-}
-
-/// A Philox word the lanes of a vector read from a call made once per counter: the node's
-/// parameters and the input number standing for it in the lanes' expression.
-struct LaneDraw {
-    philox: strata_core::ir::PhiloxWord,
-    input: usize,
-}
-
-/// `expr` with each Philox node whose counters `vector` lanes share (`per_counter` divides
-/// `vector`, or `vector` divides `per_counter`) replaced by an input numbered from `first_input` up (one per distinct node), and
-/// those nodes.
-fn hoist_philox(expr: &Expr, vector: usize, first_input: usize) -> (Expr, Vec<LaneDraw>) {
-    use strata_core::ir::Node;
-    fn walk(e: &Expr, vector: usize, first: usize, draws: &mut Vec<LaneDraw>) -> Expr {
-        let sub = |x: &Expr, draws: &mut Vec<LaneDraw>| Box::new(walk(x, vector, first, draws));
-        let node = match &e.node {
-            Node::Philox(w)
-                if w.per_counter > 1
-                    && vector > 1
-                    && (vector.is_multiple_of(w.per_counter as usize)
-                        || (w.per_counter as usize).is_multiple_of(vector)) =>
-            {
-                let input = match draws.iter().find(|d| d.philox == *w) {
-                    Some(d) => d.input,
-                    None => {
-                        let input = first + draws.len();
-                        draws.push(LaneDraw { philox: *w, input });
-                        input
-                    }
-                };
-                Node::Input(input)
-            }
-            Node::Cast { arg, saturate } => Node::Cast {
-                arg: sub(arg, draws),
-                saturate: *saturate,
-            },
-            Node::Unary(op, a) => Node::Unary(*op, sub(a, draws)),
-            Node::Binary(op, a, b) => Node::Binary(*op, sub(a, draws), sub(b, draws)),
-            Node::Fma(a, b, c) => Node::Fma(sub(a, draws), sub(b, draws), sub(c, draws)),
-            Node::Where(c, a, b) => Node::Where(sub(c, draws), sub(a, draws), sub(b, draws)),
-            other => other.clone(),
-        };
-        Expr {
-            dtype: e.dtype,
-            node,
-        }
-    }
-    let mut draws = Vec::new();
-    let e = walk(expr, vector, first_input, &mut draws);
-    (e, draws)
 }
 
 /// Writes the body of a per-element step computing `expr`: loads through `load(k)`, stores

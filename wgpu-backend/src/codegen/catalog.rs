@@ -214,7 +214,37 @@ fn every_map_variant_validates() {
             shared: 2,
         }),
     };
-    validate(&map::source(&map_sig(philox, vec![DType::U32], false, 1), CAPS).unwrap());
+    validate(&map::source(&map_sig(philox.clone(), vec![DType::U32], false, 1), CAPS).unwrap());
+    // Vectors of draws: Philox calls made before the lanes (four and two elements a counter),
+    // and a Box–Muller-like parity test on the position, which aligned lanes fold.
+    for per_counter in [4, 2] {
+        let word = Expr {
+            dtype: DType::U32,
+            node: Node::Philox(strata_core::ir::PhiloxWord {
+                key: 0,
+                counter: 1,
+                word: 0,
+                per_counter,
+                shared: 2,
+            }),
+        };
+        let parity = Expr::binary(
+            strata_core::ir::BinaryOp::BitAnd,
+            Expr::linear_index(),
+            Expr::literal(strata_core::Scalar::I64(1)),
+        );
+        let even = Expr::binary(
+            strata_core::ir::BinaryOp::Eq,
+            parity,
+            Expr::literal(strata_core::Scalar::I64(0)),
+        );
+        let e = Expr::select(even, word.clone(), word.cast(DType::U32, false));
+        let mut sig = map_sig(e, vec![DType::U32], true, 4);
+        sig.lin = map::Lin::Contiguous;
+        let src = map::source(&sig, CAPS).unwrap();
+        assert!(src.contains("philox4(") && src.contains("lq * 4u"), "{src}");
+        validate(&src);
+    }
     let arange = Expr::linear_index().cast(DType::F32, false);
     validate(&map::source(&map_sig(arange, vec![DType::F32], true, 1), CAPS).unwrap());
     assert!(n > 1000, "{n} variants");

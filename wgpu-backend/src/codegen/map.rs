@@ -13,7 +13,7 @@ use super::{binding, compute_type, load, Caps, ENTRY};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::ir::{Expr, Node};
+use strata_core::ir::{BinaryOp, Expr, LaneDraw, Node};
 use strata_core::lower::map_plan::{MapPiece, Path, Position};
 use strata_core::{DType, Result, Scalar};
 
@@ -255,6 +255,94 @@ fn bits_value(d: DType, bits: String) -> String {
     }
 }
 
+/// The four lanes of a vector: each reads its inputs' values and its Philox words, evaluates
+/// `expr` and leaves the output's bits in `l{lane}`. `aligned`: the vector's first position
+/// (`lq · 4`) is a multiple of four, so each lane's position modulo 4 is a constant.
+fn lanes(
+    sig: &MapSig,
+    caps: Caps,
+    expr: &Expr,
+    draws: &[LaneDraw],
+    aligned: bool,
+    src: &mut String,
+) -> Result<()> {
+    for lane in 0..4 {
+        src.push_str("  {\n");
+        if sig.lin != Lin::Unused {
+            let li = if aligned {
+                format!("lq * 4u + {lane}u")
+            } else {
+                format!("lb + {lane}u")
+            };
+            let _ = writeln!(src, "  let li = {li};");
+        }
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+            let bits = if sig.contiguous[k] {
+                lane_bits(d, &format!("w{k}"), lane)
+            } else {
+                format!("sp{k}")
+            };
+            let _ = writeln!(src, "  let x{} = {};", k - 1, bits_value(d, bits));
+        }
+        for d in draws {
+            // The lane's word of the call made for its counter.
+            let p = &d.philox;
+            let (per, name) = (p.per_counter as usize, format!("ph{}_{}", p.key, p.counter));
+            let pick = if aligned {
+                format!("{name}_{}[{}u]", lane / per, p.word_of(lane as u64))
+            } else {
+                let mut pick = format!("{name}_0");
+                for g in 1..=(4 / per) {
+                    pick = format!("select({pick}, {name}_{g}, li / {per}u - {name}f == {g}u)");
+                }
+                let word = format!(
+                    "((li % {per}u) / {}u) * {}u + {}u",
+                    p.shared,
+                    p.group_width(),
+                    p.word
+                );
+                format!("{pick}[{word}]")
+            };
+            let _ = writeln!(src, "  let x{} = {pick};", d.input);
+        }
+        let lane_expr = if aligned {
+            Cow::Owned(fold_position_bits(expr, lane))
+        } else {
+            Cow::Borrowed(expr)
+        };
+        let mut next = 0;
+        let v = emit(&lane_expr, src, &mut next, caps)?;
+        let _ = writeln!(src, "  l{lane} = {};", super::bits_of(sig.dtypes[0], &v));
+        src.push_str("  }\n");
+    }
+    Ok(())
+}
+
+/// `expr` with each test of the position's low bits (`position & m` for `m` of 1 or 3: a
+/// Box–Muller pair's parity) replaced by its value at a position `lane` modulo 4.
+fn fold_position_bits(expr: &Expr, lane: usize) -> Expr {
+    let fold = |e: &Expr| Box::new(fold_position_bits(e, lane));
+    let node = match &expr.node {
+        Node::Binary(BinaryOp::BitAnd, a, m) if a.node == Node::LinearIndex => match m.node {
+            Node::Literal(bits) if bits == 1 || bits == 3 => Node::Literal((lane as u64) & bits),
+            _ => Node::Binary(BinaryOp::BitAnd, fold(a), fold(m)),
+        },
+        Node::Cast { arg, saturate } => Node::Cast {
+            arg: fold(arg),
+            saturate: *saturate,
+        },
+        Node::Unary(op, a) => Node::Unary(*op, fold(a)),
+        Node::Binary(op, a, b) => Node::Binary(*op, fold(a), fold(b)),
+        Node::Fma(a, b, c) => Node::Fma(fold(a), fold(b), fold(c)),
+        Node::Where(c, a, b) => Node::Where(fold(c), fold(a), fold(b)),
+        other => other.clone(),
+    };
+    Expr {
+        dtype: expr.dtype,
+        node,
+    }
+}
+
 /// The tree whose value a vector lane converts to the output's bits: a root cast from f32 to
 /// f16 or bf16 is left to that conversion (the same round to nearest even), which would
 /// otherwise round, widen and round again: three conversions per element for one.
@@ -463,27 +551,56 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         }
     }
     let _ = writeln!(src, "  var l0: u32; var l1: u32; var l2: u32; var l3: u32;");
-    for lane in 0..4 {
-        src.push_str("  {\n");
-        if sig.lin != Lin::Unused {
-            let _ = writeln!(
-                src,
-                "  let li = params[{}] + gid * 4u + {lane}u;",
-                w.lin_base
+    // Random draws: one Philox call per counter the vector spans, before the lanes.
+    let inputs = sig.dtypes.len() - 1;
+    let (lanes_expr, draws) = stored(&sig.expr).hoist_philox(4, inputs);
+    let mut sources: Vec<(usize, usize, u8)> = Vec::new();
+    for d in &draws {
+        let p = &d.philox;
+        if !sources.contains(&(p.key, p.counter, p.per_counter)) {
+            sources.push((p.key, p.counter, p.per_counter));
+        }
+    }
+    if !sources.is_empty() {
+        let _ = writeln!(src, "  let li0 = params[{}] + gid * 4u;", w.lin_base);
+    }
+    for &(k, c, per) in &sources {
+        // The vector's four positions span counters pf..=(li0 + 3) / per: at most 4 / per + 1
+        // of them (one more when the first position is not on a counter boundary).
+        let name = format!("ph{k}_{c}");
+        let _ = writeln!(src, "  let {name}f = li0 / {per}u;");
+        for g in 0..=(4 / per as usize) {
+            let call = format!(
+                "philox4(s{k}lo, s{k}hi, s{c}lo + {name}f + {g}u, \
+                 s{c}hi + select(0u, 1u, s{c}lo + {name}f + {g}u < {name}f + {g}u))"
             );
-        }
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-            let bits = if sig.contiguous[k] {
-                lane_bits(d, &format!("w{k}"), lane)
+            if g == 0 {
+                let _ = writeln!(src, "  let {name}_0 = {call};");
             } else {
-                format!("sp{k}")
-            };
-            let _ = writeln!(src, "  let x{} = {};", k - 1, bits_value(d, bits));
+                let _ = writeln!(
+                    src,
+                    "  var {name}_{g} = {name}_{};\n  if ({name}f + {g}u <= (li0 + 3u) / {per}u) {{ {name}_{g} = {call}; }}",
+                    g - 1
+                );
+            }
         }
-        let mut next = 0;
-        let v = emit(stored(&sig.expr), src, &mut next, caps)?;
-        let _ = writeln!(src, "  l{lane} = {};", super::bits_of(sig.dtypes[0], &v));
+    }
+    // Lanes at a position that is a multiple of four (every launch in practice) know their
+    // position modulo 4 at compile time: each picks its Philox word by constant, and a
+    // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
+    // sine. Other launches take the general lanes.
+    if sig.lin != Lin::Unused {
+        let _ = writeln!(
+            src,
+            "  let lb = params[{}] + gid * 4u;\n  if (lb % 4u == 0u) {{\n  let lq = lb / 4u;",
+            w.lin_base
+        );
+        lanes(sig, caps, &lanes_expr, &draws, true, src)?;
+        src.push_str("  } else {\n");
+        lanes(sig, caps, &lanes_expr, &draws, false, src)?;
         src.push_str("  }\n");
+    } else {
+        lanes(sig, caps, &lanes_expr, &draws, false, src)?;
     }
     let _ = writeln!(src, "  b0[q0] = {};", lanes_word(sig.dtypes[0]));
     Ok(())
@@ -506,6 +623,25 @@ mod tests {
             tiled: vec![false],
         };
         source(&sig, Caps::default()).unwrap()
+    }
+
+    #[test]
+    fn aligned_lanes_know_the_parity_of_their_position() {
+        let parity = |m: i64| {
+            Expr::binary(
+                BinaryOp::BitAnd,
+                Expr::linear_index(),
+                Expr::literal(strata_core::Scalar::I64(m)),
+            )
+        };
+        for lane in 0..4 {
+            let folded = fold_position_bits(&parity(1), lane);
+            assert_eq!(folded.node, Node::Literal(lane as u64 & 1));
+            let folded = fold_position_bits(&parity(3), lane);
+            assert_eq!(folded.node, Node::Literal(lane as u64));
+        }
+        // Other masks depend on more than the position modulo 4.
+        assert_eq!(fold_position_bits(&parity(7), 1), parity(7));
     }
 
     #[test]

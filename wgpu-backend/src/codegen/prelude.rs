@@ -38,8 +38,8 @@ fn mulhi32(a: u32, b: u32) -> u32 {
   let mid = ((a0 * b0) >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
   return a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
 }
-// Philox4x32-10, word w of counter [c0, c1, 0, 0] under key [k0, k1].
-fn philox(key0: u32, key1: u32, ctr0: u32, ctr1: u32, w: u32) -> u32 {
+// Philox4x32-10: the four words of counter [c0, c1, 0, 0] under key [k0, k1].
+fn philox4(key0: u32, key1: u32, ctr0: u32, ctr1: u32) -> vec4<u32> {
   var k0 = key0; var k1 = key1; var c0 = ctr0; var c1 = ctr1; var c2 = 0u; var c3 = 0u;
   for (var round = 0; round < 10; round++) {
     if (round > 0) { k0 = k0 + 0x9E3779B9u; k1 = k1 + 0xBB67AE85u; }
@@ -48,7 +48,11 @@ fn philox(key0: u32, key1: u32, ctr0: u32, ctr1: u32, w: u32) -> u32 {
     let n0 = hi1 ^ c1 ^ k0; let n2 = hi0 ^ c3 ^ k1;
     c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
   }
-  return select(select(select(c3, c2, w == 2u), c1, w == 1u), c0, w == 0u);
+  return vec4<u32>(c0, c1, c2, c3);
+}
+// Word w of it.
+fn philox(key0: u32, key1: u32, ctr0: u32, ctr1: u32, w: u32) -> u32 {
+  return philox4(key0, key1, ctr0, ctr1)[w];
 }
 ";
 
