@@ -139,6 +139,47 @@ fn not_shareable(backend: &str, what: &str) -> crate::error::Error {
     ))
 }
 
+/// The host threads a copy of `len` bytes is split across: the cores present, at most 8,
+/// each taking at least 2 MiB (see [`parallel_copy`]).
+///
+/// ```
+/// assert_eq!(strata_core::backend::copy_threads(1 << 20), 1);
+/// ```
+pub fn copy_threads(len: usize) -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cores = *CORES.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8)
+    });
+    cores.min(len / (2 << 20)).max(1)
+}
+
+/// `dst.copy_from_slice(src)` split across up to 8 host threads, each taking at least 2 MiB
+/// (memory bandwidth, not cores, limits past that): how backends fill and drain staging
+/// memory for large host↔device copies, where one core's copy is the bottleneck.
+///
+/// ```
+/// let src: Vec<u8> = (0..5 << 20).map(|i| (i % 251) as u8).collect();
+/// let mut dst = vec![0u8; src.len()];
+/// strata_core::backend::parallel_copy(&mut dst, &src);
+/// assert!(dst == src);
+/// ```
+pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    let threads = copy_threads(src.len());
+    if threads <= 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let part = src.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
+            scope.spawn(move || d.copy_from_slice(s));
+        }
+    });
+}
+
 /// The `Err` of a backend without page-locked host memory.
 fn no_pinned_memory(backend: &str) -> crate::error::Error {
     crate::error::Error::Unsupported(format!(
@@ -341,4 +382,17 @@ pub trait Backend: Send + Sync + Debug {
     fn synchronize_stream(&self, stream: StreamId) -> Result<()>;
     /// Blocks the host until all work on the device completes.
     fn synchronize(&self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn parallel_copy_copies_every_byte_at_any_split() {
+        for len in [0, 1, (2 << 20) - 1, (5 << 20) + 3, 17 << 20] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
+            let mut dst = vec![0u8; len];
+            super::parallel_copy(&mut dst, &src);
+            assert!(dst == src, "length {len}");
+        }
+    }
 }

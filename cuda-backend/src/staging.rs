@@ -9,7 +9,8 @@
 
 use crate::driver::{check, Gpu};
 use cudarc::driver::sys;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
+use strata_core::backend::parallel_copy;
 use strata_core::{Error, Result};
 
 /// Copies below this size go through the driver's own path (its staging is fast for them).
@@ -204,48 +205,4 @@ fn allocate_ring() -> Result<Vec<Slot>> {
         return Err(Error::Backend("pinned staging ring incomplete".into()));
     }
     Ok(slots)
-}
-
-/// How many host threads copy a chunk: the cores present, at most 8 (memory bandwidth, not
-/// cores, limits past that), each taking at least 2 MiB.
-fn copy_threads(len: usize) -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    let cores = *CORES.get_or_init(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .min(8)
-    });
-    cores.min(len / (2 << 20)).max(1)
-}
-
-/// `dst.copy_from_slice(src)`, split across threads for large copies.
-fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    let threads = copy_threads(src.len());
-    if threads <= 1 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let part = src.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        for (d, s) in dst.chunks_mut(part).zip(src.chunks(part)) {
-            scope.spawn(move || d.copy_from_slice(s));
-        }
-    });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parallel_copy_copies_every_byte_at_any_split() {
-        for len in [0, 1, (2 << 20) - 1, (5 << 20) + 3, 17 << 20] {
-            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
-            let mut dst = vec![0u8; len];
-            parallel_copy(&mut dst, &src);
-            assert!(dst == src, "length {len}");
-        }
-        assert_eq!(copy_threads(1 << 20), 1);
-    }
 }

@@ -8,6 +8,7 @@ use crate::launch::Binding;
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
+use strata_core::backend::{copy_threads, parallel_copy};
 use strata_core::{Error, EventId, Result};
 
 /// Dispatches recorded before a batch is submitted on its own.
@@ -505,7 +506,7 @@ impl Gpu {
             .get_mapped_range(..)
             .map_err(|e| Error::Backend(format!("wgpu: readback: {e}")))?;
         let skip = (offset - start) as usize;
-        out.copy_from_slice(&data[skip..skip + len]);
+        parallel_copy(out, &data[skip..skip + len]);
         Ok(())
     }
 
@@ -517,24 +518,34 @@ impl Gpu {
         }
         let start = offset / 4 * 4;
         let end = (offset + data.len() as u64).div_ceil(4) * 4;
-        let mut bytes = if start != offset || end != offset + data.len() as u64 {
-            // Edge words hold neighbouring elements: keep their current bytes.
-            self.read(dst, start, (end - start) as usize)?
-        } else {
-            vec![0; (end - start) as usize]
-        };
         let skip = (offset - start) as usize;
-        bytes[skip..skip + data.len()].copy_from_slice(data);
+        // Edge words hold neighbouring elements: they keep their current bytes.
+        let edges = if start != offset || end != offset + data.len() as u64 {
+            let first = self.read(dst, start, 4)?;
+            let last = self.read(dst, end - 4, 4)?;
+            Some((first, last))
+        } else {
+            None
+        };
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata upload"),
             size: end - start,
             usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         });
-        staging
-            .get_mapped_range_mut(..)
-            .map_err(|e| Error::Backend(format!("wgpu: upload: {e}")))?
-            .copy_from_slice(&bytes);
+        {
+            let mut mapped = staging
+                .get_mapped_range_mut(..)
+                .map_err(|e| Error::Backend(format!("wgpu: upload: {e}")))?;
+            if let Some((first, last)) = edges {
+                let n = mapped.len();
+                mapped.slice(n - 4..).copy_from_slice(&last);
+                mapped.slice(..4).copy_from_slice(&first);
+            }
+            // Straight from the caller's slice, on several threads (a copy into a second
+            // buffer first, then one core's copy into mapped memory, bounded a 1 GiB upload).
+            write_parallel(mapped.slice(skip..skip + data.len()), data);
+        }
         staging.unmap();
         self.copy(&staging, 0, dst, start, end - start);
         Ok(())
@@ -682,4 +693,28 @@ fn dump(source: &str) {
             source,
         );
     }
+}
+
+/// `dst.copy_from_slice(src)` into write-only mapped memory, split across host threads like
+/// [`parallel_copy`] (through the raw pointer `WriteOnly` offers for writes from several
+/// threads; nothing is read from it).
+fn write_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+    assert_eq!(dst.len(), src.len(), "a staging write of the wrong length");
+    let base = dst.as_raw_element_ptr().as_ptr() as usize;
+    let part = src.len().div_ceil(copy_threads(src.len())).max(1);
+    std::thread::scope(|scope| {
+        for (k, piece) in src.chunks(part).enumerate() {
+            scope.spawn(move || {
+                // SAFETY: `dst` holds `src.len()` writable bytes at `base` (checked above) and
+                // stays borrowed until the scope ends; the pieces are disjoint.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        piece.as_ptr(),
+                        (base as *mut u8).add(k * part),
+                        piece.len(),
+                    )
+                }
+            });
+        }
+    });
 }
