@@ -195,6 +195,9 @@ fn errors(dev: &Device) -> Result<()> {
     rows[17] = -10;
     let e = msg(m.index_select(0, &Tensor::from_slice(&rows, [40], dev)?));
     assert!(e.contains("index -10") && e.contains("size 9"), "{e}");
+    let wide_rows = Tensor::zeros([9, 4096], DType::F32, dev)?;
+    let e = msg(wide_rows.index_select(0, &Tensor::from_slice(&rows, [40], dev)?));
+    assert!(e.contains("index -10") && e.contains("size 9"), "{e}");
     let mut flat: Vec<i32> = (0..1000).map(|i| i % 108 - 54).collect();
     flat[999] = 108;
     let e = msg(m.take(&Tensor::from_slice(&flat, [10, 100], dev)?));
@@ -219,12 +222,14 @@ test_device!(index_errors_name_the_values, errors);
 /// flipped or transposed source, runs shorter than 4), checked element by element against
 /// the host. Indices repeat and count from the end.
 fn index_select_rows(dev: &Device) -> Result<()> {
-    let cases: [(&[usize], usize); 5] = [
+    // The last case has runs of 2,048 elements: CUDA gives each run a row of blocks.
+    let cases: [(&[usize], usize); 6] = [
         (&[9, 12], 0),
         (&[3, 5, 8], 1),
         (&[4, 6, 2, 3], 1),
         (&[2, 3, 5, 4], 2),
         (&[7, 3], 0),
+        (&[6, 2048], 0),
     ];
     for dtype in [DType::F32, DType::F16, DType::U8, DType::I64, DType::Bool] {
         for &(shape, axis) in &cases {
