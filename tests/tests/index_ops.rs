@@ -222,7 +222,7 @@ test_device!(index_errors_name_the_values, errors);
 /// flipped or transposed source, runs shorter than 4), checked element by element against
 /// the host. Indices repeat and count from the end.
 fn index_select_rows(dev: &Device) -> Result<()> {
-    // The last case has runs of 2,048 elements: CUDA gives each run a row of blocks.
+    // The last case has long runs (2,048 elements).
     let cases: [(&[usize], usize); 6] = [
         (&[9, 12], 0),
         (&[3, 5, 8], 1),

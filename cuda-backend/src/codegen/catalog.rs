@@ -265,7 +265,6 @@ pub(crate) fn indexing() -> Vec<IndexSig> {
                     wide: kind == IndexKind::ScatterAdd || flagged,
                     row_bytes: 0,
                     flagged,
-                    run_blocks: false,
                 });
             }
         }
@@ -275,18 +274,15 @@ pub(crate) fn indexing() -> Vec<IndexSig> {
     for row_bytes in [1, 2, 4, 8, 16] {
         for wide in [false, true] {
             for flagged in [false, true] {
-                for run_blocks in [false, true] {
-                    out.push(IndexSig {
-                        kind: IndexKind::Gather,
-                        axis: 0,
-                        rank: 0,
-                        dtype: DType::U8,
-                        wide,
-                        row_bytes,
-                        flagged,
-                        run_blocks,
-                    });
-                }
+                out.push(IndexSig {
+                    kind: IndexKind::Gather,
+                    axis: 0,
+                    rank: 0,
+                    dtype: DType::U8,
+                    wide,
+                    row_bytes,
+                    flagged,
+                });
             }
         }
     }

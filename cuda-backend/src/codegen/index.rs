@@ -3,7 +3,7 @@
 
 use super::expr::emit;
 use super::{compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
-use crate::launch::{Args, Grid, Launch};
+use crate::launch::{Args, Launch};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Operand};
 use strata_core::lower::index_plan::{self, IndexRows};
@@ -26,14 +26,7 @@ pub(crate) struct IndexSig {
     /// axis, and one still outside it sets the flag (two more argument words: the extent and
     /// the flag's address).
     pub flagged: bool,
-    /// The row path with a block row per run (runs of at least a block's vectors): threads
-    /// walk one run's vectors, and the run's coordinates and index value are found once per
-    /// thread and run instead of by two divisions per vector.
-    pub run_blocks: bool,
 }
-
-/// Vectors per run from which the row path gives each run a row of blocks.
-const RUN_BLOCKS_FROM: usize = 256;
 
 impl strata_core::lower::cache::Owned for IndexSig {}
 
@@ -98,7 +91,6 @@ pub(crate) fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>
         wide,
         row_bytes: 0,
         flagged: checked.flag.is_some(),
-        run_blocks: false,
     };
     Ok(Some((sig, Launch::linear(words, numel))))
 }
@@ -142,11 +134,8 @@ fn rows_launch(
         || span(rows.src_strides, [rows.outer, src_rows]) > i32::MAX as usize / 2
         || span(rows.out_strides, [rows.outer, rows.count]) > i32::MAX as usize / 2
         || span(rows.index_strides, [rows.outer, rows.count]) > i32::MAX as usize / 2;
-    let runs = rows.outer * rows.count;
-    let run_blocks = vectors_per_run >= RUN_BLOCKS_FROM;
     let mut words = Args::new();
-    let first = if run_blocks { runs } else { items };
-    for w in [first, rows.count, vectors_per_run] {
+    for w in [items, rows.count, vectors_per_run] {
         words.push(w as u64);
     }
     words.push(addresses[0]);
@@ -171,30 +160,17 @@ fn rows_launch(
         wide,
         row_bytes: rows.vector * checked.out.dtype.itemsize(),
         flagged: checked.flag.is_some(),
-        run_blocks,
     };
-    if !run_blocks {
-        return Ok((sig, Launch::linear(words, items)));
-    }
-    // Blocks along x cover a run's vectors; rows of blocks along y take runs in turn.
-    let across = vectors_per_run.div_ceil(256).min(1 << 16) as u32;
-    let down = runs.min(65535) as u32;
-    let grid = Grid::Fixed {
-        grid: (across, down, 1),
-        block: (256, 1, 1),
-    };
-    Ok((sig, Launch { args: words, grid }))
+    Ok((sig, Launch::linear(words, items)))
 }
 
 /// The row path's source: each work item copies one vector of a run, reading the run's
-/// index value (cached: the work items of a run are neighbours). `n` is the number of work
-/// items, or of runs with `run_blocks`.
+/// index value (cached: the work items of a run are neighbours).
 fn rows_source(sig: &IndexSig) -> String {
     let idx = index_type(sig.wide);
     let vt = vector_type(sig.row_bytes);
     let words = if sig.flagged { 14 } else { 12 };
     let at = read_index(sig, idx, "index[o * i0 + j * i1]", 12, 13);
-    let body = rows_loops(sig, idx, &at);
     format!(
         "extern \"C\" __global__ void strata_index(const Args<{words}> p) {{
   const {vt}* src = (const {vt}*)p.w[3];
@@ -204,34 +180,13 @@ fn rows_source(sig: &IndexSig) -> String {
   const {idx} s0 = ({idx})(i64)p.w[4], s1 = ({idx})(i64)p.w[5];
   const {idx} i0 = ({idx})(i64)p.w[7], i1 = ({idx})(i64)p.w[8];
   const {idx} o0 = ({idx})(i64)p.w[10], o1 = ({idx})(i64)p.w[11];
-{body}}}
-"
-    )
-}
-
-/// The loops of the row path: a work item per vector of every run, or (`run_blocks`) rows of
-/// blocks taking runs in turn, whose threads walk the run's vectors.
-fn rows_loops(sig: &IndexSig, idx: &str, at: &str) -> String {
-    if sig.run_blocks {
-        return format!(
-            "  for ({idx} run = blockIdx.y; run < n; run += gridDim.y) {{
-    const {idx} o = run / count, j = run - o * count;
-    {at}
-    const {idx} from = o * s0 + at * s1, to = o * o0 + j * o1;
-    for ({idx} k = ({idx})blockIdx.x * blockDim.x + threadIdx.x; k < per_run; k += ({idx})gridDim.x * blockDim.x) {{
-      out[to + k] = src[from + k];
-    }}
-  }}
-"
-        );
-    }
-    format!(
-        "  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n; i += ({idx})gridDim.x * blockDim.x) {{
+  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n; i += ({idx})gridDim.x * blockDim.x) {{
     const {idx} run = i / per_run, k = i - run * per_run;
     const {idx} o = run / count, j = run - o * count;
     {at}
     out[o * o0 + j * o1 + k] = src[o * s0 + at * s1 + k];
   }}
+}}
 "
     )
 }
@@ -329,7 +284,6 @@ mod tests {
             wide: false,
             row_bytes: 0,
             flagged: false,
-            run_blocks: false,
         };
         let src = source(&sig).unwrap();
         assert!(src.contains("atomic_update(&out[o2]"), "{src}");
