@@ -177,6 +177,17 @@ def test_layout_pictures_draw_the_views_cells(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_pinned_memory_copies_or_says_why_not(device):
+    nb = executed("04-async-streams-and-events", device)
+    text = all_text(tagged(nb, "pinned-copies")[0])
+    if device.startswith("cuda"):
+        # 2 · (2^24 - 1), read back through pinned memory.
+        assert "the last value read back is 33554430" in text, text[:500]
+    else:
+        assert "no page-locked (pinned) host memory" in text and "CUDA" in text, text[:500]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_profile_shows_two_streams_on_a_timeline(device):
     import re
     import xml.etree.ElementTree as ET
