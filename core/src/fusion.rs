@@ -342,6 +342,7 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
     let ran = launch_on(
         Kernel::Map { expr },
         &out,
+        &[],
         &inputs,
         fused.scalars,
         &stream,

@@ -554,7 +554,7 @@ pub(crate) fn launch(
     scalars: Vec<Scalar>,
 ) -> Result<()> {
     let stream = out.device().current_handle();
-    launch_on(kernel, out, inputs, scalars, &stream, false)
+    launch_on(kernel, out, &[], inputs, scalars, &stream, false)
 }
 
 /// [`launch`] of a kernel that also writes `extra`: outputs made for this launch (a gather's
@@ -565,21 +565,17 @@ pub(crate) fn launch_writing(
     extra: &[&Tensor],
     inputs: &[&Tensor],
 ) -> Result<()> {
-    check_writable(out)?;
-    for t in inputs {
-        t.realize()?;
-    }
-    out.storage.run_pending_readers()?;
-    out.realize()?;
     let stream = out.device().current_handle();
-    launch_ordered(kernel, out, extra, inputs, vec![], &stream)
+    launch_on(kernel, out, extra, inputs, vec![], &stream, false)
 }
 
-/// [`launch`] on `stream`. `fresh`: `out` is a pending storage being realized, which no
-/// pending tree may need to read before it is written.
+/// [`launch`] on `stream`, writing `extra` too (see [`launch_writing`]). `fresh`: `out` is a
+/// pending storage being realized, which no pending tree may need to read before it is
+/// written.
 pub(crate) fn launch_on(
     kernel: Kernel,
     out: &Tensor,
+    extra: &[&Tensor],
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
     stream: &Arc<StreamHandle>,
@@ -597,9 +593,9 @@ pub(crate) fn launch_on(
     out.realize()?;
     if let Some((out_p, ins)) = in_memory_order(&kernel, out, inputs)? {
         let refs: Vec<&Tensor> = ins.iter().collect();
-        return launch_ordered(kernel, &out_p, &[], &refs, scalars, stream);
+        return launch_ordered(kernel, &out_p, extra, &refs, scalars, stream);
     }
-    launch_ordered(kernel, out, &[], inputs, scalars, stream)
+    launch_ordered(kernel, out, extra, inputs, scalars, stream)
 }
 
 /// `launch` after the checks and the choice of axis order.
