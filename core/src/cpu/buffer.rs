@@ -40,7 +40,7 @@ pub(crate) struct Pool {
     cache: Mutex<HashMap<usize, Vec<Block>>>,
     /// Free page-locked blocks of a pinned host device by size class: their addresses and
     /// what frees them (allocating page-locked memory costs a driver call and page faults).
-    pinned: Mutex<HashMap<usize, Vec<(u64, ForeignOwner)>>>,
+    pinned: Mutex<HashMap<usize, Vec<(Block, ForeignOwner)>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -75,32 +75,29 @@ impl Pool {
         &self,
         class: usize,
         allocate: impl FnOnce(usize) -> Result<(u64, ForeignOwner)>,
-    ) -> Result<(u64, ForeignOwner)> {
+    ) -> Result<(NonNull<u8>, ForeignOwner)> {
         let cached = self
             .pinned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get_mut(&class)
             .and_then(Vec::pop);
-        if let Some(block) = cached {
-            return Ok(block);
+        if let Some((block, owner)) = cached {
+            return Ok((block.0, owner));
         }
         let (address, owner) = allocate(class)?;
-        if address == 0 {
-            return Err(Error::Invalid(format!(
-                "a null pinned block of {class} bytes"
-            )));
-        }
-        // SAFETY: the allocator handed out `class` writable bytes at `address`, used by no
-        // one yet. Zeroed, so no read of an `empty` tensor sees uninitialized bytes.
-        unsafe { std::ptr::write_bytes(address as usize as *mut u8, 0, class) };
+        let ptr = NonNull::new(address as usize as *mut u8)
+            .ok_or_else(|| Error::Invalid(format!("a null pinned block of {class} bytes")))?;
+        // SAFETY: the allocator handed out `class` writable bytes at `ptr`, used by no one
+        // yet. Zeroed, so no read of an `empty` tensor sees uninitialized bytes.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, class) };
         self.reserved.fetch_add(class, Ordering::Relaxed);
-        Ok((address, owner))
+        Ok((ptr, owner))
     }
 
     /// Keeps a free page-locked block for the next request of its class, or frees it past
     /// the cache limit.
-    fn give_back_pinned(&self, class: usize, block: (u64, ForeignOwner)) {
+    fn give_back_pinned(&self, class: usize, block: (Block, ForeignOwner)) {
         let mut cache = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
         let cached: usize = cache.iter().map(|(c, v)| c * v.len()).sum();
         if cached + class <= CACHE_LIMIT {
@@ -266,8 +263,7 @@ impl CpuBuffer {
         allocate: impl FnOnce(usize) -> Result<(u64, ForeignOwner)>,
     ) -> Result<CpuBuffer> {
         let class = size_class(len);
-        let (address, owner) = pool.take_pinned(class, allocate)?;
-        let ptr = NonNull::new(address as usize as *mut u8).expect("take_pinned checks null");
+        let (ptr, owner) = pool.take_pinned(class, allocate)?;
         let now = pool.allocated.fetch_add(class, Ordering::Relaxed) + class;
         pool.peak.fetch_max(now, Ordering::Relaxed);
         Ok(CpuBuffer {
@@ -323,7 +319,7 @@ impl Drop for CpuBuffer {
             Home::Pinned { class, owner, pool } => {
                 pool.allocated.fetch_sub(*class, Ordering::Relaxed);
                 if let Some(owner) = owner.take() {
-                    pool.give_back_pinned(*class, (self.ptr.as_ptr() as usize as u64, owner));
+                    pool.give_back_pinned(*class, (Block(self.ptr), owner));
                 }
             }
             Home::Foreign(_) => {}
