@@ -137,6 +137,32 @@ fn words(seed: u64, offset: u64, c: u64) -> [u32; 4] {
 }
 
 /// A 53-bit uniform from two words.
+/// f32 uniforms drawn with `seed` from counter `first`: the top 24 bits of one word each.
+fn check_f32_uniforms(values: &[f32], seed: u64, first: u64) {
+    for (i, &v) in values.iter().enumerate() {
+        let w = words(seed, first, i as u64 / 4)[i % 4];
+        assert_eq!(v, (w >> 8) as f32 * 2f32.powi(-24), "f32 rand element {i}");
+    }
+}
+
+/// f32 normals drawn with `seed` from counter `first`: two Box–Muller pairs per counter, in
+/// f32 (each backend's log, cos and sin: a few ulps apart).
+fn check_f32_normals(values: &[f32], seed: u64, first: u64) {
+    for (i, &v) in values.iter().enumerate() {
+        let w = words(seed, first, i as u64 / 4);
+        let k = 2 * ((i % 4) / 2);
+        let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
+        let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
+        let angle = std::f32::consts::TAU * u2;
+        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
+        let want = (-2.0 * u1.ln()).sqrt() * trig;
+        assert!(
+            (v - want).abs() <= 4e-6 * want.abs().max(1.0),
+            "f32 randn element {i}: {v} vs {want}"
+        );
+    }
+}
+
 fn u53(hi: u32, lo: u32) -> f64 {
     (((hi as u64) << 21) | ((lo as u64) >> 11)) as f64 * 2f64.powi(-53)
 }
@@ -165,54 +191,19 @@ fn random(dev: &Device) -> Result<()> {
     // f32 uniforms: four elements per counter, the top 24 bits of one word each (exact).
     let mut g2 = Generator::new(99);
     let f = Tensor::rand([21], DType::F32, &mut g2, dev)?.to_vec::<f32>()?;
-    for (i, &v) in f.iter().enumerate() {
-        let w = words(99, 0, i as u64 / 4)[i % 4];
-        assert_eq!(v, (w >> 8) as f32 * 2f32.powi(-24), "f32 rand element {i}");
-    }
+    check_f32_uniforms(&f, 99, 0);
     assert_eq!(g2.state(), (99, 6));
-    // f32 normals: two pairs per counter, in f32 (each backend's log, cos and sin: a few
-    // ulps apart).
+    // f32 normals: two pairs per counter.
     let z = Tensor::randn([22], DType::F32, &mut g2, dev)?.to_vec::<f32>()?;
-    for (i, &v) in z.iter().enumerate() {
-        let w = words(99, 6, i as u64 / 4);
-        let k = 2 * ((i % 4) / 2);
-        let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
-        let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
-        let angle = std::f32::consts::TAU * u2;
-        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
-        let want = (-2.0 * u1.ln()).sqrt() * trig;
-        assert!(
-            (v - want).abs() <= 4e-6 * want.abs().max(1.0),
-            "f32 randn element {i}: {v} vs {want}"
-        );
-    }
+    check_f32_normals(&z, 99, 6);
     // The same where launches take four elements a work item (a multiple of four): the
     // lanes share one Philox call per counter (CUDA and wgpu make it before the lanes).
     let mut g4 = Generator::new(41);
     let f = Tensor::rand([6, 4], DType::F32, &mut g4, dev)?.to_vec::<f32>()?;
-    for (i, &v) in f.iter().enumerate() {
-        let w = words(41, 0, i as u64 / 4)[i % 4];
-        assert_eq!(
-            v,
-            (w >> 8) as f32 * 2f32.powi(-24),
-            "f32 rand [6, 4] element {i}"
-        );
-    }
+    check_f32_uniforms(&f, 41, 0);
     assert_eq!(g4.state(), (41, 6));
     let z = Tensor::randn([24], DType::F32, &mut g4, dev)?.to_vec::<f32>()?;
-    for (i, &v) in z.iter().enumerate() {
-        let w = words(41, 6, i as u64 / 4);
-        let k = 2 * ((i % 4) / 2);
-        let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
-        let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
-        let angle = std::f32::consts::TAU * u2;
-        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
-        let want = (-2.0 * u1.ln()).sqrt() * trig;
-        assert!(
-            (v - want).abs() <= 4e-6 * want.abs().max(1.0),
-            "f32 randn [24] element {i}: {v} vs {want}"
-        );
-    }
+    check_f32_normals(&z, 41, 6);
     // Integers over a 32-bit range: one word each, four per counter (a vector of two i64
     // lanes on CUDA covers half a counter).
     let mut g3 = Generator::new(5);
