@@ -1,5 +1,7 @@
-//! CUDA C → PTX with NVRTC, an on-disk PTX cache shared by processes (a new notebook reuses
-//! what an earlier one compiled), and loading PTX into the device's context.
+//! CUDA C → machine code (CUBIN) with NVRTC, an on-disk cache shared by processes (a new
+//! notebook reuses what an earlier one compiled), and loading it into the device's context.
+//! NVRTC emits the device's own SASS, so loading a module copies it instead of running the
+//! driver's JIT over PTX.
 
 use crate::driver::{check, Gpu};
 use crate::launch::Function;
@@ -13,7 +15,8 @@ use strata_core::{Error, Result};
 /// Compiles kernel source for one device and loads it.
 pub(crate) struct Compiler {
     gpu: Option<Arc<Gpu>>,
-    arch: String,
+    /// The device's compute capability, e.g. `(9, 0)`.
+    arch: (i32, i32),
     cache_dir: Option<PathBuf>,
     /// Loaded modules stay alive as long as the compiler (their functions are cached).
     modules: Mutex<Vec<crate::driver::Raw<sys::CUmodule>>>,
@@ -60,8 +63,9 @@ fn stable_hash(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// Where compiled PTX is kept: `$STRATA_CACHE_DIR`, else `$XDG_CACHE_HOME/strata/ptx`, else
-/// `~/.cache/strata/ptx`. `STRATA_CACHE_DIR=off` turns the disk cache off.
+/// Where compiled kernels (CUBIN files) are kept: `$STRATA_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/strata/ptx`, else `~/.cache/strata/ptx` (the name is older than the CUBIN
+/// files). `STRATA_CACHE_DIR=off` turns the disk cache off.
 ///
 /// ```
 /// if let Some(dir) = strata_cuda::ptx_cache_dir() {
@@ -86,29 +90,31 @@ impl Compiler {
     pub(crate) fn new(gpu: Option<Arc<Gpu>>, arch: (i32, i32)) -> Compiler {
         Compiler {
             gpu,
-            arch: format!("compute_{}{}", arch.0, arch.1),
+            arch,
             cache_dir: ptx_cache_dir(),
             modules: Mutex::new(Vec::new()),
         }
     }
 
-    /// PTX for `body` (the prelude is prepended), from the disk cache when it has it.
-    pub(crate) fn ptx(&self, body: &str) -> Result<String> {
+    /// The device's machine code for `body` (the prelude is prepended), from the disk cache
+    /// when it has it.
+    pub(crate) fn cubin(&self, body: &str) -> Result<Vec<u8>> {
         let version = nvrtc_version()?;
         let source = format!("{}\n{body}", crate::codegen::PRELUDE);
+        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let key = stable_hash(&[
             source.as_bytes(),
-            self.arch.as_bytes(),
+            arch.as_bytes(),
             format!("{version:?}").as_bytes(),
         ]);
         let path = self
             .cache_dir
             .as_ref()
-            .map(|d| d.join(format!("{key:016x}.ptx")));
-        if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-            return Ok(text);
+            .map(|d| d.join(format!("{key:016x}.cubin")));
+        if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+            return Ok(image);
         }
-        let ptx = self.compile(&source)?;
+        let image = compile(&source, &arch, Output::Cubin)?;
         if let Some(path) = path {
             // Write then rename, so a concurrent process never reads half a file.
             let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -116,78 +122,37 @@ impl Compiler {
                 .parent()
                 .map(std::fs::create_dir_all)
                 .transpose()
-                .and_then(|_| std::fs::write(&tmp, &ptx))
+                .and_then(|_| std::fs::write(&tmp, &image))
                 .and_then(|_| std::fs::rename(&tmp, &path));
             if stored.is_err() {
                 let _ = std::fs::remove_file(&tmp);
             }
         }
-        Ok(ptx)
+        Ok(image)
     }
 
-    /// PTX for `body`, compiled now (tests that check the generator use it).
+    /// PTX for `body`, compiled now for the virtual architecture (tests that check the
+    /// generator use it: NVRTC checks the source without running the assembler).
     #[cfg(test)]
     pub(crate) fn ptx_uncached(&self, body: &str) -> Result<String> {
         nvrtc_version()?;
-        self.compile(&format!("{}\n{body}", crate::codegen::PRELUDE))
-    }
-
-    fn compile(&self, source: &str) -> Result<String> {
-        let c_src = CString::new(source)
-            .map_err(|_| Error::Backend("kernel source contains a NUL byte".into()))?;
-        let prog = nvrtc::create_program(&c_src, None)
-            .map_err(|e| Error::Backend(format!("nvrtcCreateProgram failed: {e:?}")))?;
-        let options = [
-            format!("--gpu-architecture={}", self.arch),
-            "--std=c++17".to_string(),
-            // Contracting a*b+c into fma would change results against the CPU backend.
-            "--fmad=false".to_string(),
-        ];
-        // SAFETY: `prog` is a live program; it is destroyed below on every path.
-        let compiled = unsafe { nvrtc::compile_program(prog, &options) };
-        let result = match compiled {
-            Ok(()) => unsafe { nvrtc::get_ptx(prog) }
-                .map(|chars| {
-                    let bytes: Vec<u8> = chars
-                        .iter()
-                        .map(|&c| c as u8)
-                        .take_while(|&b| b != 0)
-                        .collect();
-                    String::from_utf8_lossy(&bytes).into_owned()
-                })
-                .map_err(|e| Error::Backend(format!("nvrtcGetPTX failed: {e:?}"))),
-            Err(e) => {
-                let log = unsafe { nvrtc::get_program_log(prog) }
-                    .map(|chars| {
-                        let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).collect();
-                        String::from_utf8_lossy(&bytes)
-                            .trim_end_matches('\0')
-                            .to_string()
-                    })
-                    .unwrap_or_default();
-                Err(Error::Backend(format!(
-                    "NVRTC could not compile a generated kernel ({e:?}); this is a bug in \
-                     strata's code generation:\n{log}"
-                )))
-            }
-        };
-        // SAFETY: created above, destroyed once.
-        let _ = unsafe { nvrtc::destroy_program(prog) };
-        result
+        let source = format!("{}\n{body}", crate::codegen::PRELUDE);
+        let arch = format!("compute_{}{}", self.arch.0, self.arch.1);
+        let ptx = compile(&source, &arch, Output::Ptx)?;
+        Ok(String::from_utf8_lossy(&ptx).into_owned())
     }
 
     /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name`.
     pub(crate) fn function(&self, body: &str, name: &str) -> Result<Function> {
-        let ptx = self.ptx(body)?;
+        let image = self.cubin(body)?;
         let gpu = self.gpu.as_ref().ok_or_else(|| {
             Error::DeviceUnavailable("this compiler has no device to load kernels on".into())
         })?;
         gpu.bind()?;
-        let image = CString::new(ptx).map_err(|_| Error::Backend("PTX contains NUL".into()))?;
         let batch_name = format!("{name}_batch");
         let has_batch = body.contains(&format!("void {batch_name}("));
         let mut module = std::ptr::null_mut();
-        // SAFETY: the image is NUL-terminated PTX; `module` is written on success.
+        // SAFETY: the image is a whole CUBIN file NVRTC wrote; `module` is written on success.
         check(
             unsafe {
                 sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void)
@@ -238,6 +203,80 @@ impl Drop for Compiler {
     }
 }
 
+/// What NVRTC hands back.
+#[derive(Clone, Copy, PartialEq)]
+enum Output {
+    /// PTX text for a `compute_XY` architecture (no NUL).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Ptx,
+    /// The machine code for an `sm_XY` architecture.
+    Cubin,
+}
+
+/// Compiles `source` for `arch` (`compute_XY` for PTX, `sm_XY` for CUBIN).
+fn compile(source: &str, arch: &str, output: Output) -> Result<Vec<u8>> {
+    let c_src = CString::new(source)
+        .map_err(|_| Error::Backend("kernel source contains a NUL byte".into()))?;
+    let prog = nvrtc::create_program(&c_src, None)
+        .map_err(|e| Error::Backend(format!("nvrtcCreateProgram failed: {e:?}")))?;
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".to_string(),
+        // Contracting a*b+c into fma would change results against the CPU backend.
+        "--fmad=false".to_string(),
+    ];
+    // SAFETY: `prog` is a live program; it is destroyed below on every path.
+    let compiled = unsafe { nvrtc::compile_program(prog, &options) };
+    let result = match compiled {
+        Ok(()) if output == Output::Ptx => unsafe { nvrtc::get_ptx(prog) }
+            .map(|chars| {
+                chars
+                    .iter()
+                    .map(|&c| c as u8)
+                    .take_while(|&b| b != 0)
+                    .collect()
+            })
+            .map_err(|e| Error::Backend(format!("nvrtcGetPTX failed: {e:?}"))),
+        Ok(()) => cubin_of(prog),
+        Err(e) => {
+            let log = unsafe { nvrtc::get_program_log(prog) }
+                .map(|chars| {
+                    let bytes: Vec<u8> = chars.iter().map(|&c| c as u8).collect();
+                    String::from_utf8_lossy(&bytes)
+                        .trim_end_matches('\0')
+                        .to_string()
+                })
+                .unwrap_or_default();
+            Err(Error::Backend(format!(
+                "NVRTC could not compile a generated kernel ({e:?}); this is a bug in \
+                 strata's code generation:\n{log}"
+            )))
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let _ = unsafe { nvrtc::destroy_program(prog) };
+    result
+}
+
+/// The CUBIN of a compiled program (cudarc wraps PTX only, so through the raw calls).
+fn cubin_of(prog: nvrtc_sys::nvrtcProgram) -> Result<Vec<u8>> {
+    let mut size = 0usize;
+    // SAFETY: a compiled, live program; `size` is written on success.
+    let status = unsafe { nvrtc_sys::nvrtcGetCUBINSize(prog, &mut size) };
+    if status != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
+        return Err(Error::Backend(format!(
+            "nvrtcGetCUBINSize failed ({status:?}, {size} bytes)"
+        )));
+    }
+    let mut image = vec![0u8; size];
+    // SAFETY: `image` holds the `size` bytes NVRTC said it writes.
+    let status = unsafe { nvrtc_sys::nvrtcGetCUBIN(prog, image.as_mut_ptr().cast()) };
+    if status != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(Error::Backend(format!("nvrtcGetCUBIN failed: {status:?}")));
+    }
+    Ok(image)
+}
+
 /// The kernel `name` of a loaded module.
 fn get_function(module: sys::CUmodule, name: &str) -> Result<sys::CUfunction> {
     let c_name = CString::new(name).map_err(|_| Error::Backend("bad kernel name".into()))?;
@@ -262,6 +301,23 @@ pub(crate) fn argument_words(body: &str) -> Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernels_compile_to_the_devices_machine_code() {
+        if let Err(e) = nvrtc_version() {
+            assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none(), "{e}");
+            return;
+        }
+        let mut compiler = Compiler::new(None, (9, 0));
+        compiler.cache_dir = None;
+        let body = "extern \"C\" __global__ void strata_probe(float* p) { p[0] = 1.0f; }";
+        let image = compiler.cubin(body).unwrap();
+        // An ELF file for the device (no driver JIT at load), holding the kernel.
+        assert_eq!(&image[..4], b"\x7fELF");
+        assert!(image.windows(12).any(|w| w == b"strata_probe"));
+        let err = compiler.cubin("__global__ void k() { undefined_name; }");
+        assert!(err.unwrap_err().to_string().contains("undefined_name"));
+    }
 
     #[test]
     fn the_hash_is_stable() {
