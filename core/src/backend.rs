@@ -238,6 +238,11 @@ pub trait Backend: Send + Sync + Debug {
     fn fuses_map_into_reduce(&self) -> bool {
         false
     }
+    /// Whether this backend runs [`Kernel::Softmax`]; otherwise core runs `softmax` as its
+    /// composition (a max, a fused sum, a map), each pass reading the rows again.
+    fn runs_softmax(&self) -> bool {
+        false
+    }
     /// The source this backend generates for the map `expr` over `args`, and its launch
     /// shape, without running it (for [`Tensor::explain`](crate::Tensor::explain)); `None`
     /// for a backend that generates no source (the CPU backend evaluates the tree directly)

@@ -614,6 +614,18 @@ pub enum Kernel {
         /// f32 products may use TF32 (the device opted in with `set_allow_tf32`).
         tf32: bool,
     },
+    /// Softmax (or with `log`, log-softmax) along the last axis of input 0 into output 0, of
+    /// the same shape and float dtype: the composition `softmax` is defined by, run with each
+    /// row kept on chip. Per row, `m` is the maximum (NaN if any element is), each element's
+    /// term `t = exp(x - m)` is rounded to the dtype as that op rounds it, `s` is the sum of
+    /// the terms in [`accumulation_dtype`](crate::ops::accumulation_dtype) rounded to the
+    /// dtype, and the output is [`softmax_output`](crate::lower::softmax_plan::softmax_output)
+    /// of `x`, `m` and `s`. Only the sum's order may differ from the eager composition. Only
+    /// backends whose [`runs_softmax`](crate::Backend::runs_softmax) is true get one.
+    Softmax {
+        /// Log-softmax: `(x - m) - log(s)` instead of `t / s`.
+        log: bool,
+    },
     /// Gather, scatter or scatter-add along `axis`, with inputs `[src, index]` (`index` i64,
     /// `src` of the output's dtype, all of one rank). Gather: `out[p] = src[p with coordinate
     /// axis replaced by index[p]]` over the output's positions. Scatter: for every position `p`

@@ -3,13 +3,14 @@
 //! launch time the kernel, not NVRTC.
 
 use crate::batch::MAX_BATCHED_WORK;
-use crate::codegen::{index, map, matmul, reduce};
+use crate::codegen::{index, map, matmul, reduce, softmax};
 use crate::launch::{dims, function, FunctionCache, Grid, Launch};
 use crate::CudaBackend;
 use strata_core::backend::LaunchDescription;
 use strata_core::ir::{Kernel, KernelArgs};
 use strata_core::lower::cache::Signature;
 use strata_core::lower::operands::{IndexOperands, MatmulOperands};
+use strata_core::lower::softmax_plan::SoftmaxOperands;
 use strata_core::DType;
 
 impl CudaBackend {
@@ -74,6 +75,12 @@ impl CudaBackend {
                 let ops = IndexOperands::of(*kind, *axis, args).ok()?;
                 let (_, plan) = index::plan(&ops).ok()??;
                 ("strata_index".into(), grid(&plan)?)
+            }
+            Kernel::Softmax { log } => {
+                let ops = SoftmaxOperands::of(args).ok()?;
+                let (sig, plan) = softmax::plan(*log, &ops, &self.target).ok()??;
+                let shape = format!("{}, {} threads per row", grid(&plan)?, sig.group);
+                ("strata_softmax".into(), shape)
             }
         };
         Some(LaunchDescription { name, shape })
@@ -155,6 +162,19 @@ impl CudaBackend {
                         "strata_index",
                         self,
                         index::source,
+                        &mut compiled,
+                    )?;
+                }
+            }
+            Kernel::Softmax { log } => {
+                let ops = SoftmaxOperands::of(args)?;
+                if let Some((sig, _)) = softmax::plan(*log, &ops, &self.target)? {
+                    compile(
+                        &self.softmaxes,
+                        &sig,
+                        "strata_softmax",
+                        self,
+                        softmax::source,
                         &mut compiled,
                     )?;
                 }

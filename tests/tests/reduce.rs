@@ -4,6 +4,7 @@
 
 use strata::ops::Axes;
 use strata::prelude::*;
+use strata::BackendKind;
 use strata_tests::{indices, test_device};
 
 fn values(dtype: DType, n: usize) -> Vec<Scalar> {
@@ -324,4 +325,92 @@ fn accumulation_and_special_values(dev: &Device) -> Result<()> {
 test_device!(
     accumulation_empty_extents_nan_and_softmax,
     accumulation_and_special_values
+);
+
+/// Softmax and log-softmax along the last axis (one kernel where the backend has one) against
+/// the composition they are defined by, written out here from primitives: bit for bit on the
+/// CPU (the same kernels), within the summation-order tolerance elsewhere, NaN where it is.
+fn softmax_matches_its_composition(dev: &Device) -> Result<()> {
+    let composed = |x: &Tensor, log: bool| -> Result<Tensor> {
+        let shifted = x.sub(&x.max(-1, true)?)?;
+        if log {
+            let lse = shifted.exp()?.sum(-1, true)?.log()?;
+            return shifted.sub(&lse);
+        }
+        let e = shifted.exp()?;
+        e.div(&e.sum(-1, true)?)
+    };
+    let special = |n: usize, i: usize| -> f64 {
+        // Row 1 holds a NaN, row 2 a +inf, row 3 is all -inf, row 4 mixes -0 and +0.
+        match (i / n, i % n) {
+            (1, 0) => f64::NAN,
+            (2, 1) => f64::INFINITY,
+            (3, _) => f64::NEG_INFINITY,
+            (4, j) => [0.0, -0.0][j % 2],
+            _ => ((i * 7919) % 97) as f64 / 8.0 - 6.0,
+        }
+    };
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let tol = match dtype {
+            DType::F64 => 1e-12,
+            DType::F32 => 1e-5,
+            _ => 1e-2,
+        };
+        // Row lengths for each thread grouping: a thread per row, a warp, a block, a block of
+        // 1,024 (with and without whole vectors).
+        for n in [1usize, 7, 256, 4096, 4100, 8192] {
+            let rows = 6;
+            let vals: Vec<f64> = (0..rows * n).map(|i| special(n, i)).collect();
+            let base = Tensor::from_slice(&vals, [rows, n], dev)?.to_dtype(dtype)?;
+            // The same rows one column over in a wider tensor (a misaligned start).
+            let padded: Vec<f64> = vals
+                .chunks(n)
+                .flat_map(|row| std::iter::once(0.5).chain(row.iter().copied()))
+                .collect();
+            let wide = Tensor::from_slice(&padded, [rows, n + 1], dev)?.to_dtype(dtype)?;
+            let layouts = [
+                ("contiguous", base.clone()),
+                ("3-d", base.view([2, 3, n])?),
+                ("offset by one", wide.slice(s![.., 1..])?),
+                ("transposed", base.t()?.contiguous()?.t()?),
+                (
+                    "broadcast rows",
+                    base.slice(s![..1, ..])?.expand([rows, n])?,
+                ),
+            ];
+            for (name, x) in layouts {
+                for log in [false, true] {
+                    let got = if log {
+                        x.log_softmax(-1)?
+                    } else {
+                        x.softmax(-1)?
+                    };
+                    assert_eq!(got.shape(), x.shape());
+                    let want = composed(&x, log)?;
+                    let (g, w) = (
+                        got.to_dtype(DType::F64)?.to_vec::<f64>()?,
+                        want.to_dtype(DType::F64)?.to_vec::<f64>()?,
+                    );
+                    for (k, (a, b)) in g.iter().zip(&w).enumerate() {
+                        let what = format!("{dtype} n={n} {name} log={log} at {k}: {a} vs {b}");
+                        if dev.kind() == BackendKind::Cpu {
+                            assert!(
+                                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                                "{what}"
+                            );
+                        } else if b.is_nan() || b.is_infinite() {
+                            assert!(a.is_nan() == b.is_nan() && (b.is_nan() || a == b), "{what}");
+                        } else {
+                            assert!((a - b).abs() <= tol * b.abs().max(1.0), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(
+    softmax_in_one_kernel_matches_its_composition,
+    softmax_matches_its_composition
 );

@@ -124,6 +124,7 @@ impl WgpuBackend {
             parallel_slots: 1 << 18,
             items_per_thread: 8,
             group_sizes: &[1, 256],
+            row_groups: &[1],
             reduce_vectors: false,
             binding_limit: Some(binding_limit),
             offset_align: gpu.limits.min_storage_buffer_offset_alignment as u64,
@@ -270,6 +271,10 @@ impl Backend for WgpuBackend {
             } => self.run_reduce(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args),
+            // `runs_softmax` is false: core composes softmax from maps and reductions here.
+            Kernel::Softmax { .. } => Err(strata_core::Error::Unsupported(
+                "the wgpu backend has no one-kernel softmax; core composes it".into(),
+            )),
         }
     }
 

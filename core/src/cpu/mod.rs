@@ -8,6 +8,7 @@ mod index;
 mod map;
 mod matmul;
 mod reduce;
+mod softmax;
 mod strided;
 
 pub use buffer::CpuBuffer;
@@ -211,7 +212,12 @@ impl Backend for CpuBackend {
             }
             Kernel::Matmul { acc, .. } => matmul::run(*acc, args),
             Kernel::Index { kind, axis } => index::run(*kind, *axis, args),
+            Kernel::Softmax { log } => softmax::run(*log, args, &self.pool),
         }
+    }
+
+    fn runs_softmax(&self) -> bool {
+        true
     }
 
     fn describe_launch(

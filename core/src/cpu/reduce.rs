@@ -387,6 +387,7 @@ mod tests {
             parallel_slots: 1 << 12,
             items_per_thread: 8,
             group_sizes: &[1, 32, 256],
+            row_groups: &[1],
             binding_limit: Some(limit),
             offset_align: 16,
             ..Target::cpu(1)

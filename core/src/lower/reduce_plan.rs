@@ -342,6 +342,7 @@ mod tests {
             parallel_slots: 1 << 14,
             items_per_thread: 8,
             group_sizes: &[1, 32, 256],
+            row_groups: &[1],
             reduce_vectors: true,
             binding_limit: limit,
             offset_align: 256,

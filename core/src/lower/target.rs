@@ -49,6 +49,9 @@ pub struct Target {
     pub items_per_thread: usize,
     /// Threads that may reduce one output together, smallest first (1: a thread per output).
     pub group_sizes: &'static [usize],
+    /// Threads that may share one row of a softmax, smallest first (the largest is a block;
+    /// a row group of more than one block's worth is not allowed).
+    pub row_groups: &'static [usize],
     /// Vector loads of a contiguous reduced axis.
     pub reduce_vectors: bool,
     /// The most bytes one operand may bind (wgpu's storage-binding limit); `None`: no limit.
@@ -77,6 +80,7 @@ impl Target {
             parallel_slots: threads.max(1),
             items_per_thread: 2048,
             group_sizes: &[1],
+            row_groups: &[1],
             reduce_vectors: false,
             binding_limit: None,
             offset_align: 1,

@@ -497,8 +497,26 @@ impl Tensor {
         if x.extent(&Axes::from(axis))? == 0 {
             return x.empty_like(); // nothing to normalize (PyTorch returns the empty tensor too)
         }
+        if let Some(y) = x.softmax_kernel(axis, false)? {
+            return Ok(y);
+        }
         let e = x.sub(&x.max(axis, true)?)?.exp()?;
         e.div(&e.sum(axis, true)?)
+    }
+
+    /// `softmax` (or `log_softmax`) of this float tensor as one [`Kernel::Softmax`] when the
+    /// backend has it and `axis` is the last (rows kept on chip: one read, one write), else
+    /// `None` for the composition. The kernel computes the composition's numbers.
+    fn softmax_kernel(&self, axis: isize, log: bool) -> Result<Option<Tensor>> {
+        let last = self.ndim().checked_sub(1);
+        if !self.device().backend().runs_softmax()
+            || last != Some(normalize_axis(axis, self.ndim().max(1))?)
+        {
+            return Ok(None);
+        }
+        let out = Tensor::empty(self.shape(), self.dtype, self.device())?;
+        crate::tensor::launch(Kernel::Softmax { log }, &out, &[self], vec![])?;
+        Ok(Some(out))
     }
 
     /// `log(softmax(x))` along `axis`, computed stably.
@@ -512,6 +530,9 @@ impl Tensor {
         let x = self.as_float()?;
         if x.extent(&Axes::from(axis))? == 0 {
             return x.empty_like();
+        }
+        if let Some(y) = x.softmax_kernel(axis, true)? {
+            return Ok(y);
         }
         let shifted = x.sub(&x.max(axis, true)?)?;
         let lse = shifted.exp()?.sum(axis, true)?.log()?;

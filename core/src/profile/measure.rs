@@ -26,6 +26,12 @@ pub(super) fn kernel_record(
             ("reduce", ops, n * (1 + map.as_ref().map_or(0, expr_flops)))
         }
         Kernel::Matmul { .. } => ("matmul", vec!["matmul".to_string()], matmul_flops(args)),
+        Kernel::Softmax { log } => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let name = if *log { "log_softmax" } else { "softmax" };
+            // Per element: a max, a subtract, an exp, an add and a divide (or log's forms).
+            (name, vec![name.to_string()], 5 * n)
+        }
         Kernel::Index { kind, .. } => {
             let name = match kind {
                 IndexKind::Gather => "gather",

@@ -6,6 +6,7 @@ use super::index::IndexSig;
 use super::map::MapSig;
 use super::matmul::MatmulSig;
 use super::reduce::ReduceSig;
+use super::softmax::SoftmaxSig;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, unary_rule, Rule};
 use strata_core::lower::map_plan::Path;
@@ -306,6 +307,30 @@ pub(crate) fn matmuls() -> Vec<MatmulSig> {
         .collect()
 }
 
+/// Softmax signatures: each float dtype, both outputs, every group size and vector width.
+pub(crate) fn softmaxes() -> Vec<SoftmaxSig> {
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for log in [false, true] {
+            let v = 16 / dtype.itemsize();
+            for (group, vector, cached) in
+                [(1, 1, 0), (32, v, 0), (256, 1, 0), (256, v, 16), (1, 1, 2)]
+            {
+                out.push(SoftmaxSig {
+                    dtype,
+                    log,
+                    outer_rank: 2,
+                    group,
+                    vector,
+                    wide: group == 1,
+                    cached,
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -335,6 +360,12 @@ mod tests {
             add(
                 super::super::index::source(&s).expect("index source"),
                 "strata_index",
+            );
+        }
+        for s in softmaxes() {
+            add(
+                super::super::softmax::source(&s).expect("softmax source"),
+                "strata_softmax",
             );
         }
         for s in matmuls() {

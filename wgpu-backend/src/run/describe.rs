@@ -57,6 +57,7 @@ impl WgpuBackend {
                     ),
                 )
             }
+            Kernel::Softmax { .. } => return None,
             Kernel::Index { kind, .. } => {
                 // A gather visits its output, a scatter its index.
                 let visited = if *kind == IndexKind::Gather {

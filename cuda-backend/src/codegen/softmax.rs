@@ -1,0 +1,330 @@
+//! `Softmax` kernels: a group of 1, 32 or 256 threads per row (core's
+//! [`softmax_plan`](strata_core::lower::softmax_plan)) finds the row's maximum, sums its terms
+//! and writes the output. A row of up to [`MAX_CACHED`] vectors per thread is loaded once into
+//! registers and the three passes read it there (one read and one write of memory: the L2
+//! cache alone did not keep rows of 16,384 floats between passes); a longer row is read from
+//! memory in each pass. The terms and the output are core's expressions, emitted like a map's.
+
+use super::expr::emit;
+use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
+use crate::launch::{Args, Launch};
+use std::fmt::Write;
+use strata_core::lower::map_plan::needs_wide;
+use strata_core::lower::softmax_plan::{
+    self, softmax_from_term, softmax_output, softmax_term, SoftmaxOperands,
+};
+use strata_core::lower::target::Target;
+use strata_core::ops::accumulation_dtype;
+use strata_core::{DType, Result};
+
+/// The structure of a softmax launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SoftmaxSig {
+    pub dtype: DType,
+    pub log: bool,
+    /// Leading axes decoded per row.
+    pub outer_rank: usize,
+    /// Threads per row: 1, 32 or 256 (a block).
+    pub group: usize,
+    /// Elements per vector load and store (1: none; then the row stride is a word).
+    pub vector: usize,
+    pub wide: bool,
+    /// Vectors each thread keeps in registers (a power of two, the row's share rounded up);
+    /// 0: the row is read from memory in each pass.
+    pub cached: usize,
+}
+
+/// The most vectors per thread a row is kept in registers for (16 × 16 bytes: 64 words).
+pub(crate) const MAX_CACHED: usize = 16;
+
+impl strata_core::lower::cache::Owned for SoftmaxSig {}
+
+/// Plans `Softmax { log }` over `ops` on `target`; `None` when there are no rows or the rows
+/// are empty.
+pub(crate) fn plan(
+    log: bool,
+    ops: &SoftmaxOperands,
+    target: &Target,
+) -> Result<Option<(SoftmaxSig, Launch)>> {
+    if ops.rows == 0 || ops.n == 0 {
+        return Ok(None);
+    }
+    let (out_ptr, in_ptr) = (
+        crate::memory::element_ptr(ops.out)?,
+        crate::memory::element_ptr(ops.input)?,
+    );
+    let p = softmax_plan::plan(ops, [out_ptr, in_ptr], target);
+    let wide = (p.rows * p.group) as u128 > (i32::MAX / 2) as u128
+        || [ops.input, ops.out].iter().any(|o| {
+            needs_wide(
+                o.layout.numel(),
+                o.layout.shape(),
+                &[o.layout.strides().to_vec()],
+            )
+        });
+    let mut w = Args::new();
+    w.push(p.rows as u64);
+    w.push(p.n as u64);
+    for &d in &p.outer_shape {
+        w.push(d as u64);
+    }
+    for (ptr, outer, stride) in [
+        (in_ptr, &p.in_outer, p.in_stride),
+        (out_ptr, &p.out_outer, p.out_stride),
+    ] {
+        w.push(ptr);
+        for &s in outer.iter() {
+            w.push(s as i64 as u64);
+        }
+        w.push(stride as i64 as u64);
+    }
+    let sig = SoftmaxSig {
+        dtype: ops.out.dtype,
+        log,
+        outer_rank: p.outer_shape.len(),
+        group: p.group,
+        vector: p.vector,
+        wide,
+        cached: match (p.n / p.vector).div_ceil(p.group).next_power_of_two() {
+            k if k <= MAX_CACHED => k,
+            _ => 0,
+        },
+    };
+    let launch = Launch::linear(w, p.rows * p.group);
+    Ok(Some((sig, launch)))
+}
+
+/// The CUDA C source of a softmax kernel named `strata_softmax`.
+pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
+    let (d, g, v, ro) = (sig.dtype, sig.group, sig.vector, sig.outer_rank);
+    let idx = index_type(sig.wide);
+    let acc = accumulation_dtype(d);
+    let (ct, acc_t, st) = (compute_type(d), compute_type(acc), storage_type(d));
+    // Words: rows, n, outer shape, in ptr, in outer strides, in stride, out ptr, out outer
+    // strides, out stride.
+    let in_ptr = 2 + ro;
+    let out_ptr = in_ptr + ro + 2;
+    let total = out_ptr + ro + 2;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void strata_softmax(const Args<{total}> p) {{"
+    );
+    let _ = writeln!(s, "  const {idx} rows = ({idx})p.w[0], n = ({idx})p.w[1];");
+    let _ = writeln!(s, "  const {st}* in = (const {st}*)p.w[{in_ptr}];");
+    let _ = writeln!(s, "  {st}* out = ({st}*)p.w[{out_ptr}];");
+    let _ = writeln!(
+        s,
+        "  const {idx} ins = ({idx})(i64)p.w[{}], outs = ({idx})(i64)p.w[{}];",
+        in_ptr + ro + 1,
+        out_ptr + ro + 1
+    );
+    let _ = writeln!(s, "  const int lane = threadIdx.x % {g};");
+    let k = sig.cached;
+    let vt = vector_type(v * d.itemsize());
+    if k > 0 {
+        let _ = writeln!(s, "  union {{ {vt} v; {st} e[{v}]; }} u[{k}];");
+    }
+    let warps = g / 32;
+    if warps > 1 {
+        let _ = writeln!(s, "  __shared__ {acc_t} sh[{warps}];");
+    }
+    let _ = writeln!(
+        s,
+        "  const {idx} groups = (({idx})gridDim.x * blockDim.x) / {g};"
+    );
+    let _ = writeln!(
+        s,
+        "  for ({idx} row = (({idx})blockIdx.x * blockDim.x + threadIdx.x) / {g}; row < rows; row += groups) {{"
+    );
+    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = row;");
+    for k in (0..ro).rev() {
+        let _ = writeln!(
+            s,
+            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
+            2 + k,
+            2 + k,
+            in_ptr + 1 + k,
+            out_ptr + 1 + k
+        );
+    }
+    // Visits the row: `body` sees the element as `x0` (a compute value) and, in the output
+    // pass (`store`), sets `y`. `load`: this pass reads memory (always, unless cached).
+    let visit = |s: &mut String, body: &str, load: bool, store: bool| {
+        if k > 0 {
+            // The thread's vectors at r = (j·group + lane)·vector, kept in u[j].
+            let _ = writeln!(s, "#pragma unroll\n    for (int j = 0; j < {k}; j++) {{");
+            let _ = writeln!(s, "      const {idx} r = (({idx})j * {g} + lane) * {v};");
+            let _ = writeln!(s, "      if (r < n) {{");
+            if load && v > 1 {
+                let _ = writeln!(s, "        u[j].v = *(const {vt}*)(in + ib + r);");
+            } else if load {
+                let _ = writeln!(s, "        u[j].e[0] = in[ib + r * ins];");
+            }
+            let _ = writeln!(
+                s,
+                "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
+            );
+            let _ = writeln!(
+                s,
+                "          const {ct} x0 = {};",
+                from_storage(d, "u[j].e[l]")
+            );
+            let _ = writeln!(s, "{body}");
+            if store {
+                let _ = writeln!(s, "          u[j].e[l] = {};", to_storage(d, "y"));
+            }
+            let _ = writeln!(s, "        }}");
+            if store && v > 1 {
+                let _ = writeln!(s, "        *({vt}*)(out + ob + r) = u[j].v;");
+            } else if store {
+                let _ = writeln!(s, "        out[ob + r * outs] = u[j].e[0];");
+            }
+            let _ = writeln!(s, "      }}\n    }}");
+        } else if v > 1 {
+            let _ = writeln!(
+                s,
+                "    for ({idx} r = lane * {v}; r < n; r += {g} * {v}) {{"
+            );
+            let _ = writeln!(
+                s,
+                "      union {{ {vt} v; {st} e[{v}]; }} u; u.v = *(const {vt}*)(in + ib + r);"
+            );
+            let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
+            let _ = writeln!(s, "        const {ct} x0 = {};", from_storage(d, "u.e[l]"));
+            let _ = writeln!(s, "{body}");
+            if store {
+                let _ = writeln!(s, "        u.e[l] = {};", to_storage(d, "y"));
+            }
+            let _ = writeln!(s, "      }}");
+            if store {
+                let _ = writeln!(s, "      *({vt}*)(out + ob + r) = u.v;");
+            }
+            let _ = writeln!(s, "    }}");
+        } else {
+            let _ = writeln!(s, "    for ({idx} r = lane; r < n; r += {g}) {{");
+            let _ = writeln!(
+                s,
+                "      const {ct} x0 = {};",
+                from_storage(d, "in[ib + r * ins]")
+            );
+            let _ = writeln!(s, "{body}");
+            if store {
+                let _ = writeln!(s, "      out[ob + r * outs] = {};", to_storage(d, "y"));
+            }
+            let _ = writeln!(s, "    }}");
+        }
+    };
+    // Combines every thread's `name` over the group with `op(a, b)`; every thread ends with
+    // the same value (a butterfly in the warp, then the warps' values in one order).
+    let combine = |s: &mut String, name: &str, ty: &str, op: &dyn Fn(&str, &str) -> String| {
+        if g >= 32 {
+            let _ = writeln!(
+                s,
+                "    for (int d = 16; d > 0; d >>= 1) {{ const {ty} o = __shfl_xor_sync(0xffffffffu, {name}, d); {} }}",
+                op(name, "o")
+            );
+        }
+        if warps > 1 {
+            let _ = writeln!(
+                s,
+                "    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = {name};\n    __syncthreads();"
+            );
+            let _ = writeln!(
+                s,
+                "    {name} = sh[0];\n    for (int w = 1; w < {warps}; w++) {{ const {ty} o = sh[w]; {} }}\n    __syncthreads();",
+                op(name, "o")
+            );
+        }
+    };
+    // Pass 1: the maximum, by the reduction's rule (NaN wins, +0 above -0).
+    let max = |m: &str, o: &str| {
+        format!("if ({o} != {o} || {o} > {m} || ({o} == {m} && !signbit({o}) && signbit({m}))) {m} = {o};")
+    };
+    let inf = if d == DType::F64 {
+        "__longlong_as_double(0x7ff0000000000000ll)"
+    } else {
+        "__int_as_float(0x7f800000)"
+    };
+    let _ = writeln!(s, "    {ct} m = -{inf};");
+    visit(&mut s, &format!("      {}", max("m", "x0")), true, false);
+    combine(&mut s, "m", ct, &max);
+    // Pass 2: the sum of the terms, each rounded to the dtype, in the accumulator.
+    let _ = writeln!(s, "    const {ct} x1 = m;\n    {acc_t} sum = 0;");
+    let mut next = 0;
+    let mut term = String::new();
+    let t = emit(&softmax_term(d), &mut term, "      ", &mut next)?;
+    let _ = write!(term, "      sum += {};", cast(&t, d, acc, false));
+    // A cached row keeps its terms for the output (softmax: one exp per element).
+    let keep_terms = k > 0 && !sig.log;
+    if keep_terms {
+        let _ = write!(term, "\n          u[j].e[l] = {};", to_storage(d, &t));
+    }
+    visit(&mut s, &term, k == 0, false);
+    combine(&mut s, "sum", acc_t, &|a, b| format!("{a} = {a} + {b};"));
+    // Pass 3: the output over the element, the maximum and the sum rounded to the dtype.
+    let _ = writeln!(s, "    const {ct} x2 = {};", cast("sum", acc, d, false));
+    let mut body = String::new();
+    let output = if keep_terms {
+        softmax_from_term(d)
+    } else {
+        softmax_output(d, sig.log)
+    };
+    let y = emit(&output, &mut body, "      ", &mut next)?;
+    let _ = write!(body, "      const {ct} y = {y};");
+    visit(&mut s, &body, k == 0, true);
+    let _ = writeln!(s, "  }}\n}}");
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(dtype: DType, group: usize, vector: usize) -> SoftmaxSig {
+        SoftmaxSig {
+            dtype,
+            log: false,
+            outer_rank: 1,
+            group,
+            vector,
+            wide: false,
+            cached: 0,
+        }
+    }
+
+    #[test]
+    fn a_block_per_row_combines_through_shared_memory_and_stores_vectors() {
+        let src = source(&sig(DType::F32, 256, 4)).unwrap();
+        assert!(src.contains("__shared__ float sh[8];"), "{src}");
+        assert!(src.contains("*(uint4*)(out + ob + r) = u.v;"), "{src}");
+        assert!(src.contains("__shfl_xor_sync"), "{src}");
+    }
+
+    #[test]
+    fn a_cached_row_is_read_once_and_kept_in_registers() {
+        let mut s = sig(DType::F32, 256, 4);
+        s.cached = 16;
+        let src = source(&s).unwrap();
+        assert_eq!(
+            src.matches("*(const uint4*)(in + ib + r)").count(),
+            1,
+            "{src}"
+        );
+        assert!(src.contains("} u[16];"), "{src}");
+        // The terms stay in the registers: one exp per element.
+        assert_eq!(src.matches("exp").count(), 1, "{src}");
+        assert!(src.contains("__shared__ float sh[8];"), "{src}");
+        s.vector = 1;
+        let src = source(&s).unwrap();
+        assert_eq!(src.matches("in[ib + r * ins]").count(), 1, "{src}");
+    }
+
+    #[test]
+    fn half_terms_are_rounded_before_they_are_summed_in_f32() {
+        let src = source(&sig(DType::F16, 32, 1)).unwrap();
+        assert!(src.contains("float sum = 0;"), "{src}");
+        assert!(src.contains("round_f16("), "{src}");
+        assert!(!src.contains("__shared__"), "{src}");
+    }
+}
