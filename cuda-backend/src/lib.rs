@@ -126,8 +126,7 @@ impl CudaBackend {
             parallel_slots: gpu.sm_count as usize * 2048,
             items_per_thread: 8,
             group_sizes: &[1, 32, 256],
-            // A block per row at most: blocks of 1,024 measured slower (fewer rows in flight).
-            row_groups: &[1, 32, 256],
+            row_groups: &[1, 32, 256, 1024],
             reduce_vectors: true,
             binding_limit: None,
             offset_align: 1,

@@ -313,9 +313,14 @@ pub(crate) fn softmaxes() -> Vec<SoftmaxSig> {
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         for log in [false, true] {
             let v = 16 / dtype.itemsize();
-            for (group, vector, cached) in
-                [(1, 1, 0), (32, v, 0), (256, 1, 0), (256, v, 16), (1, 1, 2)]
-            {
+            for (group, vector, cached) in [
+                (1, 1, 0),
+                (32, v, 0),
+                (256, 1, 0),
+                (256, v, 16),
+                (1024, v, 0),
+                (1, 1, 2),
+            ] {
                 out.push(SoftmaxSig {
                     dtype,
                     log,
