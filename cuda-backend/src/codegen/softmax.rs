@@ -9,7 +9,10 @@
 //! terms and the output are core's expressions, emitted like a map's.
 
 use super::expr::emit;
-use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
+use super::{
+    cast, compute_type, decode_offsets, from_storage, index_type, storage_type, to_storage,
+    vector_type,
+};
 use crate::launch::{Args, Launch};
 use std::fmt::Write;
 use strata_core::lower::map_plan::needs_wide;
@@ -158,17 +161,30 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
         s,
         "  for ({idx} row = (({idx})blockIdx.x * blockDim.x + threadIdx.x) / {g}; row < rows; row += groups) {{"
     );
-    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = row;");
-    for k in (0..ro).rev() {
+    // The row's start in the input (off0) and the output (off1).
+    let shape_words: Vec<usize> = (2..2 + ro).collect();
+    decode_offsets(
+        &mut s,
+        idx,
+        "row",
+        &shape_words,
+        &[Some(in_ptr + 1), Some(out_ptr + 1)],
+    );
+    // The lanes of vector union `u` (whose load is written): `body` sees each element as
+    // `x0`; with `store`, its `y` goes back into the lane.
+    let lanes = |s: &mut String, u: &str, body: &str, store: bool| {
+        let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
         let _ = writeln!(
             s,
-            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
-            2 + k,
-            2 + k,
-            in_ptr + 1 + k,
-            out_ptr + 1 + k
+            "        const {ct} x0 = {};",
+            from_storage(d, &format!("{u}.e[l]"))
         );
-    }
+        let _ = writeln!(s, "{body}");
+        if store {
+            let _ = writeln!(s, "        {u}.e[l] = {};", to_storage(d, "y"));
+        }
+        let _ = writeln!(s, "      }}");
+    };
     // Visits the row: `body` sees the element as `x0` (a compute value) and, in the output
     // pass (`store`), sets `y`. `load`: this pass reads memory (always, unless cached).
     let visit = |s: &mut String, body: &str, load: bool, store: bool| {
@@ -178,28 +194,15 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
             let _ = writeln!(s, "      const {idx} r = (({idx})j * {g} + lane) * {v};");
             let _ = writeln!(s, "      if (r < n) {{");
             if load && v > 1 {
-                let _ = writeln!(s, "        u[j].v = *(const {vt}*)(in + ib + r);");
+                let _ = writeln!(s, "        u[j].v = *(const {vt}*)(in + off0 + r);");
             } else if load {
-                let _ = writeln!(s, "        u[j].e[0] = in[ib + r * ins];");
+                let _ = writeln!(s, "        u[j].e[0] = in[off0 + r * ins];");
             }
-            let _ = writeln!(
-                s,
-                "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
-            );
-            let _ = writeln!(
-                s,
-                "          const {ct} x0 = {};",
-                from_storage(d, "u[j].e[l]")
-            );
-            let _ = writeln!(s, "{body}");
-            if store {
-                let _ = writeln!(s, "          u[j].e[l] = {};", to_storage(d, "y"));
-            }
-            let _ = writeln!(s, "        }}");
+            lanes(s, "u[j]", body, store);
             if store && v > 1 {
-                let _ = writeln!(s, "        *({vt}*)(out + ob + r) = u[j].v;");
+                let _ = writeln!(s, "        *({vt}*)(out + off1 + r) = u[j].v;");
             } else if store {
-                let _ = writeln!(s, "        out[ob + r * outs] = u[j].e[0];");
+                let _ = writeln!(s, "        out[off1 + r * outs] = u[j].e[0];");
             }
             let _ = writeln!(s, "      }}\n    }}");
         } else if v > 1 {
@@ -209,17 +212,11 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
             );
             let _ = writeln!(
                 s,
-                "      union {{ {vt} v; {st} e[{v}]; }} u; u.v = *(const {vt}*)(in + ib + r);"
+                "      union {{ {vt} v; {st} e[{v}]; }} u; u.v = *(const {vt}*)(in + off0 + r);"
             );
-            let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
-            let _ = writeln!(s, "        const {ct} x0 = {};", from_storage(d, "u.e[l]"));
-            let _ = writeln!(s, "{body}");
+            lanes(s, "u", body, store);
             if store {
-                let _ = writeln!(s, "        u.e[l] = {};", to_storage(d, "y"));
-            }
-            let _ = writeln!(s, "      }}");
-            if store {
-                let _ = writeln!(s, "      *({vt}*)(out + ob + r) = u.v;");
+                let _ = writeln!(s, "      *({vt}*)(out + off1 + r) = u.v;");
             }
             let _ = writeln!(s, "    }}");
         } else {
@@ -227,11 +224,11 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
             let _ = writeln!(
                 s,
                 "      const {ct} x0 = {};",
-                from_storage(d, "in[ib + r * ins]")
+                from_storage(d, "in[off0 + r * ins]")
             );
             let _ = writeln!(s, "{body}");
             if store {
-                let _ = writeln!(s, "      out[ob + r * outs] = {};", to_storage(d, "y"));
+                let _ = writeln!(s, "      out[off1 + r * outs] = {};", to_storage(d, "y"));
             }
             let _ = writeln!(s, "    }}");
         }
@@ -318,7 +315,7 @@ mod tests {
     fn a_block_per_row_combines_through_shared_memory_and_stores_vectors() {
         let src = source(&sig(DType::F32, 256, 4)).unwrap();
         assert!(src.contains("__shared__ float sh[8];"), "{src}");
-        assert!(src.contains("*(uint4*)(out + ob + r) = u.v;"), "{src}");
+        assert!(src.contains("*(uint4*)(out + off1 + r) = u.v;"), "{src}");
         assert!(src.contains("__shfl_xor_sync"), "{src}");
     }
 
@@ -328,7 +325,7 @@ mod tests {
         s.cached = 16;
         let src = source(&s).unwrap();
         assert_eq!(
-            src.matches("*(const uint4*)(in + ib + r)").count(),
+            src.matches("*(const uint4*)(in + off0 + r)").count(),
             1,
             "{src}"
         );
@@ -344,10 +341,10 @@ mod tests {
         .unwrap();
         assert!(long.contains("__launch_bounds__(1024, 2)"), "{long}");
         assert!(long.contains("__shared__ float sh[32];"), "{long}");
-        assert_eq!(long.matches("*(const uint4*)(in + ib + r)").count(), 3);
+        assert_eq!(long.matches("*(const uint4*)(in + off0 + r)").count(), 3);
         s.vector = 1;
         let src = source(&s).unwrap();
-        assert_eq!(src.matches("in[ib + r * ins]").count(), 1, "{src}");
+        assert_eq!(src.matches("in[off0 + r * ins]").count(), 1, "{src}");
     }
 
     #[test]
