@@ -13,13 +13,19 @@ if [ -z "${VK_DRIVER_FILES:-}" ] && [ -e "$lvp" ] && ! [ -e /dev/nvidia0 ]; then
   export VK_DRIVER_FILES="$lvp"
 fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+# Each stage's start, with the seconds since the script began: a slow run says where it went.
+stage() { echo "== [$(date -u +%H:%M:%S), ${SECONDS} s] $*"; }
+stage "formatting and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+stage "unit, doc and differential tests (cpu)"
 cargo test --workspace --locked
 # The wgpu backend against the CPU backend, on lavapipe (or the adapter STRATA_WGPU_ADAPTER
 # picks). One test thread: the backend shares one command batch between threads.
 if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
+  stage "the differential suite on cpu and wgpu"
   STRATA_TEST_DEVICES=cpu,wgpu cargo test --locked -p strata-tests -- --test-threads=1
+  stage "wgpu with a 128-byte binding cap, and packed f16"
   # Windows past the storage-binding limit, reached with small tensors: a 128-byte cap splits
   # every matmul by batch and rows (the large test covers maps and reductions at 128 MiB).
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
@@ -31,8 +37,8 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1
   # f16 packed into u32 words (the path for adapters without SHADER_F16; lavapipe has it, so
-  # the run above stores f16 natively).
-  STRATA_WGPU_F16=packed STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+  # the run above stores f16 natively): the every-dtype tests for f16 alone.
+  STRATA_WGPU_F16=packed STRATA_TEST_DTYPES=f16 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test elementwise --test index_ops --test matmul --test reduce -- --test-threads=1
 fi
 
@@ -40,6 +46,7 @@ fi
 # suite once more, so both modes stay equal to the reference on every backend present.
 fusion_off_devices=cpu
 if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then fusion_off_devices=cpu,wgpu; fi
+stage "the differential suite with fusion off ($fusion_off_devices)"
 STRATA_FUSION=0 STRATA_TEST_DEVICES=$fusion_off_devices cargo test --locked -p strata-tests -- --test-threads=1
 
 # The Python extension (python/): built with maturin into .venv, then its DLPack tests against
@@ -51,6 +58,7 @@ if python3 -m venv --help >/dev/null 2>&1; then
     .venv/bin/pip install --quiet --disable-pip-version-check "maturin>=1.9,<2" numpy pytest
 fi
 if [ -x .venv/bin/maturin ] && .venv/bin/python -c "import numpy, pytest" 2>/dev/null; then
+  stage "the Python extension"
   VIRTUAL_ENV="$PWD/.venv" .venv/bin/maturin develop --quiet --locked -m python/Cargo.toml
   .venv/bin/python -m pytest -q python/tests
 elif [ -n "${STRATA_REQUIRE_PYTHON:-}" ]; then
@@ -84,10 +92,13 @@ if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "impo
   cargo run --locked --quiet -p strata-jupyter -- install --no-warm
   devices=cpu
   if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then devices=cpu,wgpu; fi
-  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -q jupyter/tests
+  stage "the notebooks ($devices)"
+  # -v names each test as it starts: a run stopped by a time limit says which one it was in.
+  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -v --durations=10 jupyter/tests
 elif [ -n "${STRATA_REQUIRE_NOTEBOOKS:-}" ]; then
   echo "notebook tests need evcxr_jupyter and .venv with nbclient and pytest (see .ci/run)" >&2
   exit 1
 else
   echo "skipping the notebook tests: evcxr_jupyter or .venv with nbclient/pytest is missing"
 fi
+stage "done"

@@ -30,6 +30,27 @@ pub fn devices() -> Vec<Device> {
         .collect()
 }
 
+/// The dtypes the every-dtype tests loop over: [`DType::ALL`], or those named in
+/// `STRATA_TEST_DTYPES` (comma-separated, e.g. `f16`) for a run that changes how only they are
+/// stored (`scripts/test.sh` runs wgpu's packed f16 that way).
+///
+/// ```
+/// assert!(!strata_tests::dtypes().is_empty());
+/// ```
+pub fn dtypes() -> Vec<DType> {
+    match std::env::var("STRATA_TEST_DTYPES") {
+        Ok(list) => list
+            .split(',')
+            .map(|name| {
+                name.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("STRATA_TEST_DTYPES names {name}: {e}"))
+            })
+            .collect(),
+        Err(_) => DType::ALL.to_vec(),
+    }
+}
+
 /// Opens a device by name; GPU devices are opened once per test process and shared, as a
 /// notebook shares one device between cells (a context and its kernel cache are costly).
 fn open(name: &str) -> Result<Device> {

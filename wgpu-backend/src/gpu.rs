@@ -104,6 +104,11 @@ struct EventState {
 
 fn instance() -> wgpu::Instance {
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    // A release build's flags in every build: debug builds would otherwise ask naga for shader
+    // debug info (a line lookup per statement, quadratic in a shader's length) and the Vulkan
+    // validation layers, and made the debug-built test suite several times slower on lavapipe.
+    // `WGPU_DEBUG=1` / `WGPU_VALIDATION=1` turn them on.
+    desc.flags = wgpu::InstanceFlags::VALIDATION_INDIRECT_CALL.with_env();
     if std::env::var_os("WGPU_BACKEND").is_none() {
         desc.backends = wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12;
     }
