@@ -1013,7 +1013,7 @@ fn ulps(a: f32, b: f32) -> u64 {
     key(a).abs_diff(key(b))
 }
 
-/// f32 exp, expm1, log, log1p and tanh are within 3 ulp of the correctly rounded value on
+/// f32 exp, expm1, log, log1p, tanh, sin and cos are within 3 ulp of the correctly rounded value on
 /// every backend (CUDA's functions are within 2; the wgpu backend computes them in f32, see
 /// docs/semantics.md), over a sweep of their ranges including the edges.
 fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
@@ -1024,7 +1024,25 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
             .collect()
     };
     type Case = (&'static str, Vec<f32>, fn(f64) -> f64);
-    let cases: [Case; 5] = [
+    // Sine and cosine also near multiples of π/2, where the reduction must keep every bit.
+    let near_half_pis: Vec<f32> = (1..=4000)
+        .flat_map(|k| {
+            let x = (k as f64 * std::f64::consts::FRAC_PI_2) as f32;
+            [
+                x,
+                f32::from_bits(x.to_bits() + 1),
+                f32::from_bits(x.to_bits() - 1),
+            ]
+        })
+        .collect();
+    let trig_args = || {
+        sweep(-10.0, 10.0)
+            .into_iter()
+            .chain(sweep(-60000.0, 60000.0))
+            .chain(near_half_pis.iter().flat_map(|&x| [x, -x]))
+            .collect::<Vec<f32>>()
+    };
+    let cases: [Case; 7] = [
         ("exp", sweep(-87.0, 88.5), f64::exp),
         ("expm1", sweep(-20.0, 20.0), f64::exp_m1),
         (
@@ -1037,6 +1055,8 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
         ),
         ("log1p", sweep(-0.999, 10.0), f64::ln_1p),
         ("tanh", sweep(-12.0, 12.0), f64::tanh),
+        ("sin", trig_args(), f64::sin),
+        ("cos", trig_args(), f64::cos),
     ];
     for (name, xs, reference) in cases {
         let t = Tensor::from_slice(&xs, [xs.len()], dev)?;
@@ -1045,6 +1065,8 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
             "expm1" => t.expm1()?,
             "log" => t.log()?,
             "log1p" => t.log1p()?,
+            "sin" => t.sin()?,
+            "cos" => t.cos()?,
             _ => t.tanh()?,
         };
         let got = y.to_vec::<f32>()?;

@@ -272,7 +272,10 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         }),
         Log1p if t == "f32" => format!("log1p_fast_f32({a})"),
         Log1p => m("log1p"),
+        // f32 and 16-bit floats with an f32 polynomial where f64 reduces the argument.
+        Sin if t == "f32" && caps.f64 => format!("sincos_fast_f32({a}).x"),
         Sin => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).x")),
+        Cos if t == "f32" && caps.f64 => format!("sincos_fast_f32({a}).y"),
         Cos => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).y")),
         Tan => via_math(d, caps, a, |x, mt| format!("tan_{mt}({x})")),
         Tanh if t == "f32" => format!("tanh_fast_f32({a})"),

@@ -219,12 +219,48 @@ fn log1p_fast_f32(x: f32) -> f32 {
 }
 ";
 
+/// f32 sine and cosine where the adapter has f64: the argument reduced in f64 by math.wgsl's
+/// Cody–Waite steps (exact enough for every f32 below 2^16; larger ones, NaN and infinities
+/// take the library's whole f64 path), the polynomials in f32 (Taylor to r^9 and r^10 on
+/// |r| <= π/4: truncation below 0.04 ulp). Within 3 ulp like F32_FAST's functions; the
+/// library's f64 series, a division per term, made one sine cost about ten adds.
+const F32_SINCOS: &str = "
+fn sincos_fast_f32(x: f32) -> vec2<f32> {
+  if (x == 0.0f) { return vec2<f32>(x, 1.0f); }
+  if (!(abs(x) < 65536.0f)) {
+    let w = sincos_f64(f64(x));
+    return vec2<f32>(f32(w.x), f32(w.y));
+  }
+  let xd = f64(x);
+  let k = round(xd * 0.63661977236758134308lf);
+  let r = f32(((xd - k * 1.57079632673412561417e+00lf) - k * 6.07710050630396597660e-11lf)
+      - k * 2.02226624879595063154e-21lf);
+  let r2 = r * r;
+  var sp = 2.7557319224e-06f;
+  sp = sp * r2 - 1.9841269841e-04f;
+  sp = sp * r2 + 8.3333333333e-03f;
+  sp = sp * r2 - 1.6666666667e-01f;
+  let s = r + r * r2 * sp;
+  var cp = -2.7557319224e-07f;
+  cp = cp * r2 + 2.4801587302e-05f;
+  cp = cp * r2 - 1.3888888889e-03f;
+  cp = cp * r2 + 4.1666666667e-02f;
+  let c = 1.0f - (0.5f * r2 - r2 * r2 * cp);
+  let q = i32(k) & 3;
+  if (q == 0) { return vec2<f32>(s, c); }
+  if (q == 1) { return vec2<f32>(c, -s); }
+  if (q == 2) { return vec2<f32>(-s, -c); }
+  return vec2<f32>(-c, s);
+}
+";
+
 /// The float helpers every kernel computing in floats includes.
 fn float_helpers(caps: Caps) -> String {
     let mut s = instantiate(MIN_MAX, false);
     if caps.f64 {
         s += &instantiate(MIN_MAX, true);
         s += F32_EXACT;
+        s += F32_SINCOS;
     } else {
         s += F32_PLAIN;
     }
