@@ -20,14 +20,22 @@ so a client that shares its identity reconnects), which libzmq's ROUTER does not
 The proxy forwards every message unchanged (they are signed end to end), starts evcxr with a
 connection file of private ports, writes evcxr's output to LOG_FILE (so `jupyter console`
 stays quiet), and exits with evcxr's exit status.
+
+evcxr builds each kernel's crates in a fresh temporary directory (about 400 MB with strata)
+and removes it only when it exits normally; a kernel killed by its manager (Jupyter's
+"shut down now", a restart) left it behind, and a machine that ran many kernels filled its
+disk. Each kernel now gets its own temporary directory, `strata-kernel-<proxy pid>`, removed
+when the kernel ends, and every new kernel first removes those of kernels that no longer run.
 """
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 
 import zmq
 
@@ -43,6 +51,36 @@ def free_ports(ip, count):
     for s in holders:
         s.close()
     return ports
+
+
+TEMP_PREFIX = "strata-kernel-"
+
+
+def is_live_proxy(pid):
+    """True when `pid` runs a kernel proxy (a reused pid of another program is not one)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"kernel_proxy" in f.read()
+    except OSError:
+        if sys.platform.startswith("linux"):
+            return False
+        try:
+            os.kill(pid, 0)
+            return True
+        except OSError:
+            return False
+
+
+def remove_dead_kernels_dirs(base):
+    """Removes the temporary directories of kernels whose proxy no longer runs."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(TEMP_PREFIX):]
+        if name.startswith(TEMP_PREFIX) and pid.isdigit() and not is_live_proxy(int(pid)):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
 
 
 def die_with_parent():
@@ -102,13 +140,25 @@ def main(connection_file, log_file, evcxr):
     # whole process group must not stop the proxy.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     log = open(log_file, "ab")
+    base = tempfile.gettempdir()
+    remove_dead_kernels_dirs(base)
+    own_temp = os.path.join(base, f"{TEMP_PREFIX}{os.getpid()}")
+    os.makedirs(own_temp, exist_ok=True)
     child = subprocess.Popen(
         [evcxr, "--control_file", back_file],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
+        env=dict(os.environ, TMPDIR=own_temp),
         preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
     )
+
+    def clean_up():
+        for remove in (lambda: os.remove(back_file), lambda: shutil.rmtree(own_temp)):
+            try:
+                remove()
+            except OSError:
+                pass
 
     def stop(signum, _frame):
         child.terminate()
@@ -116,10 +166,8 @@ def main(connection_file, log_file, evcxr):
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
             child.kill()
-        try:
-            os.remove(back_file)
-        except OSError:
-            pass
+            child.wait()
+        clean_up()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -141,10 +189,12 @@ def main(connection_file, log_file, evcxr):
     finally:
         if child.poll() is None:
             child.terminate()
-        try:
-            os.remove(back_file)
-        except OSError:
-            pass
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        clean_up()
     return child.returncode
 
 

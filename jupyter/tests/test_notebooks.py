@@ -385,6 +385,8 @@ def test_every_new_kernel_answers():
         answered = None
         try:
             while answered is None and time.time() - t0 < 600:
+                # A kernel that exited (a failed build: a full disk, say) fails at once.
+                assert km.is_alive(), f"kernel {k} exited at start; its log ends:\n{kernel_log_tail()}"
                 kc.kernel_info()
                 kc.control_channel.send(kc.session.msg("kernel_info_request"))
                 try:
@@ -392,13 +394,27 @@ def test_every_new_kernel_answers():
                         answered = time.time() - t0
                 except queue.Empty:
                     pass
-            assert answered is not None, f"kernel {k} did not answer kernel_info in 600 s"
+            assert answered is not None, (
+                f"kernel {k} did not answer kernel_info in 600 s; its log ends:\n{kernel_log_tail()}"
+            )
             reply = kc.execute_interactive("6 * 7", timeout=600, output_hook=lambda m: None)
             assert reply["content"]["status"] == "ok", (k, reply)
         finally:
             reloads.join(timeout=30)
             kc.stop_channels()
             km.shutdown_kernel(now=True)
+
+
+def kernel_log_tail(lines=30):
+    """The end of the strata kernelspec's log (evcxr's output), for failure messages."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    path = os.path.join(KernelSpecManager().get_kernel_spec("strata").resource_dir, "kernel.log")
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError as e:
+        return f"(no log: {e})"
 
 
 def kernel_behind_the_proxy():
@@ -445,6 +461,43 @@ def test_a_subscriber_that_stops_reading_does_not_hang_the_kernel():
         ctx.destroy(linger=0)
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_killed_kernels_leave_no_build_directory_behind():
+    """evcxr builds a kernel's crates in a temporary directory (about 400 MB with strata) that
+    it removes only when it exits normally; kernels killed by their manager left theirs, and a
+    machine that ran many kernels (CI: every test here starts one) filled its disk. The proxy
+    gives each kernel a directory of its own and removes it when the kernel ends; a new kernel
+    removes those of kernels killed before."""
+    import glob
+
+    def dirs():
+        return set(glob.glob(os.path.join(tempfile.gettempdir(), "strata-kernel-*")))
+
+    def start():
+        km = kernel_behind_the_proxy()
+        kc = km.client()
+        kc.start_channels()
+        kc.wait_for_ready(timeout=600)
+        reply = kc.execute_interactive("6 * 7", timeout=600, output_hook=lambda m: None)
+        assert reply["content"]["status"] == "ok", reply
+        return km, kc
+
+    before = dirs()
+    km, kc = start()
+    first = dirs() - before
+    assert len(first) == 1, first
+    (first,) = first
+    assert os.listdir(first), "evcxr built somewhere else"
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)  # killed: no chance to clean up
+    assert os.path.isdir(first)
+    km, kc = start()
+    assert not os.path.exists(first), "a new kernel left a killed kernel's directory"
+    (second,) = dirs() - before
+    kc.stop_channels()
+    km.shutdown_kernel()  # a normal shutdown removes its own
+    assert not os.path.exists(second)
 
 
 def test_the_heartbeat_outlives_clients_that_go_away():
