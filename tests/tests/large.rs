@@ -98,8 +98,8 @@ test_device!(
 );
 
 /// Host↔device copies larger than the CUDA backend's pinned staging ring (four 16 MiB
-/// chunks), of odd lengths so the last chunk is partial: every byte arrives, in every
-/// direction, for 1-, 8-byte and bool elements.
+/// chunks) and wgpu's (four 32 MiB chunks), of odd lengths so the last chunk is partial: every
+/// byte arrives, in every direction, for 1-, 4-, 8-byte and bool elements.
 fn large_copies(dev: &Device) -> Result<()> {
     let n = (70 << 20) + 3;
     let bytes: Vec<u8> = (0..n).map(|i| (i % 251) as u8 ^ (i >> 20) as u8).collect();
@@ -118,6 +118,15 @@ fn large_copies(dev: &Device) -> Result<()> {
     assert!(
         Tensor::from_slice(&flags, [m], dev)?.to_vec::<bool>()? == flags,
         "bool round trip"
+    );
+    // Past four of wgpu's 32 MiB staging chunks in one copy: chunks are refilled within it.
+    let k = (150 << 20) / 4 + 1;
+    let floats: Vec<u32> = (0..k as u32)
+        .map(|i| i.wrapping_mul(2_654_435_761))
+        .collect();
+    assert!(
+        Tensor::from_slice(&floats, [k], dev)?.to_vec::<u32>()? == floats,
+        "u32 round trip of 150 MiB"
     );
     Ok(())
 }

@@ -53,6 +53,10 @@ pub(crate) struct Gpu {
     batch: Mutex<Batch>,
     timestamps: Option<wgpu::QuerySet>,
     uncaptured: Arc<Mutex<Vec<String>>>,
+    /// Staging chunks large uploads reuse (`crate::staging`).
+    pub(crate) uploads: Mutex<Option<crate::staging::UploadRing>>,
+    /// Staging chunks large readbacks reuse.
+    pub(crate) readbacks: Mutex<Option<crate::staging::ReadRing>>,
 }
 
 #[derive(Default)]
@@ -228,6 +232,8 @@ impl Gpu {
             layouts: Mutex::new(HashMap::new()),
             batch: Mutex::new(Batch::default()),
             timestamps,
+            uploads: Mutex::new(None),
+            readbacks: Mutex::new(None),
             uncaptured,
         })
     }
@@ -402,6 +408,41 @@ impl Gpu {
         b.ops += 1;
     }
 
+    /// Appends a copy to the batch and submits the batch, returning that submission.
+    pub(crate) fn copy_and_submit(
+        &self,
+        src: &wgpu::Buffer,
+        dst: &wgpu::Buffer,
+        dst_offset: u64,
+        size: u64,
+    ) -> Result<wgpu::SubmissionIndex> {
+        let mut b = self.batch();
+        let enc = b.encoder(&self.device);
+        enc.copy_buffer_to_buffer(src, 0, dst, dst_offset, size);
+        self.flush_locked(&mut b)?;
+        b.last_submitted
+            .clone()
+            .ok_or_else(|| Error::Backend("wgpu: an upload's copy was not submitted".into()))
+    }
+
+    /// Appends a copy of `size` bytes at `src_offset` of `src` into the start of `dst` to the
+    /// batch and submits the batch, returning that submission.
+    pub(crate) fn copy_into_and_submit(
+        &self,
+        src: &wgpu::Buffer,
+        src_offset: u64,
+        dst: &wgpu::Buffer,
+        size: u64,
+    ) -> Result<wgpu::SubmissionIndex> {
+        let mut b = self.batch();
+        let enc = b.encoder(&self.device);
+        enc.copy_buffer_to_buffer(src, src_offset, dst, 0, size);
+        self.flush_locked(&mut b)?;
+        b.last_submitted
+            .clone()
+            .ok_or_else(|| Error::Backend("wgpu: a readback's copy was not submitted".into()))
+    }
+
     fn flush_locked(&self, b: &mut Batch) -> Result<()> {
         b.pass = None;
         let Some(enc) = b.encoder.take() else {
@@ -446,7 +487,7 @@ impl Gpu {
     }
 
     /// Blocks until submission `index` (or everything submitted) completes.
-    fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
+    pub(crate) fn wait(&self, index: Option<wgpu::SubmissionIndex>) -> Result<()> {
         self.device
             .poll(wgpu::PollType::Wait {
                 submission_index: index,
@@ -484,6 +525,17 @@ impl Gpu {
         if len == 0 {
             return Ok(());
         }
+        if len >= crate::staging::STREAMED_MIN {
+            // The 4-byte-aligned body through the readback ring, the ragged ends (under 4 bytes
+            // each) through a staging buffer of their own.
+            let head = ((4 - offset % 4) % 4) as usize;
+            let body = (len - head) / 4 * 4;
+            let (first, rest) = out.split_at_mut(head);
+            let (middle, last) = rest.split_at_mut(body);
+            self.read_streamed(src, offset + head as u64, middle)?;
+            self.read_into(src, offset, first)?;
+            return self.read_into(src, offset + (head + body) as u64, last);
+        }
         let start = offset / 4 * 4;
         let end = (offset + len as u64).div_ceil(4) * 4;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -520,6 +572,15 @@ impl Gpu {
     pub(crate) fn write(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<()> {
         if data.is_empty() {
             return Ok(());
+        }
+        if data.len() >= crate::staging::STREAMED_MIN {
+            // The 4-byte-aligned body through the reused staging chunks; the ragged ends (under
+            // 4 bytes each, their words shared with no body byte) merged below.
+            let head = ((4 - offset % 4) % 4) as usize;
+            let body = (data.len() - head) / 4 * 4;
+            self.write_streamed(dst, offset + head as u64, &data[head..head + body])?;
+            self.write(dst, offset, &data[..head])?;
+            return self.write(dst, offset + (head + body) as u64, &data[head + body..]);
         }
         let start = offset / 4 * 4;
         let end = (offset + data.len() as u64).div_ceil(4) * 4;
@@ -703,7 +764,7 @@ fn dump(source: &str) {
 /// `dst.copy_from_slice(src)` into write-only mapped memory, split across host threads like
 /// [`parallel_copy`] (through the raw pointer `WriteOnly` offers for writes from several
 /// threads; nothing is read from it).
-fn write_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
+pub(crate) fn write_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "a staging write of the wrong length");
     let base = dst.as_raw_element_ptr().as_ptr() as usize;
     let part = src.len().div_ceil(copy_threads(src.len())).max(1);

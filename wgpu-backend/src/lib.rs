@@ -20,6 +20,7 @@ mod gpu;
 mod launch;
 mod memory;
 mod run;
+mod staging;
 
 pub use gpu::AdapterSummary;
 pub use memory::WgpuBuffer;
