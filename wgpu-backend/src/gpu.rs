@@ -408,39 +408,21 @@ impl Gpu {
         b.ops += 1;
     }
 
-    /// Appends a copy to the batch and submits the batch, returning that submission.
+    /// Appends a copy of `size` bytes (from `src_offset` of `src` to `dst_offset` of `dst`) to
+    /// the batch and submits the batch, returning that submission.
     pub(crate) fn copy_and_submit(
         &self,
-        src: &wgpu::Buffer,
-        dst: &wgpu::Buffer,
-        dst_offset: u64,
+        (src, src_offset): (&wgpu::Buffer, u64),
+        (dst, dst_offset): (&wgpu::Buffer, u64),
         size: u64,
     ) -> Result<wgpu::SubmissionIndex> {
         let mut b = self.batch();
         let enc = b.encoder(&self.device);
-        enc.copy_buffer_to_buffer(src, 0, dst, dst_offset, size);
+        enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size);
         self.flush_locked(&mut b)?;
         b.last_submitted
             .clone()
-            .ok_or_else(|| Error::Backend("wgpu: an upload's copy was not submitted".into()))
-    }
-
-    /// Appends a copy of `size` bytes at `src_offset` of `src` into the start of `dst` to the
-    /// batch and submits the batch, returning that submission.
-    pub(crate) fn copy_into_and_submit(
-        &self,
-        src: &wgpu::Buffer,
-        src_offset: u64,
-        dst: &wgpu::Buffer,
-        size: u64,
-    ) -> Result<wgpu::SubmissionIndex> {
-        let mut b = self.batch();
-        let enc = b.encoder(&self.device);
-        enc.copy_buffer_to_buffer(src, src_offset, dst, 0, size);
-        self.flush_locked(&mut b)?;
-        b.last_submitted
-            .clone()
-            .ok_or_else(|| Error::Backend("wgpu: a readback's copy was not submitted".into()))
+            .ok_or_else(|| Error::Backend("wgpu: a staged copy was not submitted".into()))
     }
 
     fn flush_locked(&self, b: &mut Batch) -> Result<()> {

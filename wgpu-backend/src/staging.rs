@@ -123,7 +123,7 @@ impl Gpu {
             }
             chunk.buffer.unmap();
             let at = offset + k as u64 * CHUNK;
-            chunk.in_flight = Some(self.copy_and_submit(&chunk.buffer, dst, at, len)?);
+            chunk.in_flight = Some(self.copy_and_submit((&chunk.buffer, 0), (dst, at), len)?);
         }
         Ok(())
     }
@@ -167,7 +167,7 @@ impl Gpu {
             }
             let len = chunk.min(out.len() - k * chunk) as u64;
             let at = offset + (k * chunk) as u64;
-            let index = self.copy_into_and_submit(src, at, &ring.chunks[k % CHUNKS], len)?;
+            let index = self.copy_and_submit((src, at), (&ring.chunks[k % CHUNKS], 0), len)?;
             in_flight.push_back((k, index));
         }
         while let Some((done, index)) = in_flight.pop_front() {
