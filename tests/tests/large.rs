@@ -128,6 +128,12 @@ fn large_copies(dev: &Device) -> Result<()> {
         Tensor::from_slice(&floats, [k], dev)?.to_vec::<u32>()? == floats,
         "u32 round trip of 150 MiB"
     );
+    // Emptying the caches releases wgpu's staging chunks; the next large copy makes new ones.
+    dev.empty_cache();
+    assert!(
+        Tensor::from_slice(&wide, [m], dev)?.to_vec::<i64>()? == wide,
+        "i64 round trip after empty_cache"
+    );
     Ok(())
 }
 test_device!(large_copies_round_trip_every_byte, large_copies);

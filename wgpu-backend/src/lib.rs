@@ -300,7 +300,8 @@ impl Backend for WgpuBackend {
     }
 
     fn empty_cache(&self) {
-        self.pool.empty_cache()
+        self.pool.empty_cache();
+        self.gpu.release_staging();
     }
 
     fn new_stream(&self) -> Result<StreamId> {

@@ -68,6 +68,13 @@ impl UploadRing {
 }
 
 impl Gpu {
+    /// Drops the staging chunks (256 MiB of host-visible memory once both rings exist); the
+    /// next large copy makes them again. `Device::empty_cache` calls it.
+    pub(crate) fn release_staging(&self) {
+        *self.uploads.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.readbacks.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// Writes `data` at `offset` of `dst` (both 4-byte aligned) in stream order through the
     /// upload ring. Each chunk's copy is submitted at once, so the GPU copies while the host
     /// fills the next chunk; a chunk is filled again once its copy has finished.
