@@ -153,7 +153,16 @@ def main(connection_file, log_file, evcxr):
         preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
     )
 
-    def clean_up():
+    def end_child_and_clean_up():
+        """Stops evcxr if it still runs (SIGTERM, then SIGKILL after 5 s), then removes the
+        private connection file and the kernel's temporary directory."""
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
         for remove in (lambda: os.remove(back_file), lambda: shutil.rmtree(own_temp)):
             try:
                 remove()
@@ -161,13 +170,7 @@ def main(connection_file, log_file, evcxr):
                 pass
 
     def stop(signum, _frame):
-        child.terminate()
-        try:
-            child.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-        clean_up()
+        end_child_and_clean_up()
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
@@ -187,14 +190,7 @@ def main(connection_file, log_file, evcxr):
                         break
                     pairs[s].send_multipart(frames, copy=False)
     finally:
-        if child.poll() is None:
-            child.terminate()
-            try:
-                child.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
-        clean_up()
+        end_child_and_clean_up()
     return child.returncode
 
 
