@@ -142,15 +142,53 @@ impl Compiler {
         Ok(String::from_utf8_lossy(&ptx).into_owned())
     }
 
-    /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name`.
+    /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name` and,
+    /// where the source ends with it, its batched form `<name>_batch`.
+    ///
+    /// The two forms compile as two NVRTC programs at once: a new kernel's first call waits
+    /// for its compile, and one program holding both took the sum of their times.
     pub(crate) fn function(&self, body: &str, name: &str) -> Result<Function> {
-        let image = self.cubin(body)?;
+        let (plain, batched) = split_batched_form(body, name);
+        let (image, batch_image) = match batched {
+            None => (self.cubin(body)?, None),
+            Some(batched) => std::thread::scope(|s| {
+                let other = s.spawn(|| self.cubin(&batched));
+                let image = self.cubin(plain);
+                let batch = other
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Backend("NVRTC's thread panicked".into())));
+                Ok::<_, Error>((image?, Some(batch?)))
+            })?,
+        };
+        let (module, f) = self.load(&image, name)?;
+        let batch = match batch_image {
+            None => None,
+            Some(image) => match self.load(&image, &format!("{name}_batch")) {
+                Ok((batch_module, f)) => {
+                    self.keep(batch_module);
+                    Some(f)
+                }
+                Err(e) => {
+                    // SAFETY: loaded above; none of its functions was handed out.
+                    unsafe { sys::cuModuleUnload(module) };
+                    return Err(e);
+                }
+            },
+        };
+        self.keep(module);
+        Ok(Function {
+            f,
+            words: argument_words(body)?,
+            batch,
+        })
+    }
+
+    /// Loads a CUBIN image and finds its kernel `name` (the module is unloaded on failure).
+    fn load(&self, image: &[u8], name: &str) -> Result<(sys::CUmodule, sys::CUfunction)> {
         let gpu = self.gpu.as_ref().ok_or_else(|| {
             Error::DeviceUnavailable("this compiler has no device to load kernels on".into())
         })?;
         gpu.bind()?;
-        let batch_name = format!("{name}_batch");
-        let has_batch = body.contains(&format!("void {batch_name}("));
         let mut module = std::ptr::null_mut();
         // SAFETY: the image is a whole CUBIN file NVRTC wrote; `module` is written on success.
         check(
@@ -159,29 +197,33 @@ impl Compiler {
             },
             "cuModuleLoadData",
         )?;
-        let f = get_function(module, name);
-        let batch = if has_batch {
-            get_function(module, &batch_name).map(Some)
-        } else {
-            Ok(None)
-        };
-        let (f, batch) = match (f, batch) {
-            (Ok(f), Ok(batch)) => (f, batch),
-            (Err(e), _) | (_, Err(e)) => {
+        match get_function(module, name) {
+            Ok(f) => Ok((module, f)),
+            Err(e) => {
                 // SAFETY: loaded above; none of its functions was handed out.
                 unsafe { sys::cuModuleUnload(module) };
-                return Err(e);
+                Err(e)
             }
-        };
+        }
+    }
+
+    /// Keeps a loaded module alive as long as the compiler.
+    fn keep(&self, module: sys::CUmodule) {
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(crate::driver::Raw(module));
-        Ok(Function {
-            f,
-            words: argument_words(body)?,
-            batch,
-        })
+    }
+}
+
+/// `body` without its batched form, and the batched form's own source (the helpers before
+/// the kernel `name`, then `<name>_batch`), when `body` ends with one.
+fn split_batched_form<'b>(body: &'b str, name: &str) -> (&'b str, Option<String>) {
+    let kernel = format!("extern \"C\" __global__ void {name}(");
+    let batch = format!("extern \"C\" __global__ void {name}_batch(");
+    match (body.find(&kernel), body.find(&batch)) {
+        (Some(k), Some(b)) if k < b => (&body[..b], Some(format!("{}{}", &body[..k], &body[b..]))),
+        _ => (body, None),
     }
 }
 
@@ -317,6 +359,31 @@ mod tests {
         assert!(image.windows(12).any(|w| w == b"strata_probe"));
         let err = compiler.cubin("__global__ void k() { undefined_name; }");
         assert!(err.unwrap_err().to_string().contains("undefined_name"));
+    }
+
+    #[test]
+    fn a_batched_form_is_split_into_a_program_of_its_own() {
+        let body = "__device__ int helper() { return 1; }\n\
+                    extern \"C\" __global__ void k(int* p) { p[0] = helper(); }\n\
+                    extern \"C\" __global__ void k_batch(int* p) { p[1] = helper(); }\n";
+        let (plain, batched) = split_batched_form(body, "k");
+        assert!(
+            plain.contains("void k(") && !plain.contains("k_batch"),
+            "{plain}"
+        );
+        let batched = batched.unwrap();
+        assert!(batched.starts_with("__device__ int helper()"), "{batched}");
+        assert!(batched.contains("void k_batch(") && !batched.contains("void k("));
+        assert_eq!(split_batched_form(plain, "k"), (plain, None));
+        if nvrtc_version().is_err() {
+            return;
+        }
+        let mut compiler = Compiler::new(None, (9, 0));
+        compiler.cache_dir = None;
+        for (src, kernel) in [(plain, "k"), (batched.as_str(), "k_batch")] {
+            let image = compiler.cubin(src).unwrap();
+            assert!(image.windows(kernel.len()).any(|w| w == kernel.as_bytes()));
+        }
     }
 
     #[test]
