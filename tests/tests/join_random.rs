@@ -204,6 +204,21 @@ fn random(dev: &Device) -> Result<()> {
     assert_eq!(g4.state(), (41, 6));
     let z = Tensor::randn([24], DType::F32, &mut g4, dev)?.to_vec::<f32>()?;
     check_f32_normals(&z, 41, 6);
+    // An element's value does not depend on the draw's length: the first elements of a
+    // longer draw (a backend's vector path) equal a short draw's (its per-element path) bit
+    // for bit, on every backend (CUDA's vector lanes share a pair's sine and cosine).
+    for dt in [DType::F32, DType::F64, DType::F16] {
+        let short = Tensor::randn([7], dt, &mut Generator::new(8), dev)?;
+        let long = Tensor::randn([4096], dt, &mut Generator::new(8), dev)?;
+        let short = short.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        let long = long.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&short),
+            bits(&long[..7]),
+            "{dt} randn of 7 and of 4096"
+        );
+    }
     // Integers over a 32-bit range: one word each, four per counter (a vector of two i64
     // lanes on CUDA covers half a counter).
     let mut g3 = Generator::new(5);

@@ -421,6 +421,41 @@ impl LaneCse {
         out
     }
 
+    /// A sine or cosine (`key` is `float sinf(x)`, `double cos(x)`, ...) as one `sincos` call
+    /// making both, the other kept for a later lane (Box–Muller's pair takes the cosine and
+    /// the sine of one angle): one range reduction instead of two. CUDA's `sincosf` gives
+    /// `sinf`'s and `cosf`'s results; the unused half is dead code the compiler drops.
+    fn sincos(&mut self, key: &str, name: &str, line: &str) -> Option<String> {
+        let (ty, call) = key.split_once(' ')?;
+        let suffix = if ty == "float" { "f" } else { "" };
+        let (is_sin, arg) = if let Some(a) = call.strip_prefix(&format!("sin{suffix}(")) {
+            (true, a.strip_suffix(')')?)
+        } else {
+            (
+                false,
+                call.strip_prefix(&format!("cos{suffix}("))?
+                    .strip_suffix(')')?,
+            )
+        };
+        if !matches!(ty, "float" | "double") || arg.contains(['(', ')']) {
+            return None;
+        }
+        let other = format!("{name}_{}", if is_sin { "cos" } else { "sin" });
+        let (sin, cos) = if is_sin {
+            (name, other.as_str())
+        } else {
+            (other.as_str(), name)
+        };
+        let indent = &line[..line.len() - line.trim_start().len()];
+        self.computed.insert(key.to_string(), name.to_string());
+        let pair = if is_sin { "cos" } else { "sin" };
+        self.computed
+            .insert(format!("{ty} {pair}{suffix}({arg})"), other.clone());
+        Some(format!(
+            "{indent}{ty} {sin}, {cos}; sincos{suffix}({arg}, &{sin}, &{cos});"
+        ))
+    }
+
     /// Appends lane `l`'s statements to `s`, dropping those an earlier lane computed.
     fn lane(&mut self, s: &mut String, lane: &str, l: usize) {
         for line in lane.lines() {
@@ -439,6 +474,10 @@ impl LaneCse {
             if let Some((key, name)) = decl {
                 if let Some(earlier) = self.computed.get(&key) {
                     self.alias.insert(name, earlier.clone());
+                    continue;
+                }
+                if let Some(line) = self.sincos(&key, &name, &renamed) {
+                    let _ = writeln!(s, "{line}");
                     continue;
                 }
                 self.computed.insert(key, name);
@@ -676,6 +715,13 @@ mod tests {
         // Four lanes, two pairs: two logs and two roots, then one of each in the tail loop.
         assert_eq!(src.matches("logf(").count(), 3, "{src}");
         assert_eq!(src.matches("sqrtf(").count(), 3, "{src}");
+        // A pair's cosine and sine come from one call (one range reduction).
+        assert_eq!(src.matches("sincosf(").count(), 2, "{src}");
+        let vector_loop = src.split("for (i32 li").next().unwrap();
+        assert!(
+            !vector_loop.contains(" cosf(") && !vector_loop.contains(" sinf("),
+            "{src}"
+        );
         // Each lane still writes its own element, from its own cosine or sine.
         for l in 0..4 {
             assert!(src.contains(&format!("u0.e[{l}] = ")), "{src}");
