@@ -141,9 +141,24 @@ fn first_op() -> Result<()> {
     let f = ((&a * &a)?.add(&a)?.exp()?.sub(&a)?.sqrt()?.mul(0.5)?).to_vec::<f32>()?;
     let t3 = Instant::now();
     assert_eq!(f.len(), 1024);
+    // Another new fused kernel under the profiler: how much of a first call is the compile.
+    let mut second_ms = 0.0;
+    let profile = dev.profile(|| {
+        let t = Instant::now();
+        ((&a * 3.0)?.tanh()?.add(&a)?.log1p()?).to_vec::<f32>()?;
+        second_ms = t.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    })?;
+    let compile_ms: f64 = profile
+        .records
+        .iter()
+        .filter(|r| r.kind == strata::RecordKind::Compile)
+        .map(|r| (r.host_end_us - r.host_start_us) / 1e3)
+        .sum();
     println!(
         "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \
-         \"first_fused_ms\": {:.1}}}",
+         \"first_fused_ms\": {:.1}, \"second_fused_ms\": {second_ms:.1}, \
+         \"second_fused_compile_ms\": {compile_ms:.1}}}",
         (t1 - t0).as_secs_f64() * 1e3,
         (t2 - t1).as_secs_f64() * 1e3,
         (t3 - t2).as_secs_f64() * 1e3

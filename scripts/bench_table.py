@@ -90,6 +90,9 @@ def main():
             r = s[k]
             print(f"| {k}: context / first add+sum+read / first new fused kernel | {r['context_ms']:.0f} ms / "
                   f"{r['first_ops_ms']:.0f} ms / {r.get('first_fused_ms', 0):.0f} ms | | | | |")
+            if "second_fused_ms" in r:
+                print(f"| {k}: a second new fused kernel, of which compiling | {r['second_fused_ms']:.0f} ms / "
+                      f"{r['second_fused_compile_ms']:.0f} ms | | | | |")
 
 
 if __name__ == "__main__":
