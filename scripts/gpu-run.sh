@@ -6,7 +6,8 @@
 # (the wgpu backend's benchmark), python (the Python extension's DLPack tests with PyTorch
 # and CuPy), profile (per-kernel profiles of softmax on CUDA and wgpu), copies (pinned copies
 # beside kernels on two streams), sweep-ab (an earlier build's sweep beside this one's), host
-# (the host cost per op), random (thousands of random programs on cuda:0 and on wgpu,
+# (the host cost per op), first-op (a new process's first calls, cold, beside an earlier
+# build's), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -176,6 +177,21 @@ run_host() {
   for i in 1 2 3; do timeout 120 "$bin/bench_gpu" host 2>&1 | grep host-us-per-add | tee -a "$summary"; done
 }
 
+# The first calls of a new process with empty caches (bench_gpu first-op: context, first
+# add+sum+read, first new fused kernel, and how much of a second one is the compile), three
+# runs each of an earlier build (.gpu/before/bench_gpu, when copied there) and this one, in turn.
+run_first_op() {
+  echo "== first calls, cold caches (bench_gpu first-op)" | tee -a "$summary"
+  for i in 1 2 3; do
+    for b in .gpu/before/bench_gpu "$bin/bench_gpu"; do
+      [ -x "$b" ] || continue
+      cold=$(mktemp -d)
+      printf '%-24s %s\n' "$b" "$(STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" timeout 60 "$b" first-op)" | tee -a "$summary"
+      rm -rf "$cold"
+    done
+  done
+}
+
 # Random programs (tests/tests/random_programs.rs) on CUDA and then on NVIDIA's Vulkan driver.
 run_random() {
   n="${RANDOM_PROGRAMS:-3000}"
@@ -201,6 +217,7 @@ case "$mode" in
   copies) run_copies ;;
   sweep-ab) run_sweep_ab ;;
   host) run_host ;;
+  first-op) run_first_op ;;
   sweep) run_sweep ;;
   python) run_python ;;
   all) run_tests; run_python; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;
