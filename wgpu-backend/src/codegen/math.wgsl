@@ -15,7 +15,8 @@ fn exp_$T(x: $T) -> $T {
   if (x > 709.79$L) { return inf_$T(); }
   if (x < -745.2$L) { return 0.0$L; }
   let k = round(x * 1.4426950408889634$L);
-  let r = (x - k * 6.93147180369123816490e-01$L) - k * 1.90821492927058770002e-10$L;
+  // fma keeps the split constant's parts apart (see sincos).
+  let r = fma(-k, 1.90821492927058770002e-10$L, fma(-k, 6.93147180369123816490e-01$L, x));
   var p = 1.0$L;
   for (var i = 14; i >= 1; i--) { p = 1.0$L + p * r / $T(i); }
   // Two steps keep the scale factor finite near the ends of the range.
@@ -150,10 +151,12 @@ fn sincos_$T(x: $T) -> vec2<$T> {
   var r: $T;
   var q: i32;
   if (abs(x) < $PH_MIN) {
-    // Cody–Waite: k·C1 is exact while k < 2^20.
+    // Cody–Waite: k·C1 is exact while k < 2^20. In fma form: NVIDIA's Vulkan compiler folds
+    // `(x - k*C1) - k*C2` into `x - k*(C1 + C2)`, losing C2's extra bits (f32 sin was 24 ulp
+    // off near a multiple of π there).
     let k = round(x * 0.63661977236758134308$L);
-    r = ((x - k * 1.57079632673412561417e+00$L) - k * 6.07710050630396597660e-11$L)
-        - k * 2.02226624879595063154e-21$L;
+    r = fma(-k, 2.02226624879595063154e-21$L,
+        fma(-k, 6.07710050630396597660e-11$L, fma(-k, 1.57079632673412561417e+00$L, x)));
     q = i32(k) & 3;
   } else {
     let rq = rem_pio2_big_$T(x);

@@ -233,8 +233,9 @@ fn sincos_fast_f32(x: f32) -> vec2<f32> {
   }
   let xd = f64(x);
   let k = round(xd * 0.63661977236758134308lf);
-  let r = f32(((xd - k * 1.57079632673412561417e+00lf) - k * 6.07710050630396597660e-11lf)
-      - k * 2.02226624879595063154e-21lf);
+  // In fma form, as in math.wgsl's sincos (NVIDIA's compiler folds the plain form's parts).
+  let r = f32(fma(-k, 2.02226624879595063154e-21lf,
+      fma(-k, 6.07710050630396597660e-11lf, fma(-k, 1.57079632673412561417e+00lf, xd))));
   let r2 = r * r;
   var sp = 2.7557319224e-06f;
   sp = sp * r2 - 1.9841269841e-04f;
