@@ -414,7 +414,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     } else {
         let _ = writeln!(s, "    for ({idx} r = r0 + lane; r < r1; r += {g}) {{");
         let _ = writeln!(s, "      {idx} off = ib, rr = r;");
-        for d in (0..rr).rev() {
+        for d in (1..rr).rev() {
             let _ = writeln!(
                 s,
                 "      {{ const {idx} c = rr % ({idx})p.w[{}]; rr /= ({idx})p.w[{}]; off += c * ({idx})(i64)p.w[{}]; }}",
@@ -423,6 +423,9 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
                 in_red + d
             );
         }
+        // What is left is below the outermost reduced extent (r < R): no division for it, so
+        // a single strided axis (a sum along axis 0) reads without one per element.
+        let _ = writeln!(s, "      off += rr * ({idx})(i64)p.w[{in_red}];");
         let i = if sig.combine { "in_idx[off]" } else { "(i64)r" };
         let name = |k: usize| {
             if sig.map.is_some() {
@@ -530,6 +533,15 @@ mod tests {
             src.contains("const float x2 = in2[ob];") && !src.contains("u2"),
             "{src}"
         );
+    }
+
+    #[test]
+    fn a_strided_reduced_axis_is_read_without_a_division_per_element() {
+        let src = source(&sig(ReduceOp::Max, 1, 1)).unwrap();
+        let inner = src.split("for (i32 r = ").nth(1).unwrap();
+        let inner = inner.split("in[off]").next().unwrap();
+        assert!(!inner.contains('%') && !inner.contains("/="), "{src}");
+        assert!(inner.contains("off += rr * (i32)(i64)p.w[8];"), "{src}");
     }
 
     #[test]
