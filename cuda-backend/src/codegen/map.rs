@@ -87,8 +87,7 @@ pub(crate) fn plan<'e>(
             })
         })
         .collect::<Result<_>>()?;
-    let positional = expr.reads_linear_index();
-    let planned = map_plan::plan(&ops, positional, &buffers, target)?;
+    let planned = map_plan::plan(&ops, expr.reads_linear_index(), &buffers, target)?;
     let Some(piece) = planned.pieces.into_iter().next() else {
         return Ok(None);
     };
@@ -117,30 +116,7 @@ pub(crate) fn plan<'e>(
         vector: piece.vector,
         wide: piece.wide,
     };
-    // A work item of a grouped vector loop takes several vectors (the tail loop needs no
-    // more than a block's threads).
-    // (Random draws read the position: other maps skip the tree walk.)
-    let group = if positional { counter_group(&sig) } else { 1 };
-    let work = piece.work.div_ceil(group);
-    Ok(Some((sig, Launch::linear(words, work))))
-}
-
-/// How many vectors one work item of the vector loop takes: more than one where each vector
-/// covers only part of a random counter's words (an i64 `randint` takes two words of four),
-/// so that the counter's one Philox call serves all its words instead of being repeated per
-/// vector. Only where every operand is contiguous (vectors `j` of a group are neighbours).
-fn counter_group(sig: &MapSig) -> usize {
-    let v = sig.vector;
-    if v <= 1 || !(0..sig.dtypes.len()).all(|k| sig.contiguous(k)) {
-        return 1;
-    }
-    let (_, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
-    let per = draws.first().map_or(0, |d| d.philox.per_counter as usize);
-    if per > v && draws.iter().all(|d| d.philox.per_counter as usize == per) {
-        per / v
-    } else {
-        1
-    }
+    Ok(Some((sig, Launch::linear(words, piece.work))))
 }
 
 /// The CUDA C source of a map kernel named `strata_map`.
@@ -242,34 +218,8 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 format!("e{k}")
             }
         };
-        // Random draws whose counters the lanes share: one Philox call per counter, before
-        // the lanes (the compiler does not merge the lanes' calls by itself).
-        let (lane_expr, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
-        let group = counter_group(sig);
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
-        if group > 1 {
-            // A counter's words cover `group` vectors: a work item takes all of them, so each
-            // Philox call serves every word it makes.
-            let _ = writeln!(s, "  const {idx} ng = nv / {group};");
-            let _ = writeln!(s, "  for ({idx} jg = first; jg < ng; jg += step) {{");
-            for d in &draws {
-                let (key, counter) = (d.philox.key, d.philox.counter);
-                let name = format!("ph{key}_{counter}");
-                if !s.contains(&format!("u32 {name}[1][4];")) {
-                    let _ = writeln!(
-                        s,
-                        "    u32 {name}[1][4];\n    philox4((u64)s{key}, (u64)s{counter} + upos(jg), {name}[0]);"
-                    );
-                }
-            }
-            let _ = writeln!(
-                s,
-                "#pragma unroll\n  for (int sub = 0; sub < {group}; sub++) {{"
-            );
-            let _ = writeln!(s, "    const {idx} j = jg * {group} + sub;");
-        } else {
-            let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
-        }
+        let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
         if (0..n_ops).any(|k| !sig.contiguous(k)) {
             // Strided operands: one offset per vector (a vector lies in one row).
             decode_offsets(
@@ -299,8 +249,11 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 let _ = writeln!(s, "    u{k}.v = {at};");
             }
         }
+        // Random draws whose counters the lanes share: one Philox call per counter, before
+        // the lanes (the compiler does not merge the lanes' calls by itself).
+        let (lane_expr, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
         let mut sources: Vec<(usize, usize, u8)> = Vec::new();
-        for d in draws.iter().filter(|_| group == 1) {
+        for d in &draws {
             let p = &d.philox;
             if !sources.contains(&(p.key, p.counter, p.per_counter)) {
                 sources.push((p.key, p.counter, p.per_counter));
@@ -364,8 +317,6 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 // spans whole counters, else offset by the vector's place in the counter.
                 let (group, place) = if v >= per {
                     (format!("l / {per}"), format!("(l % {per})"))
-                } else if group > 1 {
-                    ("0".to_string(), format!("(sub * {v} + l)"))
                 } else {
                     (
                         "0".to_string(),
@@ -393,12 +344,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         } else {
             let _ = writeln!(s, "    *({vt}*)(a0 + off0) = u0.v;\n  }}");
         }
-        tail_from = if group > 1 {
-            let _ = writeln!(s, "  }}");
-            format!("ng * {} + first", group * v)
-        } else {
-            format!("nv * {v} + first")
-        };
+        tail_from = format!("nv * {v} + first");
     }
     let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
     decode_offsets(&mut s, idx, "li", &shape_words, &stride_words);
@@ -810,48 +756,6 @@ mod tests {
         let entry = entry.split(".entry").next().unwrap_or(entry);
         let calls = entry.matches("mul.hi.u32").count() / 20;
         assert!(calls <= 2, "{calls} Philox calls in strata_map:\n{src}");
-    }
-
-    #[test]
-    fn a_counter_covering_two_vectors_is_drawn_once_for_both() {
-        // randint as i64: a word per element, four per counter; a vector holds two.
-        let word = Expr {
-            dtype: DType::U32,
-            node: strata_core::ir::Node::Philox(strata_core::ir::PhiloxWord {
-                key: 0,
-                counter: 1,
-                word: 0,
-                per_counter: 4,
-                shared: 1,
-            }),
-        };
-        let sig = MapSig {
-            expr: Cow::Owned(word.cast(DType::I64, false)),
-            dtypes: vec![DType::I64],
-            paths: vec![Path::Contiguous],
-            scalars: vec![DType::U64, DType::U64],
-            rank: 1,
-            vector: 2,
-            wide: false,
-        };
-        assert_eq!(counter_group(&sig), 2);
-        let src = source(&sig).unwrap();
-        let vector_loop = src.split("for (i32 li").next().unwrap();
-        assert_eq!(vector_loop.matches("philox4(").count(), 1, "{src}");
-        assert!(
-            src.contains("for (i32 jg = first; jg < ng; jg += step)"),
-            "{src}"
-        );
-        assert!(
-            src.contains("pick4(ph0_1[0], ((sub * 2 + l) / 1) * 1 + 0)"),
-            "{src}"
-        );
-        assert!(src.contains("li = ng * 4 + first"), "{src}");
-        let Ok(_) = crate::compile::nvrtc_version() else {
-            return; // the NVRTC catalog test says whether NVRTC must be present
-        };
-        let compiler = crate::compile::Compiler::new(None, (9, 0));
-        compiler.ptx_uncached(&src).unwrap();
     }
 
     #[test]
