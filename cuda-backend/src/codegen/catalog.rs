@@ -265,6 +265,7 @@ pub(crate) fn indexing() -> Vec<IndexSig> {
                     dtype: d,
                     wide: kind == IndexKind::ScatterAdd || flagged,
                     row_bytes: 0,
+                    run_blocks: false,
                     flagged,
                 });
             }
@@ -275,15 +276,18 @@ pub(crate) fn indexing() -> Vec<IndexSig> {
     for row_bytes in [1, 2, 4, 8, 16] {
         for wide in [false, true] {
             for flagged in [false, true] {
-                out.push(IndexSig {
-                    kind: IndexKind::Gather,
-                    axis: 0,
-                    rank: 0,
-                    dtype: DType::U8,
-                    wide,
-                    row_bytes,
-                    flagged,
-                });
+                for run_blocks in [false, true] {
+                    out.push(IndexSig {
+                        kind: IndexKind::Gather,
+                        axis: 0,
+                        rank: 0,
+                        dtype: DType::U8,
+                        wide,
+                        row_bytes,
+                        run_blocks,
+                        flagged,
+                    });
+                }
             }
         }
     }
