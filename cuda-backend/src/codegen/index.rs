@@ -179,7 +179,7 @@ fn rows_launch(
     }
     let grid = Grid::Fixed {
         grid: (
-            vectors_per_run.div_ceil(RUN_BLOCK) as u32,
+            vectors_per_run.div_ceil(RUN_BLOCK * RUN_UNROLL) as u32,
             runs.min(65535) as u32,
             1,
         ),
@@ -190,6 +190,9 @@ fn rows_launch(
 
 /// Threads per block of the run-blocks form.
 const RUN_BLOCK: usize = 256;
+/// Vectors per thread of the run-blocks form, loaded together: a thread waits for its run's
+/// index value before it can load, and more loads in flight make up for that wait.
+const RUN_UNROLL: usize = 4;
 
 /// The row path's source: each work item copies one vector of a run, reading the run's
 /// index value (cached: the work items of a run are neighbours).
@@ -204,9 +207,17 @@ fn rows_source(sig: &IndexSig) -> String {
             "for ({idx} run = blockIdx.y; run < n; run += gridDim.y) {{
     const {idx} o = run / count, j = run - o * count;
     {at}
-    for ({idx} k = ({idx})blockIdx.x * blockDim.x + threadIdx.x; k < per_run; k += ({idx})gridDim.x * blockDim.x)
-      out[o * o0 + j * o1 + k] = src[o * s0 + at * s1 + k];
-  }}"
+    const {vt}* from = src + (o * s0 + at * s1);
+    {vt}* to = out + (o * o0 + j * o1);
+    for ({idx} k0 = ({idx})blockIdx.x * blockDim.x * {u} + threadIdx.x; k0 < per_run; k0 += ({idx})gridDim.x * blockDim.x * {u}) {{
+      {vt} r[{u}];
+#pragma unroll
+      for (int u = 0; u < {u}; u++) if (k0 + u * ({idx})blockDim.x < per_run) r[u] = from[k0 + u * ({idx})blockDim.x];
+#pragma unroll
+      for (int u = 0; u < {u}; u++) if (k0 + u * ({idx})blockDim.x < per_run) to[k0 + u * ({idx})blockDim.x] = r[u];
+    }}
+  }}",
+            u = RUN_UNROLL
         )
     } else {
         format!(
