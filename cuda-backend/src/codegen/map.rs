@@ -87,7 +87,8 @@ pub(crate) fn plan<'e>(
             })
         })
         .collect::<Result<_>>()?;
-    let planned = map_plan::plan(&ops, expr.reads_linear_index(), &buffers, target)?;
+    let positional = expr.reads_linear_index();
+    let planned = map_plan::plan(&ops, positional, &buffers, target)?;
     let Some(piece) = planned.pieces.into_iter().next() else {
         return Ok(None);
     };
@@ -116,7 +117,26 @@ pub(crate) fn plan<'e>(
         vector: piece.vector,
         wide: piece.wide,
     };
-    Ok(Some((sig, Launch::linear(words, piece.work))))
+    // Where a warp shares each counter between two vectors, a thread draws for two vectors.
+    // (Random draws read the position: other maps skip the tree walk.)
+    let work = if positional && counter_pairs(&sig) {
+        piece.work.div_ceil(2)
+    } else {
+        piece.work
+    };
+    Ok(Some((sig, Launch::linear(words, work))))
+}
+
+/// Whether a vector holds half of each random counter's words (an i64 `randint`: four words
+/// per counter, two per vector), so a warp draws each counter once and shares its words
+/// (see `source`). Every operand contiguous, so vector `j` is at `j`.
+fn counter_pairs(sig: &MapSig) -> bool {
+    let v = sig.vector;
+    if v <= 1 || !(0..sig.dtypes.len()).all(|k| sig.contiguous(k)) {
+        return false;
+    }
+    let (_, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
+    !draws.is_empty() && draws.iter().all(|d| d.philox.per_counter as usize == 2 * v)
 }
 
 /// The CUDA C source of a map kernel named `strata_map`.
@@ -218,8 +238,47 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 format!("e{k}")
             }
         };
+        // Random draws whose counters the lanes share: one Philox call per counter, before
+        // the lanes (the compiler does not merge the lanes' calls by itself).
+        let (lane_expr, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
+        let pairs = counter_pairs(sig);
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
-        let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
+        if pairs {
+            // A counter's words cover two vectors: each thread of a warp draws one counter
+            // (32 counters, 64 vectors), then takes the words of vector `lane` and of vector
+            // `32 + lane` from the threads that drew them, so every Philox call serves all its
+            // words and neighbouring threads still store neighbouring vectors.
+            let _ = writeln!(s, "  const {idx} ng = nv / 2;");
+            let _ = writeln!(s, "  const int lane = (int)(first & 31);");
+            let _ = writeln!(s, "  for ({idx} g = first; g - lane < ng; g += step) {{");
+            for d in &draws {
+                let (key, counter) = (d.philox.key, d.philox.counter);
+                if !s.contains(&format!("u32 drawn{key}_{counter}[4];")) {
+                    let _ = writeln!(
+                        s,
+                        "    u32 drawn{key}_{counter}[4];\n    philox4((u64)s{key}, (u64)s{counter} + upos(g), drawn{key}_{counter});"
+                    );
+                }
+            }
+            let _ = writeln!(s, "  for (int half = 0; half < 2; half++) {{");
+            let mut shuffled = Vec::new();
+            for d in &draws {
+                let (key, counter) = (d.philox.key, d.philox.counter);
+                if !shuffled.contains(&(key, counter)) {
+                    shuffled.push((key, counter));
+                    let _ = writeln!(
+                        s,
+                        "    u32 ph{key}_{counter}[1][4];\n    for (int q = 0; q < 4; q++) ph{key}_{counter}[0][q] = __shfl_sync(0xffffffffu, drawn{key}_{counter}[q], half * 16 + lane / 2);"
+                    );
+                }
+            }
+            let _ = writeln!(
+                s,
+                "    const {idx} j = 2 * (g - lane) + half * 32 + lane;\n    if (j < 2 * ng) {{"
+            );
+        } else {
+            let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
+        }
         if (0..n_ops).any(|k| !sig.contiguous(k)) {
             // Strided operands: one offset per vector (a vector lies in one row).
             decode_offsets(
@@ -249,11 +308,8 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 let _ = writeln!(s, "    u{k}.v = {at};");
             }
         }
-        // Random draws whose counters the lanes share: one Philox call per counter, before
-        // the lanes (the compiler does not merge the lanes' calls by itself).
-        let (lane_expr, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
         let mut sources: Vec<(usize, usize, u8)> = Vec::new();
-        for d in &draws {
+        for d in draws.iter().filter(|_| !pairs) {
             let p = &d.philox;
             if !sources.contains(&(p.key, p.counter, p.per_counter)) {
                 sources.push((p.key, p.counter, p.per_counter));
@@ -344,7 +400,12 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         } else {
             let _ = writeln!(s, "    *({vt}*)(a0 + off0) = u0.v;\n  }}");
         }
-        tail_from = format!("nv * {v} + first");
+        tail_from = if pairs {
+            let _ = writeln!(s, "  }}\n  }}");
+            format!("ng * {} + first", 2 * v)
+        } else {
+            format!("nv * {v} + first")
+        };
     }
     let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
     decode_offsets(&mut s, idx, "li", &shape_words, &stride_words);
@@ -756,6 +817,48 @@ mod tests {
         let entry = entry.split(".entry").next().unwrap_or(entry);
         let calls = entry.matches("mul.hi.u32").count() / 20;
         assert!(calls <= 2, "{calls} Philox calls in strata_map:\n{src}");
+    }
+
+    #[test]
+    fn a_counter_covering_two_vectors_is_drawn_once_and_shared_in_the_warp() {
+        // randint as i64: a word per element, four per counter; a vector holds two.
+        let word = Expr {
+            dtype: DType::U32,
+            node: strata_core::ir::Node::Philox(strata_core::ir::PhiloxWord {
+                key: 0,
+                counter: 1,
+                word: 0,
+                per_counter: 4,
+                shared: 1,
+            }),
+        };
+        let sig = MapSig {
+            expr: Cow::Owned(word.cast(DType::I64, false)),
+            dtypes: vec![DType::I64],
+            paths: vec![Path::Contiguous],
+            scalars: vec![DType::U64, DType::U64],
+            rank: 1,
+            vector: 2,
+            wide: false,
+        };
+        assert!(counter_pairs(&sig));
+        let src = source(&sig).unwrap();
+        let vector_loop = src.split("for (i32 li").next().unwrap();
+        assert_eq!(vector_loop.matches("philox4(").count(), 1, "{src}");
+        assert!(
+            src.contains("__shfl_sync(0xffffffffu, drawn0_1[q], half * 16 + lane / 2)"),
+            "{src}"
+        );
+        assert!(
+            src.contains("const i32 j = 2 * (g - lane) + half * 32 + lane;"),
+            "{src}"
+        );
+        assert!(src.contains("li = ng * 4 + first"), "{src}");
+        let Ok(_) = crate::compile::nvrtc_version() else {
+            return; // the NVRTC catalog test says whether NVRTC must be present
+        };
+        let compiler = crate::compile::Compiler::new(None, (9, 0));
+        compiler.ptx_uncached(&src).unwrap();
     }
 
     #[test]
