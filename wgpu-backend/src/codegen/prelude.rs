@@ -32,12 +32,6 @@ fn f32_to_bf16(x: f32) -> u32 {
 }
 fn round_f16(x: f32) -> f32 { return f16_to_f32(f32_to_f16(x)); }
 fn round_bf16(x: f32) -> f32 { return bitcast<f32>(f32_to_bf16(x) << 16u); }
-fn mulhi32(a: u32, b: u32) -> u32 {
-  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
-  let p01 = a0 * b1; let p10 = a1 * b0;
-  let mid = ((a0 * b0) >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
-  return a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
-}
 // Philox4x32-10: the four words of counter [c0, c1, 0, 0] under key [k0, k1].
 fn philox4(key0: u32, key1: u32, ctr0: u32, ctr1: u32) -> vec4<u32> {
   var k0 = key0; var k1 = key1; var c0 = ctr0; var c1 = ctr1; var c2 = 0u; var c3 = 0u;
@@ -351,9 +345,27 @@ pub(crate) fn dtypes_of(e: &Expr, out: &mut BTreeSet<DType>) {
     }
 }
 
+/// The high word of a 32×32-bit product (Philox's rounds take two): one 64-bit multiply where
+/// the adapter has 64-bit integers (on NVIDIA's driver a single wide multiply), else four
+/// 16-bit partial products (a dozen operations).
+fn mulhi32(caps: Caps) -> &'static str {
+    if caps.int64 {
+        "fn mulhi32(a: u32, b: u32) -> u32 { return u32((u64(a) * u64(b)) >> 32u); }\n"
+    } else {
+        "fn mulhi32(a: u32, b: u32) -> u32 {
+  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+  let p01 = a0 * b1; let p10 = a1 * b0;
+  let mid = ((a0 * b0) >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u);
+}
+"
+    }
+}
+
 /// The helpers for kernels computing in `dtypes`.
 pub(crate) fn helpers(dtypes: &BTreeSet<DType>, caps: Caps) -> String {
-    let mut s = String::from(HALF);
+    let mut s = String::from(mulhi32(caps));
+    s.push_str(HALF);
     if dtypes.iter().any(|d| d.is_float()) {
         s.push_str(&math(caps));
         s.push_str(&float_helpers(caps));
@@ -507,4 +519,35 @@ fn muls_{nm}(a: {t}, b: {t}) -> {t} {{
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn philox_takes_a_wide_multiply_where_the_adapter_has_64_bit_integers() {
+        for int64 in [true, false] {
+            let caps = Caps {
+                int64,
+                f64: false,
+                f16: false,
+            };
+            let src = format!(
+                "{}@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n\
+                 @compute @workgroup_size(1) fn main() {{ out[0] = philox4(1u, 2u, 3u, 4u).x; }}\n",
+                helpers(&BTreeSet::from([DType::U32]), caps)
+            );
+            assert_eq!(src.contains("u64(a) * u64(b)"), int64, "{src}");
+            let c = if int64 {
+                naga::valid::Capabilities::SHADER_INT64
+            } else {
+                naga::valid::Capabilities::empty()
+            };
+            let module = naga::front::wgsl::parse_str(&src).unwrap();
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), c)
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("int64 {int64}: {}\n{src}", e.emit_to_string(&src)));
+        }
+    }
 }
