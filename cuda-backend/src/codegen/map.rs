@@ -247,30 +247,30 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
             // A counter's words cover two vectors: each thread of a warp draws one counter
             // (32 counters, 64 vectors), then takes the words of vector `lane` and of vector
             // `32 + lane` from the threads that drew them, so every Philox call serves all its
-            // words and neighbouring threads still store neighbouring vectors.
+            // words and neighbouring threads still store neighbouring vectors. (A warp's work
+            // items are 32 consecutive `first`s, in blocks of 256 in both forms, and its loop
+            // test is the same for all 32, so every thread reaches each shuffle.)
+            let mut counters: Vec<(usize, usize)> = Vec::new();
+            for d in &draws {
+                if !counters.contains(&(d.philox.key, d.philox.counter)) {
+                    counters.push((d.philox.key, d.philox.counter));
+                }
+            }
             let _ = writeln!(s, "  const {idx} ng = nv / 2;");
             let _ = writeln!(s, "  const int lane = (int)(first & 31);");
             let _ = writeln!(s, "  for ({idx} g = first; g - lane < ng; g += step) {{");
-            for d in &draws {
-                let (key, counter) = (d.philox.key, d.philox.counter);
-                if !s.contains(&format!("u32 drawn{key}_{counter}[4];")) {
-                    let _ = writeln!(
-                        s,
-                        "    u32 drawn{key}_{counter}[4];\n    philox4((u64)s{key}, (u64)s{counter} + upos(g), drawn{key}_{counter});"
-                    );
-                }
+            for (key, counter) in &counters {
+                let _ = writeln!(
+                    s,
+                    "    u32 drawn{key}_{counter}[4];\n    philox4((u64)s{key}, (u64)s{counter} + upos(g), drawn{key}_{counter});"
+                );
             }
             let _ = writeln!(s, "  for (int half = 0; half < 2; half++) {{");
-            let mut shuffled = Vec::new();
-            for d in &draws {
-                let (key, counter) = (d.philox.key, d.philox.counter);
-                if !shuffled.contains(&(key, counter)) {
-                    shuffled.push((key, counter));
-                    let _ = writeln!(
-                        s,
-                        "    u32 ph{key}_{counter}[1][4];\n    for (int q = 0; q < 4; q++) ph{key}_{counter}[0][q] = __shfl_sync(0xffffffffu, drawn{key}_{counter}[q], half * 16 + lane / 2);"
-                    );
-                }
+            for (key, counter) in &counters {
+                let _ = writeln!(
+                    s,
+                    "    u32 ph{key}_{counter}[1][4];\n    for (int q = 0; q < 4; q++) ph{key}_{counter}[0][q] = __shfl_sync(0xffffffffu, drawn{key}_{counter}[q], half * 16 + lane / 2);"
+                );
             }
             let _ = writeln!(
                 s,
