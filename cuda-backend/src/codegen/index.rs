@@ -138,8 +138,9 @@ fn rows_launch(
         || span(rows.src_strides, [rows.outer, src_rows]) > i32::MAX as usize / 2
         || span(rows.out_strides, [rows.outer, rows.count]) > i32::MAX as usize / 2
         || span(rows.index_strides, [rows.outer, rows.count]) > i32::MAX as usize / 2;
-    // Runs of a block's width or more: a row of blocks each (two divisions per vector
-    // measured 0.89× PyTorch on an H200 for rows of 64 KiB); shorter ones share blocks.
+    // Runs of a block's width or more: a row of blocks each, several vectors a thread (one
+    // vector a thread measured 0.89× PyTorch on an H200 for rows of 64 KiB); shorter runs
+    // share blocks, a vector a work item.
     let runs = rows.outer * rows.count;
     let run_blocks = vectors_per_run >= RUN_BLOCK;
     let mut words = Args::new();
@@ -194,8 +195,9 @@ const RUN_BLOCK: usize = 256;
 /// index value before it can load, and more loads in flight make up for that wait.
 const RUN_UNROLL: usize = 4;
 
-/// The row path's source: each work item copies one vector of a run, reading the run's
-/// index value (cached: the work items of a run are neighbours).
+/// The row path's source: each work item copies one vector of a run (or, with run blocks,
+/// `RUN_UNROLL` vectors of the run its row of blocks takes), reading the run's index value
+/// (cached: the work items of a run are neighbours).
 fn rows_source(sig: &IndexSig) -> String {
     let idx = index_type(sig.wide);
     let vt = vector_type(sig.row_bytes);
