@@ -691,10 +691,9 @@ mod tests {
         assert!(src.contains("*(uint4*)(a0 + off0) = u0.v;"), "{src}");
     }
 
-    /// `rand`'s f32 expression: the top 24 bits of one Philox word per element, four
-    /// elements per counter.
-    fn rand_f32() -> Expr {
-        let word = Expr {
+    /// Word 0 of a Philox counter that four elements share, one word each (`rand`, `randint`).
+    fn philox_word() -> Expr {
+        Expr {
             dtype: DType::U32,
             node: strata_core::ir::Node::Philox(strata_core::ir::PhiloxWord {
                 key: 0,
@@ -703,7 +702,13 @@ mod tests {
                 per_counter: 4,
                 shared: 1,
             }),
-        };
+        }
+    }
+
+    /// `rand`'s f32 expression: the top 24 bits of one Philox word per element, four
+    /// elements per counter.
+    fn rand_f32() -> Expr {
+        let word = philox_word();
         let top = Expr::binary(
             BinaryOp::Shr,
             word.cast(DType::U64, false),
@@ -822,16 +827,7 @@ mod tests {
     #[test]
     fn a_counter_covering_two_vectors_is_drawn_once_and_shared_in_the_warp() {
         // randint as i64: a word per element, four per counter; a vector holds two.
-        let word = Expr {
-            dtype: DType::U32,
-            node: strata_core::ir::Node::Philox(strata_core::ir::PhiloxWord {
-                key: 0,
-                counter: 1,
-                word: 0,
-                per_counter: 4,
-                shared: 1,
-            }),
-        };
+        let word = philox_word();
         let sig = MapSig {
             expr: Cow::Owned(word.cast(DType::I64, false)),
             dtypes: vec![DType::I64],
