@@ -238,17 +238,28 @@ pub trait Backend: Send + Sync + Debug {
     fn fuses_map_into_reduce(&self) -> bool {
         false
     }
+    /// The most outputs one [`Kernel::Map`] may write here (multi-output fusion: a fused
+    /// kernel also stores the intermediates someone still holds). 1: single-output maps only.
+    fn map_outputs(&self) -> usize {
+        1
+    }
     /// Whether this backend runs [`Kernel::Softmax`]; otherwise core runs `softmax` as its
     /// composition (a max, a fused sum, a map), each pass reading the rows again.
     fn runs_softmax(&self) -> bool {
         false
     }
-    /// The source this backend generates for the map `expr` over `args`, and its launch
+    /// The source this backend generates for the map `expr` (and the further outputs `also`)
+    /// over `args`, and its launch
     /// shape, without running it (for [`Tensor::explain`](crate::Tensor::explain)); `None`
     /// for a backend that generates no source (the CPU backend evaluates the tree directly)
     /// or an empty launch.
-    fn map_source(&self, expr: &Expr, args: &KernelArgs) -> Result<Option<KernelSource>> {
-        let _ = (expr, args);
+    fn map_source(
+        &self,
+        expr: &Expr,
+        also: &[Expr],
+        args: &KernelArgs,
+    ) -> Result<Option<KernelSource>> {
+        let _ = (expr, also, args);
         Ok(None)
     }
 

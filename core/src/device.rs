@@ -193,9 +193,10 @@ impl Device {
         }
     }
 
-    /// Runs every pending (deferred) op of this device, oldest first: a pending tensor that
-    /// someone holds runs once, as its own kernel, and later trees read it; one that only
-    /// other pending trees hold is left to them and spliced into their kernels (never
+    /// Runs every pending (deferred) op of this device, newest first: each tree runs as one
+    /// kernel that also stores the pending intermediates someone still holds (multi-output
+    /// fusion), so a held intermediate is computed once, by the kernel of the last tree that
+    /// reads it; one that only other pending trees hold is spliced into their kernels (never
     /// written). Asynchronous like any launch.
     ///
     /// ```
@@ -207,7 +208,8 @@ impl Device {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn flush(&self) -> Result<()> {
-        let pending = std::mem::take(&mut *self.lock_pending());
+        let mut pending = std::mem::take(&mut *self.lock_pending());
+        pending.reverse();
         for (k, weak) in pending.iter().enumerate() {
             // One strong reference at a time: holding them all would make every intermediate
             // look held by someone.
@@ -217,10 +219,10 @@ impl Device {
             if !storage.is_pending() || crate::fusion::held_only_by_trees(&storage, 1) {
                 continue;
             }
-            if let Err(e) = storage.buffer() {
-                // What did not run stays registered for the next flush.
+            if let Err(e) = crate::fusion::realize_storing_held(&storage) {
+                // What did not run stays registered (oldest first) for the next flush.
                 self.lock_pending()
-                    .splice(0..0, pending[k..].iter().cloned());
+                    .splice(0..0, pending[k..].iter().rev().cloned());
                 return Err(e);
             }
         }

@@ -62,11 +62,39 @@ pub struct KernelReport {
     pub inputs: Vec<OperandReport>,
     /// The tensor it writes.
     pub output: OperandReport,
+    /// Multi-output fusion: the intermediates it stored as well (someone still held them at
+    /// a [`Device::flush`](crate::Device::flush)), each with its expression. Empty before it
+    /// runs: a read runs the kernel without them.
+    pub also: Vec<StoredIntermediate>,
     /// How many launch scalars it takes.
     pub scalars: usize,
     /// The generated source and launch shape (before the kernel runs; the CPU backend shows
     /// its evaluation plan).
     pub source: Option<KernelSource>,
+}
+
+/// An intermediate a fused kernel stores besides its result, because someone still holds it.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let a = Tensor::ones([4], DType::F32, &dev)?;
+/// let b = (&a * 2.0)?; // held, so the flush's kernel of `c` stores it too
+/// let c = (&b + 1.0)?;
+/// dev.flush()?;
+/// if dev.fusion() {
+///     let k = &c.explain()?.kernels[0];
+///     assert_eq!(k.also.len(), 1);
+///     assert_eq!(k.also[0].expression, "in0 * s0");
+/// }
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct StoredIntermediate {
+    /// Its expression, over the kernel's inputs and scalars.
+    pub expression: String,
+    /// Where it is written.
+    pub operand: OperandReport,
 }
 
 /// Shape, strides, offset and dtype of one kernel operand.
@@ -110,14 +138,16 @@ impl fmt::Display for OperandReport {
     }
 }
 
-/// What a fused kernel that ran was made of (kept on its tensor for `explain`).
-#[derive(Debug)]
+/// What a fused kernel that ran was made of (kept on its tensors for `explain`).
+#[derive(Debug, Clone)]
 pub(crate) struct Ran {
     pub(crate) expr: Expr,
     pub(crate) ops: Vec<&'static str>,
     pub(crate) sources: Vec<&'static std::panic::Location<'static>>,
     pub(crate) inputs: Vec<(Layout, DType)>,
     pub(crate) output: (Layout, DType),
+    /// The intermediates it stored as well: expression, layout, dtype.
+    pub(crate) also: Vec<(Expr, Layout, DType)>,
     pub(crate) scalars: usize,
 }
 
@@ -174,6 +204,14 @@ impl Tensor {
                     .map(|(l, d)| OperandReport::of(l, *d))
                     .collect(),
                 output: OperandReport::of(&ran.output.0, ran.output.1),
+                also: ran
+                    .also
+                    .iter()
+                    .map(|(e, l, d)| StoredIntermediate {
+                        expression: infix(e),
+                        operand: OperandReport::of(l, *d),
+                    })
+                    .collect(),
                 scalars: ran.scalars,
                 source: None,
             });
@@ -208,9 +246,9 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
     let device = t.device();
     let out = Tensor::alloc_with_layout(layout.clone(), dtype, device)?;
     let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
-    let kernel = Kernel::Map { expr };
-    let (o, ins) = match in_memory_order(&kernel, &out, &inputs)? {
-        Some((o, ins)) => (o, ins),
+    let kernel = Kernel::map(expr);
+    let (o, ins) = match in_memory_order(&kernel, &out, &[], &inputs)? {
+        Some((o, _, ins)) => (o, ins),
         None => (out.clone(), fused.inputs.clone()),
     };
     let args = KernelArgs {
@@ -218,10 +256,11 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
         inputs: ins.iter().map(|i| i.operand()).collect::<Result<_>>()?,
         scalars: fused.scalars.clone(),
     };
-    let Kernel::Map { expr } = kernel else {
+    let Kernel::Map { expr, .. } = kernel else {
         unreachable!("built as a map above")
     };
-    let source = device.backend().map_source(&expr, &args)?;
+    // A read runs no multi-output kernel (see fusion::realize): `also` is empty here.
+    let source = device.backend().map_source(&expr, &[], &args)?;
     kernels.push(KernelReport {
         pending: true,
         ops: fused.ops.iter().map(|s| s.to_string()).collect(),
@@ -233,6 +272,7 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
             .map(|i| OperandReport::of(i.layout(), i.dtype()))
             .collect(),
         output: OperandReport::of(&layout, dtype),
+        also: Vec::new(),
         scalars: fused.scalars.len(),
         source,
     });
@@ -461,6 +501,15 @@ impl fmt::Display for Explanation {
                 writeln!(f, "  in{i}: {input}")?;
             }
             writeln!(f, "  out: {}", kernel.output)?;
+            for (i, held) in kernel.also.iter().enumerate() {
+                writeln!(f, "  also out{} = {}", i + 1, held.expression)?;
+                writeln!(
+                    f,
+                    "  out{}: {} (an intermediate still held)",
+                    i + 1,
+                    held.operand
+                )?;
+            }
             if kernel.scalars > 0 {
                 writeln!(f, "  launch scalars: {}", kernel.scalars)?;
             }
@@ -517,6 +566,17 @@ impl Explanation {
                 "<tr><td>out</td><td>{}</td></tr>",
                 escape(&kernel.output.to_string())
             );
+            for (i, held) in kernel.also.iter().enumerate() {
+                let _ = write!(
+                    out,
+                    "<tr><td>out{} =</td><td>{}</td></tr>\
+                     <tr><td>out{}</td><td>{} (an intermediate still held)</td></tr>",
+                    i + 1,
+                    escape(&held.expression),
+                    i + 1,
+                    escape(&held.operand.to_string())
+                );
+            }
             if let Some(src) = &kernel.source {
                 let _ = write!(
                     out,

@@ -150,7 +150,8 @@ pub(crate) fn record(
     })
 }
 
-/// One fused kernel being assembled: its inputs (deduplicated), scalars and user ops.
+/// One fused kernel being assembled: its inputs (deduplicated), scalars, user ops, and the
+/// pending intermediates it stores as further outputs.
 #[derive(Default)]
 pub(crate) struct Fused {
     pub(crate) inputs: Vec<Tensor>,
@@ -158,9 +159,81 @@ pub(crate) struct Fused {
     pub(crate) ops: Vec<&'static str>,
     /// Where each op was called (`file:line`).
     pub(crate) sources: Vec<&'static std::panic::Location<'static>>,
+    /// Multi-output fusion: pending intermediates someone else still holds (the user, or a
+    /// tree outside this kernel), each with its expression here; the kernel stores them too.
+    pub(crate) also: Vec<(Tensor, Expr)>,
+    /// How many more intermediates may become outputs (0: none, as for a reduction's map).
+    room: usize,
+    /// References to each spliceable pending storage from the trees of this kernel.
+    internal: Vec<(usize, usize)>,
+    /// Pending storages spliced so far (by address) and their expressions: a tree read
+    /// twice is spliced once, so its scalars are not repeated and a shared node stays shared.
+    spliced: Vec<(usize, Expr)>,
+}
+
+/// The address of a storage, its identity while the walk holds the tree.
+fn address(s: &Arc<Storage>) -> usize {
+    Arc::as_ptr(s) as usize
+}
+
+/// `t`'s pending work when a tree `p` issued on `stream` splices it in: read element for
+/// element (the same layout) on the same stream.
+fn spliceable<'g>(
+    t: &Tensor,
+    guard: &'g std::sync::MutexGuard<'_, Option<Pending>>,
+    stream: &Arc<StreamHandle>,
+) -> Option<&'g Pending> {
+    guard
+        .as_ref()
+        .filter(|c| c.layout == t.layout && Arc::ptr_eq(&c.stream, stream))
 }
 
 impl Fused {
+    /// A kernel for the tree `p` that may store up to `room` intermediates as well.
+    fn new(p: &Pending, room: usize) -> Fused {
+        let mut fused = Fused {
+            room,
+            ..Fused::default()
+        };
+        if room > 0 {
+            fused.count_internal(p);
+        }
+        fused
+    }
+
+    /// Counts, over every distinct tree spliced into `root`'s kernel, the references each
+    /// spliceable pending storage gets from them (iteratively: trees are bounded, but walks
+    /// need no stack).
+    fn count_internal(&mut self, root: &Pending) {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut todo: Vec<Arc<Storage>> = Vec::new();
+        let mut visit =
+            |p: &Pending, todo: &mut Vec<Arc<Storage>>, internal: &mut Vec<(usize, usize)>| {
+                for t in &p.inputs {
+                    let guard = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+                    if spliceable(t, &guard, &p.stream).is_none() {
+                        continue;
+                    }
+                    let a = address(&t.storage);
+                    match internal.iter_mut().find(|(k, _)| *k == a) {
+                        Some((_, n)) => *n += 1,
+                        None => internal.push((a, 1)),
+                    }
+                    if !seen.contains(&a) {
+                        seen.push(a);
+                        todo.push(t.storage.clone());
+                    }
+                }
+            };
+        visit(root, &mut todo, &mut self.internal);
+        while let Some(s) = todo.pop() {
+            let guard = s.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = guard.as_ref() {
+                visit(p, &mut todo, &mut self.internal);
+            }
+        }
+    }
+
     /// The index of input `t`, added unless the same view is already an input.
     fn leaf(&mut self, t: &Tensor) -> usize {
         let same = |u: &Tensor| u.shares_storage(t) && u.layout == t.layout && u.dtype == t.dtype;
@@ -173,19 +246,35 @@ impl Fused {
 
     /// `p`'s expression with every pending input read element for element (the same layout,
     /// the same stream) spliced in, recursively, and every other input made a leaf, realized
-    /// first when `run`. A spliced input that someone else still holds stays pending: its
-    /// nodes are recomputed here (registers, no memory traffic), and it runs again only if
-    /// its own value is needed later — the temporaries of a one-line chain never are.
+    /// first when `run`. A spliced input that someone outside this kernel still holds becomes
+    /// a further output while there is room (it is computed here anyway, so storing it costs
+    /// one write and saves running it again); past that it stays pending and its nodes are
+    /// only recomputed here. An input only this kernel's trees hold is never written.
     fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
         let mut subst = Vec::with_capacity(p.inputs.len());
         for t in &p.inputs {
             if t.storage.is_pending() {
+                let a = address(&t.storage);
+                if let Some((_, e)) = self.spliced.iter().find(|(k, _)| *k == a) {
+                    subst.push(e.clone());
+                    continue;
+                }
                 let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(c) = child.as_ref() {
-                    if c.layout == t.layout && Arc::ptr_eq(&c.stream, &p.stream) {
-                        subst.push(self.splice(c, run)?);
-                        continue;
+                if let Some(c) = spliceable(t, &child, &p.stream) {
+                    let e = self.splice(c, run)?;
+                    drop(child);
+                    let internal = self
+                        .internal
+                        .iter()
+                        .find(|(k, _)| *k == a)
+                        .map_or(usize::MAX, |&(_, n)| n);
+                    if self.room > 0 && Arc::strong_count(&t.storage) > internal {
+                        self.room -= 1;
+                        self.also.push((t.clone(), e.clone()));
                     }
+                    self.spliced.push((a, e.clone()));
+                    subst.push(e);
+                    continue;
                 }
                 drop(child);
                 if run {
@@ -200,6 +289,19 @@ impl Fused {
         self.sources.push(p.at);
         Ok(substitute(&p.expr, &subst, base))
     }
+
+    /// Drops further outputs past what one kernel may bind (inputs and outputs together) and
+    /// any that ran meanwhile (a view of one read elsewhere in the tree realizes it).
+    fn fit_outputs(&mut self) {
+        self.also.retain(|(t, _)| t.storage.is_pending());
+        let bindings = (MAX_INPUTS + 1).saturating_sub(1 + self.inputs.len());
+        self.also.truncate(bindings);
+    }
+}
+
+/// How many intermediates a fused kernel on `device` may store besides its result.
+fn room(device: &Device) -> usize {
+    device.backend().map_outputs().saturating_sub(1)
 }
 
 /// `e` with input `k` replaced by `inputs[k]` and scalar indices shifted by `base`.
@@ -240,15 +342,16 @@ fn substitute(e: &Expr, inputs: &[Expr], base: usize) -> Expr {
     }
 }
 
-/// The kernel that would realize `storage` now (its expression with the inputs only it holds
+/// The kernel a read of `storage` would run now (its expression with its pending inputs
 /// spliced in), without running anything: for `explain`. `None` once it has run.
 pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout, DType)>> {
     let guard = storage.pending.lock().unwrap_or_else(|p| p.into_inner());
     let Some(p) = guard.as_ref() else {
         return Ok(None);
     };
-    let mut fused = Fused::default();
+    let mut fused = Fused::new(p, 0);
     let expr = fused.splice(p, false)?;
+    fused.fit_outputs();
     Ok(Some((expr, fused, p.layout.clone(), p.expr.dtype)))
 }
 
@@ -268,7 +371,7 @@ pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
     if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &device.current_handle()) {
         return Ok(None);
     }
-    let mut fused = Fused::default();
+    let mut fused = Fused::new(p, 0);
     let expr = fused.splice(p, true)?;
     if fused.inputs.is_empty() || fused.inputs.len() > MAX_INPUTS || expr.reads_linear_index() {
         return Ok(None);
@@ -309,23 +412,45 @@ pub(crate) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
 }
 
 /// Runs a pending storage's work (its tree fused into one kernel) on the stream it was issued
-/// on. Does nothing once it has run.
+/// on, for a read of this one tensor. Intermediates still pending stay pending: in a
+/// one-statement chain (`(&a * &b)?.add(&c)?.to_vec()`) the temporaries are alive while the
+/// chain runs, indistinguishable from tensors the user keeps, and storing them would add a
+/// write each; they are recomputed here in registers, and run again only if read later.
+/// Does nothing once it has run.
 pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
+    run(storage, 0)
+}
+
+/// [`realize`] for a flush (statements are complete, so what is held is kept): the kernel
+/// also stores every pending intermediate someone else still holds (the user, or a tree
+/// outside it), as far as one kernel may bind outputs, so nothing is computed twice.
+pub(crate) fn realize_storing_held(storage: &Arc<Storage>) -> Result<()> {
+    run(storage, room(&storage.device))
+}
+
+/// Runs a pending storage's tree as one kernel that may store up to `room` held
+/// intermediates as well.
+fn run(storage: &Arc<Storage>, room: usize) -> Result<()> {
     let mut guard = storage.pending.lock().unwrap_or_else(|p| p.into_inner());
     let Some(p) = guard.as_ref() else {
         return Ok(());
     };
-    let mut fused = Fused::default();
-    let expr = fused.splice(p, true)?;
     let device = &storage.device;
+    let mut fused = Fused::new(p, room);
+    let expr = fused.splice(p, true)?;
+    fused.fit_outputs();
     let buffer = device.allocate_buffer(storage.bytes, p.stream.id)?;
+    let mut also_buffers = Vec::with_capacity(fused.also.len());
+    for (t, _) in &fused.also {
+        also_buffers.push(device.allocate_buffer(t.storage.bytes, p.stream.id)?);
+    }
     storage.set_buffer(buffer);
     let out = Tensor {
         storage: storage.clone(),
         layout: p.layout.clone(),
         dtype: p.expr.dtype,
     };
-    let _ = storage.ran.set(Box::new(Ran {
+    let ran = Ran {
         expr: expr.clone(),
         inputs: fused
             .inputs
@@ -333,16 +458,31 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
             .map(|t| (t.layout.clone(), t.dtype))
             .collect(),
         output: (p.layout.clone(), p.expr.dtype),
+        also: fused
+            .also
+            .iter()
+            .map(|(t, e)| (e.clone(), t.layout.clone(), t.dtype))
+            .collect(),
         scalars: fused.scalars.len(),
         ops: std::mem::take(&mut fused.ops),
         sources: std::mem::take(&mut fused.sources),
-    }));
+    };
+    // The stored intermediates have their buffers before the launch (it orders their writes
+    // like any output's); their own trees are no longer needed.
+    for ((t, _), b) in fused.also.iter().zip(also_buffers) {
+        t.storage.set_buffer(b);
+        let _ = t.storage.ran.set(Box::new(ran.clone()));
+        *t.storage.pending.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+    let _ = storage.ran.set(Box::new(ran));
     let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
+    let extra: Vec<&Tensor> = fused.also.iter().map(|(t, _)| t).collect();
+    let also: Vec<Expr> = fused.also.iter().map(|(_, e)| e.clone()).collect();
     let stream = p.stream.clone();
     let ran = launch_on(
-        Kernel::Map { expr },
+        Kernel::Map { expr, also },
         &out,
-        &[],
+        &extra,
         &inputs,
         fused.scalars,
         &stream,
@@ -350,6 +490,9 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
     );
     if let Err(e) = &ran {
         let _ = storage.failed.set(e.to_string());
+        for t in &extra {
+            let _ = t.storage.failed.set(e.to_string());
+        }
     }
     // The tree (and every intermediate only it held) is released here.
     *guard = None;

@@ -366,6 +366,27 @@ impl Expr {
     /// assert_eq!(lanes.max_input(), Some(1));
     /// ```
     pub fn hoist_philox(&self, vector: usize, first_input: usize) -> (Expr, Vec<LaneDraw>) {
+        let (mut trees, draws) =
+            Expr::hoist_philox_all(std::slice::from_ref(self), vector, first_input);
+        (trees.remove(0), draws)
+    }
+
+    /// [`hoist_philox`](Expr::hoist_philox) over the trees of a multi-output map at once: a
+    /// node they share stands for the same input in each.
+    ///
+    /// ```
+    /// use strata_core::ir::{Expr, Node, PhiloxWord};
+    /// use strata_core::DType;
+    /// let w = PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 4, shared: 1 };
+    /// let draw = Expr { dtype: DType::U32, node: Node::Philox(w) }.cast(DType::F32, false);
+    /// let (trees, draws) = Expr::hoist_philox_all(&[draw.clone(), draw], 4, 1);
+    /// assert_eq!((draws.len(), &trees[0]), (1, &trees[1]));
+    /// ```
+    pub fn hoist_philox_all(
+        trees: &[Expr],
+        vector: usize,
+        first_input: usize,
+    ) -> (Vec<Expr>, Vec<LaneDraw>) {
         fn walk(e: &Expr, vector: usize, first: usize, draws: &mut Vec<LaneDraw>) -> Expr {
             let sub = |x: &Expr, draws: &mut Vec<LaneDraw>| Box::new(walk(x, vector, first, draws));
             let node = match &e.node {
@@ -401,8 +422,11 @@ impl Expr {
             }
         }
         let mut draws = Vec::new();
-        let e = walk(self, vector, first_input, &mut draws);
-        (e, draws)
+        let trees = trees
+            .iter()
+            .map(|e| walk(e, vector, first_input, &mut draws))
+            .collect();
+        (trees, draws)
     }
 
     /// Input tensor `k` of dtype `dtype`.
@@ -574,7 +598,7 @@ impl Expr {
 ///
 /// ```
 /// use strata_core::{DType, ir::{Expr, Kernel}};
-/// let copy = Kernel::Map { expr: Expr::input(0, DType::F32) };
+/// let copy = Kernel::map(Expr::input(0, DType::F32));
 /// assert!(matches!(copy, Kernel::Map { .. }));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -584,6 +608,11 @@ pub enum Kernel {
     Map {
         /// The value of each output element; its dtype is the output's.
         expr: Expr,
+        /// Multi-output fusion: output `k + 1` gets `also[k]`, with output 0's shape. Each is
+        /// a subtree of `expr` (an intermediate that someone still holds), so a backend
+        /// computes it once and stores it as well. Empty for every map but a fused one, and at
+        /// most [`map_outputs`](crate::Backend::map_outputs) `- 1` long.
+        also: Vec<Expr>,
     },
     /// Reduces the trailing `reduced_axes` axes of input 0 into output 0, whose shape is the
     /// input's leading axes. Each element is converted to `acc` before it is combined, and the
@@ -642,6 +671,22 @@ pub enum Kernel {
         /// The axis the index values select along.
         axis: usize,
     },
+}
+
+impl Kernel {
+    /// A single-output map writing `expr`.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{Expr, Kernel}};
+    /// let Kernel::Map { also, .. } = Kernel::map(Expr::input(0, DType::F32)) else { unreachable!() };
+    /// assert!(also.is_empty());
+    /// ```
+    pub fn map(expr: Expr) -> Kernel {
+        Kernel::Map {
+            expr,
+            also: Vec::new(),
+        }
+    }
 }
 
 /// What a [`Kernel::Index`] does.

@@ -490,7 +490,7 @@ pub(crate) fn launch_map(
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
 ) -> Result<()> {
-    launch(Kernel::Map { expr }, out, inputs, scalars)
+    launch(Kernel::map(expr), out, inputs, scalars)
 }
 
 /// An `Err` naming the view when two of its indices share a storage position (a broadcast
@@ -515,27 +515,35 @@ fn check_writable(out: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// A launch's operands with their axes permuted: the output, further outputs, inputs.
+pub(crate) type Permuted = (Tensor, Vec<Tensor>, Vec<Tensor>);
+
 /// A map that does not read the linear index may visit elements in any order: the operands
-/// with their axes in the output's memory order, so a permuted output (and inputs laid out
-/// like it) reach the backend contiguous.
+/// with their axes in the output's memory order, so a permuted output (and inputs and further
+/// outputs laid out like it) reach the backend contiguous.
 pub(crate) fn in_memory_order(
     kernel: &Kernel,
     out: &Tensor,
+    extra: &[&Tensor],
     inputs: &[&Tensor],
-) -> Result<Option<(Tensor, Vec<Tensor>)>> {
-    let Kernel::Map { expr } = kernel else {
+) -> Result<Option<Permuted>> {
+    let Kernel::Map { expr, .. } = kernel else {
         return Ok(None);
     };
     if expr.reads_linear_index() || out.ndim() < 2 || out.is_contiguous() {
         return Ok(None);
     }
     let order = memory_order(out.layout());
-    let permute = |t: &Tensor| Ok(t.with_layout(t.layout.permuted(&order)?));
-    let ins = inputs
-        .iter()
-        .map(|t| permute(t))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some((permute(out)?, ins)))
+    let permute = |ts: &[&Tensor]| {
+        ts.iter()
+            .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
+            .collect::<Result<Vec<_>>>()
+    };
+    Ok(Some((
+        permute(&[out])?.remove(0),
+        permute(extra)?,
+        permute(inputs)?,
+    )))
 }
 
 /// The axes of `layout` from the largest stride to the smallest (stable for ties).
@@ -591,9 +599,10 @@ pub(crate) fn launch_on(
         out.storage.run_pending_readers()?;
     }
     out.realize()?;
-    if let Some((out_p, ins)) = in_memory_order(&kernel, out, inputs)? {
+    if let Some((out_p, extra_p, ins)) = in_memory_order(&kernel, out, extra, inputs)? {
         let refs: Vec<&Tensor> = ins.iter().collect();
-        return launch_ordered(kernel, &out_p, extra, &refs, scalars, stream);
+        let extra_refs: Vec<&Tensor> = extra_p.iter().collect();
+        return launch_ordered(kernel, &out_p, &extra_refs, &refs, scalars, stream);
     }
     launch_ordered(kernel, out, extra, inputs, scalars, stream)
 }

@@ -331,8 +331,8 @@ impl Backend for CudaBackend {
             self.batches.send(&self.gpu, stream)?;
         }
         match kernel {
-            Kernel::Map { expr } => {
-                let Some((sig, plan)) = map::plan(expr, args, &self.target)? else {
+            Kernel::Map { expr, also } => {
+                let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
                     return Ok(());
                 };
                 let f = function(&self.maps, &sig, "strata_map", &self.compiler, map::source)?;
@@ -392,8 +392,18 @@ impl Backend for CudaBackend {
         true
     }
 
-    fn map_source(&self, expr: &Expr, args: &KernelArgs) -> Result<Option<KernelSource>> {
-        let Some((sig, plan)) = map::plan(expr, args, &self.target)? else {
+    fn map_outputs(&self) -> usize {
+        // Past a few, a fused kernel's argument words and registers grow for little.
+        8
+    }
+
+    fn map_source(
+        &self,
+        expr: &Expr,
+        also: &[Expr],
+        args: &KernelArgs,
+    ) -> Result<Option<KernelSource>> {
+        let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
             return Ok(None);
         };
         let Some((grid, block)) = launch::dims(&self.gpu, &plan.grid) else {

@@ -18,8 +18,8 @@ impl CudaBackend {
         let grid =
             |l: &Launch| dims(&self.gpu, &l.grid).map(|(g, b)| format!("grid {g:?} × block {b:?}"));
         let (name, shape) = match kernel {
-            Kernel::Map { expr } => {
-                let (_, plan) = map::plan(expr, args, &self.target).ok()??;
+            Kernel::Map { expr, also } => {
+                let (_, plan) = map::plan(expr, also, args, &self.target).ok()??;
                 // A launch small enough is appended to its stream's batch (crate::batch).
                 let batched = self.batches.enabled()
                     && matches!(plan.grid, Grid::Linear { work } if work <= MAX_BATCHED_WORK);
@@ -91,8 +91,8 @@ impl CudaBackend {
     pub(crate) fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> strata_core::Result<bool> {
         let mut compiled = false;
         match kernel {
-            Kernel::Map { expr } => {
-                if let Some((sig, _)) = map::plan(expr, args, &self.target)? {
+            Kernel::Map { expr, also } => {
+                if let Some((sig, _)) = map::plan(expr, also, args, &self.target)? {
                     compile(
                         &self.maps,
                         &sig,

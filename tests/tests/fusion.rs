@@ -8,6 +8,7 @@
 //! `scripts/test.sh` also does for the whole suite.
 
 use strata::prelude::*;
+use strata::RecordKind;
 use strata_tests::test_device;
 
 fn fusing(dev: &Device) -> bool {
@@ -358,7 +359,7 @@ fn one_statement_chains(dev: &Device) -> Result<()> {
             "only the result was written"
         );
     }
-    // Kept intermediates: a flush runs each once, oldest first.
+    // Kept intermediates: a flush runs the newest tree, which stores the one it reads.
     let ab = (&a * &b)?;
     let y = (&ab + &c)?.relu()?;
     dev.flush()?;
@@ -368,6 +369,160 @@ fn one_statement_chains(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(one_statement_chains_fuse, one_statement_chains);
+
+/// Kernels a closure launched (fused kernels count once however many outputs they write),
+/// and the bytes they wrote.
+fn kernels_of(dev: &Device, f: impl FnOnce() -> Result<()>) -> Result<(usize, u64)> {
+    let p = dev.profile(f)?;
+    let kernels: Vec<_> = p
+        .device_work()
+        .filter(|r| r.kind == RecordKind::Kernel)
+        .collect();
+    Ok((kernels.len(), kernels.iter().map(|r| r.bytes_written).sum()))
+}
+
+/// Multi-output fusion: at a flush, a pending intermediate someone still holds is stored by
+/// the kernel that computes the tree reading it, so it is computed once (newest tree first,
+/// so the last tree takes its held inputs along); intermediates of every dtype, random draws,
+/// the vectorized tail and the tiled path (a transposed input) give the eager values. A read
+/// of one tensor stores nothing else (a statement's temporaries look held too).
+fn multi_output(dev: &Device) -> Result<()> {
+    let n = 4099; // not a multiple of any vector width: the tail runs too
+    let a = Tensor::arange(0, n as i64, 1, DType::F32, dev)?.sub(2000.0)?;
+    let c = Tensor::full([n], Scalar::F32(1.5), DType::F32, dev)?;
+    a.realize()?;
+    let av = a.to_vec::<f32>()?;
+    let double: Vec<f32> = av.iter().map(|x| x * 2.0).collect();
+    let relu: Vec<f32> = double.iter().map(|x| (x + 1.5).max(0.0)).collect();
+    let eager = |f: &dyn Fn() -> Result<Vec<Tensor>>| -> Result<Vec<Tensor>> {
+        let was = dev.fusion();
+        dev.set_fusion(false)?;
+        let out = f();
+        dev.set_fusion(was)?;
+        out
+    };
+
+    // A held intermediate and the tree reading it: at a flush, one kernel writes both; a
+    // read of the tree alone writes only its result.
+    for flush in [true, false] {
+        let (mut ab, mut y) = (None, None);
+        let (kernels, written) = kernels_of(dev, || {
+            let b = (&a * 2.0)?;
+            let t = (&b + &c)?.relu()?;
+            if flush {
+                dev.flush()?;
+            } else {
+                t.realize()?;
+            }
+            assert_eq!(b.is_pending(), fusing(dev) && !flush, "flush {flush}");
+            (ab, y) = (Some(b), Some(t));
+            Ok(())
+        })?;
+        if fusing(dev) {
+            // After the read, b was still pending: the profile's closing synchronize ran it
+            // as a second kernel.
+            let runs = if flush { 1 } else { 2 };
+            assert_eq!((kernels, written), (runs, 8 * n as u64), "flush {flush}");
+        }
+        assert_eq!(ab.unwrap().to_vec::<f32>()?, double);
+        assert_eq!(y.unwrap().to_vec::<f32>()?, relu);
+    }
+
+    // The newest tree stores the three held links of its chain (a length of whole vectors
+    // too, so the vector path runs everywhere).
+    for len in [n, 4096] {
+        let part = a.slice(s![..len])?;
+        let (kernels, _) = kernels_of(dev, || {
+            let b = (&part + 1.0)?;
+            let c2 = (&b * 2.0)?;
+            let d = (&c2 - 3.0)?;
+            let e = d.abs()?;
+            dev.flush()?;
+            assert!([&b, &c2, &d, &e].iter().all(|t| !t.is_pending()));
+            let want_b: Vec<f32> = av[..len].iter().map(|x| x + 1.0).collect();
+            assert_eq!(b.to_vec::<f32>()?, want_b);
+            let want_d: Vec<f32> = want_b.iter().map(|x| x * 2.0 - 3.0).collect();
+            assert_eq!(d.to_vec::<f32>()?, want_d);
+            let want_e: Vec<f32> = want_d.iter().map(|x| x.abs()).collect();
+            assert_eq!(e.to_vec::<f32>()?, want_e);
+            Ok(())
+        })?;
+        if fusing(dev) {
+            assert_eq!(kernels, 1, "b, c2, d and e from one kernel");
+        }
+    }
+
+    // Intermediates of other dtypes (f16, i32, bool) beside an f32 result.
+    let chain = || -> Result<Vec<Tensor>> {
+        let h = a.to_dtype(DType::F16)?;
+        let i = h.to_dtype(DType::I32)?;
+        let m = i.gt(0i64)?;
+        let half_i = (&i.to_dtype(DType::F32)? * 0.5)?;
+        let r = Tensor::where_cond(&m, &h.to_dtype(DType::F32)?, &half_i)?;
+        Ok(vec![h, i, m, r])
+    };
+    let fused = chain()?;
+    dev.flush()?;
+    assert!(fused.iter().all(|t| !t.is_pending()));
+    let want = eager(&chain)?;
+    assert_eq!(
+        fused[0].to_vec::<half::f16>()?,
+        want[0].to_vec::<half::f16>()?
+    );
+    assert_eq!(fused[1].to_vec::<i32>()?, want[1].to_vec::<i32>()?);
+    assert_eq!(fused[2].to_vec::<bool>()?, want[2].to_vec::<bool>()?);
+    assert_eq!(fused[3].to_vec::<f32>()?, want[3].to_vec::<f32>()?);
+
+    // A random draw stored beside a tree that reads it: the same numbers as drawn alone.
+    let u = Tensor::rand([n], DType::F32, &mut Generator::new(7), dev)?;
+    let twice = (&u * 2.0)?;
+    dev.flush()?;
+    let (u, twice) = (u.to_vec::<f32>()?, twice.to_vec::<f32>()?);
+    let alone = Tensor::rand([n], DType::F32, &mut Generator::new(7), dev)?.to_vec::<f32>()?;
+    assert_eq!(u, alone);
+    assert!(u.iter().zip(&twice).all(|(x, y)| 2.0 * x == *y));
+
+    // A transposed input (the tiled path on GPUs) feeding a held intermediate.
+    let x = Tensor::arange(0, 96 * 64, 1, DType::F32, dev)?.reshape([64, 96])?;
+    let xt = x.t()?;
+    let chain = || -> Result<Vec<Tensor>> {
+        let b = (&xt * 3.0)?;
+        let y = (&b + 1.0)?;
+        Ok(vec![b, y])
+    };
+    let fused = chain()?;
+    dev.flush()?;
+    let want = eager(&chain)?;
+    for (f, w) in fused.iter().zip(&want) {
+        assert_eq!(f.to_vec::<f32>()?, w.to_vec::<f32>()?);
+    }
+
+    // More held intermediates than one kernel stores: a second kernel takes the rest.
+    let mut kept = vec![(&a + 0.0)?];
+    for k in 1..12 {
+        let next = (kept.last().unwrap() + k as f64)?;
+        kept.push(next);
+    }
+    dev.flush()?;
+    let mut want = av.clone();
+    for (k, t) in kept.iter().enumerate() {
+        want.iter_mut().for_each(|w| *w += k as f32);
+        assert_eq!(t.to_vec::<f32>()?, want, "link {k}");
+    }
+
+    // explain: what a read would run (nothing stored), then what the flush ran.
+    let b = (&a * 2.0)?;
+    let y = (&b + 1.0)?;
+    assert!(y.explain()?.kernels.iter().all(|k| k.also.is_empty()));
+    dev.flush()?;
+    if fusing(dev) {
+        let ran = y.explain()?;
+        assert_eq!(ran.kernels[0].also.len(), 1, "{ran}");
+        assert!(ran.to_string().contains("also out1 = in0 * s0"), "{ran}");
+    }
+    Ok(())
+}
+test_device!(held_intermediates_are_stored_by_one_kernel, multi_output);
 
 /// Map→reduce fusion: a reduction reads a pending elementwise tree directly where the backend
 /// fuses it (the CPU and CUDA backends), with the eager results; trees it cannot take (a

@@ -254,16 +254,23 @@ impl Backend for WgpuBackend {
     fn map_source(
         &self,
         expr: &strata_core::ir::Expr,
+        also: &[strata_core::ir::Expr],
         args: &KernelArgs,
     ) -> Result<Option<strata_core::backend::KernelSource>> {
         self.check_operands(args)?;
-        self.map_source_of(expr, args)
+        self.map_source_of(expr, also, args)
+    }
+
+    fn map_outputs(&self) -> usize {
+        // Each output is one more storage binding (core keeps inputs and outputs together
+        // within the default 8 per shader stage).
+        4
     }
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         self.check_operands(args)?;
         match kernel {
-            Kernel::Map { expr } => self.run_map(expr, args),
+            Kernel::Map { expr, also } => self.run_map(expr, also, args),
             Kernel::Reduce {
                 op,
                 reduced_axes,

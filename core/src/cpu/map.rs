@@ -47,12 +47,68 @@ impl Context<'_> {
     }
 }
 
+/// A multi-output map's further outputs as nodes of output 0's tree (by address), and each
+/// one's block once `eval` has computed it: every shared node is evaluated once.
+#[derive(Default)]
+struct Taps {
+    at: Vec<usize>,
+    blocks: Vec<Option<Block>>,
+}
+
+impl Taps {
+    /// For each of `also`, the address of a node of `expr` equal to it (a subtree that the
+    /// fused kernel computes anyway), or 0 when there is none (it is evaluated on its own).
+    fn find(expr: &Expr, also: &[Expr]) -> Vec<usize> {
+        let mut at = vec![0; also.len()];
+        let mut stack = vec![expr];
+        while let Some(e) = stack.pop() {
+            for (slot, a) in at.iter_mut().zip(also) {
+                if *slot == 0 && e == a {
+                    *slot = e as *const Expr as usize;
+                }
+            }
+            match &e.node {
+                Node::Cast { arg, .. } | Node::Unary(_, arg) => stack.push(arg),
+                Node::Binary(_, a, b) => stack.extend([&**a, &**b]),
+                Node::Fma(a, b, c) | Node::Where(a, b, c) => stack.extend([&**a, &**b, &**c]),
+                _ => {}
+            }
+        }
+        at
+    }
+
+    fn note(&mut self, e: &Expr, block: &Block) {
+        let address = e as *const Expr as usize;
+        for (k, &a) in self.at.iter().enumerate() {
+            if a == address && self.blocks[k].is_none() {
+                self.blocks[k] = Some(block.clone());
+            }
+        }
+    }
+}
+
 fn eval(
     e: &Expr,
     cx: &Context,
     start: usize,
     len: usize,
     scratch: &mut Vec<usize>,
+    taps: &mut Taps,
+) -> Result<Block> {
+    let block = eval_node(e, cx, start, len, scratch, taps)?;
+    if !taps.at.is_empty() {
+        taps.note(e, &block);
+    }
+    Ok(block)
+}
+
+fn eval_node(
+    e: &Expr,
+    cx: &Context,
+    start: usize,
+    len: usize,
+    scratch: &mut Vec<usize>,
+    taps: &mut Taps,
 ) -> Result<Block> {
     Ok(match &e.node {
         Node::Input(k) => {
@@ -107,25 +163,25 @@ fn eval(
             )
         }
         Node::Cast { arg, saturate } => {
-            eval(arg, cx, start, len, scratch)?.cast(e.dtype, *saturate)
+            eval(arg, cx, start, len, scratch, taps)?.cast(e.dtype, *saturate)
         }
-        Node::Unary(op, a) => unary(*op, &eval(a, cx, start, len, scratch)?)?,
+        Node::Unary(op, a) => unary(*op, &eval(a, cx, start, len, scratch, taps)?)?,
         Node::Fma(a, b, c) => fma(
-            &eval(a, cx, start, len, scratch)?,
-            &eval(b, cx, start, len, scratch)?,
-            &eval(c, cx, start, len, scratch)?,
+            &eval(a, cx, start, len, scratch, taps)?,
+            &eval(b, cx, start, len, scratch, taps)?,
+            &eval(c, cx, start, len, scratch, taps)?,
         )?,
         Node::Binary(op, a, b) => {
-            let a = eval(a, cx, start, len, scratch)?;
-            let b = eval(b, cx, start, len, scratch)?;
+            let a = eval(a, cx, start, len, scratch, taps)?;
+            let b = eval(b, cx, start, len, scratch, taps)?;
             binary(*op, &a, &b)?
         }
         Node::Where(c, a, b) => {
-            let c = eval(c, cx, start, len, scratch)?.into_bool();
+            let c = eval(c, cx, start, len, scratch, taps)?.into_bool();
             select(
                 &c,
-                &eval(a, cx, start, len, scratch)?,
-                &eval(b, cx, start, len, scratch)?,
+                &eval(a, cx, start, len, scratch, taps)?,
+                &eval(b, cx, start, len, scratch, taps)?,
             )?
         }
     })
@@ -140,17 +196,44 @@ impl Block {
     }
 }
 
-/// Runs `expr` for output elements `range`.
-fn run_range(expr: &Expr, cx: &Context, out: &View, range: std::ops::Range<usize>) -> Result<()> {
+/// The expressions of a map and where its outputs go.
+struct Outputs<'a> {
+    expr: &'a Expr,
+    also: &'a [Expr],
+    /// Per further output, its node in `expr` (see [`Taps::find`]).
+    at: &'a [usize],
+}
+
+/// Runs the map for output elements `range`: output 0's tree a block at a time, the further
+/// outputs taken from the nodes they share with it.
+fn run_range(
+    outs: &Outputs,
+    cx: &Context,
+    views: &[View],
+    range: std::ops::Range<usize>,
+) -> Result<()> {
     let mut scratch = Vec::new();
+    let mut taps = Taps {
+        at: outs.at.to_vec(),
+        blocks: vec![None; outs.at.len()],
+    };
     let mut start = range.start;
     while start < range.end {
         let len = BLOCK.min(range.end - start);
-        let values = eval(expr, cx, start, len, &mut scratch)?;
+        taps.blocks.iter_mut().for_each(|b| *b = None);
+        let values = eval(outs.expr, cx, start, len, &mut scratch, &mut taps)?;
         debug_assert_eq!(values.len(), len);
         // SAFETY: bounds checked in View::new; ranges of different threads are disjoint.
         // bool is stored as one byte holding 0 or 1, which is Rust's representation of bool.
-        with_block!(&values, v: T => unsafe { out.store::<T>(start, v, &mut scratch) });
+        with_block!(&values, v: T => unsafe { views[0].store::<T>(start, v, &mut scratch) });
+        for (k, e) in outs.also.iter().enumerate() {
+            let values = match taps.blocks[k].take() {
+                Some(b) => b,
+                None => eval(e, cx, start, len, &mut scratch, &mut Taps::default())?,
+            };
+            // SAFETY: as above.
+            with_block!(&values, v: T => unsafe { views[k + 1].store::<T>(start, v, &mut scratch) });
+        }
         start += len;
     }
     Ok(())
@@ -158,15 +241,20 @@ fn run_range(expr: &Expr, cx: &Context, out: &View, range: std::ops::Range<usize
 
 /// Executes a `Map` kernel: core's plan for the CPU (one piece, axes coalesced). Work for one
 /// thread runs on the operands' own layouts: a plan only coalesces axes there, and planning
-/// would be most of a small op's cost.
-pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
-    let ops = MapOperands::of(expr, args)?;
+/// costs more than it saves on a small map. `also`: a multi-output map's further outputs.
+pub(crate) fn run(expr: &Expr, also: &[Expr], args: &KernelArgs) -> Result<()> {
+    let ops = MapOperands::of_outputs(expr, also, args)?;
+    let outs = Outputs {
+        expr,
+        also,
+        at: &Taps::find(expr, also),
+    };
     let numel = ops.out.layout.numel();
     if numel < PARALLEL_MIN {
-        let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+        let operands: Vec<&Operand> = ops.operands().collect();
         let position = Position::Linear { base: 0 };
         return run_piece(
-            expr,
+            &outs,
             &operands,
             ops.scalars,
             &position,
@@ -176,15 +264,15 @@ pub(crate) fn run(expr: &Expr, args: &KernelArgs) -> Result<()> {
     let target = Target::cpu(super::strided::threads());
     let buffers = BufferInfo::of_operands(args);
     let plan = map_plan::plan(&ops, expr.reads_linear_index(), &buffers, &target)?;
-    run_plan(expr, &ops, &plan)
+    run_plan(&outs, &ops, &plan)
 }
 
 /// Executes a planned map of any target's plan, piece by piece (windows included), so the
 /// planner's pieces and positions are tested here without a GPU.
-pub(crate) fn run_plan(expr: &Expr, ops: &MapOperands, plan: &MapPlan) -> Result<()> {
+fn run_plan(outs: &Outputs, ops: &MapOperands, plan: &MapPlan) -> Result<()> {
     for piece in &plan.pieces {
-        let operands = std::iter::once(ops.out)
-            .chain(ops.inputs)
+        let operands = ops
+            .operands()
             .zip(&piece.operands)
             .map(|(o, p)| {
                 let window_start = p.window.map_or(0, |w| w.byte_offset as usize);
@@ -197,21 +285,26 @@ pub(crate) fn run_plan(expr: &Expr, ops: &MapOperands, plan: &MapPlan) -> Result
             })
             .collect::<Result<Vec<_>>>()?;
         let operands: Vec<&Operand> = operands.iter().collect();
-        run_piece(expr, &operands, ops.scalars, &piece.position, &piece.shape)?;
+        run_piece(outs, &operands, ops.scalars, &piece.position, &piece.shape)?;
     }
     Ok(())
 }
 
-/// One piece: output `operands[0]`, inputs the rest, threads over blocks when it is large.
+/// One piece: the outputs first in `operands`, inputs the rest, threads over blocks when it
+/// is large.
 fn run_piece(
-    expr: &Expr,
+    outs: &Outputs,
     operands: &[&Operand],
     scalars: &[Scalar],
     position: &Position,
     shape: &[usize],
 ) -> Result<()> {
-    let out_view = View::new(operands[0])?;
-    let inputs = operands[1..]
+    let n_out = 1 + outs.also.len();
+    let views = operands[..n_out]
+        .iter()
+        .map(|o| View::new(o))
+        .collect::<Result<Vec<_>>>()?;
+    let inputs = operands[n_out..]
         .iter()
         .map(|o| View::new(o))
         .collect::<Result<Vec<_>>>()?;
@@ -224,7 +317,7 @@ fn run_piece(
     let n: usize = shape.iter().product();
     let threads = super::strided::threads();
     if n < PARALLEL_MIN || threads == 1 {
-        return run_range(expr, &cx, &out_view, 0..n);
+        return run_range(outs, &cx, &views, 0..n);
     }
     // Split on block boundaries so each thread's blocks stay aligned.
     let per = n.div_ceil(threads).div_ceil(BLOCK) * BLOCK;
@@ -233,8 +326,8 @@ fn run_piece(
             .map(|t| (t * per).min(n)..((t + 1) * per).min(n))
             .filter(|r| !r.is_empty())
             .map(|r| {
-                let (cx, out_view) = (&cx, &out_view);
-                scope.spawn(move || run_range(expr, cx, out_view, r))
+                let (cx, views) = (&cx, &views);
+                scope.spawn(move || run_range(outs, cx, views, r))
             })
             .collect();
         handles.into_iter().try_for_each(|h| {
@@ -278,7 +371,12 @@ mod tests {
             let ops = MapOperands::of(&expr, &args).unwrap();
             let buffers = BufferInfo::of_operands(&args);
             let plan = map_plan::plan(&ops, true, &buffers, target).unwrap();
-            run_plan(&expr, &ops, &plan).unwrap();
+            let outs = Outputs {
+                expr: &expr,
+                also: &[],
+                at: &[],
+            };
+            run_plan(&outs, &ops, &plan).unwrap();
             (plan.pieces.len(), out.to_vec::<f32>().unwrap())
         };
         let (one, whole) = run_with(&Target::cpu(1));

@@ -100,6 +100,7 @@ impl Backend for CpuBackend {
     fn map_source(
         &self,
         expr: &crate::ir::Expr,
+        also: &[crate::ir::Expr],
         args: &KernelArgs,
     ) -> Result<Option<crate::backend::KernelSource>> {
         let n = args.outputs.first().map_or(0, |o| o.layout.numel());
@@ -117,7 +118,18 @@ impl Backend for CpuBackend {
                 "{n} elements, each node evaluated over blocks of {} elements{threads}",
                 strided::BLOCK
             ),
-            source: crate::explain::evaluation_plan(expr),
+            source: crate::explain::evaluation_plan(expr)
+                + &also
+                    .iter()
+                    .enumerate()
+                    .map(|(k, e)| {
+                        format!(
+                            "\nout{} = {} (its node above, stored as well)",
+                            k + 1,
+                            crate::explain::infix(e)
+                        )
+                    })
+                    .collect::<String>(),
         }))
     }
 
@@ -172,7 +184,7 @@ impl Backend for CpuBackend {
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _: StreamId) -> Result<()> {
         match kernel {
-            Kernel::Map { expr } => map::run(expr, args),
+            Kernel::Map { expr, also } => map::run(expr, also, args),
             Kernel::Reduce {
                 op,
                 reduced_axes,
@@ -197,6 +209,7 @@ impl Backend for CpuBackend {
                 };
                 map::run(
                     expr,
+                    &[],
                     &KernelArgs {
                         outputs: vec![scratch.clone()],
                         inputs: args.inputs.clone(),
@@ -242,6 +255,10 @@ impl Backend for CpuBackend {
                 if threads == 1 { "" } else { "s" }
             ),
         })
+    }
+
+    fn map_outputs(&self) -> usize {
+        8
     }
 
     fn fuses_map_into_reduce(&self) -> bool {

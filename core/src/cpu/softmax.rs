@@ -46,6 +46,7 @@ pub(super) fn run(log: bool, args: &KernelArgs, pool: &Arc<Pool>) -> Result<()> 
     let terms = scratch(shape)?;
     map::run(
         &softmax_term(dtype),
+        &[],
         &args_of(&terms, vec![x.clone(), m_rows.clone()]),
     )?;
     let s = scratch(lead)?;
@@ -54,6 +55,7 @@ pub(super) fn run(log: bool, args: &KernelArgs, pool: &Arc<Pool>) -> Result<()> 
     let s_rows = along_rows(&s)?;
     map::run(
         &softmax_output(dtype, log),
+        &[],
         &args_of(ops.out, vec![x.clone(), m_rows, s_rows]),
     )
 }

@@ -149,7 +149,7 @@ pub fn plan(
     if numel == 0 {
         return Ok(MapPlan { pieces: Vec::new() });
     }
-    let operands = || std::iter::once(out).chain(ops.inputs);
+    let operands = || ops.operands();
     let (shape, strides) = coalesce(out.layout.shape(), operands().map(|o| o.layout.strides()));
     if !target.wide_index && reads_position && numel > u32::MAX as usize {
         return Err(Error::Unsupported(format!(
@@ -168,7 +168,18 @@ pub fn plan(
         })
         .collect();
     let full_dense = contiguous_strides(&shape);
-    let piece = |p: &Piece| plan_piece(p, &access, buffers, &full_dense, reads_position, target);
+    let outputs = ops.outputs();
+    let piece = |p: &Piece| {
+        plan_piece(
+            p,
+            &access,
+            outputs,
+            buffers,
+            &full_dense,
+            reads_position,
+            target,
+        )
+    };
     let planned = match target.binding_limit {
         Some(limit) => pieces::split(&shape, &access, limit, target.offset_align)?
             .iter()
@@ -227,6 +238,7 @@ fn is_dense(strides: &[isize], len: &[usize]) -> bool {
 fn plan_piece(
     p: &Piece,
     access: &[Access],
+    outputs: usize,
     buffers: &[BufferInfo],
     full_dense: &[isize],
     reads_position: bool,
@@ -288,13 +300,13 @@ fn plan_piece(
     let tiled = p.len.len() == 2
         && p.len[0] >= 32
         && p.len[1] >= 32
-        && operands[0].strides[1] == 1
+        && operands[..outputs].iter().all(|o| o.strides[1] == 1)
         && (all_32_bit || !target.tile_32bit_only)
         && (position == Position::Unused || target.tile_reads_position)
-        && operands[1..].iter().any(|o| column_wise(&o.strides));
+        && operands[outputs..].iter().any(|o| column_wise(&o.strides));
     if tiled {
         for (k, o) in operands.iter_mut().enumerate() {
-            o.path = if k > 0 && column_wise(&o.strides) {
+            o.path = if k >= outputs && column_wise(&o.strides) {
                 Path::Tiled
             } else {
                 Path::Strided
@@ -309,7 +321,7 @@ fn plan_piece(
     let by_rows = target.vector_rows && target.binding_limit.is_none();
     let splats = by_rows || target.vector_splats;
     let splat = |k: usize, o: &PlannedOperand| {
-        splats && k > 0 && o.path == Path::Strided && o.strides.last() == Some(&0)
+        splats && k >= outputs && o.path == Path::Strided && o.strides.last() == Some(&0)
     };
     // (A strided operand with stride 1 along the inner axis has more than one axis: a 1-D
     // one would be contiguous.)

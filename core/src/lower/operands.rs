@@ -18,8 +18,10 @@ use crate::ir::{Expr, IndexKind, KernelArgs, Operand};
 /// ```
 #[derive(Debug)]
 pub struct MapOperands<'a> {
-    /// The tensor written.
+    /// The tensor written (output 0).
     pub out: &'a Operand,
+    /// The further outputs of a multi-output map, each of the output's shape.
+    pub also: &'a [Operand],
     /// The tensors read, each of the output's shape.
     pub inputs: &'a [Operand],
     /// The launch scalars.
@@ -29,41 +31,79 @@ pub struct MapOperands<'a> {
 impl<'a> MapOperands<'a> {
     /// Checks `args` against `expr` (see the type's docs).
     pub fn of(expr: &Expr, args: &'a KernelArgs) -> Result<MapOperands<'a>> {
-        let [out] = args.outputs.as_slice() else {
+        MapOperands::of_outputs(expr, &[], args)
+    }
+
+    /// Checks `args` against a multi-output map: `expr` for output 0, `also[k]` for output
+    /// `k + 1`.
+    ///
+    /// ```
+    /// use strata_core::{ir::{Expr, KernelArgs}, lower::operands::MapOperands, DType, Device, Tensor};
+    /// let t = Tensor::zeros([4], DType::F32, &Device::cpu()).unwrap();
+    /// let args = KernelArgs { outputs: vec![t.operand().unwrap(), t.operand().unwrap()], inputs: vec![t.operand().unwrap()], scalars: vec![] };
+    /// let x = Expr::input(0, DType::F32);
+    /// assert_eq!(MapOperands::of_outputs(&x, &[x.clone()], &args).unwrap().operands().count(), 3);
+    /// assert!(MapOperands::of(&x, &args).is_err()); // two outputs, one expression
+    /// ```
+    pub fn of_outputs(expr: &Expr, also: &[Expr], args: &'a KernelArgs) -> Result<MapOperands<'a>> {
+        let Some((out, more)) = args
+            .outputs
+            .split_first()
+            .filter(|(_, m)| m.len() == also.len())
+        else {
             return Err(Error::Invalid(format!(
-                "a map writes one output, {} were given",
+                "a map of {} expression{} writes as many outputs, {} were given",
+                1 + also.len(),
+                if also.is_empty() { "" } else { "s" },
                 args.outputs.len()
             )));
         };
-        if out.dtype != expr.dtype {
-            return Err(Error::Invalid(format!(
-                "map expression of {} written to an output of {}",
-                expr.dtype, out.dtype
-            )));
+        for (e, o) in std::iter::once(expr).chain(also).zip(&args.outputs) {
+            if o.dtype != e.dtype {
+                return Err(Error::Invalid(format!(
+                    "map expression of {} written to an output of {}",
+                    e.dtype, o.dtype
+                )));
+            }
         }
-        if let Some(op) = args
-            .inputs
+        if let Some(op) = more
             .iter()
+            .chain(&args.inputs)
             .find(|op| op.layout.shape() != out.layout.shape())
         {
             return Err(Error::Shape(format!(
-                "map input of shape {:?} for an output of shape {:?}",
+                "map operand of shape {:?} for an output of shape {:?}",
                 op.layout.shape(),
                 out.layout.shape()
             )));
         }
-        if let Some(k) = expr.max_input().filter(|&k| k >= args.inputs.len()) {
-            return Err(Error::Invalid(format!(
-                "map reads input {k}, but {} were given",
-                args.inputs.len()
-            )));
+        for e in std::iter::once(expr).chain(also) {
+            if let Some(k) = e.max_input().filter(|&k| k >= args.inputs.len()) {
+                return Err(Error::Invalid(format!(
+                    "map reads input {k}, but {} were given",
+                    args.inputs.len()
+                )));
+            }
+            super::legal::check(e)?;
         }
-        super::legal::check(expr)?;
         Ok(MapOperands {
             out,
+            also: more,
             inputs: &args.inputs,
             scalars: &args.scalars,
         })
+    }
+
+    /// Every operand in plan order: the outputs, then the inputs.
+    pub fn operands(&self) -> impl Iterator<Item = &'a Operand> + Clone {
+        std::iter::once(self.out)
+            .chain(self.also)
+            .chain(self.inputs)
+    }
+
+    /// How many outputs the map writes.
+    pub fn outputs(&self) -> usize {
+        1 + self.also.len()
     }
 }
 

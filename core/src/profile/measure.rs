@@ -15,7 +15,7 @@ pub(super) fn kernel_record(
     fused_ops: Option<Vec<String>>,
 ) -> ProfileRecord {
     let (default_name, ops, flops) = match kernel {
-        Kernel::Map { expr } => {
+        Kernel::Map { expr, .. } => {
             let n = args.outputs.first().map_or(0, |o| o.layout.numel()) as u64;
             ("map", map_ops(expr), n * expr_flops(expr))
         }

@@ -47,6 +47,7 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vector: usize) -> MapSig<
         vector,
         wide: !contiguous,
         expr: std::borrow::Cow::Owned(expr),
+        also: std::borrow::Cow::Borrowed(&[]),
     }
 }
 
@@ -129,6 +130,57 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
         false,
         1,
     ));
+    out.extend(multi_output());
+    out
+}
+
+/// Multi-output maps (fused kernels that store held intermediates): an f16 input widened and
+/// a product stored beside an f32 result, and a product beside an f16 result; on the vector,
+/// strided and tiled paths.
+fn multi_output() -> Vec<MapSig<'static>> {
+    let (x, y) = (Expr::input(0, DType::F16), Expr::input(1, DType::F32));
+    let wide = x.cast(DType::F32, false);
+    let product = Expr::binary(BinaryOp::Mul, wide.clone(), y.clone());
+    let top = Expr::binary(BinaryOp::Max, product.clone(), y);
+    let cases = [
+        (top.clone(), vec![wide, product.clone()]),
+        (top.cast(DType::F16, false), vec![product]),
+    ];
+    let mut out = Vec::new();
+    for (expr, also) in cases {
+        let outputs = 1 + also.len();
+        let dtypes: Vec<DType> = std::iter::once(expr.dtype)
+            .chain(also.iter().map(|e| e.dtype))
+            .chain([DType::F16, DType::F32])
+            .collect();
+        for (paths, vector) in [
+            (vec![Path::Contiguous; outputs + 2], 4),
+            (vec![Path::Strided; outputs + 2], 1),
+            (
+                (0..outputs + 2)
+                    .map(|k| {
+                        if k == outputs {
+                            Path::Tiled
+                        } else {
+                            Path::Strided
+                        }
+                    })
+                    .collect(),
+                1,
+            ),
+        ] {
+            out.push(MapSig {
+                expr: std::borrow::Cow::Owned(expr.clone()),
+                also: std::borrow::Cow::Owned(also.clone()),
+                dtypes: dtypes.clone(),
+                paths,
+                scalars: vec![],
+                rank: 2,
+                vector,
+                wide: false,
+            });
+        }
+    }
     out
 }
 

@@ -5,6 +5,7 @@
 use super::{cast, compute_type, round_to, undefined};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
+use strata_core::lower::{output_locals, NodeLocals};
 use strata_core::{DType, Result};
 
 /// Emits statements computing `expr` into `out` (indented by `indent`); returns the name of
@@ -14,6 +15,40 @@ pub(crate) fn emit(
     out: &mut String,
     indent: &str,
     next: &mut usize,
+) -> Result<String> {
+    emit_noting(expr, out, indent, next, &mut Vec::new())
+}
+
+/// Emits the trees of a multi-output map (see [`output_locals`]); returns the locals, one
+/// per tree.
+pub(crate) fn emit_outputs(
+    trees: &[Expr],
+    out: &mut String,
+    indent: &str,
+    next: &mut usize,
+) -> Result<Vec<String>> {
+    output_locals(trees, |e, names| emit_noting(e, out, indent, next, names))
+}
+
+/// [`emit`], noting each node's local in `names`.
+fn emit_noting<'e>(
+    expr: &'e Expr,
+    out: &mut String,
+    indent: &str,
+    next: &mut usize,
+    names: &mut NodeLocals<'e>,
+) -> Result<String> {
+    let name = emit_node(expr, out, indent, next, names)?;
+    names.push((expr, name.clone()));
+    Ok(name)
+}
+
+fn emit_node<'e>(
+    expr: &'e Expr,
+    out: &mut String,
+    indent: &str,
+    next: &mut usize,
+    names: &mut NodeLocals<'e>,
 ) -> Result<String> {
     let value = match &expr.node {
         Node::Input(k) => return Ok(format!("x{k}")),
@@ -39,29 +74,32 @@ pub(crate) fn emit(
             )
         }
         Node::Cast { arg, saturate } => {
-            let a = emit(arg, out, indent, next)?;
+            let a = emit_noting(arg, out, indent, next, names)?;
             cast(&a, arg.dtype, expr.dtype, *saturate)
         }
         Node::Unary(op, arg) => {
-            let a = emit(arg, out, indent, next)?;
+            let a = emit_noting(arg, out, indent, next, names)?;
             unary(*op, arg.dtype, &a)?
         }
         Node::Binary(op, l, r) => {
-            let a = emit(l, out, indent, next)?;
-            let b = emit(r, out, indent, next)?;
+            let a = emit_noting(l, out, indent, next, names)?;
+            let b = emit_noting(r, out, indent, next, names)?;
             binary(*op, l.dtype, &a, &b)?
         }
         Node::Fma(a, b, c) => {
             let (x, y, z) = (
-                emit(a, out, indent, next)?,
-                emit(b, out, indent, next)?,
-                emit(c, out, indent, next)?,
+                emit_noting(a, out, indent, next, names)?,
+                emit_noting(b, out, indent, next, names)?,
+                emit_noting(c, out, indent, next, names)?,
             );
             fma(a.dtype, &x, &y, &z)?
         }
         Node::Where(c, a, b) => {
-            let cond = emit(c, out, indent, next)?;
-            let (x, y) = (emit(a, out, indent, next)?, emit(b, out, indent, next)?);
+            let cond = emit_noting(c, out, indent, next, names)?;
+            let (x, y) = (
+                emit_noting(a, out, indent, next, names)?,
+                emit_noting(b, out, indent, next, names)?,
+            );
             format!("(({cond} != 0) ? {x} : {y})")
         }
     };

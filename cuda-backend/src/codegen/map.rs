@@ -5,7 +5,7 @@
 //! while the output runs along the rows: 32×32 tiles of that input pass through shared memory,
 //! so both sides read and write whole cache lines).
 
-use super::expr::emit;
+use super::expr::emit_outputs;
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
 use super::{storage_type, to_storage, vector_type};
 use crate::launch::{Args, Launch};
@@ -25,9 +25,11 @@ use strata_core::{DType, Result};
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct MapSig<'e> {
     pub expr: Cow<'e, Expr>,
-    /// Output dtype first, then the inputs'.
+    /// A multi-output map's further outputs (subtrees of `expr`).
+    pub also: Cow<'e, [Expr]>,
+    /// The outputs' dtypes first, then the inputs'.
     pub dtypes: Vec<DType>,
-    /// Per operand (output first), how core's plan reaches it: its offset is the linear
+    /// Per operand (outputs first), how core's plan reaches it: its offset is the linear
     /// index (`Contiguous`), decoded from its strides (`Strided`; on the vectorized path an
     /// input constant along the inner axis, read once per vector), whole vectors at the
     /// decoded offset (`Rows`), or an input through a shared-memory tile (`Tiled`, rank 2).
@@ -40,6 +42,19 @@ pub(crate) struct MapSig<'e> {
 }
 
 impl MapSig<'_> {
+    /// How many outputs the map writes (operands `0..outputs`).
+    fn outputs(&self) -> usize {
+        1 + self.also.len()
+    }
+
+    /// Every output's tree, output 0 first.
+    fn trees(&self) -> Vec<Expr> {
+        std::iter::once(self.expr.as_ref())
+            .chain(self.also.iter())
+            .cloned()
+            .collect()
+    }
+
     /// Operand `k` (0: the output) is at the linear index.
     fn contiguous(&self, k: usize) -> bool {
         self.paths[k] == Path::Contiguous
@@ -59,6 +74,7 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
     fn store(&self) -> MapSig<'static> {
         MapSig {
             expr: Cow::Owned(self.expr.clone().into_owned()),
+            also: Cow::Owned(self.also.clone().into_owned()),
             dtypes: self.dtypes.clone(),
             paths: self.paths.clone(),
             scalars: self.scalars.clone(),
@@ -70,14 +86,15 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
 }
 
 /// The signature and argument words of a map launch planned by core (one piece: CUDA binds
-/// no windows).
+/// no windows). `also`: a multi-output map's further outputs.
 pub(crate) fn plan<'e>(
     expr: &'e Expr,
+    also: &'e [Expr],
     args: &KernelArgs,
     target: &Target,
 ) -> Result<Option<(MapSig<'e>, Launch)>> {
-    let ops = MapOperands::of(expr, args)?;
-    let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+    let ops = MapOperands::of_outputs(expr, also, args)?;
+    let operands: Vec<&Operand> = ops.operands().collect();
     let buffers: Vec<BufferInfo> = operands
         .iter()
         .map(|o| {
@@ -110,6 +127,7 @@ pub(crate) fn plan<'e>(
     }
     let sig = MapSig {
         expr: Cow::Borrowed(expr),
+        also: Cow::Borrowed(also),
         dtypes: operands.iter().map(|o| o.dtype).collect(),
         paths: piece.operands.iter().map(|o| o.path).collect(),
         scalars: ops.scalars.iter().map(|s| s.dtype()).collect(),
@@ -129,7 +147,8 @@ pub(crate) fn plan<'e>(
 
 /// Whether a vector holds half of each random counter's words (an i64 `randint`: four words
 /// per counter, two per vector), so a warp draws each counter once and shares its words
-/// (see `source`). Every operand contiguous, so vector `j` is at `j`.
+/// (see `source`). Every operand contiguous, so vector `j` is at `j`. (Further outputs are
+/// subtrees of output 0's tree: its draws are all the draws.)
 fn counter_pairs(sig: &MapSig) -> bool {
     let v = sig.vector;
     if v <= 1 || !(0..sig.dtypes.len()).all(|k| sig.contiguous(k)) {
@@ -144,6 +163,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     let idx = index_type(sig.wide);
     let rank = sig.rank;
     let n_ops = sig.dtypes.len();
+    let n_out = sig.outputs();
     // Word positions: numel, shape, then per operand its pointer and strides, then scalars.
     let shape_words: Vec<usize> = (1..=rank).collect();
     let mut ptr_words = Vec::new();
@@ -162,7 +182,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     let scalar_words: Vec<usize> = (w..w + sig.scalars.len()).collect();
     let total = (w + sig.scalars.len()).max(1);
 
-    let tiled = (1..n_ops).any(|k| sig.tiled(k));
+    let tiled = (n_out..n_ops).any(|k| sig.tiled(k));
     let mut s = String::new();
     if tiled {
         let _ = writeln!(
@@ -187,7 +207,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         );
     }
     for (k, (&d, &word)) in sig.dtypes.iter().zip(&ptr_words).enumerate() {
-        let q = if k == 0 { "" } else { "const " };
+        let q = if k < n_out { "" } else { "const " };
         let _ = writeln!(
             s,
             "  {q}{}* a{k} = ({q}{}*)p.w[{word}];",
@@ -197,25 +217,28 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     }
     let _ = writeln!(s, "  const {idx} n = ({idx})p.w[0];");
 
-    // The body for one element at linear index `li`, reading operand k at `off{k}`.
+    // The body for one element at linear index `li`, reading input operand k at `off{k}`
+    // and storing output k's value (`trees[k]`) with `store(k, value)`.
     let element = |s: &mut String,
                    indent: &str,
-                   expr: &Expr,
+                   trees: &[Expr],
                    load: &dyn Fn(usize) -> String,
-                   store: &dyn Fn(&str) -> String|
+                   store: &dyn Fn(usize, &str) -> String|
      -> Result<()> {
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
             let _ = writeln!(
                 s,
                 "{indent}const {} x{} = {};",
                 compute_type(d),
-                k - 1,
+                k - n_out,
                 from_storage(d, &load(k))
             );
         }
         let mut next = 0;
-        let v = emit(expr, s, indent, &mut next)?;
-        let _ = writeln!(s, "{indent}{}", store(&to_storage(sig.dtypes[0], &v)));
+        let values = emit_outputs(trees, s, indent, &mut next)?;
+        for (k, v) in values.iter().enumerate() {
+            let _ = writeln!(s, "{indent}{}", store(k, &to_storage(sig.dtypes[k], v)));
+        }
         Ok(())
     };
 
@@ -240,7 +263,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         };
         // Random draws whose counters the lanes share: one Philox call per counter, before
         // the lanes (the compiler does not merge the lanes' calls by itself).
-        let (lane_expr, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
+        let (lane_trees, draws) = Expr::hoist_philox_all(&sig.trees(), v, sig.dtypes.len());
         let pairs = counter_pairs(sig);
         let _ = writeln!(s, "  const {idx} nv = n / {v};");
         if pairs {
@@ -292,14 +315,14 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         for (k, &d) in sig.dtypes.iter().enumerate() {
             let st = storage_type(d);
             if !whole(k) {
-                if k > 0 {
+                if k >= n_out {
                     let _ = writeln!(s, "    const {st} e{k} = a{k}[off{k}];");
                 }
                 continue;
             }
             let vt = vector_type(v * d.itemsize());
             let _ = writeln!(s, "    union {{ {vt} v; {st} e[{v}]; }} u{k};");
-            if k > 0 {
+            if k >= n_out {
                 let at = if sig.contiguous(k) {
                     format!("((const {vt}*)a{k})[j]")
                 } else {
@@ -356,9 +379,9 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
                 element(
                     &mut lane,
                     "    ",
-                    &lane_expr,
+                    &lane_trees,
                     &|k| lane_input(k, &l.to_string()),
-                    &|val| format!("u0.e[{l}] = {val};"),
+                    &|k, val| format!("u{k}.e[{l}] = {val};"),
                 )?;
                 cse.lane(&mut s, &lane, l);
             }
@@ -388,18 +411,21 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
             element(
                 &mut s,
                 "      ",
-                &lane_expr,
+                &lane_trees,
                 &|k| lane_input(k, "l"),
-                &|val| format!("u0.e[l] = {val};"),
+                &|k, val| format!("u{k}.e[l] = {val};"),
             )?;
             let _ = writeln!(s, "    }}");
         }
-        let vt = vector_type(v * sig.dtypes[0].itemsize());
-        if sig.contiguous(0) {
-            let _ = writeln!(s, "    (({vt}*)a0)[j] = u0.v;\n  }}");
-        } else {
-            let _ = writeln!(s, "    *({vt}*)(a0 + off0) = u0.v;\n  }}");
+        for k in 0..n_out {
+            let vt = vector_type(v * sig.dtypes[k].itemsize());
+            if sig.contiguous(k) {
+                let _ = writeln!(s, "    (({vt}*)a{k})[j] = u{k}.v;");
+            } else {
+                let _ = writeln!(s, "    *({vt}*)(a{k} + off{k}) = u{k}.v;");
+            }
         }
+        let _ = writeln!(s, "  }}");
         tail_from = if pairs {
             let _ = writeln!(s, "  }}\n  }}");
             format!("ng * {} + first", 2 * v)
@@ -412,9 +438,9 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     element(
         &mut s,
         "      ",
-        &sig.expr,
+        &sig.trees(),
         &|k| format!("a{k}[off{k}]"),
-        &|val| format!("a0[off0] = {val};"),
+        &|k, val| format!("a{k}[off{k}] = {val};"),
     )?;
     let _ = writeln!(s, "  }}\n}}");
     let _ = writeln!(
@@ -550,7 +576,13 @@ impl LaneCse {
 
 /// Writes the body of a per-element step computing `expr`: loads through `load(k)`, stores
 /// through `store`.
-type Element<'a> = dyn Fn(&mut String, &str, &Expr, &dyn Fn(usize) -> String, &dyn Fn(&str) -> String) -> Result<()>
+type Element<'a> = dyn Fn(
+        &mut String,
+        &str,
+        &[Expr],
+        &dyn Fn(usize) -> String,
+        &dyn Fn(usize, &str) -> String,
+    ) -> Result<()>
     + 'a;
 
 /// The tiled path: each block takes 32×32 tiles; tiled inputs are loaded down the columns
@@ -567,7 +599,7 @@ fn tiled_body(
         let w = stride_words[k].expect("tiled operands are strided") + d;
         format!("({idx})(i64)p.w[{w}]")
     };
-    let inputs = 1..sig.dtypes.len();
+    let inputs = sig.outputs()..sig.dtypes.len();
     for k in inputs.clone().filter(|&k| sig.tiled(k)) {
         let st = storage_type(sig.dtypes[k]);
         let _ = writeln!(s, "  __shared__ {st} tile{k}[32][33];");
@@ -611,7 +643,7 @@ fn tiled_body(
     let _ = writeln!(s, "      if (r < rows && c < cols) {{");
     let _ = writeln!(s, "        const {idx} li = r * cols + c;");
     for k in 0..sig.dtypes.len() {
-        if k == 0 || !sig.tiled(k) {
+        if !sig.tiled(k) {
             let _ = writeln!(
                 s,
                 "        const {idx} off{k} = r * {} + c * {};",
@@ -623,7 +655,7 @@ fn tiled_body(
     element(
         s,
         "        ",
-        &sig.expr,
+        &sig.trees(),
         &|k| {
             if sig.tiled(k) {
                 format!("tile{k}[tx][j]")
@@ -631,7 +663,7 @@ fn tiled_body(
                 format!("a{k}[off{k}]")
             }
         },
-        &|val| format!("a0[off0] = {val};"),
+        &|k, val| format!("a{k}[off{k}] = {val};"),
     )?;
     let _ = writeln!(
         s,
@@ -656,6 +688,7 @@ mod tests {
         );
         MapSig {
             expr: Cow::Owned(e),
+            also: Cow::Borrowed(&[]),
             dtypes: vec![DType::F32; 3],
             paths: vec![
                 if contiguous {
@@ -762,6 +795,7 @@ mod tests {
     fn the_lanes_of_a_box_muller_pair_share_their_log_and_square_root() {
         let sig = MapSig {
             expr: Cow::Owned(box_muller_f32()),
+            also: Cow::Borrowed(&[]),
             dtypes: vec![DType::F32],
             paths: vec![Path::Contiguous],
             scalars: vec![
@@ -806,6 +840,7 @@ mod tests {
         };
         let sig = MapSig {
             expr: Cow::Owned(rand_f32()),
+            also: Cow::Borrowed(&[]),
             dtypes: vec![DType::F32],
             paths: vec![Path::Contiguous],
             scalars: vec![DType::U64, DType::U64, DType::U64, DType::F32],
@@ -830,6 +865,7 @@ mod tests {
         let word = philox_word();
         let sig = MapSig {
             expr: Cow::Owned(word.cast(DType::I64, false)),
+            also: Cow::Borrowed(&[]),
             dtypes: vec![DType::I64],
             paths: vec![Path::Contiguous],
             scalars: vec![DType::U64, DType::U64],
@@ -881,6 +917,31 @@ mod tests {
         let src = source(&s).unwrap();
         assert!(src.contains("__shared__ float tile1[32][33];"), "{src}");
         assert!(src.contains("tile1[tx][j]"));
+    }
+
+    #[test]
+    fn a_multi_output_map_computes_a_shared_node_once_and_stores_it() {
+        let x = Expr::input(0, DType::F32);
+        let exp = Expr::unary(strata_core::ir::UnaryOp::Exp, x.clone());
+        let top = Expr::binary(BinaryOp::Add, exp.clone(), x);
+        let sig = |vector: usize, path: Path| MapSig {
+            expr: Cow::Owned(top.clone()),
+            also: Cow::Owned(vec![exp.clone()]),
+            dtypes: vec![DType::F32; 3],
+            paths: vec![path; 3],
+            scalars: vec![],
+            rank: 1,
+            vector,
+            wide: false,
+        };
+        let src = source(&sig(4, Path::Contiguous)).unwrap();
+        // Once in the vector loop and once in the tail, not twice in each.
+        assert_eq!(src.matches("expf(").count(), 2, "{src}");
+        assert!(src.contains("((uint4*)a0)[j] = u0.v;"), "{src}");
+        assert!(src.contains("((uint4*)a1)[j] = u1.v;"), "{src}");
+        assert!(src.contains("const float* a2"), "{src}");
+        let src = source(&sig(1, Path::Strided)).unwrap();
+        assert!(src.contains("a1[off1] = v0;"), "{src}");
     }
 
     #[test]

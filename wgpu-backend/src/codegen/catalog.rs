@@ -121,6 +121,65 @@ fn map_sig(
         rank: 2,
         vector,
         expr: std::borrow::Cow::Owned(expr),
+        also: std::borrow::Cow::Borrowed(&[]),
+    }
+}
+
+#[test]
+fn multi_output_maps_validate() {
+    // An f16 input widened and a product stored beside an f32 result, and a product beside
+    // an f16 result (narrow outputs: packed words on the vector path, atomics per element
+    // elsewhere); contiguous, vector, strided and tiled.
+    // (The tiled path takes 32-bit dtypes only: a product of two f32 inputs stored beside
+    // the result.)
+    let y = Expr::input(1, DType::F32);
+    let product = |x: &Expr| Expr::binary(BinaryOp::Mul, x.clone(), y.clone());
+    let top = |x: &Expr| Expr::binary(BinaryOp::Max, product(x), y.clone());
+    let x16 = Expr::input(0, DType::F16);
+    let wide = x16.cast(DType::F32, false);
+    let x32 = Expr::input(0, DType::F32);
+    for (expr, also, x) in [
+        (top(&wide), vec![wide.clone(), product(&wide)], DType::F16),
+        (
+            top(&wide).cast(DType::F16, false),
+            vec![product(&wide)],
+            DType::F16,
+        ),
+        (top(&x32), vec![product(&x32)], DType::F32),
+    ] {
+        let outputs = 1 + also.len();
+        let dtypes: Vec<DType> = std::iter::once(expr.dtype)
+            .chain(also.iter().map(|e| e.dtype))
+            .chain([x, DType::F32])
+            .collect();
+        let paths = [
+            (true, 1, false),
+            (true, 4, false),
+            (false, 1, false),
+            (false, 1, true),
+        ];
+        for (contiguous, vector, tiled) in paths {
+            if tiled && dtypes.iter().any(|d| d.itemsize() != 4) {
+                continue;
+            }
+            let mut sig = map_sig(expr.clone(), dtypes.clone(), contiguous, vector);
+            sig.also = std::borrow::Cow::Owned(also.clone());
+            sig.tiled = vec![tiled, false];
+            for (caps, targets) in caps_for(&dtypes) {
+                let src = map::source(&sig, caps).unwrap();
+                check(&src, targets);
+                let body = &src[src.find("@compute").unwrap()..];
+                // The product is computed once per element (per lane on the vector path).
+                let lanes = if vector == 4 { 4 } else { 1 };
+                assert_eq!(body.matches(" * x1)").count(), lanes, "{src}");
+                if vector == 4 {
+                    assert!(
+                        body.contains(&format!("b{}[q{}] = ", outputs - 1, outputs - 1)),
+                        "{src}"
+                    );
+                }
+            }
+        }
     }
 }
 

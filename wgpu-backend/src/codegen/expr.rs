@@ -6,10 +6,45 @@ use super::prelude::math_type;
 use super::{cast, compute_type, is_nan, literal, round_to, undefined, Caps};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
+use strata_core::lower::{output_locals, NodeLocals};
 use strata_core::{DType, Error, Result};
 
 /// Emits statements computing `expr` into `out`; returns the name of the value.
 pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) -> Result<String> {
+    emit_noting(expr, out, next, caps, &mut NodeLocals::new())
+}
+
+/// Emits the trees of a multi-output map (see [`output_locals`]); returns the locals, one
+/// per tree.
+pub(crate) fn emit_outputs(
+    trees: &[Expr],
+    out: &mut String,
+    next: &mut usize,
+    caps: Caps,
+) -> Result<Vec<String>> {
+    output_locals(trees, |e, names| emit_noting(e, out, next, caps, names))
+}
+
+/// [`emit`], noting each node's local in `names`.
+fn emit_noting<'e>(
+    expr: &'e Expr,
+    out: &mut String,
+    next: &mut usize,
+    caps: Caps,
+    names: &mut NodeLocals<'e>,
+) -> Result<String> {
+    let name = emit_node(expr, out, next, caps, names)?;
+    names.push((expr, name.clone()));
+    Ok(name)
+}
+
+fn emit_node<'e>(
+    expr: &'e Expr,
+    out: &mut String,
+    next: &mut usize,
+    caps: Caps,
+    names: &mut NodeLocals<'e>,
+) -> Result<String> {
     let value = match &expr.node {
         Node::Input(k) => return Ok(format!("x{k}")),
         Node::Scalar(k) => return Ok(format!("s{k}")),
@@ -48,29 +83,32 @@ pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) 
             cast("li", DType::U32, expr.dtype, *saturate)
         }
         Node::Cast { arg, saturate } => {
-            let a = emit(arg, out, next, caps)?;
+            let a = emit_noting(arg, out, next, caps, names)?;
             cast(&a, arg.dtype, expr.dtype, *saturate)
         }
         Node::Unary(op, arg) => {
-            let a = emit(arg, out, next, caps)?;
+            let a = emit_noting(arg, out, next, caps, names)?;
             unary(*op, arg.dtype, &a, caps)?
         }
         Node::Binary(op, l, r) => {
-            let a = emit(l, out, next, caps)?;
-            let b = emit(r, out, next, caps)?;
+            let a = emit_noting(l, out, next, caps, names)?;
+            let b = emit_noting(r, out, next, caps, names)?;
             binary(*op, l.dtype, &a, &b, caps)?
         }
         Node::Fma(a, b, c) => {
             let (x, y, z) = (
-                emit(a, out, next, caps)?,
-                emit(b, out, next, caps)?,
-                emit(c, out, next, caps)?,
+                emit_noting(a, out, next, caps, names)?,
+                emit_noting(b, out, next, caps, names)?,
+                emit_noting(c, out, next, caps, names)?,
             );
             fma(a.dtype, &x, &y, &z, caps)?
         }
         Node::Where(c, a, b) => {
-            let cond = emit(c, out, next, caps)?;
-            let (x, y) = (emit(a, out, next, caps)?, emit(b, out, next, caps)?);
+            let cond = emit_noting(c, out, next, caps, names)?;
+            let (x, y) = (
+                emit_noting(a, out, next, caps, names)?,
+                emit_noting(b, out, next, caps, names)?,
+            );
             format!("select({y}, {x}, {})", truthy(c.dtype, &cond))
         }
     };

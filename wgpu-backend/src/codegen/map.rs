@@ -7,7 +7,7 @@
 //! workgroup passes a 32×32 tile of that input through workgroup memory, so both sides read
 //! and write whole runs of memory).
 
-use super::expr::emit;
+use super::expr::emit_outputs;
 use super::prelude::{dtypes_of, helpers};
 use super::{binding, compute_type, load, Caps, ENTRY};
 use std::borrow::Cow;
@@ -33,9 +33,11 @@ pub(crate) enum Lin {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct MapSig<'e> {
     pub expr: Cow<'e, Expr>,
-    /// Output dtype first, then the inputs'.
+    /// A multi-output map's further outputs (subtrees of `expr`).
+    pub also: Cow<'e, [Expr]>,
+    /// The outputs' dtypes first, then the inputs'.
     pub dtypes: Vec<DType>,
-    /// Per operand (output first): true when its offset is the invocation index.
+    /// Per operand (outputs first): true when its offset is the invocation index.
     pub contiguous: Vec<bool>,
     pub lin: Lin,
     pub scalars: Vec<DType>,
@@ -54,6 +56,7 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
     fn store(&self) -> MapSig<'static> {
         MapSig {
             expr: Cow::Owned(self.expr.clone().into_owned()),
+            also: Cow::Owned(self.also.clone().into_owned()),
             dtypes: self.dtypes.clone(),
             contiguous: self.contiguous.clone(),
             lin: self.lin,
@@ -66,16 +69,18 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
 }
 
 impl<'e> MapSig<'e> {
-    /// The signature of a piece core planned for `expr`, with operand dtypes `dtypes` (output
-    /// first) and scalars of `scalars`.
+    /// The signature of a piece core planned for `expr` (and the further outputs `also`),
+    /// with operand dtypes `dtypes` (outputs first) and scalars of `scalars`.
     pub(crate) fn of(
         expr: &'e Expr,
+        also: &'e [Expr],
         piece: &MapPiece,
         dtypes: Vec<DType>,
         scalars: Vec<DType>,
     ) -> MapSig<'e> {
         MapSig {
             expr: Cow::Borrowed(expr),
+            also: Cow::Borrowed(also),
             dtypes,
             contiguous: piece
                 .operands
@@ -90,11 +95,35 @@ impl<'e> MapSig<'e> {
             scalars,
             rank: piece.shape.len(),
             vector: piece.vector,
-            tiled: piece.operands[1..]
+            tiled: piece.operands[1 + also.len()..]
                 .iter()
                 .map(|o| o.path == Path::Tiled)
                 .collect(),
         }
+    }
+}
+
+impl MapSig<'_> {
+    /// How many outputs the map writes (operands `0..outputs`).
+    fn outputs(&self) -> usize {
+        1 + self.also.len()
+    }
+
+    /// Every output's tree, output 0 first.
+    fn trees(&self) -> Vec<Expr> {
+        std::iter::once(self.expr.as_ref())
+            .chain(self.also.iter())
+            .cloned()
+            .collect()
+    }
+}
+
+/// The name of lane `lane`'s bits of output `k` on the vector path.
+fn lane_bits_of(k: usize, lane: usize) -> String {
+    if k == 0 {
+        format!("l{lane}")
+    } else {
+        format!("l{lane}_{k}")
     }
 }
 
@@ -176,6 +205,7 @@ pub(crate) fn params(sig: &MapSig, piece: &MapPiece, scalars: &[Scalar]) -> Vec<
 /// The WGSL source of a map piece.
 pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     let w = slots(sig);
+    let n_out = sig.outputs();
     let mut used = BTreeSet::new();
     dtypes_of(&sig.expr, &mut used);
     used.extend(sig.dtypes.iter().copied());
@@ -196,13 +226,13 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
                 k + 1
             );
         } else {
-            src.push_str(&binding(k, d, k == 0, caps));
+            src.push_str(&binding(k, d, k < n_out, caps));
         }
     }
     src.push_str(&helpers(&used, caps));
     if sig.tiled.iter().any(|&t| t) {
         for (k, _) in sig.tiled.iter().enumerate().filter(|(_, &t)| t) {
-            let _ = writeln!(src, "var<workgroup> tile{}: array<u32, 1056>;", k + 1);
+            let _ = writeln!(src, "var<workgroup> tile{}: array<u32, 1056>;", k + n_out);
         }
         src.push_str(ENTRY);
         super::scalar_lets(&sig.scalars, w.scalars, caps, &mut src);
@@ -222,21 +252,20 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         vec4_body(sig, &w, caps, &mut src)?;
     } else {
         offsets(sig, &w, &mut src);
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
             let _ = writeln!(
                 src,
                 "  let x{} = {};",
-                k - 1,
+                k - n_out,
                 load(d, &format!("b{k}"), &format!("u32(o{k})"), caps)
             );
         }
         let mut next = 0;
-        let v = emit(&sig.expr, &mut src, &mut next, caps)?;
-        let _ = writeln!(
-            src,
-            "  {}",
-            super::store(sig.dtypes[0], "b0", "u32(o0)", &v, caps)
-        );
+        let values = emit_outputs(&sig.trees(), &mut src, &mut next, caps)?;
+        for (k, v) in values.iter().enumerate() {
+            let (b, o) = (format!("b{k}"), format!("u32(o{k})"));
+            let _ = writeln!(src, "  {}", super::store(sig.dtypes[k], &b, &o, v, caps));
+        }
     }
     src.push_str("}\n");
     Ok(src)
@@ -256,12 +285,13 @@ fn bits_value(d: DType, bits: String) -> String {
 }
 
 /// The four lanes of a vector: each reads its inputs' values and its Philox words, evaluates
-/// `expr` and leaves the output's bits in `l{lane}`. `aligned`: the vector's first position
-/// (`lq · 4`) is a multiple of four, so each lane's position modulo 4 is a constant.
+/// the outputs' `trees` and leaves output k's bits in `lane_bits_of(k, lane)`. `aligned`: the
+/// vector's first position (`lq · 4`) is a multiple of four, so each lane's position modulo 4
+/// is a constant.
 fn lanes(
     sig: &MapSig,
     caps: Caps,
-    expr: &Expr,
+    trees: &[Expr],
     draws: &[LaneDraw],
     aligned: bool,
     src: &mut String,
@@ -276,13 +306,14 @@ fn lanes(
             };
             let _ = writeln!(src, "  let li = {li};");
         }
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+        let n_out = sig.outputs();
+        for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
             let bits = if sig.contiguous[k] {
                 lane_bits(d, &format!("w{k}"), lane)
             } else {
                 format!("sp{k}")
             };
-            let _ = writeln!(src, "  let x{} = {};", k - 1, bits_value(d, bits));
+            let _ = writeln!(src, "  let x{} = {};", k - n_out, bits_value(d, bits));
         }
         for d in draws {
             // The lane's word of the call made for its counter.
@@ -305,14 +336,17 @@ fn lanes(
             };
             let _ = writeln!(src, "  let x{} = {pick};", d.input);
         }
-        let lane_expr = if aligned {
-            Cow::Owned(fold_position_bits(expr, lane))
+        let lane_trees: Cow<[Expr]> = if aligned {
+            Cow::Owned(trees.iter().map(|e| fold_position_bits(e, lane)).collect())
         } else {
-            Cow::Borrowed(expr)
+            Cow::Borrowed(trees)
         };
         let mut next = 0;
-        let v = emit(&lane_expr, src, &mut next, caps)?;
-        let _ = writeln!(src, "  l{lane} = {};", super::bits_of(sig.dtypes[0], &v));
+        let values = emit_outputs(&lane_trees, src, &mut next, caps)?;
+        for (k, v) in values.iter().enumerate() {
+            let bits = super::bits_of(sig.dtypes[k], v);
+            let _ = writeln!(src, "  {} = {bits};", lane_bits_of(k, lane));
+        }
         src.push_str("  }\n");
     }
     Ok(())
@@ -376,12 +410,26 @@ fn lane_bits(d: DType, w: &str, lane: usize) -> String {
     }
 }
 
-/// The vector words of `d` holding the four lanes' bits `l0`..`l3`.
-fn lanes_word(d: DType) -> &'static str {
+/// The vector words of `d` holding the four lanes' bits of output `k` (`l0`..`l3` for
+/// output 0).
+fn lanes_word(d: DType, k: usize) -> String {
+    let l = |lane: usize| lane_bits_of(k, lane);
     match d.itemsize() {
-        4 => "vec4<u32>(l0, l1, l2, l3)",
-        2 => "vec2<u32>(l0 | (l1 << 16u), l2 | (l3 << 16u))",
-        _ => "l0 | (l1 << 8u) | (l2 << 16u) | (l3 << 24u)",
+        4 => format!("vec4<u32>({}, {}, {}, {})", l(0), l(1), l(2), l(3)),
+        2 => format!(
+            "vec2<u32>({} | ({} << 16u), {} | ({} << 16u))",
+            l(0),
+            l(1),
+            l(2),
+            l(3)
+        ),
+        _ => format!(
+            "{} | ({} << 8u) | ({} << 16u) | ({} << 24u)",
+            l(0),
+            l(1),
+            l(2),
+            l(3)
+        ),
     }
 }
 
@@ -428,9 +476,10 @@ fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<(
         let _ = writeln!(src, "    let j = ty + 8u * i; {coords}");
         src.push_str("    if (live && r < rows && c < cols) {\n");
     };
+    let n_out = sig.outputs();
     visit(src, "let r = r0 + tx; let c = c0 + j;");
     for (k, _) in sig.tiled.iter().enumerate().filter(|(_, &t)| t) {
-        let k = k + 1;
+        let k = k + n_out;
         let _ = writeln!(
             src,
             "      tile{k}[j * 33u + tx] = b{k}[{}];",
@@ -439,21 +488,24 @@ fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<(
     }
     src.push_str("    }\n  }\n  workgroupBarrier();\n");
     visit(src, "let r = r0 + j; let c = c0 + tx;");
-    for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
-        let word = if sig.tiled[k - 1] {
+    for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
+        let word = if sig.tiled[k - n_out] {
             format!("tile{k}[tx * 33u + j]")
         } else {
             format!("b{k}[{}]", offset(k, "r", "c"))
         };
-        let _ = writeln!(src, "      let x{} = {};", k - 1, bits_value(d, word));
+        let _ = writeln!(src, "      let x{} = {};", k - n_out, bits_value(d, word));
     }
     let mut next = 0;
-    let v = emit(&sig.expr, src, &mut next, caps)?;
-    let _ = writeln!(
-        src,
-        "      {}",
-        super::store(sig.dtypes[0], "b0", &offset(0, "r", "c"), &v, caps)
-    );
+    let values = emit_outputs(&sig.trees(), src, &mut next, caps)?;
+    for (k, v) in values.iter().enumerate() {
+        let (b, o) = (format!("b{k}"), offset(k, "r", "c"));
+        let _ = writeln!(
+            src,
+            "      {}",
+            super::store(sig.dtypes[k], &b, &o, v, caps)
+        );
+    }
     src.push_str("    }\n  }\n");
     Ok(())
 }
@@ -530,7 +582,8 @@ fn decode(
 /// An input that is not contiguous is a splat (core's plan: constant along the rows, which
 /// vectors do not cross): one value, at the offset decoded for the vector's first element.
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
-    let splats: Vec<usize> = (1..sig.dtypes.len())
+    let n_out = sig.outputs();
+    let splats: Vec<usize> = (n_out..sig.dtypes.len())
         .filter(|&k| !sig.contiguous[k])
         .collect();
     for k in (0..sig.dtypes.len()).filter(|&k| sig.contiguous[k]) {
@@ -542,7 +595,7 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         }
         decode(sig, w, &splats, "gid * 4u", src, |_, _, _| {});
     }
-    for (k, &d) in sig.dtypes.iter().enumerate().skip(1) {
+    for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
         if sig.contiguous[k] {
             let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
         } else {
@@ -550,10 +603,14 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             let _ = writeln!(src, "  let sp{k} = {bits};");
         }
     }
-    let _ = writeln!(src, "  var l0: u32; var l1: u32; var l2: u32; var l3: u32;");
+    for k in 0..n_out {
+        let names: Vec<String> = (0..4).map(|lane| lane_bits_of(k, lane)).collect();
+        let _ = writeln!(src, "  var {}: u32;", names.join(": u32; var "));
+    }
     // Random draws: one Philox call per counter the vector spans, before the lanes.
-    let inputs = sig.dtypes.len() - 1;
-    let (lanes_expr, draws) = stored(&sig.expr).hoist_philox(4, inputs);
+    let inputs = sig.dtypes.len() - n_out;
+    let stored_trees: Vec<Expr> = sig.trees().iter().map(|e| stored(e).clone()).collect();
+    let (lane_trees, draws) = Expr::hoist_philox_all(&stored_trees, 4, inputs);
     let mut sources: Vec<(usize, usize, u8)> = Vec::new();
     for d in &draws {
         let p = &d.philox;
@@ -595,14 +652,16 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             "  let lb = params[{}] + gid * 4u;\n  if (lb % 4u == 0u) {{\n  let lq = lb / 4u;",
             w.lin_base
         );
-        lanes(sig, caps, &lanes_expr, &draws, true, src)?;
+        lanes(sig, caps, &lane_trees, &draws, true, src)?;
         src.push_str("  } else {\n");
-        lanes(sig, caps, &lanes_expr, &draws, false, src)?;
+        lanes(sig, caps, &lane_trees, &draws, false, src)?;
         src.push_str("  }\n");
     } else {
-        lanes(sig, caps, &lanes_expr, &draws, false, src)?;
+        lanes(sig, caps, &lane_trees, &draws, false, src)?;
     }
-    let _ = writeln!(src, "  b0[q0] = {};", lanes_word(sig.dtypes[0]));
+    for k in 0..n_out {
+        let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
+    }
     Ok(())
 }
 
@@ -614,6 +673,7 @@ mod tests {
     fn cast_source(to: DType) -> String {
         let sig = MapSig {
             expr: Cow::Owned(Expr::input(0, DType::F32).cast(to, false)),
+            also: Cow::Borrowed(&[]),
             dtypes: vec![to, DType::F32],
             contiguous: vec![true, true],
             lin: Lin::Unused,

@@ -12,8 +12,8 @@ use strata_core::lower::reduce_plan;
 impl WgpuBackend {
     pub(crate) fn describe(&self, kernel: &Kernel, args: &KernelArgs) -> Option<LaunchDescription> {
         let (name, shape) = match kernel {
-            Kernel::Map { expr } => {
-                let (_, _, _, plan) = self.plan_map(expr, args).ok()?;
+            Kernel::Map { expr, also } => {
+                let (_, _, _, plan) = self.plan_map(expr, also, args).ok()?;
                 let first = plan.pieces.first()?;
                 (
                     "strata_map",

@@ -10,7 +10,7 @@ use strata_core::lower::operands::MapOperands;
 use strata_core::Backend;
 use strata_core::Result;
 
-/// A map's operands (output first), their buffers, and core's plan for them.
+/// A map's operands (outputs first), their buffers, and core's plan for them.
 type PlannedMap<'a> = (
     MapOperands<'a>,
     Vec<&'a Operand>,
@@ -19,9 +19,14 @@ type PlannedMap<'a> = (
 );
 
 impl WgpuBackend {
-    pub(crate) fn plan_map<'a>(&self, expr: &Expr, args: &'a KernelArgs) -> Result<PlannedMap<'a>> {
-        let ops = MapOperands::of(expr, args)?;
-        let operands: Vec<&Operand> = std::iter::once(ops.out).chain(ops.inputs).collect();
+    pub(crate) fn plan_map<'a>(
+        &self,
+        expr: &Expr,
+        also: &[Expr],
+        args: &'a KernelArgs,
+    ) -> Result<PlannedMap<'a>> {
+        let ops = MapOperands::of_outputs(expr, also, args)?;
+        let operands: Vec<&Operand> = ops.operands().collect();
         let buffers = operands
             .iter()
             .map(|o| raw(o))
@@ -35,13 +40,13 @@ impl WgpuBackend {
         Ok((ops, operands, buffers, plan))
     }
 
-    pub(crate) fn run_map(&self, expr: &Expr, args: &KernelArgs) -> Result<()> {
-        let (ops, operands, buffers, plan) = self.plan_map(expr, args)?;
+    pub(crate) fn run_map(&self, expr: &Expr, also: &[Expr], args: &KernelArgs) -> Result<()> {
+        let (ops, operands, buffers, plan) = self.plan_map(expr, also, args)?;
         let dtypes: Vec<_> = operands.iter().map(|o| o.dtype).collect();
         let scalars: Vec<_> = ops.scalars.iter().map(|s| s.dtype()).collect();
         let caps = self.gpu.caps;
         for piece in &plan.pieces {
-            let sig = map::MapSig::of(expr, piece, dtypes.clone(), scalars.clone());
+            let sig = map::MapSig::of(expr, also, piece, dtypes.clone(), scalars.clone());
             let pipeline = self.maps.get(&sig, |sig| {
                 // Dtypes inside the tree (an f64 intermediate, say) are checked once, here.
                 let mut used = std::collections::BTreeSet::new();
@@ -66,19 +71,21 @@ impl WgpuBackend {
         Ok(())
     }
 
-    /// The WGSL of each piece of the map `expr` (one piece unless binding windows split it).
+    /// The WGSL of each piece of the map `expr` (and the further outputs `also`; one piece
+    /// unless binding windows split it).
     pub(crate) fn map_source_of(
         &self,
         expr: &Expr,
+        also: &[Expr],
         args: &KernelArgs,
     ) -> Result<Option<KernelSource>> {
-        let (ops, operands, _, plan) = self.plan_map(expr, args)?;
+        let (ops, operands, _, plan) = self.plan_map(expr, also, args)?;
         let Some(first) = plan.pieces.first() else {
             return Ok(None);
         };
         let dtypes: Vec<_> = operands.iter().map(|o| o.dtype).collect();
         let scalars: Vec<_> = ops.scalars.iter().map(|s| s.dtype()).collect();
-        let sig = map::MapSig::of(expr, first, dtypes, scalars);
+        let sig = map::MapSig::of(expr, also, first, dtypes, scalars);
         let pieces = plan.pieces.len();
         Ok(Some(KernelSource {
             language: "WGSL".into(),

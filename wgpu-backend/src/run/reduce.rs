@@ -231,7 +231,7 @@ impl WgpuBackend {
             inputs: args.inputs.clone(),
             scalars: args.scalars.clone(),
         };
-        self.run_map(expr, &mapped)?;
+        self.run_map(expr, &[], &mapped)?;
         let reduced = KernelArgs {
             outputs: args.outputs.clone(),
             inputs: vec![temp],
