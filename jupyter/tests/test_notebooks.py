@@ -316,6 +316,9 @@ def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
     assert peaks["fused"] < peaks["eager"], out
     broken = stream(tagged(nb, "broken-chain")[0], "stdout")
     assert "doubled is pending: false" in broken and "kernel 1 (ran)" in broken, broken
+    kept = stream(tagged(nb, "multi-output")[0], "stdout")
+    assert "h pending: false, z pending: false" in kept, kept
+    assert "also out1 = in0 * in1" in kept and "(an intermediate still held)" in kept, kept
 
 
 @pytest.mark.parametrize("device", DEVICES)
