@@ -190,6 +190,15 @@ fn fusion_rows(dev: &Device, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<()> {
         let mode = if fused { "fused" } else { "eager" };
         let ms = time(dev, 1, || keep((a * b)?.add(c)?.relu()))?;
         row(&format!("relu(a*b+c) {mode}"), ms, 16.0 * n, 0.0);
+        // `a*b` kept as well: at the flush one kernel stores it beside the result.
+        let ms = time(dev, 1, || {
+            let kept = (a * b)?;
+            let y = (&kept + c)?.relu()?;
+            dev.flush()?;
+            drop((kept, y));
+            Ok(())
+        })?;
+        row(&format!("kept a*b, relu(a*b+c) {mode}"), ms, 20.0 * n, 0.0);
         let ms = time(dev, 1, || keep(gelu(a)))?;
         row(&format!("gelu-primitives {mode}"), ms, 8.0 * n, 0.0);
         let ms = time(dev, 1, || keep((a * b)?.sum(Axes::All, false)))?;

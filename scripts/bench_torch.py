@@ -31,6 +31,12 @@ def gelu(x):
     return 0.5 * x * (1 + torch.tanh(0.7978845608 * (x + 0.044715 * x * x * x)))
 
 
+def kept_and_relu(a, b, c):
+    """`a*b` kept beside `relu(a*b + c)`: two outputs."""
+    h = a * b
+    return h, torch.relu(h + c)
+
+
 def softmax(x):
     e = (x - x.max(-1, keepdim=True).values).exp()
     return e / e.sum(-1, keepdim=True)
@@ -61,6 +67,7 @@ def fusion_rows(a, b, n):
     x2 = a.view(side, side)
     chains = [
         ("relu(a*b+c)", lambda: torch.relu(a * b + c), 16 * n),
+        ("kept a*b, relu(a*b+c)", lambda: kept_and_relu(a, b, c), 20 * n),
         ("gelu-primitives", lambda: gelu(a), 8 * n),
         ("(a*b).sum()", lambda: (a * b).sum(), 8 * n),
         ("softmax-primitives", lambda: softmax(x2), 8 * n),
