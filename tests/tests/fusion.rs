@@ -524,6 +524,78 @@ fn multi_output(dev: &Device) -> Result<()> {
 }
 test_device!(held_intermediates_are_stored_by_one_kernel, multi_output);
 
+/// Random elementwise chains with a random subset of their links kept, run by a flush
+/// (multi-output kernels) and eagerly: every kept link equals its eager value, bit for bit on
+/// CPU and CUDA (within f32 rounding on wgpu, whose drivers may contract `a*b + c`). Sizes
+/// cross the vector tail, and some chains read a transposed input (the tiled path on GPUs).
+fn random_kept_links(dev: &Device) -> Result<()> {
+    let mut seed = 0x5eed_u64;
+    let mut next = |n: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % n
+    };
+    for program in 0..40 {
+        let (rows, cols) = (1 + next(70) as usize, 1 + next(70) as usize);
+        let steps: Vec<u64> = (0..2 + next(7)).map(|_| next(9)).collect();
+        let keep: Vec<bool> = steps.iter().map(|_| next(2) == 0).collect();
+        let transposed = next(3) == 0;
+        let run = |fuse: bool| -> Result<Vec<Tensor>> {
+            let was = dev.fusion();
+            dev.set_fusion(fuse)?;
+            let mut g = Generator::new(program);
+            let base = Tensor::randn([cols, rows], DType::F32, &mut g, dev)?;
+            let x = if transposed {
+                base.t()?
+            } else {
+                base.reshape([rows, cols])?
+            };
+            let y = Tensor::rand([rows, cols], DType::F32, &mut g, dev)?;
+            dev.flush()?;
+            let mut links = Vec::new();
+            let mut t = x.clone();
+            for (&step, &kept) in steps.iter().zip(&keep) {
+                t = match step {
+                    0 => (&t * &y)?,
+                    1 => (&t + 0.25)?,
+                    2 => t.tanh()?,
+                    3 => t.to_dtype(DType::F16)?.mul(1.5)?.to_dtype(DType::F32)?,
+                    4 => (&t - &x)?.abs()?,
+                    5 => t.relu()?,
+                    6 => Tensor::where_cond(&t.gt(0.1)?, &t, &y)?,
+                    7 => t.exp()?.clamp(-4.0, 4.0)?,
+                    _ => t.maximum(&y)?,
+                };
+                if kept {
+                    links.push(t.clone());
+                }
+            }
+            links.push(t);
+            dev.flush()?;
+            dev.set_fusion(was)?;
+            Ok(links)
+        };
+        let (fused, eager) = (run(true)?, run(false)?);
+        for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
+            assert!(!f.is_pending(), "program {program}: link {k} still pending");
+            let (f, e) = (f.to_vec::<f32>()?, e.to_vec::<f32>()?);
+            let what = format!("program {program} {steps:?} kept {keep:?} link {k}");
+            if dev.kind() == strata::BackendKind::Wgpu {
+                let close = f.iter().zip(&e).all(|(a, b)| {
+                    a.to_bits() == b.to_bits() || (a - b).abs() <= 1e-5 * b.abs().max(1.0)
+                });
+                assert!(close, "{what}");
+            } else {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&f), bits(&e), "{what}");
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(random_chains_with_kept_links_equal_eager, random_kept_links);
+
 /// Map→reduce fusion: a reduction reads a pending elementwise tree directly where the backend
 /// fuses it (the CPU and CUDA backends), with the eager results; trees it cannot take (a
 /// broadcast leaf, a view of the tree) run first.
