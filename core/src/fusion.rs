@@ -166,9 +166,10 @@ pub(crate) struct Fused {
     room: usize,
     /// References to each spliceable pending storage from the trees of this kernel.
     internal: Vec<(usize, usize)>,
-    /// Pending storages spliced so far (by address) and their expressions: a tree read
-    /// twice is spliced once, so its scalars are not repeated and a shared node stays shared.
-    spliced: Vec<(usize, Expr)>,
+    /// Pending storages spliced so far (by address, with the layout they were read with)
+    /// and their expressions: a tree read twice element for element is spliced once, so its
+    /// scalars are not repeated and a shared node stays shared.
+    spliced: Vec<(usize, Layout, Expr)>,
 }
 
 /// The address of a storage, its identity while the walk holds the tree.
@@ -255,7 +256,10 @@ impl Fused {
         for t in &p.inputs {
             if t.storage.is_pending() {
                 let a = address(&t.storage);
-                if let Some((_, e)) = self.spliced.iter().find(|(k, _)| *k == a) {
+                // (Another view of a spliced tree, a transposed one say, is no match: it is
+                // realized below and read as a leaf.)
+                let same = |(k, l, _): &&(usize, Layout, Expr)| *k == a && *l == t.layout;
+                if let Some((_, _, e)) = self.spliced.iter().find(same) {
                     subst.push(e.clone());
                     continue;
                 }
@@ -272,7 +276,7 @@ impl Fused {
                         self.room -= 1;
                         self.also.push((t.clone(), e.clone()));
                     }
-                    self.spliced.push((a, e.clone()));
+                    self.spliced.push((a, t.layout.clone(), e.clone()));
                     subst.push(e);
                     continue;
                 }
@@ -351,7 +355,6 @@ pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout
     };
     let mut fused = Fused::new(p, 0);
     let expr = fused.splice(p, false)?;
-    fused.fit_outputs();
     Ok(Some((expr, fused, p.layout.clone(), p.expr.dtype)))
 }
 

@@ -524,6 +524,43 @@ fn multi_output(dev: &Device) -> Result<()> {
 }
 test_device!(held_intermediates_are_stored_by_one_kernel, multi_output);
 
+/// A pending tensor read twice by one tree, element for element and through a transposed
+/// view: the first is spliced in, the second reads it realized (its own kernel), never the
+/// spliced expression at the wrong positions. Held or not, read or flushed.
+fn pending_read_through_two_views(dev: &Device) -> Result<()> {
+    let a = Tensor::arange(0, 12, 1, DType::F32, dev)?.reshape([3, 4])?;
+    for (order, flush) in [(0, false), (1, false), (0, true), (1, true)] {
+        let sq = a.matmul(&a.t()?)?.mul(0.0)?; // [3, 3] zeros, pending (a non-fused op first)
+        let b = (&a.slice(s![.., ..3])? * 2.0)?.add(&sq)?; // [3, 3]: 2·a[:, :3]
+        let y = if order == 0 {
+            (&b + &b.t()?)?
+        } else {
+            (&b.t()? + &b)?
+        };
+        if flush {
+            dev.flush()?;
+        }
+        let got = y.to_vec::<f32>()?;
+        let v: Vec<f32> = [0., 1., 2., 4., 5., 6., 8., 9., 10.]
+            .iter()
+            .map(|x| 2.0 * x)
+            .collect();
+        let mut sym = vec![0.0; 9];
+        for i in 0..3 {
+            for j in 0..3 {
+                sym[3 * i + j] = v[3 * i + j] + v[3 * j + i];
+            }
+        }
+        assert_eq!(got, sym, "order {order}, flush {flush}");
+        assert_eq!(b.to_vec::<f32>()?, v);
+    }
+    Ok(())
+}
+test_device!(
+    a_tree_reads_one_pending_tensor_through_two_views,
+    pending_read_through_two_views
+);
+
 /// Random elementwise chains with a random subset of their links kept, run by a flush
 /// (multi-output kernels) and eagerly: every kept link equals its eager value, bit for bit on
 /// CPU and CUDA (within f32 rounding on wgpu, whose drivers may contract `a*b + c`). Sizes
