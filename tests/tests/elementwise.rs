@@ -1054,7 +1054,22 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
             f64::ln,
         ),
         ("log1p", sweep(-0.999, 10.0), f64::ln_1p),
-        ("tanh", sweep(-12.0, 12.0), f64::tanh),
+        (
+            "tanh",
+            // Also densely near 0 and where an f32 algorithm may switch forms (0.25, 0.55, 0.9).
+            [
+                (-12.0, 12.0),
+                (-1e-3, 1e-3),
+                (0.2, 0.3),
+                (0.5, 0.6),
+                (-0.95, -0.85),
+                (0.85, 0.95),
+            ]
+            .into_iter()
+            .flat_map(|(lo, hi)| sweep(lo, hi))
+            .collect(),
+            f64::tanh,
+        ),
         ("sin", trig_args(), f64::sin),
         ("cos", trig_args(), f64::cos),
     ];

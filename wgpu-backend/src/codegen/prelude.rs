@@ -171,13 +171,33 @@ fn expm1_fast_f32(x: f32) -> f32 {
   }
   return exp_fast_f32(x) - 1.0f;
 }
+// tanh without branches between its two forms (both are computed, one is selected): a
+// polynomial below 0.9, and 1 - 2/(e^2a + 1) above, where e^2a comes from the hardware's exp2
+// after a Cody–Waite reduction to |r log2 e| <= 1/2. That form shrinks e^2a's error (by 0.34
+// at 0.9, far more above), so exp2's few ulp (Vulkan allows 4 there) cost at most about one:
+// within 3 ulp in all (about 2 where exp2 is within 2 ulp), in a third of the instructions of
+// expm1 and a division.
 fn tanh_fast_f32(x: f32) -> f32 {
   let a = abs(x);
   // Past 9.1, tanh rounds to 1 in f32.
   if (a > 9.1f) { return select(1.0f, -1.0f, x < 0.0f); }
-  let t = expm1_fast_f32(2.0f * a);
-  let r = quotient_f32(t, t + 2.0f);
-  return select(r, -r, (bitcast<u32>(x) & 0x80000000u) != 0u);
+  // tanh(a) = a + a^3 Q(a^2) on [0, 0.9]: a least-squares fit of relative error,
+  // within 1 ulp in f32 (checked against f64 over 2 million points).
+  let z = a * a;
+  var q = 1.3039461337029934e-03f;
+  q = fma(q, z, -6.860022898763418e-03f);
+  q = fma(q, z, 2.0904097706079483e-02f);
+  q = fma(q, z, -5.372147634625435e-02f);
+  q = fma(q, z, 1.3330359756946564e-01f);
+  q = fma(q, z, -3.333321213722229e-01f);
+  let small = fma(a * z, q, a);
+  let y = 2.0f * a;
+  let k = round(y * 1.4426950216293335f);
+  let r = fma(-k, 1.4286067653e-06f, fma(-k, 0.693145751953125f, y));
+  let e = exp2(r * 1.4426950216293335f) * bitcast<f32>(u32(i32(k) + 127) << 23u);
+  let large = 1.0f - quotient_f32(2.0f, e + 1.0f);
+  let t = select(large, small, a < 0.9f);
+  return select(t, -t, (bitcast<u32>(x) & 0x80000000u) != 0u);
 }
 fn log_fast_f32(x: f32) -> f32 {
   if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u || x < 0.0f) { return bitcast<f32>(0x7fc00000u); }
