@@ -173,10 +173,11 @@ fn expm1_fast_f32(x: f32) -> f32 {
 }
 // tanh without branches between its two forms (both are computed, one is selected): a
 // polynomial below 0.9, and 1 - 2/(e^2a + 1) above, where e^2a comes from the hardware's exp2
-// after a Cody–Waite reduction to |r log2 e| <= 1/2. That form shrinks e^2a's error (by 0.34
-// at 0.9, far more above), so exp2's few ulp (Vulkan allows 4 there) cost at most about one:
-// within 3 ulp in all (about 2 where exp2 is within 2 ulp), in a third of the instructions of
-// expm1 and a division.
+// after a Cody–Waite reduction to |r log2 e| <= 1/2, and the quotient from one WGSL division.
+// That form shrinks the errors of e^2a and of the quotient (to a third at 0.9, far less
+// above), so a few ulp in exp2 or `/` cost about one: within 3 ulp where both are within 2
+// (1 ulp measured on lavapipe and NVIDIA; Vulkan's worst-case bounds, 4 and 2.5 ulp, would
+// allow slightly more), in a third of the instructions of expm1 and a corrected quotient.
 fn tanh_fast_f32(x: f32) -> f32 {
   let a = abs(x);
   // Past 9.1, tanh rounds to 1 in f32.
@@ -195,7 +196,7 @@ fn tanh_fast_f32(x: f32) -> f32 {
   let k = round(y * 1.4426950216293335f);
   let r = fma(-k, 1.4286067653e-06f, fma(-k, 0.693145751953125f, y));
   let e = exp2(r * 1.4426950216293335f) * bitcast<f32>(u32(i32(k) + 127) << 23u);
-  let large = 1.0f - quotient_f32(2.0f, e + 1.0f);
+  let large = 1.0f - 2.0f / (e + 1.0f);
   let t = select(large, small, a < 0.9f);
   return select(t, -t, (bitcast<u32>(x) & 0x80000000u) != 0u);
 }
