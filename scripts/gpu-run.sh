@@ -62,12 +62,13 @@ run_sanitize() {
   # memcheck: out-of-bounds and misaligned accesses; racecheck: shared-memory races (the
   # kernels that use shared memory: reductions by a block, our matmul). memcheck on the reduce
   # file takes about 6 minutes on an H100: give it SANITIZE_TIMEOUT=560 (seconds) on its own.
-  for pair in memcheck:streams memcheck:index_ops memcheck:seed_examples memcheck:join_random \
-              memcheck:matmul memcheck:reduce racecheck:matmul racecheck:reduce; do
+  # SANITIZE_PAIRS="memcheck:fusion racecheck:fusion" (and FILTER="name") picks other runs.
+  for pair in ${SANITIZE_PAIRS:-memcheck:streams memcheck:index_ops memcheck:seed_examples \
+              memcheck:join_random memcheck:matmul memcheck:reduce racecheck:matmul racecheck:reduce}; do
     tool=${pair%%:*}; name=test-${pair#*:}
     [ -x "$bin/$name" ] || continue
     STRATA_TEST_DEVICES=cuda:0 timeout "${SANITIZE_TIMEOUT:-150}" "$cs" --tool "$tool" --error-exitcode 86 \
-      "$bin/$name" --test-threads=1 > "$out/sanitize-$tool-$name.log" 2>&1
+      "$bin/$name" ${FILTER:+"$FILTER"} --test-threads=1 > "$out/sanitize-$tool-$name.log" 2>&1
     rc=$?
     printf '%-10s %-22s rc=%-3s %s\n' "$tool" "$name" "$rc" "$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|test result' "$out/sanitize-$tool-$name.log" | tail -2 | tr '\n' ' ')" | tee -a "$summary"
   done
