@@ -162,7 +162,7 @@ pub(crate) struct Fused {
     /// Multi-output fusion: pending intermediates someone else still holds (the user, or a
     /// tree outside this kernel), each with its expression here; the kernel stores them too.
     pub(crate) also: Vec<(Tensor, Expr)>,
-    /// How many more intermediates may become outputs (0: none, as for a reduction's map).
+    /// How many intermediates may become outputs (0: none, as for a reduction's map).
     room: usize,
     /// References to each spliceable pending storage from the trees of this kernel.
     internal: Vec<(usize, usize)>,
@@ -272,8 +272,7 @@ impl Fused {
                         .iter()
                         .find(|(k, _)| *k == a)
                         .map_or(usize::MAX, |&(_, n)| n);
-                    if self.room > 0 && Arc::strong_count(&t.storage) > internal {
-                        self.room -= 1;
+                    if self.also.len() < self.room && Arc::strong_count(&t.storage) > internal {
                         self.also.push((t.clone(), e.clone()));
                     }
                     self.spliced.push((a, t.layout.clone(), e.clone()));

@@ -60,6 +60,9 @@ impl Taps {
     /// fused kernel computes anyway), or 0 when there is none (it is evaluated on its own).
     fn find(expr: &Expr, also: &[Expr]) -> Vec<usize> {
         let mut at = vec![0; also.len()];
+        if also.is_empty() {
+            return at; // every single-output launch: no walk
+        }
         let mut stack = vec![expr];
         while let Some(e) = stack.pop() {
             for (slot, a) in at.iter_mut().zip(also) {
@@ -95,22 +98,7 @@ fn eval(
     scratch: &mut Vec<usize>,
     taps: &mut Taps,
 ) -> Result<Block> {
-    let block = eval_node(e, cx, start, len, scratch, taps)?;
-    if !taps.at.is_empty() {
-        taps.note(e, &block);
-    }
-    Ok(block)
-}
-
-fn eval_node(
-    e: &Expr,
-    cx: &Context,
-    start: usize,
-    len: usize,
-    scratch: &mut Vec<usize>,
-    taps: &mut Taps,
-) -> Result<Block> {
-    Ok(match &e.node {
+    let block = match &e.node {
         Node::Input(k) => {
             let view = cx.inputs.get(*k).ok_or_else(|| {
                 Error::Invalid(format!(
@@ -184,7 +172,11 @@ fn eval_node(
                 &eval(b, cx, start, len, scratch, taps)?,
             )?
         }
-    })
+    };
+    if !taps.at.is_empty() {
+        taps.note(e, &block);
+    }
+    Ok(block)
 }
 
 impl Block {

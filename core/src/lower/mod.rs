@@ -81,3 +81,15 @@ pub fn output_locals<'e>(
     }
     Ok(locals)
 }
+
+/// Every output's tree of a multi-output map, output 0 first (what a renderer emits through
+/// [`output_locals`]).
+///
+/// ```
+/// use strata_core::{ir::Expr, lower::map_trees, DType};
+/// let x = Expr::input(0, DType::F32);
+/// assert_eq!(map_trees(&x, &[x.clone()]).len(), 2);
+/// ```
+pub fn map_trees(expr: &crate::ir::Expr, also: &[crate::ir::Expr]) -> Vec<crate::ir::Expr> {
+    std::iter::once(expr).chain(also).cloned().collect()
+}

@@ -30,20 +30,9 @@ pub(crate) fn emit_outputs(
     output_locals(trees, |e, names| emit_noting(e, out, indent, next, names))
 }
 
-/// [`emit`], noting each node's local in `names`.
+/// [`emit`], noting each named node's local in `names` (an input or a scalar is read by
+/// name and not noted).
 fn emit_noting<'e>(
-    expr: &'e Expr,
-    out: &mut String,
-    indent: &str,
-    next: &mut usize,
-    names: &mut NodeLocals<'e>,
-) -> Result<String> {
-    let name = emit_node(expr, out, indent, next, names)?;
-    names.push((expr, name.clone()));
-    Ok(name)
-}
-
-fn emit_node<'e>(
     expr: &'e Expr,
     out: &mut String,
     indent: &str,
@@ -110,6 +99,7 @@ fn emit_node<'e>(
         "{indent}const {} {name} = {value};",
         compute_type(expr.dtype)
     );
+    names.push((expr, name.clone()));
     Ok(name)
 }
 

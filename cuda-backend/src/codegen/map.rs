@@ -49,10 +49,7 @@ impl MapSig<'_> {
 
     /// Every output's tree, output 0 first.
     fn trees(&self) -> Vec<Expr> {
-        std::iter::once(self.expr.as_ref())
-            .chain(self.also.iter())
-            .cloned()
-            .collect()
+        strata_core::lower::map_trees(&self.expr, &self.also)
     }
 
     /// Operand `k` (0: the output) is at the linear index.

@@ -25,20 +25,9 @@ pub(crate) fn emit_outputs(
     output_locals(trees, |e, names| emit_noting(e, out, next, caps, names))
 }
 
-/// [`emit`], noting each node's local in `names`.
+/// [`emit`], noting each named node's local in `names` (an input or a scalar is read by
+/// name and not noted).
 fn emit_noting<'e>(
-    expr: &'e Expr,
-    out: &mut String,
-    next: &mut usize,
-    caps: Caps,
-    names: &mut NodeLocals<'e>,
-) -> Result<String> {
-    let name = emit_node(expr, out, next, caps, names)?;
-    names.push((expr, name.clone()));
-    Ok(name)
-}
-
-fn emit_node<'e>(
     expr: &'e Expr,
     out: &mut String,
     next: &mut usize,
@@ -115,6 +104,7 @@ fn emit_node<'e>(
     let name = format!("v{}", *next);
     *next += 1;
     let _ = writeln!(out, "  let {name}: {} = {value};", compute_type(expr.dtype));
+    names.push((expr, name.clone()));
     Ok(name)
 }
 
