@@ -1,7 +1,7 @@
 //! Launch plumbing shared by every kernel kind: the argument words, grid sizing, and the
 //! per-device cache from kernel structure to loaded function (core's `KernelCache`).
 
-use crate::compile::Compiler;
+use crate::compile::{Compiler, Optimization};
 use crate::driver::{check, Gpu};
 use cudarc::driver::sys;
 use strata_core::lower::cache::{KernelCache, Signature};
@@ -74,15 +74,19 @@ unsafe impl Sync for Function {}
 /// Loaded functions by kernel structure, per device.
 pub(crate) type FunctionCache<S> = KernelCache<S, Function>;
 
-/// The function for `key` in `cache`, generating and compiling `source(key)` on a miss.
+/// The function for `key` in `cache`, generating and compiling `source(key)` on a miss, fully
+/// optimized or not (`Optimization`'s docs say which kernels compile fast).
 pub(crate) fn function<K: Signature>(
     cache: &FunctionCache<K::Stored>,
     key: &K,
     name: &str,
     compiler: &Compiler,
     source: impl FnOnce(&K) -> Result<String>,
+    optimization: impl FnOnce(&K) -> Optimization,
 ) -> Result<Function> {
-    cache.get(key, |k| compiler.function(&source(k)?, name))
+    cache.get(key, |k| {
+        compiler.function(&source(k)?, name, optimization(k))
+    })
 }
 
 /// The grid and block dimensions of `grid` on `gpu`; `None` for an empty launch.

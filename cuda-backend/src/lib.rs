@@ -30,7 +30,7 @@ pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
 
 use codegen::{index, map, matmul, reduce, softmax};
-use compile::Compiler;
+use compile::{Compiler, Optimization};
 use driver::Gpu;
 use launch::{function, FunctionCache};
 use memory::Memory;
@@ -199,6 +199,7 @@ impl CudaBackend {
             "strata_reduce",
             &self.compiler,
             reduce::source,
+            |_| Optimization::Full,
         )?;
         if red.plan.splits == 1 {
             return launch::launch(&self.gpu, f, &red.first(0, 0), s);
@@ -223,6 +224,7 @@ impl CudaBackend {
             "strata_reduce",
             &self.compiler,
             reduce::source,
+            |_| Optimization::Full,
         )?;
         launch::launch(&self.gpu, g, &plan, s)
         // The partial buffers are freed here, in stream order after the combine launch.
@@ -335,7 +337,14 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
                     return Ok(());
                 };
-                let f = function(&self.maps, &sig, "strata_map", &self.compiler, map::source)?;
+                let f = function(
+                    &self.maps,
+                    &sig,
+                    "strata_map",
+                    &self.compiler,
+                    map::source,
+                    map::optimization,
+                )?;
                 if self.batches.add(&self.gpu, f, &plan, stream, s, args)? {
                     return Ok(());
                 }
@@ -363,6 +372,7 @@ impl Backend for CudaBackend {
                     "strata_matmul",
                     &self.compiler,
                     matmul::source,
+                    |_| Optimization::Full,
                 )?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
@@ -378,6 +388,7 @@ impl Backend for CudaBackend {
                     "strata_softmax",
                     &self.compiler,
                     softmax::source,
+                    |_| Optimization::Full,
                 )?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
@@ -585,6 +596,7 @@ impl CudaBackend {
             "strata_index",
             &self.compiler,
             index::source,
+            |_| Optimization::Full,
         )?;
         launch::launch(&self.gpu, f, &plan, s)
     }

@@ -4,6 +4,7 @@
 
 use crate::batch::MAX_BATCHED_WORK;
 use crate::codegen::{index, map, matmul, reduce, softmax};
+use crate::compile::Optimization;
 use crate::launch::{dims, function, FunctionCache, Grid, Launch};
 use crate::CudaBackend;
 use strata_core::backend::LaunchDescription;
@@ -99,6 +100,7 @@ impl CudaBackend {
                         "strata_map",
                         self,
                         map::source,
+                        map::optimization,
                         &mut compiled,
                     )?;
                 }
@@ -118,6 +120,7 @@ impl CudaBackend {
                         "strata_reduce",
                         self,
                         reduce::source,
+                        |_| Optimization::Full,
                         &mut compiled,
                     )?;
                     if red.plan.splits > 1 {
@@ -128,6 +131,7 @@ impl CudaBackend {
                             "strata_reduce",
                             self,
                             reduce::source,
+                            |_| Optimization::Full,
                             &mut compiled,
                         )?;
                     }
@@ -148,6 +152,7 @@ impl CudaBackend {
                             "strata_matmul",
                             self,
                             matmul::source,
+                            |_| Optimization::Full,
                             &mut compiled,
                         )?;
                     }
@@ -162,6 +167,7 @@ impl CudaBackend {
                         "strata_index",
                         self,
                         index::source,
+                        |_| Optimization::Full,
                         &mut compiled,
                     )?;
                 }
@@ -175,6 +181,7 @@ impl CudaBackend {
                         "strata_softmax",
                         self,
                         softmax::source,
+                        |_| Optimization::Full,
                         &mut compiled,
                     )?;
                 }
@@ -191,11 +198,12 @@ fn compile<K: Signature>(
     name: &str,
     backend: &CudaBackend,
     source: impl FnOnce(&K) -> strata_core::Result<String>,
+    optimization: impl FnOnce(&K) -> Optimization,
     compiled: &mut bool,
 ) -> strata_core::Result<()> {
-    function(cache, key, name, &backend.compiler, |k| {
+    let source = |k: &K| {
         *compiled = true;
         source(k)
-    })
-    .map(|_| ())
+    };
+    function(cache, key, name, &backend.compiler, source, optimization).map(|_| ())
 }
