@@ -243,6 +243,13 @@ pub trait Backend: Send + Sync + Debug {
     fn map_outputs(&self) -> usize {
         1
     }
+    /// Whether a [`Kernel::Matmul`] of f16 or bf16 runs faster here on f32 copies of its
+    /// operands: core then widens A and B (and C when β ≠ 0), runs the f32 product and rounds
+    /// it into C. The numbers are the same (the half kernel also accumulates in f32 and rounds
+    /// once); the copies cost memory (twice each operand's size) and three elementwise passes.
+    fn widens_half_matmul(&self) -> bool {
+        false
+    }
     /// Whether this backend runs [`Kernel::Softmax`]; otherwise core runs `softmax` as its
     /// composition (a max, a fused sum, a map), each pass reading the rows again.
     fn runs_softmax(&self) -> bool {

@@ -162,6 +162,32 @@ fn gemm_and_errors(dev: &Device) -> Result<()> {
         .isnan()?
         .all(0, false)?
         .item::<bool>()?);
+    // Half gemm (widened to f32 on wgpu): α, β, and a write through a view whose other
+    // elements stay NaN. Small integers keep every result exact in f16 and bf16.
+    for dtype in [DType::F16, DType::BF16] {
+        let ints = |shape: [usize; 2], k: usize| {
+            let n = shape[0] * shape[1];
+            let v: Vec<f64> = (0..n).map(|i| ((i * k) % 7) as f64 - 3.0).collect();
+            Tensor::from_slice(&v, shape, dev)?.to_dtype(dtype)
+        };
+        let (a, b) = (ints([2, 3], 3)?, ints([3, 4], 5)?);
+        let (_, ab) = reference(&a, &b, dtype)?;
+        let big = Tensor::full([2, 6], f64::NAN, dtype, dev)?;
+        let view = big.slice(s![.., 1..5])?;
+        Tensor::gemm(1.0, &a, &b, 0.0, &view, false, false)?;
+        view.assign(&ints([2, 4], 2)?.sub(&view)?)?;
+        let before = host(&view)?;
+        Tensor::gemm(0.5, &a, &b, -2.0, &view, false, false)?;
+        for (i, g) in host(&view)?.into_iter().enumerate() {
+            let w = 0.5 * ab[i].to_f64() - 2.0 * before[i].to_f64();
+            assert_eq!(g.to_f64(), w, "{dtype} gemm element {i}");
+        }
+        assert!(big
+            .slice(s![.., 5])?
+            .isnan()?
+            .all(0, false)?
+            .item::<bool>()?);
+    }
     // Integer gemm wraps.
     let i8s = Tensor::full([2, 2], 100, DType::I8, dev)?;
     let ci = Tensor::zeros([2, 2], DType::I8, dev)?;

@@ -44,6 +44,21 @@ fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> R
         Scalar::F64(alpha).cast(acc, false),
         Scalar::F64(beta).cast(acc, false),
     ];
+    if matches!(c.dtype(), DType::F16 | DType::BF16) && c.device().backend().widens_half_matmul() {
+        // The f32 product of exact f32 copies, rounded once into C: the half kernel's numbers.
+        let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
+        let wide = if beta != 0.0 {
+            c.to_dtype(DType::F32)?
+        } else {
+            Tensor::alloc(c.shape(), DType::F32, c.device())?
+        };
+        let kernel = Kernel::Matmul {
+            acc: DType::F32,
+            tf32: false,
+        };
+        launch(kernel, &wide, &[&a, &b], scalars)?;
+        return c.assign(&wide);
+    }
     let tf32 = acc == DType::F32 && c.device().allow_tf32();
     launch(Kernel::Matmul { acc, tf32 }, c, &[&a, &b], scalars)
 }
