@@ -41,6 +41,9 @@ pub(crate) struct Gpu {
     pub ctx: Arc<CudaContext>,
     pub ordinal: usize,
     pub sm_count: u32,
+    /// Shared memory of one multiprocessor, and the most one block may opt in to (bytes).
+    pub shared_per_sm: usize,
+    pub shared_per_block: usize,
     pub arch: (i32, i32),
     pub name: String,
     /// The stream behind `StreamId::DEFAULT` (a real stream, not the legacy NULL stream).
@@ -84,6 +87,11 @@ impl Gpu {
                 .map_err(|e| Error::Backend(format!("cuda:{ordinal}: {}", describe(e.0))))
         };
         let sm_count = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let shared_per_sm = attr(
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+        )?;
+        let shared_per_block =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let arch = ctx
             .compute_capability()
             .map_err(|e| Error::Backend(describe(e.0)))?;
@@ -103,6 +111,8 @@ impl Gpu {
             ctx,
             ordinal,
             sm_count: sm_count.max(1) as u32,
+            shared_per_sm: shared_per_sm.max(0) as usize,
+            shared_per_block: shared_per_block.max(0) as usize,
             arch,
             name,
             default_stream: Raw(stream),

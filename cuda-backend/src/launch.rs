@@ -26,10 +26,11 @@ impl Args {
 pub(crate) enum Grid {
     /// `work` independent items, 256 threads per block, grid-stride loops past a cap.
     Linear { work: usize },
-    /// An explicit grid and block.
+    /// An explicit grid and block, and the bytes of dynamic shared memory each block takes.
     Fixed {
         grid: (u32, u32, u32),
         block: (u32, u32, u32),
+        shared: u32,
     },
 }
 
@@ -102,7 +103,7 @@ pub(crate) fn dims(gpu: &Gpu, grid: &Grid) -> Option<(Dim3, Dim3)> {
             let blocks = work.div_ceil(256).clamp(1, cap) as u32;
             Some(((blocks, 1, 1), (256, 1, 1)))
         }
-        Grid::Fixed { grid, block } => Some((grid, block)),
+        Grid::Fixed { grid, block, .. } => Some((grid, block)),
     }
 }
 
@@ -128,6 +129,24 @@ pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Launch, stream: sys::CUstrea
             plan.args.0.len() * 8
         )));
     }
+    let shared = match plan.grid {
+        Grid::Fixed { shared, .. } => shared,
+        Grid::Linear { .. } => 0,
+    };
+    if shared > 48 * 1024 {
+        // Above 48 KiB a kernel must opt in to its dynamic shared memory.
+        // SAFETY: a loaded function of this context; the attribute only raises a limit.
+        check(
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+            },
+            "cuFuncSetAttribute",
+        )?;
+    }
     let mut params = [plan.args.0.as_ptr() as *mut std::ffi::c_void];
     // SAFETY: the kernel takes one `Args<N>` parameter of exactly these words (the plan and
     // the generator agree on N); pointers in it are live buffers of this context.
@@ -141,7 +160,7 @@ pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Launch, stream: sys::CUstrea
                 block.0,
                 block.1,
                 block.2,
-                0,
+                shared,
                 stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

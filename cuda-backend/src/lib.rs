@@ -127,6 +127,8 @@ impl CudaBackend {
             items_per_thread: 8,
             group_sizes: &[1, 32, 256],
             row_groups: &[1, 32, 256, 1024],
+            row_stage_bytes: softmax::row_stage_bytes(gpu.shared_per_sm, gpu.shared_per_block),
+            row_stage_group: softmax::STAGE_GROUP,
             reduce_vectors: true,
             binding_limit: None,
             offset_align: 1,

@@ -126,6 +126,8 @@ impl WgpuBackend {
             items_per_thread: 8,
             group_sizes: &[1, 256],
             row_groups: &[1],
+            row_stage_bytes: 0,
+            row_stage_group: 1,
             reduce_vectors: false,
             binding_limit: Some(binding_limit),
             offset_align: gpu.limits.min_storage_buffer_offset_alignment as u64,

@@ -388,6 +388,8 @@ mod tests {
             items_per_thread: 8,
             group_sizes: &[1, 32, 256],
             row_groups: &[1],
+            row_stage_bytes: 0,
+            row_stage_group: 1,
             binding_limit: Some(limit),
             offset_align: 16,
             ..Target::cpu(1)

@@ -52,6 +52,11 @@ pub struct Target {
     /// Threads that may share one row of a softmax, smallest first (the largest is a block;
     /// a row group of more than one block's worth is not allowed).
     pub row_groups: &'static [usize],
+    /// The longest softmax row, in bytes, a group keeps in shared memory between its passes
+    /// (read from memory once; rows too long for registers); 0: none.
+    pub row_stage_bytes: usize,
+    /// Threads that share a row kept in shared memory.
+    pub row_stage_group: usize,
     /// Vector loads of a contiguous reduced axis.
     pub reduce_vectors: bool,
     /// The most bytes one operand may bind (wgpu's storage-binding limit); `None`: no limit.
@@ -81,6 +86,8 @@ impl Target {
             items_per_thread: 2048,
             group_sizes: &[1],
             row_groups: &[1],
+            row_stage_bytes: 0,
+            row_stage_group: 1,
             reduce_vectors: false,
             binding_limit: None,
             offset_align: 1,

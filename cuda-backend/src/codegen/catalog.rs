@@ -369,13 +369,14 @@ pub(crate) fn softmaxes() -> Vec<SoftmaxSig> {
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         for log in [false, true] {
             let v = 16 / dtype.itemsize();
-            for (group, vector, cached) in [
-                (1, 1, 0),
-                (32, v, 0),
-                (256, 1, 0),
-                (256, v, 16),
-                (1024, v, 0),
-                (1, 1, 2),
+            for (group, vector, cached, staged) in [
+                (1, 1, 0, false),
+                (32, v, 0, false),
+                (256, 1, 0, false),
+                (256, v, 16, false),
+                (1024, v, 0, false),
+                (512, v, 0, true),
+                (1, 1, 2, false),
             ] {
                 out.push(SoftmaxSig {
                     dtype,
@@ -385,6 +386,7 @@ pub(crate) fn softmaxes() -> Vec<SoftmaxSig> {
                     vector,
                     wide: group == 1,
                     cached,
+                    staged,
                 });
             }
         }

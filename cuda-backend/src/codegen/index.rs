@@ -185,6 +185,7 @@ fn rows_launch(
             1,
         ),
         block: (RUN_BLOCK as u32, 1, 1),
+        shared: 0,
     };
     Ok((sig, Launch { args: words, grid }))
 }

@@ -111,6 +111,7 @@ pub(crate) fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Laun
             grid: Grid::Fixed {
                 grid,
                 block: (16, 16, 1),
+                shared: 0,
             },
         },
     )))
