@@ -50,8 +50,37 @@ pub(crate) struct Pending {
     pub(crate) at: &'static std::panic::Location<'static>,
     /// Expression nodes of the whole tree this node would fuse (an upper bound).
     nodes: usize,
-    /// Tensor inputs of that tree (an upper bound).
-    leaves: usize,
+    /// The distinct tensor inputs of that tree, as the kernel would bind them (a chain that
+    /// reads one tensor at every step binds it once, so it grows until `MAX_NODES`).
+    leaves: Leaves,
+}
+
+/// A tensor input of a fused kernel: its storage (by address), view and dtype, as
+/// [`Fused::leaf`] tells inputs apart.
+type Leaf = (usize, Layout, DType);
+/// The distinct leaves of a tree, at most [`MAX_INPUTS`] of them (past that it runs); shared
+/// with a child whose leaves are all of them (a chain reading the same tensors copies none).
+type Leaves = Arc<Vec<Leaf>>;
+
+/// Adds the leaf `(a, l, d)` to `leaves` unless it is there.
+fn add_leaf(leaves: &mut Option<Leaves>, a: usize, l: &Layout, d: DType) {
+    let known = |set: &Leaves| set.iter().any(|(k, m, e)| *k == a && *e == d && m == l);
+    if !leaves.as_ref().is_some_and(known) {
+        Arc::make_mut(leaves.get_or_insert_with(Default::default)).push((a, l.clone(), d));
+    }
+}
+
+/// Adds every leaf of `child` to `leaves` (sharing `child`'s set when `leaves` is empty).
+fn add_leaves(leaves: &mut Option<Leaves>, child: &Leaves) {
+    match leaves {
+        None => *leaves = Some(child.clone()),
+        Some(set) if Arc::ptr_eq(set, child) => {}
+        Some(_) => {
+            for (a, l, d) in child.iter() {
+                add_leaf(leaves, *a, l, *d);
+            }
+        }
+    }
 }
 
 /// Nodes of an expression tree.
@@ -86,30 +115,44 @@ pub(crate) fn record(
 ) -> Result<Tensor> {
     let stream = device.current_handle();
     let mut nodes = count_nodes(&expr);
-    let mut leaves = 0;
+    let mut leaves: Option<Leaves> = None;
+    let mut fits = true;
     for t in &inputs {
+        let a = address(&t.storage);
         let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
         match child.as_ref() {
+            Some(c) if Arc::ptr_eq(&c.stream, &stream) && c.layout == t.layout => {
+                // Spliced in: its nodes replace the input's, its leaves join ours.
+                nodes += c.nodes - 1;
+                add_leaves(&mut leaves, &c.leaves);
+            }
             Some(c) if Arc::ptr_eq(&c.stream, &stream) => {
-                nodes += c.nodes;
-                leaves += c.leaves;
+                // Read in another layout: it runs first and is read as a leaf.
+                drop(child);
+                add_leaf(&mut leaves, a, &t.layout, t.dtype);
             }
             Some(_) => {
                 // Pending on another stream: it runs there, ordered by the usual events.
                 drop(child);
                 t.realize()?;
-                leaves += 1;
+                add_leaf(&mut leaves, a, &t.layout, t.dtype);
             }
-            None => leaves += 1,
+            None => add_leaf(&mut leaves, a, &t.layout, t.dtype),
+        }
+        if nodes > MAX_NODES || leaves.as_ref().is_some_and(|l| l.len() > MAX_INPUTS) {
+            fits = false;
+            break;
         }
     }
-    if nodes > MAX_NODES || leaves > MAX_INPUTS {
+    if !fits {
+        leaves = None;
         for t in &inputs {
             t.realize()?;
+            add_leaf(&mut leaves, address(&t.storage), &t.layout, t.dtype);
         }
         nodes = count_nodes(&expr);
-        leaves = inputs.len();
     }
+    let leaves = leaves.unwrap_or_default();
     let dtype = expr.dtype;
     let bytes = layout
         .numel()
@@ -196,9 +239,7 @@ impl Fused {
             room,
             ..Fused::default()
         };
-        if room > 0 {
-            fused.count_internal(p);
-        }
+        fused.count_internal(p);
         fused
     }
 
@@ -252,6 +293,8 @@ impl Fused {
     /// one write and saves running it again); past that it stays pending and its nodes are
     /// only recomputed here. An input only this kernel's trees hold is never written.
     fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
+        // Each input's expression, moved into the result at its last use (a chain's subtrees
+        // are not copied again at every level: splicing is linear in the nodes).
         let mut subst = Vec::with_capacity(p.inputs.len());
         for t in &p.inputs {
             if t.storage.is_pending() {
@@ -275,7 +318,10 @@ impl Fused {
                     if self.also.len() < self.room && Arc::strong_count(&t.storage) > internal {
                         self.also.push((t.clone(), e.clone()));
                     }
-                    self.spliced.push((a, t.layout.clone(), e.clone()));
+                    // Kept for a second reference only (a storage read once is not).
+                    if internal > 1 {
+                        self.spliced.push((a, t.layout.clone(), e.clone()));
+                    }
                     subst.push(e);
                     continue;
                 }
@@ -290,7 +336,10 @@ impl Fused {
         self.scalars.extend(p.scalars.iter().cloned());
         self.ops.push(p.what);
         self.sources.push(p.at);
-        Ok(substitute(&p.expr, &subst, base))
+        let mut uses = vec![0usize; subst.len()];
+        count_uses(&p.expr, &mut uses);
+        let mut subst: Vec<(Expr, usize)> = subst.into_iter().zip(uses).collect();
+        Ok(substitute(&p.expr, &mut subst, base))
     }
 
     /// Drops further outputs past what one kernel may bind (inputs and outputs together) and
@@ -307,10 +356,41 @@ fn room(device: &Device) -> usize {
     device.backend().map_outputs().saturating_sub(1)
 }
 
-/// `e` with input `k` replaced by `inputs[k]` and scalar indices shifted by `base`.
-fn substitute(e: &Expr, inputs: &[Expr], base: usize) -> Expr {
+/// Adds to `uses[k]` the reads of input `k` in `e`.
+fn count_uses(e: &Expr, uses: &mut [usize]) {
+    match &e.node {
+        Node::Input(k) => uses[*k] += 1,
+        Node::Scalar(_) | Node::Philox(_) | Node::Literal(_) | Node::LinearIndex => {}
+        Node::Cast { arg, .. } | Node::Unary(_, arg) => count_uses(arg, uses),
+        Node::Binary(_, a, b) => {
+            count_uses(a, uses);
+            count_uses(b, uses);
+        }
+        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
+            count_uses(a, uses);
+            count_uses(b, uses);
+            count_uses(c, uses);
+        }
+    }
+}
+
+/// `e` with input `k` replaced by `inputs[k].0` and scalar indices shifted by `base`;
+/// `inputs[k].1` counts the reads of input `k` still to come: the last one takes the
+/// expression, the others copy it.
+fn substitute(e: &Expr, inputs: &mut [(Expr, usize)], base: usize) -> Expr {
     let node = match &e.node {
-        Node::Input(k) => return inputs[*k].clone(),
+        Node::Input(k) => {
+            let (expr, left) = &mut inputs[*k];
+            *left -= 1;
+            if *left > 0 {
+                return expr.clone();
+            }
+            let taken = Expr {
+                dtype: expr.dtype,
+                node: Node::LinearIndex,
+            };
+            return std::mem::replace(expr, taken);
+        }
         Node::Scalar(k) => Node::Scalar(k + base),
         Node::Philox(w) => Node::Philox(crate::ir::PhiloxWord {
             key: w.key + base,
@@ -383,12 +463,17 @@ pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
 
 /// `expr` with input `k` renamed `to[k]`, for `dtypes[k]`.
 pub(crate) fn renumber_inputs(expr: &Expr, to: &[usize], dtypes: &[DType]) -> Expr {
-    let inputs: Vec<Expr> = to
+    let mut inputs: Vec<(Expr, usize)> = to
         .iter()
         .zip(dtypes)
-        .map(|(&k, &d)| Expr::input(k, d))
+        .map(|(&k, &d)| (Expr::input(k, d), 0))
         .collect();
-    substitute(expr, &inputs, 0)
+    let mut uses = vec![0usize; inputs.len()];
+    count_uses(expr, &mut uses);
+    for (input, n) in inputs.iter_mut().zip(uses) {
+        input.1 = n;
+    }
+    substitute(expr, &mut inputs, 0)
 }
 
 /// True when only pending trees hold `storage` (nobody can read it but through them): a flush

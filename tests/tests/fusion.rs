@@ -200,6 +200,30 @@ fn wide_and_deep(dev: &Device) -> Result<()> {
 }
 test_device!(wide_and_deep_trees_respect_the_limits, wide_and_deep);
 
+/// A chain that reads the same tensors at every step binds each once, so it fuses until the
+/// node limit (40 steps of `y * w + b`: 163 nodes, three inputs) instead of running whenever
+/// its reads add up past the input limit.
+fn chains_rereading_inputs(dev: &Device) -> Result<()> {
+    let x = f32s(&[1.0, 2.0, 3.0], dev)?;
+    let w = f32s(&[1.0; 3], dev)?;
+    let b = f32s(&[0.5; 3], dev)?;
+    let mut y = Tensor::zeros([1], DType::F32, dev)?;
+    let (kernels, _) = kernels_of(dev, || {
+        y = (&x * 1.0)?;
+        for _ in 0..40 {
+            y = (&(&y * &w)? + &b)?;
+        }
+        y.realize()
+    })?;
+    assert_eq!(kernels, if fusing(dev) { 1 } else { 81 });
+    assert_eq!(y.to_vec::<f32>()?, vec![21.0, 22.0, 23.0]);
+    Ok(())
+}
+test_device!(
+    chains_rereading_inputs_fuse_to_the_node_limit,
+    chains_rereading_inputs
+);
+
 /// Errors come from the op that caused them, pending inputs or not.
 fn errors_at_the_op(dev: &Device) -> Result<()> {
     let a = (&Tensor::ones([2, 3], DType::F32, dev)? * 2.0)?;
