@@ -51,8 +51,9 @@ pub(crate) struct Pending {
     /// Expression nodes of the whole tree this node would fuse (an upper bound).
     nodes: usize,
     /// The distinct tensor inputs of that tree, as the kernel would bind them (a chain that
-    /// reads one tensor at every step binds it once, so it grows until `MAX_NODES`).
-    leaves: Leaves,
+    /// reads one tensor at every step binds it once, so it grows until `MAX_NODES`); `None`:
+    /// no input is spliced in, so they are `inputs` themselves.
+    leaves: Option<Leaves>,
 }
 
 /// A tensor input of a fused kernel: its storage (by address), view and dtype, as
@@ -70,14 +71,20 @@ fn add_leaf(leaves: &mut Option<Leaves>, a: usize, l: &Layout, d: DType) {
     }
 }
 
-/// Adds every leaf of `child` to `leaves` (sharing `child`'s set when `leaves` is empty).
-fn add_leaves(leaves: &mut Option<Leaves>, child: &Leaves) {
-    match leaves {
-        None => *leaves = Some(child.clone()),
-        Some(set) if Arc::ptr_eq(set, child) => {}
-        Some(_) => {
-            for (a, l, d) in child.iter() {
+/// Adds every leaf of the spliced tree `child` to `leaves` (sharing `child`'s set when
+/// `leaves` is empty).
+fn add_leaves(leaves: &mut Option<Leaves>, child: &Pending) {
+    match (&*leaves, &child.leaves) {
+        (None, Some(set)) => *leaves = Some(set.clone()),
+        (Some(mine), Some(set)) if Arc::ptr_eq(mine, set) => {}
+        (_, Some(set)) => {
+            for (a, l, d) in set.iter() {
                 add_leaf(leaves, *a, l, *d);
+            }
+        }
+        (_, None) => {
+            for t in &child.inputs {
+                add_leaf(leaves, address(&t.storage), &t.layout, t.dtype);
             }
         }
     }
@@ -115,44 +122,43 @@ pub(crate) fn record(
 ) -> Result<Tensor> {
     let stream = device.current_handle();
     let mut nodes = count_nodes(&expr);
+    // The leaves are worked out only when a pending input is spliced in (a chain); an op on
+    // realized tensors binds its inputs.
     let mut leaves: Option<Leaves> = None;
-    let mut fits = true;
+    let mut direct = smallvec::SmallVec::<[bool; 4]>::new(); // inputs read as leaves
     for t in &inputs {
-        let a = address(&t.storage);
         let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
         match child.as_ref() {
             Some(c) if Arc::ptr_eq(&c.stream, &stream) && c.layout == t.layout => {
                 // Spliced in: its nodes replace the input's, its leaves join ours.
                 nodes += c.nodes - 1;
-                add_leaves(&mut leaves, &c.leaves);
+                add_leaves(&mut leaves, c);
+                direct.push(false);
+                continue;
             }
-            Some(c) if Arc::ptr_eq(&c.stream, &stream) => {
-                // Read in another layout: it runs first and is read as a leaf.
-                drop(child);
-                add_leaf(&mut leaves, a, &t.layout, t.dtype);
-            }
+            // Read in another layout: it runs first and is read as a leaf.
+            Some(c) if Arc::ptr_eq(&c.stream, &stream) => {}
             Some(_) => {
                 // Pending on another stream: it runs there, ordered by the usual events.
                 drop(child);
                 t.realize()?;
-                add_leaf(&mut leaves, a, &t.layout, t.dtype);
             }
-            None => add_leaf(&mut leaves, a, &t.layout, t.dtype),
+            None => {}
         }
-        if nodes > MAX_NODES || leaves.as_ref().is_some_and(|l| l.len() > MAX_INPUTS) {
-            fits = false;
-            break;
-        }
+        direct.push(true);
     }
-    if !fits {
-        leaves = None;
-        for t in &inputs {
-            t.realize()?;
+    if leaves.is_some() {
+        for (t, _) in inputs.iter().zip(&direct).filter(|(_, &d)| d) {
             add_leaf(&mut leaves, address(&t.storage), &t.layout, t.dtype);
         }
-        nodes = count_nodes(&expr);
+        if nodes > MAX_NODES || leaves.as_ref().is_some_and(|l| l.len() > MAX_INPUTS) {
+            for t in &inputs {
+                t.realize()?;
+            }
+            nodes = count_nodes(&expr);
+            leaves = None;
+        }
     }
-    let leaves = leaves.unwrap_or_default();
     let dtype = expr.dtype;
     let bytes = layout
         .numel()
@@ -239,7 +245,10 @@ impl Fused {
             room,
             ..Fused::default()
         };
-        fused.count_internal(p);
+        // Only a tree with spliced inputs has internal references to count.
+        if p.leaves.is_some() {
+            fused.count_internal(p);
+        }
         fused
     }
 
@@ -295,7 +304,7 @@ impl Fused {
     fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
         // Each input's expression, moved into the result at its last use (a chain's subtrees
         // are not copied again at every level: splicing is linear in the nodes).
-        let mut subst = Vec::with_capacity(p.inputs.len());
+        let mut subst = smallvec::SmallVec::<[Expr; 4]>::new();
         for t in &p.inputs {
             if t.storage.is_pending() {
                 let a = address(&t.storage);
@@ -336,9 +345,10 @@ impl Fused {
         self.scalars.extend(p.scalars.iter().cloned());
         self.ops.push(p.what);
         self.sources.push(p.at);
-        let mut uses = vec![0usize; subst.len()];
+        let mut uses = smallvec::SmallVec::<[usize; 4]>::from_elem(0, subst.len());
         count_uses(&p.expr, &mut uses);
-        let mut subst: Vec<(Expr, usize)> = subst.into_iter().zip(uses).collect();
+        let mut subst: smallvec::SmallVec<[(Expr, usize); 4]> =
+            subst.into_iter().zip(uses).collect();
         Ok(substitute(&p.expr, &mut subst, base))
     }
 
