@@ -75,18 +75,26 @@ unsafe impl Sync for Function {}
 /// Loaded functions by kernel structure, per device.
 pub(crate) type FunctionCache<S> = KernelCache<S, Function>;
 
-/// The function for `key` in `cache`, generating and compiling `source(key)` on a miss, fully
-/// optimized or not (`Optimization`'s docs say which kernels compile fast).
-pub(crate) fn function<K: Signature>(
+/// A kernel's structure that generates its program: every signature of `codegen`.
+pub(crate) trait Program: Signature {
+    /// The kernel's entry point in its source.
+    const NAME: &'static str;
+    /// Its CUDA C source.
+    fn source(&self) -> Result<String>;
+    /// How much NVRTC optimizes it (`Optimization`'s docs say which kernels compile fast).
+    fn optimization(&self) -> Optimization {
+        Optimization::Full
+    }
+}
+
+/// The function for `key` in `cache`, generating and compiling its program on a miss.
+pub(crate) fn function<K: Program>(
     cache: &FunctionCache<K::Stored>,
     key: &K,
-    name: &str,
     compiler: &Compiler,
-    source: impl FnOnce(&K) -> Result<String>,
-    optimization: impl FnOnce(&K) -> Optimization,
 ) -> Result<Function> {
     cache.get(key, |k| {
-        compiler.function(&source(k)?, name, optimization(k))
+        compiler.function(&k.source()?, K::NAME, k.optimization())
     })
 }
 

@@ -30,7 +30,7 @@ pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
 
 use codegen::{index, map, matmul, reduce, softmax};
-use compile::{Compiler, Optimization};
+use compile::Compiler;
 use driver::Gpu;
 use launch::{function, FunctionCache};
 use memory::Memory;
@@ -195,14 +195,7 @@ impl CudaBackend {
         let Some(red) = reduce::plan(op, reduced_axes, acc, map, args, &self.target)? else {
             return Ok(());
         };
-        let f = function(
-            &self.reductions,
-            &red.sig,
-            "strata_reduce",
-            &self.compiler,
-            reduce::source,
-            |_| Optimization::Full,
-        )?;
+        let f = function(&self.reductions, &red.sig, &self.compiler)?;
         if red.plan.splits == 1 {
             return launch::launch(&self.gpu, f, &red.first(0, 0), s);
         }
@@ -220,14 +213,7 @@ impl CudaBackend {
             s,
         )?;
         let (sig, plan) = red.combine(part.device_ptr(), part_idx.device_ptr());
-        let g = function(
-            &self.reductions,
-            &sig,
-            "strata_reduce",
-            &self.compiler,
-            reduce::source,
-            |_| Optimization::Full,
-        )?;
+        let g = function(&self.reductions, &sig, &self.compiler)?;
         launch::launch(&self.gpu, g, &plan, s)
         // The partial buffers are freed here, in stream order after the combine launch.
     }
@@ -339,14 +325,7 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
                     return Ok(());
                 };
-                let f = function(
-                    &self.maps,
-                    &sig,
-                    "strata_map",
-                    &self.compiler,
-                    map::source,
-                    map::optimization,
-                )?;
+                let f = function(&self.maps, &sig, &self.compiler)?;
                 if self.batches.add(&self.gpu, f, &plan, stream, s, args)? {
                     return Ok(());
                 }
@@ -368,14 +347,7 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = matmul::plan(*acc, &ops)? else {
                     return Ok(());
                 };
-                let f = function(
-                    &self.matmuls,
-                    &sig,
-                    "strata_matmul",
-                    &self.compiler,
-                    matmul::source,
-                    |_| Optimization::Full,
-                )?;
+                let f = function(&self.matmuls, &sig, &self.compiler)?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
@@ -384,14 +356,7 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = softmax::plan(*log, &ops, &self.target)? else {
                     return Ok(());
                 };
-                let f = function(
-                    &self.softmaxes,
-                    &sig,
-                    "strata_softmax",
-                    &self.compiler,
-                    softmax::source,
-                    |_| Optimization::Full,
-                )?;
+                let f = function(&self.softmaxes, &sig, &self.compiler)?;
                 launch::launch(&self.gpu, f, &plan, s)
             }
         }
@@ -592,14 +557,7 @@ impl CudaBackend {
         let Some((sig, plan)) = index::plan(&ops)? else {
             return Ok(());
         };
-        let f = function(
-            &self.indexing,
-            &sig,
-            "strata_index",
-            &self.compiler,
-            index::source,
-            |_| Optimization::Full,
-        )?;
+        let f = function(&self.indexing, &sig, &self.compiler)?;
         launch::launch(&self.gpu, f, &plan, s)
     }
 }

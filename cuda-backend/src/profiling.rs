@@ -4,12 +4,10 @@
 
 use crate::batch::MAX_BATCHED_WORK;
 use crate::codegen::{index, map, matmul, reduce, softmax};
-use crate::compile::Optimization;
-use crate::launch::{dims, function, FunctionCache, Grid, Launch};
+use crate::launch::{dims, FunctionCache, Grid, Launch, Program};
 use crate::CudaBackend;
 use strata_core::backend::LaunchDescription;
 use strata_core::ir::{Kernel, KernelArgs};
-use strata_core::lower::cache::Signature;
 use strata_core::lower::operands::{IndexOperands, MatmulOperands};
 use strata_core::lower::softmax_plan::SoftmaxOperands;
 use strata_core::DType;
@@ -94,15 +92,7 @@ impl CudaBackend {
         match kernel {
             Kernel::Map { expr, also } => {
                 if let Some((sig, _)) = map::plan(expr, also, args, &self.target)? {
-                    compile(
-                        &self.maps,
-                        &sig,
-                        "strata_map",
-                        self,
-                        map::source,
-                        map::optimization,
-                        &mut compiled,
-                    )?;
+                    compile(&self.maps, &sig, self, &mut compiled)?;
                 }
             }
             Kernel::Reduce {
@@ -114,26 +104,10 @@ impl CudaBackend {
                 if let Some(red) =
                     reduce::plan(*op, *reduced_axes, *acc, map.as_ref(), args, &self.target)?
                 {
-                    compile(
-                        &self.reductions,
-                        &red.sig,
-                        "strata_reduce",
-                        self,
-                        reduce::source,
-                        |_| Optimization::Full,
-                        &mut compiled,
-                    )?;
+                    compile(&self.reductions, &red.sig, self, &mut compiled)?;
                     if red.plan.splits > 1 {
                         let (sig, _) = red.combine(0, 0);
-                        compile(
-                            &self.reductions,
-                            &sig,
-                            "strata_reduce",
-                            self,
-                            reduce::source,
-                            |_| Optimization::Full,
-                            &mut compiled,
-                        )?;
+                        compile(&self.reductions, &sig, self, &mut compiled)?;
                     }
                 }
             }
@@ -146,44 +120,20 @@ impl CudaBackend {
                     );
                 if !blas {
                     if let Some((sig, _)) = matmul::plan(*acc, &ops)? {
-                        compile(
-                            &self.matmuls,
-                            &sig,
-                            "strata_matmul",
-                            self,
-                            matmul::source,
-                            |_| Optimization::Full,
-                            &mut compiled,
-                        )?;
+                        compile(&self.matmuls, &sig, self, &mut compiled)?;
                     }
                 }
             }
             Kernel::Index { kind, axis } => {
                 let ops = IndexOperands::of(*kind, *axis, args)?;
                 if let Some((sig, _)) = index::plan(&ops)? {
-                    compile(
-                        &self.indexing,
-                        &sig,
-                        "strata_index",
-                        self,
-                        index::source,
-                        |_| Optimization::Full,
-                        &mut compiled,
-                    )?;
+                    compile(&self.indexing, &sig, self, &mut compiled)?;
                 }
             }
             Kernel::Softmax { log } => {
                 let ops = SoftmaxOperands::of(args)?;
                 if let Some((sig, _)) = softmax::plan(*log, &ops, &self.target)? {
-                    compile(
-                        &self.softmaxes,
-                        &sig,
-                        "strata_softmax",
-                        self,
-                        softmax::source,
-                        |_| Optimization::Full,
-                        &mut compiled,
-                    )?;
+                    compile(&self.softmaxes, &sig, self, &mut compiled)?;
                 }
             }
         }
@@ -192,18 +142,18 @@ impl CudaBackend {
 }
 
 /// [`function`], noting in `compiled` whether it missed the cache.
-fn compile<K: Signature>(
+fn compile<K: Program>(
     cache: &FunctionCache<K::Stored>,
     key: &K,
-    name: &str,
     backend: &CudaBackend,
-    source: impl FnOnce(&K) -> strata_core::Result<String>,
-    optimization: impl FnOnce(&K) -> Optimization,
     compiled: &mut bool,
 ) -> strata_core::Result<()> {
-    let source = |k: &K| {
-        *compiled = true;
-        source(k)
-    };
-    function(cache, key, name, &backend.compiler, source, optimization).map(|_| ())
+    cache
+        .get(key, |k| {
+            *compiled = true;
+            backend
+                .compiler
+                .function(&k.source()?, K::NAME, k.optimization())
+        })
+        .map(|_| ())
 }

@@ -3,7 +3,7 @@
 
 use super::expr::emit;
 use super::{compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
-use crate::launch::{Args, Grid, Launch};
+use crate::launch::{Args, Grid, Launch, Program};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Operand};
 use strata_core::lower::index_plan::{self, IndexRows};
@@ -245,6 +245,13 @@ fn rows_source(sig: &IndexSig) -> String {
 }}
 "
     )
+}
+
+impl Program for IndexSig {
+    const NAME: &'static str = "strata_index";
+    fn source(&self) -> Result<String> {
+        source(self)
+    }
 }
 
 /// The CUDA C source of `strata_index`.

@@ -9,7 +9,7 @@ use super::expr::emit_outputs;
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
 use super::{storage_type, to_storage, vector_type};
 use crate::compile::Optimization;
-use crate::launch::{Args, Launch};
+use crate::launch::{Args, Launch, Program};
 use crate::memory::CudaBuffer;
 use std::borrow::Cow;
 use std::fmt::Write;
@@ -156,15 +156,21 @@ fn counter_pairs(sig: &MapSig) -> bool {
     !draws.is_empty() && draws.iter().all(|d| d.philox.per_counter as usize == 2 * v)
 }
 
-/// How much NVRTC optimizes a map kernel: fast-compiled (as fast at run time, a third less
-/// compile: `Optimization`), except with a tiled input, whose tile loops ran 12% slower so
-/// (a transposed add on an H100, 1.53 against 1.37 ms), and with random draws, whose Philox
-/// rounds are arithmetic-bound (`randn` 0.80 against 0.65 ms).
-pub(crate) fn optimization(sig: &MapSig) -> Optimization {
-    if sig.paths.contains(&Path::Tiled) || sig.expr.reads_linear_index() {
-        Optimization::Full
-    } else {
-        Optimization::FastCompile
+impl Program for MapSig<'_> {
+    const NAME: &'static str = "strata_map";
+    fn source(&self) -> Result<String> {
+        source(self)
+    }
+    /// Fast-compiled (as fast at run time, a third less compile: `Optimization`), except with
+    /// a tiled input, whose tile loops ran 12% slower so (a transposed add on an H100, 1.53
+    /// against 1.37 ms), and with random draws, whose Philox rounds are arithmetic-bound
+    /// (`randn` 0.80 against 0.65 ms).
+    fn optimization(&self) -> Optimization {
+        if self.paths.contains(&Path::Tiled) || self.expr.reads_linear_index() {
+            Optimization::Full
+        } else {
+            Optimization::FastCompile
+        }
     }
 }
 

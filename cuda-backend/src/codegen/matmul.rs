@@ -3,7 +3,7 @@
 //! or no cuBLAS library).
 
 use super::{cast, compute_type, from_storage, storage_type, to_storage};
-use crate::launch::{Args, Grid, Launch};
+use crate::launch::{Args, Grid, Launch, Program};
 use std::fmt::Write;
 use strata_core::lower::operands::MatmulOperands as Operands;
 use strata_core::{DType, Result};
@@ -115,6 +115,13 @@ pub(crate) fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Laun
             },
         },
     )))
+}
+
+impl Program for MatmulSig {
+    const NAME: &'static str = "strata_matmul";
+    fn source(&self) -> Result<String> {
+        source(self)
+    }
 }
 
 /// The CUDA C source of `strata_matmul`.

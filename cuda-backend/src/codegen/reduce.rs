@@ -10,7 +10,7 @@ use super::{
     cast, compute_type, from_storage, index_type, scalar_from_word, storage_type, to_storage,
     vector_type,
 };
-use crate::launch::{Args, Launch};
+use crate::launch::{Args, Launch, Program};
 use crate::memory::CudaBuffer;
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs, ReduceOp};
@@ -240,6 +240,13 @@ fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
         }
         ReduceOp::Any => format!("acc = acc || {v};"),
         ReduceOp::All => format!("acc = acc && {v};"),
+    }
+}
+
+impl Program for ReduceSig {
+    const NAME: &'static str = "strata_reduce";
+    fn source(&self) -> Result<String> {
+        source(self)
     }
 }
 

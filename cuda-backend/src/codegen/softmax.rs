@@ -15,7 +15,7 @@ use super::{
     cast, compute_type, decode_offsets, from_storage, index_type, storage_type, to_storage,
     vector_type,
 };
-use crate::launch::{Args, Launch};
+use crate::launch::{Args, Launch, Program};
 use std::fmt::Write;
 use strata_core::lower::map_plan::needs_wide;
 use strata_core::lower::softmax_plan::{
@@ -140,6 +140,13 @@ pub(crate) fn plan(
         Launch::linear(w, p.rows * p.group)
     };
     Ok(Some((sig, launch)))
+}
+
+impl Program for SoftmaxSig {
+    const NAME: &'static str = "strata_softmax";
+    fn source(&self) -> Result<String> {
+        source(self)
+    }
 }
 
 /// The CUDA C source of a softmax kernel named `strata_softmax`.
