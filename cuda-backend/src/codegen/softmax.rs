@@ -82,7 +82,6 @@ pub(crate) fn plan(
         crate::memory::element_ptr(ops.input)?,
     );
     let p = softmax_plan::plan(ops, [out_ptr, in_ptr], target);
-
     let wide = (p.rows * p.group) as u128 > (i32::MAX / 2) as u128
         || [ops.input, ops.out].iter().any(|o| {
             needs_wide(
