@@ -18,8 +18,9 @@ pub(crate) struct Storage {
     buffer: OnceLock<Arc<dyn DeviceBuffer>>,
     /// The deferred work that fills this storage, until it runs.
     pub(crate) pending: Mutex<Option<Pending>>,
-    /// Pending storages whose expressions read this one: they run before it is written.
-    readers: Mutex<Vec<Weak<Storage>>>,
+    /// Pending storages whose expressions read this one: they run before it is written (two
+    /// inline: a link of a chain has one reader, and recording it allocates nothing here).
+    readers: Mutex<smallvec::SmallVec<[Weak<Storage>; 2]>>,
     /// Size in bytes (known before a pending storage has its buffer).
     pub(crate) bytes: usize,
     /// The fused kernel that computed it, for `explain` (boxed: set once a kernel runs, and
@@ -76,7 +77,7 @@ impl Storage {
         Storage {
             buffer,
             pending: Mutex::new(pending),
-            readers: Mutex::new(Vec::new()),
+            readers: Mutex::new(smallvec::SmallVec::new()),
             bytes,
             ran: OnceLock::new(),
             failed: OnceLock::new(),
