@@ -473,16 +473,12 @@ pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
 
 /// `expr` with input `k` renamed `to[k]`, for `dtypes[k]`.
 pub(crate) fn renumber_inputs(expr: &Expr, to: &[usize], dtypes: &[DType]) -> Expr {
+    // Leaves are copied at every read (no use is the last: a copy of a leaf is cheap).
     let mut inputs: Vec<(Expr, usize)> = to
         .iter()
         .zip(dtypes)
-        .map(|(&k, &d)| (Expr::input(k, d), 0))
+        .map(|(&k, &d)| (Expr::input(k, d), usize::MAX))
         .collect();
-    let mut uses = vec![0usize; inputs.len()];
-    count_uses(expr, &mut uses);
-    for (input, n) in inputs.iter_mut().zip(uses) {
-        input.1 = n;
-    }
     substitute(expr, &mut inputs, 0)
 }
 

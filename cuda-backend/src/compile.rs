@@ -33,7 +33,7 @@ pub(crate) struct Compiler {
 /// copy, add, casts, `where`, exp, tanh, fused chains, GELU, softmax's maps) and a new fused
 /// kernel's first call takes a third less; reductions, softmax, index and matmul kernels
 /// (unrolled loops), tiled maps and maps with random draws stay fully optimized
-/// (`codegen::map::optimization`).
+/// (`MapSig`'s [`Program::optimization`](crate::launch::Program::optimization)).
 /// `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully too (`mid`, `max`: those levels, which
 /// compile faster still but ran copies 3× slower). No level changes a value: rounding is
 /// decided by `--fmad=false`, which all use.
