@@ -234,39 +234,48 @@ fn log1p_fast_f32(x: f32) -> f32 {
 }
 ";
 
-/// f32 sine and cosine where the adapter has f64: the argument reduced in f64 by math.wgsl's
-/// Cody–Waite steps (exact enough for every f32 below 2^16; larger ones, NaN and infinities
-/// take the library's whole f64 path), the polynomials in f32 (Taylor to r^9 and r^10 on
-/// |r| <= π/4: truncation below 0.04 ulp). Within 3 ulp like F32_FAST's functions; the
-/// library's f64 series, a division per term, made one sine cost about ten adds.
+/// f32 sine and cosine where the adapter has f64: arguments up to 8 in magnitude (`randn`'s
+/// angles among them) reduced in f32 by Cody–Waite steps (`k ≤ 5`; π/2 in parts of 21, 21 and
+/// 24 bits, so `k·C1` and `k·C2` are exact and the steps exact but the last, even where an
+/// `fma` is a rounded multiply and add, as on lavapipe), larger ones
+/// in f64 by math.wgsl's steps (exact enough for every f32 below 2^16; larger ones, NaN and
+/// infinities take the library's whole f64 path); then polynomials fitted in f32 and the
+/// quadrant by swapping the two and flipping sign bits. Within 3 ulp like F32_FAST's
+/// functions; the library's f64 series, a division per term, made one sine cost about ten adds.
 const F32_SINCOS: &str = "
 fn sincos_fast_f32(x: f32) -> vec2<f32> {
   if (x == 0.0f) { return vec2<f32>(x, 1.0f); }
-  if (!(abs(x) < 65536.0f)) {
-    let w = sincos_f64(f64(x));
-    return vec2<f32>(f32(w.x), f32(w.y));
+  var r: f32;
+  var k: f32;
+  if (abs(x) <= 8.0f) {
+    k = round(x * 0.636619772f);
+    r = fma(-k, 6.22337197e-14f, fma(-k, 3.13916416e-07f, fma(-k, 1.57079601f, x)));
+  } else {
+    if (!(abs(x) < 65536.0f)) {
+      let w = sincos_f64(f64(x));
+      return vec2<f32>(f32(w.x), f32(w.y));
+    }
+    let xd = f64(x);
+    let kd = round(xd * 0.63661977236758134308lf);
+    // In fma form, as in math.wgsl's sincos (NVIDIA's compiler folds the plain form's parts).
+    r = f32(fma(-kd, 2.02226624879595063154e-21lf,
+        fma(-kd, 6.07710050630396597660e-11lf, fma(-kd, 1.57079632673412561417e+00lf, xd))));
+    k = f32(kd);
   }
-  let xd = f64(x);
-  let k = round(xd * 0.63661977236758134308lf);
-  // In fma form, as in math.wgsl's sincos (NVIDIA's compiler folds the plain form's parts).
-  let r = f32(fma(-k, 2.02226624879595063154e-21lf,
-      fma(-k, 6.07710050630396597660e-11lf, fma(-k, 1.57079632673412561417e+00lf, xd))));
-  let r2 = r * r;
-  var sp = 2.7557319224e-06f;
-  sp = sp * r2 - 1.9841269841e-04f;
-  sp = sp * r2 + 8.3333333333e-03f;
-  sp = sp * r2 - 1.6666666667e-01f;
-  let s = r + r * r2 * sp;
-  var cp = -2.7557319224e-07f;
-  cp = cp * r2 + 2.4801587302e-05f;
-  cp = cp * r2 - 1.3888888889e-03f;
-  cp = cp * r2 + 4.1666666667e-02f;
-  let c = 1.0f - (0.5f * r2 - r2 * r2 * cp);
-  let q = i32(k) & 3;
-  if (q == 0) { return vec2<f32>(s, c); }
-  if (q == 1) { return vec2<f32>(c, -s); }
-  if (q == 2) { return vec2<f32>(-s, -c); }
-  return vec2<f32>(-c, s);
+  // sin r = r + r^3 P(r^2) and cos r = 1 + r^2 Q(r^2), fitted on |r| <= 0.8 (relative errors
+  // 7e-9 and 4e-9 with the coefficients in f32).
+  let z = r * r;
+  let s = fma(r * z, fma(fma(-1.95009154e-04f, z, 8.33205041e-03f), z, -1.66666523e-01f), r);
+  let c = fma(z, fma(fma(fma(2.43650829e-05f, z, -1.38864759e-03f), z, 4.16666120e-02f), z,
+      -0.5f), 1.0f);
+  // Quadrant k mod 4: odd ones swap sine and cosine; bit 1 of k (of k + 1) negates the sine
+  // (the cosine).
+  let q = i32(k);
+  let odd = (q & 1) == 1;
+  let a = select(s, c, odd);
+  let b = select(c, s, odd);
+  return vec2<f32>(bitcast<f32>(bitcast<u32>(a) ^ (u32(q & 2) << 30u)),
+      bitcast<f32>(bitcast<u32>(b) ^ (u32((q + 1) & 2) << 30u)));
 }
 ";
 
