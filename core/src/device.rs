@@ -233,7 +233,8 @@ impl Device {
     pub(crate) fn register_pending(&self, storage: &Arc<Storage>) {
         let mut pending = self.lock_pending();
         if pending.len() >= 64 && pending.len().is_power_of_two() {
-            pending.retain(|w| w.upgrade().is_some_and(|s| s.is_pending()));
+            // A dropped storage is known from its count alone (no upgrade, no lock).
+            pending.retain(|w| w.strong_count() > 0 && w.upgrade().is_some_and(|s| s.is_pending()));
         }
         pending.push(Arc::downgrade(storage));
     }

@@ -15,7 +15,8 @@ use crate::tensor::{launch_map, Tensor};
 struct Lowering {
     tensors: Vec<Tensor>,
     scalars: Vec<Scalar>,
-    shape: Vec<usize>,
+    /// The broadcast shape (inline: recording an op allocates as little as it can).
+    shape: crate::lower::Dims,
 }
 
 impl Lowering {
@@ -28,18 +29,20 @@ impl Lowering {
                 ValueRef::Scalar(_) => None,
             })
             .ok_or_else(|| Error::Invalid(format!("{what} needs at least one tensor operand")))?;
-        let mut shape: Vec<usize> = first.shape().to_vec();
+        let mut shape = crate::lower::Dims::from_slice(first.shape());
         for v in operands {
             if let ValueRef::Tensor(t) = *v {
                 first.same_device(t, what)?;
                 if t.shape() != &shape[..] {
                     shape = broadcast_shapes(&shape, t.shape())
-                        .map_err(|e| Error::Shape(format!("{what}: {}", strip(&e))))?;
+                        .map_err(|e| Error::Shape(format!("{what}: {}", strip(&e))))?
+                        .into();
                 }
             }
         }
         let lowering = Lowering {
-            tensors: vec![],
+            // Sized at once: growing from empty takes the slower reallocation path.
+            tensors: Vec::with_capacity(operands.len()),
             scalars: vec![],
             shape,
         };
@@ -53,7 +56,7 @@ impl Lowering {
                 self.tensors.push(if t.shape() == &self.shape[..] {
                     t.clone()
                 } else {
-                    t.broadcast_to(&self.shape)?
+                    t.broadcast_to(&self.shape[..])?
                 });
                 Expr::input(self.tensors.len() - 1, t.dtype()).cast(compute, false)
             }
