@@ -293,8 +293,12 @@ fn lanes(
     aligned: bool,
     src: &mut String,
 ) -> Result<()> {
+    let mut shared = SharedLanes::default();
     for lane in 0..4 {
-        src.push_str("  {\n");
+        let whole = std::mem::take(src);
+        if !aligned {
+            src.push_str("  {\n");
+        }
         if sig.lin != Lin::Unused {
             let li = if aligned {
                 format!("lq * 4u + {lane}u")
@@ -344,9 +348,86 @@ fn lanes(
             let bits = super::bits_of(sig.dtypes[k], v);
             let _ = writeln!(src, "  {} = {bits};", lane_bits_of(k, lane));
         }
-        src.push_str("  }\n");
+        if aligned {
+            let body = std::mem::replace(src, whole);
+            shared.lane(src, &body, lane);
+        } else {
+            src.push_str("  }\n");
+            *src = whole + src;
+        }
     }
     Ok(())
+}
+
+/// Aligned lanes emitted into one scope, each `let` renamed for its lane and dropped where an
+/// earlier lane declared the same value (the two lanes of a Box–Muller pair read the same
+/// words: their logarithm and square root are computed once; a compiler does not merge the
+/// lanes' inlined calls by itself).
+#[derive(Default)]
+struct SharedLanes {
+    /// `type = value` of each declaration so far, with its name.
+    values: std::collections::HashMap<String, String>,
+}
+
+impl SharedLanes {
+    /// Appends lane `lane`'s statements `body` (one per line) to `src`.
+    fn lane(&mut self, src: &mut String, body: &str, lane: usize) {
+        let mut alias: std::collections::HashMap<String, String> = Default::default();
+        for line in body.lines() {
+            let renamed = rename(line, &alias);
+            let decl = renamed.trim_start().strip_prefix("let ").and_then(|rest| {
+                let (name, value) = rest.split_once(" = ")?;
+                let (name, ty) = name.split_once(": ").unwrap_or((name, ""));
+                Some((name.to_string(), format!("{ty} = {value}")))
+            });
+            let Some((name, key)) = decl else {
+                let _ = writeln!(src, "{renamed}");
+                continue;
+            };
+            if let Some(earlier) = self.values.get(&key) {
+                alias.insert(name, earlier.clone());
+                continue;
+            }
+            let unique = format!("{name}_l{lane}");
+            let (ty, value) = key.split_once(" = ").unwrap_or(("", &key));
+            let ty = if ty.is_empty() {
+                String::new()
+            } else {
+                format!(": {ty}")
+            };
+            let _ = writeln!(src, "  let {unique}{ty} = {value}");
+            self.values.insert(key, unique.clone());
+            alias.insert(name, unique);
+        }
+    }
+}
+
+/// `line` with each identifier that `alias` names replaced (numbers, with their suffixes,
+/// are left as they are).
+fn rename(line: &str, alias: &std::collections::HashMap<String, String>) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c.is_ascii_alphabetic() || c == '_' || c.is_ascii_digit() {
+            let mut end = i + c.len_utf8();
+            while let Some(&(j, d)) = chars.peek() {
+                if d.is_ascii_alphanumeric() || d == '_' || (c.is_ascii_digit() && d == '.') {
+                    end = j + d.len_utf8();
+                    chars.next();
+                } else {
+                    break;
+                }
+            }
+            let token = &line[i..end];
+            match alias.get(token) {
+                Some(to) if !c.is_ascii_digit() => out.push_str(to),
+                _ => out.push_str(token),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `expr` with each test of the position's low bits (`position & m` for `m` of 1 or 3: a
@@ -699,6 +780,89 @@ mod tests {
         }
         // Other masks depend on more than the position modulo 4.
         assert_eq!(fold_position_bits(&parity(7), 1), parity(7));
+    }
+
+    /// `sqrt(-2 ln(1 - u1)) · (cos or sin)(2π u2)` as `randn` builds it for f32: two words
+    /// per pair of elements, the parity picking the cosine or the sine.
+    fn box_muller_f32() -> Expr {
+        use strata_core::ir::{PhiloxWord, UnaryOp};
+        let uniform = |word: u8| {
+            let w = Expr {
+                dtype: DType::U32,
+                node: Node::Philox(PhiloxWord {
+                    key: 0,
+                    counter: 1,
+                    word,
+                    per_counter: 4,
+                    shared: 2,
+                }),
+            };
+            let top = Expr::binary(BinaryOp::Shr, w, Expr::scalar(2, DType::U32));
+            Expr::binary(
+                BinaryOp::Mul,
+                top.cast(DType::F32, false),
+                Expr::scalar(3, DType::F32),
+            )
+        };
+        let f = |i: usize| Expr::scalar(4 + i, DType::F32);
+        let log = Expr::unary(UnaryOp::Log, Expr::binary(BinaryOp::Sub, f(0), uniform(0)));
+        let radius = Expr::unary(UnaryOp::Sqrt, Expr::binary(BinaryOp::Mul, f(1), log));
+        let angle = Expr::binary(BinaryOp::Mul, f(2), uniform(1));
+        let literal = |v: i64| Expr::literal(strata_core::Scalar::I64(v));
+        let odd = Expr::binary(BinaryOp::BitAnd, Expr::linear_index(), literal(1));
+        let trig = Expr::select(
+            Expr::binary(BinaryOp::Eq, odd, literal(0)),
+            Expr::unary(UnaryOp::Cos, angle.clone()),
+            Expr::unary(UnaryOp::Sin, angle),
+        );
+        Expr::binary(BinaryOp::Mul, radius, trig)
+    }
+
+    #[test]
+    fn aligned_lanes_of_a_box_muller_pair_share_their_log_and_square_root() {
+        let sig = MapSig {
+            expr: Cow::Owned(box_muller_f32()),
+            also: Cow::Borrowed(&[]),
+            dtypes: vec![DType::F32],
+            contiguous: vec![true],
+            lin: Lin::Contiguous,
+            scalars: vec![
+                DType::U64,
+                DType::U64,
+                DType::U32,
+                DType::F32,
+                DType::F32,
+                DType::F32,
+                DType::F32,
+            ],
+            rank: 1,
+            vector: 4,
+            tiled: vec![false],
+        };
+        let caps = Caps {
+            f64: true,
+            int64: true,
+            f16: false,
+        };
+        let src = source(&sig, caps).unwrap();
+        let body = &src[src.find("@compute").unwrap()..];
+        let aligned = &body[body.find("if (lb % 4u == 0u)").unwrap()..];
+        let aligned = &aligned[..aligned.find("} else {").unwrap()];
+        // Two pairs: a logarithm and a root each; every lane still writes its own bits.
+        assert_eq!(aligned.matches("log_fast_f32(").count(), 2, "{aligned}");
+        assert_eq!(aligned.matches("sqrt_f32(").count(), 2, "{aligned}");
+        for lane in 0..4 {
+            assert!(aligned.contains(&format!("  l{lane} = ")), "{aligned}");
+        }
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+        use naga::valid::Capabilities as C;
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            C::FLOAT64 | C::SHADER_INT64,
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
     }
 
     #[test]
