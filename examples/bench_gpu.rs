@@ -83,11 +83,26 @@ fn host_costs(dev: &Device) -> Result<()> {
         flip = !flip;
         keep(if flip { &one + &one } else { &one * &one })
     })?;
-    // Recording only (lazy fusion's cost per elementwise op before anything launches): a
-    // chain of 200 adds, realized once per burst by the event that ends it.
+    // Recording with its flushes: a chain of 200 adds, run at the node limit and by the event
+    // that ends each burst (its fused kernels' lookups and launches are in the timed span).
     let mut chain = one.clone();
     let recorded = burst_us(dev, || {
         chain = (&chain + &one)?;
+        Ok(())
+    })?;
+    drop(chain);
+    // Recording alone (the issue's measure): chains of 50 built and dropped unread, so no
+    // kernel runs (a burst ends just as a chain is dropped); the drops, each freeing its
+    // pending tree, are in the timed span.
+    let mut link = 0;
+    let mut chain = one.clone();
+    let dropped = burst_us(dev, || {
+        link += 1;
+        chain = if link % 50 == 0 {
+            one.clone()
+        } else {
+            (&chain + &one)?
+        };
         Ok(())
     })?;
     drop(chain);
@@ -100,7 +115,8 @@ fn host_costs(dev: &Device) -> Result<()> {
     let sustained = t.elapsed().as_secs_f64() * 1e6 / count as f64;
     println!(
         "{{\"op\": \"host-us-per-add\", \"us\": {us:.3}, \"sustained_us\": {sustained:.3}, \
-         \"alternating_us\": {alternating:.3}, \"recorded_us\": {recorded:.3}}}"
+         \"alternating_us\": {alternating:.3}, \"recorded_us\": {recorded:.3}, \
+         \"recorded_dropped_us\": {dropped:.3}}}"
     );
     // The same adds while a profile records (two events and a record per op): 5 bursts,
     // within the records a profile times on the device.

@@ -42,6 +42,8 @@ def alone(s):
         print(f"| 1-element add, sustained (20,000, one sync) | {h['sustained_us']:.2f} us | | |")
         if "recorded_us" in h:
             print(f"| recording one elementwise op (lazy fusion) | {h['recorded_us']:.2f} us | | |")
+        if "recorded_dropped_us" in h:
+            print(f"| recording alone (chains of 50 dropped unread) | {h['recorded_dropped_us']:.2f} us | | |")
 
 
 def main():
@@ -70,7 +72,8 @@ def main():
         for key, what in (("us", "host cost of a 1-element add (enqueue, bursts of 200)"),
                           ("alternating_us", "the same, adds and multiplies alternating"),
                           ("sustained_us", "sustained rate of 1-element adds (20,000, one sync)"),
-                          ("recorded_us", "recording one elementwise op (lazy fusion, chains of 200)")):
+                          ("recorded_us", "recording one elementwise op (lazy fusion, chains of 200)"),
+                          ("recorded_dropped_us", "recording alone (chains of 50 dropped unread)")):
             a, b = s[op].get(key), t.get("host-us-per-add", {}).get(key)
             if a is None:
                 continue
