@@ -75,6 +75,19 @@ fn emit_noting<'e>(
             let a = emit_noting(arg, out, next, caps, names)?;
             cast(&a, arg.dtype, expr.dtype, *saturate)
         }
+        // f32 sine and cosine (and 16-bit floats', in f32) take both from one call, declared on
+        // its own so that a sine and a cosine of one angle (Box–Muller's pair, in lanes that
+        // share declarations: map.rs) make one call.
+        Node::Unary(op @ (UnaryOp::Sin | UnaryOp::Cos), arg)
+            if compute_type(arg.dtype) == "f32" && caps.f64 =>
+        {
+            let a = emit_noting(arg, out, next, caps, names)?;
+            let both = format!("v{}", *next);
+            *next += 1;
+            let _ = writeln!(out, "  let {both}: vec2<f32> = sincos_fast_f32({a});");
+            let half = if *op == UnaryOp::Sin { "x" } else { "y" };
+            round_to(arg.dtype, format!("{both}.{half}"))
+        }
         Node::Unary(op, arg) => {
             let a = emit_noting(arg, out, next, caps, names)?;
             unary(*op, arg.dtype, &a, caps)?
@@ -300,10 +313,8 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         }),
         Log1p if t == "f32" => format!("log1p_fast_f32({a})"),
         Log1p => m("log1p"),
-        // f32 and 16-bit floats with an f32 polynomial where f64 reduces the argument.
-        Sin if t == "f32" && caps.f64 => format!("sincos_fast_f32({a}).x"),
+        // (f32 and 16-bit floats where the adapter has f64: emit_noting, with F32_SINCOS.)
         Sin => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).x")),
-        Cos if t == "f32" && caps.f64 => format!("sincos_fast_f32({a}).y"),
         Cos => via_math(d, caps, a, |x, mt| format!("sincos_{mt}({x}).y")),
         Tan => via_math(d, caps, a, |x, mt| format!("tan_{mt}({x})")),
         Tanh if t == "f32" => format!("tanh_fast_f32({a})"),

@@ -851,6 +851,8 @@ mod tests {
         // Two pairs: a logarithm and a root each; every lane still writes its own bits.
         assert_eq!(aligned.matches("log_fast_f32(").count(), 2, "{aligned}");
         assert_eq!(aligned.matches("sqrt_f32(").count(), 2, "{aligned}");
+        // And one sine-and-cosine call a pair: one lane takes its cosine, the other its sine.
+        assert_eq!(aligned.matches("sincos_fast_f32(").count(), 2, "{aligned}");
         for lane in 0..4 {
             assert!(aligned.contains(&format!("  l{lane} = ")), "{aligned}");
         }
