@@ -229,6 +229,22 @@ fn box_muller(u1: Expr, u2: Expr, k: usize) -> Expr {
     bin(BinaryOp::Mul, radius, trig)
 }
 
+/// The expression [`Tensor::randn`] evaluates in f32 (for f32, f16 and bf16, then rounded):
+/// element `i`'s normal over its Philox words and the launch scalars 0–1 (the generator's key
+/// and counter, u64), 2–3 (the uniforms' shift and scale) and 4–6 (1, -2 and 2π). The
+/// renderers' tests build kernels of it.
+///
+/// ```
+/// use strata_core::{random::randn_f32_expr, DType};
+/// let e = randn_f32_expr();
+/// assert_eq!(e.dtype, DType::F32);
+/// assert!(e.reads_linear_index()); // a pair's parity picks the cosine or the sine
+/// ```
+pub fn randn_f32_expr() -> Expr {
+    let lanes = PAIRS_OF_TWO_WORDS;
+    box_muller(uniform_f32(0, lanes, 2), uniform_f32(1, lanes, 2), 4)
+}
+
 /// The scalars `box_muller` reads, for f32 or f64.
 fn box_muller_scalars(dtype: DType) -> Vec<Scalar> {
     let v = |x: f64| Scalar::F64(x).cast(dtype, false);
@@ -334,11 +350,10 @@ impl Tensor {
             let expr = box_muller(uniform53(0, lanes, 2), uniform53(2, lanes, 2), 5);
             return draw(dims, dtype, gen, device, lanes, extra, expr);
         }
-        let lanes = PAIRS_OF_TWO_WORDS;
         let mut extra = uniform_f32_scalars(24);
         extra.extend(box_muller_scalars(DType::F32));
-        let expr = box_muller(uniform_f32(0, lanes, 2), uniform_f32(1, lanes, 2), 4);
-        draw(dims, dtype, gen, device, lanes, extra, expr)
+        let expr = randn_f32_expr();
+        draw(dims, dtype, gen, device, PAIRS_OF_TWO_WORDS, extra, expr)
     }
 
     /// Integers uniform in `low..high` as an integer dtype: a random word modulo the range, of

@@ -782,46 +782,10 @@ mod tests {
         assert_eq!(fold_position_bits(&parity(7), 1), parity(7));
     }
 
-    /// `sqrt(-2 ln(1 - u1)) · (cos or sin)(2π u2)` as `randn` builds it for f32: two words
-    /// per pair of elements, the parity picking the cosine or the sine.
-    fn box_muller_f32() -> Expr {
-        use strata_core::ir::{PhiloxWord, UnaryOp};
-        let uniform = |word: u8| {
-            let w = Expr {
-                dtype: DType::U32,
-                node: Node::Philox(PhiloxWord {
-                    key: 0,
-                    counter: 1,
-                    word,
-                    per_counter: 4,
-                    shared: 2,
-                }),
-            };
-            let top = Expr::binary(BinaryOp::Shr, w, Expr::scalar(2, DType::U32));
-            Expr::binary(
-                BinaryOp::Mul,
-                top.cast(DType::F32, false),
-                Expr::scalar(3, DType::F32),
-            )
-        };
-        let f = |i: usize| Expr::scalar(4 + i, DType::F32);
-        let log = Expr::unary(UnaryOp::Log, Expr::binary(BinaryOp::Sub, f(0), uniform(0)));
-        let radius = Expr::unary(UnaryOp::Sqrt, Expr::binary(BinaryOp::Mul, f(1), log));
-        let angle = Expr::binary(BinaryOp::Mul, f(2), uniform(1));
-        let literal = |v: i64| Expr::literal(strata_core::Scalar::I64(v));
-        let odd = Expr::binary(BinaryOp::BitAnd, Expr::linear_index(), literal(1));
-        let trig = Expr::select(
-            Expr::binary(BinaryOp::Eq, odd, literal(0)),
-            Expr::unary(UnaryOp::Cos, angle.clone()),
-            Expr::unary(UnaryOp::Sin, angle),
-        );
-        Expr::binary(BinaryOp::Mul, radius, trig)
-    }
-
     #[test]
     fn aligned_lanes_of_a_box_muller_pair_share_their_log_and_square_root() {
         let sig = MapSig {
-            expr: Cow::Owned(box_muller_f32()),
+            expr: Cow::Owned(strata_core::random::randn_f32_expr()),
             also: Cow::Borrowed(&[]),
             dtypes: vec![DType::F32],
             contiguous: vec![true],
