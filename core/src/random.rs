@@ -245,6 +245,26 @@ pub fn randn_f32_expr() -> Expr {
     box_muller(uniform_f32(0, lanes, 2), uniform_f32(1, lanes, 2), 4)
 }
 
+/// The launch scalars [`randn_f32_expr`] reads after the generator's key and counter.
+fn randn_f32_scalars() -> Vec<Scalar> {
+    let mut scalars = uniform_f32_scalars(24);
+    scalars.extend(box_muller_scalars(DType::F32));
+    scalars
+}
+
+/// The dtypes of every launch scalar [`randn_f32_expr`] reads, in order (the generator's key
+/// and counter first), as a kernel signature lists them.
+///
+/// ```
+/// use strata_core::{random::randn_f32_scalar_dtypes, DType};
+/// assert_eq!(randn_f32_scalar_dtypes()[..3], [DType::U64, DType::U64, DType::U32]);
+/// ```
+pub fn randn_f32_scalar_dtypes() -> Vec<DType> {
+    let generator = [DType::U64, DType::U64];
+    let rest = randn_f32_scalars().into_iter().map(|s| s.dtype());
+    generator.into_iter().chain(rest).collect()
+}
+
 /// The scalars `box_muller` reads, for f32 or f64.
 fn box_muller_scalars(dtype: DType) -> Vec<Scalar> {
     let v = |x: f64| Scalar::F64(x).cast(dtype, false);
@@ -350,10 +370,16 @@ impl Tensor {
             let expr = box_muller(uniform53(0, lanes, 2), uniform53(2, lanes, 2), 5);
             return draw(dims, dtype, gen, device, lanes, extra, expr);
         }
-        let mut extra = uniform_f32_scalars(24);
-        extra.extend(box_muller_scalars(DType::F32));
         let expr = randn_f32_expr();
-        draw(dims, dtype, gen, device, PAIRS_OF_TWO_WORDS, extra, expr)
+        draw(
+            dims,
+            dtype,
+            gen,
+            device,
+            PAIRS_OF_TWO_WORDS,
+            randn_f32_scalars(),
+            expr,
+        )
     }
 
     /// Integers uniform in `low..high` as an integer dtype: a random word modulo the range, of

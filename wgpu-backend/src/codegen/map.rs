@@ -295,17 +295,15 @@ fn lanes(
 ) -> Result<()> {
     let mut shared = SharedLanes::default();
     for lane in 0..4 {
-        let whole = std::mem::take(src);
-        if !aligned {
-            src.push_str("  {\n");
-        }
+        // The lane's statements, one per line: shared with the earlier lanes, or in a scope.
+        let mut body = String::new();
         if sig.lin != Lin::Unused {
             let li = if aligned {
                 format!("lq * 4u + {lane}u")
             } else {
                 format!("lb + {lane}u")
             };
-            let _ = writeln!(src, "  let li = {li};");
+            let _ = writeln!(body, "  let li = {li};");
         }
         let n_out = sig.outputs();
         for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
@@ -314,7 +312,7 @@ fn lanes(
             } else {
                 format!("sp{k}")
             };
-            let _ = writeln!(src, "  let x{} = {};", k - n_out, bits_value(d, bits));
+            let _ = writeln!(body, "  let x{} = {};", k - n_out, bits_value(d, bits));
         }
         for d in draws {
             // The lane's word of the call made for its counter.
@@ -335,7 +333,7 @@ fn lanes(
                 );
                 format!("{pick}[{word}]")
             };
-            let _ = writeln!(src, "  let x{} = {pick};", d.input);
+            let _ = writeln!(body, "  let x{} = {pick};", d.input);
         }
         let lane_trees: Cow<[Expr]> = if aligned {
             Cow::Owned(trees.iter().map(|e| fold_position_bits(e, lane)).collect())
@@ -343,17 +341,15 @@ fn lanes(
             Cow::Borrowed(trees)
         };
         let mut next = 0;
-        let values = emit_outputs(&lane_trees, src, &mut next, caps)?;
+        let values = emit_outputs(&lane_trees, &mut body, &mut next, caps)?;
         for (k, v) in values.iter().enumerate() {
             let bits = super::bits_of(sig.dtypes[k], v);
-            let _ = writeln!(src, "  {} = {bits};", lane_bits_of(k, lane));
+            let _ = writeln!(body, "  {} = {bits};", lane_bits_of(k, lane));
         }
         if aligned {
-            let body = std::mem::replace(src, whole);
             shared.lane(src, &body, lane);
         } else {
-            src.push_str("  }\n");
-            *src = whole + src;
+            let _ = write!(src, "  {{\n{body}  }}\n");
         }
     }
     Ok(())
@@ -790,15 +786,7 @@ mod tests {
             dtypes: vec![DType::F32],
             contiguous: vec![true],
             lin: Lin::Contiguous,
-            scalars: vec![
-                DType::U64,
-                DType::U64,
-                DType::U32,
-                DType::F32,
-                DType::F32,
-                DType::F32,
-                DType::F32,
-            ],
+            scalars: strata_core::random::randn_f32_scalar_dtypes(),
             rank: 1,
             vector: 4,
             tiled: vec![false],
