@@ -238,6 +238,13 @@ pub trait Backend: Send + Sync + Debug {
     fn fuses_map_into_reduce(&self) -> bool {
         false
     }
+    /// Whether this backend runs a `Reduce` with a [`PriorReduce`](crate::ir::PriorReduce)
+    /// (`prior: Some`), in one pass or as [`lower::prior::split`](crate::lower::prior::split)'s
+    /// two launches; core then defers maxima and minima so a following reduction of the same
+    /// rows can take them in. Otherwise each reduction runs at its call.
+    fn fuses_prior_reduce(&self) -> bool {
+        false
+    }
     /// The most outputs one [`Kernel::Map`] may write here (multi-output fusion: a fused
     /// kernel also stores the intermediates someone still holds). 1: single-output maps only.
     fn map_outputs(&self) -> usize {

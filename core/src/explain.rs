@@ -234,6 +234,26 @@ impl Tensor {
 
 /// Appends the kernels that would realize `t` (its shared pending inputs' first).
 fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
+    if let Some((op, axes, source, what, at)) = fusion::deferred_reduce(&t.storage) {
+        // A deferred reduction: its own kernel when read, or the first pass of a later
+        // reduction's kernel over the same rows.
+        kernels.push(KernelReport {
+            pending: true,
+            ops: vec![what.to_string()],
+            sources: vec![at],
+            expression: format!(
+                "{}(in0) over its last {axes} ax{}; a reduction of the same rows that reads                  it computes it in its own kernel",
+                snake(format!("{op:?}")),
+                if axes == 1 { "is" } else { "es" }
+            ),
+            inputs: vec![OperandReport::of(source.layout(), source.dtype())],
+            output: OperandReport::of(t.layout(), t.dtype()),
+            also: Vec::new(),
+            scalars: 0,
+            source: None,
+        });
+        return Ok(());
+    }
     let Some((expr, fused, layout, dtype)) = fusion::plan(&t.storage)? else {
         return Ok(());
     };

@@ -20,7 +20,7 @@ use crate::device::{Device, StreamHandle};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::explain::Ran;
-use crate::ir::{Expr, Kernel, Node};
+use crate::ir::{Expr, Kernel, Node, PriorReduce, ReduceOp};
 use crate::layout::Layout;
 use crate::tensor::{launch_on, Storage, Tensor};
 use std::sync::Arc;
@@ -54,6 +54,24 @@ pub(crate) struct Pending {
     /// reads one tensor at every step binds it once, so it grows until `MAX_NODES`); `None`:
     /// no input is spliced in, so they are `inputs` themselves.
     leaves: Option<Leaves>,
+    /// A deferred reduction instead of an expression (`expr` is then a placeholder and
+    /// `inputs` is empty): it never splices into a tree; it runs when read, or inside the
+    /// kernel of a later reduction that reads it (see [`prior_of`]).
+    reduce: Option<Box<DeferredReduce>>,
+}
+
+/// A reduction whose launch waits for its first use: a later reduction over the same rows
+/// that reads it one value per output computes both in one kernel
+/// ([`PriorReduce`](crate::ir::PriorReduce)), reading the rows once.
+pub(crate) struct DeferredReduce {
+    /// What it combines (an order-free op: the fused kernel computes the eager value).
+    pub(crate) op: ReduceOp,
+    /// Trailing axes of `source` reduced.
+    pub(crate) reduced_axes: usize,
+    /// The accumulation dtype.
+    pub(crate) acc: DType,
+    /// The input, its axes permuted as the reduction reads them (kept, then reduced).
+    pub(crate) source: Tensor,
 }
 
 /// A tensor input of a fused kernel: its storage (by address), view and dtype, as
@@ -129,7 +147,11 @@ pub(crate) fn record(
     for t in &inputs {
         let child = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
         match child.as_ref() {
-            Some(c) if Arc::ptr_eq(&c.stream, &stream) && c.layout == t.layout => {
+            Some(c)
+                if Arc::ptr_eq(&c.stream, &stream)
+                    && c.layout == t.layout
+                    && c.reduce.is_none() =>
+            {
                 // Spliced in: its nodes replace the input's, its leaves join ours.
                 nodes += c.nodes - 1;
                 add_leaves(&mut leaves, c);
@@ -179,6 +201,7 @@ pub(crate) fn record(
         at: std::panic::Location::caller(),
         nodes,
         leaves,
+        reduce: None,
     };
     let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
     if let Some(p) = storage
@@ -197,6 +220,123 @@ pub(crate) fn record(
         layout,
         dtype,
     })
+}
+
+/// A pending tensor of the dense `layout` and `dtype` holding the reduction `op` of the
+/// trailing `reduced_axes` axes of `source` (permuted: kept axes, then reduced ones), issued
+/// on the current stream. Callers have checked everything an eager launch would check.
+#[track_caller]
+pub(crate) fn record_reduce(
+    reduce: DeferredReduce,
+    layout: Layout,
+    dtype: DType,
+    what: &'static str,
+) -> Result<Tensor> {
+    let device = reduce.source.device().clone();
+    let bytes = layout.numel() * dtype.itemsize();
+    let source = reduce.source.storage.clone();
+    let pending = Pending {
+        expr: Expr::input(0, dtype),
+        inputs: Vec::new(),
+        scalars: Vec::new(),
+        layout: layout.clone(),
+        stream: device.current_handle(),
+        what,
+        at: std::panic::Location::caller(),
+        nodes: 1,
+        leaves: None,
+        reduce: Some(Box::new(reduce)),
+    };
+    let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
+    // A write into the source runs it first, like any pending reader.
+    source.add_reader(&storage);
+    device.register_pending(&storage);
+    Ok(Tensor {
+        storage,
+        layout,
+        dtype,
+    })
+}
+
+/// True when `t`'s storage is a deferred reduction that has not run.
+fn is_deferred_reduce(t: &Tensor) -> bool {
+    t.storage
+        .pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .is_some_and(|p| p.reduce.is_some())
+}
+
+/// The deferred reduction behind a pending `storage`, for `explain`: its op, reduced axes,
+/// source, and the user op with where it was called.
+pub(crate) fn deferred_reduce(
+    storage: &Arc<Storage>,
+) -> Option<(ReduceOp, usize, Tensor, &'static str, String)> {
+    let guard = storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+    let p = guard.as_ref()?;
+    let d = p.reduce.as_ref()?;
+    Some((
+        d.op,
+        d.reduced_axes,
+        d.source.clone(),
+        p.what,
+        format!("{}:{}", p.at.file(), p.at.line()),
+    ))
+}
+
+/// Prior-reduction fusion: among the inputs of a fused reduction into `out` (arranged for
+/// `Kernel::Reduce { map }`), a deferred reduction of the same rows (its source is one of
+/// the inputs read element by element, and it is read one value per output) issued on the
+/// current stream. Its work is taken over: its storage gets its buffer and is no longer
+/// pending, and the reduction's kernel computes it first and writes it (output 1). Returns
+/// the prior and that output.
+pub(crate) fn prior_of(
+    inputs: &[Tensor],
+    out: &Tensor,
+    reduced_axes: usize,
+) -> Result<Option<(PriorReduce, Tensor)>> {
+    use crate::lower::operands::per_output_layout;
+    let stream = out.device().current_handle();
+    let kept = out.ndim();
+    for (result, t) in inputs.iter().enumerate() {
+        let mut guard = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(p) = guard.as_ref() else {
+            continue;
+        };
+        let Some(d) = p.reduce.as_ref() else {
+            continue;
+        };
+        let source = inputs.iter().position(|u| {
+            u.shares_storage(&d.source)
+                && u.layout == d.source.layout
+                && u.dtype == d.source.dtype
+                && !per_output_layout(&u.layout, &out.layout, kept)
+        });
+        let fits = Arc::ptr_eq(&p.stream, &stream)
+            && d.reduced_axes == reduced_axes
+            && t.dtype == p.expr.dtype
+            && t.layout.offset() == 0 // reads output o's value at o, where the kernel writes it
+            && per_output_layout(&t.layout, &out.layout, kept);
+        let (Some(source), true) = (source, fits) else {
+            continue;
+        };
+        let prior = PriorReduce {
+            op: d.op,
+            source,
+            result,
+        };
+        let buffer = out.device().allocate_buffer(t.storage.bytes, p.stream.id)?;
+        t.storage.set_buffer(buffer);
+        let written = Tensor {
+            storage: t.storage.clone(),
+            layout: p.layout.clone(),
+            dtype: p.expr.dtype,
+        };
+        *guard = None;
+        return Ok(Some((prior, written)));
+    }
+    Ok(None)
 }
 
 /// One fused kernel being assembled: its inputs (deduplicated), scalars, user ops, and the
@@ -219,6 +359,9 @@ pub(crate) struct Fused {
     /// and their expressions: a tree read twice element for element is spliced once, so its
     /// scalars are not repeated and a shared node stays shared.
     spliced: Vec<(usize, Layout, Expr)>,
+    /// Deferred reductions read as leaves stay pending (a reduction's map: its kernel may
+    /// compute them, see [`prior_of`]); otherwise they run first.
+    keep_reductions: bool,
 }
 
 /// The address of a storage, its identity while the walk holds the tree.
@@ -235,7 +378,7 @@ fn spliceable<'g>(
 ) -> Option<&'g Pending> {
     guard
         .as_ref()
-        .filter(|c| c.layout == t.layout && Arc::ptr_eq(&c.stream, stream))
+        .filter(|c| c.layout == t.layout && Arc::ptr_eq(&c.stream, stream) && c.reduce.is_none())
 }
 
 impl Fused {
@@ -335,7 +478,7 @@ impl Fused {
                     continue;
                 }
                 drop(child);
-                if run {
+                if run && !(self.keep_reductions && is_deferred_reduce(t)) {
                     t.realize()?;
                 }
             }
@@ -439,7 +582,7 @@ fn substitute(e: &Expr, inputs: &mut [(Expr, usize)], base: usize) -> Expr {
 /// spliced in), without running anything: for `explain`. `None` once it has run.
 pub(crate) fn plan(storage: &Arc<Storage>) -> Result<Option<(Expr, Fused, Layout, DType)>> {
     let guard = storage.pending.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(p) = guard.as_ref() else {
+    let Some(p) = guard.as_ref().filter(|p| p.reduce.is_none()) else {
         return Ok(None);
     };
     let mut fused = Fused::new(p, 0);
@@ -457,13 +600,14 @@ pub(crate) fn reduce_prologue(t: &Tensor) -> Result<Option<(Expr, Fused)>> {
         return Ok(None);
     }
     let guard = t.storage.pending.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(p) = guard.as_ref() else {
+    let Some(p) = guard.as_ref().filter(|p| p.reduce.is_none()) else {
         return Ok(None);
     };
     if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &device.current_handle()) {
         return Ok(None);
     }
     let mut fused = Fused::new(p, 0);
+    fused.keep_reductions = device.backend().fuses_prior_reduce();
     let expr = fused.splice(p, true)?;
     if fused.inputs.is_empty() || fused.inputs.len() > MAX_INPUTS || expr.reads_linear_index() {
         return Ok(None);
@@ -529,6 +673,28 @@ fn run(storage: &Arc<Storage>, room: usize) -> Result<()> {
         return Ok(());
     };
     let device = &storage.device;
+    if let Some(d) = &p.reduce {
+        // A deferred reduction read on its own: its plain kernel.
+        storage.set_buffer(device.allocate_buffer(storage.bytes, p.stream.id)?);
+        let out = Tensor {
+            storage: storage.clone(),
+            layout: p.layout.clone(),
+            dtype: p.expr.dtype,
+        };
+        let kernel = Kernel::Reduce {
+            op: d.op,
+            reduced_axes: d.reduced_axes,
+            acc: d.acc,
+            map: None,
+            prior: None,
+        };
+        let ran = launch_on(kernel, &out, &[], &[&d.source], vec![], &p.stream, true);
+        if let Err(e) = &ran {
+            let _ = storage.failed.set(e.to_string());
+        }
+        *guard = None;
+        return ran;
+    }
     let mut fused = Fused::new(p, room);
     let expr = fused.splice(p, true)?;
     fused.fit_outputs();

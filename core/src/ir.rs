@@ -632,6 +632,10 @@ pub enum Kernel {
         /// It never reads the linear index. Only backends whose
         /// [`fuses_map_into_reduce`](crate::Backend::fuses_map_into_reduce) is true get one.
         map: Option<Expr>,
+        /// A reduction the map reads, run in the same kernel first: see [`PriorReduce`].
+        /// Only with a map, and only on backends whose
+        /// [`fuses_prior_reduce`](crate::Backend::fuses_prior_reduce) is true.
+        prior: Option<PriorReduce>,
     },
     /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
     /// `[batch, m, n]`, all of one dtype and any strides (a batch stride may be 0). Scalars:
@@ -713,6 +717,31 @@ impl IndexKind {
     }
 }
 
+/// A reduction that a fused reduction's map reads, computed by the same kernel before it
+/// (`(x - x.max(-1, true)).exp().sum(-1)`: the maximum, then the sum, each row read once).
+/// Per output it folds `op` over the elements of input `source` (laid out like input 0) and
+/// writes the result to output 1 (the shape and dtype of input `source`'s leading axes'
+/// values, one per output); input `result` is a view of that same buffer holding one value
+/// per output, which the map reads. The map's elements, their order and the main
+/// reduction's numbers are the ones the two reductions give run one after the other
+/// ([`lower::prior::split`](crate::lower::prior::split) runs them so), so a backend may run
+/// it in one pass or in two.
+///
+/// ```
+/// use strata_core::ir::{PriorReduce, ReduceOp};
+/// let p = PriorReduce { op: ReduceOp::Max, source: 0, result: 1 };
+/// assert!(p.op.is_order_free());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PriorReduce {
+    /// What the prior reduction combines (an order-free op: max or min).
+    pub op: ReduceOp,
+    /// The input it reads, element by element.
+    pub source: usize,
+    /// The input through which the map reads its result (output 1's buffer).
+    pub result: usize,
+}
+
 /// Reductions of the IR (see [`Kernel::Reduce`]).
 ///
 /// ```
@@ -748,6 +777,18 @@ impl ReduceOp {
     /// ```
     pub fn returns_index(self) -> bool {
         matches!(self, ReduceOp::ArgMin | ReduceOp::ArgMax)
+    }
+
+    /// True for `Min` and `Max`: their result does not depend on the order the elements are
+    /// combined in (-0 is below +0 and NaN wins, on every backend), so any kernel computes
+    /// the eager value.
+    ///
+    /// ```
+    /// use strata_core::ir::ReduceOp;
+    /// assert!(ReduceOp::Max.is_order_free() && !ReduceOp::Sum.is_order_free());
+    /// ```
+    pub fn is_order_free(self) -> bool {
+        matches!(self, ReduceOp::Min | ReduceOp::Max)
     }
 }
 

@@ -3,12 +3,13 @@
 //! launch time the kernel, not NVRTC.
 
 use crate::batch::MAX_BATCHED_WORK;
-use crate::codegen::{index, map, matmul, reduce, softmax};
+use crate::codegen::{index, map, matmul, reduce, reduce_prior, softmax};
 use crate::launch::{dims, FunctionCache, Grid, Launch, Program};
 use crate::CudaBackend;
 use strata_core::backend::LaunchDescription;
 use strata_core::ir::{Kernel, KernelArgs};
 use strata_core::lower::operands::{IndexOperands, MatmulOperands};
+use strata_core::lower::prior::split;
 use strata_core::lower::softmax_plan::SoftmaxOperands;
 use strata_core::DType;
 
@@ -33,7 +34,31 @@ impl CudaBackend {
                 op,
                 reduced_axes,
                 acc,
+                map: Some(expr),
+                prior: Some(prior),
+            } => {
+                let key = (*op, *reduced_axes, *acc);
+                match reduce_prior::describe(key, expr, *prior, args, &self.target) {
+                    Some(l) => (
+                        "strata_reduce".into(),
+                        format!("{}, a row staged", grid(&l)?),
+                    ),
+                    None => {
+                        let [(k1, a1), (k2, a2)] = split(kernel, args).ok()?;
+                        let (d1, d2) = (self.describe(&k1, &a1)?, self.describe(&k2, &a2)?);
+                        (
+                            format!("{} then {}", d1.name, d2.name),
+                            format!("{}; then {}", d1.shape, d2.shape),
+                        )
+                    }
+                }
+            }
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
                 map,
+                ..
             } => {
                 let red = reduce::plan(*op, *reduced_axes, *acc, map.as_ref(), args, &self.target)
                     .ok()??;
@@ -99,7 +124,25 @@ impl CudaBackend {
                 op,
                 reduced_axes,
                 acc,
+                map: Some(expr),
+                prior: Some(prior),
+            } => {
+                let key = (*op, *reduced_axes, *acc);
+                match reduce_prior::plan_staged(key, expr, *prior, args, &self.target)? {
+                    Some((sig, _)) => compile(&self.reductions, &sig, self, &mut compiled)?,
+                    None => {
+                        for (k, a) in split(kernel, args)? {
+                            compiled |= self.prepare(&k, &a)?;
+                        }
+                    }
+                }
+            }
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
                 map,
+                ..
             } => {
                 if let Some(red) =
                     reduce::plan(*op, *reduced_axes, *acc, map.as_ref(), args, &self.target)?

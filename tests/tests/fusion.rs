@@ -762,3 +762,143 @@ fn wgpu_map_reduce_allocates_no_temporary() {
         );
     }
 }
+
+/// Prior reductions: where the backend fuses them (CPU, CUDA), a maximum or minimum of a
+/// realized tensor stays pending, and a later reduction of the same rows that reads it
+/// (`(x - x.max(-1, true)).exp().sum(-1)`) computes both in one kernel, reading each row once
+/// on CUDA (rows staged in shared memory, the sum in the eager order). Results equal eager
+/// ones bit for bit: rows that are staged or not, f64 and f16, NaN and signed zeros,
+/// reductions over columns and over two axes, a maximum the user keeps and reads.
+fn prior_reductions(dev: &Device) -> Result<()> {
+    let bits = |t: Tensor| -> Result<Vec<u64>> {
+        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        Ok(v.iter()
+            .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
+            .collect())
+    };
+    let mut g = Generator::new(17);
+    let mut inputs = Vec::new();
+    for (shape, dtype) in [
+        (vec![6, 33], DType::F32),
+        (vec![3, 4100], DType::F32), // staged on CUDA (whole vectors, 16 KiB a row)
+        (vec![2, 20000], DType::F32), // too long to stage: two launches
+        (vec![4, 16384], DType::F32), // staged, the eager sum in two ranges (CUDA)
+        (vec![5, 2048], DType::F64),
+        (vec![4, 300], DType::F16),
+        (vec![2, 3, 64], DType::F32),
+    ] {
+        inputs.push(
+            Tensor::randn(shape, DType::F32, &mut g, dev)?
+                .mul(3.0)?
+                .to_dtype(dtype)?,
+        );
+    }
+    // A NaN in one row and signed zeros as a row's maximum.
+    let mut special = vec![0.25f32; 2 * 64];
+    special[5] = f32::NAN;
+    special[64..].iter_mut().for_each(|v| *v = -1.0);
+    special[64 + 7] = -0.0;
+    special[64 + 9] = 0.0;
+    inputs.push(Tensor::from_slice(&special, [2, 64], dev)?);
+    dev.flush()?;
+    let softmax = |x: &Tensor| -> Result<Tensor> {
+        let e = (x - &x.max(-1, true)?)?.exp()?;
+        &e / &e.sum(-1, true)?
+    };
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut out = Vec::new();
+        for x in &inputs {
+            out.push(bits(softmax(x)?)?);
+            let shifted = (x - &x.max(-1, true)?)?;
+            out.push(bits((&shifted - &shifted.exp()?.sum(-1, true)?.log()?)?)?);
+            out.push(bits((x - &x.min(-1, true)?)?.sum(-1, false)?)?);
+            out.push(bits((x - &x.max(0, true)?)?.exp()?.sum(0, false)?)?);
+            if x.ndim() == 3 {
+                let m = x.max(vec![1, 2], true)?;
+                out.push(bits((x - &m)?.exp()?.sum(vec![1, 2], false)?)?);
+            }
+            // Kept by the user and read after the fused kernel wrote it.
+            let m = x.max(-1, true)?;
+            let s = (x - &m)?.exp()?.sum(-1, false)?;
+            out.push(bits(s)?);
+            out.push(bits(m)?);
+        }
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    if dev.kind() == strata::BackendKind::Wgpu {
+        // (A Vulkan driver may contract within a shader: docs/semantics.md.)
+        for (f, e) in fused.iter().zip(&eager) {
+            for (&f, &e) in f.iter().zip(e) {
+                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
+                assert!((f - e).abs() <= 1e-5 * e.abs().max(1.0) || f == e);
+            }
+        }
+    } else {
+        for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
+            assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
+        }
+    }
+
+    if dev.kind() == strata::BackendKind::Cuda {
+        // Many long rows: a warp a row, each row in two ranges (an H100's or H200's plan).
+        let x = Tensor::randn([9000, 2048], DType::F32, &mut g, dev)?;
+        let s = |fuse: bool| -> Result<Vec<u64>> {
+            let before = dev.fusion();
+            dev.set_fusion(fuse)?;
+            let r = bits((&x - &x.max(-1, true)?)?.exp()?.sum(-1, false)?);
+            dev.set_fusion(before)?;
+            r
+        };
+        assert_eq!(s(true)?, s(false)?, "9000 rows of 2048, fused vs eager");
+    }
+
+    // One kernel for the maximum and the sum; the softmax's map is the second.
+    let fuses = fusing(dev) && dev.kind() != strata::BackendKind::Wgpu;
+    let x = &inputs[1];
+    let (n, _) = kernels_of(dev, || {
+        let s = (x - &x.max(-1, true)?)?.exp()?.sum(-1, true)?;
+        s.realize()
+    })?;
+    // (Without prior fusion: the max, then the fused exp-sum; eagerly four kernels.)
+    let (one, two) = (fuses as usize, fusing(dev) as usize);
+    assert_eq!(n, 4 - 2 * two - one, "kernels of max, then exp-sum");
+    let (n, _) = kernels_of(dev, || softmax(x)?.realize())?;
+    assert_eq!(n, 5 - 2 * two - one, "softmax kernels");
+
+    // A deferred maximum is pending until read, runs before a write to its input, and shows
+    // in `explain`.
+    let a = f32s(&[1.0, 5.0, 3.0, -2.0], dev)?.reshape([2, 2])?;
+    let m = a.max(-1, false)?;
+    assert_eq!(m.is_pending(), fuses);
+    if fuses {
+        let e = m.explain()?;
+        assert_eq!(e.kernels.len(), 1);
+        assert_eq!(e.kernels[0].ops, vec!["max"]);
+        assert!(e.kernels[0].expression.contains("max(in0)"), "{e}");
+    }
+    a.add_(10.0)?;
+    assert_eq!(
+        m.to_vec::<f32>()?,
+        vec![5.0, 3.0],
+        "the old values' maximum"
+    );
+    let m = a.max(-1, true)?;
+    let view = m.t()?; // a view of it, read by a map: it runs first
+    assert_eq!((&view * 2.0)?.to_vec::<f32>()?, vec![30.0, 26.0]);
+    let m = a.min(Axes::All, false)?;
+    assert_eq!(m.item::<f32>()?, 8.0);
+    // Read on another stream: it runs on its own, ordered by events.
+    let s1 = dev.new_stream()?;
+    let m = a.max(-1, true)?;
+    let s = dev.with_stream(&s1, || (&a - &m)?.sum(-1, false))??;
+    assert_eq!(s.to_vec::<f32>()?, vec![-4.0, -5.0]);
+    Ok(())
+}
+test_device!(
+    prior_reductions_run_in_the_reduction_that_reads_them,
+    prior_reductions
+);

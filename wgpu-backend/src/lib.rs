@@ -273,11 +273,19 @@ impl Backend for WgpuBackend {
         self.check_operands(args)?;
         match kernel {
             Kernel::Map { expr, also } => self.run_map(expr, also, args),
+            // (`fuses_prior_reduce` is false: core sends none, but the two launches are exact.)
+            Kernel::Reduce { prior: Some(_), .. } => {
+                for (kernel, args) in strata_core::lower::prior::split(kernel, args)? {
+                    self.run(&kernel, &args, _stream)?;
+                }
+                Ok(())
+            }
             Kernel::Reduce {
                 op,
                 reduced_axes,
                 acc,
                 map,
+                prior: None,
             } => self.run_reduce(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args),

@@ -182,20 +182,29 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn run(&self, kernel: &Kernel, args: &KernelArgs, _: StreamId) -> Result<()> {
+    fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         match kernel {
             Kernel::Map { expr, also } => map::run(expr, also, args),
+            Kernel::Reduce { prior: Some(_), .. } => {
+                // The reference runs the definition: the prior reduction, then the main one.
+                for (kernel, args) in crate::lower::prior::split(kernel, args)? {
+                    self.run(&kernel, &args, _stream)?;
+                }
+                Ok(())
+            }
             Kernel::Reduce {
                 op,
                 reduced_axes,
                 acc,
                 map: None,
+                ..
             } => reduce::run(*op, *reduced_axes, *acc, args),
             Kernel::Reduce {
                 op,
                 reduced_axes,
                 acc,
                 map: Some(expr),
+                ..
             } => {
                 // The oracle keeps it simple: the map into a scratch buffer laid out like
                 // the inputs' shape, then the plain reduction of it.
@@ -262,6 +271,10 @@ impl Backend for CpuBackend {
     }
 
     fn fuses_map_into_reduce(&self) -> bool {
+        true
+    }
+
+    fn fuses_prior_reduce(&self) -> bool {
         true
     }
 

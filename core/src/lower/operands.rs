@@ -249,14 +249,25 @@ fn alike(m: &Operand, input: &Operand) -> bool {
 /// assert!(!per_output(&x.operand().unwrap(), &y.operand().unwrap(), 1));
 /// ```
 pub fn per_output(m: &Operand, out: &Operand, kept: usize) -> bool {
-    let (shape, strides) = (m.layout.shape(), m.layout.strides());
+    per_output_layout(&m.layout, &out.layout, kept)
+}
+
+/// [`per_output`] for layouts (no buffer needed: core asks before a pending input runs).
+///
+/// ```
+/// use strata_core::{lower::operands::per_output_layout, Layout};
+/// let m = Layout::new(vec![3, 4], vec![1, 0], 0).unwrap();
+/// assert!(per_output_layout(&m, &Layout::contiguous(&[3]).unwrap(), 1));
+/// ```
+pub fn per_output_layout(m: &crate::Layout, out: &crate::Layout, kept: usize) -> bool {
+    let (shape, strides) = (m.shape(), m.strides());
     kept <= shape.len()
         && strides[kept..].iter().all(|&s| s == 0)
-        && shape[..kept] == *out.layout.shape()
+        && shape[..kept] == *out.shape()
         && strides[..kept]
             .iter()
-            .zip(out.layout.strides())
-            .zip(out.layout.shape())
+            .zip(out.strides())
+            .zip(out.shape())
             .all(|((&a, &b), &n)| a == b || n == 1)
 }
 

@@ -80,18 +80,17 @@ fn fused_reduce_inputs(
     order: &[usize],
     out: &Tensor,
 ) -> Result<Option<(Expr, Vec<Tensor>)>> {
-    use crate::lower::operands::per_output;
+    use crate::lower::operands::per_output_layout;
     let permuted = leaves
         .iter()
         .map(|t| Ok(t.with_layout(t.layout.permuted(order)?)))
         .collect::<Result<Vec<_>>>()?;
-    let out_op = out.operand()?;
     let kept = out.ndim();
-    let ops = permuted
+    // From the layouts alone: a deferred reduction among the leaves stays pending.
+    let one_per_output: Vec<bool> = permuted
         .iter()
-        .map(|t| t.operand())
-        .collect::<Result<Vec<_>>>()?;
-    let one_per_output: Vec<bool> = ops.iter().map(|o| per_output(o, &out_op, kept)).collect();
+        .map(|t| per_output_layout(&t.layout, &out.layout, kept))
+        .collect();
     let Some(first) = one_per_output.iter().position(|&p| !p) else {
         return Ok(None);
     };
@@ -120,6 +119,60 @@ fn fused_reduce_inputs(
 }
 
 impl Tensor {
+    /// Launches the reduction `op` of the `reduced` axes (the input's axes in `order`: kept,
+    /// then reduced) into a new tensor of `out_shape`, reading a pending elementwise input
+    /// directly where the backend fuses maps into reductions.
+    fn reduce_now(
+        &self,
+        op: ReduceOp,
+        reduced: &[usize],
+        order: &[usize],
+        out_shape: &[usize],
+        acc: DType,
+        out_dtype: DType,
+    ) -> Result<Tensor> {
+        let out = Tensor::alloc(out_shape, out_dtype, self.device())?;
+        // A pending elementwise input is read by the reduction directly (map→reduce fusion):
+        // its leaves, permuted like the input, and its expression per element.
+        let fused = match crate::fusion::reduce_prologue(self)? {
+            Some((expr, fused)) => fused_reduce_inputs(&expr, &fused.inputs, order, &out)?
+                .map(|(expr, inputs)| (Some(expr), inputs, fused.scalars)),
+            None => None,
+        };
+        let (map, inputs, scalars) = match fused {
+            Some(f) => f,
+            None => (
+                None,
+                vec![self.with_layout(self.layout.permuted(order)?)],
+                vec![],
+            ),
+        };
+        // A deferred reduction of the same rows that the map reads runs in this kernel first.
+        let prior = match &map {
+            Some(_) if self.device().backend().fuses_prior_reduce() => {
+                crate::fusion::prior_of(&inputs, &out, reduced.len())?
+            }
+            _ => None,
+        };
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let (prior, written) = prior.map_or((None, None), |(p, w)| (Some(p), Some(w)));
+        let extra: Vec<&Tensor> = written.iter().collect();
+        let kernel = Kernel::Reduce {
+            op,
+            reduced_axes: reduced.len(),
+            acc,
+            map,
+            prior,
+        };
+        let stream = self.device().current_handle();
+        let ran = crate::tensor::launch_on(kernel, &out, &extra, &refs, scalars, &stream, false);
+        if let (Err(e), Some(w)) = (&ran, &written) {
+            let _ = w.storage.failed.set(e.to_string());
+        }
+        ran?;
+        Ok(out)
+    }
+
     /// The sorted, distinct axes `axes` names.
     fn reduce_axes(&self, axes: &Axes) -> Result<Vec<usize>> {
         let mut out = match axes {
@@ -136,7 +189,11 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Runs one `Reduce` kernel over `axes`, returning `out_dtype`.
+    /// Runs one `Reduce` kernel over `axes`, returning `out_dtype`. With fusion on, a
+    /// maximum or minimum of a realized tensor is deferred where the backend fuses prior
+    /// reductions: a later reduction of the same rows that reads it (the sum of
+    /// `exp(x - max)`) then computes both in one kernel.
+    #[track_caller]
     pub(crate) fn reduce_raw(
         &self,
         op: ReduceOp,
@@ -161,34 +218,25 @@ impl Tensor {
         }
         let order: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
         let out_shape: Vec<usize> = kept.iter().map(|&a| self.shape()[a]).collect();
-        let out = Tensor::alloc(&out_shape, out_dtype, self.device())?;
-        // A pending elementwise input is read by the reduction directly (map→reduce fusion):
-        // its leaves, permuted like the input, and its expression per element.
-        let fused = match crate::fusion::reduce_prologue(self)? {
-            Some((expr, fused)) => fused_reduce_inputs(&expr, &fused.inputs, &order, &out)?
-                .map(|(expr, inputs)| (Some(expr), inputs, fused.scalars)),
-            None => None,
-        };
-        let (map, inputs, scalars) = match fused {
-            Some(f) => f,
-            None => (
-                None,
-                vec![self.with_layout(self.layout.permuted(&order)?)],
-                vec![],
-            ),
-        };
-        let refs: Vec<&Tensor> = inputs.iter().collect();
-        crate::tensor::launch(
-            Kernel::Reduce {
+        let device = self.device();
+        let out = if op.is_order_free()
+            && crate::fusion::defers(device)
+            && device.backend().fuses_prior_reduce()
+            && !self.is_pending()
+            && acc == out_dtype
+        {
+            let reduce = crate::fusion::DeferredReduce {
                 op,
                 reduced_axes: reduced.len(),
                 acc,
-                map,
-            },
-            &out,
-            &refs,
-            scalars,
-        )?;
+                source: self.with_layout(self.layout.permuted(&order)?),
+            };
+            let layout = crate::Layout::contiguous(&out_shape)?;
+            let what = if op == ReduceOp::Max { "max" } else { "min" };
+            crate::fusion::record_reduce(reduce, layout, out_dtype, what)?
+        } else {
+            self.reduce_now(op, &reduced, &order, &out_shape, acc, out_dtype)?
+        };
         if !keepdim {
             return Ok(out);
         }
@@ -367,6 +415,7 @@ impl Tensor {
     /// let t = Tensor::from_slice(&[3i8, -2, 7], [3], &Device::cpu()).unwrap();
     /// assert_eq!(t.min(Axes::All, false).unwrap().item::<i8>().unwrap(), -2);
     /// ```
+    #[track_caller]
     pub fn min(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
         self.reduce_raw(ReduceOp::Min, &axes.into(), keepdim, self.dtype, self.dtype)
     }
@@ -379,6 +428,7 @@ impl Tensor {
     /// assert_eq!(t.max(1, false).unwrap().to_vec::<i8>().unwrap(), vec![3, 7]);
     /// assert!(Tensor::zeros([0], DType::F32, &Device::cpu()).unwrap().max(0, false).is_err());
     /// ```
+    #[track_caller]
     pub fn max(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
         self.reduce_raw(ReduceOp::Max, &axes.into(), keepdim, self.dtype, self.dtype)
     }

@@ -19,11 +19,17 @@ pub(super) fn kernel_record(
             let n = args.outputs.first().map_or(0, |o| o.layout.numel()) as u64;
             ("map", map_ops(expr), n * expr_flops(expr))
         }
-        Kernel::Reduce { op, map, .. } => {
+        Kernel::Reduce { op, map, prior, .. } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
-            let mut ops = map.as_ref().map(map_ops).unwrap_or_default();
+            let mut ops: Vec<String> = prior.iter().map(|p| snake(format!("{:?}", p.op))).collect();
+            ops.extend(map.as_ref().map(map_ops).unwrap_or_default());
             ops.push(snake(format!("{op:?}")));
-            ("reduce", ops, n * (1 + map.as_ref().map_or(0, expr_flops)))
+            let passes = 1 + u64::from(prior.is_some());
+            (
+                "reduce",
+                ops,
+                n * (passes + map.as_ref().map_or(0, expr_flops)),
+            )
         }
         Kernel::Matmul { .. } => ("matmul", vec!["matmul".to_string()], matmul_flops(args)),
         Kernel::Softmax { log } => {

@@ -221,6 +221,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     wide: group == 32,
                     combine,
                     map: None,
+                    prior: None,
                 });
             }
         }
@@ -294,6 +295,38 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     per_output: (0..inputs.len()).map(|i| k == 1 && i == 1).collect(),
                     inputs: inputs.clone(),
                     scalars: scalars.clone(),
+                }),
+                prior: None,
+            });
+        }
+    }
+    // A prior reduction with the row staged (`reduce_prior`): `exp(x - max) * w` summed,
+    // in a warp's and a block's eager order, f32 and f64, after a maximum or a minimum.
+    for (d, vector) in [(DType::F32, 4), (DType::F64, 2)] {
+        for (group, prior) in [(32, Max), (256, Min)] {
+            let shifted = Expr::binary(BinaryOp::Sub, x(0, d), x(1, d));
+            let expr = Expr::binary(BinaryOp::Mul, Expr::unary(UnaryOp::Exp, shifted), x(2, d));
+            out.push(ReduceSig {
+                op: Sum,
+                input: d,
+                acc: d,
+                out: d,
+                outer_rank: 2,
+                reduced_rank: 1,
+                group,
+                vector,
+                wide: group == 32,
+                combine: false,
+                map: Some(strata_core::lower::operands::ReduceMap {
+                    expr,
+                    per_output: vec![false, true, false],
+                    inputs: vec![d; 3],
+                    scalars: vec![],
+                }),
+                prior: Some(super::reduce_prior::StagedPrior {
+                    op: prior,
+                    result: 1,
+                    out: d,
                 }),
             });
         }

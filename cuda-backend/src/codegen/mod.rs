@@ -14,6 +14,7 @@ pub(crate) mod index;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
+pub(crate) mod reduce_prior;
 pub(crate) mod softmax;
 
 use strata_core::{DType, Error};

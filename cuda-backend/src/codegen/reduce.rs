@@ -39,6 +39,9 @@ pub(crate) struct ReduceSig {
     pub combine: bool,
     /// Map→reduce fusion: the element is this map over inputs of one layout.
     pub map: Option<ReduceMap>,
+    /// A prior reduction computed first with each row kept in shared memory (a block of
+    /// [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads a row): see `reduce_prior`.
+    pub prior: Option<super::reduce_prior::StagedPrior>,
 }
 
 impl strata_core::lower::cache::Owned for ReduceSig {}
@@ -102,6 +105,7 @@ pub(crate) fn plan(
         wide: plan.wide,
         combine: false,
         map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
+        prior: None,
     };
     let mut map_words = Vec::new();
     if map.is_some() {
@@ -187,6 +191,7 @@ impl Reduction {
             vector: 1,
             combine: true,
             map: None,
+            prior: None,
             ..self.sig.clone()
         };
         (sig, Launch::linear(w, p.outputs * p.combine_group))
@@ -194,7 +199,7 @@ impl Reduction {
 }
 
 /// The accumulator's starting value.
-fn identity(op: ReduceOp, r: DType) -> String {
+pub(crate) fn identity(op: ReduceOp, r: DType) -> String {
     let t = compute_type(r);
     let inf = if r == DType::F64 {
         "__longlong_as_double(0x7ff0000000000000ll)"
@@ -216,7 +221,7 @@ fn identity(op: ReduceOp, r: DType) -> String {
 }
 
 /// Folds value `v` at position `i` into `acc` / `best`.
-fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
+pub(crate) fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
     let int = !r.is_float() && r != DType::Bool;
     match op {
         ReduceOp::Sum if int => format!("acc = w_add<i64>(acc, {v});"),
@@ -246,7 +251,22 @@ fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
 impl Program for ReduceSig {
     const NAME: &'static str = "strata_reduce";
     fn source(&self) -> Result<String> {
-        source(self)
+        match self.prior {
+            Some(_) => super::reduce_prior::source(self),
+            None => source(self),
+        }
+    }
+}
+
+/// The contribution to `sig`'s accumulator of a compute value `value` of dtype `from`.
+pub(crate) fn contribution(sig: &ReduceSig, value: &str, from: DType) -> String {
+    let r = repr(sig.op, sig.acc);
+    let as_acc = cast(value, from, sig.acc, false);
+    match r {
+        DType::I64 if matches!(sig.op, ReduceOp::Sum | ReduceOp::Prod) => {
+            format!("(i64)({as_acc})")
+        }
+        _ => cast(value, from, r, false),
     }
 }
 
@@ -275,16 +295,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let total = map_ptrs + more + scalars;
     let in_t = storage_type(sig.input);
 
-    // The contribution of a compute value `value` of dtype `from`.
-    let convert = |value: &str, from: DType| -> String {
-        let as_acc = cast(value, from, sig.acc, false);
-        match r {
-            DType::I64 if matches!(sig.op, ReduceOp::Sum | ReduceOp::Prod) => {
-                format!("(i64)({as_acc})")
-            }
-            _ => cast(value, from, r, false),
-        }
-    };
+    let convert = |value: &str, from: DType| contribution(sig, value, from);
 
     let mut s = String::new();
     let _ = writeln!(
@@ -514,6 +525,7 @@ mod tests {
             wide: false,
             combine: false,
             map: None,
+            prior: None,
         }
     }
 

@@ -1,0 +1,93 @@
+//! A reduction with a prior one ([`PriorReduce`]) as two launches: the prior reduction into
+//! output 1, then the main one, whose map reads that output through input `result`. This is
+//! the definition of its numbers; a backend that keeps the row on chip between the two
+//! passes (CUDA) computes the same ones, and the others run these two launches.
+//!
+//! ```
+//! use strata_core::ir::{BinaryOp, Expr, Kernel, KernelArgs, PriorReduce, ReduceOp};
+//! use strata_core::{DType, Device, Tensor};
+//! let dev = Device::cpu();
+//! let x = Tensor::zeros([2, 4], DType::F32, &dev)?;
+//! let m = Tensor::zeros([2], DType::F32, &dev)?;
+//! let s = Tensor::zeros([2], DType::F32, &dev)?;
+//! let m_read = m.reshape([2, 1])?.broadcast_to([2, 4])?;
+//! let map = Expr::binary(BinaryOp::Sub, Expr::input(0, DType::F32), Expr::input(1, DType::F32));
+//! let prior = Some(PriorReduce { op: ReduceOp::Max, source: 0, result: 1 });
+//! let kernel = Kernel::Reduce { op: ReduceOp::Sum, reduced_axes: 1, acc: DType::F32, map: Some(map), prior };
+//! let args = KernelArgs {
+//!     outputs: vec![s.operand()?, m.operand()?],
+//!     inputs: vec![x.operand()?, m_read.operand()?],
+//!     scalars: vec![],
+//! };
+//! let [(first, a), (second, b)] = strata_core::lower::prior::split(&kernel, &args)?;
+//! assert!(matches!(first, Kernel::Reduce { op: ReduceOp::Max, map: None, .. }));
+//! assert!(matches!(second, Kernel::Reduce { op: ReduceOp::Sum, prior: None, .. }));
+//! assert_eq!((a.inputs.len(), a.outputs.len(), b.inputs.len(), b.outputs.len()), (1, 1, 2, 1));
+//! # Ok::<(), strata_core::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use crate::ir::{Kernel, KernelArgs, PriorReduce};
+
+/// `kernel` (a `Reduce` with a prior) as its two launches, in order; an `Err` for any other
+/// kernel or for operands that do not match the prior.
+pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<[(Kernel, KernelArgs); 2]> {
+    let &Kernel::Reduce {
+        op,
+        reduced_axes,
+        acc,
+        ref map,
+        prior:
+            Some(PriorReduce {
+                op: prior_op,
+                source,
+                result,
+            }),
+    } = kernel
+    else {
+        return Err(Error::Invalid(
+            "internal error: only a reduction with a prior reduction is split in two".into(),
+        ));
+    };
+    let ([out, prior_out], Some(src), Some(_)) = (
+        args.outputs.as_slice(),
+        args.inputs.get(source),
+        args.inputs.get(result),
+    ) else {
+        return Err(Error::Invalid(format!(
+            "a reduction with a prior one writes two outputs and reads inputs {source} and \
+             {result}: got {} outputs, {} inputs",
+            args.outputs.len(),
+            args.inputs.len()
+        )));
+    };
+    let first = (
+        Kernel::Reduce {
+            op: prior_op,
+            reduced_axes,
+            acc: prior_out.dtype,
+            map: None,
+            prior: None,
+        },
+        KernelArgs {
+            outputs: vec![prior_out.clone()],
+            inputs: vec![src.clone()],
+            scalars: vec![],
+        },
+    );
+    let second = (
+        Kernel::Reduce {
+            op,
+            reduced_axes,
+            acc,
+            map: map.clone(),
+            prior: None,
+        },
+        KernelArgs {
+            outputs: vec![out.clone()],
+            inputs: args.inputs.clone(),
+            scalars: args.scalars.clone(),
+        },
+    );
+    Ok([first, second])
+}

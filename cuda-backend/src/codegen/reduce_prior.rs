@@ -1,0 +1,407 @@
+//! A reduction with a prior one ([`PriorReduce`]) in one kernel: `(x - x.max(-1, true))
+//! .exp().sum(-1)` reads each row of `x` once. A block of
+//! [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads copies the row into dynamic shared
+//! memory, folds the prior (an order-free op: any order gives the eager value) and writes it,
+//! computes every element's term in place (what the eager kernel adds: the map's value
+//! converted to the accumulator), and then its first `group` threads add the terms exactly as
+//! the eager plan's group would (the same lanes, positions, order and combining tree), so the
+//! result equals the two launches bit for bit. Rows of whole vectors that fit the staging
+//! bytes, with terms as wide as the elements (f32, f64), and one eager launch; any other
+//! reduction runs as the two launches (`strata_core::lower::prior::split`).
+
+use super::reduce::{contribution, identity, plan, repr, update, ReduceSig};
+use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
+use super::{scalar_from_word, softmax::STAGE_GROUP};
+use crate::launch::{Grid, Launch};
+use std::fmt::Write;
+use strata_core::ir::{Expr, KernelArgs, PriorReduce, ReduceOp};
+use strata_core::lower::target::Target;
+use strata_core::{DType, Result};
+
+/// The prior of a staged reduction: what it folds, and the map input that reads its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StagedPrior {
+    pub op: ReduceOp,
+    pub result: usize,
+    /// The dtype it is written in (output 1's).
+    pub out: DType,
+}
+
+/// Blocks of a staged row per multiprocessor: the softmax's measured three.
+const STAGE_BLOCKS: usize = 3;
+
+/// Plans `Reduce { op, map, prior }` over `args` as one staged launch, or `None` when the
+/// reduction does not take that shape (then it runs as two launches).
+pub(crate) fn plan_staged(
+    (op, reduced_axes, acc): (ReduceOp, usize, DType),
+    map: &Expr,
+    prior: PriorReduce,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Option<(ReduceSig, Launch)>> {
+    let ([out, prior_out], 0) = (args.outputs.as_slice(), prior.source) else {
+        return Ok(None);
+    };
+    let main = KernelArgs {
+        outputs: vec![out.clone()],
+        inputs: args.inputs.clone(),
+        scalars: args.scalars.clone(),
+    };
+    let Some(red) = plan(op, reduced_axes, acc, Some(map), &main, target)? else {
+        return Ok(None);
+    };
+    let p = &red.plan;
+    let input = red.sig.input;
+    let v = p.vector;
+    // Splits are followed as the eager launches run them (ranges, then one thread adding
+    // the partials in order), where that combine is one thread's.
+    let fits = p.combine_group == 1
+        && !op.returns_index()
+        && matches!(p.group, 32 | 256)
+        && p.group <= STAGE_GROUP
+        && target.row_stage_group == STAGE_GROUP
+        && p.reduced_shape.len() == 1
+        && p.in_reduced[..] == [1]
+        && v > 1
+        && p.extent.is_multiple_of(v)
+        && p.extent * input.itemsize() <= target.row_stage_bytes
+        && repr(op, acc).itemsize() == input.itemsize()
+        && prior_out.dtype == input
+        && red
+            .sig
+            .map
+            .as_ref()
+            .is_some_and(|m| m.per_output[prior.result]);
+    if !fits {
+        return Ok(None);
+    }
+    let sig = ReduceSig {
+        prior: Some(StagedPrior {
+            op: prior.op,
+            result: prior.result,
+            out: prior_out.dtype,
+        }),
+        ..red.sig.clone()
+    };
+    let mut launch = red.first(0, 0);
+    launch.args.push(crate::memory::element_ptr(prior_out)?);
+    let rows = p.outputs.min(1 << 20) as u32;
+    launch.grid = Grid::Fixed {
+        grid: (rows, 1, 1),
+        block: (STAGE_GROUP as u32, 1, 1),
+        shared: (p.extent * input.itemsize()) as u32,
+    };
+    Ok(Some((sig, launch)))
+}
+
+/// Plans as [`plan_staged`] does for the profiler: the eager plan's reduction with the
+/// staged launch, if it takes that shape.
+pub(crate) fn describe(
+    (op, reduced_axes, acc): (ReduceOp, usize, DType),
+    map: &Expr,
+    prior: PriorReduce,
+    args: &KernelArgs,
+    target: &Target,
+) -> Option<Launch> {
+    plan_staged((op, reduced_axes, acc), map, prior, args, target)
+        .ok()?
+        .map(|(_, l)| l)
+}
+
+/// The CUDA C source of a staged reduction with a prior, named `strata_reduce`. Its words
+/// are the eager launch's (`reduce::source`), then output 1's pointer.
+pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
+    let (Some(prior), Some(m)) = (sig.prior, sig.map.as_ref()) else {
+        return Err(strata_core::Error::Backend(
+            "internal error: a staged reduction has a prior and a map".into(),
+        ));
+    };
+    let idx = index_type(sig.wide);
+    let (ro, g, v) = (sig.outer_rank, sig.group, sig.vector);
+    let r = repr(sig.op, sig.acc);
+    let pr = repr(prior.op, prior.out);
+    let (acc_t, pr_t, in_t) = (compute_type(r), compute_type(pr), storage_type(sig.input));
+    let vt = vector_type(v * sig.input.itemsize());
+    // Words as `reduce::source` lays them out (one reduced axis).
+    let outer_shape = 4;
+    let in_ptr = outer_shape + ro + 1;
+    let in_outer = in_ptr + 1;
+    let out_ptr = in_outer + ro + 1;
+    let out_strides = out_ptr + 1;
+    let map_ptrs = out_strides + ro + 3;
+    let more = m.inputs.len() - 1;
+    let prior_ptr = map_ptrs + more + m.scalars.len();
+    let total = prior_ptr + 1;
+    let warps = STAGE_GROUP / 32;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void __launch_bounds__({STAGE_GROUP}, {STAGE_BLOCKS}) \
+         strata_reduce(const Args<{total}> p) {{"
+    );
+    let _ = writeln!(
+        s,
+        "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];"
+    );
+    let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{in_ptr}];");
+    for (k, &d) in m.inputs.iter().enumerate().skip(1) {
+        let t = storage_type(d);
+        let _ = writeln!(
+            s,
+            "  const {t}* in{k} = (const {t}*)p.w[{}];",
+            map_ptrs + k - 1
+        );
+    }
+    for (k, &d) in m.scalars.iter().enumerate() {
+        let word = format!("p.w[{}]", map_ptrs + more + k);
+        let _ = writeln!(
+            s,
+            "  const {} s{k} = {};",
+            compute_type(d),
+            scalar_from_word(d, &word)
+        );
+    }
+    let (out_t, prior_st) = (storage_type(sig.out), storage_type(prior.out));
+    let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{out_ptr}];");
+    let _ = writeln!(
+        s,
+        "  {prior_st}* prior_out = ({prior_st}*)p.w[{prior_ptr}];"
+    );
+    // The row, then (in place, as wide) the terms the eager kernel adds.
+    let _ = writeln!(s, "  extern __shared__ {vt} rowbuf[];");
+    let _ = writeln!(s, "  const {in_t}* row = (const {in_t}*)rowbuf;");
+    let _ = writeln!(s, "  {acc_t}* term = ({acc_t}*)rowbuf;");
+    // (`sh_part`: a range's partial; the eager plan splits into fewer than 64, as its
+    // one-thread combine requires.)
+    let _ = writeln!(
+        s,
+        "  __shared__ {pr_t} sh_p[{warps}];\n  __shared__ {acc_t} sh_v[8];\n  __shared__ i64 sh_i[8];\n  __shared__ {acc_t} sh_part[64];"
+    );
+    let _ = writeln!(
+        s,
+        "  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;"
+    );
+    let _ = writeln!(s, "  for ({idx} o = blockIdx.x; o < O; o += gridDim.x) {{");
+    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = o;");
+    for d in (0..ro).rev() {
+        let _ = writeln!(
+            s,
+            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
+            outer_shape + d,
+            outer_shape + d,
+            in_outer + d,
+            out_strides + d
+        );
+    }
+    let warp_reduce = |s: &mut String, indent: &str, op: ReduceOp, d: DType| {
+        let _ = writeln!(s, "{indent}for (int d = 16; d > 0; d >>= 1) {{");
+        let _ = writeln!(
+            s,
+            "{indent}  const {} v = shfl_down(acc, d); const i64 bi = shfl_down(best, d);",
+            compute_type(d)
+        );
+        let _ = writeln!(s, "{indent}  {}\n{indent}}}", update(op, d, "v", "bi"));
+    };
+    // 1. The row into shared memory, its loads in flight together, each thread folding the
+    // prior over its vectors as they arrive (in any order: the op is order-free).
+    let _ = writeln!(s, "    {{");
+    let _ = writeln!(
+        s,
+        "      {pr_t} acc = {}; i64 best = 9223372036854775807ll;",
+        identity(prior.op, pr)
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll 8\n      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
+    );
+    let _ = writeln!(
+        s,
+        "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in0 + ib + r); rowbuf[r / {v}] = u.v;"
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{ const {pr_t} v = {}; {} }}\n      }}",
+        cast(&from_storage(sig.input, "u.e[l]"), sig.input, pr, false),
+        update(prior.op, pr, "v", "0")
+    );
+    // 2. The prior of the row: every thread ends with it.
+    warp_reduce(&mut s, "      ", prior.op, pr);
+    let _ = writeln!(
+        s,
+        "      if (wl == 0) sh_p[warp] = acc;\n      __syncthreads();"
+    );
+    let _ = writeln!(
+        s,
+        "      acc = sh_p[0];\n      for (int w = 1; w < {warps}; w++) {{ const {pr_t} v = sh_p[w]; {} }}",
+        update(prior.op, pr, "v", "0")
+    );
+    let stored = to_storage(prior.out, &cast("acc", pr, prior.out, false));
+    let _ = writeln!(s, "      const {prior_st} stored = {stored};");
+    let _ = writeln!(s, "      if (threadIdx.x == 0) prior_out[ob] = stored;");
+    // 3. Each element's term, as the eager kernel computes it (the prior read back as stored).
+    let res = prior.result;
+    let _ = writeln!(
+        s,
+        "      const {} x{res} = {};",
+        compute_type(prior.out),
+        from_storage(prior.out, "stored")
+    );
+    let _ = writeln!(
+        s,
+        "      for ({idx} r = threadIdx.x; r < R; r += {STAGE_GROUP}) {{"
+    );
+    for (k, &d) in m.inputs.iter().enumerate() {
+        let at = match k {
+            0 => "row[r]".to_string(),
+            _ if k == res => continue,
+            _ if m.per_output[k] => format!("in{k}[ob]"),
+            _ => format!("in{k}[ib + r]"),
+        };
+        let _ = writeln!(
+            s,
+            "        const {} x{k} = {};",
+            compute_type(d),
+            from_storage(d, &at)
+        );
+    }
+    let mut next = 0;
+    let name = super::expr::emit(&m.expr, &mut s, "        ", &mut next)?;
+    let _ = writeln!(
+        s,
+        "        term[r] = {};\n      }}\n    }}",
+        contribution(sig, &name, m.expr.dtype)
+    );
+    let _ = writeln!(s, "    __syncthreads();");
+    // 4. The eager order: per range of the row (one unless the eager plan splits it), the
+    // threads below the group are its lanes (`reduce::source`), a warp's ranges side by side
+    // (each its own warp); then one thread adds the ranges' partials in order (the combine
+    // launch's fold; a single range is the result).
+    let (first, step) = if g == 32 {
+        ("warp", format!("{warps}"))
+    } else {
+        ("0", "1".to_string())
+    };
+    let _ = writeln!(s, "    for ({idx} sp = {first}; sp < S; sp += {step}) {{");
+    let _ = writeln!(
+        s,
+        "      const {idx} r0 = sp * chunk, r1 = (R - r0 < chunk) ? R : r0 + chunk;"
+    );
+    let _ = writeln!(
+        s,
+        "      {acc_t} acc = {}; i64 best = 9223372036854775807ll;",
+        identity(sig.op, r)
+    );
+    let lane = if g == 32 { "wl" } else { "threadIdx.x" };
+    let _ = writeln!(s, "      if ({lane} < {g}) {{");
+    let _ = writeln!(
+        s,
+        "#pragma unroll 4\n        for ({idx} r = r0 + ({idx}){lane} * {v}; r < r1; r += {g} * {v}) {{"
+    );
+    // (A vector of terms at once: lanes `v` elements apart would share banks.)
+    let _ = writeln!(
+        s,
+        "          union {{ {vt} v; {acc_t} e[{v}]; }} u; u.v = rowbuf[r / {v}];"
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n          for (int l = 0; l < {v}; l++) {{ const {acc_t} v = u.e[l]; {} }}",
+        update(sig.op, r, "v", "(i64)(r + l)")
+    );
+    let _ = writeln!(s, "        }}\n      }}");
+    warp_reduce(&mut s, "      ", sig.op, r);
+    if g == 256 {
+        let _ = writeln!(
+            s,
+            "      if (wl == 0 && warp < 8) {{ sh_v[warp] = acc; sh_i[warp] = best; }}"
+        );
+        let _ = writeln!(s, "      __syncthreads();");
+        let _ = writeln!(s, "      if (threadIdx.x < 32) {{");
+        let _ = writeln!(
+            s,
+            "        acc = threadIdx.x < 8 ? sh_v[threadIdx.x] : {}; best = threadIdx.x < 8 ? sh_i[threadIdx.x] : 9223372036854775807ll;",
+            identity(sig.op, r)
+        );
+        warp_reduce(&mut s, "        ", sig.op, r);
+        let _ = writeln!(s, "      }}");
+        // (The next range writes `sh_v` again.)
+        let _ = writeln!(s, "      __syncthreads();");
+    }
+    let lead = if g == 32 {
+        "wl == 0"
+    } else {
+        "threadIdx.x == 0"
+    };
+    let _ = writeln!(
+        s,
+        "      if ({lead}) sh_part[sp] = {};\n    }}",
+        from_storage(r, &to_storage(r, "acc"))
+    );
+    let _ = writeln!(s, "    __syncthreads();");
+    let _ = writeln!(s, "    {acc_t} comb = sh_part[0];");
+    let fold = update(sig.op, r, "v", "0").replace("acc", "comb");
+    let _ = writeln!(
+        s,
+        "    if (S > 1) {{ comb = {}; for ({idx} sp = 0; sp < S; sp++) {{ const {acc_t} v = sh_part[sp]; {fold} }} }}",
+        identity(sig.op, r)
+    );
+    let result = cast("comb", r, sig.out, false);
+    let _ = writeln!(
+        s,
+        "    if (threadIdx.x == 0) out[ob] = {};",
+        to_storage(sig.out, &result)
+    );
+    // The next row overwrites the stage.
+    let _ = writeln!(s, "    __syncthreads();\n  }}\n}}");
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::ir::BinaryOp;
+    use strata_core::ir::UnaryOp;
+    use strata_core::lower::operands::ReduceMap;
+
+    fn sig(group: usize) -> ReduceSig {
+        let x = |k| Expr::input(k, DType::F32);
+        ReduceSig {
+            op: ReduceOp::Sum,
+            input: DType::F32,
+            acc: DType::F32,
+            out: DType::F32,
+            outer_rank: 1,
+            reduced_rank: 1,
+            group,
+            vector: 4,
+            wide: false,
+            combine: false,
+            map: Some(ReduceMap {
+                expr: Expr::unary(UnaryOp::Exp, Expr::binary(BinaryOp::Sub, x(0), x(1))),
+                inputs: vec![DType::F32; 2],
+                per_output: vec![false, true],
+                scalars: vec![],
+            }),
+            prior: Some(StagedPrior {
+                op: ReduceOp::Max,
+                result: 1,
+                out: DType::F32,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_row_is_staged_once_and_the_terms_are_added_in_the_eager_lanes_order() {
+        let src = source(&sig(32)).unwrap();
+        assert!(src.contains("extern __shared__ uint4 rowbuf[];"), "{src}");
+        assert_eq!(src.matches("*(const uint4*)(in0").count(), 1, "{src}");
+        // The prior's result is read from the register, never from its buffer.
+        assert!(src.contains("const float x1 = stored;"), "{src}");
+        assert!(!src.contains("in1["), "{src}");
+        assert!(src.contains("r += 32 * 4"), "{src}");
+        assert!(src.contains("comb = comb + v;"), "{src}");
+        assert!(!src.contains("sh_v[warp] = acc"), "{src}");
+        let block = source(&sig(256)).unwrap();
+        assert!(block.contains("sh_v[warp] = acc"), "{block}");
+    }
+}
