@@ -270,29 +270,125 @@ pub(crate) fn contribution(sig: &ReduceSig, value: &str, from: DType) -> String 
     }
 }
 
+/// Where a reduce launch's words are, in the order `words` packs them: O, R, S, chunk, the
+/// outer and reduced shapes, the input pointer, its outer and reduced strides, the output
+/// pointer and strides, the partial values, partial indices and input indices, then a fused
+/// map's further input pointers and its scalars.
+pub(crate) struct Words {
+    pub outer_shape: usize,
+    pub red_shape: usize,
+    pub in_ptr: usize,
+    pub in_outer: usize,
+    pub in_red: usize,
+    pub out_ptr: usize,
+    pub out_strides: usize,
+    pub part: usize,
+    pub map_ptrs: usize,
+    pub map_scalars: usize,
+    pub total: usize,
+}
+
+impl Words {
+    pub(crate) fn of(sig: &ReduceSig) -> Words {
+        let (ro, rr) = (sig.outer_rank, sig.reduced_rank);
+        let (more, scalars) = sig
+            .map
+            .as_ref()
+            .map_or((0, 0), |m| (m.inputs.len() - 1, m.scalars.len()));
+        let in_ptr = 4 + ro + rr;
+        let out_ptr = in_ptr + 1 + ro + rr;
+        let part = out_ptr + 1 + ro;
+        Words {
+            outer_shape: 4,
+            red_shape: 4 + ro,
+            in_ptr,
+            in_outer: in_ptr + 1,
+            in_red: in_ptr + 1 + ro,
+            out_ptr,
+            out_strides: out_ptr + 1,
+            part,
+            map_ptrs: part + 3,
+            map_scalars: part + 3 + more,
+            total: part + 3 + more + scalars,
+        }
+    }
+}
+
+/// Declares a fused map's further inputs `in1..` and its scalars `s0..`.
+pub(crate) fn declare_map_operands(s: &mut String, m: &ReduceMap, w: &Words) {
+    for (k, &d) in m.inputs.iter().enumerate().skip(1) {
+        let t = storage_type(d);
+        let _ = writeln!(
+            s,
+            "  const {t}* in{k} = (const {t}*)p.w[{}];",
+            w.map_ptrs + k - 1
+        );
+    }
+    for (k, &d) in m.scalars.iter().enumerate() {
+        let word = format!("p.w[{}]", w.map_scalars + k);
+        let _ = writeln!(
+            s,
+            "  const {} s{k} = {};",
+            compute_type(d),
+            scalar_from_word(d, &word)
+        );
+    }
+}
+
+/// Output `o`'s position in the input (`ib`) and the output (`ob`), from the outer shape.
+pub(crate) fn decode_output(s: &mut String, idx: &str, outer_rank: usize, w: &Words) {
+    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = o;");
+    for d in (0..outer_rank).rev() {
+        let _ = writeln!(
+            s,
+            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
+            w.outer_shape + d,
+            w.outer_shape + d,
+            w.in_outer + d,
+            w.out_strides + d
+        );
+    }
+}
+
+/// Folds `acc` / `best` (of dtype `d`) across a warp with `op`: lane 0 ends with the warp's.
+pub(crate) fn warp_reduce(s: &mut String, indent: &str, op: ReduceOp, d: DType) {
+    let _ = writeln!(s, "{indent}for (int d = 16; d > 0; d >>= 1) {{");
+    let _ = writeln!(
+        s,
+        "{indent}  const {} v = shfl_down(acc, d); const i64 bi = shfl_down(best, d);",
+        compute_type(d)
+    );
+    let _ = writeln!(s, "{indent}  {}\n{indent}}}", update(op, d, "v", "bi"));
+}
+
+/// A group of 256 threads' fold after each warp's: the first lane of each of the eight warps
+/// (those passing `lead`) leaves its value in `sh_v` / `sh_i`, and warp 0 folds them.
+pub(crate) fn block_combine(s: &mut String, indent: &str, op: ReduceOp, d: DType, lead: &str) {
+    let _ = writeln!(
+        s,
+        "{indent}if ({lead}) {{ sh_v[threadIdx.x >> 5] = acc; sh_i[threadIdx.x >> 5] = best; }}"
+    );
+    let _ = writeln!(s, "{indent}__syncthreads();");
+    let _ = writeln!(s, "{indent}if (threadIdx.x < 32) {{");
+    let _ = writeln!(
+        s,
+        "{indent}  acc = threadIdx.x < 8 ? sh_v[threadIdx.x] : {}; best = threadIdx.x < 8 ? sh_i[threadIdx.x] : 9223372036854775807ll;",
+        identity(op, d)
+    );
+    warp_reduce(s, &format!("{indent}  "), op, d);
+    let _ = writeln!(s, "{indent}}}");
+}
+
 /// The CUDA C source of a reduce kernel named `strata_reduce`.
 pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let idx = index_type(sig.wide);
     let r = repr(sig.op, sig.acc);
     let acc_t = compute_type(r);
     let (ro, rr, g, v) = (sig.outer_rank, sig.reduced_rank, sig.group, sig.vector);
-    // Args: O, R, S, chunk, outer shape, reduced shape, in ptr, in outer strides, in reduced
-    // strides, out ptr, out strides, partial values, partial indices, input indices.
-    let outer_shape = 4;
-    let red_shape = outer_shape + ro;
-    let in_ptr = red_shape + rr;
-    let in_outer = in_ptr + 1;
-    let in_red = in_outer + ro;
-    let out_ptr = in_red + rr;
-    let out_strides = out_ptr + 1;
-    let part = out_strides + ro;
-    // A fused map's other input pointers, then its scalars, follow the partial buffers.
-    let map_ptrs = part + 3;
-    let (more, scalars) = sig
-        .map
-        .as_ref()
-        .map_or((0, 0), |m| (m.inputs.len() - 1, m.scalars.len()));
-    let total = map_ptrs + more + scalars;
+    let w = Words::of(sig);
+    let (red_shape, in_ptr, in_red, out_ptr, part) =
+        (w.red_shape, w.in_ptr, w.in_red, w.out_ptr, w.part);
+    let total = w.total;
     let in_t = storage_type(sig.input);
 
     let convert = |value: &str, from: DType| contribution(sig, value, from);
@@ -306,23 +402,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(s, "  const {in_t}* in = (const {in_t}*)p.w[{in_ptr}];");
     if let Some(m) = &sig.map {
         let _ = writeln!(s, "  const {in_t}* in0 = in;");
-        for (k, &d) in m.inputs.iter().enumerate().skip(1) {
-            let t = storage_type(d);
-            let _ = writeln!(
-                s,
-                "  const {t}* in{k} = (const {t}*)p.w[{}];",
-                map_ptrs + k - 1
-            );
-        }
-        for (k, &d) in m.scalars.iter().enumerate() {
-            let word = format!("p.w[{}]", map_ptrs + more + k);
-            let _ = writeln!(
-                s,
-                "  const {} s{k} = {};",
-                compute_type(d),
-                scalar_from_word(d, &word)
-            );
-        }
+        declare_map_operands(&mut s, m, &w);
     }
     let out_t = storage_type(sig.out);
     let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{out_ptr}];");
@@ -346,17 +426,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         "  for ({idx} g = (({idx})blockIdx.x * blockDim.x + threadIdx.x) / {g}; g < O * S; g += groups) {{"
     );
     let _ = writeln!(s, "    const {idx} o = g % O, s = g / O;");
-    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = o;");
-    for d in (0..ro).rev() {
-        let _ = writeln!(
-            s,
-            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
-            outer_shape + d,
-            outer_shape + d,
-            in_outer + d,
-            out_strides + d
-        );
-    }
+    decode_output(&mut s, idx, ro, &w);
     let _ = writeln!(
         s,
         "    {acc_t} acc = {};\n    i64 best = 9223372036854775807ll;",
@@ -455,28 +525,11 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         step(&mut s, "      ", &|k| format!("{}[off]", name(k)), i)?;
         let _ = writeln!(s, "    }}");
     }
-    let warp_reduce = |s: &mut String, indent: &str| {
-        let _ = writeln!(s, "{indent}for (int d = 16; d > 0; d >>= 1) {{");
-        let _ = writeln!(
-            s,
-            "{indent}  const {acc_t} v = shfl_down(acc, d); const i64 bi = shfl_down(best, d);"
-        );
-        let _ = writeln!(s, "{indent}  {}\n{indent}}}", update(sig.op, r, "v", "bi"));
-    };
     if g >= 32 {
-        warp_reduce(&mut s, "    ");
+        warp_reduce(&mut s, "    ", sig.op, r);
     }
     if g == 256 {
-        let _ = writeln!(s, "    if ((threadIdx.x & 31) == 0) {{ sh_v[threadIdx.x >> 5] = acc; sh_i[threadIdx.x >> 5] = best; }}");
-        let _ = writeln!(s, "    __syncthreads();");
-        let _ = writeln!(s, "    if (threadIdx.x < 32) {{");
-        let _ = writeln!(
-            s,
-            "      acc = threadIdx.x < 8 ? sh_v[threadIdx.x] : {}; best = threadIdx.x < 8 ? sh_i[threadIdx.x] : 9223372036854775807ll;",
-            identity(sig.op, r)
-        );
-        warp_reduce(&mut s, "      ");
-        let _ = writeln!(s, "    }}");
+        block_combine(&mut s, "    ", sig.op, r, "(threadIdx.x & 31) == 0");
     }
     let result = if sig.op.returns_index() {
         cast("best", DType::I64, sig.out, false)

@@ -9,9 +9,10 @@
 //! bytes, with terms as wide as the elements (f32, f64), and one eager launch; any other
 //! reduction runs as the two launches (`strata_core::lower::prior::split`).
 
-use super::reduce::{contribution, identity, plan, repr, update, ReduceSig};
+use super::reduce::{block_combine, contribution, declare_map_operands, decode_output};
+use super::reduce::{identity, plan, repr, update, warp_reduce, ReduceSig, Words};
+use super::softmax::STAGE_GROUP;
 use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
-use super::{scalar_from_word, softmax::STAGE_GROUP};
 use crate::launch::{Grid, Launch};
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs, PriorReduce, ReduceOp};
@@ -122,16 +123,9 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let pr = repr(prior.op, prior.out);
     let (acc_t, pr_t, in_t) = (compute_type(r), compute_type(pr), storage_type(sig.input));
     let vt = vector_type(v * sig.input.itemsize());
-    // Words as `reduce::source` lays them out (one reduced axis).
-    let outer_shape = 4;
-    let in_ptr = outer_shape + ro + 1;
-    let in_outer = in_ptr + 1;
-    let out_ptr = in_outer + ro + 1;
-    let out_strides = out_ptr + 1;
-    let map_ptrs = out_strides + ro + 3;
-    let more = m.inputs.len() - 1;
-    let prior_ptr = map_ptrs + more + m.scalars.len();
-    let total = prior_ptr + 1;
+    // The eager launch's words, then output 1's pointer.
+    let w = Words::of(sig);
+    let (prior_ptr, total) = (w.total, w.total + 1);
     let warps = STAGE_GROUP / 32;
 
     let mut s = String::new();
@@ -144,34 +138,16 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         s,
         "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];"
     );
-    let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{in_ptr}];");
-    for (k, &d) in m.inputs.iter().enumerate().skip(1) {
-        let t = storage_type(d);
-        let _ = writeln!(
-            s,
-            "  const {t}* in{k} = (const {t}*)p.w[{}];",
-            map_ptrs + k - 1
-        );
-    }
-    for (k, &d) in m.scalars.iter().enumerate() {
-        let word = format!("p.w[{}]", map_ptrs + more + k);
-        let _ = writeln!(
-            s,
-            "  const {} s{k} = {};",
-            compute_type(d),
-            scalar_from_word(d, &word)
-        );
-    }
+    let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{}];", w.in_ptr);
+    declare_map_operands(&mut s, m, &w);
     let (out_t, prior_st) = (storage_type(sig.out), storage_type(prior.out));
-    let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{out_ptr}];");
+    let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{}];", w.out_ptr);
     let _ = writeln!(
         s,
         "  {prior_st}* prior_out = ({prior_st}*)p.w[{prior_ptr}];"
     );
     // The row, then (in place, as wide) the terms the eager kernel adds.
     let _ = writeln!(s, "  extern __shared__ {vt} rowbuf[];");
-    let _ = writeln!(s, "  const {in_t}* row = (const {in_t}*)rowbuf;");
-    let _ = writeln!(s, "  {acc_t}* term = ({acc_t}*)rowbuf;");
     // (`sh_part`: a range's partial; the eager plan splits into fewer than 64, as its
     // one-thread combine requires.)
     let _ = writeln!(
@@ -183,26 +159,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         "  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;"
     );
     let _ = writeln!(s, "  for ({idx} o = blockIdx.x; o < O; o += gridDim.x) {{");
-    let _ = writeln!(s, "    {idx} ib = 0, ob = 0, rem = o;");
-    for d in (0..ro).rev() {
-        let _ = writeln!(
-            s,
-            "    {{ const {idx} c = rem % ({idx})p.w[{}]; rem /= ({idx})p.w[{}]; ib += c * ({idx})(i64)p.w[{}]; ob += c * ({idx})(i64)p.w[{}]; }}",
-            outer_shape + d,
-            outer_shape + d,
-            in_outer + d,
-            out_strides + d
-        );
-    }
-    let warp_reduce = |s: &mut String, indent: &str, op: ReduceOp, d: DType| {
-        let _ = writeln!(s, "{indent}for (int d = 16; d > 0; d >>= 1) {{");
-        let _ = writeln!(
-            s,
-            "{indent}  const {} v = shfl_down(acc, d); const i64 bi = shfl_down(best, d);",
-            compute_type(d)
-        );
-        let _ = writeln!(s, "{indent}  {}\n{indent}}}", update(op, d, "v", "bi"));
-    };
+    decode_output(&mut s, idx, ro, &w);
     // 1. The row into shared memory, its loads in flight together, each thread folding the
     // prior over its vectors as they arrive (in any order: the op is order-free).
     let _ = writeln!(s, "    {{");
@@ -247,29 +204,38 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         compute_type(prior.out),
         from_storage(prior.out, "stored")
     );
+    // Each thread its own vectors: one shared-memory load and store a vector.
     let _ = writeln!(
         s,
-        "      for ({idx} r = threadIdx.x; r < R; r += {STAGE_GROUP}) {{"
+        "      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
+    );
+    let _ = writeln!(
+        s,
+        "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = rowbuf[r / {v}];\n        union {{ {vt} v; {acc_t} e[{v}]; }} t;"
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
     );
     for (k, &d) in m.inputs.iter().enumerate() {
         let at = match k {
-            0 => "row[r]".to_string(),
+            0 => "u.e[l]".to_string(),
             _ if k == res => continue,
             _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("in{k}[ib + r]"),
+            _ => format!("in{k}[ib + r + l]"),
         };
         let _ = writeln!(
             s,
-            "        const {} x{k} = {};",
+            "          const {} x{k} = {};",
             compute_type(d),
             from_storage(d, &at)
         );
     }
     let mut next = 0;
-    let name = super::expr::emit(&m.expr, &mut s, "        ", &mut next)?;
+    let name = super::expr::emit(&m.expr, &mut s, "          ", &mut next)?;
     let _ = writeln!(
         s,
-        "        term[r] = {};\n      }}\n    }}",
+        "          t.e[l] = {};\n        }}\n        rowbuf[r / {v}] = t.v;\n      }}\n    }}",
         contribution(sig, &name, m.expr.dtype)
     );
     let _ = writeln!(s, "    __syncthreads();");
@@ -311,19 +277,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(s, "        }}\n      }}");
     warp_reduce(&mut s, "      ", sig.op, r);
     if g == 256 {
-        let _ = writeln!(
-            s,
-            "      if (wl == 0 && warp < 8) {{ sh_v[warp] = acc; sh_i[warp] = best; }}"
-        );
-        let _ = writeln!(s, "      __syncthreads();");
-        let _ = writeln!(s, "      if (threadIdx.x < 32) {{");
-        let _ = writeln!(
-            s,
-            "        acc = threadIdx.x < 8 ? sh_v[threadIdx.x] : {}; best = threadIdx.x < 8 ? sh_i[threadIdx.x] : 9223372036854775807ll;",
-            identity(sig.op, r)
-        );
-        warp_reduce(&mut s, "        ", sig.op, r);
-        let _ = writeln!(s, "      }}");
+        block_combine(&mut s, "      ", sig.op, r, "wl == 0 && warp < 8");
         // (The next range writes `sh_v` again.)
         let _ = writeln!(s, "      __syncthreads();");
     }
@@ -400,8 +354,8 @@ mod tests {
         assert!(!src.contains("in1["), "{src}");
         assert!(src.contains("r += 32 * 4"), "{src}");
         assert!(src.contains("comb = comb + v;"), "{src}");
-        assert!(!src.contains("sh_v[warp] = acc"), "{src}");
+        assert!(!src.contains("sh_v[threadIdx.x >> 5] = acc"), "{src}");
         let block = source(&sig(256)).unwrap();
-        assert!(block.contains("sh_v[warp] = acc"), "{block}");
+        assert!(block.contains("sh_v[threadIdx.x >> 5] = acc"), "{block}");
     }
 }
