@@ -242,7 +242,8 @@ fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
             ops: vec![what.to_string()],
             sources: vec![at],
             expression: format!(
-                "{}(in0) over its last {axes} ax{}; a reduction of the same rows that reads                  it computes it in its own kernel",
+                "{}(in0) over its last {axes} ax{}; a reduction of the same rows that reads it \
+                 may compute it in its own kernel",
                 snake(format!("{op:?}")),
                 if axes == 1 { "is" } else { "es" }
             ),

@@ -781,7 +781,7 @@ impl ReduceOp {
 
     /// True for `Min` and `Max`: their result does not depend on the order the elements are
     /// combined in (-0 is below +0 and NaN wins, on every backend), so any kernel computes
-    /// the eager value.
+    /// the eager value — up to which NaN's bits a row of several NaNs keeps.
     ///
     /// ```
     /// use strata_core::ir::ReduceOp;

@@ -56,7 +56,17 @@ pub(crate) fn plan_staged(
     let v = p.vector;
     // Splits are followed as the eager launches run them (ranges, then one thread adding
     // the partials in order), where that combine is one thread's.
+    // Output 1 is written during the kernel: no other input may read its buffer.
+    let prior_buffer = crate::memory::CudaBuffer::of(prior_out.buffer.as_ref())?.device_ptr();
+    let aliased = args.inputs.iter().enumerate().any(|(k, o)| {
+        k != prior.result
+            && crate::memory::CudaBuffer::of(o.buffer.as_ref())
+                .is_ok_and(|b| b.device_ptr() == prior_buffer)
+    });
     let fits = p.combine_group == 1
+        && !aliased
+        && prior.op.is_order_free()
+        && prior_out.layout == out.layout
         && !op.returns_index()
         && matches!(p.group, 32 | 256)
         && p.group <= STAGE_GROUP
