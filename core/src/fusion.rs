@@ -66,10 +66,8 @@ pub(crate) struct Pending {
 pub(crate) struct DeferredReduce {
     /// What it combines (an order-free op: the fused kernel computes the eager value).
     pub(crate) op: ReduceOp,
-    /// Trailing axes of `source` reduced.
+    /// Trailing axes of `source` reduced (it accumulates in its own dtype, the result's).
     pub(crate) reduced_axes: usize,
-    /// The accumulation dtype.
-    pub(crate) acc: DType,
     /// The input, its axes permuted as the reduction reads them (kept, then reduced).
     pub(crate) source: Tensor,
 }
@@ -684,7 +682,7 @@ fn run(storage: &Arc<Storage>, room: usize) -> Result<()> {
         let kernel = Kernel::Reduce {
             op: d.op,
             reduced_axes: d.reduced_axes,
-            acc: d.acc,
+            acc: p.expr.dtype,
             map: None,
             prior: None,
         };

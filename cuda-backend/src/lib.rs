@@ -29,6 +29,7 @@ mod staging;
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
 
+use codegen::reduce_prior::PriorRun;
 use codegen::{index, map, matmul, reduce, reduce_prior, softmax};
 use compile::Compiler;
 use driver::Gpu;
@@ -180,36 +181,32 @@ impl CudaBackend {
         stream: StreamId,
         s: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
+        // With a prior: one pass over each row where it fits shared memory, else two launches.
+        match reduce_prior::plan_prior(kernel, args, &self.target)? {
+            Some(PriorRun::Staged(sig, launch)) => {
+                let f = function(&self.reductions, &sig, &self.compiler)?;
+                return launch::launch(&self.gpu, f, &launch, s);
+            }
+            Some(PriorRun::Split(launches)) => {
+                for (kernel, args) in launches {
+                    self.run_reduce(&kernel, &args, stream, s)?;
+                }
+                return Ok(());
+            }
+            None => {}
+        }
         let &Kernel::Reduce {
             op,
             reduced_axes,
             acc,
             ref map,
-            prior,
+            ..
         } = kernel
         else {
             return Err(strata_core::Error::Backend(
                 "internal error: run_reduce takes a reduction".into(),
             ));
         };
-        if let (Some(prior), Some(expr)) = (prior, map) {
-            // One pass over each row where it fits shared memory, else the two launches.
-            let staged = reduce_prior::plan_staged(
-                (op, reduced_axes, acc),
-                expr,
-                prior,
-                args,
-                &self.target,
-            )?;
-            if let Some((sig, launch)) = staged {
-                let f = function(&self.reductions, &sig, &self.compiler)?;
-                return launch::launch(&self.gpu, f, &launch, s);
-            }
-            for (kernel, args) in strata_core::lower::prior::split(kernel, args)? {
-                self.run_reduce(&kernel, &args, stream, s)?;
-            }
-            return Ok(());
-        }
         let map = map.as_ref();
         let Some(red) = reduce::plan(op, reduced_axes, acc, map, args, &self.target)? else {
             return Ok(());

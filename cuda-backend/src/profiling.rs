@@ -3,13 +3,13 @@
 //! launch time the kernel, not NVRTC.
 
 use crate::batch::MAX_BATCHED_WORK;
-use crate::codegen::{index, map, matmul, reduce, reduce_prior, softmax};
+use crate::codegen::reduce_prior::{self, PriorRun};
+use crate::codegen::{index, map, matmul, reduce, softmax};
 use crate::launch::{dims, FunctionCache, Grid, Launch, Program};
 use crate::CudaBackend;
 use strata_core::backend::LaunchDescription;
 use strata_core::ir::{Kernel, KernelArgs};
 use strata_core::lower::operands::{IndexOperands, MatmulOperands};
-use strata_core::lower::prior::split;
 use strata_core::lower::softmax_plan::SoftmaxOperands;
 use strata_core::DType;
 
@@ -30,21 +30,13 @@ impl CudaBackend {
                 };
                 (name.to_string(), grid(&plan)?)
             }
-            Kernel::Reduce {
-                op,
-                reduced_axes,
-                acc,
-                map: Some(expr),
-                prior: Some(prior),
-            } => {
-                let key = (*op, *reduced_axes, *acc);
-                match reduce_prior::describe(key, expr, *prior, args, &self.target) {
-                    Some(l) => (
+            Kernel::Reduce { prior: Some(_), .. } => {
+                match reduce_prior::plan_prior(kernel, args, &self.target).ok()?? {
+                    PriorRun::Staged(_, l) => (
                         "strata_reduce".into(),
                         format!("{}, a row staged", grid(&l)?),
                     ),
-                    None => {
-                        let [(k1, a1), (k2, a2)] = split(kernel, args).ok()?;
+                    PriorRun::Split([(k1, a1), (k2, a2)]) => {
                         let (d1, d2) = (self.describe(&k1, &a1)?, self.describe(&k2, &a2)?);
                         (
                             format!("{} then {}", d1.name, d2.name),
@@ -120,21 +112,17 @@ impl CudaBackend {
                     compile(&self.maps, &sig, self, &mut compiled)?;
                 }
             }
-            Kernel::Reduce {
-                op,
-                reduced_axes,
-                acc,
-                map: Some(expr),
-                prior: Some(prior),
-            } => {
-                let key = (*op, *reduced_axes, *acc);
-                match reduce_prior::plan_staged(key, expr, *prior, args, &self.target)? {
-                    Some((sig, _)) => compile(&self.reductions, &sig, self, &mut compiled)?,
-                    None => {
-                        for (k, a) in split(kernel, args)? {
+            Kernel::Reduce { prior: Some(_), .. } => {
+                match reduce_prior::plan_prior(kernel, args, &self.target)? {
+                    Some(PriorRun::Staged(sig, _)) => {
+                        compile(&self.reductions, &sig, self, &mut compiled)?
+                    }
+                    Some(PriorRun::Split(launches)) => {
+                        for (k, a) in launches {
                             compiled |= self.prepare(&k, &a)?;
                         }
                     }
+                    None => {}
                 }
             }
             Kernel::Reduce {

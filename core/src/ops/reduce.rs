@@ -228,7 +228,6 @@ impl Tensor {
             let reduce = crate::fusion::DeferredReduce {
                 op,
                 reduced_axes: reduced.len(),
-                acc,
                 source: self.with_layout(self.layout.permuted(&order)?),
             };
             let layout = crate::Layout::contiguous(&out_shape)?;

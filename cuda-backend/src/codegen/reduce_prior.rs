@@ -15,7 +15,7 @@ use super::softmax::STAGE_GROUP;
 use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
 use crate::launch::{Grid, Launch};
 use std::fmt::Write;
-use strata_core::ir::{Expr, KernelArgs, PriorReduce, ReduceOp};
+use strata_core::ir::{Expr, Kernel, KernelArgs, PriorReduce, ReduceOp};
 use strata_core::lower::target::Target;
 use strata_core::{DType, Result};
 
@@ -33,7 +33,7 @@ const STAGE_BLOCKS: usize = 3;
 
 /// Plans `Reduce { op, map, prior }` over `args` as one staged launch, or `None` when the
 /// reduction does not take that shape (then it runs as two launches).
-pub(crate) fn plan_staged(
+fn plan_staged(
     (op, reduced_axes, acc): (ReduceOp, usize, DType),
     map: &Expr,
     prior: PriorReduce,
@@ -105,18 +105,37 @@ pub(crate) fn plan_staged(
     Ok(Some((sig, launch)))
 }
 
-/// Plans as [`plan_staged`] does for the profiler: the eager plan's reduction with the
-/// staged launch, if it takes that shape.
-pub(crate) fn describe(
-    (op, reduced_axes, acc): (ReduceOp, usize, DType),
-    map: &Expr,
-    prior: PriorReduce,
+/// How a reduction with a prior runs: one staged launch, or core's two launches.
+pub(crate) enum PriorRun {
+    Staged(ReduceSig, Launch),
+    Split([(Kernel, KernelArgs); 2]),
+}
+
+/// The way `kernel` runs when it is a `Reduce` with a prior (`None` for any other kernel):
+/// what `run`, the profiler's description and its precompiling all follow.
+pub(crate) fn plan_prior(
+    kernel: &Kernel,
     args: &KernelArgs,
     target: &Target,
-) -> Option<Launch> {
-    plan_staged((op, reduced_axes, acc), map, prior, args, target)
-        .ok()?
-        .map(|(_, l)| l)
+) -> Result<Option<PriorRun>> {
+    let &Kernel::Reduce {
+        op,
+        reduced_axes,
+        acc,
+        ref map,
+        prior: Some(prior),
+    } = kernel
+    else {
+        return Ok(None);
+    };
+    let staged = match map {
+        Some(map) => plan_staged((op, reduced_axes, acc), map, prior, args, target)?,
+        None => None,
+    };
+    Ok(Some(match staged {
+        Some((sig, launch)) => PriorRun::Staged(sig, launch),
+        None => PriorRun::Split(strata_core::lower::prior::split(kernel, args)?),
+    }))
 }
 
 /// The CUDA C source of a staged reduction with a prior, named `strata_reduce`. Its words
