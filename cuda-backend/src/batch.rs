@@ -10,7 +10,12 @@
 //! launch, a copy, an event, a synchronization. Until it is sent it keeps its operands' buffers
 //! alive, so no buffer is freed or reused before the ops that use it have run.
 //! `STRATA_CUDA_BATCH=0` turns batching off.
+//!
+//! A kernel's batched form is a program of its own, compiled at the kernel's second launch
+//! small enough for a batch ([`BatchedForm`]): the first runs alone, so a new kernel's first
+//! call waits for one NVRTC program, not two.
 
+use crate::compile::{Compiler, Optimization};
 use crate::driver::{check, Gpu, Raw};
 use crate::launch::{batch_capacity, Function, Grid, Launch};
 use cudarc::driver::sys;
@@ -96,30 +101,34 @@ impl Batches {
         }
     }
 
-    /// Appends the launch of `f` with `plan` to `stream`'s batch when it is small enough and
-    /// `f` has a batched form; `false` when it must be launched alone (after
-    /// [`Batches::send`]).
-    /// Whether batching is on (`STRATA_CUDA_BATCH` is not `0`).
-    pub(crate) fn enabled(&self) -> bool {
-        self.enabled
+    /// `f`'s batched form when a launch with `plan` is small enough for a batch.
+    pub(crate) fn form<'f>(&self, f: &'f Function, plan: &Launch) -> Option<&'f BatchedForm> {
+        let small = matches!(plan.grid, Grid::Linear { work } if work <= MAX_BATCHED_WORK);
+        let form = f.batch.as_deref()?;
+        (self.enabled && small && plan.args.0.len() == f.words).then_some(form)
     }
 
+    /// Appends the launch of `f` with `plan` to `stream`'s batch when it is small enough and
+    /// `f`'s batched form is compiled or due ([`BatchedForm::for_launch`]); `false` when it
+    /// must be launched alone (after [`Batches::send`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn add(
         &self,
         gpu: &Gpu,
-        f: Function,
+        compiler: &Compiler,
+        f: &Function,
         plan: &Launch,
         stream: StreamId,
         s: sys::CUstream,
         args: &KernelArgs,
     ) -> Result<bool> {
-        let (Some(kernel), Grid::Linear { work }) = (f.batch, &plan.grid) else {
+        let Some(form) = self.form(f, plan) else {
+            return Ok(false);
+        };
+        let Some(kernel) = form.for_launch(compiler)? else {
             return Ok(false);
         };
         let words = &plan.args.0;
-        if !self.enabled || *work > MAX_BATCHED_WORK || words.len() != f.words {
-            return Ok(false);
-        }
         let mut sent = Vec::new();
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match pending.iter().position(|(id, _)| *id == stream) {
@@ -201,5 +210,86 @@ impl Pending {
             words: vec![0; 1 + batch_capacity(per_launch) * per_launch],
             keep: Vec::new(),
         }
+    }
+}
+
+/// A kernel's batched form (`<name>_batch`): its program's source, compiled and loaded at the
+/// kernel's second launch small enough for a batch. The first such launch runs alone, so a new
+/// kernel's first call waits for one NVRTC program; a kernel launched small again (a loop over
+/// tiny tensors, where batching pays) compiles its batched form then, once.
+pub(crate) struct BatchedForm {
+    /// The program: the helpers before the kernel, then `<name>_batch` (no prelude).
+    source: String,
+    name: String,
+    optimization: Optimization,
+    state: Mutex<BatchState>,
+}
+
+#[derive(Clone, Copy)]
+enum BatchState {
+    /// No small launch yet.
+    Unused,
+    /// One small launch ran alone; the next compiles the form.
+    UsedOnce,
+    Loaded(Raw<sys::CUfunction>),
+}
+
+impl BatchedForm {
+    pub(crate) fn new(source: String, name: String, optimization: Optimization) -> BatchedForm {
+        BatchedForm {
+            source,
+            name,
+            optimization,
+            state: Mutex::new(BatchState::Unused),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, BatchState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether the next small launch runs in a batch (the form is loaded, or compiled then).
+    pub(crate) fn is_due(&self) -> bool {
+        !matches!(*self.state(), BatchState::Unused)
+    }
+
+    /// For a small launch: the batched function, compiled at the kernel's second small
+    /// launch; `None` at its first, which runs alone.
+    pub(crate) fn for_launch(&self, compiler: &Compiler) -> Result<Option<sys::CUfunction>> {
+        let mut state = self.state();
+        match *state {
+            BatchState::Loaded(f) => Ok(Some(f.0)),
+            BatchState::Unused => {
+                *state = BatchState::UsedOnce;
+                Ok(None)
+            }
+            BatchState::UsedOnce => {
+                // Compiled under the form's own lock: a second thread waits for this compile.
+                let f = compiler.load_function(&self.source, &self.name, self.optimization)?;
+                *state = BatchState::Loaded(Raw(f));
+                Ok(Some(f))
+            }
+        }
+    }
+
+    /// Compiles the form now when the next small launch will use it (the profiler's
+    /// `prepare`, so that the compile is not timed as the launch); true when it compiled.
+    pub(crate) fn prepare(&self, compiler: &Compiler) -> Result<bool> {
+        let mut state = self.state();
+        if !matches!(*state, BatchState::UsedOnce) {
+            return Ok(false);
+        }
+        let f = compiler.load_function(&self.source, &self.name, self.optimization)?;
+        *state = BatchState::Loaded(Raw(f));
+        Ok(true)
+    }
+}
+
+impl std::fmt::Debug for BatchedForm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchedForm")
+            .field("name", &self.name)
+            .field("due", &self.is_due())
+            .finish()
     }
 }

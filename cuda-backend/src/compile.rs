@@ -3,6 +3,7 @@
 //! NVRTC emits the device's own SASS, so loading a module copies it instead of running the
 //! driver's JIT over PTX.
 
+use crate::batch::BatchedForm;
 use crate::driver::{check, Gpu};
 use crate::launch::Function;
 use cudarc::driver::sys;
@@ -210,11 +211,10 @@ impl Compiler {
         Ok(String::from_utf8_lossy(&ptx).into_owned())
     }
 
-    /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name` and,
-    /// where the source ends with it, its batched form `<name>_batch`.
-    ///
-    /// The two forms compile as two NVRTC programs at once: a new kernel's first call waits
-    /// for its compile, and one program holding both took the sum of their times.
+    /// Compiles (or reads from the cache) and loads `body`'s kernel `name`; where the source
+    /// ends with a batched form `<name>_batch`, that form is split into a program of its own,
+    /// compiled when a launch first needs it ([`BatchedForm`]): one NVRTC program took about
+    /// as long as two, and two at once longer than one (NVRTC 13 on an H100 host).
     pub(crate) fn function(
         &self,
         body: &str,
@@ -222,38 +222,31 @@ impl Compiler {
         optimization: Optimization,
     ) -> Result<Function> {
         let (plain, batched) = split_batched_form(body, name);
-        let (image, batch_image) = match batched {
-            None => (self.cubin(body, optimization)?, None),
-            Some(batched) => std::thread::scope(|s| {
-                let other = s.spawn(|| self.cubin(&batched, optimization));
-                let image = self.cubin(plain, optimization);
-                let batch = other
-                    .join()
-                    .unwrap_or_else(|_| Err(Error::Backend("NVRTC's thread panicked".into())));
-                Ok::<_, Error>((image?, Some(batch?)))
-            })?,
-        };
-        let (module, f) = self.load(&image, name)?;
-        let batch = match batch_image {
-            None => None,
-            Some(image) => match self.load(&image, &format!("{name}_batch")) {
-                Ok((batch_module, f)) => {
-                    self.keep(batch_module);
-                    Some(f)
-                }
-                Err(e) => {
-                    // SAFETY: loaded above; none of its functions was handed out.
-                    unsafe { sys::cuModuleUnload(module) };
-                    return Err(e);
-                }
-            },
-        };
-        self.keep(module);
         Ok(Function {
-            f,
+            f: self.load_function(plain, name, optimization)?,
             words: argument_words(body)?,
-            batch,
+            batch: batched.map(|source| {
+                Arc::new(BatchedForm::new(
+                    source,
+                    format!("{name}_batch"),
+                    optimization,
+                ))
+            }),
         })
+    }
+
+    /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name`; the
+    /// module stays loaded as long as the compiler.
+    pub(crate) fn load_function(
+        &self,
+        body: &str,
+        name: &str,
+        optimization: Optimization,
+    ) -> Result<sys::CUfunction> {
+        let image = self.cubin(body, optimization)?;
+        let (module, f) = self.load(&image, name)?;
+        self.keep(module);
+        Ok(f)
     }
 
     /// Loads a CUBIN image and finds its kernel `name` (the module is unloaded on failure).

@@ -1,9 +1,11 @@
 //! Launch plumbing shared by every kernel kind: the argument words, grid sizing, and the
 //! per-device cache from kernel structure to loaded function (core's `KernelCache`).
 
+use crate::batch::BatchedForm;
 use crate::compile::{Compiler, Optimization};
 use crate::driver::{check, Gpu};
 use cudarc::driver::sys;
+use std::sync::Arc;
 use strata_core::lower::cache::{KernelCache, Signature};
 use strata_core::{Error, Result};
 
@@ -51,12 +53,13 @@ impl Launch {
 }
 
 /// A loaded kernel and the number of argument words it takes.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Function {
     pub f: sys::CUfunction,
     pub words: usize,
-    /// Its batched form (`<name>_batch`, see `crate::batch`) when the source has one.
-    pub batch: Option<sys::CUfunction>,
+    /// Its batched form (`<name>_batch`, see `crate::batch`) when the source has one,
+    /// compiled when first needed.
+    pub batch: Option<Arc<BatchedForm>>,
 }
 
 /// CUDA's limit on a launch's argument bytes.
@@ -119,7 +122,7 @@ pub(crate) fn dims(gpu: &Gpu, grid: &Grid) -> Option<(Dim3, Dim3)> {
 pub(crate) type Dim3 = (u32, u32, u32);
 
 /// Launches `f` with `plan` on `stream`.
-pub(crate) fn launch(gpu: &Gpu, f: Function, plan: &Launch, stream: sys::CUstream) -> Result<()> {
+pub(crate) fn launch(gpu: &Gpu, f: &Function, plan: &Launch, stream: sys::CUstream) -> Result<()> {
     let Some((grid, block)) = dims(gpu, &plan.grid) else {
         return Ok(());
     };

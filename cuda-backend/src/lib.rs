@@ -185,7 +185,7 @@ impl CudaBackend {
         match reduce_prior::plan_prior(kernel, args, &self.target)? {
             Some(PriorRun::Staged(sig, launch)) => {
                 let f = function(&self.reductions, &sig, &self.compiler)?;
-                return launch::launch(&self.gpu, f, &launch, s);
+                return launch::launch(&self.gpu, &f, &launch, s);
             }
             Some(PriorRun::Split(launches)) => {
                 for (kernel, args) in launches {
@@ -213,7 +213,7 @@ impl CudaBackend {
         };
         let f = function(&self.reductions, &red.sig, &self.compiler)?;
         if red.plan.splits == 1 {
-            return launch::launch(&self.gpu, f, &red.first(0, 0), s);
+            return launch::launch(&self.gpu, &f, &red.first(0, 0), s);
         }
         let n = red.plan.outputs * red.plan.splits;
         let part = self
@@ -224,13 +224,13 @@ impl CudaBackend {
             .allocate(if op.returns_index() { n * 8 } else { 0 }, stream)?;
         launch::launch(
             &self.gpu,
-            f,
+            &f,
             &red.first(part.device_ptr(), part_idx.device_ptr()),
             s,
         )?;
         let (sig, plan) = red.combine(part.device_ptr(), part_idx.device_ptr());
         let g = function(&self.reductions, &sig, &self.compiler)?;
-        launch::launch(&self.gpu, g, &plan, s)
+        launch::launch(&self.gpu, &g, &plan, s)
         // The partial buffers are freed here, in stream order after the combine launch.
     }
 }
@@ -342,11 +342,14 @@ impl Backend for CudaBackend {
                     return Ok(());
                 };
                 let f = function(&self.maps, &sig, &self.compiler)?;
-                if self.batches.add(&self.gpu, f, &plan, stream, s, args)? {
+                if self
+                    .batches
+                    .add(&self.gpu, &self.compiler, &f, &plan, stream, s, args)?
+                {
                     return Ok(());
                 }
                 self.batches.send(&self.gpu, stream)?;
-                launch::launch(&self.gpu, f, &plan, s)
+                launch::launch(&self.gpu, &f, &plan, s)
             }
             Kernel::Reduce { .. } => self.run_reduce(kernel, args, stream, s),
             Kernel::Matmul { acc, tf32 } => {
@@ -364,7 +367,7 @@ impl Backend for CudaBackend {
                     return Ok(());
                 };
                 let f = function(&self.matmuls, &sig, &self.compiler)?;
-                launch::launch(&self.gpu, f, &plan, s)
+                launch::launch(&self.gpu, &f, &plan, s)
             }
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
             Kernel::Softmax { log } => {
@@ -373,7 +376,7 @@ impl Backend for CudaBackend {
                     return Ok(());
                 };
                 let f = function(&self.softmaxes, &sig, &self.compiler)?;
-                launch::launch(&self.gpu, f, &plan, s)
+                launch::launch(&self.gpu, &f, &plan, s)
             }
         }
     }
@@ -578,6 +581,6 @@ impl CudaBackend {
             return Ok(());
         };
         let f = function(&self.indexing, &sig, &self.compiler)?;
-        launch::launch(&self.gpu, f, &plan, s)
+        launch::launch(&self.gpu, &f, &plan, s)
     }
 }

@@ -2,10 +2,9 @@
 //! launch (planned as `run` plans it), and compiling it ahead, so that the events around a
 //! launch time the kernel, not NVRTC.
 
-use crate::batch::MAX_BATCHED_WORK;
 use crate::codegen::reduce_prior::{self, PriorRun};
 use crate::codegen::{index, map, matmul, reduce, softmax};
-use crate::launch::{dims, FunctionCache, Grid, Launch, Program};
+use crate::launch::{dims, Function, FunctionCache, Launch, Program};
 use crate::CudaBackend;
 use strata_core::backend::LaunchDescription;
 use strata_core::ir::{Kernel, KernelArgs};
@@ -19,10 +18,14 @@ impl CudaBackend {
             |l: &Launch| dims(&self.gpu, &l.grid).map(|(g, b)| format!("grid {g:?} × block {b:?}"));
         let (name, shape) = match kernel {
             Kernel::Map { expr, also } => {
-                let (_, plan) = map::plan(expr, also, args, &self.target).ok()??;
-                // A launch small enough is appended to its stream's batch (crate::batch).
-                let batched = self.batches.enabled()
-                    && matches!(plan.grid, Grid::Linear { work } if work <= MAX_BATCHED_WORK);
+                let (sig, plan) = map::plan(expr, also, args, &self.target).ok()??;
+                // A launch small enough is appended to its stream's batch once the kernel's
+                // batched form is due (crate::batch): from its second small launch on.
+                let batched = self.maps.peek(&sig).is_some_and(|f| {
+                    self.batches
+                        .form(&f, &plan)
+                        .is_some_and(|form| form.is_due())
+                });
                 let name = if batched {
                     "strata_map_batch"
                 } else {
@@ -108,14 +111,17 @@ impl CudaBackend {
         let mut compiled = false;
         match kernel {
             Kernel::Map { expr, also } => {
-                if let Some((sig, _)) = map::plan(expr, also, args, &self.target)? {
-                    compile(&self.maps, &sig, self, &mut compiled)?;
+                if let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? {
+                    let f = compile(&self.maps, &sig, self, &mut compiled)?;
+                    if let Some(form) = self.batches.form(&f, &plan) {
+                        compiled |= form.prepare(&self.compiler)?;
+                    }
                 }
             }
             Kernel::Reduce { prior: Some(_), .. } => {
                 match reduce_prior::plan_prior(kernel, args, &self.target)? {
                     Some(PriorRun::Staged(sig, _)) => {
-                        compile(&self.reductions, &sig, self, &mut compiled)?
+                        compile(&self.reductions, &sig, self, &mut compiled)?;
                     }
                     Some(PriorRun::Split(launches)) => {
                         for (k, a) in launches {
@@ -178,13 +184,11 @@ fn compile<K: Program>(
     key: &K,
     backend: &CudaBackend,
     compiled: &mut bool,
-) -> strata_core::Result<()> {
-    cache
-        .get(key, |k| {
-            *compiled = true;
-            backend
-                .compiler
-                .function(&k.source()?, K::NAME, k.optimization())
-        })
-        .map(|_| ())
+) -> strata_core::Result<Function> {
+    cache.get(key, |k| {
+        *compiled = true;
+        backend
+            .compiler
+            .function(&k.source()?, K::NAME, k.optimization())
+    })
 }

@@ -241,6 +241,57 @@ fn one_at_a_time(dev: &Device) -> Result<()> {
 }
 test_device!(one_profile_at_a_time_and_errors_stop_it, one_at_a_time);
 
+/// A new kernel launched small three times. On CUDA the first launch runs alone and compiles
+/// one program; the second compiles the kernel's batched form and runs in a batch (the
+/// profiler names it `strata_map_batch`), the third reuses it.
+fn batched_form_at_the_second_small_launch(dev: &Device) -> Result<()> {
+    let host = [0.5f64, -1.5, 2.25, 3.0, -0.75];
+    let a = Tensor::from_slice(&host, [5], dev)?;
+    let mut values = Vec::new();
+    let p = dev.profile(|| {
+        for _ in 0..3 {
+            // A chain no other test fuses, so its kernel is new to the shared device.
+            let b = ((a.cos()? * &a)?.floor()? - 0.25)?;
+            values.push(b.to_vec::<f64>()?);
+        }
+        Ok(())
+    })?;
+    let want: Vec<f64> = host.iter().map(|x| (x.cos() * x).floor() - 0.25).collect();
+    for v in &values {
+        assert_eq!(v, &want, "{p}");
+    }
+    if dev.kind() != strata::BackendKind::Cuda || !dev.fusion() {
+        return Ok(());
+    }
+    let kernels: Vec<&str> = p
+        .records
+        .iter()
+        .filter(|r| r.kind == RecordKind::Kernel)
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(
+        kernels,
+        ["strata_map", "strata_map_batch", "strata_map_batch"],
+        "{p}"
+    );
+    // Whether each launch compiled something: a compile record before the kernel's.
+    let mut compiled = Vec::new();
+    let mut compile_seen = false;
+    for r in &p.records {
+        match r.kind {
+            RecordKind::Compile => compile_seen = true,
+            RecordKind::Kernel => compiled.push(std::mem::take(&mut compile_seen)),
+            _ => {}
+        }
+    }
+    assert_eq!(compiled, [true, true, false], "{p}");
+    Ok(())
+}
+test_device!(
+    a_kernels_batched_form_compiles_at_its_second_small_launch,
+    batched_form_at_the_second_small_launch
+);
+
 /// Run in a child process with `STRATA_PROFILE=1` by the test below.
 #[test]
 fn strata_profile_child() {

@@ -139,20 +139,31 @@ impl<S, V: Clone> KernelCache<S, V> {
         key: &K,
         build: impl FnOnce(&K) -> Result<V>,
     ) -> Result<V> {
-        let h = structure_hash(key);
-        if let Some(v) = self
-            .lock()
-            .get(&h)
-            .and_then(|list| list.iter().find(|(k, _)| key.matches(k)))
-        {
-            return Ok(v.1.clone());
+        if let Some(v) = self.peek(key) {
+            return Ok(v);
         }
         let v = build(key)?;
         self.lock()
-            .entry(h)
+            .entry(structure_hash(key))
             .or_default()
             .push((key.store(), v.clone()));
         Ok(v)
+    }
+
+    /// The kernel for `key` if it is cached (nothing is built).
+    ///
+    /// ```
+    /// use strata_core::lower::cache::KernelCache;
+    /// let cache: KernelCache<(u8, u32), &str> = KernelCache::default();
+    /// assert_eq!(cache.peek(&(1u8, 7u32)), None);
+    /// cache.get(&(1u8, 7u32), |_| Ok("compiled")).unwrap();
+    /// assert_eq!(cache.peek(&(1u8, 7u32)), Some("compiled"));
+    /// ```
+    pub fn peek<K: Signature<Stored = S>>(&self, key: &K) -> Option<V> {
+        self.lock()
+            .get(&structure_hash(key))
+            .and_then(|list| list.iter().find(|(k, _)| key.matches(k)))
+            .map(|(_, v)| v.clone())
     }
 
     /// How many kernels are cached.
