@@ -575,6 +575,25 @@ impl Expr {
         }
     }
 
+    /// True when the tree draws random numbers (reads `Philox` words).
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::Expr};
+    /// assert!(strata_core::random::randn_f32_expr().draws_random());
+    /// assert!(!Expr::linear_index().draws_random());
+    /// ```
+    pub fn draws_random(&self) -> bool {
+        match &self.node {
+            Node::Philox(_) => true,
+            Node::LinearIndex | Node::Input(_) | Node::Scalar(_) | Node::Literal(_) => false,
+            Node::Cast { arg, .. } | Node::Unary(_, arg) => arg.draws_random(),
+            Node::Binary(_, a, b) => a.draws_random() || b.draws_random(),
+            Node::Where(c, a, b) | Node::Fma(c, a, b) => {
+                c.draws_random() || a.draws_random() || b.draws_random()
+            }
+        }
+    }
+
     /// The highest input index the tree reads, if any.
     ///
     /// ```

@@ -103,7 +103,7 @@ impl Batches {
 
     /// `f`'s batched form when a launch with `plan` is small enough for a batch.
     pub(crate) fn form<'f>(&self, f: &'f Function, plan: &Launch) -> Option<&'f BatchedForm> {
-        let small = matches!(plan.grid, Grid::Linear { work } if work <= MAX_BATCHED_WORK);
+        let small = matches!(plan.grid, Grid::Linear { work, .. } if work <= MAX_BATCHED_WORK);
         let form = f.batch.as_deref()?;
         (self.enabled && small && plan.args.0.len() == f.words).then_some(form)
     }

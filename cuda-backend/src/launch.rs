@@ -26,8 +26,9 @@ impl Args {
 /// How many threads a launch needs, and how they are grouped.
 #[derive(Debug)]
 pub(crate) enum Grid {
-    /// `work` independent items, 256 threads per block, grid-stride loops past a cap.
-    Linear { work: usize },
+    /// `work` independent items, 256 threads per block, grid-stride loops past a cap; with
+    /// `looping`, a cap of [`LOOPING_BLOCKS_PER_SM`] blocks per multiprocessor.
+    Linear { work: usize, looping: bool },
     /// An explicit grid and block, and the bytes of dynamic shared memory each block takes.
     Fixed {
         grid: (u32, u32, u32),
@@ -47,7 +48,22 @@ impl Launch {
     pub(crate) fn linear(args: Args, work: usize) -> Launch {
         Launch {
             args,
-            grid: Grid::Linear { work },
+            grid: Grid::Linear {
+                work,
+                looping: false,
+            },
+        }
+    }
+
+    /// A linear launch whose threads each loop over many items: for kernels whose threads
+    /// do costly set-up before their first item (random draws: Philox's key schedule).
+    pub(crate) fn looping(args: Args, work: usize) -> Launch {
+        Launch {
+            args,
+            grid: Grid::Linear {
+                work,
+                looping: true,
+            },
         }
     }
 }
@@ -104,19 +120,29 @@ pub(crate) fn function<K: Program>(
 /// The grid and block dimensions of `grid` on `gpu`; `None` for an empty launch.
 pub(crate) fn dims(gpu: &Gpu, grid: &Grid) -> Option<(Dim3, Dim3)> {
     match *grid {
-        Grid::Linear { work } => {
+        Grid::Linear { work, looping } => {
             if work == 0 {
                 return None;
             }
             // One work item per thread up to 2^28 threads (grid-stride loops take the rest):
-            // fewer, looping blocks measured 4% slower on a 1 GiB add.
-            let cap = (gpu.sm_count as usize * 64).max(1 << 20);
+            // fewer, looping blocks measured 4% slower on a 1 GiB add. Maps that transform
+            // random draws with float functions loop instead (`codegen::map::plan`).
+            let per_sm = gpu.sm_count as usize * LOOPING_BLOCKS_PER_SM;
+            let cap = if looping {
+                per_sm.max(1)
+            } else {
+                per_sm.max(1 << 20)
+            };
             let blocks = work.div_ceil(256).clamp(1, cap) as u32;
             Some(((blocks, 1, 1), (256, 1, 1)))
         }
         Grid::Fixed { grid, block, .. } => Some((grid, block)),
     }
 }
+
+/// Blocks of 256 threads per multiprocessor in a looping launch ([`Launch::looping`]): 32
+/// and 64 measured alike for `randn`, 8 and 4 slower.
+pub(crate) const LOOPING_BLOCKS_PER_SM: usize = 64;
 
 /// Grid or block dimensions.
 pub(crate) type Dim3 = (u32, u32, u32);
