@@ -154,31 +154,13 @@ pub(crate) fn plan<'e>(
     Ok(Some((sig, launch)))
 }
 
-/// Whether the tree applies a float function that costs many instructions (exponentials,
-/// logarithms, roots, trigonometric and error functions).
+/// Whether the tree applies a float function, each many instructions (the unary ops defined
+/// for floats only: roots, reciprocals, exponentials, logarithms, trigonometric and error
+/// functions).
 fn applies_float_function(e: &Expr) -> bool {
-    use strata_core::ir::{Node, UnaryOp::*};
+    use strata_core::ir::Node;
     match &e.node {
-        Node::Unary(op, arg) => {
-            matches!(
-                op,
-                Sqrt | Rsqrt
-                    | Exp
-                    | Exp2
-                    | Expm1
-                    | Log
-                    | Log2
-                    | Log10
-                    | Log1p
-                    | Sin
-                    | Cos
-                    | Tan
-                    | Tanh
-                    | Sigmoid
-                    | Gelu
-                    | Erf
-            ) || applies_float_function(arg)
-        }
+        Node::Unary(op, arg) => op.float_only() || applies_float_function(arg),
         Node::Cast { arg, .. } => applies_float_function(arg),
         Node::Binary(_, a, b) => applies_float_function(a) || applies_float_function(b),
         Node::Where(c, a, b) | Node::Fma(c, a, b) => {
