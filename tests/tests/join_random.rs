@@ -149,18 +149,23 @@ fn check_f32_uniforms(values: &[f32], seed: u64, first: u64) {
 /// f32 (each backend's log, cos and sin: a few ulps apart).
 fn check_f32_normals(values: &[f32], seed: u64, first: u64) {
     for (i, &v) in values.iter().enumerate() {
-        let w = words(seed, first, i as u64 / 4);
-        let k = 2 * ((i % 4) / 2);
-        let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
-        let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
-        let angle = std::f32::consts::TAU * u2;
-        let trig = if i % 2 == 0 { angle.cos() } else { angle.sin() };
-        let want = (-2.0 * u1.ln()).sqrt() * trig;
-        assert!(
-            (v - want).abs() <= 4e-6 * want.abs().max(1.0),
-            "f32 randn element {i}: {v} vs {want}"
-        );
+        check_f32_normal(i, v, seed, first);
     }
+}
+
+/// Element `i` of an f32 normal draw (see [`check_f32_normals`]).
+fn check_f32_normal(i: usize, v: f32, seed: u64, first: u64) {
+    let w = words(seed, first, i as u64 / 4);
+    let k = 2 * ((i % 4) / 2);
+    let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
+    let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
+    let angle = std::f32::consts::TAU * u2;
+    let trig = if i.is_multiple_of(2) { angle.cos() } else { angle.sin() };
+    let want = (-2.0 * u1.ln()).sqrt() * trig;
+    assert!(
+        (v - want).abs() <= 4e-6 * want.abs().max(1.0),
+        "f32 randn element {i}: {v} vs {want}"
+    );
 }
 
 fn u53(hi: u32, lo: u32) -> f64 {
@@ -218,6 +223,16 @@ fn random(dev: &Device) -> Result<()> {
             bits(&long[..7]),
             "{dt} randn of 7 and of 4096"
         );
+    }
+    // A draw longer than one pass of CUDA's looping grid (64 blocks of 256 threads per
+    // multiprocessor, four elements a thread: 8.65 million on 132 multiprocessors), so its
+    // threads loop; sampled, with the tail. (Other backends: the short draws above.)
+    if dev.kind() == strata::BackendKind::Cuda {
+        let n = 3 * (1 << 22) + 5;
+        let z = Tensor::randn([n], DType::F32, &mut Generator::new(77), dev)?.to_vec::<f32>()?;
+        for i in (0..n).step_by(4099).chain(n - 9..n) {
+            check_f32_normal(i, z[i], 77, 0);
+        }
     }
     // Integers over a 32-bit range: one word each, four per counter (a vector of two i64
     // lanes on CUDA covers half a counter).
