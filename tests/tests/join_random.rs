@@ -160,7 +160,11 @@ fn check_f32_normal(i: usize, v: f32, seed: u64, first: u64) {
     let u1 = 1.0 - (w[k] >> 8) as f32 * 2f32.powi(-24);
     let u2 = (w[k + 1] >> 8) as f32 * 2f32.powi(-24);
     let angle = std::f32::consts::TAU * u2;
-    let trig = if i.is_multiple_of(2) { angle.cos() } else { angle.sin() };
+    let trig = if i.is_multiple_of(2) {
+        angle.cos()
+    } else {
+        angle.sin()
+    };
     let want = (-2.0 * u1.ln()).sqrt() * trig;
     assert!(
         (v - want).abs() <= 4e-6 * want.abs().max(1.0),
