@@ -150,20 +150,24 @@ fn bin(op: BinaryOp, a: Expr, b: Expr) -> Expr {
     Expr::binary(op, a, b)
 }
 
-fn literal(value: Scalar) -> Expr {
-    Expr::literal(value)
-}
-
 /// A uniform value in `[0, 1)` as f64 with 53 random bits from words `w`, `w + 1`.
 ///
 /// The transforms' constants (shifts, scales, Box–Muller's 1, -2 and 2π) are literals, not
 /// launch scalars: a GPU compiler folds them (a shift by a known count needs no range test),
 /// which made CUDA's `randn` 4% faster on an H100 (BENCHMARKS.md). The values are the same.
 fn uniform53(w: u8, lanes: Lanes) -> Expr {
-    let hi = bin(BinaryOp::Shl, bits(w, lanes), literal(Scalar::U64(21)));
-    let lo = bin(BinaryOp::Shr, bits(w + 1, lanes), literal(Scalar::U64(11)));
+    let hi = bin(
+        BinaryOp::Shl,
+        bits(w, lanes),
+        Expr::literal(Scalar::U64(21)),
+    );
+    let lo = bin(
+        BinaryOp::Shr,
+        bits(w + 1, lanes),
+        Expr::literal(Scalar::U64(11)),
+    );
     let m = bin(BinaryOp::BitOr, hi, lo).cast(DType::F64, false);
-    bin(BinaryOp::Mul, m, literal(Scalar::F64(2f64.powi(-53))))
+    bin(BinaryOp::Mul, m, Expr::literal(Scalar::F64(2f64.powi(-53))))
 }
 
 /// A uniform value in `[0, 1)` as f32 from the top `bits` bits of word `w` (exact: `bits` is
@@ -173,12 +177,12 @@ fn uniform_f32(w: u8, lanes: Lanes, bits: u32) -> Expr {
     let top = bin(
         BinaryOp::Shr,
         word32(w, lanes),
-        literal(Scalar::U32(32 - bits)),
+        Expr::literal(Scalar::U32(32 - bits)),
     );
     bin(
         BinaryOp::Mul,
         top.cast(DType::F32, false),
-        literal(Scalar::F32(2f32.powi(-(bits as i32)))),
+        Expr::literal(Scalar::F32(2f32.powi(-(bits as i32)))),
     )
 }
 
@@ -198,8 +202,8 @@ fn uniform_bits(dtype: DType) -> u32 {
 /// evaluates only the branch each lane takes.
 fn box_muller(u1: Expr, u2: Expr) -> Expr {
     let dtype = u1.dtype;
-    let f = |x: f64| literal(Scalar::F64(x).cast(dtype, false));
-    let i = |x: i64| literal(Scalar::I64(x));
+    let f = |x: f64| Expr::literal(Scalar::F64(x).cast(dtype, false));
+    let i = |x: i64| Expr::literal(Scalar::I64(x));
     let radius = Expr::unary(
         UnaryOp::Sqrt,
         bin(
@@ -377,7 +381,11 @@ impl Tensor {
         }
         // The range and `low` stay launch scalars: one kernel serves every range.
         let extra = vec![Scalar::U64(span), Scalar::I64(low)];
-        let hi = bin(BinaryOp::Shl, bits(0, TWO_WORDS), literal(Scalar::U64(32)));
+        let hi = bin(
+            BinaryOp::Shl,
+            bits(0, TWO_WORDS),
+            Expr::literal(Scalar::U64(32)),
+        );
         let word = bin(BinaryOp::BitOr, hi, bits(1, TWO_WORDS));
         let r = bin(BinaryOp::Rem, word, Expr::scalar(2, DType::U64)).cast(DType::I64, false);
         let v = bin(BinaryOp::Add, r, low_at(3));

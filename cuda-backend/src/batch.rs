@@ -19,7 +19,8 @@ use crate::compile::{Compiler, Optimization};
 use crate::driver::{check, Gpu, Raw};
 use crate::launch::{batch_capacity, Function, Grid, Launch};
 use cudarc::driver::sys;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::ir::KernelArgs;
 use strata_core::{DeviceBuffer, Result, StreamId};
 
@@ -222,16 +223,12 @@ pub(crate) struct BatchedForm {
     source: String,
     name: String,
     optimization: Optimization,
-    state: Mutex<BatchState>,
-}
-
-#[derive(Clone, Copy)]
-enum BatchState {
-    /// No small launch yet.
-    Unused,
-    /// One small launch ran alone; the next compiles the form.
-    UsedOnce,
-    Loaded(Raw<sys::CUfunction>),
+    /// A small launch has run (alone): the next one compiles the form.
+    used: AtomicBool,
+    /// The loaded form: read without a lock by every later small launch.
+    loaded: OnceLock<Raw<sys::CUfunction>>,
+    /// Held while compiling, so two threads do not compile it twice.
+    compiling: Mutex<()>,
 }
 
 impl BatchedForm {
@@ -240,48 +237,46 @@ impl BatchedForm {
             source,
             name,
             optimization,
-            state: Mutex::new(BatchState::Unused),
+            used: AtomicBool::new(false),
+            loaded: OnceLock::new(),
+            compiling: Mutex::new(()),
         }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, BatchState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether the next small launch runs in a batch (the form is loaded, or compiled then).
     pub(crate) fn is_due(&self) -> bool {
-        !matches!(*self.state(), BatchState::Unused)
+        self.used.load(Ordering::Relaxed)
     }
 
     /// For a small launch: the batched function, compiled at the kernel's second small
     /// launch; `None` at its first, which runs alone.
     pub(crate) fn for_launch(&self, compiler: &Compiler) -> Result<Option<sys::CUfunction>> {
-        let mut state = self.state();
-        match *state {
-            BatchState::Loaded(f) => Ok(Some(f.0)),
-            BatchState::Unused => {
-                *state = BatchState::UsedOnce;
-                Ok(None)
-            }
-            BatchState::UsedOnce => {
-                // Compiled under the form's own lock: a second thread waits for this compile.
-                let f = compiler.load_function(&self.source, &self.name, self.optimization)?;
-                *state = BatchState::Loaded(Raw(f));
-                Ok(Some(f))
-            }
+        if let Some(f) = self.loaded.get() {
+            return Ok(Some(f.0));
         }
+        if !self.used.swap(true, Ordering::Relaxed) {
+            return Ok(None);
+        }
+        self.load(compiler).map(Some)
     }
 
     /// Compiles the form now when the next small launch will use it (the profiler's
     /// `prepare`, so that the compile is not timed as the launch); true when it compiled.
     pub(crate) fn prepare(&self, compiler: &Compiler) -> Result<bool> {
-        let mut state = self.state();
-        if !matches!(*state, BatchState::UsedOnce) {
+        if !self.is_due() || self.loaded.get().is_some() {
             return Ok(false);
         }
+        self.load(compiler).map(|_| true)
+    }
+
+    /// The loaded form, compiled now unless another thread did.
+    fn load(&self, compiler: &Compiler) -> Result<sys::CUfunction> {
+        let _compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = self.loaded.get() {
+            return Ok(f.0);
+        }
         let f = compiler.load_function(&self.source, &self.name, self.optimization)?;
-        *state = BatchState::Loaded(Raw(f));
-        Ok(true)
+        Ok(self.loaded.get_or_init(|| Raw(f)).0)
     }
 }
 

@@ -55,8 +55,9 @@ impl Launch {
         }
     }
 
-    /// A linear launch whose threads each loop over many items: for kernels whose threads
-    /// do costly set-up before their first item (random draws: Philox's key schedule).
+    /// A linear launch whose threads each loop over many items: for kernels bound by
+    /// arithmetic whose threads do set-up before their first item (random draws through
+    /// float functions, such as `randn`: Philox's key schedule).
     pub(crate) fn looping(args: Args, work: usize) -> Launch {
         Launch {
             args,

@@ -133,8 +133,9 @@ pub(crate) fn plan<'e>(
         vector: piece.vector,
         wide: piece.wide,
     };
-    // Random draws read the position: other maps skip these tree walks.
-    let draws = positional && sig.trees().iter().any(Expr::draws_random);
+    // Random draws read the position: other maps skip these tree walks. (Further outputs
+    // are subtrees of output 0's tree, so its walk covers them.)
+    let draws = positional && expr.draws_random();
     // Where a warp shares each counter between two vectors, a thread draws for two vectors.
     let work = if draws && counter_pairs(&sig) {
         piece.work.div_ceil(2)
@@ -146,7 +147,7 @@ pub(crate) fn plan<'e>(
     // bound by arithmetic, and threads looping over many items spare that set-up (randn of
     // 2^28 on an H100: 0.66 -> 0.56 ms). Draws stored as they are (rand, randint) run at
     // bandwidth, where the full grid is as fast or faster (randint 3% faster).
-    let launch = if draws && sig.trees().iter().any(applies_float_function) {
+    let launch = if draws && applies_float_function(expr) {
         Launch::looping(words, work)
     } else {
         Launch::linear(words, work)
