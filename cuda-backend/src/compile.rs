@@ -159,9 +159,12 @@ impl Compiler {
         Ok(options)
     }
 
-    /// The device's machine code for `body` (the prelude is prepended), from the disk cache
-    /// when it has it.
-    pub(crate) fn cubin(&self, body: &str, optimization: Optimization) -> Result<Vec<u8>> {
+    /// The full source, options and disk-cache file of `body`'s machine code.
+    fn program(
+        &self,
+        body: &str,
+        optimization: Optimization,
+    ) -> Result<(String, Vec<String>, Option<PathBuf>)> {
         let version = nvrtc_version()?;
         let source = format!("{}\n{body}", crate::codegen::PRELUDE);
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
@@ -176,6 +179,21 @@ impl Compiler {
             .cache_dir
             .as_ref()
             .map(|d| d.join(format!("{key:016x}.cubin")));
+        Ok((source, options, path))
+    }
+
+    /// True when the disk cache holds the machine code [`Compiler::function`] would load for
+    /// `body`'s kernel `name` (so loading it needs no compile).
+    pub(crate) fn has_cached(&self, body: &str, name: &str, optimization: Optimization) -> bool {
+        let (plain, _) = split_batched_form(body, name);
+        self.program(plain, optimization)
+            .is_ok_and(|(_, _, path)| path.is_some_and(|p| p.exists()))
+    }
+
+    /// The device's machine code for `body` (the prelude is prepended), from the disk cache
+    /// when it has it.
+    pub(crate) fn cubin(&self, body: &str, optimization: Optimization) -> Result<Vec<u8>> {
+        let (source, options, path) = self.program(body, optimization)?;
         if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             return Ok(image);
         }

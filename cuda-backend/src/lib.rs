@@ -20,6 +20,7 @@ mod blas;
 pub mod codegen;
 mod compile;
 mod driver;
+mod first_launch;
 mod launch;
 mod memory;
 mod pinned;
@@ -87,6 +88,8 @@ pub struct CudaBackend {
     staging: staging::Staging,
     compiler: Compiler,
     batches: batch::Batches,
+    /// Maps' first launches through the interpreter.
+    first_launches: first_launch::FirstLaunches,
     blas: Option<blas::Blas>,
     maps: FunctionCache<map::MapSig<'static>>,
     reductions: FunctionCache<reduce::ReduceSig>,
@@ -142,6 +145,7 @@ impl CudaBackend {
             memory,
             compiler,
             batches: batch::Batches::new(),
+            first_launches: first_launch::FirstLaunches::new(),
             maps: FunctionCache::default(),
             reductions: FunctionCache::default(),
             indexing: FunctionCache::default(),
@@ -341,7 +345,18 @@ impl Backend for CudaBackend {
                 let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
                     return Ok(());
                 };
-                let f = function(&self.maps, &sig, &self.compiler)?;
+                let f = match self.maps.peek(&sig) {
+                    Some(f) => f,
+                    None => {
+                        if let Some((f, launch)) =
+                            self.first_launches.interpret(&sig, &plan, &self.compiler)?
+                        {
+                            self.batches.send(&self.gpu, stream)?;
+                            return launch::launch(&self.gpu, &f, &launch, s);
+                        }
+                        function(&self.maps, &sig, &self.compiler)?
+                    }
+                };
                 if self
                     .batches
                     .add(&self.gpu, &self.compiler, &f, &plan, stream, s, args)?

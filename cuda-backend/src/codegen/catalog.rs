@@ -446,6 +446,10 @@ mod tests {
                 "strata_map",
             );
         }
+        add(
+            super::super::interpret::source().expect("interpreter source"),
+            "strata_interpret",
+        );
         for s in reductions() {
             add(
                 super::super::reduce::source(&s).expect("reduce source"),

@@ -112,7 +112,7 @@ fn math(d: DType, name: &str) -> String {
     }
 }
 
-fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> Result<String> {
+pub(crate) fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> Result<String> {
     use BinaryOp::*;
     let cmp = |o: &str| format!("({a} {o} {b})");
     match op {
@@ -175,7 +175,7 @@ fn binary(op: BinaryOp, d: DType, a: &str, b: &str) -> Result<String> {
     Ok(format!("{f}<{t}>({a}, {b})"))
 }
 
-fn unary(op: UnaryOp, d: DType, a: &str) -> Result<String> {
+pub(crate) fn unary(op: UnaryOp, d: DType, a: &str) -> Result<String> {
     use UnaryOp::*;
     if d == DType::Bool {
         return match op {
@@ -238,7 +238,7 @@ fn unary(op: UnaryOp, d: DType, a: &str) -> Result<String> {
     Ok(round_to(d, v))
 }
 
-fn fma(d: DType, a: &str, b: &str, c: &str) -> Result<String> {
+pub(crate) fn fma(d: DType, a: &str, b: &str, c: &str) -> Result<String> {
     let t = compute_type(d);
     Ok(match d {
         DType::Bool => return Err(undefined("Fma", d)),

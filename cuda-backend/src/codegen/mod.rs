@@ -11,6 +11,7 @@
 mod catalog;
 pub(crate) mod expr;
 pub(crate) mod index;
+pub(crate) mod interpret;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;

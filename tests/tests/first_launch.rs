@@ -1,0 +1,142 @@
+//! On CUDA a map kernel's first launch runs through an interpreter and the later launches
+//! through the compiled kernel (cuda-backend's `first_launch.rs`): both must give the same
+//! bits. The file holds one test, which points the kernel cache at a fresh directory before
+//! any device opens, so that no kernel is found compiled on disk.
+
+use strata::prelude::*;
+
+type Case = (&'static str, fn(&Tensor, &Tensor) -> Result<Tensor>);
+
+/// Every op the interpreter runs, alone and in chains, in f32.
+const CASES: &[Case] = &[
+    ("neg", |x, _| x.neg()),
+    ("neg_sat", |x, _| x.neg_sat()),
+    ("abs", |x, _| x.abs()),
+    ("sign", |x, _| x.sign()),
+    ("square", |x, _| x.square()),
+    ("sqrt", |x, _| x.sqrt()),
+    ("rsqrt", |x, _| x.rsqrt()),
+    ("reciprocal", |x, _| x.reciprocal()),
+    ("exp", |x, _| x.exp()),
+    ("exp2", |x, _| x.exp2()),
+    ("expm1", |x, _| x.expm1()),
+    ("log", |x, _| x.log()),
+    ("log2", |x, _| x.log2()),
+    ("log10", |x, _| x.log10()),
+    ("log1p", |x, _| x.log1p()),
+    ("sin", |x, _| x.sin()),
+    ("cos", |x, _| x.cos()),
+    ("tan", |x, _| x.tan()),
+    ("tanh", |x, _| x.tanh()),
+    ("sigmoid", |x, _| x.sigmoid()),
+    ("relu", |x, _| x.relu()),
+    ("gelu", |x, _| x.gelu()),
+    ("erf", |x, _| x.erf()),
+    ("floor", |x, _| x.floor()),
+    ("ceil", |x, _| x.ceil()),
+    ("round", |x, _| x.round()),
+    ("trunc", |x, _| x.trunc()),
+    ("add", |x, y| x + y),
+    ("sub", |x, y| x - y),
+    ("mul", |x, y| x * y),
+    ("div", |x, y| x / y),
+    ("pow", |x, y| x.pow(y)),
+    ("maximum", |x, y| x.maximum(y)),
+    ("minimum", |x, y| x.minimum(y)),
+    ("add a scalar", |x, _| x + 0.75),
+    ("fma", |x, y| x.fma(y, x)),
+    ("where x < y", |x, y| Tensor::where_cond(&x.lt(y)?, x, y)),
+    ("where isnan", |x, y| Tensor::where_cond(&x.isnan()?, y, x)),
+    ("where isinf, isfinite", |x, y| {
+        Tensor::where_cond(&x.isinf()?, y, &Tensor::where_cond(&y.isfinite()?, x, 2.0)?)
+    }),
+    ("comparisons", |x, y| {
+        let eq = Tensor::where_cond(&x.eq(y)?, 1.0, 0.0)?;
+        let ge = Tensor::where_cond(&x.ge(y)?, 2.0, 0.0)?;
+        let ne = Tensor::where_cond(&x.ne(y)?, 4.0, 0.0)?;
+        let le = Tensor::where_cond(&x.le(y)?, 8.0, 0.0)?;
+        let gt = Tensor::where_cond(&x.gt(y)?, 16.0, 0.0)?;
+        (((&eq + &ge)? + &ne)? + &le)? + &gt
+    }),
+    ("sqrt(exp(x*x + x) - x) * 0.5", |x, _| {
+        (x * x)?.add(x)?.exp()?.sub(x)?.sqrt()?.mul(0.5)
+    }),
+    ("relu(x*y + x)", |x, y| (x * y)?.add(x)?.relu()),
+    ("tanh-GELU from primitives", |x, _| {
+        let inner = (x + &(x.pow(3.0)? * 0.044715)?)?.mul(0.7978845608)?;
+        (x * 0.5)?.mul(&(inner.tanh()? + 1.0)?)
+    }),
+];
+
+fn values(n: usize) -> Vec<f32> {
+    let edges = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        -2.5,
+        1e-40,
+        -1e-40,
+        f32::MIN_POSITIVE,
+        f32::MAX,
+        f32::MIN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        88.7,
+        -104.0,
+        1e30,
+        3.0e-8,
+    ];
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|i| {
+            if i < edges.len() {
+                return edges[i];
+            }
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Mostly moderate magnitudes, some large and small ones.
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            let scale = [1.0, 4.0, 100.0, 1e-3][(state & 3) as usize];
+            unit * scale
+        })
+        .collect()
+}
+
+fn check(dev: &Device) -> Result<()> {
+    // 4,099 elements: the compiled kernels' vector loop and their scalar tail.
+    let n = 4099;
+    let x = Tensor::from_slice(&values(n), [n], dev)?;
+    let y_values: Vec<f32> = values(n + 7).into_iter().skip(7).collect();
+    let y = Tensor::from_slice(&y_values, [n], dev)?;
+    for (name, f) in CASES {
+        let first = f(&x, &y)?.to_vec::<f32>()?;
+        let second = f(&x, &y)?.to_vec::<f32>()?;
+        let third = f(&x, &y)?.to_vec::<f32>()?;
+        for (i, ((a, b), c)) in first.iter().zip(&second).zip(&third).enumerate() {
+            assert!(
+                a.to_bits() == b.to_bits() && b.to_bits() == c.to_bits(),
+                "{name} on {}: element {i} (x = {:e}, y = {:e}): launches gave {a:e}, {b:e}, {c:e}",
+                dev.name(),
+                values(n)[i],
+                y_values[i]
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn a_maps_first_launch_equals_its_compiled_launches_bit_for_bit() {
+    let dir = std::env::temp_dir().join(format!("strata-first-launch-{}", std::process::id()));
+    std::env::set_var("STRATA_CACHE_DIR", &dir);
+    for dev in strata_tests::devices() {
+        if let Err(e) = check(&dev) {
+            panic!("on {}: {e}", dev.name());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
