@@ -6,7 +6,8 @@
 //! timestamp queries), and the `bytes` moved or `flops` done, so the caller computes GB/s and
 //! TFLOP/s. Defaults: CUDA, 2^28 f32 elements, sgemm 4096³ (smaller sizes suit lavapipe).
 //! `bench_gpu first-op` prints the latency of a new process's first add on CUDA (context,
-//! kernel compile or PTX-cache load, launch, read back) and of its first new fused kernel;
+//! kernel compile or PTX-cache load, launch, read back), of its first new fused kernels, and
+//! of three calls of a new kernel over 2^26 elements (`large_calls_ms`);
 //! `bench_gpu host` only the host cost of tiny ops on CUDA.
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
@@ -171,13 +172,27 @@ fn first_op() -> Result<()> {
         .filter(|r| r.kind == strata::RecordKind::Compile)
         .map(|r| (r.host_end_us - r.host_start_us) / 1e3)
         .sum();
+    // A new kernel over 2^26 elements, three calls: on CUDA the first runs through the
+    // interpreter, the second compiles, the third runs compiled.
+    let big = Tensor::ones([1usize << 26], DType::F32, &dev)?;
+    let mut large = [0.0f64; 3];
+    for ms in &mut large {
+        dev.synchronize()?;
+        let t = Instant::now();
+        (&big * 2.0)?.sin()?.add(&big)?.sigmoid()?.realize()?;
+        dev.synchronize()?;
+        *ms = t.elapsed().as_secs_f64() * 1e3;
+    }
     println!(
         "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \
          \"first_fused_ms\": {:.1}, \"second_fused_ms\": {second_ms:.1}, \
-         \"second_fused_compile_ms\": {compile_ms:.1}}}",
+         \"second_fused_compile_ms\": {compile_ms:.1}, \"large_calls_ms\": [{:.2}, {:.2}, {:.2}]}}",
         (t1 - t0).as_secs_f64() * 1e3,
         (t2 - t1).as_secs_f64() * 1e3,
-        (t3 - t2).as_secs_f64() * 1e3
+        (t3 - t2).as_secs_f64() * 1e3,
+        large[0],
+        large[1],
+        large[2]
     );
     Ok(())
 }
