@@ -4,9 +4,11 @@
 //! compiled at its second launch. Each instruction's operation is the C that `expr.rs` emits
 //! for that op in f32, so an interpreted launch computes the same bits as the compiled kernel.
 //!
-//! Interpreted: single-output maps whose operands are all f32 and contiguous, whose nodes are
-//! inputs, f32 launch scalars and literals, and the ops of [`OPS`] (comparisons and the float
-//! predicates hold their bool as 0 or 1 in a float register). Anything else compiles at once.
+//! Interpreted: maps whose operands are all f32, contiguous or strided (broadcast inputs,
+//! strided outputs; one offset decoded per strided operand and element), with one output or
+//! several (a kept intermediate is a further output), whose nodes are inputs, f32 launch
+//! scalars and literals, and the ops of [`OPS`] (comparisons and the float predicates hold
+//! their bool as 0 or 1 in a float register). Anything else compiles at once.
 
 use super::expr;
 use super::map::MapSig;
@@ -129,19 +131,38 @@ pub(crate) fn source() -> Result<String> {
         };
         cases.push_str(&format!("        case {code}: v = {value}; break;\n"));
     }
+    // Arguments: n, rank, shape; outputs, inputs; each operand's pointer, whether it is
+    // contiguous, and its strides (`rank` words); each output's register; the constants;
+    // the instructions.
     Ok(format!(
-        "extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
+        "__device__ __forceinline__ i64 interpret_offset(const Args<{WORDS}>& p, int o, int rank, i64 i) {{
+  if (p.w[o + 1]) return i;
+  i64 offset = 0;
+  for (int d = rank - 1; d >= 0; d--) {{
+    const i64 extent = (i64)p.w[2 + d];
+    const i64 c = i % extent;
+    i /= extent;
+    offset += c * (i64)p.w[o + 2 + d];
+  }}
+  return offset;
+}}
+
+extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
   const i64 n = (i64)p.w[0];
-  float* out = (float*)p.w[1];
-  const int inputs = (int)p.w[2];
-  const int constants = (int)p.w[3 + inputs];
-  const int first_constant = 4 + inputs;
+  const int rank = (int)p.w[1];
+  const int outputs = (int)p.w[2 + rank], inputs = (int)p.w[3 + rank];
+  const int first_operand = 4 + rank, per_operand = 2 + rank;
+  const int results = first_operand + (outputs + inputs) * per_operand;
+  const int constants = (int)p.w[results + outputs];
+  const int first_constant = results + outputs + 1;
   const int count = (int)p.w[first_constant + constants];
   const int first = first_constant + constants + 1;
-  const int result = (int)p.w[first + count];
   for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{
     float r[{REGISTERS}];
-    for (int k = 0; k < inputs; k++) r[k] = ((const float*)p.w[3 + k])[i];
+    for (int k = 0; k < inputs; k++) {{
+      const int o = first_operand + (outputs + k) * per_operand;
+      r[k] = ((const float*)p.w[o])[interpret_offset(p, o, rank, i)];
+    }}
     for (int k = 0; k < constants; k++) r[inputs + k] = __uint_as_float((u32)p.w[first_constant + k]);
     for (int t = 0; t < count; t++) {{
       const u64 w = p.w[first + t];
@@ -151,7 +172,10 @@ pub(crate) fn source() -> Result<String> {
 {cases}      }}
       r[(w >> 8) & {mask}] = v;
     }}
-    out[i] = r[result];
+    for (int k = 0; k < outputs; k++) {{
+      const int o = first_operand + k * per_operand;
+      ((float*)p.w[o])[interpret_offset(p, o, rank, i)] = r[p.w[results + k] & {mask}];
+    }}
   }}
 }}
 ",
@@ -165,43 +189,59 @@ fn is_comparison(op: BinaryOp) -> bool {
 }
 
 /// The interpreter's launch for the map `sig` planned as `plan` (whose argument words hold the
-/// element count, the shape, the operands' addresses and the launch scalars' bits), or `None`
-/// when the map is not one the interpreter runs.
+/// element count, the shape, each operand's address and, if strided, its strides, then the
+/// launch scalars' bits), or `None` when the map is not one the interpreter runs.
 pub(crate) fn launch(sig: &MapSig, plan: &Launch) -> Option<Launch> {
-    if !sig.also.is_empty()
-        || sig.dtypes.iter().any(|&d| d != DType::F32)
-        || sig.paths.iter().any(|&p| p != Path::Contiguous)
+    if sig.dtypes.iter().any(|&d| d != DType::F32)
+        || sig
+            .paths
+            .iter()
+            .any(|&p| p != Path::Contiguous && p != Path::Strided)
         || sig.scalars.iter().any(|&d| d != DType::F32)
-        || sig.expr.dtype != DType::F32
     {
         return None;
     }
     let words = &plan.args.0;
-    let operands = sig.dtypes.len();
-    let inputs = operands - 1;
-    let first_operand = 1 + sig.rank;
-    let addresses = words.get(first_operand..first_operand + operands)?;
-    let scalar_bits = words.get(first_operand + operands..)?;
+    let rank = sig.rank;
+    let outputs = 1 + sig.also.len();
+    let inputs = sig.dtypes.len().checked_sub(outputs)?;
+    let shape = words.get(1..1 + rank)?;
+    // Each operand's words in the interpreter's form: pointer, contiguous, strides.
+    let mut operands = Vec::new();
+    let mut at = 1 + rank;
+    for &path in sig.paths.iter() {
+        operands.push(*words.get(at)?);
+        at += 1;
+        if path == Path::Contiguous {
+            operands.push(1);
+            operands.extend(std::iter::repeat_n(0, rank));
+        } else {
+            operands.push(0);
+            operands.extend_from_slice(words.get(at..at + rank)?);
+            at += rank;
+        }
+    }
     let mut program = Encoder {
         inputs,
-        constants: scalar_bits.iter().map(|&b| b as u32).collect(),
+        constants: words.get(at..)?.iter().map(|&b| b as u32).collect(),
         code: Vec::new(),
     };
-    let result = program.encode(&sig.expr)?;
-    let registers = inputs + program.constants.len() + program.code.len();
-    if registers > REGISTERS {
-        return None;
-    }
+    let trees: Vec<&Expr> = std::iter::once(sig.expr.as_ref())
+        .chain(sig.also.iter())
+        .collect();
+    let results = program.encode(&trees)?;
     let mut args = Args::new();
     args.push(words[0]);
-    args.push(addresses[0]);
+    args.push(rank as u64);
+    args.0.extend_from_slice(shape);
+    args.push(outputs as u64);
     args.push(inputs as u64);
-    args.0.extend_from_slice(&addresses[1..]);
+    args.0.extend_from_slice(&operands);
+    args.0.extend(results.iter().map(|&r| r as u64));
     args.push(program.constants.len() as u64);
     args.0.extend(program.constants.iter().map(|&c| c as u64));
     args.push(program.code.len() as u64);
     args.0.extend_from_slice(&program.code);
-    args.push(result as u64);
     if args.0.len() > WORDS {
         return None;
     }
@@ -219,13 +259,17 @@ struct Encoder {
 }
 
 impl Encoder {
-    /// The register holding `e`'s value, after the instructions computing it; `None` for a
-    /// node the interpreter does not run. Walks the tree with its own stack (fused trees can
-    /// be deep).
-    fn encode(&mut self, root: &Expr) -> Option<usize> {
+    /// The registers holding the values of `trees` (output 0's tree, then further outputs,
+    /// which are subtrees of it), after the instructions computing them; `None` for a node
+    /// the interpreter does not run or too many values. Walks the tree with its own stack
+    /// (fused trees can be deep).
+    fn encode(&mut self, trees: &[&Expr]) -> Option<Vec<usize>> {
+        let root = *trees.first()?;
         // (node, children visited); results of finished nodes on `values`.
         let mut stack: Vec<(&Expr, bool)> = vec![(root, false)];
         let mut values: Vec<usize> = Vec::new();
+        // Every computed node and its register, to find the further outputs.
+        let mut computed: Vec<(&Expr, usize)> = Vec::new();
         let scalars = self.constants.len();
         while let Some((e, visited)) = stack.pop() {
             let children: Vec<&Expr> = match &e.node {
@@ -243,18 +287,17 @@ impl Encoder {
                 Node::Input(k) if *k < self.inputs && e.dtype == DType::F32 => *k,
                 Node::Scalar(k) if *k < scalars && e.dtype == DType::F32 => self.inputs + k,
                 Node::Literal(bits) if e.dtype == DType::F32 => {
+                    // After the launch scalars, which were the first constants.
                     self.constants.push(*bits as u32);
-                    // Literals go after every launch scalar: make room by moving none (the
-                    // launch scalars were pushed first), so the index is its position.
                     self.inputs + self.constants.len() - 1
                 }
                 node => {
                     let op = interpreted_op(node, e.dtype)?;
-                    let args = values.split_off(values.len() - children.len());
+                    let args = values.split_off(values.len().checked_sub(children.len())?);
                     let operand = |k: usize| args.get(k).copied().unwrap_or(0) as u64;
                     let code = OPS.iter().position(|o| *o == op)? as u64;
-                    // Instructions' registers follow the constants, which are all known
-                    // only at the end: number them after a fixed base, fixed up below.
+                    // The constants are all known only at the end: number temporaries from a
+                    // fixed base and move them after the constants below.
                     let dst = TEMP_BASE + self.code.len();
                     self.code.push(
                         code | (dst as u64) << 8
@@ -262,14 +305,16 @@ impl Encoder {
                             | operand(1) << 24
                             | operand(2) << 32,
                     );
+                    computed.push((e, dst));
                     dst
                 }
             };
             values.push(register);
         }
-        let result = values.pop()?;
-        // Temporaries were numbered from TEMP_BASE; place them after the constants.
         let base = self.inputs + self.constants.len();
+        if base + self.code.len() > REGISTERS {
+            return None;
+        }
         let fix = |r: u64| {
             if r >= TEMP_BASE as u64 {
                 r - TEMP_BASE as u64 + base as u64
@@ -277,24 +322,20 @@ impl Encoder {
                 r
             }
         };
-        if base + self.code.len() > REGISTERS {
-            return None;
-        }
         for w in &mut self.code {
             let op = *w & 255;
-            let regs = [
-                (*w >> 8) & 255,
-                (*w >> 16) & 255,
-                (*w >> 24) & 255,
-                (*w >> 32) & 255,
-            ];
-            *w = op
-                | fix(regs[0]) << 8
-                | fix(regs[1]) << 16
-                | fix(regs[2]) << 24
-                | fix(regs[3]) << 32;
+            let regs = [8, 16, 24, 32].map(|shift| fix((*w >> shift) & 255));
+            *w = op | regs[0] << 8 | regs[1] << 16 | regs[2] << 24 | regs[3] << 32;
         }
-        Some(fix(result as u64) as usize)
+        let mut results = vec![fix(*values.last()? as u64) as usize];
+        for tree in &trees[1..] {
+            let register = match tree.node {
+                Node::Input(k) if k < self.inputs => k,
+                _ => computed.iter().find(|(e, _)| *e == *tree)?.1,
+            };
+            results.push(fix(register as u64) as usize);
+        }
+        Some(results)
     }
 }
 
@@ -333,117 +374,138 @@ mod tests {
             dtypes: vec![DType::F32; inputs + 1],
             paths: vec![Path::Contiguous; inputs + 1],
             scalars: vec![DType::F32; scalars],
-            rank: 1,
+            rank: 2,
             vector: 4,
             wide: false,
         }
     }
 
-    fn planned(n: u64, operands: usize, scalars: &[f32]) -> Launch {
+    /// A map plan's words for `sig`: n = 10 × 100, shape [10, 100], operand k at 0x1000·(k+1)
+    /// (strided ones with strides [0, 1]), then the scalars.
+    fn planned(sig: &MapSig, scalars: &[f32]) -> Launch {
         let mut args = Args::new();
-        args.push(n);
-        args.push(n);
-        for k in 0..operands {
+        args.0.extend([1000, 10, 100]);
+        for (k, path) in sig.paths.iter().enumerate() {
             args.push(0x1000 * (k as u64 + 1));
+            if *path != Path::Contiguous {
+                args.0.extend([0, 1]);
+            }
         }
         for s in scalars {
             args.push(s.to_bits() as u64);
         }
-        Launch::linear(args, n as usize)
+        Launch::linear(args, 1000)
     }
 
-    /// Decodes instruction `t` of a launch: (opcode, dst, a, b, c).
-    fn instruction(words: &[u64], t: usize) -> (usize, u64, u64, u64, u64) {
-        let inputs = words[2] as usize;
-        let constants = words[3 + inputs] as usize;
-        let first = 4 + inputs + constants + 1;
-        let w = words[first + t];
+    /// A decoded instruction: (opcode, dst, a, b, c).
+    type Instruction = (usize, u64, u64, u64, u64);
+
+    /// The interpreter's words after the operands: (results, constants, instructions).
+    fn program(w: &[u64]) -> (Vec<u64>, Vec<u64>, Vec<Instruction>) {
+        let rank = w[1] as usize;
+        let (outputs, inputs) = (w[2 + rank] as usize, w[3 + rank] as usize);
+        let results = 4 + rank + (outputs + inputs) * (2 + rank);
+        let constants = w[results + outputs] as usize;
+        let first_constant = results + outputs + 1;
+        let count = w[first_constant + constants] as usize;
+        let first = first_constant + constants + 1;
+        let decode = |w: u64| {
+            let r = |shift: u32| (w >> shift) & 255;
+            ((w & 255) as usize, r(8), r(16), r(24), r(32))
+        };
         (
-            (w & 255) as usize,
-            (w >> 8) & 255,
-            (w >> 16) & 255,
-            (w >> 24) & 255,
-            (w >> 32) & 255,
+            w[results..results + outputs].to_vec(),
+            w[first_constant..first_constant + constants].to_vec(),
+            w[first..first + count].iter().map(|&x| decode(x)).collect(),
         )
+    }
+
+    fn code(op: Op) -> usize {
+        OPS.iter().position(|o| *o == op).unwrap()
     }
 
     #[test]
     fn a_chain_becomes_instructions_after_inputs_and_constants() {
         // sqrt(exp(a*a + a) - a) * s0, then * 2 (a literal).
         let a = Expr::input(0, DType::F32);
-        let e = Expr::binary(
+        let bin = |op, x, y| Expr::binary(op, x, y);
+        let inner = bin(
+            BinaryOp::Add,
+            bin(BinaryOp::Mul, a.clone(), a.clone()),
+            a.clone(),
+        );
+        let root = Expr::unary(
+            UnaryOp::Sqrt,
+            bin(BinaryOp::Sub, Expr::unary(UnaryOp::Exp, inner), a),
+        );
+        let e = bin(
             BinaryOp::Mul,
-            Expr::binary(
-                BinaryOp::Mul,
-                Expr::unary(
-                    UnaryOp::Sqrt,
-                    Expr::binary(
-                        BinaryOp::Sub,
-                        Expr::unary(
-                            UnaryOp::Exp,
-                            Expr::binary(
-                                BinaryOp::Add,
-                                Expr::binary(BinaryOp::Mul, a.clone(), a.clone()),
-                                a.clone(),
-                            ),
-                        ),
-                        a,
-                    ),
-                ),
-                Expr::scalar(0, DType::F32),
-            ),
+            bin(BinaryOp::Mul, root, Expr::scalar(0, DType::F32)),
             Expr::literal(strata_core::Scalar::F32(2.0)),
         );
-        let l = launch(&sig(e, 1, 1), &planned(1000, 2, &[0.5])).unwrap();
+        let s = sig(e, 1, 1);
+        let l = launch(&s, &planned(&s, &[0.5])).unwrap();
         let w = &l.args.0;
         assert_eq!(w.len(), WORDS);
-        assert_eq!((w[0], w[1], w[2], w[3]), (1000, 0x1000, 1, 0x2000));
-        // Constants: the scalar 0.5, then the literal 2.
-        assert_eq!(
-            (w[4], w[5], w[6]),
-            (2, 0.5f32.to_bits() as u64, 2f32.to_bits() as u64)
-        );
-        assert_eq!(w[7], 7, "seven instructions");
-        let code = |op: Op| OPS.iter().position(|o| *o == op).unwrap();
+        // n, rank, shape, one output, one input; each operand contiguous.
+        assert_eq!(w[..6], [1000, 2, 10, 100, 1, 1]);
+        assert_eq!(w[6..10], [0x1000, 1, 0, 0]);
+        assert_eq!(w[10..14], [0x2000, 1, 0, 0]);
+        let (results, constants, code_) = program(w);
         // Registers: a = 0, 0.5 = 1, 2 = 2, temporaries from 3.
-        assert_eq!(
-            instruction(w, 0),
-            (code(Op::Binary(BinaryOp::Mul)), 3, 0, 0, 0)
+        assert_eq!(constants, [0.5f32.to_bits() as u64, 2f32.to_bits() as u64]);
+        assert_eq!(code_.len(), 7);
+        assert_eq!(code_[0], (code(Op::Binary(BinaryOp::Mul)), 3, 0, 0, 0));
+        assert_eq!(code_[1], (code(Op::Binary(BinaryOp::Add)), 4, 3, 0, 0));
+        assert_eq!(code_[2].0, code(Op::Unary(UnaryOp::Exp)));
+        assert_eq!(code_[5], (code(Op::Binary(BinaryOp::Mul)), 8, 7, 1, 0));
+        assert_eq!(code_[6], (code(Op::Binary(BinaryOp::Mul)), 9, 8, 2, 0));
+        assert_eq!(results, [9]);
+    }
+
+    #[test]
+    fn kept_intermediates_and_broadcast_inputs_are_interpreted() {
+        // out0 = exp(a * b), out1 = a * b (kept); b broadcast along axis 0.
+        let ab = Expr::binary(
+            BinaryOp::Mul,
+            Expr::input(0, DType::F32),
+            Expr::input(1, DType::F32),
         );
-        assert_eq!(
-            instruction(w, 1),
-            (code(Op::Binary(BinaryOp::Add)), 4, 3, 0, 0)
-        );
-        assert_eq!(instruction(w, 2).0, code(Op::Unary(UnaryOp::Exp)));
-        assert_eq!(
-            instruction(w, 5),
-            (code(Op::Binary(BinaryOp::Mul)), 8, 7, 1, 0)
-        );
-        assert_eq!(
-            instruction(w, 6),
-            (code(Op::Binary(BinaryOp::Mul)), 9, 8, 2, 0)
-        );
-        assert_eq!(w[8 + 7], 9, "the result register");
+        let mut s = sig(Expr::unary(UnaryOp::Exp, ab.clone()), 2, 0);
+        s.also = std::borrow::Cow::Owned(vec![ab]);
+        s.dtypes.push(DType::F32);
+        s.paths = vec![
+            Path::Contiguous,
+            Path::Contiguous,
+            Path::Contiguous,
+            Path::Strided,
+        ];
+        let l = launch(&s, &planned(&s, &[])).unwrap();
+        let w = &l.args.0;
+        assert_eq!(w[4..6], [2, 2], "two outputs, two inputs");
+        // Operand 3 (input b): strided, strides [0, 1].
+        assert_eq!(w[6 + 3 * 4..6 + 4 * 4], [0x4000, 0, 0, 1]);
+        let (results, _, code_) = program(w);
+        // a * b in register 2, exp in 3: output 0 is 3, output 1 is 2.
+        assert_eq!(code_[0], (code(Op::Binary(BinaryOp::Mul)), 2, 0, 1, 0));
+        assert_eq!(results, [3, 2]);
     }
 
     #[test]
     fn maps_it_cannot_run_compile_instead() {
         let a = Expr::input(0, DType::F32);
-        let plan = planned(10, 2, &[]);
-        // A cast, an f16 operand, a strided operand, a position read, two outputs.
+        let check = |s: &MapSig| launch(s, &planned(s, &[])).is_none();
+        // A cast, an f16 operand, a tiled operand, a position read.
         let cast = Expr::input(0, DType::I32).cast(DType::F32, false);
-        assert!(launch(&sig(cast, 1, 0), &plan).is_none());
+        assert!(check(&sig(cast, 1, 0)));
         let mut half = sig(a.clone(), 1, 0);
         half.dtypes[1] = DType::F16;
-        assert!(launch(&half, &plan).is_none());
-        let mut strided = sig(a.clone(), 1, 0);
-        strided.paths[1] = Path::Strided;
-        assert!(launch(&strided, &plan).is_none());
+        assert!(check(&half));
+        let mut tiled = sig(a, 1, 0);
+        tiled.paths[1] = Path::Tiled;
+        assert!(check(&tiled));
         let position = Expr::linear_index().cast(DType::F32, false);
-        assert!(launch(&sig(position, 0, 0), &planned(10, 1, &[])).is_none());
-        let mut two = sig(Expr::unary(UnaryOp::Exp, a.clone()), 1, 0);
-        two.also = std::borrow::Cow::Owned(vec![Expr::unary(UnaryOp::Exp, a)]);
-        assert!(launch(&two, &plan).is_none());
+        assert!(check(&sig(position, 0, 0)));
     }
 
     #[test]
@@ -452,7 +514,8 @@ mod tests {
         for _ in 0..REGISTERS {
             e = Expr::unary(UnaryOp::Exp, e);
         }
-        assert!(launch(&sig(e, 1, 0), &planned(10, 2, &[])).is_none());
+        let s = sig(e, 1, 0);
+        assert!(launch(&s, &planned(&s, &[])).is_none());
     }
 
     #[test]
@@ -460,7 +523,8 @@ mod tests {
         let a = Expr::input(0, DType::F32);
         let b = Expr::input(1, DType::F32);
         let e = Expr::select(Expr::binary(BinaryOp::Lt, a.clone(), b.clone()), a, b);
-        assert!(launch(&sig(e, 2, 0), &planned(10, 3, &[])).is_some());
+        let s = sig(e, 2, 0);
+        assert!(launch(&s, &planned(&s, &[])).is_some());
         let src = source().unwrap();
         assert!(src.contains("v = ((a < b)) ? 1.0f : 0.0f;"), "{src}");
         assert!(src.contains("v = ((a != 0.0f) ? b : c);"));
