@@ -45,7 +45,11 @@ impl FirstLaunches {
         if compiler.has_cached(&sig.source()?, MapSig::NAME, sig.optimization()) {
             return Ok(None);
         }
-        let f = function(&self.interpreter, &InterpretSig, compiler)?;
+        // Should the interpreter fail to compile, the map compiles as it would without it
+        // (and says why, if that fails too).
+        let Ok(f) = function(&self.interpreter, &InterpretSig, compiler) else {
+            return Ok(None);
+        };
         self.interpreted.get(sig, |_| Ok(()))?;
         Ok(Some((f, launch)))
     }
