@@ -7,7 +7,8 @@
 use crate::codegen::interpret::{self, InterpretSig};
 use crate::codegen::map::MapSig;
 use crate::compile::Compiler;
-use crate::launch::{function, Function, FunctionCache, Launch, Program};
+use crate::launch::{Function, Launch, Program};
+use std::sync::OnceLock;
 use strata_core::lower::cache::KernelCache;
 use strata_core::Result;
 
@@ -15,7 +16,9 @@ use strata_core::Result;
 pub(crate) struct FirstLaunches {
     enabled: bool,
     interpreted: KernelCache<MapSig<'static>, ()>,
-    interpreter: FunctionCache<InterpretSig>,
+    /// The interpreter once compiled or loaded; `None` when that failed (then every map
+    /// compiles at its first launch, and the compile is not tried again for each new map).
+    interpreter: OnceLock<Option<Function>>,
 }
 
 impl FirstLaunches {
@@ -23,7 +26,7 @@ impl FirstLaunches {
         FirstLaunches {
             enabled: std::env::var("STRATA_CUDA_INTERPRET").map_or(true, |v| v != "0"),
             interpreted: KernelCache::default(),
-            interpreter: FunctionCache::default(),
+            interpreter: OnceLock::new(),
         }
     }
 
@@ -47,7 +50,14 @@ impl FirstLaunches {
         }
         // Should the interpreter fail to compile, the map compiles as it would without it
         // (and says why, if that fails too).
-        let Ok(f) = function(&self.interpreter, &InterpretSig, compiler) else {
+        let interpreter = self.interpreter.get_or_init(|| {
+            let source = InterpretSig.source().ok()?;
+            let optimization = InterpretSig.optimization();
+            compiler
+                .function(&source, InterpretSig::NAME, optimization)
+                .ok()
+        });
+        let Some(f) = interpreter.clone() else {
             return Ok(None);
         };
         self.interpreted.get(sig, |_| Ok(()))?;
