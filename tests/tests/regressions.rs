@@ -253,6 +253,33 @@ fn f32_rounding(dev: &Device) -> Result<()> {
         "reciprocal"
     );
     assert_eq!(bits32(&y.rsqrt()?)?, want(&|_, b| 1.0 / b.sqrt()), "rsqrt");
+    // Square roots lying next to a midpoint between two f32 values (the squares of midpoints,
+    // rounded, and their neighbours), at powers of two and their neighbours, at the ends of the
+    // normal range and below 2^-100 (where the wgpu backend's residual would be subnormal).
+    let mut hard = vec![f32::MAX, f32::MIN_POSITIVE, 1.0, 4.0, 2.0, 0.5];
+    for i in 0..3000u32 {
+        let s = f32::from_bits(0x3f80_0000 + i.wrapping_mul(2_654_435_761) % 0x80_0000);
+        let scale = 2f64.powi((i % 120) as i32 - 60);
+        let mid = (s as f64 + f32::from_bits(s.to_bits() + 1) as f64) / 2.0 * scale;
+        let x = (mid * mid) as f32;
+        hard.extend([
+            x,
+            f32::from_bits(x.to_bits() + 1),
+            f32::from_bits(x.to_bits() - 1),
+        ]);
+    }
+    for e in -126..128 {
+        let p = 2f32.powi(e);
+        hard.extend([
+            p,
+            f32::from_bits(p.to_bits() + 1),
+            f32::from_bits(p.to_bits() - 1),
+        ]);
+    }
+    hard.retain(|v| v.is_normal());
+    let h = Tensor::from_slice(&hard, [hard.len()], dev)?;
+    let roots: Vec<u32> = hard.iter().map(|v| v.sqrt().to_bits()).collect();
+    assert_eq!(bits32(&h.sqrt()?)?, roots, "sqrt near midpoints");
     // Zero and infinite divisors.
     let s = Tensor::from_slice(&[1.0f32, -1.0, 0.0, f32::INFINITY, 2.0], [5], dev)?;
     let d = s.div(&Tensor::from_slice(

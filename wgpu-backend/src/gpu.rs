@@ -207,6 +207,10 @@ impl Gpu {
             // natively (the tests reach the packed path that way).
             f16: features.contains(wgpu::Features::SHADER_F16)
                 && std::env::var("STRATA_WGPU_F16").as_deref() != Ok("packed"),
+            // STRATA_WGPU_FUSED_FMA=0 takes the square root that needs no fused `fma` (the
+            // tests reach it on any adapter that way).
+            fused_fma: std::env::var("STRATA_WGPU_FUSED_FMA").as_deref() != Ok("0")
+                && crate::probe::fma_is_fused(&device, &queue),
         };
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata params"),

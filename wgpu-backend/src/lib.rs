@@ -19,6 +19,7 @@ pub mod codegen;
 mod gpu;
 mod launch;
 mod memory;
+mod probe;
 mod run;
 mod staging;
 

@@ -18,13 +18,16 @@ const CAPS: Caps = Caps {
     f64: true,
     int64: true,
     f16: false,
+    fused_fma: false,
 };
 
-/// Metal and DX12 adapters as wgpu exposes them: 64-bit integers and f16, no f64.
+/// Metal and DX12 adapters as wgpu exposes them: 64-bit integers and f16, no f64; a fused `fma`
+/// (Apple's GPUs), so the portable targets also compile the fused square root.
 const PORTABLE: Caps = Caps {
     f64: false,
     int64: true,
     f16: true,
+    fused_fma: true,
 };
 
 /// Where a generated module must compile.
@@ -45,6 +48,16 @@ fn caps_for(dtypes: &[DType]) -> Vec<(Caps, &'static [Target])> {
     let mut all: Vec<(Caps, &'static [Target])> = vec![(CAPS, &[Target::Vulkan])];
     if dtypes.contains(&DType::F16) {
         all.push((Caps { f16: true, ..CAPS }, &[Target::Vulkan]));
+    }
+    if dtypes.iter().any(|d| d.is_float()) {
+        // The square root an adapter with a fused `fma` (NVIDIA's Vulkan driver) compiles.
+        all.push((
+            Caps {
+                fused_fma: true,
+                ..CAPS
+            },
+            &[Target::Vulkan],
+        ));
     }
     if !dtypes.contains(&DType::F64) {
         all.push((PORTABLE, &[Target::Metal, Target::Dx12]));

@@ -795,6 +795,7 @@ mod tests {
             f64: true,
             int64: true,
             f16: false,
+            fused_fma: false,
         };
         let src = source(&sig, caps).unwrap();
         let body = &src[src.find("@compute").unwrap()..];

@@ -36,6 +36,10 @@ pub struct Caps {
     /// packing and no atomics. Without it f16 is packed into `u32` words like the other
     /// 16-bit dtypes.
     pub f16: bool,
+    /// `fma` rounds once (probed when the device opens: Vulkan lets a driver compute it as a
+    /// rounded multiply and add, as lavapipe does). Where it does, the f32 square root is
+    /// correctly rounded from an exact residual, without f64.
+    pub fused_fma: bool,
 }
 
 /// The WGSL type a dtype's values are computed in.
