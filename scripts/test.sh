@@ -33,6 +33,10 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # Row broadcasts read once per vec4 (splats) when every operand is bound through a window.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test elementwise row_and_column -- --test-threads=1
+  # Random draws split into pieces: each piece's vectors know their positions (Lin::Aligned)
+  # and take the counters of their own elements.
+  STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test join_random -- --test-threads=1
   # Map→reduce fusion where a fused map's inputs exceed one binding: the map runs first.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1

@@ -312,10 +312,15 @@ fn every_map_variant_validates() {
         );
         let e = Expr::select(even, word.clone(), word.cast(DType::U32, false));
         let mut sig = map_sig(e, vec![DType::U32], true, 4);
-        sig.lin = map::Lin::Contiguous;
-        let src = map::source(&sig, CAPS).unwrap();
-        assert!(src.contains("philox4(") && src.contains("lq * 4u"), "{src}");
-        validate(&src);
+        // Aligned vectors take their words by constant; a later piece's vectors may start
+        // anywhere and take the general lanes.
+        for (lin, aligned) in [(map::Lin::Aligned, true), (map::Lin::Contiguous, false)] {
+            sig.lin = lin;
+            let src = map::source(&sig, CAPS).unwrap();
+            assert!(src.contains("philox4("), "{src}");
+            assert_eq!(src.contains("lq * 4u"), aligned, "{src}");
+            validate(&src);
+        }
     }
     let arange = Expr::linear_index().cast(DType::F32, false);
     validate(&map::source(&map_sig(arange, vec![DType::F32], true, 1), CAPS).unwrap());

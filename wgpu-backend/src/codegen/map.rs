@@ -24,6 +24,11 @@ pub(crate) enum Lin {
     Unused,
     /// As `base + invocation` (the piece is a run of consecutive positions).
     Contiguous,
+    /// The same with vectors of four and `base` a multiple of four (every launch that is not
+    /// a later piece of a split one): each lane knows its position modulo 4 at compile time,
+    /// and the source holds no other lanes (with both and a test between them, randn took
+    /// 0.81 ms instead of 0.74 on an H100 through Vulkan).
+    Aligned,
     /// Decoded from the coordinates with per-axis strides.
     Strided,
 }
@@ -89,6 +94,7 @@ impl<'e> MapSig<'e> {
                 .collect(),
             lin: match piece.position {
                 Position::Unused => Lin::Unused,
+                Position::Linear { base } if piece.vector == 4 && base % 4 == 0 => Lin::Aligned,
                 Position::Linear { .. } => Lin::Contiguous,
                 Position::Strided { .. } => Lin::Strided,
             },
@@ -595,7 +601,7 @@ fn offsets(sig: &MapSig, w: &Slots, src: &mut String) {
     }
     match sig.lin {
         Lin::Unused => {}
-        Lin::Contiguous => {
+        Lin::Contiguous | Lin::Aligned => {
             let _ = writeln!(src, "  let li = params[{}] + gid;", w.lin_base);
         }
         Lin::Strided => {
@@ -719,19 +725,32 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     // Lanes at a position that is a multiple of four (every launch in practice) know their
     // position modulo 4 at compile time: each picks its Philox word by constant, and a
     // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
-    // sine. Other launches take the general lanes.
-    if sig.lin != Lin::Unused {
-        let _ = writeln!(
-            src,
-            "  let lb = params[{}] + gid * 4u;\n  if (lb % 4u == 0u) {{\n  let lq = lb / 4u;",
-            w.lin_base
-        );
-        lanes(sig, caps, &lane_trees, &draws, true, src)?;
-        src.push_str("  } else {\n");
-        lanes(sig, caps, &lane_trees, &draws, false, src)?;
-        src.push_str("  }\n");
-    } else {
-        lanes(sig, caps, &lane_trees, &draws, false, src)?;
+    // sine. Other launches take the general lanes (a strided position decides per vector).
+    match sig.lin {
+        Lin::Unused => lanes(sig, caps, &lane_trees, &draws, false, src)?,
+        Lin::Aligned => {
+            let _ = writeln!(
+                src,
+                "  let lb = params[{}] + gid * 4u;\n  let lq = lb / 4u;",
+                w.lin_base
+            );
+            lanes(sig, caps, &lane_trees, &draws, true, src)?;
+        }
+        Lin::Contiguous => {
+            let _ = writeln!(src, "  let lb = params[{}] + gid * 4u;", w.lin_base);
+            lanes(sig, caps, &lane_trees, &draws, false, src)?;
+        }
+        Lin::Strided => {
+            let _ = writeln!(
+                src,
+                "  let lb = params[{}] + gid * 4u;\n  if (lb % 4u == 0u) {{\n  let lq = lb / 4u;",
+                w.lin_base
+            );
+            lanes(sig, caps, &lane_trees, &draws, true, src)?;
+            src.push_str("  } else {\n");
+            lanes(sig, caps, &lane_trees, &draws, false, src)?;
+            src.push_str("  }\n");
+        }
     }
     for k in 0..n_out {
         let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
@@ -785,7 +804,7 @@ mod tests {
             also: Cow::Borrowed(&[]),
             dtypes: vec![DType::F32],
             contiguous: vec![true],
-            lin: Lin::Contiguous,
+            lin: Lin::Aligned,
             scalars: strata_core::random::randn_f32_scalar_dtypes(),
             rank: 1,
             vector: 4,
@@ -799,8 +818,9 @@ mod tests {
         };
         let src = source(&sig, caps).unwrap();
         let body = &src[src.find("@compute").unwrap()..];
-        let aligned = &body[body.find("if (lb % 4u == 0u)").unwrap()..];
-        let aligned = &aligned[..aligned.find("} else {").unwrap()];
+        // Aligned lanes only: no test of the position and no general lanes.
+        assert!(!body.contains("lb % 4u"), "{body}");
+        let aligned = &body[body.find("let lq = lb / 4u;").unwrap()..];
         // Two pairs: a logarithm and a root each; every lane still writes its own bits.
         assert_eq!(aligned.matches("log_fast_f32(").count(), 2, "{aligned}");
         assert_eq!(aligned.matches("sqrt_f32(").count(), 2, "{aligned}");
