@@ -726,26 +726,17 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     // position modulo 4 at compile time: each picks its Philox word by constant, and a
     // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
     // sine. Other launches take the general lanes (a strided position decides per vector).
+    if sig.lin != Lin::Unused {
+        let _ = writeln!(src, "  let lb = params[{}] + gid * 4u;", w.lin_base);
+    }
     match sig.lin {
-        Lin::Unused => lanes(sig, caps, &lane_trees, &draws, false, src)?,
+        Lin::Unused | Lin::Contiguous => lanes(sig, caps, &lane_trees, &draws, false, src)?,
         Lin::Aligned => {
-            let _ = writeln!(
-                src,
-                "  let lb = params[{}] + gid * 4u;\n  let lq = lb / 4u;",
-                w.lin_base
-            );
+            src.push_str("  let lq = lb / 4u;\n");
             lanes(sig, caps, &lane_trees, &draws, true, src)?;
         }
-        Lin::Contiguous => {
-            let _ = writeln!(src, "  let lb = params[{}] + gid * 4u;", w.lin_base);
-            lanes(sig, caps, &lane_trees, &draws, false, src)?;
-        }
         Lin::Strided => {
-            let _ = writeln!(
-                src,
-                "  let lb = params[{}] + gid * 4u;\n  if (lb % 4u == 0u) {{\n  let lq = lb / 4u;",
-                w.lin_base
-            );
+            src.push_str("  if (lb % 4u == 0u) {\n  let lq = lb / 4u;\n");
             lanes(sig, caps, &lane_trees, &draws, true, src)?;
             src.push_str("  } else {\n");
             lanes(sig, caps, &lane_trees, &draws, false, src)?;
