@@ -92,8 +92,8 @@ fn div_f32(x: f32, y: f32) -> f32 { return x / y; }
 /// ulp, and the residual `x - s²`, exact in one fused `fma`, says on which side of the
 /// midpoints between `s` and its neighbours the root lies. No f64: `randn` (a root per pair)
 /// took 1.28 ms instead of 1.57 with the f64 check (2^28 f32, an H100 through Vulkan). Right for
-/// every f32 there (the driver flushes subnormals), and on the CPU with an `inverseSqrt` up to
-/// 1,024 ulp off.
+/// every normal f32 there (the driver flushes subnormals), and for every f32 on the CPU with an
+/// `inverseSqrt` up to 1,024 ulp off.
 const F32_SQRT_FUSED: &str = "
 fn sqrt_f32(x: f32) -> f32 {
   let b = bitcast<u32>(x);
