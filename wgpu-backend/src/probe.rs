@@ -1,12 +1,21 @@
 //! What an adapter's arithmetic does that its features do not say, found by running it once
 //! when the device opens.
 
-/// Whether the adapter's `fma` rounds once: `(1 + 2^-12)(1 + 2^-13) - (1 + 2^-12 + 2^-13)` is
-/// 2^-25 fused and 0 as a rounded multiply and add. The operands come from a buffer, so no
-/// compiler can fold them. Any failure answers `false` (the kernels then take the path that
-/// needs no fused `fma`).
+/// Whether the adapter's `fma` rounds once: `(1 + 2^-23)² - (1 + 2^-22)` is 2^-46, the last bit
+/// of the 48-bit product, when it does, and 0 as a rounded multiply and add (or a product kept
+/// to fewer bits). The operands come from a buffer, so no compiler can fold them. Any failure,
+/// an error of any kind included, answers `false` (the kernels then take the path that needs no
+/// fused `fma`) and leaves nothing for the device's first user call to report.
 pub(crate) fn fma_is_fused(device: &wgpu::Device, queue: &wgpu::Queue) -> bool {
-    run(device, queue).is_some_and(|got| got == 2f32.powi(-25))
+    let memory = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+    let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let got = run(device, queue);
+    let errors = [validation, internal, memory]
+        .into_iter()
+        .filter_map(|scope| pollster::block_on(scope.pop()))
+        .count();
+    errors == 0 && got == Some(2f32.powi(-46))
 }
 
 const SOURCE: &str = "
@@ -15,7 +24,6 @@ const SOURCE: &str = "
 ";
 
 fn run(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<f32> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some("strata fma probe"),
         source: wgpu::ShaderSource::Wgsl(SOURCE.into()),
@@ -29,9 +37,9 @@ fn run(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<f32> {
         cache: None,
     });
     let values = [
-        1.0 + 2f32.powi(-12),
-        1.0 + 2f32.powi(-13),
-        -(1.0 + 2f32.powi(-12) + 2f32.powi(-13)),
+        1.0 + 2f32.powi(-23),
+        1.0 + 2f32.powi(-23),
+        -(1.0 + 2f32.powi(-22)),
         0.0,
     ];
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
@@ -56,9 +64,6 @@ fn run(device: &wgpu::Device, queue: &wgpu::Queue) -> Option<f32> {
             resource: data.as_entire_binding(),
         }],
     });
-    if pollster::block_on(scope.pop()).is_some() {
-        return None;
-    }
     let mut enc = device.create_command_encoder(&Default::default());
     {
         let mut pass = enc.begin_compute_pass(&Default::default());
