@@ -312,8 +312,8 @@ fn every_map_variant_validates() {
         );
         let e = Expr::select(even, word.clone(), word.cast(DType::U32, false));
         let mut sig = map_sig(e, vec![DType::U32], true, 4);
-        // Aligned vectors take their words by constant; a later piece's vectors may start
-        // anywhere and take the general lanes.
+        // Aligned vectors take their words by constant; a vector launch at any other position
+        // (none is planned today) takes the general lanes.
         for (lin, aligned) in [(map::Lin::Aligned, true), (map::Lin::Contiguous, false)] {
             sig.lin = lin;
             let src = map::source(&sig, CAPS).unwrap();
@@ -453,4 +453,17 @@ fn the_f32_math_library_validates_without_f64() {
     let caps = Caps::default();
     let e = Expr::unary(UnaryOp::Gelu, Expr::input(0, DType::F32));
     validate(&map::source(&map_sig(e, vec![DType::F32, DType::F32], true, 1), caps).unwrap());
+    // Each square root (fused residual, WGSL's own) where an adapter has no f64, on the
+    // portable targets too.
+    let root = Expr::unary(UnaryOp::Sqrt, Expr::input(0, DType::F32));
+    for fused_fma in [true, false] {
+        let caps = Caps {
+            fused_fma,
+            ..PORTABLE
+        };
+        let sig = map_sig(root.clone(), vec![DType::F32, DType::F32], true, 1);
+        let src = map::source(&sig, caps).unwrap();
+        assert_eq!(src.contains("fn sqrt_fused_f32"), fused_fma, "{src}");
+        check(&src, &[Target::Vulkan, Target::Metal, Target::Dx12]);
+    }
 }

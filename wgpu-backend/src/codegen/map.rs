@@ -24,10 +24,10 @@ pub(crate) enum Lin {
     Unused,
     /// As `base + invocation` (the piece is a run of consecutive positions).
     Contiguous,
-    /// The same with vectors of four and `base` a multiple of four (every launch that is not
-    /// a later piece of a split one): each lane knows its position modulo 4 at compile time,
-    /// and the source holds no other lanes (with both and a test between them, randn took
-    /// 0.81 ms instead of 0.74 on an H100 through Vulkan).
+    /// The same with vectors of four and `base` a multiple of four (every launch core plans
+    /// today, the pieces of a split one included): each lane knows its position modulo 4 at
+    /// compile time, and the source holds no other lanes (with both and a test between them,
+    /// randn took 0.81 ms instead of 0.74 on an H100 through Vulkan).
     Aligned,
     /// Decoded from the coordinates with per-axis strides.
     Strided,
@@ -725,24 +725,16 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     // Lanes at a position that is a multiple of four (every launch in practice) know their
     // position modulo 4 at compile time: each picks its Philox word by constant, and a
     // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
-    // sine. Other launches take the general lanes (a strided position decides per vector).
+    // sine. Other launches take the general lanes, in a kernel of their own.
     if sig.lin != Lin::Unused {
         let _ = writeln!(src, "  let lb = params[{}] + gid * 4u;", w.lin_base);
     }
-    match sig.lin {
-        Lin::Unused | Lin::Contiguous => lanes(sig, caps, &lane_trees, &draws, false, src)?,
-        Lin::Aligned => {
-            src.push_str("  let lq = lb / 4u;\n");
-            lanes(sig, caps, &lane_trees, &draws, true, src)?;
-        }
-        Lin::Strided => {
-            src.push_str("  if (lb % 4u == 0u) {\n  let lq = lb / 4u;\n");
-            lanes(sig, caps, &lane_trees, &draws, true, src)?;
-            src.push_str("  } else {\n");
-            lanes(sig, caps, &lane_trees, &draws, false, src)?;
-            src.push_str("  }\n");
-        }
+    // A strided position never takes the vector path (core's planner gives it one element a
+    // work item), so only the linear kinds reach here.
+    if sig.lin == Lin::Aligned {
+        src.push_str("  let lq = lb / 4u;\n");
     }
+    lanes(sig, caps, &lane_trees, &draws, sig.lin == Lin::Aligned, src)?;
     for k in 0..n_out {
         let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
     }
