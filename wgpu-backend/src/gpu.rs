@@ -207,10 +207,8 @@ impl Gpu {
             // natively (the tests reach the packed path that way).
             f16: features.contains(wgpu::Features::SHADER_F16)
                 && std::env::var("STRATA_WGPU_F16").as_deref() != Ok("packed"),
-            // STRATA_WGPU_FUSED_FMA=0 takes the square root that needs no fused `fma` (the
-            // tests reach it on any adapter that way).
-            fused_fma: std::env::var("STRATA_WGPU_FUSED_FMA").as_deref() != Ok("0")
-                && crate::probe::fma_is_fused(&device, &queue),
+            // Probed below, once the device can run a kernel.
+            fused_fma: false,
         };
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata params"),
@@ -225,7 +223,7 @@ impl Gpu {
                 count: TIMESTAMP_SLOTS,
             })
         });
-        Ok(Gpu {
+        let mut gpu = Gpu {
             device,
             queue,
             info,
@@ -239,7 +237,12 @@ impl Gpu {
             uploads: Mutex::new(None),
             readbacks: Mutex::new(None),
             uncaptured,
-        })
+        };
+        // STRATA_WGPU_FUSED_FMA=0 takes the square root that needs no fused `fma` (the tests
+        // reach it on any adapter that way).
+        gpu.caps.fused_fma = std::env::var("STRATA_WGPU_FUSED_FMA").as_deref() != Ok("0")
+            && crate::probe::fma_is_fused(&gpu);
+        Ok(gpu)
     }
 
     fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
