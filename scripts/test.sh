@@ -37,9 +37,13 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # and take the counters of their own elements.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test join_random -- --test-threads=1
-  # Map→reduce fusion where a fused map's inputs exceed one binding: the map runs first.
+  # Map→reduce fusion where a fused map's inputs exceed one binding: core runs the map first.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1
+  # WebGPU's default of 8 storage buffers a kernel (lavapipe has 32): fusion splits a chain of
+  # seven inputs into two kernels, and keeps every kernel within the limit.
+  STRATA_WGPU_MAX_BINDINGS=8 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test fusion -- --test-threads=1
   # f16 packed into u32 words (the path for adapters without SHADER_F16; lavapipe has it, so
   # the run above stores f16 natively): the every-dtype tests for f16 alone.
   STRATA_WGPU_F16=packed STRATA_TEST_DTYPES=f16 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \

@@ -122,6 +122,40 @@ pub trait DeviceBuffer: Any + Send + Sync + Debug {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// A buffer that holds no memory: the stand-in for a tensor not computed yet when a launch is
+/// planned without running anything ([`Tensor::explain`](crate::Tensor::explain)). Planners
+/// see it through [`BufferInfo::of`](crate::lower::pieces::BufferInfo::of), at
+/// [`PlannedBuffer::ADDRESS`], aligned for any vector access; no backend runs a kernel on one.
+///
+/// ```
+/// use strata_core::backend::{DeviceBuffer, PlannedBuffer};
+/// let b = PlannedBuffer::new(64);
+/// assert_eq!(b.len_bytes(), 64);
+/// ```
+#[derive(Debug)]
+pub struct PlannedBuffer {
+    bytes: usize,
+}
+
+impl PlannedBuffer {
+    /// The address planners see for every planned buffer (aligned for any access).
+    pub const ADDRESS: u64 = 1 << 32;
+
+    /// A stand-in for a buffer of `bytes` bytes.
+    pub fn new(bytes: usize) -> PlannedBuffer {
+        PlannedBuffer { bytes }
+    }
+}
+
+impl DeviceBuffer for PlannedBuffer {
+    fn len_bytes(&self) -> usize {
+        self.bytes
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// What owns memory that another library lent to strata (through DLPack): dropping it gives
 /// the memory back (it calls the producer's deleter).
 ///
@@ -233,35 +267,15 @@ pub trait Backend: Send + Sync + Debug {
     ) -> Result<()>;
     /// Enqueues `kernel` with `args` on `stream`.
     fn run(&self, kernel: &Kernel, args: &KernelArgs, stream: StreamId) -> Result<()>;
-    /// Whether this backend runs a `Reduce` whose elements are a fused map (`map: Some`);
-    /// otherwise core runs the map as its own kernel first.
-    fn fuses_map_into_reduce(&self) -> bool {
-        false
-    }
-    /// Whether this backend runs a `Reduce` with a [`PriorReduce`](crate::ir::PriorReduce)
-    /// (`prior: Some`), in one pass or as [`lower::prior::split`](crate::lower::prior::split)'s
-    /// two launches; core then defers maxima and minima so a following reduction of the same
-    /// rows can take them in. Otherwise each reduction runs at its call.
-    fn fuses_prior_reduce(&self) -> bool {
-        false
-    }
-    /// The most outputs one [`Kernel::Map`] may write here (multi-output fusion: a fused
-    /// kernel also stores the intermediates someone still holds). 1: single-output maps only.
-    fn map_outputs(&self) -> usize {
-        1
-    }
-    /// Whether a [`Kernel::Matmul`] of f16 or bf16 runs faster here on f32 copies of its
-    /// operands: core then widens A and B (and C when β ≠ 0), runs the f32 product and rounds
-    /// it into C. The numbers are the same (the half kernel also accumulates in f32 and rounds
-    /// once); the copies cost memory (twice each operand's size) and three elementwise passes.
-    fn widens_half_matmul(&self) -> bool {
-        false
-    }
-    /// Whether this backend runs [`Kernel::Softmax`]; otherwise core runs `softmax` as its
-    /// composition (a max, a fused sum, a map), each pass reading the rows again.
-    fn runs_softmax(&self) -> bool {
-        false
-    }
+    /// What this backend is and can do, for core's planners and lazy fusion: vector widths,
+    /// group sizes, binding limits, and which kernels it fuses or runs natively. One
+    /// description, read wherever core decides what to build.
+    ///
+    /// ```
+    /// use strata_core::{Backend, Device};
+    /// assert!(Device::cpu().backend().target().fuses_map_into_reduce);
+    /// ```
+    fn target(&self) -> &crate::lower::target::Target;
     /// The source this backend generates for the map `expr` (and the further outputs `also`)
     /// over `args`, and its launch
     /// shape, without running it (for [`Tensor::explain`](crate::Tensor::explain)); `None`

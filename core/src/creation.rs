@@ -249,7 +249,12 @@ impl Tensor {
         }
         let t = Tensor::alloc(&shape, T::DTYPE, device)?;
         let stream = device.current_stream();
-        device.upload_bytes(t.buffer()?.as_ref(), 0, T::as_bytes(data), stream.id())?;
+        device.upload_bytes(
+            t.realized_buffer()?.as_ref(),
+            0,
+            T::as_bytes(data),
+            stream.id(),
+        )?;
         Ok(t)
     }
 

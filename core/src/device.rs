@@ -208,25 +208,18 @@ impl Device {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn flush(&self) -> Result<()> {
-        let mut pending = std::mem::take(&mut *self.lock_pending());
-        pending.reverse();
-        for (k, weak) in pending.iter().enumerate() {
-            // One strong reference at a time: holding them all would make every intermediate
-            // look held by someone.
-            let Some(storage) = weak.upgrade() else {
-                continue;
-            };
-            if !storage.is_pending() || crate::fusion::held_only_by_trees(&storage, 1) {
-                continue;
-            }
-            if let Err(e) = crate::fusion::realize_storing_held(&storage) {
-                // What did not run stays registered (oldest first) for the next flush.
-                self.lock_pending()
-                    .splice(0..0, pending[k..].iter().rev().cloned());
-                return Err(e);
-            }
-        }
-        Ok(())
+        crate::fusion::flush(self)
+    }
+
+    /// Takes the pending storages registered so far, oldest first (for `flush`).
+    pub(crate) fn take_pending(&self) -> Vec<Weak<Storage>> {
+        std::mem::take(&mut *self.lock_pending())
+    }
+
+    /// Registers again, before any registered since, pending storages a flush did not run
+    /// (oldest first).
+    pub(crate) fn return_pending(&self, storages: impl Iterator<Item = Weak<Storage>>) {
+        self.lock_pending().splice(0..0, storages);
     }
 
     /// Notes a new pending storage for `flush`.

@@ -134,7 +134,7 @@ impl Tensor {
     /// assert_eq!(tail.data_ptr().unwrap(), t.data_ptr().unwrap() + 4);
     /// ```
     pub fn data_ptr(&self) -> Result<u64> {
-        let buffer = self.buffer()?;
+        let buffer = self.realized_buffer()?;
         let base = self.device().backend().buffer_address(buffer.as_ref())?;
         Ok(base + (self.offset() * self.itemsize()) as u64)
     }
@@ -248,7 +248,7 @@ impl Tensor {
         let device = backend.dlpack_device().ok_or_else(|| {
             Error::Unsupported(format!("{}: no DLPack device", self.device().name()))
         })?;
-        let buffer = self.buffer()?;
+        let buffer = self.realized_buffer()?;
         let data = self.data_ptr()?;
         if device.device_type == DLDeviceType::CPU {
             if let ConsumerStream::Native(h) = stream {

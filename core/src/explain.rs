@@ -5,10 +5,11 @@ use crate::backend::KernelSource;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::fusion;
-use crate::ir::{BinaryOp, Expr, Kernel, KernelArgs, Node};
+use crate::fusion::preview::Preview;
+use crate::ir::{BinaryOp, Expr, Node};
 use crate::layout::Layout;
 use crate::notebook::escape;
-use crate::tensor::{in_memory_order, Tensor};
+use crate::tensor::Tensor;
 use std::fmt::{self, Write};
 
 /// What [`Tensor::explain`] found: the kernels still to run for a tensor, in the order they
@@ -138,19 +139,6 @@ impl fmt::Display for OperandReport {
     }
 }
 
-/// What a fused kernel that ran was made of (kept on its tensors for `explain`).
-#[derive(Debug, Clone)]
-pub(crate) struct Ran {
-    pub(crate) expr: Expr,
-    pub(crate) ops: Vec<&'static str>,
-    pub(crate) sources: Vec<&'static std::panic::Location<'static>>,
-    pub(crate) inputs: Vec<(Layout, DType)>,
-    pub(crate) output: (Layout, DType),
-    /// The intermediates it stored as well: expression, layout, dtype.
-    pub(crate) also: Vec<(Expr, Layout, DType)>,
-    pub(crate) scalars: usize,
-}
-
 impl Tensor {
     /// The work behind this tensor. While it is pending: every kernel that will run to
     /// compute it, in order (a pending input that others share runs as its own kernel
@@ -159,9 +147,8 @@ impl Tensor {
     /// evaluation plan). Once a fused kernel has run: that kernel, without source. Displays
     /// as text, and as HTML in a notebook.
     ///
-    /// To show the source for the real buffers, `explain` runs the kernels of shared pending
-    /// inputs (they run before this one in any case) and reserves the output's memory while
-    /// it generates the source; it does not run the explained kernel itself.
+    /// It runs nothing and allocates nothing: the launches are planned over the buffers that
+    /// exist, and stand-ins for those not computed yet.
     ///
     /// ```
     /// use strata_core::{Device, DType, Tensor};
@@ -185,7 +172,9 @@ impl Tensor {
             self.device().name()
         );
         let mut kernels = Vec::new();
-        explain_pending(self, &mut kernels)?;
+        for planned in fusion::preview::preview(self)? {
+            kernels.push(report(self, planned)?);
+        }
         let note = if !kernels.is_empty() {
             format!(
                 "{} kernel{} will run when the value is needed",
@@ -196,7 +185,7 @@ impl Tensor {
             kernels.push(KernelReport {
                 pending: false,
                 ops: ran.ops.iter().map(|s| s.to_string()).collect(),
-                sources: ran.sources.iter().map(|l| place(l)).collect(),
+                sources: ran.call_sites.iter().map(|l| place(l)).collect(),
                 expression: infix(&ran.expr),
                 inputs: ran
                     .inputs
@@ -232,72 +221,55 @@ impl Tensor {
     }
 }
 
-/// Appends the kernels that would realize `t` (its shared pending inputs' first).
-fn explain_pending(t: &Tensor, kernels: &mut Vec<KernelReport>) -> Result<()> {
-    if let Some((op, axes, source, what, at)) = fusion::deferred_reduce(&t.storage) {
-        // A deferred reduction: its own kernel when read, or the first pass of a later
-        // reduction's kernel over the same rows.
-        kernels.push(KernelReport {
-            pending: true,
-            ops: vec![what.to_string()],
-            sources: vec![at],
-            expression: format!(
-                "{}(in0) over its last {axes} ax{}; a reduction of the same rows that reads it \
-                 may compute it in its own kernel",
-                snake(format!("{op:?}")),
-                if axes == 1 { "is" } else { "es" }
-            ),
-            inputs: vec![OperandReport::of(source.layout(), source.dtype())],
-            output: OperandReport::of(t.layout(), t.dtype()),
-            also: Vec::new(),
-            scalars: 0,
-            source: None,
-        });
-        return Ok(());
-    }
-    let Some((expr, fused, layout, dtype)) = fusion::plan(&t.storage)? else {
-        return Ok(());
-    };
-    for input in &fused.inputs {
-        if input.is_pending() {
-            explain_pending(input, kernels)?;
-            input.realize()?;
+/// The report of one kernel a read of `t` would run.
+fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
+    let map = match planned {
+        Preview::Reduce {
+            op,
+            reduced_axes,
+            source,
+            output,
+            user_op,
+            call_site,
+        } => {
+            // A deferred reduction: its own kernel when read, or the first pass of a later
+            // reduction's kernel over the same rows.
+            return Ok(KernelReport {
+                pending: true,
+                ops: vec![user_op.to_string()],
+                sources: vec![place(call_site)],
+                expression: format!(
+                    "{}(in0) over its last {reduced_axes} ax{}; a reduction of the same rows \
+                     that reads it may compute it in its own kernel",
+                    snake(format!("{op:?}")),
+                    if reduced_axes == 1 { "is" } else { "es" }
+                ),
+                inputs: vec![OperandReport::of(&source.0, source.1)],
+                output: OperandReport::of(&output.0, output.1),
+                also: Vec::new(),
+                scalars: 0,
+                source: None,
+            });
         }
-    }
-    let device = t.device();
-    let out = Tensor::alloc_with_layout(layout.clone(), dtype, device)?;
-    let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
-    let kernel = Kernel::map(expr);
-    let (o, ins) = match in_memory_order(&kernel, &out, &[], &inputs)? {
-        Some((o, _, ins)) => (o, ins),
-        None => (out.clone(), fused.inputs.clone()),
-    };
-    let args = KernelArgs {
-        outputs: vec![o.operand()?],
-        inputs: ins.iter().map(|i| i.operand()).collect::<Result<_>>()?,
-        scalars: fused.scalars.clone(),
-    };
-    let Kernel::Map { expr, .. } = kernel else {
-        unreachable!("built as a map above")
+        Preview::Map(map) => map,
     };
     // A read runs no multi-output kernel (see fusion::realize): `also` is empty here.
-    let source = device.backend().map_source(&expr, &[], &args)?;
-    kernels.push(KernelReport {
+    let source = t.device().backend().map_source(&map.expr, &[], &map.args)?;
+    Ok(KernelReport {
         pending: true,
-        ops: fused.ops.iter().map(|s| s.to_string()).collect(),
-        sources: fused.sources.iter().map(|l| place(l)).collect(),
-        expression: infix(&expr),
-        inputs: fused
+        ops: map.ops.iter().map(|s| s.to_string()).collect(),
+        sources: map.call_sites.iter().map(|l| place(l)).collect(),
+        expression: infix(&map.expr),
+        inputs: map
             .inputs
             .iter()
-            .map(|i| OperandReport::of(i.layout(), i.dtype()))
+            .map(|(l, d)| OperandReport::of(l, *d))
             .collect(),
-        output: OperandReport::of(&layout, dtype),
+        output: OperandReport::of(&map.output.0, map.output.1),
         also: Vec::new(),
-        scalars: fused.scalars.len(),
+        scalars: map.args.scalars.len(),
         source,
-    });
-    Ok(())
+    })
 }
 
 /// `file:line` of a call site.

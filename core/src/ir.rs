@@ -555,6 +555,70 @@ impl Expr {
         }
     }
 
+    /// The node's operands, in order (none for a leaf): the one structural walk every
+    /// consumer of a tree shares.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{BinaryOp, Expr}};
+    /// let x = Expr::input(0, DType::F32);
+    /// let e = Expr::binary(BinaryOp::Add, x.clone(), Expr::scalar(0, DType::F32));
+    /// assert_eq!(e.children().count(), 2);
+    /// assert_eq!(x.children().count(), 0);
+    /// ```
+    pub fn children(&self) -> impl Iterator<Item = &Expr> + '_ {
+        let (a, b, c): (Option<&Expr>, Option<&Expr>, Option<&Expr>) = match &self.node {
+            Node::Input(_)
+            | Node::Scalar(_)
+            | Node::Literal(_)
+            | Node::LinearIndex
+            | Node::Philox(_) => (None, None, None),
+            Node::Cast { arg, .. } | Node::Unary(_, arg) => (Some(arg), None, None),
+            Node::Binary(_, a, b) => (Some(a), Some(b), None),
+            Node::Fma(a, b, c) | Node::Where(a, b, c) => (Some(a), Some(b), Some(c)),
+        };
+        [a, b, c].into_iter().flatten()
+    }
+
+    /// This node with each operand replaced by `f` of it, in order (a leaf is copied).
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{Expr, UnaryOp}};
+    /// let e = Expr::unary(UnaryOp::Neg, Expr::input(0, DType::F32));
+    /// let f = e.map_children(|_| Expr::input(1, DType::F32));
+    /// assert_eq!(f.max_input(), Some(1));
+    /// ```
+    pub fn map_children(&self, mut f: impl FnMut(&Expr) -> Expr) -> Expr {
+        let mut g = |e: &Expr| Box::new(f(e));
+        let node = match &self.node {
+            Node::Input(_)
+            | Node::Scalar(_)
+            | Node::Literal(_)
+            | Node::LinearIndex
+            | Node::Philox(_) => self.node.clone(),
+            Node::Cast { arg, saturate } => Node::Cast {
+                arg: g(arg),
+                saturate: *saturate,
+            },
+            Node::Unary(op, a) => Node::Unary(*op, g(a)),
+            Node::Binary(op, a, b) => {
+                let a = g(a);
+                Node::Binary(*op, a, g(b))
+            }
+            Node::Fma(a, b, c) => {
+                let (a, b) = (g(a), g(b));
+                Node::Fma(a, b, g(c))
+            }
+            Node::Where(c, a, b) => {
+                let (c, a) = (g(c), g(a));
+                Node::Where(c, a, g(b))
+            }
+        };
+        Expr {
+            dtype: self.dtype,
+            node,
+        }
+    }
+
     /// True when the tree reads the element's position (`LinearIndex` or `Philox`), so the
     /// order of the output's axes matters.
     ///
@@ -630,7 +694,7 @@ pub enum Kernel {
         /// Multi-output fusion: output `k + 1` gets `also[k]`, with output 0's shape. Each is
         /// a subtree of `expr` (an intermediate that someone still holds), so a backend
         /// computes it once and stores it as well. Empty for every map but a fused one, and at
-        /// most [`map_outputs`](crate::Backend::map_outputs) `- 1` long.
+        /// most [`max_map_outputs`](crate::lower::target::Target::max_map_outputs) `- 1` long.
         also: Vec<Expr>,
     },
     /// Reduces the trailing `reduced_axes` axes of input 0 into output 0, whose shape is the
@@ -649,12 +713,12 @@ pub enum Kernel {
         /// Each further input is laid out like input 0 (shape, strides, offset, item size) or
         /// holds one value per output ([`per_output`](crate::lower::operands::per_output)).
         /// It never reads the linear index. Only backends whose
-        /// [`fuses_map_into_reduce`](crate::Backend::fuses_map_into_reduce) is true get one.
+        /// [`fuses_map_into_reduce`](crate::lower::target::Target::fuses_map_into_reduce) is true get one.
         map: Option<Expr>,
-        /// A reduction the map reads, run in the same kernel first: see [`PriorReduce`].
+        /// A reduction the map reads, run in the same kernel first: see [`RowPrologue`].
         /// Only with a map, and only on backends whose
-        /// [`fuses_prior_reduce`](crate::Backend::fuses_prior_reduce) is true.
-        prior: Option<PriorReduce>,
+        /// [`fuses_row_prologue`](crate::lower::target::Target::fuses_row_prologue) is true.
+        prologue: Option<RowPrologue>,
     },
     /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
     /// `[batch, m, n]`, all of one dtype and any strides (a batch stride may be 0). Scalars:
@@ -673,7 +737,7 @@ pub enum Kernel {
     /// the terms in [`accumulation_dtype`](crate::ops::accumulation_dtype) rounded to the
     /// dtype, and the output is [`softmax_output`](crate::lower::softmax_plan::softmax_output)
     /// of `x`, `m` and `s`. Only the sum's order may differ from the eager composition. Only
-    /// backends whose [`runs_softmax`](crate::Backend::runs_softmax) is true get one.
+    /// backends whose [`runs_softmax`](crate::lower::target::Target::runs_softmax) is true get one.
     Softmax {
         /// Log-softmax: `(x - m) - log(s)` instead of `t / s`.
         log: bool,
@@ -743,17 +807,17 @@ impl IndexKind {
 /// values, one per output); input `result` is a view of that same buffer holding one value
 /// per output, which the map reads. The map's elements, their order and the main
 /// reduction's numbers are the ones the two reductions give run one after the other
-/// ([`lower::prior::split`](crate::lower::prior::split) runs them so), so a backend may run
+/// ([`lower::prologue::split`](crate::lower::prologue::split) runs them so), so a backend may run
 /// it in one pass or in two.
 ///
 /// ```
-/// use strata_core::ir::{PriorReduce, ReduceOp};
-/// let p = PriorReduce { op: ReduceOp::Max, source: 0, result: 1 };
+/// use strata_core::ir::{RowPrologue, ReduceOp};
+/// let p = RowPrologue { op: ReduceOp::Max, source: 0, result: 1 };
 /// assert!(p.op.is_order_free());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PriorReduce {
-    /// What the prior reduction combines (an order-free op: max or min).
+pub struct RowPrologue {
+    /// What the prologue combines (an order-free op: max or min).
     pub op: ReduceOp,
     /// The input it reads, element by element.
     pub source: usize,

@@ -155,6 +155,20 @@ impl Clone for Layout {
 }
 
 impl Layout {
+    /// The axes from the largest stride to the smallest (stable for ties): the order the
+    /// elements lie in memory.
+    ///
+    /// ```
+    /// use strata_core::Layout;
+    /// let t = Layout::contiguous(&[2, 3]).unwrap().permuted(&[1, 0]).unwrap();
+    /// assert_eq!(t.memory_order(), vec![1, 0]);
+    /// ```
+    pub fn memory_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..self.ndim()).collect();
+        order.sort_by_key(|&a| std::cmp::Reverse(self.strides()[a].unsigned_abs()));
+        order
+    }
+
     /// A row-major layout of `shape` at offset 0.
     ///
     /// ```

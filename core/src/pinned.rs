@@ -59,11 +59,11 @@ fn upload(t: &Tensor, gpu: &Device) -> Result<Tensor> {
         return Ok(out);
     }
     // Waits for a copy still writing the source.
-    let host = src.buffer()?;
+    let host = src.realized_buffer()?;
     let address = src.device().backend().buffer_address(host.as_ref())?
         + (src.offset() * src.itemsize()) as u64;
     let stream = gpu.current_stream().id();
-    let dst = out.buffer()?;
+    let dst = out.realized_buffer()?;
     let event = gpu.copy_pinned(true, bytes, stream, || {
         gpu.backend()
             .upload_pinned(dst.as_ref(), 0, address, bytes, stream)
@@ -85,8 +85,10 @@ fn download(t: &Tensor, host: &Device) -> Result<Tensor> {
     if bytes == 0 {
         return Ok(out);
     }
-    let dst = host.backend().buffer_address(out.buffer()?.as_ref())?;
-    let buffer = src.buffer()?;
+    let dst = host
+        .backend()
+        .buffer_address(out.realized_buffer()?.as_ref())?;
+    let buffer = src.realized_buffer()?;
     let stream = src.storage_last_writer();
     let offset = src.offset() * src.itemsize();
     let event = gpu.copy_pinned(false, bytes, stream, || {

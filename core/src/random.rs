@@ -5,11 +5,11 @@
 use crate::device::Device;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::fusion::{defers, record};
+use crate::fusion::defer_or_launch;
 use crate::ir::{BinaryOp, Expr, Node, PhiloxWord, UnaryOp};
 use crate::layout::IntoDims;
 use crate::layout::Layout;
-use crate::tensor::{launch_map, Tensor};
+use crate::tensor::Tensor;
 
 /// Philox4x32-10 (Salmon et al., 2011): 10 rounds over a 128-bit counter with a 64-bit key.
 ///
@@ -266,12 +266,7 @@ fn draw(
     let mut scalars = gen.take(layout.numel().div_ceil(lanes.per_counter as usize));
     scalars.extend(extra);
     let expr = expr.cast(dtype, false);
-    if defers(device) {
-        return record(expr, layout, vec![], scalars, device, "random");
-    }
-    let out = Tensor::alloc_with_layout(layout, dtype, device)?;
-    launch_map(expr, &out, &[], scalars)?;
-    Ok(out)
+    defer_or_launch(expr, layout, vec![], scalars, device, "random")
 }
 
 fn check_float(dtype: DType, what: &str) -> Result<()> {

@@ -5,19 +5,20 @@ use crate::backend::DeviceBuffer;
 use crate::device::{Device, StreamHandle};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::fusion::Pending;
+use crate::fusion::{Pending, RunRecord};
 use crate::ir::{Expr, Kernel, KernelArgs, Operand};
 use crate::layout::Layout;
+use crate::lower::map_plan::iteration_order;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 /// Device memory shared by every view of it, with the streams that touched it last. Its
 /// buffer exists once the storage is realized: a pending storage (lazy fusion) holds the
 /// expression that will fill it instead.
 pub(crate) struct Storage {
     buffer: OnceLock<Arc<dyn DeviceBuffer>>,
-    /// The deferred work that fills this storage, until it runs.
-    pub(crate) pending: Mutex<Option<Pending>>,
+    /// The deferred work that fills this storage, until it runs (see [`Storage::pending`]).
+    pending: Mutex<Option<Pending>>,
     /// Pending storages whose expressions read this one: they run before it is written (two
     /// inline: a link of a chain has one reader, and recording it allocates nothing here).
     readers: Mutex<smallvec::SmallVec<[Weak<Storage>; 2]>>,
@@ -25,7 +26,7 @@ pub(crate) struct Storage {
     pub(crate) bytes: usize,
     /// The fused kernel that computed it, for `explain` (boxed: set once a kernel runs, and
     /// a large value inline would be copied with every storage a recorded op makes).
-    pub(crate) ran: OnceLock<Box<crate::explain::Ran>>,
+    pub(crate) ran: OnceLock<Box<RunRecord>>,
     /// Why the launch of its pending work failed (its buffer then holds nothing valid).
     pub(crate) failed: OnceLock<String>,
     pub(crate) device: Device,
@@ -107,8 +108,22 @@ impl Storage {
         fence.map_or(Ok(()), |f| f.wait())
     }
 
-    /// The buffer, running the pending work first if there is any.
-    pub(crate) fn buffer(self: &Arc<Storage>) -> Result<Arc<dyn DeviceBuffer>> {
+    /// The deferred work that fills this storage, locked (`None` once it has run or for a
+    /// storage that never had any).
+    pub(crate) fn pending(&self) -> MutexGuard<'_, Option<Pending>> {
+        // A poisoned lock only means a panic elsewhere; the work inside is still whole.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The buffer, once it exists: a realized storage's, without running or waiting for
+    /// anything (for planning a launch, not for reading it).
+    pub(crate) fn buffer_if_realized(&self) -> Option<Arc<dyn DeviceBuffer>> {
+        self.buffer.get().cloned()
+    }
+
+    /// The buffer, running the pending work first if there is any (the fused kernel that
+    /// fills it), and waiting for an asynchronous copy in flight on it.
+    pub(crate) fn realized_buffer(self: &Arc<Storage>) -> Result<Arc<dyn DeviceBuffer>> {
         if let Some(why) = self.failed.get() {
             return Err(Error::Backend(format!(
                 "this tensor's deferred work failed when it ran: {why}"
@@ -165,7 +180,7 @@ impl Storage {
         }
         self.device.flush()?;
         for r in self.live_readers() {
-            r.buffer()?;
+            r.realized_buffer()?;
         }
         Ok(())
     }
@@ -425,7 +440,8 @@ impl Tensor {
         Arc::ptr_eq(&self.storage, &other.storage)
     }
 
-    /// This view as a kernel operand (for backends and tests of backends).
+    /// This view as a kernel operand (for backends and tests of backends): its buffer, which
+    /// runs the tensor's pending work first (lazy fusion), its layout and dtype.
     ///
     /// ```
     /// let t = strata_core::Tensor::zeros([3], strata_core::DType::I16, &strata_core::Device::cpu()).unwrap();
@@ -433,15 +449,15 @@ impl Tensor {
     /// ```
     pub fn operand(&self) -> Result<Operand> {
         Ok(Operand {
-            buffer: self.buffer()?,
+            buffer: self.realized_buffer()?,
             layout: self.layout.clone(),
             dtype: self.dtype,
         })
     }
 
     /// The storage's buffer, running pending work first (lazy fusion).
-    pub(crate) fn buffer(&self) -> Result<Arc<dyn DeviceBuffer>> {
-        self.storage.buffer()
+    pub(crate) fn realized_buffer(&self) -> Result<Arc<dyn DeviceBuffer>> {
+        self.storage.realized_buffer()
     }
 
     /// Makes `current` wait for the work on other streams that this access must follow: the
@@ -516,44 +532,6 @@ fn check_writable(out: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// A launch's operands with their axes permuted: the output, further outputs, inputs.
-pub(crate) type Permuted = (Tensor, Vec<Tensor>, Vec<Tensor>);
-
-/// A map that does not read the linear index may visit elements in any order: the operands
-/// with their axes in the output's memory order, so a permuted output (and inputs and further
-/// outputs laid out like it) reach the backend contiguous.
-pub(crate) fn in_memory_order(
-    kernel: &Kernel,
-    out: &Tensor,
-    extra: &[&Tensor],
-    inputs: &[&Tensor],
-) -> Result<Option<Permuted>> {
-    let Kernel::Map { expr, .. } = kernel else {
-        return Ok(None);
-    };
-    if expr.reads_linear_index() || out.ndim() < 2 || out.is_contiguous() {
-        return Ok(None);
-    }
-    let order = memory_order(out.layout());
-    let permute = |ts: &[&Tensor]| {
-        ts.iter()
-            .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
-            .collect::<Result<Vec<_>>>()
-    };
-    Ok(Some((
-        permute(&[out])?.remove(0),
-        permute(extra)?,
-        permute(inputs)?,
-    )))
-}
-
-/// The axes of `layout` from the largest stride to the smallest (stable for ties).
-pub(crate) fn memory_order(layout: &Layout) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..layout.ndim()).collect();
-    order.sort_by_key(|&a| std::cmp::Reverse(layout.strides()[a].unsigned_abs()));
-    order
-}
-
 /// Launches `kernel` writing `out` on the current stream. This is the one place core orders
 /// work across streams and checks what every write must satisfy.
 pub(crate) fn launch(
@@ -563,32 +541,40 @@ pub(crate) fn launch(
     scalars: Vec<Scalar>,
 ) -> Result<()> {
     let stream = out.device().current_handle();
-    launch_on(kernel, out, &[], inputs, scalars, &stream, false)
+    launch_on(kernel, out, &[], inputs, scalars, &stream, Write::Existing)
 }
 
-/// [`launch`] of a kernel that also writes `extra`: outputs made for this launch (a gather's
+/// [`launch`] of a kernel that also writes `also`: outputs made for this launch (a gather's
 /// range flag), which no view or pending tree shares.
 pub(crate) fn launch_writing(
     kernel: Kernel,
     out: &Tensor,
-    extra: &[&Tensor],
+    also: &[&Tensor],
     inputs: &[&Tensor],
 ) -> Result<()> {
     let stream = out.device().current_handle();
-    launch_on(kernel, out, extra, inputs, vec![], &stream, false)
+    launch_on(kernel, out, also, inputs, vec![], &stream, Write::Existing)
 }
 
-/// [`launch`] on `stream`, writing `extra` too (see [`launch_writing`]). `fresh`: `out` is a
-/// pending storage being realized, which no pending tree may need to read before it is
-/// written.
+/// What a launch writes into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// A storage that may have readers: pending trees that read it run before it is written.
+    Existing,
+    /// A pending storage being realized by this launch (fusion holds its pending lock): no
+    /// pending tree can need its old values, since it has none.
+    Fresh,
+}
+
+/// [`launch`] on `stream`, writing the further outputs `also` too (see [`launch_writing`]).
 pub(crate) fn launch_on(
     kernel: Kernel,
     out: &Tensor,
-    extra: &[&Tensor],
+    also: &[&Tensor],
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
     stream: &Arc<StreamHandle>,
-    fresh: bool,
+    write: Write,
 ) -> Result<()> {
     check_writable(out)?;
     // Deferred work runs before this kernel is enqueued: the inputs' own, and any pending
@@ -596,23 +582,36 @@ pub(crate) fn launch_on(
     for t in inputs {
         t.realize()?;
     }
-    if !fresh {
+    if write == Write::Existing {
         out.storage.run_pending_readers()?;
     }
     out.realize()?;
-    if let Some((out_p, extra_p, ins)) = in_memory_order(&kernel, out, extra, inputs)? {
+    // A map that does not read the position may visit elements in any order: its operands
+    // with their axes in the output's memory order, so a permuted output (and inputs and
+    // further outputs laid out like it) reach the backend contiguous.
+    let order = match &kernel {
+        Kernel::Map { expr, .. } => iteration_order(expr.reads_linear_index(), &out.layout),
+        _ => None,
+    };
+    if let Some(order) = order {
+        let permute = |ts: &[&Tensor]| {
+            ts.iter()
+                .map(|t| Ok(t.with_layout(t.layout.permuted(&order)?)))
+                .collect::<Result<Vec<_>>>()
+        };
+        let (out_p, also_p, ins) = (permute(&[out])?, permute(also)?, permute(inputs)?);
         let refs: Vec<&Tensor> = ins.iter().collect();
-        let extra_refs: Vec<&Tensor> = extra_p.iter().collect();
-        return launch_ordered(kernel, &out_p, &extra_refs, &refs, scalars, stream);
+        let also_refs: Vec<&Tensor> = also_p.iter().collect();
+        return launch_ordered(kernel, &out_p[0], &also_refs, &refs, scalars, stream);
     }
-    launch_ordered(kernel, out, extra, inputs, scalars, stream)
+    launch_ordered(kernel, out, also, inputs, scalars, stream)
 }
 
 /// `launch` after the checks and the choice of axis order.
 fn launch_ordered(
     kernel: Kernel,
     out: &Tensor,
-    extra: &[&Tensor],
+    also: &[&Tensor],
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
     stream: &Arc<StreamHandle>,
@@ -639,13 +638,13 @@ fn launch_ordered(
         t.order_access(stream, false)?;
     }
     out.order_access(stream, true)?;
-    for t in extra {
+    for t in also {
         t.realize()?;
         t.order_access(stream, true)?;
     }
     let args = KernelArgs {
         outputs: std::iter::once(out)
-            .chain(extra.iter().copied())
+            .chain(also.iter().copied())
             .map(|t| t.operand())
             .collect::<Result<Vec<_>>>()?,
         inputs: inputs
@@ -662,7 +661,7 @@ fn launch_ordered(
         t.storage.note_read(stream);
     }
     out.storage.note_write(stream);
-    for t in extra {
+    for t in also {
         t.storage.note_write(stream);
     }
     if device.blocking() {

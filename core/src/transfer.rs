@@ -3,10 +3,10 @@
 use crate::device::Device;
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::{Error, Result};
-use crate::fusion::{defers, record};
+use crate::fusion::defer_or_launch;
 use crate::ir::Expr;
 use crate::layout::Layout;
-use crate::tensor::{launch_map, Tensor};
+use crate::tensor::Tensor;
 
 impl Tensor {
     /// The elements in row-major order as raw little-endian bytes; waits only for the work
@@ -26,8 +26,12 @@ impl Tensor {
         }
         let t = self.contiguous()?;
         let writer = t.storage_last_writer();
-        t.device()
-            .download_bytes(t.buffer()?.as_ref(), t.offset() * t.itemsize(), out, writer)
+        t.device().download_bytes(
+            t.realized_buffer()?.as_ref(),
+            t.offset() * t.itemsize(),
+            out,
+            writer,
+        )
     }
 
     fn check_element<T: Element>(&self) -> Result<()> {
@@ -126,7 +130,7 @@ impl Tensor {
         let bytes = self.host_bytes()?;
         let out = Tensor::alloc(self.shape(), self.dtype, device)?;
         let stream = device.current_stream();
-        device.upload_bytes(out.buffer()?.as_ref(), 0, &bytes, stream.id())?;
+        device.upload_bytes(out.realized_buffer()?.as_ref(), 0, &bytes, stream.id())?;
         Ok(out)
     }
 
@@ -161,15 +165,15 @@ impl Tensor {
     #[track_caller]
     fn cast_with(&self, dtype: DType, saturate: bool) -> Result<Tensor> {
         let expr = Expr::input(0, self.dtype).cast(dtype, saturate);
-        let device = self.device();
-        if defers(device) {
-            device.backend().check_dtype(dtype)?;
-            let layout = Layout::contiguous(self.shape())?;
-            let what = if saturate { "to_dtype_sat" } else { "to_dtype" };
-            return record(expr, layout, vec![self.clone()], vec![], device, what);
-        }
-        let out = Tensor::alloc(self.shape(), dtype, device)?;
-        launch_map(expr, &out, &[self], vec![])?;
-        Ok(out)
+        let layout = Layout::contiguous(self.shape())?;
+        let what = if saturate { "to_dtype_sat" } else { "to_dtype" };
+        defer_or_launch(
+            expr,
+            layout,
+            vec![self.clone()],
+            vec![],
+            self.device(),
+            what,
+        )
     }
 }

@@ -352,7 +352,7 @@ impl Tensor {
 
     /// `Some(order)` when permuting the axes by `order` makes this view contiguous.
     pub(crate) fn permute_to_contiguous(&self) -> Option<Vec<usize>> {
-        let order = crate::tensor::memory_order(&self.layout);
+        let order = self.layout.memory_order();
         self.layout
             .permuted(&order)
             .ok()

@@ -30,8 +30,8 @@ mod staging;
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
 
-use codegen::reduce_prior::PriorRun;
-use codegen::{index, map, matmul, reduce, reduce_prior, softmax};
+use codegen::reduce_prologue::PrologueRun;
+use codegen::{index, map, matmul, reduce, reduce_prologue, softmax};
 use compile::Compiler;
 use driver::Gpu;
 use launch::{function, FunctionCache};
@@ -136,6 +136,13 @@ impl CudaBackend {
             reduce_vectors: true,
             binding_limit: None,
             offset_align: 1,
+            max_bindings: None,
+            // Past a few, a fused kernel's argument words and registers grow for little.
+            max_map_outputs: 8,
+            fuses_map_into_reduce: true,
+            fuses_row_prologue: true,
+            runs_softmax: true,
+            widens_half_matmul: false,
         };
         Ok(CudaBackend {
             target,
@@ -185,13 +192,13 @@ impl CudaBackend {
         stream: StreamId,
         s: cudarc::driver::sys::CUstream,
     ) -> Result<()> {
-        // With a prior: one pass over each row where it fits shared memory, else two launches.
-        match reduce_prior::plan_prior(kernel, args, &self.target)? {
-            Some(PriorRun::Staged(sig, launch)) => {
+        // With a prologue: one pass over each row where it fits shared memory, else two launches.
+        match reduce_prologue::plan_prologue(kernel, args, &self.target)? {
+            Some(PrologueRun::Staged(sig, launch)) => {
                 let f = function(&self.reductions, &sig, &self.compiler)?;
                 return launch::launch(&self.gpu, &f, &launch, s);
             }
-            Some(PriorRun::Split(launches)) => {
+            Some(PrologueRun::Split(launches)) => {
                 for (kernel, args) in launches {
                     self.run_reduce(&kernel, &args, stream, s)?;
                 }
@@ -396,21 +403,8 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn fuses_map_into_reduce(&self) -> bool {
-        true
-    }
-
-    fn fuses_prior_reduce(&self) -> bool {
-        true
-    }
-
-    fn runs_softmax(&self) -> bool {
-        true
-    }
-
-    fn map_outputs(&self) -> usize {
-        // Past a few, a fused kernel's argument words and registers grow for little.
-        8
+    fn target(&self) -> &Target {
+        &self.target
     }
 
     fn map_source(

@@ -362,3 +362,14 @@ pub(crate) fn element_ptr(op: &Operand) -> Result<u64> {
     let buf = CudaBuffer::of(op.buffer.as_ref())?;
     Ok(buf.ptr + (op.layout.offset() * op.dtype.itemsize()) as u64)
 }
+
+/// An operand's buffer as core's planners see it: its device address and size, or a
+/// stand-in's (a launch planned before anything runs, for `explain`).
+pub(crate) fn buffer_info(op: &Operand) -> Result<strata_core::lower::pieces::BufferInfo> {
+    strata_core::lower::pieces::BufferInfo::of(op.buffer.as_ref(), |b| {
+        Ok(strata_core::lower::pieces::BufferInfo {
+            address: CudaBuffer::of(b)?.device_ptr(),
+            bytes: b.len_bytes() as u64,
+        })
+    })
+}

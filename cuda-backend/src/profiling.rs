@@ -2,7 +2,7 @@
 //! launch (planned as `run` plans it), and compiling it ahead, so that the events around a
 //! launch time the kernel, not NVRTC.
 
-use crate::codegen::reduce_prior::{self, PriorRun};
+use crate::codegen::reduce_prologue::{self, PrologueRun};
 use crate::codegen::{index, map, matmul, reduce, softmax};
 use crate::launch::{dims, Function, FunctionCache, Launch, Program};
 use crate::CudaBackend;
@@ -33,21 +33,21 @@ impl CudaBackend {
                 };
                 (name.to_string(), grid(&plan)?)
             }
-            Kernel::Reduce { prior: Some(_), .. } => {
-                match reduce_prior::plan_prior(kernel, args, &self.target).ok()?? {
-                    PriorRun::Staged(_, l) => (
-                        "strata_reduce".into(),
-                        format!("{}, a row staged", grid(&l)?),
-                    ),
-                    PriorRun::Split([(k1, a1), (k2, a2)]) => {
-                        let (d1, d2) = (self.describe(&k1, &a1)?, self.describe(&k2, &a2)?);
-                        (
-                            format!("{} then {}", d1.name, d2.name),
-                            format!("{}; then {}", d1.shape, d2.shape),
-                        )
-                    }
+            Kernel::Reduce {
+                prologue: Some(_), ..
+            } => match reduce_prologue::plan_prologue(kernel, args, &self.target).ok()?? {
+                PrologueRun::Staged(_, l) => (
+                    "strata_reduce".into(),
+                    format!("{}, a row staged", grid(&l)?),
+                ),
+                PrologueRun::Split([(k1, a1), (k2, a2)]) => {
+                    let (d1, d2) = (self.describe(&k1, &a1)?, self.describe(&k2, &a2)?);
+                    (
+                        format!("{} then {}", d1.name, d2.name),
+                        format!("{}; then {}", d1.shape, d2.shape),
+                    )
                 }
-            }
+            },
             Kernel::Reduce {
                 op,
                 reduced_axes,
@@ -118,19 +118,19 @@ impl CudaBackend {
                     }
                 }
             }
-            Kernel::Reduce { prior: Some(_), .. } => {
-                match reduce_prior::plan_prior(kernel, args, &self.target)? {
-                    Some(PriorRun::Staged(sig, _)) => {
-                        compile(&self.reductions, &sig, self, &mut compiled)?;
-                    }
-                    Some(PriorRun::Split(launches)) => {
-                        for (k, a) in launches {
-                            compiled |= self.prepare(&k, &a)?;
-                        }
-                    }
-                    None => {}
+            Kernel::Reduce {
+                prologue: Some(_), ..
+            } => match reduce_prologue::plan_prologue(kernel, args, &self.target)? {
+                Some(PrologueRun::Staged(sig, _)) => {
+                    compile(&self.reductions, &sig, self, &mut compiled)?;
                 }
-            }
+                Some(PrologueRun::Split(launches)) => {
+                    for (k, a) in launches {
+                        compiled |= self.prepare(&k, &a)?;
+                    }
+                }
+                None => {}
+            },
             Kernel::Reduce {
                 op,
                 reduced_axes,

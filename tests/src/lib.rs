@@ -142,6 +142,9 @@ impl strata::Backend for StandIn {
     fn check_dtype(&self, d: DType) -> Result<()> {
         self.0.check_dtype(d)
     }
+    fn target(&self) -> &strata::lower::target::Target {
+        self.0.target()
+    }
     fn allocate(
         &self,
         n: usize,

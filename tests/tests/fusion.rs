@@ -394,6 +394,89 @@ fn one_statement_chains(dev: &Device) -> Result<()> {
 }
 test_device!(one_statement_chains_fuse, one_statement_chains);
 
+/// A chain reading seven tensors is one kernel where the backend binds eight tensors (the CPU
+/// and CUDA bind any number), and two where it binds fewer (a wgpu adapter with WebGPU's
+/// default of 8 storage buffers, one holding the parameters: `STRATA_WGPU_MAX_BINDINGS=8` in
+/// scripts/test.sh): `explain` shows the kernel's inputs before it runs.
+fn seven_input_chain(dev: &Device) -> Result<()> {
+    let xs: Vec<Tensor> = (0..7)
+        .map(|k| Tensor::full([33], Scalar::F32(k as f32 + 1.0), DType::F32, dev))
+        .collect::<Result<_>>()?;
+    let chain = || -> Result<Tensor> {
+        let mut y = (&xs[0] * 1.0)?;
+        for x in &xs[1..] {
+            y = (&y + x)?;
+        }
+        Ok(y)
+    };
+    let fits = dev.backend().target().binds(8);
+    let y = chain()?;
+    if fusing(dev) {
+        let e = y.explain()?;
+        assert_eq!(e.kernels.len(), 1, "{e}");
+        let inputs = e.kernels[0].inputs.len();
+        assert!(if fits { inputs == 7 } else { inputs < 7 }, "{e}");
+    }
+    assert_eq!(y.to_vec::<f32>()?, vec![28.0; 33]);
+    let (kernels, _) = kernels_of(dev, || chain()?.realize())?;
+    let expected = match (fusing(dev), fits) {
+        (false, _) => 7,
+        (true, true) => 1,
+        (true, false) => 2,
+    };
+    assert_eq!(kernels, expected);
+    Ok(())
+}
+test_device!(
+    seven_input_chains_fuse_within_the_binding_limit,
+    seven_input_chain
+);
+
+/// `explain` runs nothing and allocates nothing: the kernels a read would run (a pending
+/// input read through another view first, a deferred maximum) are planned over the buffers
+/// that exist and stand-ins for the others; every tensor stays pending and the allocator's
+/// count does not move.
+fn explain_runs_nothing(dev: &Device) -> Result<()> {
+    let a = Tensor::arange(0, 12, 1, DType::F32, dev)?.reshape([3, 4])?;
+    a.realize()?;
+    let b = (&a * 2.0)?;
+    let c = (&b.t()? + 1.0)?; // reads b through another view: b runs as its own kernel first
+    let d = (&c.exp()? - &a.t()?)?;
+    let m = a.max(-1, true)?; // deferred where the backend fuses row prologues
+    let e = (&a - &m)?;
+    let tensors = [&b, &c, &d, &m, &e];
+    let pending = || tensors.iter().map(|t| t.is_pending()).collect::<Vec<_>>();
+    let (allocated, before) = (dev.memory_stats().allocated, pending());
+    let (xd, xe) = (d.explain()?, e.explain()?);
+    assert_eq!(dev.memory_stats().allocated, allocated, "explain allocated");
+    assert_eq!(pending(), before, "explain ran something");
+    if fusing(dev) {
+        assert_eq!(xd.kernels.len(), 2, "{xd}");
+        assert_eq!(xd.kernels[0].ops, vec!["mul"], "{xd}");
+        assert!(
+            xd.kernels.iter().all(|k| k.pending && k.source.is_some()),
+            "{xd}"
+        );
+        let prologue = dev.backend().target().fuses_row_prologue;
+        assert_eq!(xe.kernels.len(), 1 + usize::from(prologue), "{xe}");
+    }
+    let (av, dv) = (a.to_vec::<f32>()?, d.to_vec::<f32>()?);
+    for (k, v) in dv.iter().enumerate() {
+        let (i, j) = (k / 3, k % 3); // d is [4, 3]: d[i, j] = exp(2 a[j, i] + 1) - a[j, i]
+        let x = av[j * 4 + i];
+        assert!(
+            (v - ((2.0 * x + 1.0).exp() - x)).abs() <= 1e-4 * v.abs(),
+            "{k}: {v}"
+        );
+    }
+    assert_eq!(e.to_vec::<f32>()?[..4], [-3.0, -2.0, -1.0, 0.0]);
+    Ok(())
+}
+test_device!(
+    explain_runs_nothing_and_allocates_nothing,
+    explain_runs_nothing
+);
+
 /// Kernels a closure launched (fused kernels count once however many outputs they write),
 /// and the bytes they wrote.
 fn kernels_of(dev: &Device, f: impl FnOnce() -> Result<()>) -> Result<(usize, u64)> {
@@ -723,13 +806,22 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
     } else {
         assert_eq!(fused, eager, "map→reduce fused vs eager, bit for bit");
     }
-    // The tree is read by the reduction, not realized (where the backend fuses).
+    // The tree is read by the reduction, not realized (where the backend fuses and binds it:
+    // under a binding limit smaller than `b`, the map runs first, decided by core).
     let p = (&a * &b)?;
     let s = p.sum(Axes::All, false)?;
     let e = (&a - &a.max(-1, true)?)?.exp()?;
     let es = e.sum(-1, true)?;
     if dev.fusion() {
-        assert!(p.is_pending(), "the reduction read the tree directly");
+        let binds = dev
+            .backend()
+            .target()
+            .binds_reduce(&[b.nbytes(), b.nbytes()]);
+        assert_eq!(
+            p.is_pending(),
+            binds,
+            "the reduction read the tree directly"
+        );
         assert!(
             e.is_pending(),
             "a keepdim max broadcast back is one value per output"
@@ -763,7 +855,7 @@ fn wgpu_map_reduce_allocates_no_temporary() {
     }
 }
 
-/// Prior reductions: where the backend fuses them (CPU, CUDA), a maximum or minimum of a
+/// Row prologues: where the backend fuses them (CPU, CUDA), a maximum or minimum of a
 /// realized tensor stays pending, and a later reduction of the same rows that reads it
 /// (`(x - x.max(-1, true)).exp().sum(-1)`) computes both in one kernel, reading each row once
 /// on CUDA (rows staged in shared memory, the sum in the eager order). Results equal eager
@@ -863,7 +955,7 @@ fn prior_reductions(dev: &Device) -> Result<()> {
         let s = (x - &x.max(-1, true)?)?.exp()?.sum(-1, true)?;
         s.realize()
     })?;
-    // (Without prior fusion: the max, then the fused exp-sum; eagerly four kernels.)
+    // (Without prologue fusion: the max, then the fused exp-sum; eagerly four kernels.)
     let (one, two) = (fuses as usize, fusing(dev) as usize);
     assert_eq!(n, 4 - 2 * two - one, "kernels of max, then exp-sum");
     let (n, _) = kernels_of(dev, || softmax(x)?.realize())?;

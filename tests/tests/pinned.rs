@@ -61,6 +61,9 @@ impl Backend for LateCopies {
     fn check_dtype(&self, d: DType) -> Result<()> {
         self.cpu.check_dtype(d)
     }
+    fn target(&self) -> &strata::lower::target::Target {
+        self.cpu.target()
+    }
     fn allocate(&self, n: usize, s: StreamId) -> Result<Arc<dyn DeviceBuffer>> {
         self.cpu.allocate(n, s)
     }

@@ -351,6 +351,9 @@ impl strata::Backend for Untimed {
     fn check_dtype(&self, dtype: DType) -> Result<()> {
         self.0.check_dtype(dtype)
     }
+    fn target(&self) -> &strata::lower::target::Target {
+        self.0.target()
+    }
     fn allocate(
         &self,
         bytes: usize,

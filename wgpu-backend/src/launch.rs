@@ -22,6 +22,19 @@ impl<'a> Binding<'a> {
             window: Window::whole(buffer.size()),
         }
     }
+
+    /// The `bytes` of a tensor at the start of `buffer` (a pool buffer of its size class,
+    /// which may be larger), rounded up to the 16 bytes a binding's size is a multiple of: a
+    /// tensor within the binding limit binds, whatever its size class.
+    pub(crate) fn tensor(buffer: &'a wgpu::Buffer, bytes: usize) -> Binding<'a> {
+        let size = (bytes.max(1) as u64)
+            .next_multiple_of(16)
+            .min(buffer.size());
+        Binding {
+            buffer,
+            window: Window::whole(size),
+        }
+    }
 }
 
 /// The wgpu buffer behind an operand.
@@ -39,6 +52,17 @@ pub(crate) fn buffer_info(buffers: &[&wgpu::Buffer]) -> Vec<BufferInfo> {
             bytes: b.size(),
         })
         .collect()
+}
+
+/// An operand's buffer as core's planners see it ([`buffer_info`]), or a stand-in's (a
+/// launch planned before anything runs, for `explain`).
+pub(crate) fn operand_info(op: &Operand) -> Result<BufferInfo> {
+    BufferInfo::of(op.buffer.as_ref(), |b| {
+        Ok(BufferInfo {
+            address: 0,
+            bytes: WgpuBuffer::of(b)?.raw().size(),
+        })
+    })
 }
 
 /// `op` as core's splitter sees it over iteration strides `strides`.

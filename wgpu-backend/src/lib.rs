@@ -78,11 +78,7 @@ pub struct WgpuBackend {
     reductions: PipelineCache<reduce::ReduceSig>,
     indexing: PipelineCache<index::IndexSig>,
     matmuls: PipelineCache<matmul::MatmulSig>,
-    /// The largest window bound for one operand: the adapter's storage-binding limit, or less
-    /// when `STRATA_WGPU_MAX_BINDING` (bytes) asks for less, so tests reach the windowed paths
-    /// with small tensors.
-    binding_limit: u64,
-    /// What core's planners know of this adapter.
+    /// What core's planners and fusion know of this adapter.
     target: Target,
     /// The next stream id (one queue runs them all; ids only name them).
     next_stream: std::sync::atomic::AtomicU64,
@@ -103,12 +99,26 @@ impl WgpuBackend {
     pub fn new() -> Result<WgpuBackend> {
         let gpu = Arc::new(Gpu::open()?);
         let pool = Arc::new(Pool::new(gpu.device.clone(), gpu.limits.max_buffer_size));
-        let cap = std::env::var("STRATA_WGPU_MAX_BINDING")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(u64::MAX);
+        // Tests reach the windowed paths with small tensors, and fusion's binding count, by
+        // asking for less than the adapter has: `STRATA_WGPU_MAX_BINDING` (bytes a binding
+        // spans) and `STRATA_WGPU_MAX_BINDINGS` (storage buffers a kernel binds).
+        let cap = |name: &str| {
+            std::env::var(name)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(u64::MAX)
+        };
         // Window sizes are rounded up to 16 bytes: keep them under the limit.
-        let binding_limit = (gpu.limits.max_storage_buffer_binding_size.min(cap) / 16) * 16;
+        let binding_limit = (gpu
+            .limits
+            .max_storage_buffer_binding_size
+            .min(cap("STRATA_WGPU_MAX_BINDING"))
+            / 16)
+            * 16;
+        // One storage buffer of every kernel holds its parameters.
+        let buffers = u64::from(gpu.limits.max_storage_buffers_per_shader_stage)
+            .min(cap("STRATA_WGPU_MAX_BINDINGS"));
+        let max_bindings = (buffers as usize).saturating_sub(1).max(3);
         let target = Target {
             vector_bytes: 16,
             // WGSL moves four elements in `u32` words (dtypes up to 32 bits), whole vectors;
@@ -132,11 +142,23 @@ impl WgpuBackend {
             reduce_vectors: false,
             binding_limit: Some(binding_limit),
             offset_align: gpu.limits.min_storage_buffer_offset_alignment as u64,
+            max_bindings: Some(max_bindings),
+            // Each further output is one more storage binding; past a few, a fused kernel's
+            // parameters and registers grow for little (as on CUDA).
+            max_map_outputs: 8,
+            fuses_map_into_reduce: true,
+            // One pass per reduction: a row prologue would run as two launches anyway.
+            fuses_row_prologue: false,
+            // Core composes softmax from a max, a fused sum and a map.
+            runs_softmax: false,
+            // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
+            // the f32 kernel's rate (64 against 33.4 ms); widened, 33.9 ms. Lavapipe: the same
+            // either way.
+            widens_half_matmul: true,
         };
         Ok(WgpuBackend {
             gpu,
             pool,
-            binding_limit,
             target,
             next_stream: std::sync::atomic::AtomicU64::new(1),
             maps: PipelineCache::default(),
@@ -189,6 +211,11 @@ impl WgpuBackend {
     /// ```
     pub fn cached_pipelines(&self) -> usize {
         self.maps.len() + self.reductions.len() + self.indexing.len() + self.matmuls.len()
+    }
+
+    /// The most bytes one binding spans (the target's binding limit).
+    fn binding_limit(&self) -> u64 {
+        self.target.binding_limit.unwrap_or(u64::MAX)
     }
 
     fn check_operands(&self, args: &KernelArgs) -> Result<()> {
@@ -260,23 +287,26 @@ impl Backend for WgpuBackend {
         also: &[strata_core::ir::Expr],
         args: &KernelArgs,
     ) -> Result<Option<strata_core::backend::KernelSource>> {
-        self.check_operands(args)?;
+        // The buffers may be stand-ins (nothing runs): only the dtypes are checked.
+        for op in args.outputs.iter().chain(&args.inputs) {
+            self.check_dtype(op.dtype)?;
+        }
         self.map_source_of(expr, also, args)
     }
 
-    fn map_outputs(&self) -> usize {
-        // Each output is one more storage binding (core keeps inputs and outputs together
-        // within the default 8 per shader stage).
-        4
+    fn target(&self) -> &Target {
+        &self.target
     }
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         self.check_operands(args)?;
         match kernel {
             Kernel::Map { expr, also } => self.run_map(expr, also, args),
-            // (`fuses_prior_reduce` is false: core sends none, but the two launches are exact.)
-            Kernel::Reduce { prior: Some(_), .. } => {
-                for (kernel, args) in strata_core::lower::prior::split(kernel, args)? {
+            // (`fuses_row_prologue` is false: core sends none, but the two launches are exact.)
+            Kernel::Reduce {
+                prologue: Some(_), ..
+            } => {
+                for (kernel, args) in strata_core::lower::prologue::split(kernel, args)? {
                     self.run(&kernel, &args, _stream)?;
                 }
                 Ok(())
@@ -286,7 +316,7 @@ impl Backend for WgpuBackend {
                 reduced_axes,
                 acc,
                 map,
-                prior: None,
+                prologue: None,
             } => self.run_reduce(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
             Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args),
@@ -295,16 +325,6 @@ impl Backend for WgpuBackend {
                 "the wgpu backend has no one-kernel softmax; core composes it".into(),
             )),
         }
-    }
-
-    fn fuses_map_into_reduce(&self) -> bool {
-        true
-    }
-
-    /// Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half the
-    /// f32 kernel's rate (64 against 33.4 ms); widened, 33.9 ms. Lavapipe: the same either way.
-    fn widens_half_matmul(&self) -> bool {
-        true
     }
 
     fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {

@@ -19,6 +19,7 @@ use crate::backend::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Kernel, KernelArgs};
+use crate::lower::target::Target;
 use buffer::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,9 +34,11 @@ use std::time::Instant;
 /// assert_eq!(b.kind(), BackendKind::Cpu);
 /// assert!(b.check_dtype(strata_core::DType::BF16).is_ok());
 /// ```
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CpuBackend {
     pool: Arc<Pool>,
+    /// What core's planners and fusion know of this backend.
+    target: Target,
     next_id: AtomicU64,
     events: Mutex<HashMap<u64, Instant>>,
     /// The GPU backend whose page-locked memory this backend's buffers are (a
@@ -53,8 +56,11 @@ impl CpuBackend {
     /// ```
     pub fn new() -> CpuBackend {
         CpuBackend {
+            pool: Arc::default(),
+            target: Target::cpu(strided::threads()),
             next_id: AtomicU64::new(1),
-            ..CpuBackend::default()
+            events: Mutex::default(),
+            pinned_by: None,
         }
     }
 
@@ -89,6 +95,12 @@ impl CpuBackend {
             .get(&e.0)
             .copied()
             .ok_or_else(|| Error::Invalid(format!("event {} does not exist on cpu", e.0)))
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> CpuBackend {
+        CpuBackend::new()
     }
 }
 
@@ -185,9 +197,11 @@ impl Backend for CpuBackend {
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         match kernel {
             Kernel::Map { expr, also } => map::run(expr, also, args),
-            Kernel::Reduce { prior: Some(_), .. } => {
-                // The reference runs the definition: the prior reduction, then the main one.
-                for (kernel, args) in crate::lower::prior::split(kernel, args)? {
+            Kernel::Reduce {
+                prologue: Some(_), ..
+            } => {
+                // The reference runs the definition: the prologue, then the main reduction.
+                for (kernel, args) in crate::lower::prologue::split(kernel, args)? {
                     self.run(&kernel, &args, _stream)?;
                 }
                 Ok(())
@@ -238,10 +252,6 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn runs_softmax(&self) -> bool {
-        true
-    }
-
     fn describe_launch(
         &self,
         kernel: &Kernel,
@@ -266,16 +276,8 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn map_outputs(&self) -> usize {
-        8
-    }
-
-    fn fuses_map_into_reduce(&self) -> bool {
-        true
-    }
-
-    fn fuses_prior_reduce(&self) -> bool {
-        true
+    fn target(&self) -> &Target {
+        &self.target
     }
 
     fn buffer_address(&self, buffer: &dyn DeviceBuffer) -> Result<u64> {

@@ -136,6 +136,25 @@ fn needs_wide_of<'s>(
     })
 }
 
+/// The order a map visits the output's axes in, the first step of planning it: a map that
+/// does not read the element's position may visit the elements in any order, so its
+/// operands are passed with their axes in the output's memory order (a permuted output, and
+/// inputs laid out like it, reach the planner contiguous). `None`: as they are (the map reads
+/// the position, or the output is contiguous or has fewer than two axes).
+///
+/// ```
+/// use strata_core::{lower::map_plan::iteration_order, Layout};
+/// let t = Layout::contiguous(&[2, 3]).unwrap().permuted(&[1, 0]).unwrap();
+/// assert_eq!(iteration_order(false, &t), Some(vec![1, 0]));
+/// assert_eq!(iteration_order(true, &t), None);
+/// ```
+pub fn iteration_order(reads_position: bool, out: &crate::layout::Layout) -> Option<Vec<usize>> {
+    if reads_position || out.ndim() < 2 || out.is_contiguous() {
+        return None;
+    }
+    Some(out.memory_order())
+}
+
 /// Plans the map over `ops` for `target`. `reads_position`: the expression reads the element's
 /// position. `buffers`: each operand's buffer (output first).
 pub fn plan(

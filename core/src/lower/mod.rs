@@ -3,8 +3,8 @@
 //! their canonical forms ([`legal`]), the operand checks of every kernel kind ([`operands`]),
 //! the launch plans of maps and reductions computed from the [`Target`](target::Target) each
 //! backend describes ([`map_plan`], [`reduce_plan`], the row path of gathers in
-//! [`index_plan`], softmax's rows in [`softmax_plan`]), a reduction with a prior one as two
-//! launches ([`prior`]), splitting launches into pieces under a
+//! [`index_plan`], softmax's rows in [`softmax_plan`]), a reduction with a row prologue as two
+//! launches ([`prologue`]), splitting launches into pieces under a
 //! binding limit ([`pieces`]), and the kernel-cache type both GPU backends use ([`cache`]). A
 //! backend turns a plan into source, packs its arguments and runs it.
 //!
@@ -20,7 +20,7 @@ pub mod legal;
 pub mod map_plan;
 pub mod operands;
 pub mod pieces;
-pub mod prior;
+pub mod prologue;
 pub mod reduce_plan;
 pub mod softmax_plan;
 pub mod target;

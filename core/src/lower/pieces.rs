@@ -45,6 +45,32 @@ pub struct BufferInfo {
 }
 
 impl BufferInfo {
+    /// What the planners know of `buffer`: a [`PlannedBuffer`](crate::backend::PlannedBuffer)'s
+    /// size at its aligned stand-in address (a launch planned before anything runs), else what
+    /// `own` says of a backend's own buffer.
+    ///
+    /// ```
+    /// use strata_core::backend::PlannedBuffer;
+    /// use strata_core::lower::pieces::BufferInfo;
+    /// let b = BufferInfo::of(&PlannedBuffer::new(64), |_| unreachable!()).unwrap();
+    /// assert_eq!((b.address, b.bytes), (PlannedBuffer::ADDRESS, 64));
+    /// ```
+    pub fn of(
+        buffer: &dyn crate::backend::DeviceBuffer,
+        own: impl FnOnce(&dyn crate::backend::DeviceBuffer) -> crate::Result<BufferInfo>,
+    ) -> crate::Result<BufferInfo> {
+        match buffer
+            .as_any()
+            .downcast_ref::<crate::backend::PlannedBuffer>()
+        {
+            Some(planned) => Ok(BufferInfo {
+                address: crate::backend::PlannedBuffer::ADDRESS,
+                bytes: crate::backend::DeviceBuffer::len_bytes(planned) as u64,
+            }),
+            None => own(buffer),
+        }
+    }
+
     /// The buffers of a launch's operands (outputs, then inputs) as they are: address 0 (an
     /// aligned start) and the tensors' sizes. Backends whose allocations are larger or whose
     /// addresses matter build their own.

@@ -1,10 +1,10 @@
-//! A reduction with a prior one ([`PriorReduce`]) as two launches: the prior reduction into
+//! A reduction with a row prologue ([`RowPrologue`]) as two launches: the prologue (a max or min of the same rows) into
 //! output 1, then the main one, whose map reads that output through input `result`. This is
 //! the definition of its numbers; a backend that keeps the row on chip between the two
 //! passes (CUDA) computes the same ones, and the others run these two launches.
 //!
 //! ```
-//! use strata_core::ir::{BinaryOp, Expr, Kernel, KernelArgs, PriorReduce, ReduceOp};
+//! use strata_core::ir::{BinaryOp, Expr, Kernel, KernelArgs, RowPrologue, ReduceOp};
 //! use strata_core::{DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let x = Tensor::zeros([2, 4], DType::F32, &dev)?;
@@ -12,50 +12,50 @@
 //! let s = Tensor::zeros([2], DType::F32, &dev)?;
 //! let m_read = m.reshape([2, 1])?.broadcast_to([2, 4])?;
 //! let map = Expr::binary(BinaryOp::Sub, Expr::input(0, DType::F32), Expr::input(1, DType::F32));
-//! let prior = Some(PriorReduce { op: ReduceOp::Max, source: 0, result: 1 });
-//! let kernel = Kernel::Reduce { op: ReduceOp::Sum, reduced_axes: 1, acc: DType::F32, map: Some(map), prior };
+//! let prologue = Some(RowPrologue { op: ReduceOp::Max, source: 0, result: 1 });
+//! let kernel = Kernel::Reduce { op: ReduceOp::Sum, reduced_axes: 1, acc: DType::F32, map: Some(map), prologue };
 //! let args = KernelArgs {
 //!     outputs: vec![s.operand()?, m.operand()?],
 //!     inputs: vec![x.operand()?, m_read.operand()?],
 //!     scalars: vec![],
 //! };
-//! let [(first, a), (second, b)] = strata_core::lower::prior::split(&kernel, &args)?;
+//! let [(first, a), (second, b)] = strata_core::lower::prologue::split(&kernel, &args)?;
 //! assert!(matches!(first, Kernel::Reduce { op: ReduceOp::Max, map: None, .. }));
-//! assert!(matches!(second, Kernel::Reduce { op: ReduceOp::Sum, prior: None, .. }));
+//! assert!(matches!(second, Kernel::Reduce { op: ReduceOp::Sum, prologue: None, .. }));
 //! assert_eq!((a.inputs.len(), a.outputs.len(), b.inputs.len(), b.outputs.len()), (1, 1, 2, 1));
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
 use crate::error::{Error, Result};
-use crate::ir::{Kernel, KernelArgs, PriorReduce};
+use crate::ir::{Kernel, KernelArgs, RowPrologue};
 
-/// `kernel` (a `Reduce` with a prior) as its two launches, in order; an `Err` for any other
-/// kernel or for operands that do not match the prior.
+/// `kernel` (a `Reduce` with a prologue) as its two launches, in order; an `Err` for any other
+/// kernel or for operands that do not match the prologue.
 pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<[(Kernel, KernelArgs); 2]> {
     let &Kernel::Reduce {
         op,
         reduced_axes,
         acc,
         ref map,
-        prior:
-            Some(PriorReduce {
-                op: prior_op,
+        prologue:
+            Some(RowPrologue {
+                op: prologue_op,
                 source,
                 result,
             }),
     } = kernel
     else {
         return Err(Error::Invalid(
-            "internal error: only a reduction with a prior reduction is split in two".into(),
+            "internal error: only a reduction with a row prologue is split in two".into(),
         ));
     };
-    let ([out, prior_out], Some(src), Some(_)) = (
+    let ([out, prologue_out], Some(src), Some(_)) = (
         args.outputs.as_slice(),
         args.inputs.get(source),
         args.inputs.get(result),
     ) else {
         return Err(Error::Invalid(format!(
-            "a reduction with a prior one writes two outputs and reads inputs {source} and \
+            "a reduction with a row prologue writes two outputs and reads inputs {source} and \
              {result}: got {} outputs, {} inputs",
             args.outputs.len(),
             args.inputs.len()
@@ -63,14 +63,14 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<[(Kernel, KernelArgs)
     };
     let first = (
         Kernel::Reduce {
-            op: prior_op,
+            op: prologue_op,
             reduced_axes,
-            acc: prior_out.dtype,
+            acc: prologue_out.dtype,
             map: None,
-            prior: None,
+            prologue: None,
         },
         KernelArgs {
-            outputs: vec![prior_out.clone()],
+            outputs: vec![prologue_out.clone()],
             inputs: vec![src.clone()],
             scalars: vec![],
         },
@@ -81,7 +81,7 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<[(Kernel, KernelArgs)
             reduced_axes,
             acc,
             map: map.clone(),
-            prior: None,
+            prologue: None,
         },
         KernelArgs {
             outputs: vec![out.clone()],

@@ -1,15 +1,20 @@
-//! What a backend tells the planners about itself: how wide its vector loads are and what its
-//! emitter can do with them, how many threads fill the device, which group sizes a reduction
-//! may use, and the storage-binding limit its launches must fit.
+//! What a backend tells core about itself, in one place: how wide its vector loads are and
+//! what its emitter can do with them, how many threads fill the device, which group sizes a
+//! reduction may use, the binding limits its launches must fit, and which kernels it fuses or
+//! runs natively. Core's planners and lazy fusion read it ([`Backend::target`]), so core never
+//! builds a kernel that a backend would have to split again.
+//!
+//! [`Backend::target`]: crate::Backend::target
 
-/// A backend's description of itself for [`map_plan`](super::map_plan) and
-/// [`reduce_plan`](super::reduce_plan).
+/// A backend's description of itself for the planners ([`map_plan`](super::map_plan),
+/// [`reduce_plan`](super::reduce_plan), ...) and for lazy fusion.
 ///
 /// ```
 /// use strata_core::lower::target::Target;
 /// let t = Target::cpu(8);
 /// assert_eq!(t.group_sizes, &[1]);
-/// assert!(t.binding_limit.is_none());
+/// assert!(t.binding_limit.is_none() && t.max_bindings.is_none());
+/// assert!(t.fuses_map_into_reduce && t.runs_softmax);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -63,6 +68,30 @@ pub struct Target {
     pub binding_limit: Option<u64>,
     /// Bindings start at multiples of this many bytes.
     pub offset_align: u64,
+    /// The most tensors (outputs and inputs together) one kernel may bind: wgpu's storage
+    /// buffers per shader stage, less the one holding the launch parameters; `None`: no
+    /// limit. Lazy fusion keeps every kernel it builds within it.
+    pub max_bindings: Option<usize>,
+    /// The most outputs one [`Kernel::Map`](crate::ir::Kernel::Map) may write (multi-output
+    /// fusion: a fused kernel also stores the intermediates someone still holds); 1:
+    /// single-output maps only.
+    pub max_map_outputs: usize,
+    /// Runs a `Reduce` whose elements are a fused map (`map: Some`); otherwise core runs the
+    /// map as its own kernel first.
+    pub fuses_map_into_reduce: bool,
+    /// Runs a `Reduce` with a row prologue (`prologue: Some`, see
+    /// [`RowPrologue`](crate::ir::RowPrologue)), in one pass or as
+    /// [`lower::prologue::split`](crate::lower::prologue::split)'s two launches; core then
+    /// defers maxima and minima so a following reduction of the same rows can take them in.
+    pub fuses_row_prologue: bool,
+    /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
+    /// its composition (a max, a fused sum, a map).
+    pub runs_softmax: bool,
+    /// A [`Kernel::Matmul`](crate::ir::Kernel::Matmul) of f16 or bf16 runs faster on f32 copies
+    /// of its operands: core then widens A and B (and C when β ≠ 0), runs the f32 product and
+    /// rounds it into C. The numbers are the same (the half kernel also accumulates in f32 and
+    /// rounds once); the copies cost memory and three elementwise passes.
+    pub widens_half_matmul: bool,
 }
 
 impl Target {
@@ -91,7 +120,43 @@ impl Target {
             reduce_vectors: false,
             binding_limit: None,
             offset_align: 1,
+            max_bindings: None,
+            max_map_outputs: 8,
+            fuses_map_into_reduce: true,
+            fuses_row_prologue: true,
+            runs_softmax: true,
+            widens_half_matmul: false,
         }
+    }
+
+    /// True when a kernel binding `tensors` tensors (outputs and inputs) fits
+    /// [`max_bindings`](Target::max_bindings).
+    ///
+    /// ```
+    /// use strata_core::lower::target::Target;
+    /// let t = Target { max_bindings: Some(7), ..Target::cpu(1) };
+    /// assert!(t.binds(7) && !t.binds(8));
+    /// assert!(Target::cpu(1).binds(1000));
+    /// ```
+    pub fn binds(&self, tensors: usize) -> bool {
+        self.max_bindings.is_none_or(|m| tensors <= m)
+    }
+
+    /// True when a reduction reading `inputs` tensors (a fused map's leaves) fits the binding
+    /// limits: its output and the positions a split argmin or argmax keeps bind too, and each
+    /// input beyond the first, bound whole, spans `bytes[k]` bytes within
+    /// [`binding_limit`](Target::binding_limit).
+    ///
+    /// ```
+    /// use strata_core::lower::target::Target;
+    /// let t = Target { max_bindings: Some(7), binding_limit: Some(1 << 20), ..Target::cpu(1) };
+    /// assert!(t.binds_reduce(&[64, 64, 64]));
+    /// assert!(!t.binds_reduce(&[64, 2 << 20]));
+    /// assert!(!t.binds_reduce(&[64; 6]));
+    /// ```
+    pub fn binds_reduce(&self, bytes: &[usize]) -> bool {
+        let whole = |&b: &usize| self.binding_limit.is_none_or(|l| b as u64 <= l);
+        self.binds(bytes.len() + 2) && bytes.iter().skip(1).all(whole)
     }
 
     /// The group size of `at_least` threads or more (the largest there is when none is).

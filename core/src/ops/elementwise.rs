@@ -5,7 +5,7 @@ use super::promote::{can_cast, result_type_of, DEFAULT_FLOAT};
 use crate::assign::{Value, ValueRef};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::fusion::{defers, record};
+use crate::fusion::defer_or_launch;
 use crate::ir::{BinaryOp, Expr, UnaryOp};
 use crate::layout::{broadcast_shapes, Layout};
 use crate::lower::legal::{binary_rule, unary_rule};
@@ -80,7 +80,7 @@ impl Lowering {
         let Some(t) = dense else {
             return Layout::contiguous(&self.shape);
         };
-        let order = crate::tensor::memory_order(t.layout());
+        let order = t.layout().memory_order();
         let permuted: Vec<usize> = order.iter().map(|&a| self.shape[a]).collect();
         let mut inverse = vec![0usize; order.len()];
         for (k, &a) in order.iter().enumerate() {
@@ -90,7 +90,7 @@ impl Lowering {
     }
 
     /// Writes `expr` into `out` (checked), or returns it as a new tensor: pending (recorded
-    /// for fusion) when the device defers, else computed now.
+    /// for fusion) where the device defers, else computed now.
     #[track_caller]
     fn finish(
         self,
@@ -99,26 +99,17 @@ impl Lowering {
         out: Option<&Tensor>,
         what: &'static str,
     ) -> Result<Tensor> {
-        let out = match out {
-            Some(o) => {
-                check_out(o, &self.shape, expr.dtype, what)?;
-                device_of.same_device(o, what)?;
-                o.clone()
-            }
-            None => {
-                let layout = self.output_layout()?;
-                let device = device_of.device();
-                device.backend().check_dtype(expr.dtype)?;
-                if defers(device) {
-                    return record(expr, layout, self.tensors, self.scalars, device, what);
-                }
-                Tensor::alloc_with_layout(layout, expr.dtype, device)?
-            }
+        let Some(out) = out else {
+            let layout = self.output_layout()?;
+            let device = device_of.device();
+            return defer_or_launch(expr, layout, self.tensors, self.scalars, device, what);
         };
+        check_out(out, &self.shape, expr.dtype, what)?;
+        device_of.same_device(out, what)?;
         let expr = expr.cast(out.dtype(), false);
         let inputs: Vec<&Tensor> = self.tensors.iter().collect();
-        launch_map(expr, &out, &inputs, self.scalars)?;
-        Ok(out)
+        launch_map(expr, out, &inputs, self.scalars)?;
+        Ok(out.clone())
     }
 }
 

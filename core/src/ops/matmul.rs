@@ -44,7 +44,9 @@ fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> R
         Scalar::F64(alpha).cast(acc, false),
         Scalar::F64(beta).cast(acc, false),
     ];
-    if matches!(c.dtype(), DType::F16 | DType::BF16) && c.device().backend().widens_half_matmul() {
+    if matches!(c.dtype(), DType::F16 | DType::BF16)
+        && c.device().backend().target().widens_half_matmul
+    {
         // The f32 product of exact f32 copies, rounded once into C: the half kernel's numbers.
         let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
         let wide = if beta != 0.0 {

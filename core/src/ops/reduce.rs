@@ -4,7 +4,7 @@
 use super::promote::DEFAULT_FLOAT;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::{Expr, Kernel, ReduceOp};
+use crate::ir::{Kernel, ReduceOp};
 use crate::layout::normalize_axis;
 use crate::tensor::Tensor;
 
@@ -70,54 +70,6 @@ pub fn accumulation_dtype(d: DType) -> DType {
     }
 }
 
-/// The leaves of a fused map permuted by `order` (kept axes, then reduced ones) and arranged
-/// for `Kernel::Reduce { map }`: first a leaf read element by element, then the others, each
-/// laid out like it or holding one value per output of `out`; the expression renumbered to
-/// match. `None` when the leaves do not fit that shape (the map then runs first).
-fn fused_reduce_inputs(
-    expr: &Expr,
-    leaves: &[Tensor],
-    order: &[usize],
-    out: &Tensor,
-) -> Result<Option<(Expr, Vec<Tensor>)>> {
-    use crate::lower::operands::per_output_layout;
-    let permuted = leaves
-        .iter()
-        .map(|t| Ok(t.with_layout(t.layout.permuted(order)?)))
-        .collect::<Result<Vec<_>>>()?;
-    let kept = out.ndim();
-    // From the layouts alone: a deferred reduction among the leaves stays pending.
-    let one_per_output: Vec<bool> = permuted
-        .iter()
-        .map(|t| per_output_layout(&t.layout, &out.layout, kept))
-        .collect();
-    let Some(first) = one_per_output.iter().position(|&p| !p) else {
-        return Ok(None);
-    };
-    let (f, fd) = (&permuted[first].layout, permuted[first].dtype.itemsize());
-    let fits = permuted
-        .iter()
-        .zip(&one_per_output)
-        .all(|(t, &p)| p || (&t.layout == f && t.dtype.itemsize() == fd));
-    if !fits {
-        return Ok(None);
-    }
-    // Input `first` becomes input 0; the others keep their order after it.
-    let mut to = vec![0; permuted.len()];
-    let mut arranged = vec![permuted[first].clone()];
-    for (k, t) in permuted.iter().enumerate() {
-        if k != first {
-            to[k] = arranged.len();
-            arranged.push(t.clone());
-        }
-    }
-    let dtypes: Vec<DType> = leaves.iter().map(|t| t.dtype()).collect();
-    Ok(Some((
-        crate::fusion::renumber_inputs(expr, &to, &dtypes),
-        arranged,
-    )))
-}
-
 impl Tensor {
     /// Launches the reduction `op` of the `reduced` axes (the input's axes in `order`: kept,
     /// then reduced) into a new tensor of `out_shape`, reading a pending elementwise input
@@ -134,13 +86,9 @@ impl Tensor {
         let out = Tensor::alloc(out_shape, out_dtype, self.device())?;
         // A pending elementwise input is read by the reduction directly (map→reduce fusion):
         // its leaves, permuted like the input, and its expression per element.
-        let fused = match crate::fusion::reduce_prologue(self)? {
-            Some((expr, fused)) => fused_reduce_inputs(&expr, &fused.inputs, order, &out)?
-                .map(|(expr, inputs)| (Some(expr), inputs, fused.scalars)),
-            None => None,
-        };
-        let (map, inputs, scalars) = match fused {
-            Some(f) => f,
+        let (map, inputs, scalars) = match crate::fusion::reduce::reduce_map_of(self, order, &out)?
+        {
+            Some(m) => (Some(m.expr), m.inputs, m.scalars),
             None => (
                 None,
                 vec![self.with_layout(self.layout.permuted(order)?)],
@@ -148,24 +96,32 @@ impl Tensor {
             ),
         };
         // A deferred reduction of the same rows that the map reads runs in this kernel first.
-        let prior = match &map {
-            Some(_) if self.device().backend().fuses_prior_reduce() => {
-                crate::fusion::prior_of(&inputs, &out, reduced.len())?
+        let prologue = match &map {
+            Some(_) if self.device().backend().target().fuses_row_prologue => {
+                crate::fusion::reduce::row_prologue_of(&inputs, &out, reduced.len())?
             }
             _ => None,
         };
         let refs: Vec<&Tensor> = inputs.iter().collect();
-        let (prior, written) = prior.map_or((None, None), |(p, w)| (Some(p), Some(w)));
-        let extra: Vec<&Tensor> = written.iter().collect();
+        let (prologue, written) = prologue.map_or((None, None), |(p, w)| (Some(p), Some(w)));
+        let also: Vec<&Tensor> = written.iter().collect();
         let kernel = Kernel::Reduce {
             op,
             reduced_axes: reduced.len(),
             acc,
             map,
-            prior,
+            prologue,
         };
         let stream = self.device().current_handle();
-        let ran = crate::tensor::launch_on(kernel, &out, &extra, &refs, scalars, &stream, false);
+        let ran = crate::tensor::launch_on(
+            kernel,
+            &out,
+            &also,
+            &refs,
+            scalars,
+            &stream,
+            crate::tensor::Write::Existing,
+        );
         if let (Err(e), Some(w)) = (&ran, &written) {
             let _ = w.storage.failed.set(e.to_string());
         }
@@ -190,7 +146,7 @@ impl Tensor {
     }
 
     /// Runs one `Reduce` kernel over `axes`, returning `out_dtype`. With fusion on, a
-    /// maximum or minimum of a realized tensor is deferred where the backend fuses prior
+    /// maximum or minimum of a realized tensor is deferred where the backend fuses prologue
     /// reductions: a later reduction of the same rows that reads it (the sum of
     /// `exp(x - max)`) then computes both in one kernel.
     #[track_caller]
@@ -218,23 +174,17 @@ impl Tensor {
         }
         let order: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
         let out_shape: Vec<usize> = kept.iter().map(|&a| self.shape()[a]).collect();
-        let device = self.device();
-        let out = if op.is_order_free()
-            && crate::fusion::defers(device)
-            && device.backend().fuses_prior_reduce()
-            && !self.is_pending()
-            && acc == out_dtype
-        {
-            let reduce = crate::fusion::DeferredReduce {
-                op,
-                reduced_axes: reduced.len(),
-                source: self.with_layout(self.layout.permuted(&order)?),
-            };
-            let layout = crate::Layout::contiguous(&out_shape)?;
-            let what = if op == ReduceOp::Max { "max" } else { "min" };
-            crate::fusion::record_reduce(reduce, layout, out_dtype, what)?
-        } else {
-            self.reduce_now(op, &reduced, &order, &out_shape, acc, out_dtype)?
+        let deferred = crate::fusion::reduce::defer_reduce(
+            op,
+            self,
+            &order,
+            reduced.len(),
+            &out_shape,
+            (acc, out_dtype),
+        )?;
+        let out = match deferred {
+            Some(pending) => pending,
+            None => self.reduce_now(op, &reduced, &order, &out_shape, acc, out_dtype)?,
         };
         if !keepdim {
             return Ok(out);
@@ -558,7 +508,7 @@ impl Tensor {
     /// `None` for the composition. The kernel computes the composition's numbers.
     fn softmax_kernel(&self, axis: isize, log: bool) -> Result<Option<Tensor>> {
         let last = self.ndim().checked_sub(1);
-        if !self.device().backend().runs_softmax()
+        if !self.device().backend().target().runs_softmax
             || last != Some(normalize_axis(axis, self.ndim().max(1))?)
         {
             return Ok(None);

@@ -19,12 +19,17 @@ pub(super) fn kernel_record(
             let n = args.outputs.first().map_or(0, |o| o.layout.numel()) as u64;
             ("map", map_ops(expr), n * expr_flops(expr))
         }
-        Kernel::Reduce { op, map, prior, .. } => {
+        Kernel::Reduce {
+            op, map, prologue, ..
+        } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
-            let mut ops: Vec<String> = prior.iter().map(|p| snake(format!("{:?}", p.op))).collect();
+            let mut ops: Vec<String> = prologue
+                .iter()
+                .map(|p| snake(format!("{:?}", p.op)))
+                .collect();
             ops.extend(map.as_ref().map(map_ops).unwrap_or_default());
             ops.push(snake(format!("{op:?}")));
-            let passes = 1 + u64::from(prior.is_some());
+            let passes = 1 + u64::from(prologue.is_some());
             (
                 "reduce",
                 ops,

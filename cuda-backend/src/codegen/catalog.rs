@@ -221,7 +221,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     wide: group == 32,
                     combine,
                     map: None,
-                    prior: None,
+                    prologue: None,
                 });
             }
         }
@@ -296,14 +296,14 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     inputs: inputs.clone(),
                     scalars: scalars.clone(),
                 }),
-                prior: None,
+                prologue: None,
             });
         }
     }
-    // A prior reduction with the row staged (`reduce_prior`): `exp(x - max) * w` summed,
+    // A row prologue with the row staged (`reduce_prologue`): `exp(x - max) * w` summed,
     // in a warp's and a block's eager order, f32 and f64, after a maximum or a minimum.
     for (d, vector) in [(DType::F32, 4), (DType::F64, 2)] {
-        for (group, prior) in [(32, Max), (256, Min)] {
+        for (group, prologue) in [(32, Max), (256, Min)] {
             let shifted = Expr::binary(BinaryOp::Sub, x(0, d), x(1, d));
             let expr = Expr::binary(BinaryOp::Mul, Expr::unary(UnaryOp::Exp, shifted), x(2, d));
             out.push(ReduceSig {
@@ -323,8 +323,8 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     inputs: vec![d; 3],
                     scalars: vec![],
                 }),
-                prior: Some(super::reduce_prior::StagedPrior {
-                    op: prior,
+                prologue: Some(super::reduce_prologue::StagedPrologue {
+                    op: prologue,
                     result: 1,
                     out: d,
                 }),

@@ -10,7 +10,6 @@ use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_
 use super::{storage_type, to_storage, vector_type};
 use crate::compile::Optimization;
 use crate::launch::{Args, Launch, Program};
-use crate::memory::CudaBuffer;
 use std::borrow::Cow;
 use std::fmt::Write;
 use strata_core::ir::{Expr, KernelArgs, Operand};
@@ -95,12 +94,7 @@ pub(crate) fn plan<'e>(
     let operands: Vec<&Operand> = ops.operands().collect();
     let buffers: Vec<BufferInfo> = operands
         .iter()
-        .map(|o| {
-            Ok(BufferInfo {
-                address: CudaBuffer::of(o.buffer.as_ref())?.device_ptr(),
-                bytes: o.buffer.len_bytes() as u64,
-            })
-        })
+        .map(|o| crate::memory::buffer_info(o))
         .collect::<Result<_>>()?;
     let positional = expr.reads_linear_index();
     let planned = map_plan::plan(&ops, positional, &buffers, target)?;

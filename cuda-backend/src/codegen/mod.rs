@@ -15,7 +15,7 @@ pub(crate) mod interpret;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
-pub(crate) mod reduce_prior;
+pub(crate) mod reduce_prologue;
 pub(crate) mod softmax;
 
 use strata_core::{DType, Error};

@@ -39,9 +39,9 @@ pub(crate) struct ReduceSig {
     pub combine: bool,
     /// Map→reduce fusion: the element is this map over inputs of one layout.
     pub map: Option<ReduceMap>,
-    /// A prior reduction computed first with each row kept in shared memory (a block of
-    /// [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads a row): see `reduce_prior`.
-    pub prior: Option<super::reduce_prior::StagedPrior>,
+    /// A row prologue computed first with each row kept in shared memory (a block of
+    /// [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads a row): see `reduce_prologue`.
+    pub prologue: Option<super::reduce_prologue::StagedPrologue>,
 }
 
 impl strata_core::lower::cache::Owned for ReduceSig {}
@@ -105,7 +105,7 @@ pub(crate) fn plan(
         wide: plan.wide,
         combine: false,
         map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
-        prior: None,
+        prologue: None,
     };
     let mut map_words = Vec::new();
     if map.is_some() {
@@ -191,7 +191,7 @@ impl Reduction {
             vector: 1,
             combine: true,
             map: None,
-            prior: None,
+            prologue: None,
             ..self.sig.clone()
         };
         (sig, Launch::linear(w, p.outputs * p.combine_group))
@@ -251,8 +251,8 @@ pub(crate) fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
 impl Program for ReduceSig {
     const NAME: &'static str = "strata_reduce";
     fn source(&self) -> Result<String> {
-        match self.prior {
-            Some(_) => super::reduce_prior::source(self),
+        match self.prologue {
+            Some(_) => super::reduce_prologue::source(self),
             None => source(self),
         }
     }
@@ -578,7 +578,7 @@ mod tests {
             wide: false,
             combine: false,
             map: None,
-            prior: None,
+            prologue: None,
         }
     }
 

@@ -1,13 +1,13 @@
-//! A reduction with a prior one ([`PriorReduce`]) in one kernel: `(x - x.max(-1, true))
+//! A reduction with a row prologue ([`RowPrologue`]) in one kernel: `(x - x.max(-1, true))
 //! .exp().sum(-1)` reads each row of `x` once. A block of
 //! [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads copies the row into dynamic shared
-//! memory, folds the prior (an order-free op: any order gives the eager value) and writes it,
+//! memory, folds the prologue (an order-free op: any order gives the eager value) and writes it,
 //! computes every element's term in place (what the eager kernel adds: the map's value
 //! converted to the accumulator), and then its first `group` threads add the terms exactly as
 //! the eager plan's group would (the same lanes, positions, order and combining tree), so the
 //! result equals the two launches bit for bit. Rows of whole vectors that fit the staging
 //! bytes, with terms as wide as the elements (f32, f64), and one eager launch; any other
-//! reduction runs as the two launches (`strata_core::lower::prior::split`).
+//! reduction runs as the two launches (`strata_core::lower::prologue::split`).
 
 use super::reduce::{block_combine, contribution, declare_map_operands, decode_output};
 use super::reduce::{identity, plan, repr, update, warp_reduce, ReduceSig, Words};
@@ -15,13 +15,13 @@ use super::softmax::STAGE_GROUP;
 use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
 use crate::launch::{Grid, Launch};
 use std::fmt::Write;
-use strata_core::ir::{Expr, Kernel, KernelArgs, PriorReduce, ReduceOp};
+use strata_core::ir::{Expr, Kernel, KernelArgs, ReduceOp, RowPrologue};
 use strata_core::lower::target::Target;
 use strata_core::{DType, Result};
 
-/// The prior of a staged reduction: what it folds, and the map input that reads its result.
+/// The prologue of a staged reduction: what it folds, and the map input that reads its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct StagedPrior {
+pub(crate) struct StagedPrologue {
     pub op: ReduceOp,
     pub result: usize,
     /// The dtype it is written in (output 1's).
@@ -31,16 +31,16 @@ pub(crate) struct StagedPrior {
 /// Blocks of a staged row per multiprocessor: the softmax's measured three.
 const STAGE_BLOCKS: usize = 3;
 
-/// Plans `Reduce { op, map, prior }` over `args` as one staged launch, or `None` when the
+/// Plans `Reduce { op, map, prologue }` over `args` as one staged launch, or `None` when the
 /// reduction does not take that shape (then it runs as two launches).
 fn plan_staged(
     (op, reduced_axes, acc): (ReduceOp, usize, DType),
     map: &Expr,
-    prior: PriorReduce,
+    prologue: RowPrologue,
     args: &KernelArgs,
     target: &Target,
 ) -> Result<Option<(ReduceSig, Launch)>> {
-    let ([out, prior_out], 0) = (args.outputs.as_slice(), prior.source) else {
+    let ([out, prologue_out], 0) = (args.outputs.as_slice(), prologue.source) else {
         return Ok(None);
     };
     let main = KernelArgs {
@@ -57,16 +57,16 @@ fn plan_staged(
     // Splits are followed as the eager launches run them (ranges, then one thread adding
     // the partials in order), where that combine is one thread's.
     // Output 1 is written during the kernel: no other input may read its buffer.
-    let prior_buffer = crate::memory::CudaBuffer::of(prior_out.buffer.as_ref())?.device_ptr();
+    let prologue_buffer = crate::memory::CudaBuffer::of(prologue_out.buffer.as_ref())?.device_ptr();
     let aliased = args.inputs.iter().enumerate().any(|(k, o)| {
-        k != prior.result
+        k != prologue.result
             && crate::memory::CudaBuffer::of(o.buffer.as_ref())
-                .is_ok_and(|b| b.device_ptr() == prior_buffer)
+                .is_ok_and(|b| b.device_ptr() == prologue_buffer)
     });
     let fits = p.combine_group == 1
         && !aliased
-        && prior.op.is_order_free()
-        && prior_out.layout == out.layout
+        && prologue.op.is_order_free()
+        && prologue_out.layout == out.layout
         && !op.returns_index()
         && matches!(p.group, 32 | 256)
         && p.group <= STAGE_GROUP
@@ -77,25 +77,25 @@ fn plan_staged(
         && p.extent.is_multiple_of(v)
         && p.extent * input.itemsize() <= target.row_stage_bytes
         && repr(op, acc).itemsize() == input.itemsize()
-        && prior_out.dtype == input
+        && prologue_out.dtype == input
         && red
             .sig
             .map
             .as_ref()
-            .is_some_and(|m| m.per_output[prior.result]);
+            .is_some_and(|m| m.per_output[prologue.result]);
     if !fits {
         return Ok(None);
     }
     let sig = ReduceSig {
-        prior: Some(StagedPrior {
-            op: prior.op,
-            result: prior.result,
-            out: prior_out.dtype,
+        prologue: Some(StagedPrologue {
+            op: prologue.op,
+            result: prologue.result,
+            out: prologue_out.dtype,
         }),
         ..red.sig.clone()
     };
     let mut launch = red.first(0, 0);
-    launch.args.push(crate::memory::element_ptr(prior_out)?);
+    launch.args.push(crate::memory::element_ptr(prologue_out)?);
     let rows = p.outputs.min(1 << 20) as u32;
     launch.grid = Grid::Fixed {
         grid: (rows, 1, 1),
@@ -105,56 +105,56 @@ fn plan_staged(
     Ok(Some((sig, launch)))
 }
 
-/// How a reduction with a prior runs: one staged launch, or core's two launches.
-pub(crate) enum PriorRun {
+/// How a reduction with a prologue runs: one staged launch, or core's two launches.
+pub(crate) enum PrologueRun {
     Staged(ReduceSig, Launch),
     Split([(Kernel, KernelArgs); 2]),
 }
 
-/// The way `kernel` runs when it is a `Reduce` with a prior (`None` for any other kernel):
+/// The way `kernel` runs when it is a `Reduce` with a prologue (`None` for any other kernel):
 /// what `run`, the profiler's description and its precompiling all follow.
-pub(crate) fn plan_prior(
+pub(crate) fn plan_prologue(
     kernel: &Kernel,
     args: &KernelArgs,
     target: &Target,
-) -> Result<Option<PriorRun>> {
+) -> Result<Option<PrologueRun>> {
     let &Kernel::Reduce {
         op,
         reduced_axes,
         acc,
         ref map,
-        prior: Some(prior),
+        prologue: Some(prologue),
     } = kernel
     else {
         return Ok(None);
     };
     let staged = match map {
-        Some(map) => plan_staged((op, reduced_axes, acc), map, prior, args, target)?,
+        Some(map) => plan_staged((op, reduced_axes, acc), map, prologue, args, target)?,
         None => None,
     };
     Ok(Some(match staged {
-        Some((sig, launch)) => PriorRun::Staged(sig, launch),
-        None => PriorRun::Split(strata_core::lower::prior::split(kernel, args)?),
+        Some((sig, launch)) => PrologueRun::Staged(sig, launch),
+        None => PrologueRun::Split(strata_core::lower::prologue::split(kernel, args)?),
     }))
 }
 
-/// The CUDA C source of a staged reduction with a prior, named `strata_reduce`. Its words
+/// The CUDA C source of a staged reduction with a prologue, named `strata_reduce`. Its words
 /// are the eager launch's (`reduce::source`), then output 1's pointer.
 pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
-    let (Some(prior), Some(m)) = (sig.prior, sig.map.as_ref()) else {
+    let (Some(prologue), Some(m)) = (sig.prologue, sig.map.as_ref()) else {
         return Err(strata_core::Error::Backend(
-            "internal error: a staged reduction has a prior and a map".into(),
+            "internal error: a staged reduction has a prologue and a map".into(),
         ));
     };
     let idx = index_type(sig.wide);
     let (ro, g, v) = (sig.outer_rank, sig.group, sig.vector);
     let r = repr(sig.op, sig.acc);
-    let pr = repr(prior.op, prior.out);
+    let pr = repr(prologue.op, prologue.out);
     let (acc_t, pr_t, in_t) = (compute_type(r), compute_type(pr), storage_type(sig.input));
     let vt = vector_type(v * sig.input.itemsize());
     // The eager launch's words, then output 1's pointer.
     let w = Words::of(sig);
-    let (prior_ptr, total) = (w.total, w.total + 1);
+    let (prologue_ptr, total) = (w.total, w.total + 1);
     let warps = STAGE_GROUP / 32;
 
     let mut s = String::new();
@@ -169,11 +169,11 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     );
     let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{}];", w.in_ptr);
     declare_map_operands(&mut s, m, &w);
-    let (out_t, prior_st) = (storage_type(sig.out), storage_type(prior.out));
+    let (out_t, prologue_st) = (storage_type(sig.out), storage_type(prologue.out));
     let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{}];", w.out_ptr);
     let _ = writeln!(
         s,
-        "  {prior_st}* prior_out = ({prior_st}*)p.w[{prior_ptr}];"
+        "  {prologue_st}* prologue_out = ({prologue_st}*)p.w[{prologue_ptr}];"
     );
     // The row, then (in place, as wide) the terms the eager kernel adds.
     let _ = writeln!(s, "  extern __shared__ {vt} rowbuf[];");
@@ -190,12 +190,12 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(s, "  for ({idx} o = blockIdx.x; o < O; o += gridDim.x) {{");
     decode_output(&mut s, idx, ro, &w);
     // 1. The row into shared memory, its loads in flight together, each thread folding the
-    // prior over its vectors as they arrive (in any order: the op is order-free).
+    // prologue over its vectors as they arrive (in any order: the op is order-free).
     let _ = writeln!(s, "    {{");
     let _ = writeln!(
         s,
         "      {pr_t} acc = {}; i64 best = 9223372036854775807ll;",
-        identity(prior.op, pr)
+        identity(prologue.op, pr)
     );
     let _ = writeln!(
         s,
@@ -209,10 +209,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{ const {pr_t} v = {}; {} }}\n      }}",
         cast(&from_storage(sig.input, "u.e[l]"), sig.input, pr, false),
-        update(prior.op, pr, "v", "0")
+        update(prologue.op, pr, "v", "0")
     );
-    // 2. The prior of the row: every thread ends with it.
-    warp_reduce(&mut s, "      ", prior.op, pr);
+    // 2. The prologue of the row: every thread ends with it.
+    warp_reduce(&mut s, "      ", prologue.op, pr);
     let _ = writeln!(
         s,
         "      if (wl == 0) sh_p[warp] = acc;\n      __syncthreads();"
@@ -220,18 +220,18 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(
         s,
         "      acc = sh_p[0];\n      for (int w = 1; w < {warps}; w++) {{ const {pr_t} v = sh_p[w]; {} }}",
-        update(prior.op, pr, "v", "0")
+        update(prologue.op, pr, "v", "0")
     );
-    let stored = to_storage(prior.out, &cast("acc", pr, prior.out, false));
-    let _ = writeln!(s, "      const {prior_st} stored = {stored};");
-    let _ = writeln!(s, "      if (threadIdx.x == 0) prior_out[ob] = stored;");
-    // 3. Each element's term, as the eager kernel computes it (the prior read back as stored).
-    let res = prior.result;
+    let stored = to_storage(prologue.out, &cast("acc", pr, prologue.out, false));
+    let _ = writeln!(s, "      const {prologue_st} stored = {stored};");
+    let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
+    // 3. Each element's term, as the eager kernel computes it (the prologue read back as stored).
+    let res = prologue.result;
     let _ = writeln!(
         s,
         "      const {} x{res} = {};",
-        compute_type(prior.out),
-        from_storage(prior.out, "stored")
+        compute_type(prologue.out),
+        from_storage(prologue.out, "stored")
     );
     // Each thread its own vectors: one shared-memory load and store a vector.
     let _ = writeln!(
@@ -365,7 +365,7 @@ mod tests {
                 per_output: vec![false, true],
                 scalars: vec![],
             }),
-            prior: Some(StagedPrior {
+            prologue: Some(StagedPrologue {
                 op: ReduceOp::Max,
                 result: 1,
                 out: DType::F32,
@@ -378,7 +378,7 @@ mod tests {
         let src = source(&sig(32)).unwrap();
         assert!(src.contains("extern __shared__ uint4 rowbuf[];"), "{src}");
         assert_eq!(src.matches("*(const uint4*)(in0").count(), 1, "{src}");
-        // The prior's result is read from the register, never from its buffer.
+        // The prologue's result is read from the register, never from its buffer.
         assert!(src.contains("const float x1 = stored;"), "{src}");
         assert!(!src.contains("in1["), "{src}");
         assert!(src.contains("r += 32 * 4"), "{src}");

@@ -13,7 +13,7 @@ impl WgpuBackend {
     pub(crate) fn describe(&self, kernel: &Kernel, args: &KernelArgs) -> Option<LaunchDescription> {
         let (name, shape) = match kernel {
             Kernel::Map { expr, also } => {
-                let (_, _, _, plan) = self.plan_map(expr, also, args).ok()?;
+                let (_, _, plan) = self.plan_map(expr, also, args).ok()?;
                 let first = plan.pieces.first()?;
                 (
                     "strata_map",

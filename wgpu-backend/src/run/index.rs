@@ -44,7 +44,7 @@ impl WgpuBackend {
             };
             [0, 1, 2].map(|k| window(&accesses[k], &reach[k], align))
         };
-        let limit = self.binding_limit;
+        let limit = self.binding_limit();
         let pieces = split_by(&shape, Some(axis), limit, |p| {
             windows(p).iter().map(|w| w.byte_size).max().unwrap_or(0)
         })

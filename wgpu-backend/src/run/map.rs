@@ -1,7 +1,7 @@
 //! A map: core's plan, one dispatch per piece.
 
 use crate::codegen::{map, prelude};
-use crate::launch::{buffer_info, raw, Binding};
+use crate::launch::{operand_info, raw, Binding};
 use crate::WgpuBackend;
 use strata_core::backend::KernelSource;
 use strata_core::ir::{Expr, KernelArgs, Operand};
@@ -10,13 +10,8 @@ use strata_core::lower::operands::MapOperands;
 use strata_core::Backend;
 use strata_core::Result;
 
-/// A map's operands (outputs first), their buffers, and core's plan for them.
-type PlannedMap<'a> = (
-    MapOperands<'a>,
-    Vec<&'a Operand>,
-    Vec<&'a wgpu::Buffer>,
-    map_plan::MapPlan,
-);
+/// A map's operands (outputs first) and core's plan for them.
+type PlannedMap<'a> = (MapOperands<'a>, Vec<&'a Operand>, map_plan::MapPlan);
 
 impl WgpuBackend {
     pub(crate) fn plan_map<'a>(
@@ -27,21 +22,20 @@ impl WgpuBackend {
     ) -> Result<PlannedMap<'a>> {
         let ops = MapOperands::of_outputs(expr, also, args)?;
         let operands: Vec<&Operand> = ops.operands().collect();
+        let infos = operands
+            .iter()
+            .map(|o| operand_info(o))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = map_plan::plan(&ops, expr.reads_linear_index(), &infos, &self.target)?;
+        Ok((ops, operands, plan))
+    }
+
+    pub(crate) fn run_map(&self, expr: &Expr, also: &[Expr], args: &KernelArgs) -> Result<()> {
+        let (ops, operands, plan) = self.plan_map(expr, also, args)?;
         let buffers = operands
             .iter()
             .map(|o| raw(o))
             .collect::<Result<Vec<_>>>()?;
-        let plan = map_plan::plan(
-            &ops,
-            expr.reads_linear_index(),
-            &buffer_info(&buffers),
-            &self.target,
-        )?;
-        Ok((ops, operands, buffers, plan))
-    }
-
-    pub(crate) fn run_map(&self, expr: &Expr, also: &[Expr], args: &KernelArgs) -> Result<()> {
-        let (ops, operands, buffers, plan) = self.plan_map(expr, also, args)?;
         let dtypes: Vec<_> = operands.iter().map(|o| o.dtype).collect();
         let scalars: Vec<_> = ops.scalars.iter().map(|s| s.dtype()).collect();
         let caps = self.gpu.caps;
@@ -79,7 +73,7 @@ impl WgpuBackend {
         also: &[Expr],
         args: &KernelArgs,
     ) -> Result<Option<KernelSource>> {
-        let (ops, operands, _, plan) = self.plan_map(expr, also, args)?;
+        let (ops, operands, plan) = self.plan_map(expr, also, args)?;
         let Some(first) = plan.pieces.first() else {
             return Ok(None);
         };

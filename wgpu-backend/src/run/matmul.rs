@@ -18,7 +18,7 @@ impl WgpuBackend {
         if batch == 0 || m == 0 || n == 0 {
             return Ok(());
         }
-        let (limit, align) = (self.binding_limit, self.target.offset_align);
+        let (limit, align) = (self.binding_limit(), self.target.offset_align);
         let [aa, ba, ca] = [ops.a, ops.b, ops.c].map(|o| access(o, o.layout.strides().to_vec()));
         let [aa, ba, ca] = [aa?, ba?, ca?];
         let [abuf, bbuf, cbuf] = [raw(ops.a)?, raw(ops.b)?, raw(ops.c)?];

@@ -1,17 +1,15 @@
 //! A reduction: core's plan, one dispatch per window, and a combine dispatch when the plan
 //! splits the extent into ranges (partials `[outputs, splits]` in the accumulator dtype, and
 //! positions for argmin/argmax). A fused map (map→reduce) is evaluated per element inside the
-//! reduction, its further inputs bound whole; where they do not fit a binding, or the bindings
-//! run out, the map runs first into a temporary.
+//! reduction, its further inputs bound whole (core fuses only what fits: `Target::binds_reduce`).
 
 use crate::codegen::reduce;
 use crate::launch::{buffer_info, raw, Binding};
 use crate::WgpuBackend;
-use strata_core::ir::{Expr, KernelArgs, Operand, ReduceOp};
+use strata_core::ir::{Expr, KernelArgs, ReduceOp};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::reduce_plan::{self, partial_strides};
-use strata_core::{Backend, Layout, StreamId};
-use strata_core::{DType, Result};
+use strata_core::{Backend, DType, Result};
 
 impl WgpuBackend {
     pub(crate) fn run_reduce(
@@ -27,13 +25,7 @@ impl WgpuBackend {
         if ops.outputs == 0 {
             return Ok(());
         }
-        let map = match map {
-            Some(expr) => match self.fused_map(expr, &ops, args)? {
-                Some(m) => Some(m),
-                None => return self.map_then_reduce(op, reduced_axes, acc, expr, args),
-            },
-            None => None,
-        };
+        let map = map.map(|expr| ReduceMap::of(expr, &ops, args));
         let (in_buf, out_buf) = (raw(ops.input)?, raw(ops.out)?);
         let plan = reduce_plan::plan(&ops, &buffer_info(&[out_buf, in_buf]), &self.target)?;
         let (ro, rr) = (plan.outer_shape.len(), plan.reduced_shape.len());
@@ -118,7 +110,7 @@ impl WgpuBackend {
                         own - ops.input.layout.offset() as i64 + first
                     };
                     params[slots.map_base + k] = base as i32 as u32;
-                    bindings.push(Binding::whole(raw(o)?));
+                    bindings.push(Binding::tensor(raw(o)?, o.buffer.len_bytes()));
                 }
                 if !ops.more.is_empty() {
                     for d in 0..ro {
@@ -185,58 +177,5 @@ impl WgpuBackend {
         let threads = plan.outputs * plan.combine_group;
         self.gpu.dispatch(&pl, &params, &bindings, threads)
         // The partial buffers return to the pool here; later work is ordered after the combine.
-    }
-
-    /// The fused map's structure when this launch can evaluate it in place: every further
-    /// input fits one binding and the bindings fit the adapter's limit. `None`: run the map
-    /// first ([`WgpuBackend::map_then_reduce`]).
-    fn fused_map(
-        &self,
-        expr: &Expr,
-        ops: &ReduceOperands,
-        args: &KernelArgs,
-    ) -> Result<Option<ReduceMap>> {
-        for o in ops.more {
-            if raw(o)?.size() > self.binding_limit {
-                return Ok(None);
-            }
-        }
-        // Params, output, input, the further inputs, and positions for a split argmin/argmax.
-        let needed = 3 + ops.more.len() + 1;
-        if needed > self.gpu.limits.max_storage_buffers_per_shader_stage as usize {
-            return Ok(None);
-        }
-        Ok(Some(ReduceMap::of(expr, ops, args)))
-    }
-
-    /// A map→reduce the reduction cannot evaluate in place: the map into a temporary laid out
-    /// like the input, then the reduction of it.
-    fn map_then_reduce(
-        &self,
-        op: ReduceOp,
-        reduced_axes: usize,
-        acc: DType,
-        expr: &Expr,
-        args: &KernelArgs,
-    ) -> Result<()> {
-        let layout = Layout::contiguous(args.inputs[0].layout.shape())?;
-        let bytes = layout.numel() * expr.dtype.itemsize();
-        let temp = Operand {
-            buffer: self.allocate(bytes, StreamId::DEFAULT)?,
-            layout,
-            dtype: expr.dtype,
-        };
-        let mapped = KernelArgs {
-            outputs: vec![temp.clone()],
-            inputs: args.inputs.clone(),
-            scalars: args.scalars.clone(),
-        };
-        self.run_map(expr, &[], &mapped)?;
-        let reduced = KernelArgs {
-            outputs: args.outputs.clone(),
-            inputs: vec![temp],
-            scalars: vec![],
-        };
-        self.run_reduce(op, reduced_axes, acc, None, &reduced)
     }
 }

@@ -1,0 +1,128 @@
+//! An elementwise op's result: pending work where the device defers, or a kernel launched now.
+//! The op has checked everything an eager launch would check, so an `Err` always comes from
+//! the user's line; only the launch waits.
+
+use super::splice::{add_leaf, add_leaves, address, count_nodes, Leaves};
+use super::{defers, Pending, PendingWork, Tree, MAX_NODES};
+use crate::device::Device;
+use crate::dtype::Scalar;
+use crate::error::{Error, Result};
+use crate::ir::Expr;
+use crate::layout::Layout;
+use crate::tensor::{launch_map, Storage, Tensor};
+use std::sync::Arc;
+
+/// The elementwise result `expr` over `inputs` (views with `layout`'s shape) and `scalars`:
+/// pending work where `device` defers (fusion on, blocking mode off), else a new tensor of
+/// `layout` (dense, offset 0) computed now. `op` names the user op, for `explain`. The one
+/// place an elementwise op decides between deferring and launching.
+#[track_caller]
+pub(crate) fn defer_or_launch(
+    expr: Expr,
+    layout: Layout,
+    inputs: Vec<Tensor>,
+    scalars: Vec<Scalar>,
+    device: &Device,
+    op: &'static str,
+) -> Result<Tensor> {
+    device.backend().check_dtype(expr.dtype)?;
+    if defers(device) {
+        return record(expr, layout, inputs, scalars, device, op);
+    }
+    let out = Tensor::alloc_with_layout(layout, expr.dtype, device)?;
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    launch_map(expr, &out, &refs, scalars)?;
+    Ok(out)
+}
+
+/// A pending tensor of `layout` (dense, offset 0) and `expr.dtype` computing `expr` over
+/// `inputs` (views with the layout's shape) and `scalars`, issued on the current stream.
+#[track_caller]
+fn record(
+    expr: Expr,
+    layout: Layout,
+    inputs: Vec<Tensor>,
+    scalars: Vec<Scalar>,
+    device: &Device,
+    op: &'static str,
+) -> Result<Tensor> {
+    let stream = device.current_handle();
+    let mut nodes = count_nodes(&expr);
+    // The leaves are worked out only when a pending input is spliced in (a chain); an op on
+    // realized tensors binds its inputs.
+    let mut leaves: Option<Leaves> = None;
+    let mut direct = smallvec::SmallVec::<[bool; 4]>::new(); // inputs read as leaves
+    for t in &inputs {
+        let child = t.storage.pending();
+        match child.as_ref() {
+            Some(c) if Arc::ptr_eq(&c.stream, &stream) && c.layout == t.layout => {
+                if let PendingWork::Tree(tree) = &c.work {
+                    // Spliced in: its nodes replace the input's, its leaves join ours.
+                    nodes += tree.nodes - 1;
+                    add_leaves(&mut leaves, tree);
+                    direct.push(false);
+                    continue;
+                }
+            }
+            // Read in another layout: it runs first and is read as a leaf.
+            Some(c) if Arc::ptr_eq(&c.stream, &stream) => {}
+            Some(_) => {
+                // Pending on another stream: it runs there, ordered by the usual events.
+                drop(child);
+                t.realize()?;
+            }
+            None => {}
+        }
+        direct.push(true);
+    }
+    if leaves.is_some() {
+        for (t, _) in inputs.iter().zip(&direct).filter(|(_, &d)| d) {
+            add_leaf(&mut leaves, address(&t.storage), &t.layout, t.dtype);
+        }
+        // One kernel binds its leaves and its output.
+        let target = device.backend().target();
+        if nodes > MAX_NODES || leaves.as_ref().is_some_and(|l| !target.binds(l.len() + 1)) {
+            for t in &inputs {
+                t.realize()?;
+            }
+            nodes = count_nodes(&expr);
+            leaves = None;
+        }
+    }
+    let dtype = expr.dtype;
+    let bytes = layout
+        .numel()
+        .checked_mul(dtype.itemsize())
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{:?} of {dtype} overflows the byte count",
+                layout.shape()
+            ))
+        })?;
+    let pending = Pending {
+        work: PendingWork::Tree(Tree {
+            expr,
+            inputs,
+            scalars,
+            nodes,
+            leaves,
+        }),
+        layout: layout.clone(),
+        dtype,
+        stream,
+        op,
+        call_site: std::panic::Location::caller(),
+    };
+    let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
+    if let Some(tree) = storage.pending().as_ref().and_then(Pending::tree) {
+        for t in &tree.inputs {
+            t.storage.add_reader(&storage);
+        }
+    }
+    device.register_pending(&storage);
+    Ok(Tensor {
+        storage,
+        layout,
+        dtype,
+    })
+}

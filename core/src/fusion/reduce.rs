@@ -1,0 +1,231 @@
+//! Fusion around reductions. Map→reduce: a reduction of a pending tree reads the tree
+//! directly ([`reduce_map_of`]). Row prologues: a maximum or minimum of a realized tensor is
+//! kept pending ([`defer_reduce`]), so that a later reduction of the same rows that reads it
+//! (`(x - x.max(-1, true)).exp().sum(-1)`) computes both in one kernel ([`row_prologue_of`]).
+
+use super::splice::{renumber_inputs, Fused};
+use super::{defers, Pending, PendingWork};
+use crate::dtype::{DType, Scalar};
+use crate::error::Result;
+use crate::ir::{Expr, ReduceOp, RowPrologue};
+use crate::layout::Layout;
+use crate::lower::operands::per_output_layout;
+use crate::tensor::{Storage, Tensor};
+use std::sync::Arc;
+
+/// A reduction whose launch waits for its first use: a later reduction over the same rows
+/// that reads it one value per output computes both in one kernel
+/// ([`RowPrologue`]), reading the rows once.
+pub(crate) struct DeferredReduce {
+    /// What it combines (an order-free op: the fused kernel computes the eager value).
+    pub(crate) op: ReduceOp,
+    /// Trailing axes of `source` reduced (it accumulates in its own dtype, the result's).
+    pub(crate) reduced_axes: usize,
+    /// The input, its axes permuted as the reduction reads them (kept, then reduced).
+    pub(crate) source: Tensor,
+}
+
+/// The reduction `op` of `t`'s axes in `order` (kept, then the last `reduced_axes`) into a new
+/// tensor of `out_shape`, kept pending where a later reduction of the same rows may take it
+/// in: a maximum or minimum (order-free: the fused kernel computes the eager value) of a
+/// realized tensor, accumulated in its own dtype, on a device that defers and fuses row
+/// prologues. `None`: the reduction runs now.
+#[track_caller]
+pub(crate) fn defer_reduce(
+    op: ReduceOp,
+    t: &Tensor,
+    order: &[usize],
+    reduced_axes: usize,
+    out_shape: &[usize],
+    (acc, out_dtype): (DType, DType),
+) -> Result<Option<Tensor>> {
+    let device = t.device();
+    let defer = op.is_order_free()
+        && defers(device)
+        && device.backend().target().fuses_row_prologue
+        && !t.is_pending()
+        && acc == out_dtype;
+    if !defer {
+        return Ok(None);
+    }
+    let source = t.with_layout(t.layout.permuted(order)?);
+    let layout = Layout::contiguous(out_shape)?;
+    let bytes = layout.numel() * out_dtype.itemsize();
+    let stored = source.storage.clone();
+    let pending = Pending {
+        work: PendingWork::Reduce(DeferredReduce {
+            op,
+            reduced_axes,
+            source,
+        }),
+        layout: layout.clone(),
+        dtype: out_dtype,
+        stream: device.current_handle(),
+        op: if op == ReduceOp::Max { "max" } else { "min" },
+        call_site: std::panic::Location::caller(),
+    };
+    let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
+    // A write into the source runs it first, like any pending reader.
+    stored.add_reader(&storage);
+    device.register_pending(&storage);
+    Ok(Some(Tensor {
+        storage,
+        layout,
+        dtype: out_dtype,
+    }))
+}
+
+/// Row-prologue fusion: among the inputs of a fused reduction into `out` (arranged for
+/// `Kernel::Reduce { map }`), a deferred reduction of the same rows (its source is one of
+/// the inputs read element by element, and it is read one value per output) issued on the
+/// current stream. Its work is taken over: its storage gets its buffer and is no longer
+/// pending, and the reduction's kernel computes it first and writes it (output 1). Returns
+/// the prologue and that output.
+pub(crate) fn row_prologue_of(
+    inputs: &[Tensor],
+    out: &Tensor,
+    reduced_axes: usize,
+) -> Result<Option<(RowPrologue, Tensor)>> {
+    let stream = out.device().current_handle();
+    let kept = out.ndim();
+    for (result, t) in inputs.iter().enumerate() {
+        let mut guard = t.storage.pending();
+        let Some(p) = guard.as_ref() else {
+            continue;
+        };
+        let PendingWork::Reduce(d) = &p.work else {
+            continue;
+        };
+        let source = inputs.iter().position(|u| {
+            u.shares_storage(&d.source)
+                && u.layout == d.source.layout
+                && u.dtype == d.source.dtype
+                && !per_output_layout(&u.layout, &out.layout, kept)
+        });
+        let fits = Arc::ptr_eq(&p.stream, &stream)
+            && d.reduced_axes == reduced_axes
+            && t.dtype == p.dtype
+            && t.layout.offset() == 0 // reads output o's value at o, where the kernel writes it
+            && per_output_layout(&t.layout, &out.layout, kept);
+        let (Some(source), true) = (source, fits) else {
+            continue;
+        };
+        let prologue = RowPrologue {
+            op: d.op,
+            source,
+            result,
+        };
+        let buffer = out.device().allocate_buffer(t.storage.bytes, p.stream.id)?;
+        t.storage.set_buffer(buffer);
+        let written = Tensor {
+            storage: t.storage.clone(),
+            layout: p.layout.clone(),
+            dtype: p.dtype,
+        };
+        *guard = None;
+        return Ok(Some((prologue, written)));
+    }
+    Ok(None)
+}
+
+/// A pending tree as a reduction reads it (`Kernel::Reduce { map }`).
+pub(crate) struct MapForReduce {
+    /// The element reduced at each position, over `inputs` and `scalars`.
+    pub(crate) expr: Expr,
+    /// The tree's leaves, permuted and arranged as the kernel reads them.
+    pub(crate) inputs: Vec<Tensor>,
+    /// The launch scalars.
+    pub(crate) scalars: Vec<Scalar>,
+}
+
+/// Map→reduce fusion: the reduction into `out` of the pending tensor `t`, whose axes it reads
+/// in `order` (kept, then reduced), reads `t`'s tree directly instead of its values: the tree
+/// (renumbered) with its leaves permuted and arranged for `Kernel::Reduce { map }` (first a
+/// leaf read element by element, then the others, each laid out like it or holding one value
+/// per output), and the launch scalars. Only when `t` is read whole (not through a view), on
+/// the stream it was issued on, the device fuses into reductions and the kernel fits its
+/// binding limits; pending inputs read through another view run first. `None`: the reduction
+/// reads `t` realized.
+pub(crate) fn reduce_map_of(
+    t: &Tensor,
+    order: &[usize],
+    out: &Tensor,
+) -> Result<Option<MapForReduce>> {
+    let device = t.device();
+    let target = device.backend().target();
+    if !defers(device) || !target.fuses_map_into_reduce {
+        return Ok(None);
+    }
+    let guard = t.storage.pending();
+    let Some(p) = guard.as_ref() else {
+        return Ok(None);
+    };
+    let PendingWork::Tree(tree) = &p.work else {
+        return Ok(None);
+    };
+    if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &device.current_handle()) {
+        return Ok(None);
+    }
+    let mut fused = Fused::new(tree, &p.stream, 0);
+    fused.keep_reductions = target.fuses_row_prologue;
+    let expr = fused.splice(p, true)?;
+    if fused.inputs.is_empty() || expr.reads_linear_index() {
+        return Ok(None);
+    }
+    let Some((expr, inputs)) = arrange_reduce_inputs(&expr, &fused.inputs, order, out)? else {
+        return Ok(None);
+    };
+    let bytes: Vec<usize> = inputs.iter().map(|t| t.storage.bytes).collect();
+    if !target.binds_reduce(&bytes) {
+        return Ok(None);
+    }
+    Ok(Some(MapForReduce {
+        expr,
+        inputs,
+        scalars: fused.scalars,
+    }))
+}
+
+/// The leaves of a fused map permuted by `order` (kept axes, then reduced ones) and arranged
+/// for `Kernel::Reduce { map }`: first a leaf read element by element, then the others, each
+/// laid out like it or holding one value per output of `out`; the expression renumbered to
+/// match. `None` when the leaves do not fit that shape (the map then runs first).
+fn arrange_reduce_inputs(
+    expr: &Expr,
+    leaves: &[Tensor],
+    order: &[usize],
+    out: &Tensor,
+) -> Result<Option<(Expr, Vec<Tensor>)>> {
+    let permuted = leaves
+        .iter()
+        .map(|t| Ok(t.with_layout(t.layout.permuted(order)?)))
+        .collect::<Result<Vec<_>>>()?;
+    let kept = out.ndim();
+    // From the layouts alone: a deferred reduction among the leaves stays pending.
+    let one_per_output: Vec<bool> = permuted
+        .iter()
+        .map(|t| per_output_layout(&t.layout, &out.layout, kept))
+        .collect();
+    let Some(first) = one_per_output.iter().position(|&p| !p) else {
+        return Ok(None);
+    };
+    let (f, fd) = (&permuted[first].layout, permuted[first].dtype.itemsize());
+    let fits = permuted
+        .iter()
+        .zip(&one_per_output)
+        .all(|(t, &p)| p || (&t.layout == f && t.dtype.itemsize() == fd));
+    if !fits {
+        return Ok(None);
+    }
+    // Input `first` becomes input 0; the others keep their order after it.
+    let mut to = vec![0; permuted.len()];
+    let mut arranged = vec![permuted[first].clone()];
+    for (k, t) in permuted.iter().enumerate() {
+        if k != first {
+            to[k] = arranged.len();
+            arranged.push(t.clone());
+        }
+    }
+    let dtypes: Vec<DType> = leaves.iter().map(|t| t.dtype()).collect();
+    Ok(Some((renumber_inputs(expr, &to, &dtypes), arranged)))
+}

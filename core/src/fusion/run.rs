@@ -1,0 +1,186 @@
+//! Running pending work: one tensor's tree as one kernel when it is read ([`realize`]), or
+//! every pending tree of a device at a synchronization point ([`flush`]), where each kernel
+//! also stores the intermediates someone still holds.
+
+use super::splice::Fused;
+use super::{Pending, PendingWork};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ir::{Expr, Kernel};
+use crate::layout::Layout;
+use crate::tensor::{launch_on, Storage, Tensor, Write};
+use std::panic::Location;
+use std::sync::Arc;
+
+/// What a fused kernel that ran was made of, kept on the tensors it wrote for `explain`.
+#[derive(Debug, Clone)]
+pub(crate) struct RunRecord {
+    pub(crate) expr: Expr,
+    pub(crate) ops: Vec<&'static str>,
+    pub(crate) call_sites: Vec<&'static Location<'static>>,
+    pub(crate) inputs: Vec<(Layout, DType)>,
+    pub(crate) output: (Layout, DType),
+    /// The intermediates it stored as well: expression, layout, dtype.
+    pub(crate) also: Vec<(Expr, Layout, DType)>,
+    pub(crate) scalars: usize,
+}
+
+/// Runs a pending storage's work (its tree fused into one kernel) on the stream it was issued
+/// on, for a read of this one tensor. Intermediates still pending stay pending: in a
+/// one-statement chain (`(&a * &b)?.add(&c)?.to_vec()`) the temporaries are alive while the
+/// chain runs, indistinguishable from tensors the user keeps, and storing them would add a
+/// write each; they are recomputed here in registers, and run again only if read later.
+/// Does nothing once it has run.
+pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
+    run(storage, 0)
+}
+
+/// Runs every pending op of `device`, newest first: each tree runs as one kernel that also
+/// stores the pending intermediates someone still holds (multi-output fusion), so a held
+/// intermediate is computed once, by the kernel of the last tree that reads it; one that only
+/// other pending trees hold is spliced into their kernels (never written). What did not run
+/// after an error stays registered for the next flush.
+pub(crate) fn flush(device: &Device) -> Result<()> {
+    let mut pending = device.take_pending();
+    pending.reverse();
+    let max_stored = device.backend().target().max_map_outputs.saturating_sub(1);
+    for (k, weak) in pending.iter().enumerate() {
+        // One strong reference at a time: holding them all would make every intermediate
+        // look held by someone.
+        let Some(storage) = weak.upgrade() else {
+            continue;
+        };
+        if !storage.is_pending() || held_only_by_trees(&storage, 1) {
+            continue;
+        }
+        if let Err(e) = run(&storage, max_stored) {
+            device.return_pending(pending[k..].iter().rev().cloned());
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// True when only pending trees hold `storage` (nobody can read it but through them): a flush
+/// leaves it to the trees, which splice it in, instead of writing it to memory. `extra`: the
+/// caller's own references.
+fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
+    let by_trees: usize = storage
+        .live_readers()
+        .iter()
+        .map(|r| {
+            r.pending().as_ref().and_then(Pending::tree).map_or(0, |t| {
+                t.inputs
+                    .iter()
+                    .filter(|t| Arc::ptr_eq(&t.storage, storage))
+                    .count()
+            })
+        })
+        .sum();
+    Arc::strong_count(storage) == by_trees + extra
+}
+
+/// Runs a pending storage's work as one kernel that may store up to `max_stored` held
+/// intermediates as well.
+fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
+    let mut guard = storage.pending();
+    let Some(p) = guard.as_ref() else {
+        return Ok(());
+    };
+    let device = &storage.device;
+    let tree = match &p.work {
+        PendingWork::Tree(tree) => tree,
+        PendingWork::Reduce(d) => {
+            // A deferred reduction read on its own: its plain kernel.
+            storage.set_buffer(device.allocate_buffer(storage.bytes, p.stream.id)?);
+            let out = Tensor {
+                storage: storage.clone(),
+                layout: p.layout.clone(),
+                dtype: p.dtype,
+            };
+            let kernel = Kernel::Reduce {
+                op: d.op,
+                reduced_axes: d.reduced_axes,
+                acc: p.dtype,
+                map: None,
+                prologue: None,
+            };
+            let ran = launch_on(
+                kernel,
+                &out,
+                &[],
+                &[&d.source],
+                vec![],
+                &p.stream,
+                Write::Fresh,
+            );
+            if let Err(e) = &ran {
+                let _ = storage.failed.set(e.to_string());
+            }
+            *guard = None;
+            return ran;
+        }
+    };
+    let mut fused = Fused::new(tree, &p.stream, max_stored);
+    let expr = fused.splice(p, true)?;
+    fused.fit_outputs(device.backend().target());
+    let buffer = device.allocate_buffer(storage.bytes, p.stream.id)?;
+    let mut also_buffers = Vec::with_capacity(fused.also.len());
+    for (t, _) in &fused.also {
+        also_buffers.push(device.allocate_buffer(t.storage.bytes, p.stream.id)?);
+    }
+    storage.set_buffer(buffer);
+    let out = Tensor {
+        storage: storage.clone(),
+        layout: p.layout.clone(),
+        dtype: p.dtype,
+    };
+    let record = RunRecord {
+        expr: expr.clone(),
+        inputs: fused
+            .inputs
+            .iter()
+            .map(|t| (t.layout.clone(), t.dtype))
+            .collect(),
+        output: (p.layout.clone(), p.dtype),
+        also: fused
+            .also
+            .iter()
+            .map(|(t, e)| (e.clone(), t.layout.clone(), t.dtype))
+            .collect(),
+        scalars: fused.scalars.len(),
+        ops: std::mem::take(&mut fused.ops),
+        call_sites: std::mem::take(&mut fused.call_sites),
+    };
+    // The stored intermediates have their buffers before the launch (it orders their writes
+    // like any output's); their own trees are no longer needed.
+    for ((t, _), b) in fused.also.iter().zip(also_buffers) {
+        t.storage.set_buffer(b);
+        let _ = t.storage.ran.set(Box::new(record.clone()));
+        *t.storage.pending() = None;
+    }
+    let _ = storage.ran.set(Box::new(record));
+    let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
+    let also_outputs: Vec<&Tensor> = fused.also.iter().map(|(t, _)| t).collect();
+    let also: Vec<Expr> = fused.also.iter().map(|(_, e)| e.clone()).collect();
+    let stream = p.stream.clone();
+    let ran = launch_on(
+        Kernel::Map { expr, also },
+        &out,
+        &also_outputs,
+        &inputs,
+        fused.scalars,
+        &stream,
+        Write::Fresh,
+    );
+    if let Err(e) = &ran {
+        let _ = storage.failed.set(e.to_string());
+        for t in &also_outputs {
+            let _ = t.storage.failed.set(e.to_string());
+        }
+    }
+    // The tree (and every intermediate only it held) is released here.
+    *guard = None;
+    ran
+}

@@ -1,0 +1,284 @@
+//! One fused kernel assembled from pending trees: every pending input read element for
+//! element on the same stream is spliced into the tree that reads it, the others become
+//! leaves; held intermediates may become further outputs. Splicing moves each child's
+//! expression into its parent, so it is linear in the nodes.
+
+use super::{Pending, PendingWork, Tree};
+use crate::device::StreamHandle;
+use crate::dtype::{DType, Scalar};
+use crate::error::Result;
+use crate::ir::{Expr, Node, PhiloxWord};
+use crate::layout::Layout;
+use crate::lower::target::Target;
+use crate::tensor::{Storage, Tensor};
+use std::panic::Location;
+use std::sync::{Arc, MutexGuard};
+
+/// A tensor input of a fused kernel: its storage (by address), view and dtype, as
+/// [`Fused::leaf`] tells inputs apart.
+type Leaf = (usize, Layout, DType);
+
+/// The distinct leaves of a tree, as many as the backend binds beside one output
+/// ([`Target::max_bindings`]; past that the inputs run first); shared with a child whose leaves
+/// are all of them (a chain reading the same tensors copies none).
+pub(crate) type Leaves = Arc<Vec<Leaf>>;
+
+/// Adds the leaf `(a, l, d)` to `leaves` unless it is there.
+pub(super) fn add_leaf(leaves: &mut Option<Leaves>, a: usize, l: &Layout, d: DType) {
+    let known = |set: &Leaves| set.iter().any(|(k, m, e)| *k == a && *e == d && m == l);
+    if !leaves.as_ref().is_some_and(known) {
+        Arc::make_mut(leaves.get_or_insert_with(Default::default)).push((a, l.clone(), d));
+    }
+}
+
+/// Adds every leaf of the spliced tree `child` to `leaves` (sharing `child`'s set when
+/// `leaves` is empty).
+pub(super) fn add_leaves(leaves: &mut Option<Leaves>, child: &Tree) {
+    match (&*leaves, &child.leaves) {
+        (None, Some(set)) => *leaves = Some(set.clone()),
+        (Some(mine), Some(set)) if Arc::ptr_eq(mine, set) => {}
+        (_, Some(set)) => {
+            for (a, l, d) in set.iter() {
+                add_leaf(leaves, *a, l, *d);
+            }
+        }
+        (_, None) => {
+            for t in &child.inputs {
+                add_leaf(leaves, address(&t.storage), &t.layout, t.dtype);
+            }
+        }
+    }
+}
+
+/// Nodes of an expression tree (trees are bounded by `MAX_NODES`: recursion stays shallow).
+pub(super) fn count_nodes(e: &Expr) -> usize {
+    1 + e.children().map(count_nodes).sum::<usize>()
+}
+
+/// The address of a storage, its identity while the walk holds the tree.
+pub(super) fn address(s: &Arc<Storage>) -> usize {
+    Arc::as_ptr(s) as usize
+}
+
+/// `t`'s pending work when a tree issued on `stream` splices it in: a tree, read element for
+/// element (the same layout) on the same stream.
+pub(super) fn spliceable<'g>(
+    t: &Tensor,
+    guard: &'g MutexGuard<'_, Option<Pending>>,
+    stream: &Arc<StreamHandle>,
+) -> Option<&'g Pending> {
+    guard
+        .as_ref()
+        .filter(|c| c.layout == t.layout && Arc::ptr_eq(&c.stream, stream) && c.tree().is_some())
+}
+
+/// One fused kernel being assembled: its inputs (deduplicated), scalars, user ops, and the
+/// pending intermediates it stores as further outputs.
+#[derive(Default)]
+pub(crate) struct Fused {
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) scalars: Vec<Scalar>,
+    /// The user ops it holds, in the order they were called.
+    pub(crate) ops: Vec<&'static str>,
+    /// Where each op was called.
+    pub(crate) call_sites: Vec<&'static Location<'static>>,
+    /// Multi-output fusion: pending intermediates someone else still holds (the user, or a
+    /// tree outside this kernel), each with its expression here; the kernel stores them too.
+    pub(crate) also: Vec<(Tensor, Expr)>,
+    /// How many intermediates may become outputs (0: none, as for a reduction's map).
+    max_stored: usize,
+    /// References to each spliceable pending storage from the trees of this kernel.
+    internal: Vec<(usize, usize)>,
+    /// Pending storages spliced so far (by address, with the layout they were read with)
+    /// and their expressions: a tree read twice element for element is spliced once, so its
+    /// scalars are not repeated and a shared node stays shared.
+    spliced: Vec<(usize, Layout, Expr)>,
+    /// Deferred reductions read as leaves stay pending (a reduction's map: its kernel may
+    /// compute them, see [`row_prologue_of`](super::reduce::row_prologue_of)); otherwise
+    /// they run first.
+    pub(super) keep_reductions: bool,
+}
+
+impl Fused {
+    /// A kernel for `tree` that may store up to `max_stored` intermediates as well.
+    pub(super) fn new(tree: &Tree, stream: &Arc<StreamHandle>, max_stored: usize) -> Fused {
+        let mut fused = Fused {
+            max_stored,
+            ..Fused::default()
+        };
+        // Only a tree with spliced inputs has internal references to count.
+        if tree.leaves.is_some() {
+            fused.count_internal(tree, stream);
+        }
+        fused
+    }
+
+    /// Counts, over every distinct tree spliced into `root`'s kernel, the references each
+    /// spliceable pending storage gets from them (iteratively: trees are bounded, but walks
+    /// need no stack).
+    fn count_internal(&mut self, root: &Tree, stream: &Arc<StreamHandle>) {
+        let mut seen: Vec<usize> = Vec::new();
+        let mut todo: Vec<Arc<Storage>> = Vec::new();
+        let mut visit =
+            |p: &Tree, todo: &mut Vec<Arc<Storage>>, internal: &mut Vec<(usize, usize)>| {
+                for t in &p.inputs {
+                    let guard = t.storage.pending();
+                    if spliceable(t, &guard, stream).is_none() {
+                        continue;
+                    }
+                    let a = address(&t.storage);
+                    match internal.iter_mut().find(|(k, _)| *k == a) {
+                        Some((_, n)) => *n += 1,
+                        None => internal.push((a, 1)),
+                    }
+                    if !seen.contains(&a) {
+                        seen.push(a);
+                        todo.push(t.storage.clone());
+                    }
+                }
+            };
+        visit(root, &mut todo, &mut self.internal);
+        while let Some(s) = todo.pop() {
+            let guard = s.pending();
+            if let Some(p) = guard.as_ref().and_then(Pending::tree) {
+                visit(p, &mut todo, &mut self.internal);
+            }
+        }
+    }
+
+    /// The index of input `t`, added unless the same view is already an input.
+    fn leaf(&mut self, t: &Tensor) -> usize {
+        let same = |u: &Tensor| u.shares_storage(t) && u.layout == t.layout && u.dtype == t.dtype;
+        if let Some(k) = self.inputs.iter().position(same) {
+            return k;
+        }
+        self.inputs.push(t.clone());
+        self.inputs.len() - 1
+    }
+
+    /// `p`'s expression (`p` holds a tree) with every pending input read element for element
+    /// (the same layout, the same stream) spliced in, recursively, and every other input made
+    /// a leaf, realized first when `run`. A spliced input that someone outside this kernel
+    /// still holds becomes a further output while there is room (it is computed here anyway,
+    /// so storing it costs one write and saves running it again); past that it stays pending
+    /// and its nodes are only recomputed here. An input only this kernel's trees hold is never
+    /// written.
+    pub(super) fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
+        let PendingWork::Tree(tree) = &p.work else {
+            return Err(crate::error::Error::Invalid(
+                "internal error: only a pending tree is spliced".into(),
+            ));
+        };
+        // Each input's expression, moved into the result at its last use (a chain's subtrees
+        // are not copied again at every level: splicing is linear in the nodes).
+        let mut subst = smallvec::SmallVec::<[Expr; 4]>::new();
+        for t in &tree.inputs {
+            if t.storage.is_pending() {
+                let a = address(&t.storage);
+                // (Another view of a spliced tree, a transposed one say, is no match: it is
+                // realized below and read as a leaf.)
+                let same = |(k, l, _): &&(usize, Layout, Expr)| *k == a && *l == t.layout;
+                if let Some((_, _, e)) = self.spliced.iter().find(same) {
+                    subst.push(e.clone());
+                    continue;
+                }
+                let child = t.storage.pending();
+                if let Some(c) = spliceable(t, &child, &p.stream) {
+                    let e = self.splice(c, run)?;
+                    drop(child);
+                    let internal = self
+                        .internal
+                        .iter()
+                        .find(|(k, _)| *k == a)
+                        .map_or(usize::MAX, |&(_, n)| n);
+                    if self.also.len() < self.max_stored && Arc::strong_count(&t.storage) > internal
+                    {
+                        self.also.push((t.clone(), e.clone()));
+                    }
+                    // Kept for a second reference only (a storage read once is not).
+                    if internal > 1 {
+                        self.spliced.push((a, t.layout.clone(), e.clone()));
+                    }
+                    subst.push(e);
+                    continue;
+                }
+                let reduction = child.as_ref().is_some_and(|c| c.tree().is_none());
+                drop(child);
+                if run && !(self.keep_reductions && reduction) {
+                    t.realize()?;
+                }
+            }
+            subst.push(Expr::input(self.leaf(t), t.dtype));
+        }
+        let base = self.scalars.len();
+        self.scalars.extend(tree.scalars.iter().cloned());
+        self.ops.push(p.op);
+        self.call_sites.push(p.call_site);
+        let mut uses = smallvec::SmallVec::<[usize; 4]>::from_elem(0, subst.len());
+        count_uses(&tree.expr, &mut uses);
+        let mut subst: smallvec::SmallVec<[(Expr, usize); 4]> =
+            subst.into_iter().zip(uses).collect();
+        Ok(substitute(&tree.expr, &mut subst, base))
+    }
+
+    /// Drops further outputs past what one kernel may bind on `target` (inputs and outputs
+    /// together) and any that ran meanwhile (a view of one read elsewhere in the tree
+    /// realizes it).
+    pub(super) fn fit_outputs(&mut self, target: &Target) {
+        self.also.retain(|(t, _)| t.storage.is_pending());
+        let bindings = target
+            .max_bindings
+            .map_or(usize::MAX, |m| m.saturating_sub(1 + self.inputs.len()));
+        self.also.truncate(bindings);
+    }
+}
+
+/// Adds to `uses[k]` the reads of input `k` in `e`.
+fn count_uses(e: &Expr, uses: &mut [usize]) {
+    match &e.node {
+        Node::Input(k) => uses[*k] += 1,
+        _ => e.children().for_each(|c| count_uses(c, uses)),
+    }
+}
+
+/// `e` with input `k` replaced by `inputs[k].0` and scalar indices shifted by `base`;
+/// `inputs[k].1` counts the reads of input `k` still to come: the last one takes the
+/// expression, the others copy it.
+fn substitute(e: &Expr, inputs: &mut [(Expr, usize)], base: usize) -> Expr {
+    let node = match &e.node {
+        Node::Input(k) => {
+            let (expr, left) = &mut inputs[*k];
+            *left -= 1;
+            if *left > 0 {
+                return expr.clone();
+            }
+            let taken = Expr {
+                dtype: expr.dtype,
+                node: Node::LinearIndex,
+            };
+            return std::mem::replace(expr, taken);
+        }
+        Node::Scalar(k) => Node::Scalar(k + base),
+        Node::Philox(w) => Node::Philox(PhiloxWord {
+            key: w.key + base,
+            counter: w.counter + base,
+            ..*w
+        }),
+        _ => return e.map_children(|c| substitute(c, inputs, base)),
+    };
+    Expr {
+        dtype: e.dtype,
+        node,
+    }
+}
+
+/// `expr` with input `k` renamed `to[k]`, for `dtypes[k]`.
+pub(super) fn renumber_inputs(expr: &Expr, to: &[usize], dtypes: &[DType]) -> Expr {
+    // Leaves are copied at every read (no use is the last: a copy of a leaf is cheap).
+    let mut inputs: Vec<(Expr, usize)> = to
+        .iter()
+        .zip(dtypes)
+        .map(|(&k, &d)| (Expr::input(k, d), usize::MAX))
+        .collect();
+    substitute(expr, &mut inputs, 0)
+}
