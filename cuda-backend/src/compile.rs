@@ -3,9 +3,10 @@
 //! NVRTC emits the device's own SASS, so loading a module copies it instead of running the
 //! driver's JIT over PTX.
 
-use crate::batch::BatchedForm;
 use crate::driver::{check, Gpu};
 use crate::launch::Function;
+use crate::render::{Optimization, Rendered};
+use crate::run::batch::BatchedForm;
 use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use std::ffi::CString;
@@ -24,26 +25,6 @@ pub(crate) struct Compiler {
     /// NVRTC's `--Ofast-compile` level for [`Optimization::FastCompile`] kernels (`None`:
     /// they are fully optimized too).
     fast_compile: Option<String>,
-}
-
-/// How much NVRTC optimizes a kernel.
-///
-/// Most of a new kernel's first call is NVRTC's optimizer and assembler, and a fused map's
-/// tree is emitted once per vector lane and once for the tail. Compiled with
-/// `--Ofast-compile=min`, maps run as fast as fully optimized ones (measured on an H100:
-/// copy, add, casts, `where`, exp, tanh, fused chains, GELU, softmax's maps) and a new fused
-/// kernel's first call takes a third less; reductions, softmax, index and matmul kernels
-/// (unrolled loops), tiled maps and maps with random draws stay fully optimized
-/// (`MapSig`'s [`Program::optimization`](crate::launch::Program::optimization)).
-/// `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully too (`mid`, `max`: those levels, which
-/// compile faster still but ran copies 3× slower). No level changes a value: rounding is
-/// decided by `--fmad=false`, which all use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Optimization {
-    /// NVRTC's defaults (`-O3`).
-    Full,
-    /// `--Ofast-compile` at the compiler's level.
-    FastCompile,
 }
 
 /// The CUDA version whose NVRTC first takes `--Ofast-compile`.
@@ -166,7 +147,7 @@ impl Compiler {
         optimization: Optimization,
     ) -> Result<(String, Vec<String>, Option<PathBuf>)> {
         let version = nvrtc_version()?;
-        let source = format!("{}\n{body}", crate::codegen::PRELUDE);
+        let source = format!("{}\n{body}", crate::render::PRELUDE);
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let options = self.options(&arch, optimization)?;
         let key = stable_hash(&[
@@ -183,10 +164,9 @@ impl Compiler {
     }
 
     /// True when the disk cache holds the machine code [`Compiler::function`] would load for
-    /// `body`'s kernel `name` (so loading it needs no compile).
-    pub(crate) fn has_cached(&self, body: &str, name: &str, optimization: Optimization) -> bool {
-        let (plain, _) = split_batched_form(body, name);
-        self.program(plain, optimization)
+    /// `body`'s kernel (so loading it needs no compile).
+    pub(crate) fn has_cached(&self, body: &str, optimization: Optimization) -> bool {
+        self.program(body, optimization)
             .is_ok_and(|(_, _, path)| path.is_some_and(|p| p.exists()))
     }
 
@@ -219,7 +199,7 @@ impl Compiler {
     #[cfg(test)]
     pub(crate) fn ptx_uncached(&self, body: &str) -> Result<String> {
         nvrtc_version()?;
-        let source = format!("{}\n{body}", crate::codegen::PRELUDE);
+        let source = format!("{}\n{body}", crate::render::PRELUDE);
         let arch = format!("compute_{}{}", self.arch.0, self.arch.1);
         let ptx = compile(
             &source,
@@ -229,21 +209,20 @@ impl Compiler {
         Ok(String::from_utf8_lossy(&ptx).into_owned())
     }
 
-    /// Compiles (or reads from the cache) and loads `body`'s kernel `name`; where the source
-    /// ends with a batched form `<name>_batch`, that form is split into a program of its own,
-    /// compiled when a launch first needs it ([`BatchedForm`]): one NVRTC program took about
-    /// as long as two, and two at once longer than one (NVRTC 13 on an H100 host).
+    /// Compiles (or reads from the cache) and loads the kernel `name` of `rendered`; its
+    /// batched form, where it has one, is compiled when a launch first needs it
+    /// ([`BatchedForm`]): one NVRTC program took about as long as two, and two at once longer
+    /// than one (NVRTC 13 on an H100 host).
     pub(crate) fn function(
         &self,
-        body: &str,
+        rendered: Rendered,
         name: &str,
         optimization: Optimization,
     ) -> Result<Function> {
-        let (plain, batched) = split_batched_form(body, name);
         Ok(Function {
-            f: self.load_function(plain, name, optimization)?,
-            words: argument_words(body)?,
-            batch: batched.map(|source| {
+            f: self.load_function(&rendered.source, name, optimization)?,
+            words: argument_words(&rendered.source)?,
+            batch: rendered.batched.map(|source| {
                 Arc::new(BatchedForm::new(
                     source,
                     format!("{name}_batch"),
@@ -297,17 +276,6 @@ impl Compiler {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(crate::driver::Raw(module));
-    }
-}
-
-/// `body` without its batched form, and the batched form's own source (the helpers before
-/// the kernel `name`, then `<name>_batch`), when `body` ends with one.
-fn split_batched_form<'b>(body: &'b str, name: &str) -> (&'b str, Option<String>) {
-    let kernel = format!("extern \"C\" __global__ void {name}(");
-    let batch = format!("extern \"C\" __global__ void {name}_batch(");
-    match (body.find(&kernel), body.find(&batch)) {
-        (Some(k), Some(b)) if k < b => (&body[..b], Some(format!("{}{}", &body[..k], &body[b..]))),
-        _ => (body, None),
     }
 }
 
@@ -444,25 +412,33 @@ mod tests {
     }
 
     #[test]
-    fn a_batched_form_is_split_into_a_program_of_its_own() {
-        let body = "__device__ int helper() { return 1; }\n\
-                    extern \"C\" __global__ void k(int* p) { p[0] = helper(); }\n\
-                    extern \"C\" __global__ void k_batch(int* p) { p[1] = helper(); }\n";
-        let (plain, batched) = split_batched_form(body, "k");
-        assert!(
-            plain.contains("void k(") && !plain.contains("k_batch"),
-            "{plain}"
-        );
-        let batched = batched.unwrap();
-        assert!(batched.starts_with("__device__ int helper()"), "{batched}");
-        assert!(batched.contains("void k_batch(") && !batched.contains("void k("));
-        assert_eq!(split_batched_form(plain, "k"), (plain, None));
+    fn a_map_and_its_batched_form_compile_as_two_programs() {
+        use crate::render::map::{render, MapSig};
+        use strata_core::ir::Expr;
+        use strata_core::lower::map_plan::Path;
+        use strata_core::DType;
+        let sig = MapSig {
+            expr: std::borrow::Cow::Owned(Expr::input(0, DType::F32)),
+            also: std::borrow::Cow::Owned(Vec::new()),
+            dtypes: vec![DType::F32; 2],
+            paths: vec![Path::Contiguous; 2],
+            scalars: vec![],
+            rank: 1,
+            vector: 4,
+            wide: false,
+        };
+        let rendered = render(&sig).unwrap();
+        let batched = rendered.batched.unwrap();
         if nvrtc_version().is_err() {
             return;
         }
         let mut compiler = Compiler::new(None, (9, 0));
         compiler.cache_dir = None;
-        for (src, kernel) in [(plain, "k"), (batched.as_str(), "k_batch")] {
+        for (src, kernel, other) in [
+            (rendered.source.as_str(), "strata_map", "strata_map_batch"),
+            (batched.as_str(), "strata_map_batch", "void strata_map("),
+        ] {
+            assert!(!src.contains(other), "{src}");
             let image = compiler.cubin(src, Optimization::FastCompile).unwrap();
             assert!(image.windows(kernel.len()).any(|w| w == kernel.as_bytes()));
         }

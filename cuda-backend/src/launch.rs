@@ -1,12 +1,14 @@
-//! Launch plumbing shared by every kernel kind: the argument words, grid sizing, and the
-//! per-device cache from kernel structure to loaded function (core's `KernelCache`).
+//! Launch plumbing shared by every kernel kind: the argument words, grid sizing, the
+//! per-device cache from kernel structure to loaded function (core's `KernelCache`), and
+//! `cuLaunchKernel`.
 
-use crate::batch::BatchedForm;
-use crate::compile::{Compiler, Optimization};
+use crate::compile::Compiler;
 use crate::driver::{check, Gpu};
+use crate::render::{Program, MAX_ARGUMENT_BYTES};
+use crate::run::batch::BatchedForm;
 use cudarc::driver::sys;
 use std::sync::Arc;
-use strata_core::lower::cache::{KernelCache, Signature};
+use strata_core::lower::cache::KernelCache;
 use strata_core::{Error, Result};
 
 /// The argument block of a launch: the kernel's single `Args<N>` parameter.
@@ -24,7 +26,7 @@ impl Args {
 }
 
 /// How many threads a launch needs, and how they are grouped.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Grid {
     /// `work` independent items, 256 threads per block, grid-stride loops past a cap; with
     /// `looping`, a cap of [`LOOPING_BLOCKS_PER_SM`] blocks per multiprocessor.
@@ -42,6 +44,9 @@ pub(crate) enum Grid {
 pub(crate) struct Launch {
     pub args: Args,
     pub grid: Grid,
+    /// Words that hold an address in a scratch buffer of the kernel's steps (`run::Step::
+    /// Scratch`, by its index): the buffer's address is added to the word when it runs.
+    pub scratch: Vec<(usize, usize)>,
 }
 
 impl Launch {
@@ -52,6 +57,25 @@ impl Launch {
                 work,
                 looping: false,
             },
+            scratch: Vec::new(),
+        }
+    }
+
+    /// A launch on an explicit grid.
+    pub(crate) fn fixed(
+        args: Args,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared: u32,
+    ) -> Launch {
+        Launch {
+            args,
+            grid: Grid::Fixed {
+                grid,
+                block,
+                shared,
+            },
+            scratch: Vec::new(),
         }
     }
 
@@ -65,6 +89,7 @@ impl Launch {
                 work,
                 looping: true,
             },
+            scratch: Vec::new(),
         }
     }
 }
@@ -79,15 +104,6 @@ pub(crate) struct Function {
     pub batch: Option<Arc<BatchedForm>>,
 }
 
-/// CUDA's limit on a launch's argument bytes.
-pub(crate) const MAX_ARGUMENT_BYTES: usize = 4096;
-
-/// How many launches of a kernel taking `words` argument words fit one batched launch
-/// (`Batch<N, CAP>`: a count word, then CAP times N words, within the argument limit).
-pub(crate) fn batch_capacity(words: usize) -> usize {
-    (MAX_ARGUMENT_BYTES / 8 - 1) / words.max(1)
-}
-
 // SAFETY: a CUfunction is a handle the driver lets any thread use with its context current.
 unsafe impl Send for Function {}
 unsafe impl Sync for Function {}
@@ -95,26 +111,14 @@ unsafe impl Sync for Function {}
 /// Loaded functions by kernel structure, per device.
 pub(crate) type FunctionCache<S> = KernelCache<S, Function>;
 
-/// A kernel's structure that generates its program: every signature of `codegen`.
-pub(crate) trait Program: Signature {
-    /// The kernel's entry point in its source.
-    const NAME: &'static str;
-    /// Its CUDA C source.
-    fn source(&self) -> Result<String>;
-    /// How much NVRTC optimizes it (`Optimization`'s docs say which kernels compile fast).
-    fn optimization(&self) -> Optimization {
-        Optimization::Full
-    }
-}
-
-/// The function for `key` in `cache`, generating and compiling its program on a miss.
+/// The function for `key` in `cache`, rendering and compiling its program on a miss.
 pub(crate) fn function<K: Program>(
     cache: &FunctionCache<K::Stored>,
     key: &K,
     compiler: &Compiler,
 ) -> Result<Function> {
     cache.get(key, |k| {
-        compiler.function(&k.source()?, K::NAME, k.optimization())
+        compiler.function(k.render()?, K::NAME, k.optimization())
     })
 }
 
@@ -127,7 +131,7 @@ pub(crate) fn dims(gpu: &Gpu, grid: &Grid) -> Option<(Dim3, Dim3)> {
             }
             // One work item per thread up to 2^28 threads (grid-stride loops take the rest):
             // fewer, looping blocks measured 4% slower on a 1 GiB add. Maps that transform
-            // random draws with float functions loop instead (`codegen::map::plan`).
+            // random draws with float functions loop instead (`run::map`).
             let per_sm = gpu.sm_count as usize * LOOPING_BLOCKS_PER_SM;
             let cap = if looping {
                 per_sm.max(1)

@@ -1,9 +1,9 @@
 //! # strata-cuda
 //!
-//! strata's CUDA backend. It implements strata-core's [`Backend`] trait: every IR kernel is
-//! generated as CUDA C ([`codegen`]), compiled to PTX with NVRTC for the device's compute
-//! capability (cached on disk and per device), and launched through the driver API on
-//! user-visible streams. Float matmuls go to cuBLAS. The CUDA libraries are loaded at run time,
+//! strata's CUDA backend. It implements strata-core's [`Backend`] trait: each IR kernel is
+//! planned into launch steps from core's plans (`run`), rendered as CUDA C (`render`), compiled
+//! by NVRTC to the device's machine code (cached on disk and per device), and launched through
+//! the driver API on user-visible streams. Float matmuls go to cuBLAS. The CUDA libraries are loaded at run time,
 //! so this crate builds, and everything else runs, on a machine without CUDA: there
 //! [`open`] returns an `Err` saying no driver was found.
 //!
@@ -15,32 +15,28 @@
 //! ```
 #![warn(missing_docs)]
 
-mod batch;
 mod blas;
-pub mod codegen;
 mod compile;
 mod driver;
-mod first_launch;
 mod launch;
 mod memory;
 mod pinned;
-mod profiling;
+mod render;
+mod run;
 mod staging;
 
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
 
-use codegen::reduce_prologue::PrologueRun;
-use codegen::{index, map, matmul, reduce, reduce_prologue, softmax};
 use compile::Compiler;
 use driver::Gpu;
-use launch::{function, FunctionCache};
+use launch::FunctionCache;
 use memory::Memory;
+use render::{index, map, matmul, reduce, softmax};
+use run::Step;
 use std::sync::Arc;
 use strata_core::backend::KernelSource;
-use strata_core::ir::{Expr, IndexKind, Kernel, KernelArgs};
-use strata_core::lower::operands::{IndexOperands, MatmulOperands};
-use strata_core::lower::softmax_plan::SoftmaxOperands;
+use strata_core::ir::{Expr, Kernel, KernelArgs};
 use strata_core::lower::target::Target;
 use strata_core::{
     Backend, BackendKind, DType, Device, DeviceBuffer, EventId, MemoryStats, Result, StreamId,
@@ -87,9 +83,9 @@ pub struct CudaBackend {
     /// Pinned chunks for large host↔device copies.
     staging: staging::Staging,
     compiler: Compiler,
-    batches: batch::Batches,
+    batches: run::batch::Batches,
     /// Maps' first launches through the interpreter.
-    first_launches: first_launch::FirstLaunches,
+    first_launches: run::first_launch::FirstLaunches,
     blas: Option<blas::Blas>,
     maps: FunctionCache<map::MapSig<'static>>,
     reductions: FunctionCache<reduce::ReduceSig>,
@@ -151,8 +147,8 @@ impl CudaBackend {
             gpu,
             memory,
             compiler,
-            batches: batch::Batches::new(),
-            first_launches: first_launch::FirstLaunches::new(),
+            batches: run::batch::Batches::new(),
+            first_launches: run::first_launch::FirstLaunches::new(),
             maps: FunctionCache::default(),
             reductions: FunctionCache::default(),
             indexing: FunctionCache::default(),
@@ -182,67 +178,6 @@ impl CudaBackend {
             CudaBuffer::of(op.buffer.as_ref())?.used_on(stream);
         }
         Ok(())
-    }
-
-    /// Runs `kernel`, a `Kernel::Reduce`.
-    fn run_reduce(
-        &self,
-        kernel: &Kernel,
-        args: &KernelArgs,
-        stream: StreamId,
-        s: cudarc::driver::sys::CUstream,
-    ) -> Result<()> {
-        // With a prologue: one pass over each row where it fits shared memory, else two launches.
-        match reduce_prologue::plan_prologue(kernel, args, &self.target)? {
-            Some(PrologueRun::Staged(sig, launch)) => {
-                let f = function(&self.reductions, &sig, &self.compiler)?;
-                return launch::launch(&self.gpu, &f, &launch, s);
-            }
-            Some(PrologueRun::Split(launches)) => {
-                for (kernel, args) in launches {
-                    self.run_reduce(&kernel, &args, stream, s)?;
-                }
-                return Ok(());
-            }
-            None => {}
-        }
-        let &Kernel::Reduce {
-            op,
-            reduced_axes,
-            acc,
-            ref map,
-            ..
-        } = kernel
-        else {
-            return Err(strata_core::Error::Backend(
-                "internal error: run_reduce takes a reduction".into(),
-            ));
-        };
-        let map = map.as_ref();
-        let Some(red) = reduce::plan(op, reduced_axes, acc, map, args, &self.target)? else {
-            return Ok(());
-        };
-        let f = function(&self.reductions, &red.sig, &self.compiler)?;
-        if red.plan.splits == 1 {
-            return launch::launch(&self.gpu, &f, &red.first(0, 0), s);
-        }
-        let n = red.plan.outputs * red.plan.splits;
-        let part = self
-            .memory
-            .allocate(n * reduce::repr(op, acc).itemsize(), stream)?;
-        let part_idx = self
-            .memory
-            .allocate(if op.returns_index() { n * 8 } else { 0 }, stream)?;
-        launch::launch(
-            &self.gpu,
-            &f,
-            &red.first(part.device_ptr(), part_idx.device_ptr()),
-            s,
-        )?;
-        let (sig, plan) = red.combine(part.device_ptr(), part_idx.device_ptr());
-        let g = function(&self.reductions, &sig, &self.compiler)?;
-        launch::launch(&self.gpu, &g, &plan, s)
-        // The partial buffers are freed here, in stream order after the combine launch.
     }
 }
 
@@ -344,63 +279,12 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
         self.note_use(args, stream)?;
-        if !matches!(kernel, Kernel::Map { .. }) {
+        let steps = self.steps(kernel, args)?;
+        // A map may join its stream's batch; anything else runs after the batch.
+        if !matches!(steps.as_slice(), [Step::Map { .. }]) {
             self.batches.send(&self.gpu, stream)?;
         }
-        match kernel {
-            Kernel::Map { expr, also } => {
-                let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
-                    return Ok(());
-                };
-                let f = match self.maps.peek(&sig) {
-                    Some(f) => f,
-                    None => {
-                        if let Some((f, launch)) =
-                            self.first_launches.interpret(&sig, &plan, &self.compiler)?
-                        {
-                            self.batches.send(&self.gpu, stream)?;
-                            return launch::launch(&self.gpu, &f, &launch, s);
-                        }
-                        function(&self.maps, &sig, &self.compiler)?
-                    }
-                };
-                if self
-                    .batches
-                    .add(&self.gpu, &self.compiler, &f, &plan, stream, s, args)?
-                {
-                    return Ok(());
-                }
-                self.batches.send(&self.gpu, stream)?;
-                launch::launch(&self.gpu, &f, &plan, s)
-            }
-            Kernel::Reduce { .. } => self.run_reduce(kernel, args, stream, s),
-            Kernel::Matmul { acc, tf32 } => {
-                let ops = MatmulOperands::of(args)?;
-                if let Some(blas) = &self.blas {
-                    let (batch, m, _, n) = ops.dims;
-                    if batch == 0 || m == 0 || n == 0 {
-                        return Ok(());
-                    }
-                    if blas.gemm(&ops, *tf32, s)? {
-                        return Ok(());
-                    }
-                }
-                let Some((sig, plan)) = matmul::plan(*acc, &ops)? else {
-                    return Ok(());
-                };
-                let f = function(&self.matmuls, &sig, &self.compiler)?;
-                launch::launch(&self.gpu, &f, &plan, s)
-            }
-            Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args, s),
-            Kernel::Softmax { log } => {
-                let ops = SoftmaxOperands::of(args)?;
-                let Some((sig, plan)) = softmax::plan(*log, &ops, &self.target)? else {
-                    return Ok(());
-                };
-                let f = function(&self.softmaxes, &sig, &self.compiler)?;
-                launch::launch(&self.gpu, &f, &plan, s)
-            }
-        }
+        self.execute(&steps, args, stream, s)
     }
 
     fn target(&self) -> &Target {
@@ -413,24 +297,29 @@ impl Backend for CudaBackend {
         also: &[Expr],
         args: &KernelArgs,
     ) -> Result<Option<KernelSource>> {
-        let Some((sig, plan)) = map::plan(expr, also, args, &self.target)? else {
+        let kernel = Kernel::Map {
+            expr: expr.clone(),
+            also: also.to_vec(),
+        };
+        let steps = self.steps(&kernel, args)?;
+        let Some(Step::Map { sig, launch }) = steps.first() else {
             return Ok(None);
         };
-        let Some((grid, block)) = launch::dims(&self.gpu, &plan.grid) else {
+        let Some((grid, block)) = launch::dims(&self.gpu, &launch.launch.grid) else {
             return Ok(None);
         };
         Ok(Some(KernelSource {
             language: "CUDA C".into(),
             launch: format!(
                 "grid {grid:?} × block {block:?}, {} argument words{}",
-                plan.args.0.len(),
+                launch.launch.args.0.len(),
                 if sig.vector > 1 {
                     format!(", {} elements per vector load", sig.vector)
                 } else {
                     String::new()
                 }
             ),
-            source: map::source(&sig)?,
+            source: map::render(sig)?.source,
         }))
     }
 
@@ -439,11 +328,11 @@ impl Backend for CudaBackend {
         kernel: &Kernel,
         args: &KernelArgs,
     ) -> Option<strata_core::backend::LaunchDescription> {
-        self.describe(kernel, args)
+        self.describe(&self.steps(kernel, args).ok()?)
     }
 
     fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> Result<bool> {
-        self.prepare(kernel, args)
+        self.compile_ahead(&self.steps(kernel, args)?)
     }
 
     fn buffer_address(&self, buffer: &dyn DeviceBuffer) -> Result<u64> {
@@ -574,22 +463,5 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Pending work runs before the device goes; an error has no one left to report to.
         let _ = self.batches.send_all(&self.gpu);
-    }
-}
-
-impl CudaBackend {
-    fn run_index(
-        &self,
-        kind: IndexKind,
-        axis: usize,
-        args: &KernelArgs,
-        s: cudarc::driver::sys::CUstream,
-    ) -> Result<()> {
-        let ops = IndexOperands::of(kind, axis, args)?;
-        let Some((sig, plan)) = index::plan(&ops)? else {
-            return Ok(());
-        };
-        let f = function(&self.indexing, &sig, &self.compiler)?;
-        launch::launch(&self.gpu, &f, &plan, s)
     }
 }

@@ -357,10 +357,10 @@ impl Drop for CudaBuffer {
     }
 }
 
-/// The device address of an operand's first element (buffer base plus its view's offset).
-pub(crate) fn element_ptr(op: &Operand) -> Result<u64> {
-    let buf = CudaBuffer::of(op.buffer.as_ref())?;
-    Ok(buf.ptr + (op.layout.offset() * op.dtype.itemsize()) as u64)
+/// The device address of an operand's first element (buffer base plus its view's offset), as
+/// [`buffer_info`] sees the buffer.
+pub(crate) fn element_address(op: &Operand) -> Result<u64> {
+    Ok(buffer_info(op)?.address + (op.layout.offset() * op.dtype.itemsize()) as u64)
 }
 
 /// An operand's buffer as core's planners see it: its device address and size, or a

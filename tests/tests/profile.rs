@@ -292,6 +292,106 @@ test_device!(
     batched_form_at_the_second_small_launch
 );
 
+/// The profiler names what ran, for every kernel kind: the kernel (or library call) each
+/// backend launched, planned once for the launch, the name and the compile ahead. On CUDA a
+/// contiguous f32 matmul is cuBLAS, while a strided one (a layout cuBLAS cannot take), one of
+/// k = 0 and an integer one run strata's kernel, which the profiler compiles before the launch
+/// it times (a fresh device, so nothing is compiled yet).
+fn names_what_ran(dev: &Device) -> Result<()> {
+    let dev = &match dev.kind() {
+        strata::BackendKind::Cuda => Device::cuda(0)?,
+        strata::BackendKind::Wgpu => Device::parse("wgpu")?,
+        strata::BackendKind::Cpu => Device::cpu(),
+    };
+    let mut g = Generator::new(11);
+    let x = Tensor::randn([64, 256], DType::F32, &mut g, dev)?;
+    let w = Tensor::randn([256, 48], DType::F32, &mut g, dev)?;
+    let i = Tensor::arange(0, 64 * 8, 1, DType::I32, dev)?.reshape([64, 8])?;
+    let iw = Tensor::arange(0, 8 * 4, 1, DType::I32, dev)?.reshape([8, 4])?;
+    let idx = Tensor::from_slice(&[3i64, 0, 63], [3], dev)?;
+    dev.synchronize()?;
+    let kernels = |f: &mut dyn FnMut() -> Result<()>| -> Result<(Vec<String>, Vec<String>)> {
+        let p = dev.profile(|| f())?;
+        let of = |kind| {
+            p.records
+                .iter()
+                .filter(|r| r.kind == kind)
+                .map(|r| r.name.clone())
+                .collect::<Vec<_>>()
+        };
+        Ok((of(RecordKind::Kernel), of(RecordKind::Compile)))
+    };
+    let by_kind = |cuda: &[&str], wgpu: &[&str], cpu: &[&str]| -> Vec<String> {
+        let names = match dev.kind() {
+            strata::BackendKind::Cuda => cuda,
+            strata::BackendKind::Wgpu => wgpu,
+            strata::BackendKind::Cpu => cpu,
+        };
+        names.iter().map(|s| s.to_string()).collect()
+    };
+    let (map, _) = kernels(&mut || (&x * 2.0)?.realize())?;
+    assert_eq!(map, by_kind(&["strata_map"], &["strata_map"], &["cpu map"]));
+    let (sum, _) = kernels(&mut || x.sum(-1, false)?.realize())?;
+    assert_eq!(
+        sum,
+        by_kind(&["strata_reduce"], &["strata_reduce"], &["reduce"])
+    );
+    let (dense, _) = kernels(&mut || x.matmul(&w)?.realize())?;
+    let gemm = "cublasGemmStridedBatchedEx";
+    assert_eq!(dense, by_kind(&[gemm], &["strata_matmul"], &["matmul"]));
+    // Every other column: inner stride 2, a layout cuBLAS cannot express.
+    let strided = x.slice(s![.., ..;2])?;
+    let w_top = w.slice(s![..128, ..])?;
+    let (ran, compiled) = kernels(&mut || strided.matmul(&w_top)?.realize())?;
+    assert_eq!(
+        ran,
+        by_kind(&["strata_matmul"], &["strata_matmul"], &["matmul"])
+    );
+    if dev.kind() == strata::BackendKind::Cuda {
+        assert_eq!(
+            compiled,
+            ["compile strata_matmul"],
+            "compiled ahead: what ran"
+        );
+    }
+    let (empty_a, empty_b) = (
+        Tensor::zeros([4, 0], DType::F32, dev)?,
+        Tensor::zeros([0, 3], DType::F32, dev)?,
+    );
+    let (k0, _) = kernels(&mut || empty_a.matmul(&empty_b)?.realize())?;
+    if !k0.is_empty() {
+        assert_eq!(
+            k0,
+            by_kind(&["strata_matmul"], &["strata_matmul"], &["matmul"])
+        );
+    }
+    let (ints, _) = kernels(&mut || i.matmul(&iw)?.realize())?;
+    assert_eq!(
+        ints,
+        by_kind(&["strata_matmul"], &["strata_matmul"], &["matmul"])
+    );
+    // (After a map that zeroes the gather's range flag.)
+    let (gather, _) = kernels(&mut || x.index_select(0, &idx)?.realize())?;
+    let last = gather.last().cloned().into_iter().collect::<Vec<_>>();
+    assert_eq!(
+        last,
+        by_kind(&["strata_index"], &["strata_index"], &["gather"])
+    );
+    let (softmax, _) = kernels(&mut || x.softmax(-1)?.realize())?;
+    match dev.kind() {
+        // wgpu composes softmax: its maximum, a fused exp-sum and a map.
+        strata::BackendKind::Wgpu => {
+            assert!(softmax.len() > 1 && softmax.iter().all(|n| n.starts_with("strata_")))
+        }
+        _ => assert_eq!(softmax, by_kind(&["strata_softmax"], &[], &["softmax"])),
+    }
+    Ok(())
+}
+test_device!(
+    the_profiler_names_what_ran_for_every_kernel_kind,
+    names_what_ran
+);
+
 /// Run in a child process with `STRATA_PROFILE=1` by the test below.
 #[test]
 fn strata_profile_child() {

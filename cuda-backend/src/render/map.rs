@@ -6,17 +6,13 @@
 //! so both sides read and write whole cache lines).
 
 use super::expr::emit_outputs;
+use super::{batch_capacity, storage_type, to_storage, vector_type};
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
-use super::{storage_type, to_storage, vector_type};
-use crate::compile::Optimization;
-use crate::launch::{Args, Launch, Program};
+use super::{Optimization, Program, Rendered};
 use std::borrow::Cow;
 use std::fmt::Write;
-use strata_core::ir::{Expr, KernelArgs, Operand};
-use strata_core::lower::map_plan::{self, Path};
-use strata_core::lower::operands::MapOperands;
-use strata_core::lower::pieces::BufferInfo;
-use strata_core::lower::target::Target;
+use strata_core::ir::Expr;
+use strata_core::lower::map_plan::Path;
 use strata_core::{DType, Result};
 
 /// The structure of a map launch: what the generated source depends on.
@@ -82,98 +78,11 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
     }
 }
 
-/// The signature and argument words of a map launch planned by core (one piece: CUDA binds
-/// no windows). `also`: a multi-output map's further outputs.
-pub(crate) fn plan<'e>(
-    expr: &'e Expr,
-    also: &'e [Expr],
-    args: &KernelArgs,
-    target: &Target,
-) -> Result<Option<(MapSig<'e>, Launch)>> {
-    let ops = MapOperands::of_outputs(expr, also, args)?;
-    let operands: Vec<&Operand> = ops.operands().collect();
-    let buffers: Vec<BufferInfo> = operands
-        .iter()
-        .map(|o| crate::memory::buffer_info(o))
-        .collect::<Result<_>>()?;
-    let positional = expr.reads_linear_index();
-    let planned = map_plan::plan(&ops, positional, &buffers, target)?;
-    let Some(piece) = planned.pieces.into_iter().next() else {
-        return Ok(None);
-    };
-    let mut words = Args::new();
-    words.push(piece.numel as u64);
-    for &n in &piece.shape {
-        words.push(n as u64);
-    }
-    for ((o, planned), buffer) in operands.iter().zip(&piece.operands).zip(&buffers) {
-        words.push(buffer.address + (planned.offset * o.dtype.itemsize()) as u64);
-        if planned.path != Path::Contiguous {
-            for &s in &planned.strides {
-                words.push(s as i64 as u64);
-            }
-        }
-    }
-    for s in ops.scalars {
-        words.push(s.bits());
-    }
-    let sig = MapSig {
-        expr: Cow::Borrowed(expr),
-        also: Cow::Borrowed(also),
-        dtypes: operands.iter().map(|o| o.dtype).collect(),
-        paths: piece.operands.iter().map(|o| o.path).collect(),
-        scalars: ops.scalars.iter().map(|s| s.dtype()).collect(),
-        rank: piece.shape.len(),
-        vector: piece.vector,
-        wide: piece.wide,
-    };
-    // Random draws read the position: other maps skip these tree walks. (Further outputs
-    // are subtrees of output 0's tree, so its walk covers them.)
-    let draws = positional && expr.draws_random();
-    // Where a warp shares each counter between two vectors, a thread draws for two vectors.
-    let work = if draws && counter_pairs(&sig) {
-        piece.work.div_ceil(2)
-    } else {
-        piece.work
-    };
-    // A thread that draws computes Philox's round keys before its first item; where the
-    // draws then go through float functions (randn's log, square root and sine) the kernel is
-    // bound by arithmetic, and threads looping over many items spare that set-up (randn of
-    // 2^28 on an H100: 0.66 -> 0.56 ms). Draws stored as they are (rand, randint) run at
-    // bandwidth, where the full grid is as fast or faster (randint 3% faster).
-    let launch = if draws && applies_float_function(expr) {
-        Launch::looping(words, work)
-    } else {
-        Launch::linear(words, work)
-    };
-    Ok(Some((sig, launch)))
-}
-
-/// Whether the tree applies a float function, each many instructions (the unary ops defined
-/// for floats only: roots, reciprocals, exponentials, logarithms, trigonometric and error
-/// functions).
-fn applies_float_function(e: &Expr) -> bool {
-    use strata_core::ir::Node;
-    match &e.node {
-        Node::Unary(op, arg) => op.float_only() || applies_float_function(arg),
-        Node::Cast { arg, .. } => applies_float_function(arg),
-        Node::Binary(_, a, b) => applies_float_function(a) || applies_float_function(b),
-        Node::Where(c, a, b) | Node::Fma(c, a, b) => {
-            applies_float_function(c) || applies_float_function(a) || applies_float_function(b)
-        }
-        Node::LinearIndex
-        | Node::Philox(_)
-        | Node::Input(_)
-        | Node::Scalar(_)
-        | Node::Literal(_) => false,
-    }
-}
-
 /// Whether a vector holds half of each random counter's words (an i64 `randint`: four words
 /// per counter, two per vector), so a warp draws each counter once and shares its words
 /// (see `source`). Every operand contiguous, so vector `j` is at `j`. (Further outputs are
 /// subtrees of output 0's tree: its draws are all the draws.)
-fn counter_pairs(sig: &MapSig) -> bool {
+pub(crate) fn counter_pairs(sig: &MapSig) -> bool {
     let v = sig.vector;
     if v <= 1 || !(0..sig.dtypes.len()).all(|k| sig.contiguous(k)) {
         return false;
@@ -184,8 +93,8 @@ fn counter_pairs(sig: &MapSig) -> bool {
 
 impl Program for MapSig<'_> {
     const NAME: &'static str = "strata_map";
-    fn source(&self) -> Result<String> {
-        source(self)
+    fn render(&self) -> Result<Rendered> {
+        render(self)
     }
     /// Fast-compiled (as fast at run time, a third less compile: `Optimization`), except with
     /// a tiled input, whose tile loops ran 12% slower so (a transposed add on an H100, 1.53
@@ -200,8 +109,9 @@ impl Program for MapSig<'_> {
     }
 }
 
-/// The CUDA C source of a map kernel named `strata_map`.
-pub(crate) fn source(sig: &MapSig) -> Result<String> {
+/// The CUDA C of a map kernel named `strata_map`, and of its batched form `strata_map_batch`
+/// (`run::batch`: one block runs many small launches in order), a program of its own.
+pub(crate) fn render(sig: &MapSig) -> Result<Rendered> {
     let idx = index_type(sig.wide);
     let rank = sig.rank;
     let n_ops = sig.dtypes.len();
@@ -287,7 +197,7 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
     if tiled {
         tiled_body(&mut s, sig, idx, &stride_words, &element)?;
         let _ = writeln!(s, "}}");
-        return Ok(s);
+        return Ok(Rendered::single(s));
     }
     let mut tail_from = "first".to_string();
     if sig.vector > 1 {
@@ -485,27 +395,34 @@ pub(crate) fn source(sig: &MapSig) -> Result<String> {
         &|k, val| format!("a{k}[off{k}] = {val};"),
     )?;
     let _ = writeln!(s, "  }}\n}}");
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void strata_map(const Args<{total}> p) {{
+    let items = s;
+    let source = format!(
+        "{items}extern \"C\" __global__ void strata_map(const Args<{total}> p) {{
   strata_map_items(p, ({idx})blockIdx.x * blockDim.x + threadIdx.x, ({idx})gridDim.x * blockDim.x);
-}}"
+}}
+"
     );
-    let cap = crate::launch::batch_capacity(total);
-    if !sig.wide && cap > 1 {
-        // The batched form (crate::batch): one block runs the ops in order, a barrier after
-        // each, so an op sees what the ops before it wrote.
-        let _ = writeln!(
-            s,
-            "extern \"C\" __global__ void strata_map_batch(const Batch<{total}, {cap}> b) {{
+    let cap = batch_capacity(total);
+    // The batched form: one block runs the ops in order, a barrier after each, so an op sees
+    // what the ops before it wrote.
+    let batched = (!sig.wide && cap > 1).then(|| {
+        format!(
+            "{items}extern \"C\" __global__ void strata_map_batch(const Batch<{total}, {cap}> b) {{
   for (u64 i = 0; i < b.count; i++) {{
     strata_map_items(b.ops[i], ({idx})threadIdx.x, ({idx})blockDim.x);
     __syncthreads();
   }}
-}}"
-        );
-    }
-    Ok(s)
+}}
+"
+        )
+    });
+    Ok(Rendered { source, batched })
+}
+
+/// The kernel's program alone (what tests read).
+#[cfg(test)]
+pub(crate) fn source(sig: &MapSig) -> Result<String> {
+    render(sig).map(|r| r.source)
 }
 
 /// Common subexpressions across a vector's lanes written out one by one: each lane's
@@ -831,14 +748,6 @@ mod tests {
     }
 
     #[test]
-    fn threads_loop_where_random_draws_go_through_float_functions() {
-        assert!(applies_float_function(
-            &strata_core::random::randn_f32_expr()
-        ));
-        assert!(!applies_float_function(&rand_f32()));
-    }
-
-    #[test]
     fn a_vector_of_random_draws_makes_one_philox_call_per_counter() {
         let Ok(_) = crate::compile::nvrtc_version() else {
             return; // the NVRTC catalog test says whether NVRTC must be present
@@ -900,19 +809,23 @@ mod tests {
 
     #[test]
     fn a_batched_form_runs_the_same_items_in_one_block() {
-        let src = source(&sig(true, 4)).unwrap();
+        let rendered = render(&sig(true, 4)).unwrap();
+        let batched = rendered.batched.unwrap();
         // 6 words (numel, two extents, three pointers) per launch: 85 fit 4096 bytes.
         assert!(
-            src.contains("strata_map_batch(const Batch<6, 85> b)"),
-            "{src}"
+            batched.contains("strata_map_batch(const Batch<6, 85> b)"),
+            "{batched}"
         );
-        assert!(src.contains("strata_map_items(b.ops[i], (i32)threadIdx.x, (i32)blockDim.x);"));
+        assert!(batched.contains("strata_map_items(b.ops[i], (i32)threadIdx.x, (i32)blockDim.x);"));
+        // Two programs: each has the items and one kernel.
+        assert!(!rendered.source.contains("strata_map_batch"));
+        assert!(!batched.contains("void strata_map(const Args"));
         let mut wide = sig(true, 4);
         wide.wide = true;
-        assert!(!source(&wide).unwrap().contains("strata_map_batch"));
+        assert!(render(&wide).unwrap().batched.is_none());
         let mut tiled = sig(false, 1);
         tiled.paths[1] = Path::Tiled;
-        assert!(!source(&tiled).unwrap().contains("strata_map_batch"));
+        assert!(render(&tiled).unwrap().batched.is_none());
     }
 
     #[test]

@@ -441,13 +441,14 @@ mod tests {
             out.push(src.replace(name, &format!("{name}_{n}")));
         };
         for s in maps() {
-            add(
-                super::super::map::source(&s).expect("map source"),
-                "strata_map",
-            );
+            let rendered = super::super::map::render(&s).expect("map source");
+            add(rendered.source, "strata_map");
+            if let Some(batched) = rendered.batched {
+                add(batched, "strata_map");
+            }
         }
         add(
-            super::super::interpret::source().expect("interpreter source"),
+            super::super::interpreter::source().expect("interpreter source"),
             "strata_interpret",
         );
         for s in reductions() {

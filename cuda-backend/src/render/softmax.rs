@@ -15,13 +15,9 @@ use super::{
     cast, compute_type, decode_offsets, from_storage, index_type, storage_type, to_storage,
     vector_type,
 };
-use crate::launch::{Args, Launch, Program};
+use super::{Program, Rendered};
 use std::fmt::Write;
-use strata_core::lower::map_plan::needs_wide;
-use strata_core::lower::softmax_plan::{
-    self, softmax_from_term, softmax_output, softmax_term, SoftmaxOperands,
-};
-use strata_core::lower::target::Target;
+use strata_core::lower::softmax_plan::{softmax_from_term, softmax_output, softmax_term};
 use strata_core::ops::accumulation_dtype;
 use strata_core::{DType, Result};
 
@@ -67,84 +63,10 @@ pub(crate) fn row_stage_bytes(per_sm: usize, per_block: usize) -> usize {
 
 impl strata_core::lower::cache::Owned for SoftmaxSig {}
 
-/// Plans `Softmax { log }` over `ops` on `target`; `None` when there are no rows or the rows
-/// are empty.
-pub(crate) fn plan(
-    log: bool,
-    ops: &SoftmaxOperands,
-    target: &Target,
-) -> Result<Option<(SoftmaxSig, Launch)>> {
-    if ops.rows == 0 || ops.n == 0 {
-        return Ok(None);
-    }
-    let (out_ptr, in_ptr) = (
-        crate::memory::element_ptr(ops.out)?,
-        crate::memory::element_ptr(ops.input)?,
-    );
-    let p = softmax_plan::plan(ops, [out_ptr, in_ptr], target);
-    let wide = (p.rows * p.group) as u128 > (i32::MAX / 2) as u128
-        || [ops.input, ops.out].iter().any(|o| {
-            needs_wide(
-                o.layout.numel(),
-                o.layout.shape(),
-                &[o.layout.strides().to_vec()],
-            )
-        });
-    let mut w = Args::new();
-    w.push(p.rows as u64);
-    w.push(p.n as u64);
-    for &d in &p.outer_shape {
-        w.push(d as u64);
-    }
-    for (ptr, outer, stride) in [
-        (in_ptr, &p.in_outer, p.in_stride),
-        (out_ptr, &p.out_outer, p.out_stride),
-    ] {
-        w.push(ptr);
-        for &s in outer.iter() {
-            w.push(s as i64 as u64);
-        }
-        w.push(stride as i64 as u64);
-    }
-    let sig = SoftmaxSig {
-        dtype: ops.out.dtype,
-        log,
-        outer_rank: p.outer_shape.len(),
-        group: p.group,
-        vector: p.vector,
-        wide,
-        cached: match (p.n / p.vector).div_ceil(p.group).next_power_of_two() {
-            _ if p.staged => 0,
-            k if k <= MAX_CACHED && p.group <= 256 => k,
-            _ => 0,
-        },
-        staged: p.staged,
-    };
-    let launch = if p.group > 256 {
-        // A block per row (grid-stride past the cap).
-        let blocks = p.rows.min(1 << 20) as u32;
-        Launch {
-            args: w,
-            grid: crate::launch::Grid::Fixed {
-                grid: (blocks, 1, 1),
-                block: (p.group as u32, 1, 1),
-                shared: if p.staged {
-                    (p.n * ops.out.dtype.itemsize()) as u32
-                } else {
-                    0
-                },
-            },
-        }
-    } else {
-        Launch::linear(w, p.rows * p.group)
-    };
-    Ok(Some((sig, launch)))
-}
-
 impl Program for SoftmaxSig {
     const NAME: &'static str = "strata_softmax";
-    fn source(&self) -> Result<String> {
-        source(self)
+    fn render(&self) -> Result<Rendered> {
+        source(self).map(Rendered::single)
     }
 }
 

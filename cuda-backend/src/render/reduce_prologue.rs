@@ -1,4 +1,4 @@
-//! A reduction with a row prologue ([`RowPrologue`]) in one kernel: `(x - x.max(-1, true))
+//! A reduction with a row prologue ([`RowPrologue`](strata_core::ir::RowPrologue)) in one kernel: `(x - x.max(-1, true))
 //! .exp().sum(-1)` reads each row of `x` once. A block of
 //! [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads copies the row into dynamic shared
 //! memory, folds the prologue (an order-free op: any order gives the eager value) and writes it,
@@ -10,13 +10,11 @@
 //! reduction runs as the two launches (`strata_core::lower::prologue::split`).
 
 use super::reduce::{block_combine, contribution, declare_map_operands, decode_output};
-use super::reduce::{identity, plan, repr, update, warp_reduce, ReduceSig, Words};
+use super::reduce::{identity, repr, update, warp_reduce, ReduceSig, Words};
 use super::softmax::STAGE_GROUP;
 use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
-use crate::launch::{Grid, Launch};
 use std::fmt::Write;
-use strata_core::ir::{Expr, Kernel, KernelArgs, ReduceOp, RowPrologue};
-use strata_core::lower::target::Target;
+use strata_core::ir::ReduceOp;
 use strata_core::{DType, Result};
 
 /// The prologue of a staged reduction: what it folds, and the map input that reads its result.
@@ -30,113 +28,6 @@ pub(crate) struct StagedPrologue {
 
 /// Blocks of a staged row per multiprocessor: the softmax's measured three.
 const STAGE_BLOCKS: usize = 3;
-
-/// Plans `Reduce { op, map, prologue }` over `args` as one staged launch, or `None` when the
-/// reduction does not take that shape (then it runs as two launches).
-fn plan_staged(
-    (op, reduced_axes, acc): (ReduceOp, usize, DType),
-    map: &Expr,
-    prologue: RowPrologue,
-    args: &KernelArgs,
-    target: &Target,
-) -> Result<Option<(ReduceSig, Launch)>> {
-    let ([out, prologue_out], 0) = (args.outputs.as_slice(), prologue.source) else {
-        return Ok(None);
-    };
-    let main = KernelArgs {
-        outputs: vec![out.clone()],
-        inputs: args.inputs.clone(),
-        scalars: args.scalars.clone(),
-    };
-    let Some(red) = plan(op, reduced_axes, acc, Some(map), &main, target)? else {
-        return Ok(None);
-    };
-    let p = &red.plan;
-    let input = red.sig.input;
-    let v = p.vector;
-    // Splits are followed as the eager launches run them (ranges, then one thread adding
-    // the partials in order), where that combine is one thread's.
-    // Output 1 is written during the kernel: no other input may read its buffer.
-    let prologue_buffer = crate::memory::CudaBuffer::of(prologue_out.buffer.as_ref())?.device_ptr();
-    let aliased = args.inputs.iter().enumerate().any(|(k, o)| {
-        k != prologue.result
-            && crate::memory::CudaBuffer::of(o.buffer.as_ref())
-                .is_ok_and(|b| b.device_ptr() == prologue_buffer)
-    });
-    let fits = p.combine_group == 1
-        && !aliased
-        && prologue.op.is_order_free()
-        && prologue_out.layout == out.layout
-        && !op.returns_index()
-        && matches!(p.group, 32 | 256)
-        && p.group <= STAGE_GROUP
-        && target.row_stage_group == STAGE_GROUP
-        && p.reduced_shape.len() == 1
-        && p.in_reduced[..] == [1]
-        && v > 1
-        && p.extent.is_multiple_of(v)
-        && p.extent * input.itemsize() <= target.row_stage_bytes
-        && repr(op, acc).itemsize() == input.itemsize()
-        && prologue_out.dtype == input
-        && red
-            .sig
-            .map
-            .as_ref()
-            .is_some_and(|m| m.per_output[prologue.result]);
-    if !fits {
-        return Ok(None);
-    }
-    let sig = ReduceSig {
-        prologue: Some(StagedPrologue {
-            op: prologue.op,
-            result: prologue.result,
-            out: prologue_out.dtype,
-        }),
-        ..red.sig.clone()
-    };
-    let mut launch = red.first(0, 0);
-    launch.args.push(crate::memory::element_ptr(prologue_out)?);
-    let rows = p.outputs.min(1 << 20) as u32;
-    launch.grid = Grid::Fixed {
-        grid: (rows, 1, 1),
-        block: (STAGE_GROUP as u32, 1, 1),
-        shared: (p.extent * input.itemsize()) as u32,
-    };
-    Ok(Some((sig, launch)))
-}
-
-/// How a reduction with a prologue runs: one staged launch, or core's two launches.
-pub(crate) enum PrologueRun {
-    Staged(ReduceSig, Launch),
-    Split([(Kernel, KernelArgs); 2]),
-}
-
-/// The way `kernel` runs when it is a `Reduce` with a prologue (`None` for any other kernel):
-/// what `run`, the profiler's description and its precompiling all follow.
-pub(crate) fn plan_prologue(
-    kernel: &Kernel,
-    args: &KernelArgs,
-    target: &Target,
-) -> Result<Option<PrologueRun>> {
-    let &Kernel::Reduce {
-        op,
-        reduced_axes,
-        acc,
-        ref map,
-        prologue: Some(prologue),
-    } = kernel
-    else {
-        return Ok(None);
-    };
-    let staged = match map {
-        Some(map) => plan_staged((op, reduced_axes, acc), map, prologue, args, target)?,
-        None => None,
-    };
-    Ok(Some(match staged {
-        Some((sig, launch)) => PrologueRun::Staged(sig, launch),
-        None => PrologueRun::Split(strata_core::lower::prologue::split(kernel, args)?),
-    }))
-}
 
 /// The CUDA C source of a staged reduction with a prologue, named `strata_reduce`. Its words
 /// are the eager launch's (`reduce::source`), then output 1's pointer.
@@ -343,6 +234,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
 mod tests {
     use super::*;
     use strata_core::ir::BinaryOp;
+    use strata_core::ir::Expr;
     use strata_core::ir::UnaryOp;
     use strata_core::lower::operands::ReduceMap;
 

@@ -1,24 +1,87 @@
-//! IR → CUDA C. Each kernel kind has a file; this one holds what they share: the C types of
-//! each dtype, strata's cast rule in C, and the expression emitter for `Map` trees.
+//! Signature → CUDA C, and nothing else: no driver, no buffers, no compiler. Each kernel kind
+//! has a file holding its signature (what the source depends on), its argument layout and its
+//! renderer; this one holds what they share: the C types of each dtype, strata's cast rule in
+//! C, the [`Program`] a signature renders, and the argument-block ABI.
 //!
-//! Launch plans come from core (`strata_core::lower`); each kind's file turns a plan into a
-//! signature, source and argument words. Every generated kernel takes one argument, `Args<N>`:
-//! 64-bit words holding sizes, strides, pointers and scalar bits, in an order that the kind's
-//! packing writes and its generator reads. Nothing size-dependent is in the source, so one
-//! compiled kernel serves every shape with the same structure.
+//! Every generated kernel takes one argument, `Args<N>`: 64-bit words holding sizes, strides,
+//! pointers and scalar bits, in an order that the planner in `crate::run` packs and the
+//! renderer reads. Nothing size-dependent is in the source, so one compiled kernel serves every
+//! shape with the same structure.
 
 #[cfg(test)]
 mod catalog;
 pub(crate) mod expr;
 pub(crate) mod index;
-pub(crate) mod interpret;
+pub(crate) mod interpreter;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
 pub(crate) mod reduce_prologue;
 pub(crate) mod softmax;
 
-use strata_core::{DType, Error};
+use strata_core::lower::cache::Signature;
+use strata_core::{DType, Error, Result};
+
+/// A kernel's structure that renders its program: every signature of this module.
+pub(crate) trait Program: Signature {
+    /// The kernel's entry point in its source.
+    const NAME: &'static str;
+    /// Its CUDA C (the prelude is added when it is compiled).
+    fn render(&self) -> Result<Rendered>;
+    /// How much NVRTC optimizes it ([`Optimization`]'s docs say which kernels compile fast).
+    fn optimization(&self) -> Optimization {
+        Optimization::Full
+    }
+}
+
+/// A rendered kernel: its program, and, for a kernel that has one, its batched form
+/// (`<name>_batch`, which runs many small launches in one block, see `run::batch`) as a
+/// program of its own, compiled only when a launch first needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rendered {
+    /// The kernel's program.
+    pub source: String,
+    /// The batched form's program, when it has one.
+    pub batched: Option<String>,
+}
+
+impl Rendered {
+    /// A program without a batched form.
+    pub(crate) fn single(source: String) -> Rendered {
+        Rendered {
+            source,
+            batched: None,
+        }
+    }
+}
+
+/// How much NVRTC optimizes a kernel.
+///
+/// Most of a new kernel's first call is NVRTC's optimizer and assembler, and a fused map's
+/// tree is emitted once per vector lane and once for the tail. Compiled with
+/// `--Ofast-compile=min`, maps run as fast as fully optimized ones (measured on an H100:
+/// copy, add, casts, `where`, exp, tanh, fused chains, GELU, softmax's maps) and a new fused
+/// kernel's first call takes a third less; reductions, softmax, index and matmul kernels
+/// (unrolled loops), tiled maps and maps with random draws stay fully optimized
+/// (`MapSig`'s [`Program::optimization`]). `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully
+/// too (`mid`, `max`: those levels, which compile faster still but ran copies 3× slower). No
+/// level changes a value: rounding is decided by `--fmad=false`, which all use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Optimization {
+    /// NVRTC's defaults (`-O3`).
+    Full,
+    /// `--Ofast-compile` at the compiler's level.
+    FastCompile,
+}
+
+/// CUDA's limit on a launch's argument bytes.
+pub(crate) const MAX_ARGUMENT_BYTES: usize = 4096;
+
+/// How many launches of a kernel taking `words` argument words fit one batched launch
+/// (`Batch<N, CAP>`: a count word, then CAP times N words, within the argument limit).
+pub(crate) fn batch_capacity(words: usize) -> usize {
+    (MAX_ARGUMENT_BYTES / 8 - 1) / words.max(1)
+}
 
 /// The device helpers every kernel includes.
 pub(crate) const PRELUDE: &str = include_str!("prelude.cu");

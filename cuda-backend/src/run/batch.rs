@@ -1,7 +1,7 @@
 //! Launch batching. On the GPU machine one `cuLaunchKernel` costs more host time than all
 //! the rest of a tiny op (BENCHMARKS.md), so a map small enough for one thread block is not
 //! launched alone: it is appended to its stream's pending batch, and one launch of the kernel's
-//! batched form (`strata_map_batch`, see `codegen::map`) runs the whole batch in one block, op
+//! batched form (`strata_map_batch`, see `render::map`) runs the whole batch in one block, op
 //! after op with a barrier between them. Within a batch the ops therefore keep stream order,
 //! even when one reads what an earlier one wrote.
 //!
@@ -15,9 +15,10 @@
 //! small enough for a batch ([`BatchedForm`]): the first runs alone, so a new kernel's first
 //! call waits for one NVRTC program, not two.
 
-use crate::compile::{Compiler, Optimization};
+use crate::compile::Compiler;
 use crate::driver::{check, Gpu, Raw};
-use crate::launch::{batch_capacity, Function, Grid, Launch};
+use crate::launch::{Function, Grid, Launch};
+use crate::render::{batch_capacity, Optimization};
 use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -33,12 +34,12 @@ const BATCH_THREADS: u32 = 256;
 
 /// The pending batches of a device, one per stream that has one.
 pub(crate) struct Batches {
-    pending: Mutex<Vec<(StreamId, Pending)>>,
+    pending: Mutex<Vec<(StreamId, OpenBatch)>>,
     enabled: bool,
 }
 
 /// The launches of one kernel waiting on one stream.
-struct Pending {
+struct OpenBatch {
     kernel: Raw<sys::CUfunction>,
     stream: Raw<sys::CUstream>,
     /// Argument words per launch.
@@ -49,7 +50,7 @@ struct Pending {
     keep: Vec<Arc<dyn DeviceBuffer>>,
 }
 
-impl Pending {
+impl OpenBatch {
     fn count(&self) -> usize {
         self.words[0] as usize
     }
@@ -135,7 +136,7 @@ impl Batches {
         let slot = match pending.iter().position(|(id, _)| *id == stream) {
             Some(i) => i,
             None => {
-                pending.push((stream, Pending::empty(kernel, s, words.len())));
+                pending.push((stream, OpenBatch::empty(kernel, s, words.len())));
                 pending.len() - 1
             }
         };
@@ -147,7 +148,7 @@ impl Batches {
                 // Reuse the argument block: slots past the count are never read.
                 (batch.kernel, batch.stream) = (Raw(kernel), Raw(s));
             } else {
-                *batch = Pending::empty(kernel, s, words.len());
+                *batch = OpenBatch::empty(kernel, s, words.len());
             }
         }
         let at = 1 + batch.count() * batch.per_launch;
@@ -202,9 +203,9 @@ impl Batches {
     }
 }
 
-impl Pending {
-    fn empty(kernel: sys::CUfunction, s: sys::CUstream, per_launch: usize) -> Pending {
-        Pending {
+impl OpenBatch {
+    fn empty(kernel: sys::CUfunction, s: sys::CUstream, per_launch: usize) -> OpenBatch {
+        OpenBatch {
             kernel: Raw(kernel),
             stream: Raw(s),
             per_launch,

@@ -10,14 +10,10 @@ use super::{
     cast, compute_type, from_storage, index_type, scalar_from_word, storage_type, to_storage,
     vector_type,
 };
-use crate::launch::{Args, Launch, Program};
-use crate::memory::CudaBuffer;
+use super::{Program, Rendered};
 use std::fmt::Write;
-use strata_core::ir::{Expr, KernelArgs, ReduceOp};
-use strata_core::lower::operands::{ReduceMap, ReduceOperands};
-use strata_core::lower::pieces::BufferInfo;
-use strata_core::lower::reduce_plan::{self, ReducePlan};
-use strata_core::lower::target::Target;
+use strata_core::ir::ReduceOp;
+use strata_core::lower::operands::ReduceMap;
 use strata_core::{DType, Result};
 
 /// The structure of a reduce launch.
@@ -55,146 +51,6 @@ pub(crate) fn repr(op: ReduceOp, acc: DType) -> DType {
         ReduceOp::Any | ReduceOp::All => DType::Bool,
         _ if matches!(acc, DType::F16 | DType::BF16) => DType::F32,
         _ => acc,
-    }
-}
-
-/// A reduction planned by core, with its first launch's structure.
-#[derive(Debug)]
-pub(crate) struct Reduction {
-    pub sig: ReduceSig,
-    pub plan: ReducePlan,
-    in_ptr: u64,
-    out_ptr: u64,
-    /// A fused map's other input pointers (at input 0's element offset) and scalar words.
-    map_words: Vec<u64>,
-}
-
-/// Plans `Reduce { op, reduced_axes, acc }` for `args` on `target` (one launch: CUDA binds no
-/// windows), or `None` when there is no output.
-pub(crate) fn plan(
-    op: ReduceOp,
-    reduced_axes: usize,
-    acc: DType,
-    map: Option<&Expr>,
-    args: &KernelArgs,
-    target: &Target,
-) -> Result<Option<Reduction>> {
-    let ops = ReduceOperands::of(reduced_axes, args)?;
-    if ops.outputs == 0 {
-        return Ok(None);
-    }
-    let buffers = [ops.out, ops.input]
-        .iter()
-        .map(|o| {
-            Ok(BufferInfo {
-                address: CudaBuffer::of(o.buffer.as_ref())?.device_ptr(),
-                bytes: o.buffer.len_bytes() as u64,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let plan = reduce_plan::plan(&ops, &buffers, target)?;
-    let sig = ReduceSig {
-        op,
-        input: ops.input.dtype,
-        acc,
-        out: ops.out.dtype,
-        outer_rank: plan.outer_shape.len(),
-        reduced_rank: plan.reduced_shape.len(),
-        group: plan.group,
-        vector: plan.vector,
-        wide: plan.wide,
-        combine: false,
-        map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
-        prologue: None,
-    };
-    let mut map_words = Vec::new();
-    if map.is_some() {
-        for o in ops.more {
-            map_words.push(crate::memory::element_ptr(o)?);
-        }
-        map_words.extend(args.scalars.iter().map(|s| s.bits()));
-    }
-    Ok(Some(Reduction {
-        sig,
-        in_ptr: crate::memory::element_ptr(ops.input)?,
-        out_ptr: crate::memory::element_ptr(ops.out)?,
-        plan,
-        map_words,
-    }))
-}
-
-/// The words of a launch: counts, shapes, the input, the output, and the partial buffers.
-fn words(
-    red: &Reduction,
-    (extent, splits, chunk): (usize, usize, usize),
-    reduced_shape: &[usize],
-    (in_ptr, in_outer, in_reduced): (u64, &[isize], &[isize]),
-    partials: (u64, u64, u64),
-) -> Args {
-    let p = &red.plan;
-    let mut w = Args::new();
-    for v in [p.outputs, extent, splits, chunk] {
-        w.push(v as u64);
-    }
-    for &n in p.outer_shape.iter().chain(reduced_shape) {
-        w.push(n as u64);
-    }
-    w.push(in_ptr);
-    for &s in in_outer.iter().chain(in_reduced) {
-        w.push(s as i64 as u64);
-    }
-    w.push(red.out_ptr);
-    for &s in &p.out_outer {
-        w.push(s as i64 as u64);
-    }
-    w.push(partials.0);
-    w.push(partials.1);
-    w.push(partials.2);
-    w
-}
-
-impl Reduction {
-    /// The first launch, writing the output (one range) or partials at `part` / `part_idx`.
-    pub(crate) fn first(&self, part: u64, part_idx: u64) -> Launch {
-        let p = &self.plan;
-        let launch = &p.launches[0];
-        let w = words(
-            self,
-            (p.extent, p.splits, launch.chunk),
-            &p.reduced_shape,
-            (self.in_ptr, &p.in_outer, &p.in_reduced),
-            (part, part_idx, 0),
-        );
-        let mut w = w;
-        for &word in &self.map_words {
-            w.push(word);
-        }
-        Launch::linear(w, p.work(launch))
-    }
-
-    /// The combine launch reading `splits` partials per output from `part` / `part_idx`.
-    pub(crate) fn combine(&self, part: u64, part_idx: u64) -> (ReduceSig, Launch) {
-        let p = &self.plan;
-        let s = p.splits;
-        let in_outer = reduce_plan::partial_strides(&p.outer_shape, s);
-        let w = words(
-            self,
-            (s, 1, s),
-            &[s],
-            (part, &in_outer, &[1]),
-            (0, 0, part_idx),
-        );
-        let sig = ReduceSig {
-            input: repr(self.sig.op, self.sig.acc),
-            reduced_rank: 1,
-            group: p.combine_group,
-            vector: 1,
-            combine: true,
-            map: None,
-            prologue: None,
-            ..self.sig.clone()
-        };
-        (sig, Launch::linear(w, p.outputs * p.combine_group))
     }
 }
 
@@ -250,11 +106,11 @@ pub(crate) fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
 
 impl Program for ReduceSig {
     const NAME: &'static str = "strata_reduce";
-    fn source(&self) -> Result<String> {
-        match self.prologue {
-            Some(_) => super::reduce_prologue::source(self),
-            None => source(self),
-        }
+    fn render(&self) -> Result<Rendered> {
+        Ok(Rendered::single(match self.prologue {
+            Some(_) => super::reduce_prologue::source(self)?,
+            None => source(self)?,
+        }))
     }
 }
 
@@ -564,6 +420,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_core::ir::Expr;
 
     fn sig(op: ReduceOp, group: usize, vector: usize) -> ReduceSig {
         ReduceSig {

@@ -1,0 +1,218 @@
+//! The map interpreter: one kernel, compiled once per device, that evaluates a map's tree from
+//! a list of instructions in its arguments. A map's first launch runs here instead of waiting
+//! for NVRTC (35–75 ms for a new kernel on the GPU hosts, see BENCHMARKS.md); its own kernel is
+//! compiled at its second launch. Each instruction's operation is the C that `expr.rs` emits
+//! for that op in f32, so an interpreted launch computes the same bits as the compiled kernel.
+//!
+//! Interpreted: maps whose operands are all f32, contiguous or strided (broadcast inputs,
+//! strided outputs; one offset decoded per strided operand and element), with one output or
+//! several (a kept intermediate is a further output), whose nodes are inputs, f32 launch
+//! scalars and literals, and the ops of [`OPS`] (comparisons and the float predicates hold
+//! their bool as 0 or 1 in a float register). Anything else compiles at once.
+
+use super::expr;
+use super::{Optimization, Program, Rendered};
+use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
+use strata_core::lower::cache::Owned;
+use strata_core::{DType, Result};
+
+/// Registers of one evaluation: inputs, then constants (launch scalars and literals), then
+/// one per operation.
+pub(crate) const REGISTERS: usize = 32;
+/// The interpreter's argument words (`Args<WORDS>`): a program must fit them.
+pub(crate) const WORDS: usize = 256;
+
+/// An interpreted operation: its index in [`OPS`] is its opcode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Fma,
+    Where,
+}
+
+/// Every operation the interpreter knows, in opcode order.
+pub(crate) const OPS: &[Op] = {
+    use BinaryOp::*;
+    use UnaryOp::*;
+    &[
+        Op::Unary(Neg),
+        Op::Unary(NegSat),
+        Op::Unary(Abs),
+        Op::Unary(Sign),
+        Op::Unary(Square),
+        Op::Unary(Sqrt),
+        Op::Unary(Rsqrt),
+        Op::Unary(Reciprocal),
+        Op::Unary(Exp),
+        Op::Unary(Exp2),
+        Op::Unary(Expm1),
+        Op::Unary(Log),
+        Op::Unary(Log2),
+        Op::Unary(Log10),
+        Op::Unary(Log1p),
+        Op::Unary(Sin),
+        Op::Unary(Cos),
+        Op::Unary(Tan),
+        Op::Unary(Tanh),
+        Op::Unary(Sigmoid),
+        Op::Unary(Relu),
+        Op::Unary(Gelu),
+        Op::Unary(Erf),
+        Op::Unary(Floor),
+        Op::Unary(Ceil),
+        Op::Unary(Round),
+        Op::Unary(Trunc),
+        Op::Unary(IsNan),
+        Op::Unary(IsInf),
+        Op::Unary(IsFinite),
+        Op::Binary(Add),
+        Op::Binary(Sub),
+        Op::Binary(Mul),
+        Op::Binary(Div),
+        Op::Binary(AddSat),
+        Op::Binary(SubSat),
+        Op::Binary(MulSat),
+        Op::Binary(DivSat),
+        Op::Binary(Pow),
+        Op::Binary(Max),
+        Op::Binary(Min),
+        Op::Binary(Eq),
+        Op::Binary(Ne),
+        Op::Binary(Lt),
+        Op::Binary(Le),
+        Op::Binary(Gt),
+        Op::Binary(Ge),
+        Op::Fma,
+        Op::Where,
+    ]
+};
+
+/// The interpreter kernel's signature: there is one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct InterpretSig;
+
+impl Owned for InterpretSig {}
+
+impl Program for InterpretSig {
+    const NAME: &'static str = "strata_interpret";
+    fn render(&self) -> Result<Rendered> {
+        source().map(Rendered::single)
+    }
+    /// Its compile is a first call's wait (145–200 ms fully optimized 275–350, on the
+    /// development machine); it runs first launches only.
+    fn optimization(&self) -> Optimization {
+        Optimization::FastCompile
+    }
+}
+
+/// The interpreter's CUDA C: a grid-stride loop over the elements, each loading its inputs
+/// and constants into registers and running the instructions (`op | dst << 8 | a << 16 |
+/// b << 24 | c << 32`; every thread runs the same ones, so the switch never diverges).
+pub(crate) fn source() -> Result<String> {
+    let mut cases = String::new();
+    for (code, op) in OPS.iter().enumerate() {
+        let (value, bool_valued) = match *op {
+            Op::Unary(u) => (
+                expr::unary(u, DType::F32, "a")?,
+                matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
+            ),
+            Op::Binary(b) => (expr::binary(b, DType::F32, "a", "b")?, is_comparison(b)),
+            Op::Fma => (expr::fma(DType::F32, "a", "b", "c")?, false),
+            Op::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
+        };
+        let value = if bool_valued {
+            format!("({value}) ? 1.0f : 0.0f")
+        } else {
+            value
+        };
+        cases.push_str(&format!("        case {code}: v = {value}; break;\n"));
+    }
+    // Arguments: n, rank, shape; outputs, inputs; each operand's pointer, whether it is
+    // contiguous, and its strides (`rank` words); each output's register; the constants;
+    // the instructions.
+    Ok(format!(
+        "__device__ __forceinline__ i64 interpret_offset(const Args<{WORDS}>& p, int o, int rank, i64 i) {{
+  if (p.w[o + 1]) return i;
+  i64 offset = 0;
+  for (int d = rank - 1; d >= 0; d--) {{
+    const i64 extent = (i64)p.w[2 + d];
+    const i64 c = i % extent;
+    i /= extent;
+    offset += c * (i64)p.w[o + 2 + d];
+  }}
+  return offset;
+}}
+
+extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
+  const i64 n = (i64)p.w[0];
+  const int rank = (int)p.w[1];
+  const int outputs = (int)p.w[2 + rank], inputs = (int)p.w[3 + rank];
+  const int first_operand = 4 + rank, per_operand = 2 + rank;
+  const int results = first_operand + (outputs + inputs) * per_operand;
+  const int constants = (int)p.w[results + outputs];
+  const int first_constant = results + outputs + 1;
+  const int count = (int)p.w[first_constant + constants];
+  const int first = first_constant + constants + 1;
+  for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {{
+    float r[{REGISTERS}];
+    for (int k = 0; k < inputs; k++) {{
+      const int o = first_operand + (outputs + k) * per_operand;
+      r[k] = ((const float*)p.w[o])[interpret_offset(p, o, rank, i)];
+    }}
+    for (int k = 0; k < constants; k++) r[inputs + k] = __uint_as_float((u32)p.w[first_constant + k]);
+    for (int t = 0; t < count; t++) {{
+      const u64 w = p.w[first + t];
+      const float a = r[(w >> 16) & {mask}], b = r[(w >> 24) & {mask}], c = r[(w >> 32) & {mask}];
+      float v = 0.0f;
+      switch ((int)(w & 255)) {{
+{cases}      }}
+      r[(w >> 8) & {mask}] = v;
+    }}
+    for (int k = 0; k < outputs; k++) {{
+      const int o = first_operand + k * per_operand;
+      ((float*)p.w[o])[interpret_offset(p, o, rank, i)] = r[p.w[results + k] & {mask}];
+    }}
+  }}
+}}
+",
+        mask = REGISTERS - 1
+    ))
+}
+
+fn is_comparison(op: BinaryOp) -> bool {
+    use BinaryOp::*;
+    matches!(op, Eq | Ne | Lt | Le | Gt | Ge)
+}
+
+/// The interpreted op of `node`, whose result has dtype `d`: f32 operands, an f32 result (or
+/// a bool one for comparisons and float predicates, kept as 0 or 1).
+pub(crate) fn interpreted_op(node: &Node, d: DType) -> Option<Op> {
+    let f32 = |e: &Expr| e.dtype == DType::F32;
+    let op = match node {
+        Node::Unary(u, a) if f32(a) => Op::Unary(*u),
+        Node::Binary(b, x, y) if f32(x) && f32(y) => Op::Binary(*b),
+        Node::Fma(a, b, c) if f32(a) && f32(b) && f32(c) && d == DType::F32 => Op::Fma,
+        Node::Where(c, a, b) if c.dtype == DType::Bool && f32(a) && f32(b) => Op::Where,
+        _ => return None,
+    };
+    let bool_valued = match op {
+        Op::Unary(u) => matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
+        Op::Binary(b) => is_comparison(b),
+        Op::Fma | Op::Where => false,
+    };
+    let want = if bool_valued { DType::Bool } else { DType::F32 };
+    (d == want).then_some(op)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comparisons_feed_where_as_zero_or_one() {
+        let src = source().unwrap();
+        assert!(src.contains("v = ((a < b)) ? 1.0f : 0.0f;"), "{src}");
+        assert!(src.contains("v = ((a != 0.0f) ? b : c);"));
+    }
+}

@@ -1,0 +1,280 @@
+//! Deciding what runs. A kernel becomes its launch steps ([`CudaBackend::steps`]), planned once
+//! from core's plans: device scratch, launches of generated kernels, cuBLAS calls. Everything
+//! that needs to know what a kernel does reads them: `run` executes them, the profiler names
+//! them and compiles them ahead, and `explain` renders the map's. A new kernel kind is a new
+//! planner file here and a renderer in `crate::render`, nothing else.
+
+pub(crate) mod batch;
+pub(crate) mod first_launch;
+mod index;
+pub(crate) mod map;
+pub(crate) mod matmul;
+mod reduce;
+mod softmax;
+
+use crate::launch::{self, dims, function, Function, Launch};
+use crate::render::index::IndexSig;
+use crate::render::map::MapSig;
+use crate::render::matmul::MatmulSig;
+use crate::render::reduce::ReduceSig;
+use crate::render::softmax::SoftmaxSig;
+use crate::render::Program;
+use crate::CudaBackend;
+use cudarc::driver::sys::CUstream;
+use map::MapLaunch;
+use matmul::GemmCall;
+use strata_core::backend::LaunchDescription;
+use strata_core::ir::{Kernel, KernelArgs};
+use strata_core::lower::operands::IndexOperands;
+use strata_core::lower::softmax_plan::SoftmaxOperands;
+use strata_core::{Result, StreamId};
+
+/// One thing a kernel's launch does, in order.
+#[derive(Debug)]
+pub(crate) enum Step<'k> {
+    /// Device memory of `bytes` bytes that later launches of the same kernel use (a split
+    /// reduction's partials), freed in stream order after the last.
+    Scratch { bytes: usize },
+    /// A map: the generated kernel, whose first launch may run through the interpreter and
+    /// whose small launches join their stream's batch.
+    Map { sig: MapSig<'k>, launch: MapLaunch },
+    /// A generated kernel of another kind.
+    Kernel { sig: Sig, launch: Launch },
+    /// A cuBLAS call.
+    Gemm(GemmCall),
+}
+
+/// The signature of a generated kernel other than a map.
+#[derive(Debug)]
+pub(crate) enum Sig {
+    Reduce(ReduceSig),
+    Index(IndexSig),
+    Matmul(MatmulSig),
+    Softmax(SoftmaxSig),
+}
+
+/// `first`'s steps, then `then`'s, whose scratch buffers are numbered after `first`'s.
+fn chain<'k>(mut first: Vec<Step<'k>>, then: Vec<Step<'k>>) -> Vec<Step<'k>> {
+    let before = first
+        .iter()
+        .filter(|s| matches!(s, Step::Scratch { .. }))
+        .count();
+    for mut step in then {
+        if let Step::Kernel { launch, .. } = &mut step {
+            for (_, buffer) in &mut launch.scratch {
+                *buffer += before;
+            }
+        }
+        first.push(step);
+    }
+    first
+}
+
+impl CudaBackend {
+    /// The steps `kernel` over `args` takes on this device: the one place each kernel kind's
+    /// launches are decided.
+    pub(crate) fn steps<'k>(&self, kernel: &'k Kernel, args: &KernelArgs) -> Result<Vec<Step<'k>>> {
+        match kernel {
+            Kernel::Map { expr, also } => map::steps(expr, also, args, &self.target),
+            Kernel::Reduce { .. } => reduce::steps(kernel, args, &self.target),
+            Kernel::Matmul { acc, tf32 } => matmul::steps(*acc, *tf32, args, self.blas.is_some()),
+            Kernel::Index { kind, axis } => index::steps(&IndexOperands::of(*kind, *axis, args)?),
+            Kernel::Softmax { log } => {
+                softmax::steps(*log, &SoftmaxOperands::of(args)?, &self.target)
+            }
+        }
+    }
+
+    /// Runs `steps` (of a kernel over `args`) on `stream` (`s`, its handle).
+    pub(crate) fn execute(
+        &self,
+        steps: &[Step],
+        args: &KernelArgs,
+        stream: StreamId,
+        s: CUstream,
+    ) -> Result<()> {
+        // Scratch buffers live until the steps are enqueued; their frees are stream-ordered.
+        let mut scratch = Vec::new();
+        for step in steps {
+            match step {
+                Step::Scratch { bytes } => scratch.push(self.memory.allocate(*bytes, stream)?),
+                Step::Map { sig, launch } => self.launch_map(sig, launch, args, stream, s)?,
+                Step::Kernel { sig, launch } => {
+                    let f = self.function(sig)?;
+                    if launch.scratch.is_empty() {
+                        launch::launch(&self.gpu, &f, launch, s)?;
+                    } else {
+                        let mut words = launch.args.0.clone();
+                        for &(word, buffer) in &launch.scratch {
+                            words[word] += scratch[buffer].device_ptr();
+                        }
+                        let patched = Launch {
+                            args: launch::Args(words),
+                            grid: launch.grid.clone(),
+                            scratch: Vec::new(),
+                        };
+                        launch::launch(&self.gpu, &f, &patched, s)?;
+                    }
+                }
+                Step::Gemm(call) => match &self.blas {
+                    Some(blas) => blas.run(call, s)?,
+                    None => {
+                        return Err(strata_core::Error::Backend(
+                            "internal error: a cuBLAS call planned without cuBLAS".into(),
+                        ))
+                    }
+                },
+            }
+        }
+        Ok(())
+    }
+
+    /// A map's launch: its compiled kernel (alone, or in its stream's batch when small), or
+    /// at its first launch the interpreter.
+    fn launch_map(
+        &self,
+        sig: &MapSig,
+        map: &MapLaunch,
+        args: &KernelArgs,
+        stream: StreamId,
+        s: CUstream,
+    ) -> Result<()> {
+        let f = match self.maps.peek(sig) {
+            Some(f) => f,
+            None => {
+                if let Some((f, launch)) =
+                    self.first_launches.interpret(sig, map, &self.compiler)?
+                {
+                    self.batches.send(&self.gpu, stream)?;
+                    return launch::launch(&self.gpu, &f, &launch, s);
+                }
+                self.maps.get(sig, |k| {
+                    let rendered = self.first_launches.rendered(k)?;
+                    self.compiler
+                        .function(rendered, MapSig::NAME, k.optimization())
+                })?
+            }
+        };
+        let launch = &map.launch;
+        if self
+            .batches
+            .add(&self.gpu, &self.compiler, &f, launch, stream, s, args)?
+        {
+            return Ok(());
+        }
+        self.batches.send(&self.gpu, stream)?;
+        launch::launch(&self.gpu, &f, launch, s)
+    }
+
+    /// The loaded function of a generated kernel, compiled on a miss.
+    fn function(&self, sig: &Sig) -> Result<Function> {
+        match sig {
+            Sig::Reduce(k) => function(&self.reductions, k, &self.compiler),
+            Sig::Index(k) => function(&self.indexing, k, &self.compiler),
+            Sig::Matmul(k) => function(&self.matmuls, k, &self.compiler),
+            Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
+        }
+    }
+
+    /// What `steps` launch, for the profiler: each launch's kernel (or library call) and
+    /// shape, joined in order; `None` for no launch.
+    pub(crate) fn describe(&self, steps: &[Step]) -> Option<LaunchDescription> {
+        let grid =
+            |l: &Launch| dims(&self.gpu, &l.grid).map(|(g, b)| format!("grid {g:?} × block {b:?}"));
+        let mut names = Vec::new();
+        let mut shapes = Vec::new();
+        for step in steps {
+            let (name, shape) = match step {
+                Step::Scratch { .. } => continue,
+                Step::Map { sig, launch } => {
+                    // A launch small enough is appended to its stream's batch once the
+                    // kernel's batched form is due (run::batch): from its second small launch.
+                    let batched = self.maps.peek(sig).is_some_and(|f| {
+                        self.batches
+                            .form(&f, &launch.launch)
+                            .is_some_and(|form| form.is_due())
+                    });
+                    let name = if batched {
+                        "strata_map_batch"
+                    } else {
+                        MapSig::NAME
+                    };
+                    (name.to_string(), grid(&launch.launch)?)
+                }
+                Step::Kernel { sig, launch } => {
+                    let shape = match sig {
+                        Sig::Softmax(k) => {
+                            format!("{}, {} threads per row", grid(launch)?, k.group)
+                        }
+                        Sig::Reduce(k) if k.prologue.is_some() => {
+                            format!("{}, a row staged", grid(launch)?)
+                        }
+                        _ => grid(launch)?,
+                    };
+                    (sig.name().to_string(), shape)
+                }
+                Step::Gemm(call) => {
+                    let (batch, m, k, n) = call.dims;
+                    (
+                        "cublasGemmStridedBatchedEx".to_string(),
+                        format!("batch {batch}, m {m}, n {n}, k {k}"),
+                    )
+                }
+            };
+            names.push(name);
+            shapes.push(shape);
+        }
+        (!names.is_empty()).then(|| LaunchDescription {
+            name: names.join(" then "),
+            shape: shapes.join("; then "),
+        })
+    }
+
+    /// Compiles (or loads from the disk cache) every kernel `steps` launch, so that the
+    /// profiler's events around the launch time the kernel, not NVRTC; true when something was
+    /// compiled or loaded.
+    pub(crate) fn compile_ahead(&self, steps: &[Step]) -> Result<bool> {
+        let mut compiled = false;
+        for step in steps {
+            match step {
+                Step::Map { sig, launch } => {
+                    let f = self.maps.get(sig, |k| {
+                        compiled = true;
+                        let rendered = self.first_launches.rendered(k)?;
+                        self.compiler
+                            .function(rendered, MapSig::NAME, k.optimization())
+                    })?;
+                    if let Some(form) = self.batches.form(&f, &launch.launch) {
+                        compiled |= form.prepare(&self.compiler)?;
+                    }
+                }
+                Step::Kernel { sig, .. } => {
+                    let cached = match sig {
+                        Sig::Reduce(k) => self.reductions.peek(k).is_some(),
+                        Sig::Index(k) => self.indexing.peek(k).is_some(),
+                        Sig::Matmul(k) => self.matmuls.peek(k).is_some(),
+                        Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
+                    };
+                    if !cached {
+                        self.function(sig)?;
+                        compiled = true;
+                    }
+                }
+                Step::Scratch { .. } | Step::Gemm(_) => {}
+            }
+        }
+        Ok(compiled)
+    }
+}
+
+impl Sig {
+    /// The kernel's entry point.
+    fn name(&self) -> &'static str {
+        match self {
+            Sig::Reduce(_) => ReduceSig::NAME,
+            Sig::Index(_) => IndexSig::NAME,
+            Sig::Matmul(_) => MatmulSig::NAME,
+            Sig::Softmax(_) => SoftmaxSig::NAME,
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! A reduction's launches: core's plan as the kernel's words, partial buffers and a combine
+//! launch where the plan splits the extent, and a row prologue in the same kernel where the
+//! row fits shared memory (else the two launches core defines it by).
+
+use super::{chain, Sig, Step};
+use crate::launch::{Args, Grid, Launch};
+use crate::render::reduce::{repr, ReduceSig, Words};
+use crate::render::reduce_prologue::StagedPrologue;
+use crate::render::softmax::STAGE_GROUP;
+use strata_core::ir::{Expr, Kernel, KernelArgs, ReduceOp, RowPrologue};
+use strata_core::lower::operands::{ReduceMap, ReduceOperands};
+use strata_core::lower::pieces::BufferInfo;
+use strata_core::lower::reduce_plan::{self, ReducePlan};
+use strata_core::lower::target::Target;
+use strata_core::{DType, Error, Result};
+
+/// The steps of `kernel`, a `Kernel::Reduce`, over `args`.
+pub(crate) fn steps(
+    kernel: &Kernel,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Vec<Step<'static>>> {
+    let &Kernel::Reduce {
+        op,
+        reduced_axes,
+        acc,
+        ref map,
+        prologue,
+    } = kernel
+    else {
+        return Err(Error::Backend(
+            "internal error: reduce::steps takes a reduction".into(),
+        ));
+    };
+    let Some(prologue) = prologue else {
+        return plain(op, reduced_axes, acc, map.as_ref(), args, target);
+    };
+    // One pass over each row where it fits shared memory, else core's two launches.
+    if let Some(map) = map {
+        let staged = plan_staged((op, reduced_axes, acc), map, prologue, args, target)?;
+        if let Some((sig, launch)) = staged {
+            return Ok(vec![Step::Kernel {
+                sig: Sig::Reduce(sig),
+                launch,
+            }]);
+        }
+    }
+    let [(k1, a1), (k2, a2)] = strata_core::lower::prologue::split(kernel, args)?;
+    Ok(chain(steps(&k1, &a1, target)?, steps(&k2, &a2, target)?))
+}
+
+/// A reduction planned by core, with its first launch's structure.
+#[derive(Debug)]
+struct Reduction {
+    sig: ReduceSig,
+    plan: ReducePlan,
+    in_ptr: u64,
+    out_ptr: u64,
+    /// A fused map's other input pointers (at input 0's element offset) and scalar words.
+    map_words: Vec<u64>,
+}
+
+/// Plans `Reduce { op, reduced_axes, acc }` for `args` on `target` (one launch: CUDA binds no
+/// windows), or `None` when there is no output.
+fn plan(
+    op: ReduceOp,
+    reduced_axes: usize,
+    acc: DType,
+    map: Option<&Expr>,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Option<Reduction>> {
+    let ops = ReduceOperands::of(reduced_axes, args)?;
+    if ops.outputs == 0 {
+        return Ok(None);
+    }
+    let buffers = [ops.out, ops.input]
+        .iter()
+        .map(|o| crate::memory::buffer_info(o))
+        .collect::<Result<Vec<BufferInfo>>>()?;
+    let plan = reduce_plan::plan(&ops, &buffers, target)?;
+    let sig = ReduceSig {
+        op,
+        input: ops.input.dtype,
+        acc,
+        out: ops.out.dtype,
+        outer_rank: plan.outer_shape.len(),
+        reduced_rank: plan.reduced_shape.len(),
+        group: plan.group,
+        vector: plan.vector,
+        wide: plan.wide,
+        combine: false,
+        map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
+        prologue: None,
+    };
+    let mut map_words = Vec::new();
+    if map.is_some() {
+        for o in ops.more {
+            map_words.push(crate::memory::element_address(o)?);
+        }
+        map_words.extend(args.scalars.iter().map(|s| s.bits()));
+    }
+    Ok(Some(Reduction {
+        sig,
+        in_ptr: crate::memory::element_address(ops.input)?,
+        out_ptr: crate::memory::element_address(ops.out)?,
+        plan,
+        map_words,
+    }))
+}
+
+/// The steps of a reduction without a prologue: one launch, or partials in two scratch
+/// buffers (values, and positions for argmin/argmax), the ranges' launch and the combine.
+fn plain(
+    op: ReduceOp,
+    reduced_axes: usize,
+    acc: DType,
+    map: Option<&Expr>,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Vec<Step<'static>>> {
+    let Some(red) = plan(op, reduced_axes, acc, map, args, target)? else {
+        return Ok(Vec::new());
+    };
+    if red.plan.splits == 1 {
+        return Ok(vec![Step::Kernel {
+            launch: red.first(),
+            sig: Sig::Reduce(red.sig),
+        }]);
+    }
+    let n = red.plan.outputs * red.plan.splits;
+    let positions = if op.returns_index() { n * 8 } else { 0 };
+    let (combine_sig, combine) = red.combine();
+    Ok(vec![
+        Step::Scratch {
+            bytes: n * repr(op, acc).itemsize(),
+        },
+        Step::Scratch { bytes: positions },
+        Step::Kernel {
+            launch: red.first(),
+            sig: Sig::Reduce(red.sig),
+        },
+        Step::Kernel {
+            sig: Sig::Reduce(combine_sig),
+            launch: combine,
+        },
+    ])
+}
+
+/// The words of a launch: counts, shapes, the input, the output, and the partial buffers.
+fn words(
+    red: &Reduction,
+    (extent, splits, chunk): (usize, usize, usize),
+    reduced_shape: &[usize],
+    (in_ptr, in_outer, in_reduced): (u64, &[isize], &[isize]),
+) -> Args {
+    let p = &red.plan;
+    let mut w = Args::new();
+    for v in [p.outputs, extent, splits, chunk] {
+        w.push(v as u64);
+    }
+    for &n in p.outer_shape.iter().chain(reduced_shape) {
+        w.push(n as u64);
+    }
+    w.push(in_ptr);
+    for &s in in_outer.iter().chain(in_reduced) {
+        w.push(s as i64 as u64);
+    }
+    w.push(red.out_ptr);
+    for &s in &p.out_outer {
+        w.push(s as i64 as u64);
+    }
+    // The partial values and positions, and the positions a combine reads: scratch buffers
+    // (`Launch::scratch`), or none.
+    w.push(0);
+    w.push(0);
+    w.push(0);
+    w
+}
+
+impl Reduction {
+    /// The first launch: it writes the output (one range), or partials into scratch buffers
+    /// 0 and 1 (values and positions).
+    fn first(&self) -> Launch {
+        let p = &self.plan;
+        let launch = &p.launches[0];
+        let mut w = words(
+            self,
+            (p.extent, p.splits, launch.chunk),
+            &p.reduced_shape,
+            (self.in_ptr, &p.in_outer, &p.in_reduced),
+        );
+        w.0.extend_from_slice(&self.map_words);
+        let mut first = Launch::linear(w, p.work(launch));
+        if p.splits > 1 {
+            let part = Words::of(&self.sig).part;
+            first.scratch = vec![(part, 0), (part + 1, 1)];
+        }
+        first
+    }
+
+    /// The combine launch reading `splits` partials per output from scratch buffers 0 and 1.
+    fn combine(&self) -> (ReduceSig, Launch) {
+        let p = &self.plan;
+        let s = p.splits;
+        let in_outer = reduce_plan::partial_strides(&p.outer_shape, s);
+        let w = words(self, (s, 1, s), &[s], (0, &in_outer, &[1]));
+        let sig = ReduceSig {
+            input: repr(self.sig.op, self.sig.acc),
+            reduced_rank: 1,
+            group: p.combine_group,
+            vector: 1,
+            combine: true,
+            map: None,
+            prologue: None,
+            ..self.sig.clone()
+        };
+        let at = Words::of(&sig);
+        let mut combine = Launch::linear(w, p.outputs * p.combine_group);
+        combine.scratch = vec![(at.in_ptr, 0), (at.part + 2, 1)];
+        (sig, combine)
+    }
+}
+
+/// Plans `Reduce { op, map, prologue }` over `args` as one staged launch (`reduce_prologue`'s
+/// kernel), or `None` when the reduction does not take that shape.
+fn plan_staged(
+    (op, reduced_axes, acc): (ReduceOp, usize, DType),
+    map: &Expr,
+    prologue: RowPrologue,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Option<(ReduceSig, Launch)>> {
+    let ([out, prologue_out], 0) = (args.outputs.as_slice(), prologue.source) else {
+        return Ok(None);
+    };
+    let main = KernelArgs {
+        outputs: vec![out.clone()],
+        inputs: args.inputs.clone(),
+        scalars: args.scalars.clone(),
+    };
+    let Some(red) = plan(op, reduced_axes, acc, Some(map), &main, target)? else {
+        return Ok(None);
+    };
+    let p = &red.plan;
+    let input = red.sig.input;
+    let v = p.vector;
+    // Splits are followed as the eager launches run them (ranges, then one thread adding
+    // the partials in order), where that combine is one thread's.
+    // Output 1 is written during the kernel: no other input may read its buffer.
+    let prologue_buffer = crate::memory::buffer_info(prologue_out)?.address;
+    let aliased = args.inputs.iter().enumerate().any(|(k, o)| {
+        k != prologue.result
+            && crate::memory::buffer_info(o).is_ok_and(|b| b.address == prologue_buffer)
+    });
+    let fits = p.combine_group == 1
+        && !aliased
+        && prologue.op.is_order_free()
+        && prologue_out.layout == out.layout
+        && !op.returns_index()
+        && matches!(p.group, 32 | 256)
+        && p.group <= STAGE_GROUP
+        && target.row_stage_group == STAGE_GROUP
+        && p.reduced_shape.len() == 1
+        && p.in_reduced[..] == [1]
+        && v > 1
+        && p.extent.is_multiple_of(v)
+        && p.extent * input.itemsize() <= target.row_stage_bytes
+        && repr(op, acc).itemsize() == input.itemsize()
+        && prologue_out.dtype == input
+        && red
+            .sig
+            .map
+            .as_ref()
+            .is_some_and(|m| m.per_output[prologue.result]);
+    if !fits {
+        return Ok(None);
+    }
+    let sig = ReduceSig {
+        prologue: Some(StagedPrologue {
+            op: prologue.op,
+            result: prologue.result,
+            out: prologue_out.dtype,
+        }),
+        ..red.sig.clone()
+    };
+    let mut launch = red.first();
+    launch
+        .args
+        .push(crate::memory::element_address(prologue_out)?);
+    let rows = p.outputs.min(1 << 20) as u32;
+    launch.grid = Grid::Fixed {
+        grid: (rows, 1, 1),
+        block: (STAGE_GROUP as u32, 1, 1),
+        shared: (p.extent * input.itemsize()) as u32,
+    };
+    Ok(Some((sig, launch)))
+}
