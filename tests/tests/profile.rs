@@ -311,7 +311,7 @@ fn names_what_ran(dev: &Device) -> Result<()> {
     let idx = Tensor::from_slice(&[3i64, 0, 63], [3], dev)?;
     dev.synchronize()?;
     let kernels = |f: &mut dyn FnMut() -> Result<()>| -> Result<(Vec<String>, Vec<String>)> {
-        let p = dev.profile(|| f())?;
+        let p = dev.profile(&mut *f)?;
         let of = |kind| {
             p.records
                 .iter()
