@@ -291,7 +291,11 @@ impl Backend for WgpuBackend {
         for op in args.outputs.iter().chain(&args.inputs) {
             self.check_dtype(op.dtype)?;
         }
-        self.map_source_of(expr, also, args)
+        let kernel = Kernel::Map {
+            expr: expr.clone(),
+            also: also.to_vec(),
+        };
+        self.map_source_of(&self.steps(&kernel, args)?)
     }
 
     fn target(&self) -> &Target {
@@ -300,31 +304,8 @@ impl Backend for WgpuBackend {
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         self.check_operands(args)?;
-        match kernel {
-            Kernel::Map { expr, also } => self.run_map(expr, also, args),
-            // (`fuses_row_prologue` is false: core sends none, but the two launches are exact.)
-            Kernel::Reduce {
-                prologue: Some(_), ..
-            } => {
-                for (kernel, args) in strata_core::lower::prologue::split(kernel, args)? {
-                    self.run(&kernel, &args, _stream)?;
-                }
-                Ok(())
-            }
-            Kernel::Reduce {
-                op,
-                reduced_axes,
-                acc,
-                map,
-                prologue: None,
-            } => self.run_reduce(*op, *reduced_axes, *acc, map.as_ref(), args),
-            Kernel::Matmul { acc, .. } => self.run_matmul(*acc, args),
-            Kernel::Index { kind, axis } => self.run_index(*kind, *axis, args),
-            // `runs_softmax` is false: core composes softmax from maps and reductions here.
-            Kernel::Softmax { .. } => Err(strata_core::Error::Unsupported(
-                "the wgpu backend has no one-kernel softmax; core composes it".into(),
-            )),
-        }
+        let steps = self.steps(kernel, args)?;
+        self.execute(&steps, args)
     }
 
     fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {
@@ -336,7 +317,7 @@ impl Backend for WgpuBackend {
         kernel: &Kernel,
         args: &KernelArgs,
     ) -> Option<strata_core::backend::LaunchDescription> {
-        self.describe(kernel, args)
+        self.describe(&self.steps(kernel, args).ok()?)
     }
 
     fn memory_stats(&self) -> MemoryStats {

@@ -1,8 +1,8 @@
 //! Gather and scatter: pieces along the axes other than the indexed one (the operand read or
 //! written wherever an index points binds its whole run along that axis).
 
+use super::{access, Bind, Dispatch, Sig, Step};
 use crate::codegen::index;
-use crate::launch::{access, raw, Binding};
 use crate::WgpuBackend;
 use strata_core::ir::{IndexKind, KernelArgs};
 use strata_core::lower::operands::IndexOperands;
@@ -11,7 +11,14 @@ use strata_core::Backend;
 use strata_core::{DType, Error, Result};
 
 impl WgpuBackend {
-    pub(crate) fn run_index(&self, kind: IndexKind, axis: usize, args: &KernelArgs) -> Result<()> {
+    /// The dispatches of `Index { kind, axis }` over `args` (operands: the output, its range
+    /// flag for a gather, then the source and the index).
+    pub(crate) fn index_steps(
+        &self,
+        kind: IndexKind,
+        axis: usize,
+        args: &KernelArgs,
+    ) -> Result<Vec<Step<'static>>> {
         let checked = IndexOperands::of(kind, axis, args)?;
         let (out, index, src) = (checked.out, checked.index, checked.src);
         let scatter = kind.writes_through_index();
@@ -19,7 +26,7 @@ impl WgpuBackend {
         let iter = checked.space().to_vec();
         let rank = iter.len();
         if axis >= rank || iter.iter().product::<usize>() == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut shape = iter.clone();
         if scatter {
@@ -30,7 +37,10 @@ impl WgpuBackend {
         let operands = [out, index, src];
         let [ao, ai, as_] = operands.map(|op| access(op, op.layout.strides().to_vec()));
         let accesses = [ao?, ai?, as_?];
-        let buffers = [raw(out)?, raw(index)?, raw(src)?];
+        // Their numbers among the kernel's operands: outputs first (the flag after the
+        // output), then `[src, index]`.
+        let first_input = args.outputs.len();
+        let numbers = [0, first_input + 1, first_input];
         let axis_len = operands.map(|o| o.layout.shape()[axis]);
         let windows = |p: &Piece| {
             let reach = if scatter {
@@ -63,15 +73,11 @@ impl WgpuBackend {
             kind,
             flagged: checked.flag.is_some(),
         };
-        let caps = self.gpu.caps;
-        let bindings_count = 3 + usize::from(sig.flagged);
-        let pl = self.indexing.get(&sig, |sig| {
-            self.gpu.pipeline(&index::source(sig, caps), bindings_count)
-        })?;
         let flag = match checked.flag {
-            Some(f) => Some((raw(f)?, access(f, f.layout.strides().to_vec())?)),
+            Some(f) => Some(access(f, f.layout.strides().to_vec())?),
             None => None,
         };
+        let mut steps = Vec::with_capacity(pieces.len());
         let (sw, st, len) = index::slots(rank);
         for piece in &pieces {
             let wins = windows(piece);
@@ -91,22 +97,26 @@ impl WgpuBackend {
                     params[st[k] + d] = o.layout.strides()[d] as i32 as u32;
                 }
             }
-            let mut bindings = buffers
+            let mut binds = numbers
                 .into_iter()
                 .zip(wins)
-                .map(|(buffer, window)| Binding { buffer, window })
+                .map(|(operand, window)| Bind::Operand { operand, window })
                 .collect::<Vec<_>>();
-            if let Some((buffer, a)) = &flag {
+            if let Some(a) = &flag {
                 // The flag's one word, at its offset (a fresh tensor: offset 0).
                 let one = Piece::whole(&[1]);
-                bindings.push(Binding {
-                    buffer,
+                binds.push(Bind::Operand {
+                    operand: 1,
                     window: window(a, &one, align),
                 });
             }
-            self.gpu
-                .dispatch(&pl, &params, &bindings, params[0] as usize)?;
+            steps.push(Step::Dispatch(Dispatch {
+                threads: params[0] as usize,
+                sig: Sig::Index(sig.clone()),
+                params,
+                binds,
+            }));
         }
-        Ok(())
+        Ok(steps)
     }
 }

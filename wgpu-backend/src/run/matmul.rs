@@ -1,8 +1,9 @@
 //! A matmul: pieces of whole batches, then rows of A and C, until every operand's window fits
 //! one storage binding (a right-hand matrix must fit whole).
 
+use super::{access, Bind, Dispatch, Sig, Step};
 use crate::codegen::matmul;
-use crate::launch::{access, raw, scalar_words, Binding};
+use crate::launch::scalar_words;
 use crate::WgpuBackend;
 use strata_core::ir::KernelArgs;
 use strata_core::lower::operands::MatmulOperands;
@@ -11,25 +12,22 @@ use strata_core::Backend;
 use strata_core::{DType, Error, Result};
 
 impl WgpuBackend {
-    pub(crate) fn run_matmul(&self, acc: DType, args: &KernelArgs) -> Result<()> {
+    /// The dispatches of `Matmul { acc }` over `args` (operands: C, then A and B).
+    pub(crate) fn matmul_steps(&self, acc: DType, args: &KernelArgs) -> Result<Vec<Step<'static>>> {
         let ops = MatmulOperands::of(args)?;
         self.check_dtype(acc)?;
         let (batch, m, k, n) = ops.dims;
         if batch == 0 || m == 0 || n == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let (limit, align) = (self.binding_limit(), self.target.offset_align);
         let [aa, ba, ca] = [ops.a, ops.b, ops.c].map(|o| access(o, o.layout.strides().to_vec()));
         let [aa, ba, ca] = [aa?, ba?, ca?];
-        let [abuf, bbuf, cbuf] = [raw(ops.a)?, raw(ops.b)?, raw(ops.c)?];
         let sig = matmul::MatmulSig {
             dtype: ops.c.dtype,
             acc,
         };
-        let caps = self.gpu.caps;
-        let pl = self
-            .matmuls
-            .get(&sig, |sig| self.gpu.pipeline(&matmul::source(sig, caps), 3))?;
+        let mut steps = Vec::new();
         let [a0, a1] = scalar_words(ops.alpha);
         let [b0, b1] = scalar_words(ops.beta);
         // Pieces (batch start, batch count, row start, row count): halve the batch, then the
@@ -71,14 +69,19 @@ impl WgpuBackend {
                 }
             }
             params[16..20].copy_from_slice(&[a0, a1, b0, b1]);
-            let bindings = [cbuf, abuf, bbuf]
+            let binds = [0, 1, 2]
                 .into_iter()
                 .zip(wins)
-                .map(|(buffer, window)| Binding { buffer, window })
+                .map(|(operand, window)| Bind::Operand { operand, window })
                 .collect::<Vec<_>>();
             let tiles = bl * rl.div_ceil(matmul::TILE) * n.div_ceil(matmul::TILE);
-            self.gpu.dispatch(&pl, &params, &bindings, tiles * 256)?;
+            steps.push(Step::Dispatch(Dispatch {
+                sig: Sig::Matmul(sig.clone()),
+                params,
+                binds,
+                threads: tiles * 256,
+            }));
         }
-        Ok(())
+        Ok(steps)
     }
 }

@@ -1,9 +1,283 @@
-//! Running each kernel kind: the plan from core (or, for matmuls and index ops, the pieces a
-//! binding limit asks for), the pipeline from the cache, the `params` words and the bindings,
-//! then the dispatch.
+//! Deciding what runs. A kernel becomes its steps ([`WgpuBackend::steps`]), planned once from
+//! core's plans: scratch buffers and dispatches, each with its pipeline's signature, its
+//! parameter words, the windows it binds (by operand, so planning needs no buffer) and its
+//! invocations. `run` executes them, the profiler names them and `explain` renders the first
+//! map's. A new kernel kind is a planner here and a renderer in `crate::codegen`.
 
-mod describe;
 mod index;
 mod map;
 mod matmul;
 mod reduce;
+
+use crate::codegen::{self, prelude};
+use crate::codegen::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::ReduceSig};
+use crate::launch::{operand_info, raw, Binding};
+use crate::WgpuBackend;
+use std::sync::Arc;
+use strata_core::backend::{KernelSource, LaunchDescription};
+use strata_core::ir::{Kernel, KernelArgs, Operand};
+use strata_core::lower::pieces::{Access, Window};
+use strata_core::{Backend, Error, Result};
+
+/// One thing a kernel's launch does, in order.
+// (Steps live for one launch: boxing the dispatch would allocate once more per dispatch.)
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(crate) enum Step<'k> {
+    /// A pool buffer of `bytes` bytes that later dispatches bind whole (a split reduction's
+    /// partials), returned to the pool after the last.
+    Scratch { bytes: usize },
+    /// One dispatch.
+    Dispatch(Dispatch<'k>),
+}
+
+/// One dispatch of a generated kernel.
+#[derive(Debug)]
+pub(crate) struct Dispatch<'k> {
+    pub sig: Sig<'k>,
+    /// The `params` words.
+    pub params: Vec<u32>,
+    /// The storage bindings after the parameters, in order.
+    pub binds: Vec<Bind>,
+    /// Invocations (256 per workgroup).
+    pub threads: usize,
+}
+
+/// A storage binding of a dispatch.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Bind {
+    /// A window of an operand's buffer (operands numbered outputs first, then inputs).
+    Operand { operand: usize, window: Window },
+    /// A scratch buffer of the kernel's steps, whole.
+    Scratch { scratch: usize },
+}
+
+/// The signature of a dispatch's pipeline.
+#[derive(Debug)]
+pub(crate) enum Sig<'k> {
+    Map(MapSig<'k>),
+    Reduce(ReduceSig),
+    Index(IndexSig),
+    Matmul(MatmulSig),
+}
+
+impl Sig<'_> {
+    /// The kernel's name, for the profiler.
+    fn name(&self) -> &'static str {
+        match self {
+            Sig::Map(_) => "strata_map",
+            Sig::Reduce(_) => "strata_reduce",
+            Sig::Index(_) => "strata_index",
+            Sig::Matmul(_) => "strata_matmul",
+        }
+    }
+}
+
+/// Operand `k` of `args`: the outputs first, then the inputs.
+fn operand(args: &KernelArgs, k: usize) -> Result<&Operand> {
+    let outputs = args.outputs.len();
+    let op = if k < outputs {
+        args.outputs.get(k)
+    } else {
+        args.inputs.get(k - outputs)
+    };
+    op.ok_or_else(|| Error::Backend(format!("internal error: a binding of operand {k}")))
+}
+
+/// `op` as core's splitter sees it over iteration strides `strides` (a stand-in's size when
+/// planning without buffers).
+pub(crate) fn access(op: &Operand, strides: Vec<isize>) -> Result<Access> {
+    Ok(Access {
+        strides: strides.into(),
+        offset: op.layout.offset(),
+        itemsize: op.dtype.itemsize(),
+        buffer_bytes: operand_info(op)?.bytes,
+    })
+}
+
+impl WgpuBackend {
+    /// The steps `kernel` over `args` takes on this adapter: the one place each kernel kind's
+    /// dispatches are decided.
+    pub(crate) fn steps<'k>(&self, kernel: &'k Kernel, args: &KernelArgs) -> Result<Vec<Step<'k>>> {
+        match kernel {
+            Kernel::Map { expr, also } => self.map_steps(expr, also, args),
+            // (`fuses_row_prologue` is false: core sends none, but its two launches are exact.)
+            Kernel::Reduce {
+                prologue: Some(_), ..
+            } => {
+                let [(k1, a1), (k2, a2)] = strata_core::lower::prologue::split(kernel, args)?;
+                let reduce = |k: &Kernel, a: &KernelArgs| match k {
+                    Kernel::Reduce {
+                        op,
+                        reduced_axes,
+                        acc,
+                        map,
+                        ..
+                    } => self.reduce_steps(*op, *reduced_axes, *acc, map.as_ref(), a),
+                    _ => Err(Error::Backend(
+                        "internal error: a row prologue splits into reductions".into(),
+                    )),
+                };
+                Ok(chain(reduce(&k1, &a1)?, reduce(&k2, &a2)?))
+            }
+            Kernel::Reduce {
+                op,
+                reduced_axes,
+                acc,
+                map,
+                prologue: None,
+            } => self.reduce_steps(*op, *reduced_axes, *acc, map.as_ref(), args),
+            Kernel::Matmul { acc, .. } => self.matmul_steps(*acc, args),
+            Kernel::Index { kind, axis } => self.index_steps(*kind, *axis, args),
+            // `runs_softmax` is false: core composes softmax from maps and reductions here.
+            Kernel::Softmax { .. } => Err(Error::Unsupported(
+                "the wgpu backend has no one-kernel softmax; core composes it".into(),
+            )),
+        }
+    }
+
+    /// Records `steps` (of a kernel over `args`) into the command batch.
+    pub(crate) fn execute(&self, steps: &[Step], args: &KernelArgs) -> Result<()> {
+        let mut scratch = Vec::new();
+        for step in steps {
+            let d = match step {
+                Step::Scratch { bytes } => {
+                    scratch.push(self.pool.allocate(*bytes)?);
+                    continue;
+                }
+                Step::Dispatch(d) => d,
+            };
+            let pipeline = self.pipeline(&d.sig)?;
+            let bindings = d
+                .binds
+                .iter()
+                .map(|b| match *b {
+                    Bind::Operand { operand: k, window } => Ok(Binding {
+                        buffer: raw(operand(args, k)?)?,
+                        window,
+                    }),
+                    Bind::Scratch { scratch: k } => Ok(Binding::whole(scratch[k].raw())),
+                })
+                .collect::<Result<Vec<_>>>()?;
+            self.gpu
+                .dispatch(&pipeline, &d.params, &bindings, d.threads)?;
+        }
+        // The scratch buffers return to the pool here; later work is ordered after it.
+        Ok(())
+    }
+
+    /// The pipeline of `sig`, compiled on a miss.
+    fn pipeline(&self, sig: &Sig) -> Result<Arc<wgpu::ComputePipeline>> {
+        let caps = self.gpu.caps;
+        match sig {
+            Sig::Map(sig) => self.maps.get(sig, |sig| {
+                // Dtypes inside the tree (an f64 intermediate, say) are checked once, here.
+                let mut used = std::collections::BTreeSet::new();
+                prelude::dtypes_of(&sig.expr, &mut used);
+                for d in used {
+                    self.check_dtype(d)?;
+                }
+                self.gpu
+                    .pipeline(&codegen::map::source(sig, caps)?, sig.dtypes.len())
+            }),
+            Sig::Reduce(sig) => self.reductions.get(sig, |sig| {
+                let source = codegen::reduce::source(sig, caps)?;
+                self.gpu.pipeline(&source, codegen::reduce::bindings(sig))
+            }),
+            Sig::Index(sig) => self.indexing.get(sig, |sig| {
+                let bindings = 3 + usize::from(sig.flagged);
+                self.gpu
+                    .pipeline(&codegen::index::source(sig, caps), bindings)
+            }),
+            Sig::Matmul(sig) => self.matmuls.get(sig, |sig| {
+                self.gpu.pipeline(&codegen::matmul::source(sig, caps), 3)
+            }),
+        }
+    }
+
+    /// What `steps` dispatch, for the profiler: each kernel with its dispatches' invocations.
+    pub(crate) fn describe(&self, steps: &[Step]) -> Option<LaunchDescription> {
+        let mut kernels: Vec<(&'static str, Vec<usize>)> = Vec::new();
+        for step in steps {
+            let Step::Dispatch(d) = step else { continue };
+            match kernels.last_mut() {
+                Some((name, threads)) if *name == d.sig.name() => threads.push(d.threads),
+                _ => kernels.push((d.sig.name(), vec![d.threads])),
+            }
+        }
+        let shape = |threads: &[usize]| match threads {
+            [one] => format!("{one} invocations in workgroups of 256"),
+            many => format!(
+                "{} dispatches of {} invocations in workgroups of 256",
+                many.len(),
+                many.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        (!kernels.is_empty()).then(|| LaunchDescription {
+            name: kernels
+                .iter()
+                .map(|(n, _)| *n)
+                .collect::<Vec<_>>()
+                .join(" then "),
+            shape: kernels
+                .iter()
+                .map(|(_, t)| shape(t))
+                .collect::<Vec<_>>()
+                .join("; then "),
+        })
+    }
+
+    /// The WGSL of the first dispatch of `steps`, a map's, and how it is launched.
+    pub(crate) fn map_source_of(&self, steps: &[Step]) -> Result<Option<KernelSource>> {
+        let dispatches: Vec<&Dispatch> = steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Dispatch(d) => Some(d),
+                Step::Scratch { .. } => None,
+            })
+            .collect();
+        let Some(Dispatch {
+            sig: Sig::Map(sig),
+            threads,
+            ..
+        }) = dispatches.first()
+        else {
+            return Ok(None);
+        };
+        let pieces = dispatches.len();
+        Ok(Some(KernelSource {
+            language: "WGSL".into(),
+            launch: format!(
+                "{threads} invocations in workgroups of 256{}",
+                if pieces > 1 {
+                    format!(", first of {pieces} dispatches (binding windows)")
+                } else {
+                    String::new()
+                }
+            ),
+            source: codegen::map::source(sig, self.gpu.caps)?,
+        }))
+    }
+}
+
+/// `first`'s steps, then `then`'s, whose scratch buffers are numbered after `first`'s.
+fn chain<'k>(mut first: Vec<Step<'k>>, then: Vec<Step<'k>>) -> Vec<Step<'k>> {
+    let before = first
+        .iter()
+        .filter(|s| matches!(s, Step::Scratch { .. }))
+        .count();
+    for mut step in then {
+        if let Step::Dispatch(d) = &mut step {
+            for b in &mut d.binds {
+                if let Bind::Scratch { scratch } = b {
+                    *scratch += before;
+                }
+            }
+        }
+        first.push(step);
+    }
+    first
+}

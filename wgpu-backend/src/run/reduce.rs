@@ -3,42 +3,50 @@
 //! positions for argmin/argmax). A fused map (map→reduce) is evaluated per element inside the
 //! reduction, its further inputs bound whole (core fuses only what fits: `Target::binds_reduce`).
 
+use super::{Bind, Dispatch, Sig, Step};
 use crate::codegen::reduce;
-use crate::launch::{buffer_info, raw, Binding};
+use crate::launch::operand_info;
 use crate::WgpuBackend;
 use strata_core::ir::{Expr, KernelArgs, ReduceOp};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
+use strata_core::lower::pieces::Window;
 use strata_core::lower::reduce_plan::{self, partial_strides};
-use strata_core::{Backend, DType, Result};
+use strata_core::{Backend, DType, Error, Result};
 
 impl WgpuBackend {
-    pub(crate) fn run_reduce(
+    /// The dispatches of `Reduce { op, reduced_axes, acc, map }` over `args`.
+    pub(crate) fn reduce_steps(
         &self,
         op: ReduceOp,
         reduced_axes: usize,
         acc: DType,
         map: Option<&Expr>,
         args: &KernelArgs,
-    ) -> Result<()> {
+    ) -> Result<Vec<Step<'static>>> {
         let ops = ReduceOperands::of(reduced_axes, args)?;
         self.check_dtype(acc)?;
         if ops.outputs == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let map = map.map(|expr| ReduceMap::of(expr, &ops, args));
-        let (in_buf, out_buf) = (raw(ops.input)?, raw(ops.out)?);
-        let plan = reduce_plan::plan(&ops, &buffer_info(&[out_buf, in_buf]), &self.target)?;
+        let buffers = [operand_info(ops.out)?, operand_info(ops.input)?];
+        let plan = reduce_plan::plan(&ops, &buffers, &self.target)?;
+        let windowed = || Error::Backend("internal error: the wgpu target binds windows".into());
+        // Operands: the output (0), then the input (1) and the map's further inputs.
+        let mut steps = Vec::new();
         let (ro, rr) = (plan.outer_shape.len(), plan.reduced_shape.len());
         let arg = op.returns_index();
-        let caps = self.gpu.caps;
         let partial = plan.splits > 1;
-        let (values, positions) = if partial {
+        // Scratch 0: the partial values; scratch 1: their positions (argmin, argmax).
+        if partial {
             let n = plan.outputs * plan.splits;
-            let positions = arg.then(|| self.pool.allocate(n * 4)).transpose()?;
-            (Some(self.pool.allocate(n * acc.itemsize())?), positions)
-        } else {
-            (None, None)
-        };
+            steps.push(Step::Scratch {
+                bytes: n * acc.itemsize(),
+            });
+            if arg {
+                steps.push(Step::Scratch { bytes: n * 4 });
+            }
+        }
         let slots = reduce::slots(ro, rr, map.as_ref());
         let sig = reduce::ReduceSig {
             op,
@@ -52,48 +60,44 @@ impl WgpuBackend {
             partial,
             map,
         };
-        let pl = self.reductions.get(&sig, |sig| {
-            self.gpu
-                .pipeline(&reduce::source(sig, caps)?, reduce::bindings(sig))
-        })?;
         let partial_outer = partial_strides(&plan.outer_shape, plan.splits);
         for launch in &plan.launches {
             let outputs: usize = launch.piece.len[..ro].iter().product();
             if outputs == 0 {
                 continue;
             }
-            let input = launch.input.expect("the wgpu target binds windows");
+            let input = launch.input.ok_or_else(windowed)?;
             let mut params = vec![0u32; slots.len];
             params[0] = outputs as u32;
             params[1] = launch.piece.len[ro..].iter().product::<usize>() as u32;
             params[2] = launch.first_position as u32;
             params[3] = input.rel_offset as u32;
             params[5] = launch.splits as u32;
-            let mut bindings = Vec::with_capacity(3);
-            if let Some(values) = &values {
+            let mut binds = Vec::with_capacity(3);
+            if partial {
                 // Partial (o, split) lives at o * splits + split.
                 params[4] = (launch.first_output * plan.splits + launch.first_split) as u32;
                 for d in 0..ro {
                     params[slots.out_outer + d] = partial_outer[d] as i32 as u32;
                 }
-                bindings.push(Binding::whole(values.raw()));
+                binds.push(Bind::Scratch { scratch: 0 });
             } else {
-                let out = launch.out.expect("the wgpu target binds windows");
+                let out = launch.out.ok_or_else(windowed)?;
                 params[4] = out.rel_offset as u32;
                 for d in 0..ro {
                     params[slots.out_outer + d] = plan.out_outer[d] as i32 as u32;
                 }
-                bindings.push(Binding {
-                    buffer: out_buf,
+                binds.push(Bind::Operand {
+                    operand: 0,
                     window: out,
                 });
             }
-            bindings.push(Binding {
-                buffer: in_buf,
+            binds.push(Bind::Operand {
+                operand: 1,
                 window: input,
             });
-            if let Some(positions) = &positions {
-                bindings.push(Binding::whole(positions.raw()));
+            if partial && arg {
+                binds.push(Bind::Scratch { scratch: 1 });
             }
             if let Some(m) = &sig.map {
                 // Further inputs, bound whole: alike ones at the element's offset from the
@@ -110,7 +114,13 @@ impl WgpuBackend {
                         own - ops.input.layout.offset() as i64 + first
                     };
                     params[slots.map_base + k] = base as i32 as u32;
-                    bindings.push(Binding::tensor(raw(o)?, o.buffer.len_bytes()));
+                    // The tensor's bytes, rounded up to a binding's 16 (within its buffer,
+                    // a pool size class, which may be larger).
+                    let bytes = (o.buffer.len_bytes().max(1) as u64).next_multiple_of(16);
+                    binds.push(Bind::Operand {
+                        operand: 2 + k,
+                        window: Window::whole(bytes.min(operand_info(o)?.bytes)),
+                    });
                 }
                 if !ops.more.is_empty() {
                     for d in 0..ro {
@@ -131,10 +141,16 @@ impl WgpuBackend {
                 params[slots.reduced_shape + d] = launch.piece.len[ro + d] as u32;
                 params[slots.in_reduced + d] = plan.in_reduced[d] as i32 as u32;
             }
-            self.gpu
-                .dispatch(&pl, &params, &bindings, plan.work(launch))?;
+            steps.push(Step::Dispatch(Dispatch {
+                sig: Sig::Reduce(sig.clone()),
+                params,
+                binds,
+                threads: plan.work(launch),
+            }));
         }
-        let Some(values) = values else { return Ok(()) };
+        if !partial {
+            return Ok(steps);
+        }
         // Combine: reduce the [outputs, splits] partials into the output.
         let sig = reduce::ReduceSig {
             input: acc,
@@ -151,7 +167,7 @@ impl WgpuBackend {
         params[0] = plan.outputs as u32;
         params[1] = plan.splits as u32;
         params[5] = 1;
-        let out = plan.combine_out.expect("the wgpu target binds windows");
+        let out = plan.combine_out.ok_or_else(windowed)?;
         params[4] = out.rel_offset as u32;
         for d in 0..ro {
             params[slots.outer_shape + d] = plan.outer_shape[d] as u32;
@@ -160,22 +176,22 @@ impl WgpuBackend {
         }
         params[slots.reduced_shape] = plan.splits as u32;
         params[slots.in_reduced] = 1;
-        let mut bindings = vec![
-            Binding {
-                buffer: out_buf,
+        let mut binds = vec![
+            Bind::Operand {
+                operand: 0,
                 window: out,
             },
-            Binding::whole(values.raw()),
+            Bind::Scratch { scratch: 0 },
         ];
-        if let Some(positions) = &positions {
-            bindings.push(Binding::whole(positions.raw()));
+        if arg {
+            binds.push(Bind::Scratch { scratch: 1 });
         }
-        let pl = self.reductions.get(&sig, |sig| {
-            self.gpu
-                .pipeline(&reduce::source(sig, caps)?, reduce::bindings(sig))
-        })?;
-        let threads = plan.outputs * plan.combine_group;
-        self.gpu.dispatch(&pl, &params, &bindings, threads)
-        // The partial buffers return to the pool here; later work is ordered after the combine.
+        steps.push(Step::Dispatch(Dispatch {
+            sig: Sig::Reduce(sig),
+            params,
+            binds,
+            threads: plan.outputs * plan.combine_group,
+        }));
+        Ok(steps)
     }
 }
