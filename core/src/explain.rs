@@ -6,7 +6,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::fusion;
 use crate::fusion::preview::Preview;
-use crate::ir::{BinaryOp, Expr, Node};
+use crate::ir::{Expr, Node};
 use crate::layout::Layout;
 use crate::notebook::escape;
 use crate::tensor::Tensor;
@@ -241,7 +241,7 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
                 expression: format!(
                     "{}(in0) over its last {reduced_axes} ax{}; a reduction of the same rows \
                      that reads it may compute it in its own kernel",
-                    snake(format!("{op:?}")),
+                    op.name(),
                     if reduced_axes == 1 { "is" } else { "es" }
                 ),
                 inputs: vec![OperandReport::of(&source.0, source.1)],
@@ -300,55 +300,6 @@ pub fn infix(e: &Expr) -> String {
     out
 }
 
-/// Binding strength of a binary operator written infix (0: written as a call).
-fn precedence(op: BinaryOp) -> u8 {
-    use BinaryOp::*;
-    match op {
-        Mul | Div | Rem | FloorDiv => 5,
-        Add | Sub => 4,
-        Shl | Shr => 3,
-        Eq | Ne | Lt | Le | Gt | Ge => 2,
-        BitAnd | BitOr | BitXor => 1,
-        _ => 0,
-    }
-}
-
-fn symbol(op: BinaryOp) -> &'static str {
-    use BinaryOp::*;
-    match op {
-        Add => "+",
-        Sub => "-",
-        Mul => "*",
-        Div => "/",
-        FloorDiv => "//",
-        Rem => "%",
-        Shl => "<<",
-        Shr => ">>",
-        Eq => "==",
-        Ne => "!=",
-        Lt => "<",
-        Le => "<=",
-        Gt => ">",
-        Ge => ">=",
-        BitAnd => "&",
-        BitOr => "|",
-        BitXor => "^",
-        _ => "",
-    }
-}
-
-/// Lower-case name of an enum variant (`Atan2` → `atan2`, `AddSat` → `add_sat`).
-pub(crate) fn snake(debug: String) -> String {
-    let mut out = String::new();
-    for (k, c) in debug.chars().enumerate() {
-        if c.is_ascii_uppercase() && k > 0 {
-            out.push('_');
-        }
-        out.push(c.to_ascii_lowercase());
-    }
-    out
-}
-
 fn write_infix(e: &Expr, out: &mut String, outer: u8) {
     match &e.node {
         Node::Input(k) => {
@@ -377,26 +328,25 @@ fn write_infix(e: &Expr, out: &mut String, outer: u8) {
             out.push(')');
         }
         Node::Unary(op, a) => {
-            let _ = write!(out, "{}(", snake(format!("{op:?}")));
+            let _ = write!(out, "{}(", op.name());
             write_infix(a, out, 0);
             out.push(')');
         }
         Node::Binary(op, a, b) => {
-            let p = precedence(*op);
-            if p == 0 {
-                let _ = write!(out, "{}(", snake(format!("{op:?}")));
+            let Some((symbol, p)) = op.infix() else {
+                let _ = write!(out, "{}(", op.name());
                 write_infix(a, out, 0);
                 out.push_str(", ");
                 write_infix(b, out, 0);
                 out.push(')');
                 return;
-            }
+            };
             let paren = p < outer;
             if paren {
                 out.push('(');
             }
             write_infix(a, out, p);
-            let _ = write!(out, " {} ", symbol(*op));
+            let _ = write!(out, " {symbol} ");
             write_infix(b, out, p + 1);
             if paren {
                 out.push(')');
@@ -416,63 +366,6 @@ fn write_infix(e: &Expr, out: &mut String, outer: u8) {
             out.push(')');
         }
     }
-}
-
-/// The CPU backend's evaluation plan of `e`: one line per node in the order it is evaluated
-/// (each node over a block of elements at a time), with its dtype.
-///
-/// ```
-/// use strata_core::{DType, ir::{BinaryOp, Expr}};
-/// let e = Expr::binary(BinaryOp::Mul, Expr::input(0, DType::F32), Expr::input(1, DType::F32));
-/// let plan = strata_core::explain::evaluation_plan(&e);
-/// assert!(plan.contains("t2 = t0 * t1"));
-/// ```
-pub fn evaluation_plan(e: &Expr) -> String {
-    let mut lines = Vec::new();
-    let last = plan_node(e, &mut lines);
-    lines.push(format!("out = t{last}"));
-    lines.join("\n")
-}
-
-fn plan_node(e: &Expr, lines: &mut Vec<String>) -> usize {
-    let text = match &e.node {
-        Node::Input(_)
-        | Node::Scalar(_)
-        | Node::Literal(_)
-        | Node::LinearIndex
-        | Node::Philox(_) => infix(e),
-        Node::Cast { arg, saturate } => {
-            let a = plan_node(arg, lines);
-            format!("{}{}(t{a})", e.dtype, if *saturate { "_sat" } else { "" })
-        }
-        Node::Unary(op, arg) => {
-            let a = plan_node(arg, lines);
-            format!("{}(t{a})", snake(format!("{op:?}")))
-        }
-        Node::Binary(op, a, b) => {
-            let (a, b) = (plan_node(a, lines), plan_node(b, lines));
-            match symbol(*op) {
-                "" => format!("{}(t{a}, t{b})", snake(format!("{op:?}"))),
-                s => format!("t{a} {s} t{b}"),
-            }
-        }
-        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
-            let name = if matches!(e.node, Node::Fma(..)) {
-                "fma"
-            } else {
-                "where"
-            };
-            let (a, b, c) = (
-                plan_node(a, lines),
-                plan_node(b, lines),
-                plan_node(c, lines),
-            );
-            format!("{name}(t{a}, t{b}, t{c})")
-        }
-    };
-    let k = lines.len();
-    lines.push(format!("t{k} = {text:<28} : {}", e.dtype));
-    k
 }
 
 impl fmt::Display for Explanation {

@@ -206,7 +206,60 @@ pub enum BinaryOp {
     Ge,
 }
 
+/// Lower-case name of an enum variant (`Atan2` → `atan2`, `AddSat` → `add_sat`).
+fn snake(debug: String) -> String {
+    let mut out = String::new();
+    for (k, c) in debug.chars().enumerate() {
+        if c.is_ascii_uppercase() && k > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
+}
+
 impl BinaryOp {
+    /// The op's name as written in a call (`atan2`, `add_sat`).
+    ///
+    /// ```
+    /// assert_eq!(strata_core::ir::BinaryOp::FloorDiv.name(), "floor_div");
+    /// ```
+    pub fn name(self) -> String {
+        snake(format!("{self:?}"))
+    }
+
+    /// The infix symbol of an op written between its operands (`+`, `<<`, `==`), with its
+    /// binding strength (higher binds tighter); `None` for ops written as calls.
+    ///
+    /// ```
+    /// use strata_core::ir::BinaryOp;
+    /// assert_eq!(BinaryOp::Mul.infix(), Some(("*", 5)));
+    /// assert_eq!(BinaryOp::Max.infix(), None);
+    /// ```
+    pub fn infix(self) -> Option<(&'static str, u8)> {
+        use BinaryOp::*;
+        Some(match self {
+            Mul => ("*", 5),
+            Div => ("/", 5),
+            Rem => ("%", 5),
+            FloorDiv => ("//", 5),
+            Add => ("+", 4),
+            Sub => ("-", 4),
+            Shl => ("<<", 3),
+            Shr => (">>", 3),
+            Eq => ("==", 2),
+            Ne => ("!=", 2),
+            Lt => ("<", 2),
+            Le => ("<=", 2),
+            Gt => (">", 2),
+            Ge => (">=", 2),
+            BitAnd => ("&", 1),
+            BitOr => ("|", 1),
+            BitXor => ("^", 1),
+            _ => return None,
+        })
+    }
+
     /// True when the result is `bool` whatever the operand dtype.
     ///
     /// ```
@@ -299,6 +352,15 @@ pub enum UnaryOp {
 }
 
 impl UnaryOp {
+    /// The op's name as written in a call (`sqrt`, `is_nan`).
+    ///
+    /// ```
+    /// assert_eq!(strata_core::ir::UnaryOp::IsNan.name(), "is_nan");
+    /// ```
+    pub fn name(self) -> String {
+        snake(format!("{self:?}"))
+    }
+
     /// True for predicates, whose result is `bool`.
     ///
     /// ```
@@ -339,96 +401,7 @@ impl UnaryOp {
     }
 }
 
-/// A Philox word the lanes of a vector read from a call made once per counter (see
-/// [`Expr::hoist_philox`]): the node's parameters and the input standing for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaneDraw {
-    /// The Philox node replaced.
-    pub philox: PhiloxWord,
-    /// The input number that stands for it in the lanes' expression.
-    pub input: usize,
-}
-
 impl Expr {
-    /// This tree with each Philox node whose counters the `vector` lanes of a vectorized map
-    /// share (`per_counter` divides `vector`, or `vector` divides `per_counter`) replaced by an
-    /// input numbered from `first_input` up (one per distinct node), and those nodes: a
-    /// renderer makes one Philox call per counter before the lanes and gives each lane its
-    /// word (compilers do not merge the lanes' calls by themselves).
-    ///
-    /// ```
-    /// use strata_core::ir::{Expr, Node, PhiloxWord};
-    /// use strata_core::DType;
-    /// let w = PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 4, shared: 1 };
-    /// let e = Expr { dtype: DType::U32, node: Node::Philox(w) }.cast(DType::F32, false);
-    /// let (lanes, draws) = e.hoist_philox(4, 1);
-    /// assert_eq!(draws.len(), 1);
-    /// assert_eq!(lanes.max_input(), Some(1));
-    /// ```
-    pub fn hoist_philox(&self, vector: usize, first_input: usize) -> (Expr, Vec<LaneDraw>) {
-        let (mut trees, draws) =
-            Expr::hoist_philox_all(std::slice::from_ref(self), vector, first_input);
-        (trees.remove(0), draws)
-    }
-
-    /// [`hoist_philox`](Expr::hoist_philox) over the trees of a multi-output map at once: a
-    /// node they share stands for the same input in each.
-    ///
-    /// ```
-    /// use strata_core::ir::{Expr, Node, PhiloxWord};
-    /// use strata_core::DType;
-    /// let w = PhiloxWord { key: 0, counter: 1, word: 0, per_counter: 4, shared: 1 };
-    /// let draw = Expr { dtype: DType::U32, node: Node::Philox(w) }.cast(DType::F32, false);
-    /// let (trees, draws) = Expr::hoist_philox_all(&[draw.clone(), draw], 4, 1);
-    /// assert_eq!((draws.len(), &trees[0]), (1, &trees[1]));
-    /// ```
-    pub fn hoist_philox_all(
-        trees: &[Expr],
-        vector: usize,
-        first_input: usize,
-    ) -> (Vec<Expr>, Vec<LaneDraw>) {
-        fn walk(e: &Expr, vector: usize, first: usize, draws: &mut Vec<LaneDraw>) -> Expr {
-            let sub = |x: &Expr, draws: &mut Vec<LaneDraw>| Box::new(walk(x, vector, first, draws));
-            let node = match &e.node {
-                Node::Philox(w)
-                    if w.per_counter > 1
-                        && vector > 1
-                        && (vector.is_multiple_of(w.per_counter as usize)
-                            || (w.per_counter as usize).is_multiple_of(vector)) =>
-                {
-                    let input = match draws.iter().find(|d| d.philox == *w) {
-                        Some(d) => d.input,
-                        None => {
-                            let input = first + draws.len();
-                            draws.push(LaneDraw { philox: *w, input });
-                            input
-                        }
-                    };
-                    Node::Input(input)
-                }
-                Node::Cast { arg, saturate } => Node::Cast {
-                    arg: sub(arg, draws),
-                    saturate: *saturate,
-                },
-                Node::Unary(op, a) => Node::Unary(*op, sub(a, draws)),
-                Node::Binary(op, a, b) => Node::Binary(*op, sub(a, draws), sub(b, draws)),
-                Node::Fma(a, b, c) => Node::Fma(sub(a, draws), sub(b, draws), sub(c, draws)),
-                Node::Where(c, a, b) => Node::Where(sub(c, draws), sub(a, draws), sub(b, draws)),
-                other => other.clone(),
-            };
-            Expr {
-                dtype: e.dtype,
-                node,
-            }
-        }
-        let mut draws = Vec::new();
-        let trees = trees
-            .iter()
-            .map(|e| walk(e, vector, first_input, &mut draws))
-            .collect();
-        (trees, draws)
-    }
-
     /// Input tensor `k` of dtype `dtype`.
     ///
     /// ```
@@ -628,15 +601,7 @@ impl Expr {
     /// assert!(!Expr::input(0, DType::F32).reads_linear_index());
     /// ```
     pub fn reads_linear_index(&self) -> bool {
-        match &self.node {
-            Node::LinearIndex | Node::Philox(_) => true,
-            Node::Input(_) | Node::Scalar(_) | Node::Literal(_) => false,
-            Node::Cast { arg, .. } | Node::Unary(_, arg) => arg.reads_linear_index(),
-            Node::Binary(_, a, b) => a.reads_linear_index() || b.reads_linear_index(),
-            Node::Where(c, a, b) | Node::Fma(c, a, b) => {
-                c.reads_linear_index() || a.reads_linear_index() || b.reads_linear_index()
-            }
-        }
+        self.any_node(|n| matches!(n, Node::LinearIndex | Node::Philox(_)))
     }
 
     /// True when the tree draws random numbers (reads `Philox` words).
@@ -647,15 +612,7 @@ impl Expr {
     /// assert!(!Expr::linear_index().draws_random());
     /// ```
     pub fn draws_random(&self) -> bool {
-        match &self.node {
-            Node::Philox(_) => true,
-            Node::LinearIndex | Node::Input(_) | Node::Scalar(_) | Node::Literal(_) => false,
-            Node::Cast { arg, .. } | Node::Unary(_, arg) => arg.draws_random(),
-            Node::Binary(_, a, b) => a.draws_random() || b.draws_random(),
-            Node::Where(c, a, b) | Node::Fma(c, a, b) => {
-                c.draws_random() || a.draws_random() || b.draws_random()
-            }
-        }
+        self.any_node(|n| matches!(n, Node::Philox(_)))
     }
 
     /// The highest input index the tree reads, if any.
@@ -664,16 +621,24 @@ impl Expr {
     /// assert_eq!(strata_core::ir::Expr::linear_index().max_input(), None);
     /// ```
     pub fn max_input(&self) -> Option<usize> {
-        match &self.node {
-            Node::Input(k) => Some(*k),
-            Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex | Node::Philox(_) => None,
-            Node::Cast { arg, .. } => arg.max_input(),
-            Node::Unary(_, a) => a.max_input(),
-            Node::Binary(_, a, b) => a.max_input().max(b.max_input()),
-            Node::Where(c, a, b) | Node::Fma(c, a, b) => {
-                c.max_input().max(a.max_input()).max(b.max_input())
+        let own = match self.node {
+            Node::Input(k) => Some(k),
+            _ => None,
+        };
+        self.children().fold(own, |m, c| m.max(c.max_input()))
+    }
+
+    /// True when some node of the tree satisfies `f` (walked with an explicit stack, inline
+    /// for small trees: this runs on every launch).
+    fn any_node(&self, f: impl Fn(&Node) -> bool) -> bool {
+        let mut todo: smallvec::SmallVec<[&Expr; 16]> = smallvec::smallvec![self];
+        while let Some(e) = todo.pop() {
+            if f(&e.node) {
+                return true;
             }
+            todo.extend(e.children());
         }
+        false
     }
 }
 
@@ -853,6 +818,15 @@ pub enum ReduceOp {
 }
 
 impl ReduceOp {
+    /// The op's name (`sum`, `arg_max`).
+    ///
+    /// ```
+    /// assert_eq!(strata_core::ir::ReduceOp::ArgMax.name(), "arg_max");
+    /// ```
+    pub fn name(self) -> String {
+        snake(format!("{self:?}"))
+    }
+
     /// True for `ArgMin` and `ArgMax`, whose result is an `i64` position.
     ///
     /// ```

@@ -4,7 +4,7 @@
 
 use crate::compile::Compiler;
 use crate::driver::{check, Gpu};
-use crate::render::{Program, MAX_ARGUMENT_BYTES};
+use crate::render::{Generated, MAX_ARGUMENT_BYTES};
 use crate::run::batch::BatchedForm;
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -112,7 +112,7 @@ unsafe impl Sync for Function {}
 pub(crate) type FunctionCache<S> = KernelCache<S, Function>;
 
 /// The function for `key` in `cache`, rendering and compiling its program on a miss.
-pub(crate) fn function<K: Program>(
+pub(crate) fn function<K: Generated>(
     cache: &FunctionCache<K::Stored>,
     key: &K,
     compiler: &Compiler,

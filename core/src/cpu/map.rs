@@ -5,11 +5,12 @@ use super::block::{binary, fma, select, unary, with_block, with_dtype, Block, Pr
 use super::strided::View;
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
-use crate::ir::{Expr, KernelArgs, Node, Operand};
+use crate::ir::{Expr, KernelArgs, Operand, PhiloxWord};
 use crate::layout::Layout;
 use crate::lower::map_plan::{self, MapPlan, Position};
 use crate::lower::operands::MapOperands;
 use crate::lower::pieces::BufferInfo;
+use crate::lower::program::{Lanes, Op, Program};
 use crate::lower::target::Target;
 
 use super::strided::{BLOCK, PARALLEL_MIN};
@@ -47,136 +48,117 @@ impl Context<'_> {
     }
 }
 
-/// A multi-output map's further outputs as nodes of output 0's tree (by address), and each
-/// one's block once `eval` has computed it: every shared node is evaluated once.
-#[derive(Default)]
-struct Taps {
-    at: Vec<usize>,
-    blocks: Vec<Option<Block>>,
-}
-
-impl Taps {
-    /// For each of `also`, the address of a node of `expr` equal to it (a subtree that the
-    /// fused kernel computes anyway), or 0 when there is none (it is evaluated on its own).
-    fn find(expr: &Expr, also: &[Expr]) -> Vec<usize> {
-        let mut at = vec![0; also.len()];
-        if also.is_empty() {
-            return at; // every single-output launch: no walk
-        }
-        let mut stack = vec![expr];
-        while let Some(e) = stack.pop() {
-            for (slot, a) in at.iter_mut().zip(also) {
-                if *slot == 0 && e == a {
-                    *slot = e as *const Expr as usize;
-                }
-            }
-            match &e.node {
-                Node::Cast { arg, .. } | Node::Unary(_, arg) => stack.push(arg),
-                Node::Binary(_, a, b) => stack.extend([&**a, &**b]),
-                Node::Fma(a, b, c) | Node::Where(a, b, c) => stack.extend([&**a, &**b, &**c]),
-                _ => {}
-            }
-        }
-        at
-    }
-
-    fn note(&mut self, e: &Expr, block: &Block) {
-        let address = e as *const Expr as usize;
-        for (k, &a) in self.at.iter().enumerate() {
-            if a == address && self.blocks[k].is_none() {
-                self.blocks[k] = Some(block.clone());
-            }
-        }
-    }
-}
-
+/// Evaluates `program` for elements `start..start + len` of the piece: each instruction over
+/// the block, once, in order; a block is dropped after its last reader. Returns each
+/// output's block.
 fn eval(
-    e: &Expr,
+    program: &Program,
+    last_uses: &[usize],
     cx: &Context,
     start: usize,
     len: usize,
     scratch: &mut Vec<usize>,
-    taps: &mut Taps,
-) -> Result<Block> {
-    let block = match &e.node {
-        Node::Input(k) => {
-            let view = cx.inputs.get(*k).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "map reads input {k}, but {} were given",
-                    cx.inputs.len()
-                ))
-            })?;
-            // SAFETY: bounds checked when the view was made.
-            with_dtype!(e.dtype, T => T::wrap(unsafe { view.load::<T>(start, len, scratch) }))
-        }
-        Node::Scalar(k) => {
-            let s = cx.scalars.get(*k).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "map reads scalar {k}, but {} were given",
-                    cx.scalars.len()
-                ))
-            })?;
-            Block::splat(s.cast(e.dtype, false), len)
-        }
-        Node::Literal(bits) => Block::splat(Scalar::from_bits(e.dtype, *bits), len),
-        Node::LinearIndex => Block::I64(
-            cx.positions(start, len)
-                .into_iter()
-                .map(|p| p as i64)
-                .collect(),
-        ),
-        Node::Philox(w) => {
-            let scalar = |k: usize| {
-                cx.scalars
-                    .get(k)
-                    .map(|s| s.cast(crate::DType::U64, false).to_i128() as u64)
-                    .ok_or_else(|| {
-                        Error::Invalid(format!(
-                            "philox reads scalar {k}, but {} were given",
-                            cx.scalars.len()
-                        ))
-                    })
-            };
-            let (key, base) = (scalar(w.key)?, scalar(w.counter)?);
-            let key = [key as u32, (key >> 32) as u32];
-            Block::U32(
+) -> Result<Vec<Block>> {
+    let mut blocks: Vec<Option<Block>> = vec![None; program.instrs.len()];
+    for (i, instr) in program.instrs.iter().enumerate() {
+        let block = match &instr.op {
+            Op::Input { input, .. } => {
+                let view = cx.inputs.get(*input).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "map reads input {input}, but {} were given",
+                        cx.inputs.len()
+                    ))
+                })?;
+                // SAFETY: bounds checked when the view was made.
+                with_dtype!(instr.dtype, T => T::wrap(unsafe { view.load::<T>(start, len, scratch) }))
+            }
+            Op::Scalar(k) => {
+                let s = cx.scalars.get(*k).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "map reads scalar {k}, but {} were given",
+                        cx.scalars.len()
+                    ))
+                })?;
+                Block::splat(s.cast(instr.dtype, false), len)
+            }
+            Op::Literal(bits) => Block::splat(Scalar::from_bits(instr.dtype, *bits), len),
+            Op::Position { .. } => Block::I64(
                 cx.positions(start, len)
                     .into_iter()
-                    .map(|i| {
-                        let c = base.wrapping_add(w.counter_of(i));
-                        crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)
-                            [w.word_of(i)]
-                    })
+                    .map(|p| p as i64)
                     .collect(),
-            )
+            ),
+            Op::Philox(w) => philox(w, cx, start, len)?,
+            Op::Word { .. } | Op::KnownWord { .. } => {
+                return Err(Error::Invalid(
+                    "internal error: the CPU evaluates each element's own draws".into(),
+                ))
+            }
+            Op::Cast(a, saturate) => arg(&blocks, *a)?.cast(instr.dtype, *saturate),
+            Op::Unary(op, a) => unary(*op, arg(&blocks, *a)?)?,
+            Op::Binary(op, a, b) => binary(*op, arg(&blocks, *a)?, arg(&blocks, *b)?)?,
+            Op::Fma(a, b, c) => fma(arg(&blocks, *a)?, arg(&blocks, *b)?, arg(&blocks, *c)?)?,
+            Op::Where(c, a, b) => {
+                let cond = arg(&blocks, *c)?.clone().into_bool();
+                select(&cond, arg(&blocks, *a)?, arg(&blocks, *b)?)?
+            }
+        };
+        for a in instr.op.args() {
+            if last_uses[a] == i {
+                blocks[a] = None;
+            }
         }
-        Node::Cast { arg, saturate } => {
-            eval(arg, cx, start, len, scratch, taps)?.cast(e.dtype, *saturate)
-        }
-        Node::Unary(op, a) => unary(*op, &eval(a, cx, start, len, scratch, taps)?)?,
-        Node::Fma(a, b, c) => fma(
-            &eval(a, cx, start, len, scratch, taps)?,
-            &eval(b, cx, start, len, scratch, taps)?,
-            &eval(c, cx, start, len, scratch, taps)?,
-        )?,
-        Node::Binary(op, a, b) => {
-            let a = eval(a, cx, start, len, scratch, taps)?;
-            let b = eval(b, cx, start, len, scratch, taps)?;
-            binary(*op, &a, &b)?
-        }
-        Node::Where(c, a, b) => {
-            let c = eval(c, cx, start, len, scratch, taps)?.into_bool();
-            select(
-                &c,
-                &eval(a, cx, start, len, scratch, taps)?,
-                &eval(b, cx, start, len, scratch, taps)?,
-            )?
-        }
-    };
-    if !taps.at.is_empty() {
-        taps.note(e, &block);
+        blocks[i] = Some(block);
     }
-    Ok(block)
+    // Each output's block moved out (copied where a later output is the same value).
+    let outputs = &program.outputs[0];
+    (0..outputs.len())
+        .map(|k| {
+            let v = outputs[k];
+            let block = if outputs[k + 1..].contains(&v) {
+                blocks[v].clone()
+            } else {
+                blocks[v].take()
+            };
+            block.ok_or_else(missing)
+        })
+        .collect()
+}
+
+/// The error of a value read before it is made (instructions follow the values they read).
+fn missing() -> Error {
+    Error::Invalid("internal error: a map value read before it is made".into())
+}
+
+/// The block of value `k`.
+fn arg(blocks: &[Option<Block>], k: usize) -> Result<&Block> {
+    blocks[k].as_ref().ok_or_else(missing)
+}
+
+/// Philox word `w` of each element of the block.
+fn philox(w: &PhiloxWord, cx: &Context, start: usize, len: usize) -> Result<Block> {
+    let scalar = |k: usize| {
+        cx.scalars
+            .get(k)
+            .map(|s| s.cast(crate::DType::U64, false).to_i128() as u64)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "philox reads scalar {k}, but {} were given",
+                    cx.scalars.len()
+                ))
+            })
+    };
+    let (key, base) = (scalar(w.key)?, scalar(w.counter)?);
+    let key = [key as u32, (key >> 32) as u32];
+    Ok(Block::U32(
+        cx.positions(start, len)
+            .into_iter()
+            .map(|i| {
+                let c = base.wrapping_add(w.counter_of(i));
+                crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[w.word_of(i)]
+            })
+            .collect(),
+    ))
 }
 
 impl Block {
@@ -188,16 +170,13 @@ impl Block {
     }
 }
 
-/// The expressions of a map and where its outputs go.
-struct Outputs<'a> {
-    expr: &'a Expr,
-    also: &'a [Expr],
-    /// Per further output, its node in `expr` (see [`Taps::find`]).
-    at: &'a [usize],
+/// A map's program (its trees, output 0's first) and when each value is last read.
+struct Outputs {
+    program: Program,
+    last_uses: Vec<usize>,
 }
 
-/// Runs the map for output elements `range`: output 0's tree a block at a time, the further
-/// outputs taken from the nodes they share with it.
+/// Runs the map for output elements `range`, a block at a time.
 fn run_range(
     outs: &Outputs,
     cx: &Context,
@@ -205,26 +184,15 @@ fn run_range(
     range: std::ops::Range<usize>,
 ) -> Result<()> {
     let mut scratch = Vec::new();
-    let mut taps = Taps {
-        at: outs.at.to_vec(),
-        blocks: vec![None; outs.at.len()],
-    };
     let mut start = range.start;
     while start < range.end {
         let len = BLOCK.min(range.end - start);
-        taps.blocks.iter_mut().for_each(|b| *b = None);
-        let values = eval(outs.expr, cx, start, len, &mut scratch, &mut taps)?;
-        debug_assert_eq!(values.len(), len);
-        // SAFETY: bounds checked in View::new; ranges of different threads are disjoint.
-        // bool is stored as one byte holding 0 or 1, which is Rust's representation of bool.
-        with_block!(&values, v: T => unsafe { views[0].store::<T>(start, v, &mut scratch) });
-        for (k, e) in outs.also.iter().enumerate() {
-            let values = match taps.blocks[k].take() {
-                Some(b) => b,
-                None => eval(e, cx, start, len, &mut scratch, &mut Taps::default())?,
-            };
-            // SAFETY: as above.
-            with_block!(&values, v: T => unsafe { views[k + 1].store::<T>(start, v, &mut scratch) });
+        let values = eval(&outs.program, &outs.last_uses, cx, start, len, &mut scratch)?;
+        for (view, values) in views.iter().zip(&values) {
+            debug_assert_eq!(values.len(), len);
+            // SAFETY: bounds checked in View::new; ranges of different threads are disjoint.
+            // bool is stored as one byte holding 0 or 1, which is Rust's representation of bool.
+            with_block!(values, v: T => unsafe { view.store::<T>(start, v, &mut scratch) });
         }
         start += len;
     }
@@ -236,10 +204,11 @@ fn run_range(
 /// costs more than it saves on a small map. `also`: a multi-output map's further outputs.
 pub(crate) fn run(expr: &Expr, also: &[Expr], args: &KernelArgs) -> Result<()> {
     let ops = MapOperands::of_outputs(expr, also, args)?;
+    let trees: Vec<Expr> = std::iter::once(expr).chain(also).cloned().collect();
+    let program = Program::build(&trees, Lanes::one());
     let outs = Outputs {
-        expr,
-        also,
-        at: &Taps::find(expr, also),
+        last_uses: program.last_uses(),
+        program,
     };
     let numel = ops.out.layout.numel();
     if numel < PARALLEL_MIN {
@@ -291,7 +260,7 @@ fn run_piece(
     position: &Position,
     shape: &[usize],
 ) -> Result<()> {
-    let n_out = 1 + outs.also.len();
+    let n_out = outs.program.outputs[0].len();
     let views = operands[..n_out]
         .iter()
         .map(|o| View::new(o))
@@ -363,10 +332,10 @@ mod tests {
             let ops = MapOperands::of(&expr, &args).unwrap();
             let buffers = BufferInfo::of_operands(&args);
             let plan = map_plan::plan(&ops, true, &buffers, target).unwrap();
+            let program = Program::build(std::slice::from_ref(&expr), Lanes::one());
             let outs = Outputs {
-                expr: &expr,
-                also: &[],
-                at: &[],
+                last_uses: program.last_uses(),
+                program,
             };
             run_plan(&outs, &ops, &plan).unwrap();
             (plan.pieces.len(), out.to_vec::<f32>().unwrap())

@@ -19,6 +19,7 @@ use crate::backend::{
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{Kernel, KernelArgs};
+use crate::lower::program::{Lanes, Program};
 use crate::lower::target::Target;
 use buffer::Pool;
 use std::collections::HashMap;
@@ -127,21 +128,17 @@ impl Backend for CpuBackend {
         Ok(Some(crate::backend::KernelSource {
             language: "CPU evaluation plan".into(),
             launch: format!(
-                "{n} elements, each node evaluated over blocks of {} elements{threads}",
+                "{n} elements, each value evaluated over blocks of {} elements{threads}",
                 strided::BLOCK
             ),
-            source: crate::explain::evaluation_plan(expr)
-                + &also
-                    .iter()
-                    .enumerate()
-                    .map(|(k, e)| {
-                        format!(
-                            "\nout{} = {} (its node above, stored as well)",
-                            k + 1,
-                            crate::explain::infix(e)
-                        )
-                    })
-                    .collect::<String>(),
+            source: Program::build(
+                &std::iter::once(expr)
+                    .chain(also)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+                Lanes::one(),
+            )
+            .to_string(),
         }))
     }
 

@@ -20,6 +20,7 @@ pub mod legal;
 pub mod map_plan;
 pub mod operands;
 pub mod pieces;
+pub mod program;
 pub mod prologue;
 pub mod reduce_plan;
 pub mod softmax_plan;
@@ -42,56 +43,3 @@ pub type Dims = smallvec::SmallVec<[usize; 6]>;
 /// assert_eq!(&s[..], &[3, 1]);
 /// ```
 pub type Strides = smallvec::SmallVec<[isize; 6]>;
-
-/// Locals already emitted for the nodes of a tree: each node and the name holding its value.
-pub type NodeLocals<'e> = Vec<(&'e crate::ir::Expr, String)>;
-
-/// The locals holding each tree of a multi-output map ([`Kernel::Map`](crate::ir::Kernel::Map)
-/// with `also`), for a renderer whose `emit` writes a tree's statements and notes every node's
-/// local: output 0's tree is emitted in full, and each further tree (an intermediate, so a
-/// subtree of it) becomes the local of the node equal to it, or is emitted in full if none is.
-/// One rule for every renderer, so a stored intermediate is never computed twice.
-///
-/// ```
-/// use strata_core::{ir::{Expr, Node}, lower::{output_locals, NodeLocals}, DType};
-/// let x = Expr::input(0, DType::F32);
-/// let trees = [x.clone().cast(DType::F64, false), x];
-/// let mut emitted = 0;
-/// let locals = output_locals(&trees, |e: &Expr, names: &mut NodeLocals| {
-///     if let Node::Cast { arg, .. } = &e.node {
-///         names.push((arg, "x0".to_string()));
-///     }
-///     emitted += 1;
-///     names.push((e, "v0".to_string()));
-///     Ok("v0".to_string())
-/// })?;
-/// assert_eq!((emitted, locals), (1, vec!["v0".to_string(), "x0".to_string()]));
-/// # Ok::<(), strata_core::Error>(())
-/// ```
-pub fn output_locals<'e>(
-    trees: &'e [crate::ir::Expr],
-    mut emit: impl FnMut(&'e crate::ir::Expr, &mut NodeLocals<'e>) -> crate::Result<String>,
-) -> crate::Result<Vec<String>> {
-    let mut names = NodeLocals::new();
-    let mut locals = Vec::with_capacity(trees.len());
-    for tree in trees {
-        let local = match names.iter().find(|(node, _)| *node == tree) {
-            Some((_, local)) => local.clone(),
-            None => emit(tree, &mut names)?,
-        };
-        locals.push(local);
-    }
-    Ok(locals)
-}
-
-/// Every output's tree of a multi-output map, output 0 first (what a renderer emits through
-/// [`output_locals`]).
-///
-/// ```
-/// use strata_core::{ir::Expr, lower::map_trees, DType};
-/// let x = Expr::input(0, DType::F32);
-/// assert_eq!(map_trees(&x, &[x.clone()]).len(), 2);
-/// ```
-pub fn map_trees(expr: &crate::ir::Expr, also: &[crate::ir::Expr]) -> Vec<crate::ir::Expr> {
-    std::iter::once(expr).chain(also).cloned().collect()
-}

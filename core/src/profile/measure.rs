@@ -3,7 +3,6 @@
 
 use super::{ProfileRecord, RecordKind};
 use crate::backend::{LaunchDescription, StreamId};
-use crate::explain::snake;
 use crate::ir::{Expr, IndexKind, Kernel, KernelArgs, Node, Operand};
 
 /// The record of one launch of `kernel` (times filled in by the recorder).
@@ -23,12 +22,9 @@ pub(super) fn kernel_record(
             op, map, prologue, ..
         } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
-            let mut ops: Vec<String> = prologue
-                .iter()
-                .map(|p| snake(format!("{:?}", p.op)))
-                .collect();
+            let mut ops: Vec<String> = prologue.iter().map(|p| p.op.name()).collect();
             ops.extend(map.as_ref().map(map_ops).unwrap_or_default());
-            ops.push(snake(format!("{op:?}")));
+            ops.push(op.name());
             let passes = 1 + u64::from(prologue.is_some());
             (
                 "reduce",
@@ -134,25 +130,21 @@ fn map_ops(e: &Expr) -> Vec<String> {
             }
             Node::Unary(op, a) => {
                 walk(a, out);
-                out.push(snake(format!("{op:?}")));
+                out.push(op.name());
             }
             Node::Binary(op, a, b) => {
                 walk(a, out);
                 walk(b, out);
-                out.push(snake(format!("{op:?}")));
+                out.push(op.name());
             }
-            Node::Fma(a, b, c) | Node::Where(a, b, c) => {
-                for x in [a, b, c] {
-                    walk(x, out);
-                }
-                out.push(
-                    if matches!(e.node, Node::Fma(..)) {
-                        "fma"
-                    } else {
-                        "where"
-                    }
-                    .into(),
-                );
+            Node::Fma(..) | Node::Where(..) => {
+                e.children().for_each(|x| walk(x, out));
+                let name = if matches!(e.node, Node::Fma(..)) {
+                    "fma"
+                } else {
+                    "where"
+                };
+                out.push(name.into());
             }
         }
     }

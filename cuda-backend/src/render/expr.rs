@@ -1,106 +1,130 @@
-//! A `Map` expression tree as CUDA C statements. Inputs arrive as compute values `x{k}`,
-//! scalars as `s{k}`, the output's row-major position as `li`; every node becomes one
-//! `const` local, so a fused tree is straight-line code the compiler schedules freely.
+//! A map's program (core's linearized trees, [`Program`]) as CUDA C statements: one `const`
+//! local `v{i}` per instruction, so a fused tree is straight-line code the compiler schedules
+//! freely. Scalars are `s{k}` and an element's position `li`; what depends on where the
+//! element is (an input of a lane, its position, a hoisted Philox word) the caller names.
 
 use super::{cast, compute_type, round_to, undefined};
 use std::fmt::Write;
-use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
-use strata_core::lower::{output_locals, NodeLocals};
+use strata_core::ir::{BinaryOp, Expr, UnaryOp};
+use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result};
 
-/// Emits statements computing `expr` into `out` (indented by `indent`); returns the name of
-/// the local holding the value.
+/// How a renderer reads the leaves that depend on where the element is: its input `k` of
+/// lane `l` (`Op::Input`), its position (`Op::Position`), a hoisted Philox word
+/// (`Op::Word`, `Op::KnownWord`), each of the instruction's dtype. `None`: not one of those.
+pub(crate) type Leaves<'a> = dyn Fn(&Op, DType) -> Option<String> + 'a;
+
+/// Statements computing every value of `program` into `out` (indented by `indent`), value
+/// `i` in the local `v{base + i}` (a kernel holding several programs numbers them apart);
+/// returns each value's local. A sine and a cosine of one f32 or f64 value (Box–Muller's
+/// pair) come from one `sincos` call: one range reduction instead of two, the same bits.
 pub(crate) fn emit(
+    program: &Program,
+    out: &mut String,
+    indent: &str,
+    base: usize,
+    leaves: &Leaves,
+) -> Result<Vec<String>> {
+    let local = |i: usize| format!("v{}", base + i);
+    let pairs = sincos_pairs(program);
+    for (i, instr) in program.instrs.iter().enumerate() {
+        let d = instr.dtype;
+        let t = compute_type(d);
+        let v = |a: &usize| local(*a);
+        let value = match &instr.op {
+            Op::Scalar(k) => format!("s{k}"),
+            Op::Literal(bits) => super::scalar_from_word(d, &format!("{bits}ull")),
+            // Neighbours share a counter; shifts and masks, as per_counter is a power of two.
+            Op::Philox(w) if w.per_counter <= 1 => format!(
+                "philox((u64)s{}, (u64)s{} + (u64)li, {})",
+                w.key, w.counter, w.word
+            ),
+            Op::Philox(w) => {
+                let (shift, mask) = (w.per_counter.trailing_zeros(), w.per_counter - 1);
+                format!(
+                    "philox((u64)s{}, (u64)s{} + upos(li >> {shift}), \
+                     (int)((li & {mask}) / {}) * {} + {})",
+                    w.key,
+                    w.counter,
+                    w.shared,
+                    w.group_width(),
+                    w.word
+                )
+            }
+            Op::Cast(a, saturate) => cast(&v(a), program.instrs[*a].dtype, d, *saturate),
+            Op::Unary(op @ (UnaryOp::Sin | UnaryOp::Cos), a) => {
+                match pairs.iter().find(|&&(s, c)| s == i || c == i) {
+                    Some(&(s, c)) if i == s.min(c) => {
+                        let f = if d == DType::F64 { "" } else { "f" };
+                        let (vs, vc) = (local(s), local(c));
+                        let _ = writeln!(
+                            out,
+                            "{indent}{t} {vs}, {vc}; sincos{f}({}, &{vs}, &{vc});",
+                            v(a)
+                        );
+                        continue;
+                    }
+                    Some(_) => continue,
+                    None => unary(*op, program.instrs[*a].dtype, &v(a))?,
+                }
+            }
+            Op::Unary(op, a) => unary(*op, program.instrs[*a].dtype, &v(a))?,
+            Op::Binary(op, a, b) => binary(*op, program.instrs[*a].dtype, &v(a), &v(b))?,
+            Op::Fma(a, b, c) => fma(d, &v(a), &v(b), &v(c))?,
+            Op::Where(c, a, b) => format!("(({} != 0) ? {} : {})", v(c), v(a), v(b)),
+            leaf => leaves(leaf, d).ok_or_else(|| {
+                strata_core::Error::Backend(format!(
+                    "internal error: the CUDA renderer has no reading of {leaf:?} here"
+                ))
+            })?,
+        };
+        let _ = writeln!(out, "{indent}const {t} {} = {value};", local(i));
+    }
+    Ok((0..program.instrs.len()).map(local).collect())
+}
+
+/// The sine and cosine instructions (of f32 or f64) that take the same value: one
+/// `sincos` computes both.
+fn sincos_pairs(program: &Program) -> Vec<(usize, usize)> {
+    let of = |op: UnaryOp| {
+        program
+            .instrs
+            .iter()
+            .enumerate()
+            .filter(move |(_, i)| matches!(i.dtype, DType::F32 | DType::F64))
+            .filter_map(move |(k, i)| match i.op {
+                Op::Unary(o, a) if o == op => Some((k, a, i.dtype)),
+                _ => None,
+            })
+    };
+    of(UnaryOp::Sin)
+        .filter_map(|(s, a, d)| {
+            of(UnaryOp::Cos)
+                .find(|&(_, b, e)| b == a && e == d)
+                .map(|(c, _, _)| (s, c))
+        })
+        .collect()
+}
+
+/// Statements computing `expr` for one element whose input `k` is `x{k}` and position `li`
+/// (reduction, softmax and index kernels: a tree read where the renderer has loaded its
+/// inputs); returns the local of its value. `next` numbers the locals (`v{next}`..), so one
+/// kernel may hold several trees.
+pub(crate) fn emit_tree(
     expr: &Expr,
     out: &mut String,
     indent: &str,
     next: &mut usize,
 ) -> Result<String> {
-    emit_noting(expr, out, indent, next, &mut Vec::new())
-}
-
-/// Emits the trees of a multi-output map (see [`output_locals`]); returns the locals, one
-/// per tree.
-pub(crate) fn emit_outputs(
-    trees: &[Expr],
-    out: &mut String,
-    indent: &str,
-    next: &mut usize,
-) -> Result<Vec<String>> {
-    output_locals(trees, |e, names| emit_noting(e, out, indent, next, names))
-}
-
-/// [`emit`], noting each named node's local in `names` (an input or a scalar is read by
-/// name and not noted).
-fn emit_noting<'e>(
-    expr: &'e Expr,
-    out: &mut String,
-    indent: &str,
-    next: &mut usize,
-    names: &mut NodeLocals<'e>,
-) -> Result<String> {
-    let value = match &expr.node {
-        Node::Input(k) => return Ok(format!("x{k}")),
-        Node::Scalar(k) => return Ok(format!("s{k}")),
-        Node::Literal(bits) => super::scalar_from_word(expr.dtype, &format!("{bits}ull")),
-        Node::LinearIndex => "((i64)li)".to_string(),
-        Node::Philox(w) if w.per_counter <= 1 => format!(
-            "philox((u64)s{}, (u64)s{} + (u64)li, {})",
-            w.key, w.counter, w.word
-        ),
-        // Neighbours share a counter; shifts and masks, as per_counter is a power of two.
-        // (Vectorized maps call Philox once per counter before their lanes: codegen/map.rs.)
-        Node::Philox(w) => {
-            let (shift, mask) = (w.per_counter.trailing_zeros(), w.per_counter - 1);
-            format!(
-                "philox((u64)s{}, (u64)s{} + upos(li >> {shift}), \
-                 (int)((li & {mask}) / {}) * {} + {})",
-                w.key,
-                w.counter,
-                w.shared,
-                w.group_width(),
-                w.word
-            )
-        }
-        Node::Cast { arg, saturate } => {
-            let a = emit_noting(arg, out, indent, next, names)?;
-            cast(&a, arg.dtype, expr.dtype, *saturate)
-        }
-        Node::Unary(op, arg) => {
-            let a = emit_noting(arg, out, indent, next, names)?;
-            unary(*op, arg.dtype, &a)?
-        }
-        Node::Binary(op, l, r) => {
-            let a = emit_noting(l, out, indent, next, names)?;
-            let b = emit_noting(r, out, indent, next, names)?;
-            binary(*op, l.dtype, &a, &b)?
-        }
-        Node::Fma(a, b, c) => {
-            let (x, y, z) = (
-                emit_noting(a, out, indent, next, names)?,
-                emit_noting(b, out, indent, next, names)?,
-                emit_noting(c, out, indent, next, names)?,
-            );
-            fma(a.dtype, &x, &y, &z)?
-        }
-        Node::Where(c, a, b) => {
-            let cond = emit_noting(c, out, indent, next, names)?;
-            let (x, y) = (
-                emit_noting(a, out, indent, next, names)?,
-                emit_noting(b, out, indent, next, names)?,
-            );
-            format!("(({cond} != 0) ? {x} : {y})")
-        }
+    let program = Program::build(std::slice::from_ref(expr), Lanes::one());
+    let leaves = |op: &Op, _: DType| match op {
+        Op::Input { input, .. } => Some(format!("x{input}")),
+        Op::Position { .. } => Some("((i64)li)".to_string()),
+        _ => None,
     };
-    let name = format!("v{}", *next);
-    *next += 1;
-    let _ = writeln!(
-        out,
-        "{indent}const {} {name} = {value};",
-        compute_type(expr.dtype)
-    );
-    names.push((expr, name.clone()));
-    Ok(name)
+    let locals = emit(&program, out, indent, *next, &leaves)?;
+    *next += program.instrs.len();
+    Ok(locals[program.outputs[0][0]].clone())
 }
 
 /// The C function name for a float math function in f32 (`sinf`) or f64 (`sin`).
@@ -260,15 +284,16 @@ mod tests {
             Expr::binary(BinaryOp::Mul, x.clone(), Expr::scalar(0, DType::F32)),
         );
         let mut src = String::new();
-        let v = emit(&e, &mut src, "", &mut 0).unwrap();
-        assert_eq!(v, "v1");
-        assert!(src.contains("const float v0 = (x0 * s0);"), "{src}");
-        assert!(src.contains("const float v1 = ((v0 > 0 || v0 != v0) ? v0 : (float)0);"));
+        let v = emit_tree(&e, &mut src, "", &mut 0).unwrap();
+        assert_eq!(v, "v3");
+        assert!(src.contains("const float v0 = x0;"), "{src}");
+        assert!(src.contains("const float v2 = (v0 * v1);"), "{src}");
+        assert!(src.contains("const float v3 = ((v2 > 0 || v2 != v2) ? v2 : (float)0);"));
     }
 
     #[test]
     fn undefined_ops_are_errors() {
         let e = Expr::unary(UnaryOp::Sqrt, Expr::input(0, DType::I32));
-        assert!(emit(&e, &mut String::new(), "", &mut 0).is_err());
+        assert!(emit_tree(&e, &mut String::new(), "", &mut 0).is_err());
     }
 }

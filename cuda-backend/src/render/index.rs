@@ -1,9 +1,9 @@
 //! `Gather` and `Scatter` kernels: one thread per element of the index tensor, any strides.
 //! Scatter with accumulation adds atomically (a compare-and-swap loop for every width).
 
-use super::expr::emit;
+use super::expr::emit_tree;
 use super::{compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
-use super::{Program, Rendered};
+use super::{Generated, Rendered};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, IndexKind};
 use strata_core::{DType, Result};
@@ -93,7 +93,7 @@ fn rows_source(sig: &IndexSig) -> String {
     )
 }
 
-impl Program for IndexSig {
+impl Generated for IndexSig {
     const NAME: &'static str = "strata_index";
     fn render(&self) -> Result<Rendered> {
         source(self).map(Rendered::single)
@@ -159,7 +159,7 @@ pub(crate) fn source(sig: &IndexSig) -> Result<String> {
                 Expr::input(1, sig.dtype),
             );
             let mut body = String::new();
-            let v = emit(&add, &mut body, "        ", &mut 0)?;
+            let v = emit_tree(&add, &mut body, "        ", &mut 0)?;
             let ct = compute_type(sig.dtype);
             let _ = writeln!(s, "    const {ct} x1 = {value};");
             let _ = writeln!(s, "    atomic_update(&out[o2], [&]({dt} old) -> {dt} {{");

@@ -11,9 +11,10 @@
 //! their bool as 0 or 1 in a float register). Anything else compiles at once.
 
 use super::expr;
-use super::{Optimization, Program, Rendered};
-use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
+use super::{Generated, Optimization, Rendered};
+use strata_core::ir::{BinaryOp, UnaryOp};
 use strata_core::lower::cache::Owned;
+use strata_core::lower::program::{Op, ValueId};
 use strata_core::{DType, Result};
 
 /// Registers of one evaluation: inputs, then constants (launch scalars and literals), then
@@ -22,9 +23,9 @@ pub(crate) const REGISTERS: usize = 32;
 /// The interpreter's argument words (`Args<WORDS>`): a program must fit them.
 pub(crate) const WORDS: usize = 256;
 
-/// An interpreted operation: its index in [`OPS`] is its opcode.
+/// An interpreted operation: its index in [`OPS`] is its code.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Op {
+pub(crate) enum Opcode {
     Unary(UnaryOp),
     Binary(BinaryOp),
     Fma,
@@ -32,59 +33,59 @@ pub(crate) enum Op {
 }
 
 /// Every operation the interpreter knows, in opcode order.
-pub(crate) const OPS: &[Op] = {
+pub(crate) const OPS: &[Opcode] = {
     use BinaryOp::*;
     use UnaryOp::*;
     &[
-        Op::Unary(Neg),
-        Op::Unary(NegSat),
-        Op::Unary(Abs),
-        Op::Unary(Sign),
-        Op::Unary(Square),
-        Op::Unary(Sqrt),
-        Op::Unary(Rsqrt),
-        Op::Unary(Reciprocal),
-        Op::Unary(Exp),
-        Op::Unary(Exp2),
-        Op::Unary(Expm1),
-        Op::Unary(Log),
-        Op::Unary(Log2),
-        Op::Unary(Log10),
-        Op::Unary(Log1p),
-        Op::Unary(Sin),
-        Op::Unary(Cos),
-        Op::Unary(Tan),
-        Op::Unary(Tanh),
-        Op::Unary(Sigmoid),
-        Op::Unary(Relu),
-        Op::Unary(Gelu),
-        Op::Unary(Erf),
-        Op::Unary(Floor),
-        Op::Unary(Ceil),
-        Op::Unary(Round),
-        Op::Unary(Trunc),
-        Op::Unary(IsNan),
-        Op::Unary(IsInf),
-        Op::Unary(IsFinite),
-        Op::Binary(Add),
-        Op::Binary(Sub),
-        Op::Binary(Mul),
-        Op::Binary(Div),
-        Op::Binary(AddSat),
-        Op::Binary(SubSat),
-        Op::Binary(MulSat),
-        Op::Binary(DivSat),
-        Op::Binary(Pow),
-        Op::Binary(Max),
-        Op::Binary(Min),
-        Op::Binary(Eq),
-        Op::Binary(Ne),
-        Op::Binary(Lt),
-        Op::Binary(Le),
-        Op::Binary(Gt),
-        Op::Binary(Ge),
-        Op::Fma,
-        Op::Where,
+        Opcode::Unary(Neg),
+        Opcode::Unary(NegSat),
+        Opcode::Unary(Abs),
+        Opcode::Unary(Sign),
+        Opcode::Unary(Square),
+        Opcode::Unary(Sqrt),
+        Opcode::Unary(Rsqrt),
+        Opcode::Unary(Reciprocal),
+        Opcode::Unary(Exp),
+        Opcode::Unary(Exp2),
+        Opcode::Unary(Expm1),
+        Opcode::Unary(Log),
+        Opcode::Unary(Log2),
+        Opcode::Unary(Log10),
+        Opcode::Unary(Log1p),
+        Opcode::Unary(Sin),
+        Opcode::Unary(Cos),
+        Opcode::Unary(Tan),
+        Opcode::Unary(Tanh),
+        Opcode::Unary(Sigmoid),
+        Opcode::Unary(Relu),
+        Opcode::Unary(Gelu),
+        Opcode::Unary(Erf),
+        Opcode::Unary(Floor),
+        Opcode::Unary(Ceil),
+        Opcode::Unary(Round),
+        Opcode::Unary(Trunc),
+        Opcode::Unary(IsNan),
+        Opcode::Unary(IsInf),
+        Opcode::Unary(IsFinite),
+        Opcode::Binary(Add),
+        Opcode::Binary(Sub),
+        Opcode::Binary(Mul),
+        Opcode::Binary(Div),
+        Opcode::Binary(AddSat),
+        Opcode::Binary(SubSat),
+        Opcode::Binary(MulSat),
+        Opcode::Binary(DivSat),
+        Opcode::Binary(Pow),
+        Opcode::Binary(Max),
+        Opcode::Binary(Min),
+        Opcode::Binary(Eq),
+        Opcode::Binary(Ne),
+        Opcode::Binary(Lt),
+        Opcode::Binary(Le),
+        Opcode::Binary(Gt),
+        Opcode::Binary(Ge),
+        Opcode::Fma,
+        Opcode::Where,
     ]
 };
 
@@ -94,7 +95,7 @@ pub(crate) struct InterpretSig;
 
 impl Owned for InterpretSig {}
 
-impl Program for InterpretSig {
+impl Generated for InterpretSig {
     const NAME: &'static str = "strata_interpret";
     fn render(&self) -> Result<Rendered> {
         source().map(Rendered::single)
@@ -113,13 +114,13 @@ pub(crate) fn source() -> Result<String> {
     let mut cases = String::new();
     for (code, op) in OPS.iter().enumerate() {
         let (value, bool_valued) = match *op {
-            Op::Unary(u) => (
+            Opcode::Unary(u) => (
                 expr::unary(u, DType::F32, "a")?,
                 matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
             ),
-            Op::Binary(b) => (expr::binary(b, DType::F32, "a", "b")?, is_comparison(b)),
-            Op::Fma => (expr::fma(DType::F32, "a", "b", "c")?, false),
-            Op::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
+            Opcode::Binary(b) => (expr::binary(b, DType::F32, "a", "b")?, is_comparison(b)),
+            Opcode::Fma => (expr::fma(DType::F32, "a", "b", "c")?, false),
+            Opcode::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
         };
         let value = if bool_valued {
             format!("({value}) ? 1.0f : 0.0f")
@@ -185,24 +186,25 @@ fn is_comparison(op: BinaryOp) -> bool {
     matches!(op, Eq | Ne | Lt | Le | Gt | Ge)
 }
 
-/// The interpreted op of `node`, whose result has dtype `d`: f32 operands, an f32 result (or
-/// a bool one for comparisons and float predicates, kept as 0 or 1).
-pub(crate) fn interpreted_op(node: &Node, d: DType) -> Option<Op> {
-    let f32 = |e: &Expr| e.dtype == DType::F32;
-    let op = match node {
-        Node::Unary(u, a) if f32(a) => Op::Unary(*u),
-        Node::Binary(b, x, y) if f32(x) && f32(y) => Op::Binary(*b),
-        Node::Fma(a, b, c) if f32(a) && f32(b) && f32(c) && d == DType::F32 => Op::Fma,
-        Node::Where(c, a, b) if c.dtype == DType::Bool && f32(a) && f32(b) => Op::Where,
+/// The interpreted operation of `op`, whose result has dtype `d` and whose operand `a` has
+/// dtype `arg(a)`: f32 operands, an f32 result (or a bool one for comparisons and float
+/// predicates, kept as 0 or 1).
+pub(crate) fn interpreted_op(op: &Op, d: DType, arg: impl Fn(ValueId) -> DType) -> Option<Opcode> {
+    let f32 = |a: &ValueId| arg(*a) == DType::F32;
+    let opcode = match op {
+        Op::Unary(u, a) if f32(a) => Opcode::Unary(*u),
+        Op::Binary(b, x, y) if f32(x) && f32(y) => Opcode::Binary(*b),
+        Op::Fma(a, b, c) if f32(a) && f32(b) && f32(c) && d == DType::F32 => Opcode::Fma,
+        Op::Where(c, a, b) if arg(*c) == DType::Bool && f32(a) && f32(b) => Opcode::Where,
         _ => return None,
     };
-    let bool_valued = match op {
-        Op::Unary(u) => matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
-        Op::Binary(b) => is_comparison(b),
-        Op::Fma | Op::Where => false,
+    let bool_valued = match opcode {
+        Opcode::Unary(u) => matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
+        Opcode::Binary(b) => is_comparison(b),
+        Opcode::Fma | Opcode::Where => false,
     };
     let want = if bool_valued { DType::Bool } else { DType::F32 };
-    (d == want).then_some(op)
+    (d == want).then_some(opcode)
 }
 
 #[cfg(test)]

@@ -5,14 +5,15 @@
 //! while the output runs along the rows: 32×32 tiles of that input pass through shared memory,
 //! so both sides read and write whole cache lines).
 
-use super::expr::emit_outputs;
+use super::expr::emit;
 use super::{batch_capacity, storage_type, to_storage, vector_type};
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
-use super::{Optimization, Program, Rendered};
+use super::{Generated, Optimization, Rendered};
 use std::borrow::Cow;
 use std::fmt::Write;
 use strata_core::ir::Expr;
 use strata_core::lower::map_plan::Path;
+use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result};
 
 /// The structure of a map launch: what the generated source depends on.
@@ -45,7 +46,10 @@ impl MapSig<'_> {
 
     /// Every output's tree, output 0 first.
     fn trees(&self) -> Vec<Expr> {
-        strata_core::lower::map_trees(&self.expr, &self.also)
+        std::iter::once(self.expr.as_ref())
+            .chain(self.also.iter())
+            .cloned()
+            .collect()
     }
 
     /// Operand `k` (0: the output) is at the linear index.
@@ -87,11 +91,19 @@ pub(crate) fn counter_pairs(sig: &MapSig) -> bool {
     if v <= 1 || !(0..sig.dtypes.len()).all(|k| sig.contiguous(k)) {
         return false;
     }
-    let (_, draws) = sig.expr.hoist_philox(v, sig.dtypes.len());
-    !draws.is_empty() && draws.iter().all(|d| d.philox.per_counter as usize == 2 * v)
+    // The tree's hoisted draws (each Philox word whose counters the vector's lanes share).
+    let mut draws = Vec::new();
+    let mut todo = vec![sig.expr.as_ref()];
+    while let Some(e) = todo.pop() {
+        match &e.node {
+            strata_core::ir::Node::Philox(w) if Program::hoists(w, v) => draws.push(*w),
+            _ => todo.extend(e.children()),
+        }
+    }
+    !draws.is_empty() && draws.iter().all(|d| d.per_counter as usize == 2 * v)
 }
 
-impl Program for MapSig<'_> {
+impl Generated for MapSig<'_> {
     const NAME: &'static str = "strata_map";
     fn render(&self) -> Result<Rendered> {
         render(self)
@@ -169,230 +181,26 @@ pub(crate) fn render(sig: &MapSig) -> Result<Rendered> {
     }
     let _ = writeln!(s, "  const {idx} n = ({idx})p.w[0];");
 
-    // The body for one element at linear index `li`, reading input operand k at `off{k}`
-    // and storing output k's value (`trees[k]`) with `store(k, value)`.
-    let element = |s: &mut String,
-                   indent: &str,
-                   trees: &[Expr],
-                   load: &dyn Fn(usize) -> String,
-                   store: &dyn Fn(usize, &str) -> String|
-     -> Result<()> {
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
-            let _ = writeln!(
-                s,
-                "{indent}const {} x{} = {};",
-                compute_type(d),
-                k - n_out,
-                from_storage(d, &load(k))
-            );
-        }
-        let mut next = 0;
-        let values = emit_outputs(trees, s, indent, &mut next)?;
-        for (k, v) in values.iter().enumerate() {
-            let _ = writeln!(s, "{indent}{}", store(k, &to_storage(sig.dtypes[k], v)));
-        }
-        Ok(())
-    };
-
+    let trees = sig.trees();
     if tiled {
-        tiled_body(&mut s, sig, idx, &stride_words, &element)?;
+        tiled_body(&mut s, sig, idx, &stride_words, &trees)?;
         let _ = writeln!(s, "}}");
         return Ok(Rendered::single(s));
     }
     let mut tail_from = "first".to_string();
     if sig.vector > 1 {
-        let v = sig.vector;
-        // Vector loads and stores: contiguous operands at vector `j`, row operands at the
-        // offset decoded for the vector's first element.
-        let whole = |k: usize| sig.contiguous(k) || sig.paths[k] == Path::Rows;
-        // Input `k` of lane `l`: its element of a whole vector, or the vector's one value.
-        let lane_input = |k: usize, l: &str| {
-            if whole(k) {
-                format!("u{k}.e[{l}]")
-            } else {
-                format!("e{k}")
-            }
-        };
-        // Random draws whose counters the lanes share: one Philox call per counter, before
-        // the lanes (the compiler does not merge the lanes' calls by itself).
-        let (lane_trees, draws) = Expr::hoist_philox_all(&sig.trees(), v, sig.dtypes.len());
-        let pairs = counter_pairs(sig);
-        let _ = writeln!(s, "  const {idx} nv = n / {v};");
-        if pairs {
-            // A counter's words cover two vectors: each thread of a warp draws one counter
-            // (32 counters, 64 vectors), then takes the words of vector `lane` and of vector
-            // `32 + lane` from the threads that drew them, so every Philox call serves all its
-            // words and neighbouring threads still store neighbouring vectors. (A warp's work
-            // items are 32 consecutive `first`s, in blocks of 256 in both forms, and its loop
-            // test is the same for all 32, so every thread reaches each shuffle.)
-            let mut counters: Vec<(usize, usize)> = Vec::new();
-            for d in &draws {
-                if !counters.contains(&(d.philox.key, d.philox.counter)) {
-                    counters.push((d.philox.key, d.philox.counter));
-                }
-            }
-            let _ = writeln!(s, "  const {idx} ng = nv / 2;");
-            let _ = writeln!(s, "  const int lane = (int)(first & 31);");
-            let _ = writeln!(s, "  for ({idx} g = first; g - lane < ng; g += step) {{");
-            for (key, counter) in &counters {
-                let _ = writeln!(
-                    s,
-                    "    u32 drawn{key}_{counter}[4];\n    philox4((u64)s{key}, (u64)s{counter} + upos(g), drawn{key}_{counter});"
-                );
-            }
-            let _ = writeln!(s, "  for (int half = 0; half < 2; half++) {{");
-            for (key, counter) in &counters {
-                let _ = writeln!(
-                    s,
-                    "    u32 ph{key}_{counter}[1][4];\n    for (int q = 0; q < 4; q++) ph{key}_{counter}[0][q] = __shfl_sync(0xffffffffu, drawn{key}_{counter}[q], half * 16 + lane / 2);"
-                );
-            }
-            let _ = writeln!(
-                s,
-                "    const {idx} j = 2 * (g - lane) + half * 32 + lane;\n    if (j < 2 * ng) {{"
-            );
-        } else {
-            let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
-        }
-        if (0..n_ops).any(|k| !sig.contiguous(k)) {
-            // Strided operands: one offset per vector (a vector lies in one row).
-            decode_offsets(
-                &mut s,
-                idx,
-                &format!("(j * {v})"),
-                &shape_words,
-                &stride_words,
-            );
-        }
-        for (k, &d) in sig.dtypes.iter().enumerate() {
-            let st = storage_type(d);
-            if !whole(k) {
-                if k >= n_out {
-                    let _ = writeln!(s, "    const {st} e{k} = a{k}[off{k}];");
-                }
-                continue;
-            }
-            let vt = vector_type(v * d.itemsize());
-            let _ = writeln!(s, "    union {{ {vt} v; {st} e[{v}]; }} u{k};");
-            if k >= n_out {
-                let at = if sig.contiguous(k) {
-                    format!("((const {vt}*)a{k})[j]")
-                } else {
-                    format!("*(const {vt}*)(a{k} + off{k})")
-                };
-                let _ = writeln!(s, "    u{k}.v = {at};");
-            }
-        }
-        let mut sources: Vec<(usize, usize, u8)> = Vec::new();
-        for d in draws.iter().filter(|_| !pairs) {
-            let p = &d.philox;
-            if !sources.contains(&(p.key, p.counter, p.per_counter)) {
-                sources.push((p.key, p.counter, p.per_counter));
-            }
-        }
-        for &(key, counter, per) in &sources {
-            let per = per as usize;
-            // A vector spans `v / per` counters, or lies inside one counter's elements.
-            let (groups, first) = if v >= per {
-                (v / per, format!("upos(j) * {}u", v / per))
-            } else {
-                (1, format!("upos(j) / {}u", per / v))
-            };
-            let _ = writeln!(s, "    u32 ph{key}_{counter}[{groups}][4];");
-            let _ = writeln!(
-                s,
-                "    for (int g = 0; g < {groups}; g++) philox4((u64)s{key}, (u64)s{counter} + {first} + g, ph{key}_{counter}[g]);"
-            );
-        }
-        // Lanes that read the same Philox words (a Box–Muller pair) are written out one by one,
-        // so the work on those words is shared (`LaneCse`): the compiler does not merge it
-        // across the iterations of an unrolled loop by itself.
-        let shares_words = !draws.is_empty()
-            && draws.iter().any(|d| d.philox.shared >= 2)
-            && draws.iter().all(|d| v >= d.philox.per_counter as usize);
-        if shares_words {
-            let mut cse = LaneCse::default();
-            for l in 0..v {
-                let mut lane = String::new();
-                let _ = writeln!(lane, "    const {idx} li = j * {v} + {l};");
-                for d in &draws {
-                    let p = &d.philox;
-                    let (per, shared) = (p.per_counter as usize, p.shared as usize);
-                    let word = (l % per / shared) * p.group_width() + p.word as usize;
-                    let _ = writeln!(
-                        lane,
-                        "    const u32 x{} = pick4(ph{}_{}[{}], {word});",
-                        d.input,
-                        p.key,
-                        p.counter,
-                        l / per
-                    );
-                }
-                element(
-                    &mut lane,
-                    "    ",
-                    &lane_trees,
-                    &|k| lane_input(k, &l.to_string()),
-                    &|k, val| format!("u{k}.e[{l}] = {val};"),
-                )?;
-                cse.lane(&mut s, &lane, l);
-            }
-        } else {
-            let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
-            let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
-            for d in &draws {
-                let p = &d.philox;
-                let (per, shared, width) =
-                    (p.per_counter as usize, p.shared as usize, p.group_width());
-                // The lane's place among its counter's elements: constant per lane when a vector
-                // spans whole counters, else offset by the vector's place in the counter.
-                let (group, place) = if v >= per {
-                    (format!("l / {per}"), format!("(l % {per})"))
-                } else {
-                    (
-                        "0".to_string(),
-                        format!("((int)(upos(j) % {}u) * {v} + l)", per / v),
-                    )
-                };
-                let _ = writeln!(
-                    s,
-                    "      const u32 x{} = pick4(ph{}_{}[{group}], ({place} / {shared}) * {width} + {});",
-                    d.input, p.key, p.counter, p.word
-                );
-            }
-            element(
-                &mut s,
-                "      ",
-                &lane_trees,
-                &|k| lane_input(k, "l"),
-                &|k, val| format!("u{k}.e[l] = {val};"),
-            )?;
-            let _ = writeln!(s, "    }}");
-        }
-        for k in 0..n_out {
-            let vt = vector_type(v * sig.dtypes[k].itemsize());
-            if sig.contiguous(k) {
-                let _ = writeln!(s, "    (({vt}*)a{k})[j] = u{k}.v;");
-            } else {
-                let _ = writeln!(s, "    *({vt}*)(a{k} + off{k}) = u{k}.v;");
-            }
-        }
-        let _ = writeln!(s, "  }}");
-        tail_from = if pairs {
-            let _ = writeln!(s, "  }}\n  }}");
-            format!("ng * {} + first", 2 * v)
-        } else {
-            format!("nv * {v} + first")
-        };
+        tail_from = vector_body(&mut s, sig, idx, &shape_words, &stride_words, &trees)?;
     }
     let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
     decode_offsets(&mut s, idx, "li", &shape_words, &stride_words);
+    let program = Program::build(&trees, Lanes::one());
     element(
         &mut s,
+        sig,
+        &program,
         "      ",
-        &sig.trees(),
         &|k| format!("a{k}[off{k}]"),
-        &|k, val| format!("a{k}[off{k}] = {val};"),
+        &|k, _, val| format!("a{k}[off{k}] = {val};"),
     )?;
     let _ = writeln!(s, "  }}\n}}");
     let items = s;
@@ -419,130 +227,241 @@ pub(crate) fn render(sig: &MapSig) -> Result<Rendered> {
     Ok(Rendered { source, batched })
 }
 
+/// The statements of one element (or, for a program of several lanes, of each lane): the
+/// program's values, then each output's stored. `load(k)` reads operand `k` of the element
+/// (of lane 0 in a one-lane program); `store(k, lane, bits)` writes output `k`. Inputs are read
+/// where the program reads them; the position is `li`.
+fn element(
+    s: &mut String,
+    sig: &MapSig,
+    program: &Program,
+    indent: &str,
+    load: &dyn Fn(usize) -> String,
+    store: &dyn Fn(usize, usize, &str) -> String,
+) -> Result<()> {
+    let n_out = sig.outputs();
+    let leaves = |op: &Op, _: DType| match *op {
+        Op::Input { input, .. } => {
+            let k = n_out + input;
+            Some(from_storage(sig.dtypes[k], &load(k)))
+        }
+        Op::Position { .. } => Some("((i64)li)".to_string()),
+        _ => None,
+    };
+    let values = emit(program, s, indent, 0, &leaves)?;
+    for (lane, outputs) in program.outputs.iter().enumerate() {
+        for (k, &v) in outputs.iter().enumerate() {
+            let bits = to_storage(sig.dtypes[k], &values[v]);
+            let _ = writeln!(s, "{indent}{}", store(k, lane, &bits));
+        }
+    }
+    Ok(())
+}
+
+/// The vector path: `sig.vector` elements a work item, contiguous operands moved a vector at
+/// a time, row operands at the offset decoded for the vector's first element, and inputs
+/// constant along the rows read once. Random draws whose counters the lanes share come from
+/// one Philox call per counter before the lanes (the compiler does not merge the lanes' calls
+/// by itself). Returns where the tail loop starts.
+fn vector_body(
+    s: &mut String,
+    sig: &MapSig,
+    idx: &str,
+    shape_words: &[usize],
+    stride_words: &[Option<usize>],
+    trees: &[Expr],
+) -> Result<String> {
+    let v = sig.vector;
+    let (n_ops, n_out) = (sig.dtypes.len(), sig.outputs());
+    // Vector loads and stores: contiguous operands at vector `j`, row operands at the offset
+    // decoded for the vector's first element.
+    let whole = |k: usize| sig.contiguous(k) || sig.paths[k] == Path::Rows;
+    // Input `k` of lane `l`: its element of a whole vector, or the vector's one value.
+    let lane_input = |k: usize, l: &str| {
+        if whole(k) {
+            format!("u{k}.e[{l}]")
+        } else {
+            format!("e{k}")
+        }
+    };
+    // One lane repeated for each element of the vector, its words found from its place;
+    // written out lane by lane where lanes read the same words (a Box–Muller pair), so the
+    // program computes the pair's logarithm and root once (no draw in place: each lane's
+    // position is then known only to itself).
+    let looped = Program::build(trees, Lanes::unaligned(1, v));
+    let draws = &looped.draws;
+    let shares_words = draws.iter().any(|d| d.shared >= 2)
+        && draws.iter().all(|d| v >= d.per_counter as usize)
+        && !looped.instrs.iter().any(|i| matches!(i.op, Op::Philox(_)));
+    let pairs = counter_pairs(sig);
+    let _ = writeln!(s, "  const {idx} nv = n / {v};");
+    if pairs {
+        // A counter's words cover two vectors: each thread of a warp draws one counter (32
+        // counters, 64 vectors), then takes the words of vector `lane` and of vector `32 +
+        // lane` from the threads that drew them, so every Philox call serves all its words and
+        // neighbouring threads still store neighbouring vectors. (A warp's work items are 32
+        // consecutive `first`s, in blocks of 256 in both forms, and its loop test is the same
+        // for all 32, so every thread reaches each shuffle.)
+        let mut counters: Vec<(usize, usize)> = Vec::new();
+        for d in draws {
+            if !counters.contains(&(d.key, d.counter)) {
+                counters.push((d.key, d.counter));
+            }
+        }
+        let _ = writeln!(s, "  const {idx} ng = nv / 2;");
+        let _ = writeln!(s, "  const int lane = (int)(first & 31);");
+        let _ = writeln!(s, "  for ({idx} g = first; g - lane < ng; g += step) {{");
+        for (key, counter) in &counters {
+            let _ = writeln!(
+                s,
+                "    u32 drawn{key}_{counter}[4];\n    philox4((u64)s{key}, (u64)s{counter} + upos(g), drawn{key}_{counter});"
+            );
+        }
+        let _ = writeln!(s, "  for (int half = 0; half < 2; half++) {{");
+        for (key, counter) in &counters {
+            let _ = writeln!(
+                s,
+                "    u32 ph{key}_{counter}[1][4];\n    for (int q = 0; q < 4; q++) ph{key}_{counter}[0][q] = __shfl_sync(0xffffffffu, drawn{key}_{counter}[q], half * 16 + lane / 2);"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "    const {idx} j = 2 * (g - lane) + half * 32 + lane;\n    if (j < 2 * ng) {{"
+        );
+    } else {
+        let _ = writeln!(s, "  for ({idx} j = first; j < nv; j += step) {{");
+    }
+    if (0..n_ops).any(|k| !sig.contiguous(k)) {
+        // Strided operands: one offset per vector (a vector lies in one row).
+        decode_offsets(s, idx, &format!("(j * {v})"), shape_words, stride_words);
+    }
+    for (k, &d) in sig.dtypes.iter().enumerate() {
+        let st = storage_type(d);
+        if !whole(k) {
+            if k >= n_out {
+                let _ = writeln!(s, "    const {st} e{k} = a{k}[off{k}];");
+            }
+            continue;
+        }
+        let vt = vector_type(v * d.itemsize());
+        let _ = writeln!(s, "    union {{ {vt} v; {st} e[{v}]; }} u{k};");
+        if k >= n_out {
+            let at = if sig.contiguous(k) {
+                format!("((const {vt}*)a{k})[j]")
+            } else {
+                format!("*(const {vt}*)(a{k} + off{k})")
+            };
+            let _ = writeln!(s, "    u{k}.v = {at};");
+        }
+    }
+    // The Philox calls, once per counter the vector spans (or that spans it).
+    let mut sources: Vec<(usize, usize, u8)> = Vec::new();
+    for d in draws.iter().filter(|_| !pairs) {
+        if !sources.contains(&(d.key, d.counter, d.per_counter)) {
+            sources.push((d.key, d.counter, d.per_counter));
+        }
+    }
+    for &(key, counter, per) in &sources {
+        let per = per as usize;
+        // A vector spans `v / per` counters, or lies inside one counter's elements.
+        let (groups, first) = if v >= per {
+            (v / per, format!("upos(j) * {}u", v / per))
+        } else {
+            (1, format!("upos(j) / {}u", per / v))
+        };
+        let _ = writeln!(s, "    u32 ph{key}_{counter}[{groups}][4];");
+        let _ = writeln!(
+            s,
+            "    for (int g = 0; g < {groups}; g++) philox4((u64)s{key}, (u64)s{counter} + {first} + g, ph{key}_{counter}[g]);"
+        );
+    }
+    let calls = |draw: usize| {
+        let d = &draws[draw];
+        format!("ph{}_{}", d.key, d.counter)
+    };
+    if shares_words {
+        let program = Program::build(trees, Lanes::aligned(v));
+        let leaves = |op: &Op, _: DType| match *op {
+            Op::Input { input, lane } => {
+                let k = n_out + input;
+                Some(from_storage(
+                    sig.dtypes[k],
+                    &lane_input(k, &lane.to_string()),
+                ))
+            }
+            Op::Position { lane } => Some(format!("((i64)(j * {v} + {lane}))")),
+            Op::KnownWord { draw, group, word } => {
+                Some(format!("pick4({}[{group}], {word})", calls(draw)))
+            }
+            _ => None,
+        };
+        let values = emit(&program, s, "    ", 0, &leaves)?;
+        for (lane, outputs) in program.outputs.iter().enumerate() {
+            for (k, &value) in outputs.iter().enumerate() {
+                let bits = to_storage(sig.dtypes[k], &values[value]);
+                let _ = writeln!(s, "    u{k}.e[{lane}] = {bits};");
+            }
+        }
+    } else {
+        let _ = writeln!(s, "#pragma unroll\n    for (int l = 0; l < {v}; l++) {{");
+        let _ = writeln!(s, "      const {idx} li = j * {v} + l;");
+        let leaves = |op: &Op, _: DType| match *op {
+            Op::Input { input, .. } => {
+                let k = n_out + input;
+                Some(from_storage(sig.dtypes[k], &lane_input(k, "l")))
+            }
+            Op::Position { .. } => Some("((i64)li)".to_string()),
+            Op::Word { draw, .. } => {
+                let d = &draws[draw];
+                let (per, shared, width) =
+                    (d.per_counter as usize, d.shared as usize, d.group_width());
+                // The lane's place among its counter's elements: constant per lane when a
+                // vector spans whole counters, else offset by the vector's place in the counter.
+                let (group, place) = if v >= per {
+                    (format!("l / {per}"), format!("(l % {per})"))
+                } else {
+                    (
+                        "0".to_string(),
+                        format!("((int)(upos(j) % {}u) * {v} + l)", per / v),
+                    )
+                };
+                Some(format!(
+                    "pick4({}[{group}], ({place} / {shared}) * {width} + {})",
+                    calls(draw),
+                    d.word
+                ))
+            }
+            _ => None,
+        };
+        let values = emit(&looped, s, "      ", 0, &leaves)?;
+        for (k, &value) in looped.outputs[0].iter().enumerate() {
+            let bits = to_storage(sig.dtypes[k], &values[value]);
+            let _ = writeln!(s, "      u{k}.e[l] = {bits};");
+        }
+        let _ = writeln!(s, "    }}");
+    }
+    for k in 0..n_out {
+        let vt = vector_type(v * sig.dtypes[k].itemsize());
+        if sig.contiguous(k) {
+            let _ = writeln!(s, "    (({vt}*)a{k})[j] = u{k}.v;");
+        } else {
+            let _ = writeln!(s, "    *({vt}*)(a{k} + off{k}) = u{k}.v;");
+        }
+    }
+    let _ = writeln!(s, "  }}");
+    Ok(if pairs {
+        let _ = writeln!(s, "  }}\n  }}");
+        format!("ng * {} + first", 2 * v)
+    } else {
+        format!("nv * {v} + first")
+    })
+}
+
 /// The kernel's program alone (what tests read).
 #[cfg(test)]
 pub(crate) fn source(sig: &MapSig) -> Result<String> {
     render(sig).map(|r| r.source)
 }
-
-/// Common subexpressions across a vector's lanes written out one by one: each lane's
-/// statements get lane-suffixed names, and a `const` whose type and right-hand side (after
-/// renaming) an earlier lane already computed becomes an alias of that value instead of a
-/// second computation. Pure statements only, so sharing changes no result.
-#[derive(Default)]
-struct LaneCse {
-    /// `type rhs` → the name holding it.
-    computed: std::collections::HashMap<String, String>,
-    /// A lane's name → the earlier name it stands for.
-    alias: std::collections::HashMap<String, String>,
-}
-
-impl LaneCse {
-    /// `li`, `xN` and `vN` of lane `l` as `li_l`, `xN_l`, `vN_l`, then through the aliases.
-    fn rename(&self, text: &str, l: usize) -> String {
-        let mut out = String::with_capacity(text.len() + 16);
-        let mut token = String::new();
-        let flush = |token: &mut String, out: &mut String| {
-            let lane_local = token == "li"
-                || ((token.starts_with('x') || token.starts_with('v'))
-                    && token.len() > 1
-                    && token[1..].bytes().all(|b| b.is_ascii_digit()));
-            if lane_local {
-                let name = format!("{token}_{l}");
-                out.push_str(self.alias.get(&name).unwrap_or(&name));
-            } else {
-                out.push_str(token);
-            }
-            token.clear();
-        };
-        for c in text.chars() {
-            if c.is_ascii_alphanumeric() || c == '_' {
-                token.push(c);
-            } else {
-                flush(&mut token, &mut out);
-                out.push(c);
-            }
-        }
-        flush(&mut token, &mut out);
-        out
-    }
-
-    /// A sine or cosine (`key` is `float sinf(x)`, `double cos(x)`, ...) as one `sincos` call
-    /// making both, the other kept for a later lane (Box–Muller's pair takes the cosine and
-    /// the sine of one angle): one range reduction instead of two. CUDA's `sincosf` gives
-    /// `sinf`'s and `cosf`'s results; the unused half is dead code the compiler drops.
-    fn sincos(&mut self, key: &str, name: &str, line: &str) -> Option<String> {
-        let (ty, call) = key.split_once(' ')?;
-        let suffix = if ty == "float" { "f" } else { "" };
-        let (is_sin, arg) = if let Some(a) = call.strip_prefix(&format!("sin{suffix}(")) {
-            (true, a.strip_suffix(')')?)
-        } else {
-            (
-                false,
-                call.strip_prefix(&format!("cos{suffix}("))?
-                    .strip_suffix(')')?,
-            )
-        };
-        if !matches!(ty, "float" | "double") || arg.contains(['(', ')']) {
-            return None;
-        }
-        let other = format!("{name}_{}", if is_sin { "cos" } else { "sin" });
-        let (sin, cos) = if is_sin {
-            (name, other.as_str())
-        } else {
-            (other.as_str(), name)
-        };
-        let indent = &line[..line.len() - line.trim_start().len()];
-        self.computed.insert(key.to_string(), name.to_string());
-        let pair = if is_sin { "cos" } else { "sin" };
-        self.computed
-            .insert(format!("{ty} {pair}{suffix}({arg})"), other.clone());
-        Some(format!(
-            "{indent}{ty} {sin}, {cos}; sincos{suffix}({arg}, &{sin}, &{cos});"
-        ))
-    }
-
-    /// Appends lane `l`'s statements to `s`, dropping those an earlier lane computed.
-    fn lane(&mut self, s: &mut String, lane: &str, l: usize) {
-        for line in lane.lines() {
-            let renamed = self.rename(line, l);
-            let decl = renamed
-                .trim_start()
-                .strip_prefix("const ")
-                .and_then(|rest| {
-                    let (ty, rest) = rest.split_once(' ')?;
-                    let (name, rhs) = rest.split_once(" = ")?;
-                    Some((
-                        format!("{ty} {}", rhs.trim_end_matches(';')),
-                        name.to_string(),
-                    ))
-                });
-            if let Some((key, name)) = decl {
-                if let Some(earlier) = self.computed.get(&key) {
-                    self.alias.insert(name, earlier.clone());
-                    continue;
-                }
-                if let Some(line) = self.sincos(&key, &name, &renamed) {
-                    let _ = writeln!(s, "{line}");
-                    continue;
-                }
-                self.computed.insert(key, name);
-            }
-            let _ = writeln!(s, "{renamed}");
-        }
-    }
-}
-
-/// Writes the body of a per-element step computing `expr`: loads through `load(k)`, stores
-/// through `store`.
-type Element<'a> = dyn Fn(
-        &mut String,
-        &str,
-        &[Expr],
-        &dyn Fn(usize) -> String,
-        &dyn Fn(usize, &str) -> String,
-    ) -> Result<()>
-    + 'a;
 
 /// The tiled path: each block takes 32×32 tiles; tiled inputs are loaded down the columns
 /// (coalesced for them) into shared memory, then every operand is read or written along the
@@ -552,7 +471,7 @@ fn tiled_body(
     sig: &MapSig,
     idx: &str,
     stride_words: &[Option<usize>],
-    element: &Element,
+    trees: &[Expr],
 ) -> Result<()> {
     let stride = |k: usize, d: usize| {
         let w = stride_words[k].expect("tiled operands are strided") + d;
@@ -611,10 +530,12 @@ fn tiled_body(
             );
         }
     }
+    let program = Program::build(trees, Lanes::one());
     element(
         s,
+        sig,
+        &program,
         "        ",
-        &sig.trees(),
         &|k| {
             if sig.tiled(k) {
                 format!("tile{k}[tx][j]")
@@ -622,7 +543,7 @@ fn tiled_body(
                 format!("a{k}[off{k}]")
             }
         },
-        &|k, val| format!("a{k}[off{k}] = {val};"),
+        &|k, _, val| format!("a{k}[off{k}] = {val};"),
     )?;
     let _ = writeln!(
         s,
@@ -729,8 +650,9 @@ mod tests {
         // Four lanes, two pairs: two logs and two roots, then one of each in the tail loop.
         assert_eq!(src.matches("logf(").count(), 3, "{src}");
         assert_eq!(src.matches("sqrtf(").count(), 3, "{src}");
-        // A pair's cosine and sine come from one call (one range reduction).
-        assert_eq!(src.matches("sincosf(").count(), 2, "{src}");
+        // A pair's cosine and sine come from one call (one range reduction), and so do the
+        // tail's, which computes both and picks one.
+        assert_eq!(src.matches("sincosf(").count(), 3, "{src}");
         let vector_loop = src.split("for (i32 li").next().unwrap();
         assert!(
             !vector_loop.contains(" cosf(") && !vector_loop.contains(" sinf("),
@@ -859,7 +781,9 @@ mod tests {
         assert!(src.contains("((uint4*)a1)[j] = u1.v;"), "{src}");
         assert!(src.contains("const float* a2"), "{src}");
         let src = source(&sig(1, Path::Strided)).unwrap();
-        assert!(src.contains("a1[off1] = v0;"), "{src}");
+        // exp(x) is value 1 (after x): computed once, stored to output 1.
+        assert_eq!(src.matches("expf(").count(), 1, "{src}");
+        assert!(src.contains("a1[off1] = v1;"), "{src}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! express, k = 0, or no cuBLAS library): 16×16 outputs per block, batches along the grid's z.
 
 use super::{cast, compute_type, from_storage, storage_type, to_storage};
-use super::{Program, Rendered};
+use super::{Generated, Rendered};
 use std::fmt::Write;
 use strata_core::{DType, Result};
 
@@ -16,7 +16,7 @@ pub(crate) struct MatmulSig {
 
 impl strata_core::lower::cache::Owned for MatmulSig {}
 
-impl Program for MatmulSig {
+impl Generated for MatmulSig {
     const NAME: &'static str = "strata_matmul";
     fn render(&self) -> Result<Rendered> {
         source(self).map(Rendered::single)

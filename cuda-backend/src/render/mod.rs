@@ -1,7 +1,7 @@
 //! Signature → CUDA C, and nothing else: no driver, no buffers, no compiler. Each kernel kind
 //! has a file holding its signature (what the source depends on), its argument layout and its
 //! renderer; this one holds what they share: the C types of each dtype, strata's cast rule in
-//! C, the [`Program`] a signature renders, and the argument-block ABI.
+//! C, the [`Generated`] trait of signatures, and the argument-block ABI.
 //!
 //! Every generated kernel takes one argument, `Args<N>`: 64-bit words holding sizes, strides,
 //! pointers and scalar bits, in an order that the planner in `crate::run` packs and the
@@ -22,8 +22,9 @@ pub(crate) mod softmax;
 use strata_core::lower::cache::Signature;
 use strata_core::{DType, Error, Result};
 
-/// A kernel's structure that renders its program: every signature of this module.
-pub(crate) trait Program: Signature {
+/// A generated kernel's signature (what its source depends on), which renders its program:
+/// every signature of this module.
+pub(crate) trait Generated: Signature {
     /// The kernel's entry point in its source.
     const NAME: &'static str;
     /// Its CUDA C (the prelude is added when it is compiled).
@@ -63,7 +64,7 @@ impl Rendered {
 /// copy, add, casts, `where`, exp, tanh, fused chains, GELU, softmax's maps) and a new fused
 /// kernel's first call takes a third less; reductions, softmax, index and matmul kernels
 /// (unrolled loops), tiled maps and maps with random draws stay fully optimized
-/// (`MapSig`'s [`Program::optimization`]). `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully
+/// (`MapSig`'s [`Generated::optimization`]). `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully
 /// too (`mid`, `max`: those levels, which compile faster still but ran copies 3× slower). No
 /// level changes a value: rounding is decided by `--fmad=false`, which all use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use super::{
     cast, compute_type, from_storage, index_type, scalar_from_word, storage_type, to_storage,
     vector_type,
 };
-use super::{Program, Rendered};
+use super::{Generated, Rendered};
 use std::fmt::Write;
 use strata_core::ir::ReduceOp;
 use strata_core::lower::operands::ReduceMap;
@@ -104,7 +104,7 @@ pub(crate) fn update(op: ReduceOp, r: DType, v: &str, i: &str) -> String {
     }
 }
 
-impl Program for ReduceSig {
+impl Generated for ReduceSig {
     const NAME: &'static str = "strata_reduce";
     fn render(&self) -> Result<Rendered> {
         Ok(Rendered::single(match self.prologue {
@@ -311,7 +311,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
                         from_storage(d, &at)
                     );
                 }
-                let name = super::expr::emit(&m.expr, s, &format!("{indent}  "), &mut next)?;
+                let name = super::expr::emit_tree(&m.expr, s, &format!("{indent}  "), &mut next)?;
                 convert(&name, m.expr.dtype)
             }
         };

@@ -152,7 +152,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         );
     }
     let mut next = 0;
-    let name = super::expr::emit(&m.expr, &mut s, "          ", &mut next)?;
+    let name = super::expr::emit_tree(&m.expr, &mut s, "          ", &mut next)?;
     let _ = writeln!(
         s,
         "          t.e[l] = {};\n        }}\n        rowbuf[r / {v}] = t.v;\n      }}\n    }}",

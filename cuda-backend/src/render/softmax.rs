@@ -10,12 +10,12 @@
 //! same softmax; registers for 1,024 threads, or shared memory for two rows a multiprocessor,
 //! measured no faster). The terms and the output are core's expressions, emitted like a map's.
 
-use super::expr::emit;
+use super::expr::emit_tree;
 use super::{
     cast, compute_type, decode_offsets, from_storage, index_type, storage_type, to_storage,
     vector_type,
 };
-use super::{Program, Rendered};
+use super::{Generated, Rendered};
 use std::fmt::Write;
 use strata_core::lower::softmax_plan::{softmax_from_term, softmax_output, softmax_term};
 use strata_core::ops::accumulation_dtype;
@@ -63,7 +63,7 @@ pub(crate) fn row_stage_bytes(per_sm: usize, per_block: usize) -> usize {
 
 impl strata_core::lower::cache::Owned for SoftmaxSig {}
 
-impl Program for SoftmaxSig {
+impl Generated for SoftmaxSig {
     const NAME: &'static str = "strata_softmax";
     fn render(&self) -> Result<Rendered> {
         source(self).map(Rendered::single)
@@ -263,7 +263,7 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
     let _ = writeln!(s, "    const {ct} x1 = m;\n    {acc_t} sum = 0;");
     let mut next = 0;
     let mut term = String::new();
-    let t = emit(&softmax_term(d), &mut term, "      ", &mut next)?;
+    let t = emit_tree(&softmax_term(d), &mut term, "      ", &mut next)?;
     let _ = write!(term, "      sum += {};", cast(&t, d, acc, false));
     if keep_terms {
         let u = if k > 0 { "u[j]" } else { "u" };
@@ -280,7 +280,7 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
     } else {
         softmax_output(d, sig.log)
     };
-    let y = emit(&output, &mut body, "      ", &mut next)?;
+    let y = emit_tree(&output, &mut body, "      ", &mut next)?;
     let _ = write!(body, "      const {ct} y = {y};");
     visit(&mut s, &body, reread, true);
     let _ = writeln!(s, "  }}\n}}");

@@ -10,11 +10,12 @@ use crate::compile::Compiler;
 use crate::launch::{Args, Function, Launch};
 use crate::render::interpreter::{interpreted_op, InterpretSig, OPS, REGISTERS, WORDS};
 use crate::render::map::MapSig;
-use crate::render::{Program, Rendered};
+use crate::render::{Generated, Rendered};
 use std::sync::{Arc, Mutex, OnceLock};
-use strata_core::ir::{Expr, Node};
+use strata_core::ir::Expr;
 use strata_core::lower::cache::KernelCache;
 use strata_core::lower::map_plan::Path;
+use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result};
 
 /// The interpreter, and the maps that had their first launch.
@@ -113,15 +114,12 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
             operands.extend(strides.iter().map(|&s| s as i64 as u64));
         }
     }
-    let mut program = Encoder {
-        inputs,
-        constants: map.scalars.iter().map(|&b| b as u32).collect(),
-        code: Vec::new(),
-    };
-    let trees: Vec<&Expr> = std::iter::once(sig.expr.as_ref())
+    let trees: Vec<Expr> = std::iter::once(sig.expr.as_ref())
         .chain(sig.also.iter())
+        .cloned()
         .collect();
-    let results = program.encode(&trees)?;
+    let program = Program::build(&trees, Lanes::one());
+    let (constants, code, results) = encode_program(&program, inputs, &map.scalars)?;
     let mut args = Args::new();
     args.push(map.numel as u64);
     args.push(rank as u64);
@@ -130,10 +128,10 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
     args.push(inputs as u64);
     args.0.extend_from_slice(&operands);
     args.0.extend(results.iter().map(|&r| r as u64));
-    args.push(program.constants.len() as u64);
-    args.0.extend(program.constants.iter().map(|&c| c as u64));
-    args.push(program.code.len() as u64);
-    args.0.extend_from_slice(&program.code);
+    args.push(constants.len() as u64);
+    args.0.extend(constants.iter().map(|&c| c as u64));
+    args.push(code.len() as u64);
+    args.0.extend_from_slice(&code);
     if args.0.len() > WORDS {
         return None;
     }
@@ -141,104 +139,61 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
     Some(Launch::linear(args, map.numel))
 }
 
-/// Builds a program: registers `0..inputs` hold the inputs, then the constants, then one
-/// register per instruction, in the order the instructions run.
-struct Encoder {
+/// The interpreter's program for `program`'s one lane: the constant registers' f32 bits (the
+/// launch scalars `scalars`, then the literals), the instruction words, and the registers of
+/// the outputs. Registers `0..inputs` hold the inputs, then the constants, then one per
+/// instruction in the order they run. `None` for a value the interpreter does not compute or
+/// too many registers.
+fn encode_program(
+    program: &Program,
     inputs: usize,
-    /// f32 bits of the constant registers: the launch scalars first, then literals.
-    constants: Vec<u32>,
-    code: Vec<u64>,
-}
-
-impl Encoder {
-    /// The registers holding the values of `trees` (output 0's tree, then further outputs,
-    /// which are subtrees of it), after the instructions computing them; `None` for a node
-    /// the interpreter does not run or too many values. Walks the tree with its own stack
-    /// (fused trees can be deep).
-    fn encode(&mut self, trees: &[&Expr]) -> Option<Vec<usize>> {
-        let root = *trees.first()?;
-        // (node, children visited); results of finished nodes on `values`.
-        let mut stack: Vec<(&Expr, bool)> = vec![(root, false)];
-        let mut values: Vec<usize> = Vec::new();
-        // Every computed node and its register, to find the further outputs.
-        let mut computed: Vec<(&Expr, usize)> = Vec::new();
-        let scalars = self.constants.len();
-        while let Some((e, visited)) = stack.pop() {
-            let children: Vec<&Expr> = match &e.node {
-                Node::Unary(_, a) => vec![a],
-                Node::Binary(_, a, b) => vec![a, b],
-                Node::Fma(a, b, c) | Node::Where(a, b, c) => vec![a, b, c],
-                _ => Vec::new(),
-            };
-            if !visited && !children.is_empty() {
-                stack.push((e, true));
-                stack.extend(children.iter().rev().map(|c| (*c, false)));
-                continue;
-            }
-            let register = match &e.node {
-                Node::Input(k) if *k < self.inputs && e.dtype == DType::F32 => *k,
-                Node::Scalar(k) if *k < scalars && e.dtype == DType::F32 => self.inputs + k,
-                Node::Literal(bits) if e.dtype == DType::F32 => {
-                    // After the launch scalars, which were the first constants.
-                    self.constants.push(*bits as u32);
-                    self.inputs + self.constants.len() - 1
-                }
-                node => {
-                    let op = interpreted_op(node, e.dtype)?;
-                    let args = values.split_off(values.len().checked_sub(children.len())?);
-                    let operand = |k: usize| args.get(k).copied().unwrap_or(0) as u64;
-                    let code = OPS.iter().position(|o| *o == op)? as u64;
-                    // The constants are all known only at the end: number temporaries from a
-                    // fixed base and move them after the constants below.
-                    let dst = TEMP_BASE + self.code.len();
-                    self.code.push(
-                        code | (dst as u64) << 8
-                            | operand(0) << 16
-                            | operand(1) << 24
-                            | operand(2) << 32,
-                    );
-                    computed.push((e, dst));
-                    dst
-                }
-            };
-            values.push(register);
+    scalars: &[u64],
+) -> Option<(Vec<u32>, Vec<u64>, Vec<usize>)> {
+    let mut constants: Vec<u32> = scalars.iter().map(|&b| b as u32).collect();
+    // Constants first (literals after the scalars), so the temporaries follow all of them.
+    let mut literal = vec![None; program.instrs.len()];
+    for (i, instr) in program.instrs.iter().enumerate() {
+        if let (Op::Literal(bits), DType::F32) = (&instr.op, instr.dtype) {
+            constants.push(*bits as u32);
+            literal[i] = Some(inputs + constants.len() - 1);
         }
-        let base = self.inputs + self.constants.len();
-        if base + self.code.len() > REGISTERS {
-            return None;
-        }
-        let fix = |r: u64| {
-            if r >= TEMP_BASE as u64 {
-                r - TEMP_BASE as u64 + base as u64
-            } else {
-                r
+    }
+    let mut register = vec![0usize; program.instrs.len()];
+    let mut code = Vec::new();
+    for (i, instr) in program.instrs.iter().enumerate() {
+        let f32 = instr.dtype == DType::F32;
+        register[i] = match instr.op {
+            Op::Input { input, .. } if f32 && input < inputs => input,
+            Op::Scalar(k) if f32 && k < scalars.len() => inputs + k,
+            Op::Literal(_) => literal[i]?,
+            ref op => {
+                let opcode = interpreted_op(op, instr.dtype, |a| program.instrs[a].dtype)?;
+                let code_of = OPS.iter().position(|o| *o == opcode)? as u64;
+                let args = op.args();
+                let operand = |k: usize| args.get(k).map_or(0, |&a| register[a]) as u64;
+                let dst = inputs + constants.len() + code.len();
+                code.push(
+                    code_of
+                        | (dst as u64) << 8
+                        | operand(0) << 16
+                        | operand(1) << 24
+                        | operand(2) << 32,
+                );
+                dst
             }
         };
-        for w in &mut self.code {
-            let op = *w & 255;
-            let regs = [8, 16, 24, 32].map(|shift| fix((*w >> shift) & 255));
-            *w = op | regs[0] << 8 | regs[1] << 16 | regs[2] << 24 | regs[3] << 32;
-        }
-        let mut results = vec![fix(*values.last()? as u64) as usize];
-        for tree in &trees[1..] {
-            let register = match tree.node {
-                Node::Input(k) if k < self.inputs => k,
-                _ => computed.iter().find(|(e, _)| *e == *tree)?.1,
-            };
-            results.push(fix(register as u64) as usize);
-        }
-        Some(results)
     }
+    if inputs + constants.len() + code.len() > REGISTERS {
+        return None;
+    }
+    let results = program.outputs[0].iter().map(|&v| register[v]).collect();
+    Some((constants, code, results))
 }
-
-/// Temporaries are numbered from here while a program is built (above any input or
-/// constant register), then renumbered after the constants.
-const TEMP_BASE: usize = 128;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::interpreter::Op;
+    use crate::render::interpreter::Opcode;
     use strata_core::ir::{BinaryOp, UnaryOp};
 
     fn sig(expr: Expr, inputs: usize, scalars: usize) -> MapSig<'static> {
@@ -302,7 +257,7 @@ mod tests {
         )
     }
 
-    fn code(op: Op) -> usize {
+    fn code(op: Opcode) -> usize {
         OPS.iter().position(|o| *o == op).unwrap()
     }
 
@@ -337,11 +292,11 @@ mod tests {
         // Registers: a = 0, 0.5 = 1, 2 = 2, temporaries from 3.
         assert_eq!(constants, [0.5f32.to_bits() as u64, 2f32.to_bits() as u64]);
         assert_eq!(code_.len(), 7);
-        assert_eq!(code_[0], (code(Op::Binary(BinaryOp::Mul)), 3, 0, 0, 0));
-        assert_eq!(code_[1], (code(Op::Binary(BinaryOp::Add)), 4, 3, 0, 0));
-        assert_eq!(code_[2].0, code(Op::Unary(UnaryOp::Exp)));
-        assert_eq!(code_[5], (code(Op::Binary(BinaryOp::Mul)), 8, 7, 1, 0));
-        assert_eq!(code_[6], (code(Op::Binary(BinaryOp::Mul)), 9, 8, 2, 0));
+        assert_eq!(code_[0], (code(Opcode::Binary(BinaryOp::Mul)), 3, 0, 0, 0));
+        assert_eq!(code_[1], (code(Opcode::Binary(BinaryOp::Add)), 4, 3, 0, 0));
+        assert_eq!(code_[2].0, code(Opcode::Unary(UnaryOp::Exp)));
+        assert_eq!(code_[5], (code(Opcode::Binary(BinaryOp::Mul)), 8, 7, 1, 0));
+        assert_eq!(code_[6], (code(Opcode::Binary(BinaryOp::Mul)), 9, 8, 2, 0));
         assert_eq!(results, [9]);
     }
 
@@ -369,7 +324,7 @@ mod tests {
         assert_eq!(w[6 + 3 * 4..6 + 4 * 4], [0x4000, 0, 0, 1]);
         let (results, _, code_) = program(w);
         // a * b in register 2, exp in 3: output 0 is 3, output 1 is 2.
-        assert_eq!(code_[0], (code(Op::Binary(BinaryOp::Mul)), 2, 0, 1, 0));
+        assert_eq!(code_[0], (code(Opcode::Binary(BinaryOp::Mul)), 2, 0, 1, 0));
         assert_eq!(results, [3, 2]);
     }
 

@@ -18,7 +18,7 @@ use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
 use crate::render::reduce::ReduceSig;
 use crate::render::softmax::SoftmaxSig;
-use crate::render::Program;
+use crate::render::Generated;
 use crate::CudaBackend;
 use cudarc::driver::sys::CUstream;
 use map::MapLaunch;

@@ -1,124 +1,148 @@
-//! A `Map` expression tree as WGSL statements. Inputs arrive as compute values `x{k}`, scalars
-//! as `s{k}`, the output's row-major position as `li` (`u32`); every node becomes one `let`, so a
-//! fused tree is straight-line code.
+//! A map's program (core's linearized trees, [`Program`]) as WGSL statements: one `let` per
+//! instruction, so a fused tree is straight-line code. Scalars are `s{k}` and an element's
+//! position `li` (`u32`); what depends on where the element is (an input of a lane, its
+//! position, a hoisted Philox word) the caller names.
 
 use super::prelude::math_type;
 use super::{cast, compute_type, is_nan, literal, round_to, undefined, Caps};
 use std::fmt::Write;
-use strata_core::ir::{BinaryOp, Expr, Node, UnaryOp};
-use strata_core::lower::{output_locals, NodeLocals};
+use strata_core::ir::{BinaryOp, Expr, UnaryOp};
+use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Error, Result};
 
-/// Emits statements computing `expr` into `out`; returns the name of the value.
-pub(crate) fn emit(expr: &Expr, out: &mut String, next: &mut usize, caps: Caps) -> Result<String> {
-    emit_noting(expr, out, next, caps, &mut NodeLocals::new())
-}
+/// How a renderer reads the leaves that depend on where the element is: input `k` of lane
+/// `l` (`Op::Input`), a hoisted Philox word (`Op::Word`, `Op::KnownWord`), each as a value of
+/// the instruction's dtype, and a lane's position (`Op::Position`) as a `u32`. `None`: not one
+/// of those.
+pub(crate) type Leaves<'a> = dyn Fn(&Op, DType) -> Option<String> + 'a;
 
-/// Emits the trees of a multi-output map (see [`output_locals`]); returns the locals, one
-/// per tree.
-pub(crate) fn emit_outputs(
-    trees: &[Expr],
+/// Statements computing every value of `program` into `out`, value `i` in the local
+/// `v{base + i}` (a shader holding several programs numbers them apart); returns each
+/// value's expression. f32 sines and cosines (and 16-bit floats', in f32) take both from one
+/// `sincos_fast_f32` call per value, so a sine and a cosine of one angle (Box–Muller's pair)
+/// make one call.
+pub(crate) fn emit(
+    program: &Program,
     out: &mut String,
-    next: &mut usize,
+    base: usize,
     caps: Caps,
+    leaves: &Leaves,
 ) -> Result<Vec<String>> {
-    output_locals(trees, |e, names| emit_noting(e, out, next, caps, names))
+    let mut values: Vec<String> = Vec::with_capacity(program.instrs.len());
+    // A position held as a `u32` (no 64-bit integers): only a cast reads it.
+    let mut narrow = vec![false; program.instrs.len()];
+    // The `sincos_fast_f32` of each value taken so far.
+    let mut both: Vec<(usize, String)> = Vec::new();
+    for (i, instr) in program.instrs.iter().enumerate() {
+        let d = instr.dtype;
+        let local = format!("v{}", base + i);
+        let arg = |a: usize| -> Result<&str> {
+            if narrow[a] {
+                return Err(Error::Unsupported(
+                    "the linear index is i64, which this adapter lacks (SHADER_INT64)".into(),
+                ));
+            }
+            Ok(&values[a])
+        };
+        let value = match &instr.op {
+            Op::Scalar(k) => format!("s{k}"),
+            Op::Literal(bits) => literal_value(d, *bits, caps)?,
+            Op::Position { .. } => {
+                let position = leaves(&instr.op, d).ok_or_else(|| no_leaf(&instr.op))?;
+                if !caps.int64 {
+                    // Casting the position to a narrower type needs no 64-bit integers.
+                    narrow[i] = true;
+                    values.push(position);
+                    continue;
+                }
+                format!("bitcast<i64>(u64({position}))")
+            }
+            Op::Philox(w) => {
+                // The element's counter offset `q` and word, from its position `li` (u32).
+                let per = w.per_counter.max(1) as u32;
+                let q = if per == 1 {
+                    "li".to_string()
+                } else {
+                    format!("(li / {per}u)")
+                };
+                let word = if per == 1 {
+                    format!("{}u", w.word)
+                } else {
+                    format!(
+                        "((li % {per}u) / {}u) * {}u + {}u",
+                        w.shared,
+                        w.group_width(),
+                        w.word
+                    )
+                };
+                let (k, c) = (w.key, w.counter);
+                format!(
+                    "philox(s{k}lo, s{k}hi, s{c}lo + {q}, s{c}hi + select(0u, 1u, s{c}lo + {q} < {q}), {word})"
+                )
+            }
+            Op::Cast(a, saturate) if narrow[*a] => cast(&values[*a], DType::U32, d, *saturate),
+            Op::Cast(a, saturate) => cast(arg(*a)?, program.instrs[*a].dtype, d, *saturate),
+            Op::Unary(op @ (UnaryOp::Sin | UnaryOp::Cos), a)
+                if compute_type(program.instrs[*a].dtype) == "f32" && caps.f64 =>
+            {
+                let pair = match both.iter().find(|(b, _)| b == a) {
+                    Some((_, name)) => name.clone(),
+                    None => {
+                        let name = format!("{local}_sincos");
+                        let _ = writeln!(
+                            out,
+                            "  let {name}: vec2<f32> = sincos_fast_f32({});",
+                            arg(*a)?
+                        );
+                        both.push((*a, name.clone()));
+                        name
+                    }
+                };
+                let half = if *op == UnaryOp::Sin { "x" } else { "y" };
+                round_to(program.instrs[*a].dtype, format!("{pair}.{half}"))
+            }
+            Op::Unary(op, a) => unary(*op, program.instrs[*a].dtype, arg(*a)?, caps)?,
+            Op::Binary(op, a, b) => {
+                binary(*op, program.instrs[*a].dtype, arg(*a)?, arg(*b)?, caps)?
+            }
+            Op::Fma(a, b, c) => fma(d, arg(*a)?, arg(*b)?, arg(*c)?, caps)?,
+            Op::Where(c, a, b) => {
+                let cond = truthy(program.instrs[*c].dtype, arg(*c)?);
+                format!("select({}, {}, {cond})", arg(*b)?, arg(*a)?)
+            }
+            leaf => leaves(leaf, d).ok_or_else(|| no_leaf(leaf))?,
+        };
+        let _ = writeln!(out, "  let {local}: {} = {value};", compute_type(d));
+        values.push(local);
+    }
+    Ok(values)
 }
 
-/// [`emit`], noting each named node's local in `names` (an input or a scalar is read by
-/// name and not noted).
-fn emit_noting<'e>(
-    expr: &'e Expr,
+/// The error of a leaf the renderer does not read here.
+fn no_leaf(op: &Op) -> Error {
+    Error::Backend(format!(
+        "internal error: the WGSL renderer has no reading of {op:?} here"
+    ))
+}
+
+/// Statements computing `expr` for one element whose input `k` is `x{k}` and position `li`
+/// (a reduction's fused map); returns the local of its value. `next` numbers the locals, so
+/// one shader may hold several trees.
+pub(crate) fn emit_tree(
+    expr: &Expr,
     out: &mut String,
     next: &mut usize,
     caps: Caps,
-    names: &mut NodeLocals<'e>,
 ) -> Result<String> {
-    let value = match &expr.node {
-        Node::Input(k) => return Ok(format!("x{k}")),
-        Node::Scalar(k) => return Ok(format!("s{k}")),
-        Node::Literal(bits) => literal_value(expr.dtype, *bits, caps)?,
-        Node::LinearIndex if caps.int64 => "bitcast<i64>(u64(li))".to_string(),
-        Node::LinearIndex => {
-            return Err(Error::Unsupported(
-                "the linear index is i64, which this adapter lacks (SHADER_INT64)".into(),
-            ))
-        }
-        Node::Philox(w) => {
-            // The element's counter offset `q` and word, from its position `li` (u32).
-            let per = w.per_counter.max(1) as u32;
-            let q = if per == 1 {
-                "li".to_string()
-            } else {
-                format!("(li / {per}u)")
-            };
-            let word = if per == 1 {
-                format!("{}u", w.word)
-            } else {
-                format!(
-                    "((li % {per}u) / {}u) * {}u + {}u",
-                    w.shared,
-                    w.group_width(),
-                    w.word
-                )
-            };
-            let (k, c) = (w.key, w.counter);
-            format!(
-                "philox(s{k}lo, s{k}hi, s{c}lo + {q}, s{c}hi + select(0u, 1u, s{c}lo + {q} < {q}), {word})"
-            )
-        }
-        // Casting the linear index to a narrower type needs no 64-bit integers.
-        Node::Cast { arg, saturate } if arg.node == Node::LinearIndex && !caps.int64 => {
-            cast("li", DType::U32, expr.dtype, *saturate)
-        }
-        Node::Cast { arg, saturate } => {
-            let a = emit_noting(arg, out, next, caps, names)?;
-            cast(&a, arg.dtype, expr.dtype, *saturate)
-        }
-        // f32 sine and cosine (and 16-bit floats', in f32) take both from one call, declared on
-        // its own so that a sine and a cosine of one angle (Box–Muller's pair, in lanes that
-        // share declarations: map.rs) make one call.
-        Node::Unary(op @ (UnaryOp::Sin | UnaryOp::Cos), arg)
-            if compute_type(arg.dtype) == "f32" && caps.f64 =>
-        {
-            let a = emit_noting(arg, out, next, caps, names)?;
-            let both = format!("v{}", *next);
-            *next += 1;
-            let _ = writeln!(out, "  let {both}: vec2<f32> = sincos_fast_f32({a});");
-            let half = if *op == UnaryOp::Sin { "x" } else { "y" };
-            round_to(arg.dtype, format!("{both}.{half}"))
-        }
-        Node::Unary(op, arg) => {
-            let a = emit_noting(arg, out, next, caps, names)?;
-            unary(*op, arg.dtype, &a, caps)?
-        }
-        Node::Binary(op, l, r) => {
-            let a = emit_noting(l, out, next, caps, names)?;
-            let b = emit_noting(r, out, next, caps, names)?;
-            binary(*op, l.dtype, &a, &b, caps)?
-        }
-        Node::Fma(a, b, c) => {
-            let (x, y, z) = (
-                emit_noting(a, out, next, caps, names)?,
-                emit_noting(b, out, next, caps, names)?,
-                emit_noting(c, out, next, caps, names)?,
-            );
-            fma(a.dtype, &x, &y, &z, caps)?
-        }
-        Node::Where(c, a, b) => {
-            let cond = emit_noting(c, out, next, caps, names)?;
-            let (x, y) = (
-                emit_noting(a, out, next, caps, names)?,
-                emit_noting(b, out, next, caps, names)?,
-            );
-            format!("select({y}, {x}, {})", truthy(c.dtype, &cond))
-        }
+    let program = Program::build(std::slice::from_ref(expr), Lanes::one());
+    let leaves = |op: &Op, _: DType| match op {
+        Op::Input { input, .. } => Some(format!("x{input}")),
+        Op::Position { .. } => Some("li".to_string()),
+        _ => None,
     };
-    let name = format!("v{}", *next);
-    *next += 1;
-    let _ = writeln!(out, "  let {name}: {} = {value};", compute_type(expr.dtype));
-    names.push((expr, name.clone()));
-    Ok(name)
+    let values = emit(&program, out, *next, caps, &leaves)?;
+    *next += program.instrs.len();
+    Ok(values[program.outputs[0][0]].clone())
 }
 
 /// The compute value of a literal of dtype `d` whose bits are `bits`.
@@ -396,14 +420,15 @@ mod tests {
             Expr::binary(BinaryOp::Mul, x, Expr::scalar(0, DType::F32)),
         );
         let mut src = String::new();
-        let v = emit(&e, &mut src, &mut 0, Caps::default()).unwrap();
-        assert_eq!(v, "v1");
-        assert!(src.contains("let v0: f32 = (x0 * s0);"), "{src}");
+        let v = emit_tree(&e, &mut src, &mut 0, Caps::default()).unwrap();
+        assert_eq!(v, "v3");
+        assert!(src.contains("let v0: f32 = x0;"), "{src}");
+        assert!(src.contains("let v2: f32 = (v0 * v1);"), "{src}");
     }
 
     #[test]
     fn undefined_ops_are_errors() {
         let e = Expr::unary(UnaryOp::Sqrt, Expr::input(0, DType::I32));
-        assert!(emit(&e, &mut String::new(), &mut 0, Caps::default()).is_err());
+        assert!(emit_tree(&e, &mut String::new(), &mut 0, Caps::default()).is_err());
     }
 }

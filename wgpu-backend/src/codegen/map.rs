@@ -7,14 +7,15 @@
 //! workgroup passes a 32×32 tile of that input through workgroup memory, so both sides read
 //! and write whole runs of memory).
 
-use super::expr::emit_outputs;
+use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
 use super::{binding, compute_type, load, Caps, ENTRY};
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::ir::{BinaryOp, Expr, LaneDraw, Node};
+use strata_core::ir::{Expr, Node};
 use strata_core::lower::map_plan::{MapPiece, Path, Position};
+use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result, Scalar};
 
 /// How a map reads the output's row-major position.
@@ -117,7 +118,10 @@ impl MapSig<'_> {
 
     /// Every output's tree, output 0 first.
     fn trees(&self) -> Vec<Expr> {
-        strata_core::lower::map_trees(&self.expr, &self.also)
+        std::iter::once(self.expr.as_ref())
+            .chain(self.also.iter())
+            .cloned()
+            .collect()
     }
 }
 
@@ -263,15 +267,29 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
                 load(d, &format!("b{k}"), &format!("u32(o{k})"), caps)
             );
         }
-        let mut next = 0;
-        let values = emit_outputs(&sig.trees(), &mut src, &mut next, caps)?;
-        for (k, v) in values.iter().enumerate() {
+        let program = Program::build(&sig.trees(), Lanes::one());
+        let values = emit(&program, &mut src, 0, caps, &element_leaves)?;
+        for (k, &v) in program.outputs[0].iter().enumerate() {
             let (b, o) = (format!("b{k}"), format!("u32(o{k})"));
-            let _ = writeln!(src, "  {}", super::store(sig.dtypes[k], &b, &o, v, caps));
+            let value = &values[v];
+            let _ = writeln!(
+                src,
+                "  {}",
+                super::store(sig.dtypes[k], &b, &o, value, caps)
+            );
         }
     }
     src.push_str("}\n");
     Ok(src)
+}
+
+/// The leaves of one element whose inputs are loaded as `x{k}` and whose position is `li`.
+fn element_leaves(op: &Op, _: DType) -> Option<String> {
+    match op {
+        Op::Input { input, .. } => Some(format!("x{input}")),
+        Op::Position { .. } => Some("li".to_string()),
+        _ => None,
+    }
 }
 
 /// The compute value of a dtype of 32 bits or fewer whose stored bits are the low bits of the
@@ -287,174 +305,71 @@ fn bits_value(d: DType, bits: String) -> String {
     }
 }
 
-/// The four lanes of a vector: each reads its inputs' values and its Philox words, evaluates
-/// the outputs' `trees` and leaves output k's bits in `lane_bits_of(k, lane)`. `aligned`: the
-/// vector's first position (`lq · 4`) is a multiple of four, so each lane's position modulo 4
-/// is a constant.
+/// The four lanes of a vector as one program: each lane reads its inputs' values and its
+/// Philox words, and output k's bits end in `lane_bits_of(k, lane)`. `aligned`: the vector's
+/// first position (`lq · 4`) is a multiple of four, so each lane's position modulo 4 is a
+/// constant: its Philox words are known and a Box–Muller pair's parity folds, so the two lanes
+/// of a pair share their logarithm and square root (a compiler does not merge the lanes'
+/// inlined calls by itself).
 fn lanes(
     sig: &MapSig,
     caps: Caps,
-    trees: &[Expr],
-    draws: &[LaneDraw],
+    program: &Program,
     aligned: bool,
     src: &mut String,
 ) -> Result<()> {
-    let mut shared = SharedLanes::default();
-    for lane in 0..4 {
-        // The lane's statements, one per line: shared with the earlier lanes, or in a scope.
-        let mut body = String::new();
-        if sig.lin != Lin::Unused {
-            let li = if aligned {
-                format!("lq * 4u + {lane}u")
-            } else {
-                format!("lb + {lane}u")
-            };
-            let _ = writeln!(body, "  let li = {li};");
+    let n_out = sig.outputs();
+    let draws = &program.draws;
+    let position = |lane: usize| {
+        if aligned {
+            format!("(lq * 4u + {lane}u)")
+        } else {
+            format!("(lb + {lane}u)")
         }
-        let n_out = sig.outputs();
-        for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
+    };
+    let leaves = |op: &Op, _: DType| match *op {
+        Op::Input { input, lane } => {
+            let k = n_out + input;
+            let d = sig.dtypes[k];
             let bits = if sig.contiguous[k] {
                 lane_bits(d, &format!("w{k}"), lane)
             } else {
                 format!("sp{k}")
             };
-            let _ = writeln!(body, "  let x{} = {};", k - n_out, bits_value(d, bits));
+            Some(bits_value(d, bits))
         }
-        for d in draws {
+        Op::Position { lane } => Some(position(lane)),
+        Op::KnownWord { draw, group, word } => {
+            let p = &draws[draw];
+            Some(format!("ph{}_{}_{group}[{word}u]", p.key, p.counter))
+        }
+        Op::Word { draw, lane } => {
             // The lane's word of the call made for its counter.
-            let p = &d.philox;
+            let p = &draws[draw];
             let (per, name) = (p.per_counter as usize, format!("ph{}_{}", p.key, p.counter));
-            let pick = if aligned {
-                format!("{name}_{}[{}u]", lane / per, p.word_of(lane as u64))
-            } else {
-                let mut pick = format!("{name}_0");
-                for g in 1..=(4 / per) {
-                    pick = format!("select({pick}, {name}_{g}, li / {per}u - {name}f == {g}u)");
-                }
-                let word = format!(
-                    "((li % {per}u) / {}u) * {}u + {}u",
-                    p.shared,
-                    p.group_width(),
-                    p.word
-                );
-                format!("{pick}[{word}]")
-            };
-            let _ = writeln!(body, "  let x{} = {pick};", d.input);
+            let li = position(lane);
+            let mut pick = format!("{name}_0");
+            for g in 1..=(4 / per) {
+                pick = format!("select({pick}, {name}_{g}, {li} / {per}u - {name}f == {g}u)");
+            }
+            let word = format!(
+                "(({li} % {per}u) / {}u) * {}u + {}u",
+                p.shared,
+                p.group_width(),
+                p.word
+            );
+            Some(format!("{pick}[{word}]"))
         }
-        let lane_trees: Cow<[Expr]> = if aligned {
-            Cow::Owned(trees.iter().map(|e| fold_position_bits(e, lane)).collect())
-        } else {
-            Cow::Borrowed(trees)
-        };
-        let mut next = 0;
-        let values = emit_outputs(&lane_trees, &mut body, &mut next, caps)?;
-        for (k, v) in values.iter().enumerate() {
-            let bits = super::bits_of(sig.dtypes[k], v);
-            let _ = writeln!(body, "  {} = {bits};", lane_bits_of(k, lane));
-        }
-        if aligned {
-            shared.lane(src, &body, lane);
-        } else {
-            let _ = write!(src, "  {{\n{body}  }}\n");
+        _ => None,
+    };
+    let values = emit(program, src, 0, caps, &leaves)?;
+    for (lane, outputs) in program.outputs.iter().enumerate() {
+        for (k, &v) in outputs.iter().enumerate() {
+            let bits = super::bits_of(sig.dtypes[k], &values[v]);
+            let _ = writeln!(src, "  {} = {bits};", lane_bits_of(k, lane));
         }
     }
     Ok(())
-}
-
-/// Aligned lanes emitted into one scope, each `let` renamed for its lane and dropped where an
-/// earlier lane declared the same value (the two lanes of a Box–Muller pair read the same
-/// words: their logarithm and square root are computed once; a compiler does not merge the
-/// lanes' inlined calls by itself).
-#[derive(Default)]
-struct SharedLanes {
-    /// `type = value` of each declaration so far, with its name.
-    values: std::collections::HashMap<String, String>,
-}
-
-impl SharedLanes {
-    /// Appends lane `lane`'s statements `body` (one per line) to `src`.
-    fn lane(&mut self, src: &mut String, body: &str, lane: usize) {
-        let mut alias: std::collections::HashMap<String, String> = Default::default();
-        for line in body.lines() {
-            let renamed = rename(line, &alias);
-            let decl = renamed.trim_start().strip_prefix("let ").and_then(|rest| {
-                let (name, value) = rest.split_once(" = ")?;
-                let (name, ty) = name.split_once(": ").unwrap_or((name, ""));
-                Some((name.to_string(), format!("{ty} = {value}")))
-            });
-            let Some((name, key)) = decl else {
-                let _ = writeln!(src, "{renamed}");
-                continue;
-            };
-            if let Some(earlier) = self.values.get(&key) {
-                alias.insert(name, earlier.clone());
-                continue;
-            }
-            let unique = format!("{name}_l{lane}");
-            let (ty, value) = key.split_once(" = ").unwrap_or(("", &key));
-            let ty = if ty.is_empty() {
-                String::new()
-            } else {
-                format!(": {ty}")
-            };
-            let _ = writeln!(src, "  let {unique}{ty} = {value}");
-            self.values.insert(key, unique.clone());
-            alias.insert(name, unique);
-        }
-    }
-}
-
-/// `line` with each identifier that `alias` names replaced (numbers, with their suffixes,
-/// are left as they are).
-fn rename(line: &str, alias: &std::collections::HashMap<String, String>) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        if c.is_ascii_alphabetic() || c == '_' || c.is_ascii_digit() {
-            let mut end = i + c.len_utf8();
-            while let Some(&(j, d)) = chars.peek() {
-                if d.is_ascii_alphanumeric() || d == '_' || (c.is_ascii_digit() && d == '.') {
-                    end = j + d.len_utf8();
-                    chars.next();
-                } else {
-                    break;
-                }
-            }
-            let token = &line[i..end];
-            match alias.get(token) {
-                Some(to) if !c.is_ascii_digit() => out.push_str(to),
-                _ => out.push_str(token),
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// `expr` with each test of the position's low bits (`position & m` for `m` of 1 or 3: a
-/// Box–Muller pair's parity) replaced by its value at a position `lane` modulo 4.
-fn fold_position_bits(expr: &Expr, lane: usize) -> Expr {
-    let fold = |e: &Expr| Box::new(fold_position_bits(e, lane));
-    let node = match &expr.node {
-        Node::Binary(BinaryOp::BitAnd, a, m) if a.node == Node::LinearIndex => match m.node {
-            Node::Literal(bits) if bits == 1 || bits == 3 => Node::Literal((lane as u64) & bits),
-            _ => Node::Binary(BinaryOp::BitAnd, fold(a), fold(m)),
-        },
-        Node::Cast { arg, saturate } => Node::Cast {
-            arg: fold(arg),
-            saturate: *saturate,
-        },
-        Node::Unary(op, a) => Node::Unary(*op, fold(a)),
-        Node::Binary(op, a, b) => Node::Binary(*op, fold(a), fold(b)),
-        Node::Fma(a, b, c) => Node::Fma(fold(a), fold(b), fold(c)),
-        Node::Where(c, a, b) => Node::Where(fold(c), fold(a), fold(b)),
-        other => other.clone(),
-    };
-    Expr {
-        dtype: expr.dtype,
-        node,
-    }
 }
 
 /// The tree whose value a vector lane converts to the output's bits: a root cast from f32 to
@@ -576,14 +491,15 @@ fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<(
         };
         let _ = writeln!(src, "      let x{} = {};", k - n_out, bits_value(d, word));
     }
-    let mut next = 0;
-    let values = emit_outputs(&sig.trees(), src, &mut next, caps)?;
-    for (k, v) in values.iter().enumerate() {
+    let program = Program::build(&sig.trees(), Lanes::one());
+    let values = emit(&program, src, 0, caps, &element_leaves)?;
+    for (k, &v) in program.outputs[0].iter().enumerate() {
         let (b, o) = (format!("b{k}"), offset(k, "r", "c"));
+        let value = &values[v];
         let _ = writeln!(
             src,
             "      {}",
-            super::store(sig.dtypes[k], &b, &o, v, caps)
+            super::store(sig.dtypes[k], &b, &o, value, caps)
         );
     }
     src.push_str("    }\n  }\n");
@@ -687,13 +603,21 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         let names: Vec<String> = (0..4).map(|lane| lane_bits_of(k, lane)).collect();
         let _ = writeln!(src, "  var {}: u32;", names.join(": u32; var "));
     }
-    // Random draws: one Philox call per counter the vector spans, before the lanes.
-    let inputs = sig.dtypes.len() - n_out;
+    // Lanes at a position that is a multiple of four (every launch in practice) know their
+    // position modulo 4 at compile time: each picks its Philox word by constant, and a
+    // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
+    // sine. Other launches take the general lanes, in a kernel of their own.
+    let aligned = sig.lin == Lin::Aligned;
     let stored_trees: Vec<Expr> = sig.trees().iter().map(|e| stored(e).clone()).collect();
-    let (lane_trees, draws) = Expr::hoist_philox_all(&stored_trees, 4, inputs);
+    let lanes_of = if aligned {
+        Lanes::aligned(4)
+    } else {
+        Lanes::unaligned(4, 4)
+    };
+    let program = Program::build(&stored_trees, lanes_of);
+    // Random draws: one Philox call per counter the vector spans, before the lanes.
     let mut sources: Vec<(usize, usize, u8)> = Vec::new();
-    for d in &draws {
-        let p = &d.philox;
+    for p in &program.draws {
         if !sources.contains(&(p.key, p.counter, p.per_counter)) {
             sources.push((p.key, p.counter, p.per_counter));
         }
@@ -722,19 +646,15 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             }
         }
     }
-    // Lanes at a position that is a multiple of four (every launch in practice) know their
-    // position modulo 4 at compile time: each picks its Philox word by constant, and a
-    // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
-    // sine. Other launches take the general lanes, in a kernel of their own.
     if sig.lin != Lin::Unused {
         let _ = writeln!(src, "  let lb = params[{}] + gid * 4u;", w.lin_base);
     }
     // A strided position never takes the vector path (core's planner gives it one element a
     // work item), so only the linear kinds reach here.
-    if sig.lin == Lin::Aligned {
+    if aligned {
         src.push_str("  let lq = lb / 4u;\n");
     }
-    lanes(sig, caps, &lane_trees, &draws, sig.lin == Lin::Aligned, src)?;
+    lanes(sig, caps, &program, aligned, src)?;
     for k in 0..n_out {
         let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
     }
@@ -759,25 +679,6 @@ mod tests {
             tiled: vec![false],
         };
         source(&sig, Caps::default()).unwrap()
-    }
-
-    #[test]
-    fn aligned_lanes_know_the_parity_of_their_position() {
-        let parity = |m: i64| {
-            Expr::binary(
-                BinaryOp::BitAnd,
-                Expr::linear_index(),
-                Expr::literal(strata_core::Scalar::I64(m)),
-            )
-        };
-        for lane in 0..4 {
-            let folded = fold_position_bits(&parity(1), lane);
-            assert_eq!(folded.node, Node::Literal(lane as u64 & 1));
-            let folded = fold_position_bits(&parity(3), lane);
-            assert_eq!(folded.node, Node::Literal(lane as u64));
-        }
-        // Other masks depend on more than the position modulo 4.
-        assert_eq!(fold_position_bits(&parity(7), 1), parity(7));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use super::{compute_type, literal, wrap, Caps};
 use std::collections::BTreeSet;
-use strata_core::ir::{Expr, Node};
+use strata_core::ir::Expr;
 use strata_core::DType;
 
 const HALF: &str = "
@@ -401,23 +401,7 @@ fn instantiate(template: &str, wide: bool) -> String {
 /// Every dtype a tree computes in (its nodes' and their operands').
 pub(crate) fn dtypes_of(e: &Expr, out: &mut BTreeSet<DType>) {
     out.insert(e.dtype);
-    match &e.node {
-        Node::Input(_)
-        | Node::Scalar(_)
-        | Node::Literal(_)
-        | Node::LinearIndex
-        | Node::Philox(_) => {}
-        Node::Cast { arg, .. } | Node::Unary(_, arg) => dtypes_of(arg, out),
-        Node::Binary(_, a, b) => {
-            dtypes_of(a, out);
-            dtypes_of(b, out);
-        }
-        Node::Fma(a, b, c) | Node::Where(a, b, c) => {
-            dtypes_of(a, out);
-            dtypes_of(b, out);
-            dtypes_of(c, out);
-        }
-    }
+    e.children().for_each(|c| dtypes_of(c, out));
 }
 
 /// Philox4x32-10 (the words of counter `[c0, c1, 0, 0]` under key `[k0, k1]`) with its ten

@@ -216,7 +216,7 @@ fn element(
             let _ = writeln!(src, "      let x{k} = {};", load(d, &b, &idx, caps));
         }
         let mut body = String::new();
-        let value = super::expr::emit(&m.expr, &mut body, next, caps)?;
+        let value = super::expr::emit_tree(&m.expr, &mut body, next, caps)?;
         for line in body.lines() {
             let _ = writeln!(src, "    {line}");
         }
