@@ -33,7 +33,7 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # Row broadcasts read once per vec4 (splats) when every operand is bound through a window.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test elementwise row_and_column -- --test-threads=1
-  # Random draws split into pieces: each piece's vectors know their positions (Lin::Aligned)
+  # Random draws split into pieces: each piece's vectors know their positions (PositionKind::Aligned)
   # and take the counters of their own elements.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test join_random -- --test-threads=1

@@ -7,8 +7,10 @@
 //! `cargo run --release -p strata-core --example host_cost [-- --plan | --record]`
 
 use std::time::Instant;
-use strata_core::ir::{BinaryOp, Expr, KernelArgs};
-use strata_core::lower::{map_plan, operands::MapOperands, pieces::BufferInfo, target::Target};
+use strata_core::backend::KernelArgs;
+use strata_core::ir::{BinaryOp, Expr};
+use strata_core::lower::{map_plan, operands::MapOperands, pieces::BufferInfo};
+use strata_core::target::Target;
 use strata_core::{DType, Device, Tensor};
 
 fn main() -> strata_core::Result<()> {

@@ -2,9 +2,10 @@
 //! `upload` and `run` only enqueue work on a stream; `download` and the `synchronize_*` calls
 //! are the only ones that wait.
 
-use crate::dtype::DType;
+use crate::dtype::{DType, Scalar};
 use crate::error::Result;
-use crate::ir::{Expr, Kernel, KernelArgs};
+use crate::ir::{Expr, Kernel};
+use crate::layout::Layout;
 use std::any::Any;
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -275,7 +276,7 @@ pub trait Backend: Send + Sync + Debug {
     /// use strata_core::{Backend, Device};
     /// assert!(Device::cpu().backend().target().fuses_map_into_reduce);
     /// ```
-    fn target(&self) -> &crate::lower::target::Target;
+    fn target(&self) -> &crate::target::Target;
     /// The source this backend generates for the map `expr` (and the further outputs `also`)
     /// over `args`, and its launch
     /// shape, without running it (for [`Tensor::explain`](crate::Tensor::explain)); `None`
@@ -426,6 +427,42 @@ pub trait Backend: Send + Sync + Debug {
     fn synchronize_stream(&self, stream: StreamId) -> Result<()>;
     /// Blocks the host until all work on the device completes.
     fn synchronize(&self) -> Result<()>;
+}
+
+/// One tensor operand of a launch: a buffer and the view of it to use.
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
+/// let op = t.operand().unwrap();
+/// assert_eq!(op.layout.shape(), &[2]);
+/// ```
+#[derive(Debug, Clone)]
+pub struct Operand {
+    /// The storage.
+    pub buffer: Arc<dyn DeviceBuffer>,
+    /// Shape, strides (in elements) and offset of the view.
+    pub layout: Layout,
+    /// The element type.
+    pub dtype: DType,
+}
+
+/// The run-time arguments of a launch: outputs, inputs and scalar values.
+///
+/// ```
+/// use strata_core::{backend::KernelArgs, Scalar};
+/// let args = KernelArgs { outputs: vec![], inputs: vec![], scalars: vec![Scalar::F32(1.0)] };
+/// assert_eq!(args.scalars.len(), 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct KernelArgs {
+    /// Tensors written: output 0, then a multi-output map's further outputs (`Kernel::Map`'s
+    /// `also`), a gather's range flag, or a reduction's row prologue's result.
+    pub outputs: Vec<Operand>,
+    /// Tensors read.
+    pub inputs: Vec<Operand>,
+    /// Scalar values, each of the dtype its `Node::Scalar` node says.
+    pub scalars: Vec<Scalar>,
 }
 
 #[cfg(test)]

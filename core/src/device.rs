@@ -4,11 +4,13 @@
 //! streams, the current stream) lives in it. There is no process-wide state, so a notebook
 //! cell that keeps a `Device` in a variable keeps its caches.
 
-use crate::backend::{Backend, BackendKind, EventId, MemoryStats, StreamId};
+use crate::backend::{
+    Backend, BackendKind, DeviceBuffer, EventId, KernelArgs, MemoryStats, StreamId,
+};
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
-use crate::profile::{ProfileState, RecordKind};
-use crate::tensor::Storage;
+use crate::ir::Kernel;
+use crate::profile_record::{ProfileState, RecordKind};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -37,7 +39,7 @@ struct DeviceInner {
     allow_tf32: AtomicBool,
     fusion: AtomicBool,
     /// Pending storages (lazy fusion) in the order they were recorded; `flush` runs them.
-    pending: Mutex<Vec<Weak<Storage>>>,
+    pending: Mutex<PendingRegistry>,
     /// The profiler's recorder, when one records.
     profile: ProfileState,
     /// For a pinned host device: the device whose page-locked memory it holds.
@@ -46,6 +48,11 @@ struct DeviceInner {
     /// again, so its tensors and their copies stay on one device).
     pinned_host: Mutex<Weak<DeviceInner>>,
 }
+
+/// Lazy fusion's registry of a device's pending storages (weak handles, oldest first), which
+/// its flush runs. The device keeps it, as it keeps all state, but knows nothing of what is
+/// registered: fusion registers its storages and finds them again (`dyn Any`).
+pub(crate) type PendingRegistry = Vec<Weak<dyn std::any::Any + Send + Sync>>;
 
 /// Owns one backend stream; destroys it when the last handle goes.
 pub(crate) struct StreamHandle {
@@ -193,47 +200,105 @@ impl Device {
         }
     }
 
-    /// Runs every pending (deferred) op of this device, newest first: each tree runs as one
-    /// kernel that also stores the pending intermediates someone still holds (multi-output
-    /// fusion), so a held intermediate is computed once, by the kernel of the last tree that
-    /// reads it; one that only other pending trees hold is spliced into their kernels (never
-    /// written). Asynchronous like any launch.
-    ///
-    /// ```
-    /// use strata_core::{Device, DType, Tensor};
-    /// let dev = Device::cpu();
-    /// let t = Tensor::ones([2], DType::F32, &dev)?.neg()?;
-    /// dev.flush()?;
-    /// assert!(!t.is_pending());
-    /// # Ok::<(), strata_core::Error>(())
-    /// ```
-    pub fn flush(&self) -> Result<()> {
-        crate::fusion::flush(self)
-    }
-
-    /// Takes the pending storages registered so far, oldest first (for `flush`).
-    pub(crate) fn take_pending(&self) -> Vec<Weak<Storage>> {
-        std::mem::take(&mut *self.lock_pending())
-    }
-
-    /// Registers again, before any registered since, pending storages a flush did not run
-    /// (oldest first).
-    pub(crate) fn return_pending(&self, storages: impl Iterator<Item = Weak<Storage>>) {
-        self.lock_pending().splice(0..0, storages);
-    }
-
-    /// Notes a new pending storage for `flush`.
-    pub(crate) fn register_pending(&self, storage: &Arc<Storage>) {
-        let mut pending = self.lock_pending();
-        if pending.len() >= 64 && pending.len().is_power_of_two() {
-            // A dropped storage is known from its count alone (no upgrade, no lock).
-            pending.retain(|w| w.strong_count() > 0 && w.upgrade().is_some_and(|s| s.is_pending()));
-        }
-        pending.push(Arc::downgrade(storage));
-    }
-
-    fn lock_pending(&self) -> MutexGuard<'_, Vec<Weak<Storage>>> {
+    /// Lazy fusion's registry of this device's pending storages, locked.
+    pub(crate) fn pending_registry(&self) -> MutexGuard<'_, PendingRegistry> {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `Backend::run`: every launch reaches the backend here (and is recorded while a profile
+    /// records). `fused_ops`: the user ops a fused kernel holds, asked only while recording.
+    pub(crate) fn run_kernel(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+        stream: StreamId,
+        fused_ops: impl FnOnce() -> Option<Vec<String>>,
+    ) -> Result<()> {
+        if self.profiling() {
+            return self.run_kernel_recorded(kernel, args, stream, fused_ops());
+        }
+        self.backend().run(kernel, args, stream)
+    }
+
+    /// `Backend::upload` (recorded while a profile records).
+    pub(crate) fn upload_bytes(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        data: &[u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        let upload = || self.backend().upload(dst, byte_offset, data, stream);
+        if !self.profiling() {
+            return upload();
+        }
+        let name = "copy host → device";
+        self.copy_recorded(RecordKind::Upload, name, data.len(), stream, upload)
+    }
+
+    /// `Backend::download` (recorded while a profile records, which prints its table in
+    /// printing mode: a download waits for the device).
+    pub(crate) fn download_bytes(
+        &self,
+        src: &dyn DeviceBuffer,
+        byte_offset: usize,
+        out: &mut [u8],
+        stream: StreamId,
+    ) -> Result<()> {
+        if !self.profiling() {
+            return self.backend().download(src, byte_offset, out, stream);
+        }
+        let (name, bytes) = ("copy device → host", out.len());
+        let download = || self.backend().download(src, byte_offset, out, stream);
+        self.copy_recorded(RecordKind::Download, name, bytes, stream, download)?;
+        self.print_profile_now()
+    }
+
+    /// An asynchronous copy between this device and its pinned host memory (`upload`: host
+    /// to device); `copy` enqueues it and returns its event (recorded while a profile records).
+    pub(crate) fn copy_pinned(
+        &self,
+        upload: bool,
+        bytes: usize,
+        stream: StreamId,
+        copy: impl FnOnce() -> Result<EventId>,
+    ) -> Result<EventId> {
+        if !self.profiling() {
+            return copy();
+        }
+        let (kind, name) = if upload {
+            (RecordKind::Upload, "copy pinned host → device")
+        } else {
+            (RecordKind::Download, "copy device → pinned host")
+        };
+        self.copy_recorded(kind, name, bytes, stream, copy)
+    }
+
+    /// `Backend::allocate` (recorded while a profile records).
+    pub(crate) fn allocate_buffer(
+        &self,
+        bytes: usize,
+        stream: StreamId,
+    ) -> Result<Arc<dyn DeviceBuffer>> {
+        if !self.profiling() {
+            return self.backend().allocate(bytes, stream);
+        }
+        self.allocate_recorded(bytes, stream)
+    }
+
+    /// A host wait (`what` names it), recorded while a profile records, which prints its
+    /// table in printing mode.
+    pub(crate) fn wait_recorded(
+        &self,
+        stream: StreamId,
+        what: &str,
+        wait: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        if !self.profiling() {
+            return wait();
+        }
+        self.wait_recorded_now(stream, what, wait)?;
+        self.print_profile_now()
     }
 
     /// The allocator's statistics.
@@ -265,6 +330,12 @@ impl Device {
     /// ```
     pub fn blocking(&self) -> bool {
         self.inner.blocking.load(Ordering::Relaxed)
+    }
+
+    /// True when this device defers elementwise ops (lazy fusion, `crate::fusion`): fusion
+    /// on and blocking mode off.
+    pub(crate) fn defers(&self) -> bool {
+        self.fusion() && !self.blocking()
     }
 
     /// Turns blocking mode on or off for this device.

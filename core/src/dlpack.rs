@@ -277,7 +277,7 @@ impl Tensor {
         let shape: Vec<i64> = self.shape().iter().map(|&d| d as i64).collect();
         let strides: Vec<i64> = self.strides().iter().map(|&s| s as i64).collect();
         let (code, bits, lanes) = self.dtype.dlpack();
-        let owner: Box<std::sync::Arc<dyn crate::DeviceBuffer>> = Box::new(buffer);
+        let owner: Box<std::sync::Arc<dyn crate::backend::DeviceBuffer>> = Box::new(buffer);
         let mut init = dlpark::metadata::Dynamic::new(shape, strides)
             .initialize_as::<M>(owner)
             .map_err(|e| Error::Invalid(format!("DLPack export: {e}")))?;

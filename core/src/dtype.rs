@@ -63,6 +63,23 @@ pub enum Category {
 }
 
 impl DType {
+    /// The dtype a sum or product of this dtype accumulates in, as PyTorch's: integers and
+    /// bool in i64, 16-bit floats in f32, f32 and f64 in themselves.
+    ///
+    /// ```
+    /// use strata_core::DType;
+    /// assert_eq!(DType::U8.accumulator(), DType::I64);
+    /// assert_eq!(DType::BF16.accumulator(), DType::F32);
+    /// assert_eq!(DType::F64.accumulator(), DType::F64);
+    /// ```
+    pub fn accumulator(self) -> DType {
+        match self {
+            DType::F16 | DType::BF16 | DType::F32 => DType::F32,
+            DType::F64 => DType::F64,
+            _ => DType::I64,
+        }
+    }
+
     /// Every dtype, in declaration order.
     ///
     /// ```

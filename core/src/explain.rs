@@ -205,7 +205,7 @@ impl Tensor {
                 source: None,
             });
             "computed by this fused kernel (explain before it runs to see its source)".into()
-        } else if !fusion::defers(self.device()) {
+        } else if !self.device().defers() {
             "computed eagerly: fusion is off on this device (blocking mode or set_fusion(false))"
                 .into()
         } else {
@@ -309,7 +309,7 @@ fn write_infix(e: &Expr, out: &mut String, outer: u8) {
             let _ = write!(out, "s{k}");
         }
         Node::Literal(bits) => {
-            let _ = write!(out, "{}", crate::Scalar::from_bits(e.dtype, *bits));
+            let _ = write!(out, "{}", crate::dtype::Scalar::from_bits(e.dtype, *bits));
         }
         Node::LinearIndex => out.push_str("index"),
         Node::Philox(w) if w.per_counter <= 1 => {

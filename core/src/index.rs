@@ -38,7 +38,7 @@ pub enum SliceArg {
     Ellipsis,
     /// Select the positions an i32/i64 tensor holds along this axis (NumPy's integer-array
     /// indexing): the axis is replaced by the index tensor's axes. The result is a copy.
-    Tensor(crate::Tensor),
+    Tensor(crate::tensor::Tensor),
 }
 
 impl PartialEq for SliceArg {
@@ -67,8 +67,8 @@ impl PartialEq for SliceArg {
     }
 }
 
-impl From<&crate::Tensor> for SliceArg {
-    fn from(t: &crate::Tensor) -> SliceArg {
+impl From<&crate::tensor::Tensor> for SliceArg {
+    fn from(t: &crate::tensor::Tensor) -> SliceArg {
         SliceArg::Tensor(t.clone())
     }
 }
@@ -200,18 +200,18 @@ impl From<Ellipsis> for SliceArg {
 macro_rules! s {
     (@acc [$($out:expr,)*]) => { vec![$($out,)*] };
     (@acc [$($out:expr,)*] ... $(, $($rest:tt)*)?) => {
-        $crate::s!(@acc [$($out,)* Ok($crate::SliceArg::Ellipsis),] $($($rest)*)?)
+        $crate::s!(@acc [$($out,)* Ok($crate::index::SliceArg::Ellipsis),] $($($rest)*)?)
     };
     (@acc [$($out:expr,)*] $e:expr ; $step:expr $(, $($rest:tt)*)?) => {
         $crate::s!(@acc [$($out,)* $crate::s!(@arg $e).with_step($step as isize),] $($($rest)*)?)
     };
     (@acc [$($out:expr,)*] $e:expr $(, $($rest:tt)*)?) => {
-        $crate::s!(@acc [$($out,)* Ok::<$crate::SliceArg, $crate::Error>($crate::s!(@arg $e)),] $($($rest)*)?)
+        $crate::s!(@acc [$($out,)* Ok::<$crate::index::SliceArg, $crate::error::Error>($crate::s!(@arg $e)),] $($($rest)*)?)
     };
     // Python-style ranges such as `1..-1` or `7..2` look empty to Rust's lints; they are not.
     (@arg $e:expr) => {{
         #[allow(clippy::reversed_empty_ranges)]
-        let arg = $crate::SliceArg::from($e);
+        let arg = $crate::index::SliceArg::from($e);
         arg
     }};
     ($($t:tt)*) => {{
@@ -394,7 +394,7 @@ pub(crate) fn apply(layout: &Layout, args: &[SliceArg]) -> Result<Layout> {
 pub(crate) fn split_tensor_index(
     args: &[SliceArg],
     ndim: usize,
-) -> Result<Option<(Vec<SliceArg>, usize, crate::Tensor)>> {
+) -> Result<Option<(Vec<SliceArg>, usize, crate::tensor::Tensor)>> {
     let tensors = args
         .iter()
         .filter(|a| matches!(a, SliceArg::Tensor(_)))

@@ -4,10 +4,7 @@
 //! A kernel's *structure* (this module's types) is what a backend compiles and caches; sizes,
 //! strides, offsets and scalar values arrive at launch time in [`KernelArgs`].
 
-use crate::backend::DeviceBuffer;
 use crate::dtype::{DType, Scalar};
-use crate::layout::Layout;
-use std::sync::Arc;
 
 /// A typed expression tree evaluated once per output element of a [`Kernel::Map`].
 ///
@@ -69,7 +66,7 @@ pub enum Node {
 }
 
 /// A [`Node::Philox`]: one word of Philox4x32-10
-/// ([`philox4x32_10`](crate::random::philox4x32_10)) for each element. Neighbouring elements
+/// ([`philox4x32_10`]) for each element. Neighbouring elements
 /// share a counter, so one Philox call serves `per_counter` of them: element `i` (its row-major
 /// position) reads counter `c = scalar counter + i / per_counter` (wrapping), as
 /// `[c as u32, (c >> 32) as u32, 0, 0]` keyed by `[k as u32, (k >> 32) as u32]` with
@@ -133,6 +130,32 @@ impl PhiloxWord {
     pub fn counter_of(&self, i: u64) -> u64 {
         i / self.per_counter.max(1) as u64
     }
+}
+
+/// Philox4x32-10 (Salmon et al., 2011): 10 rounds over a 128-bit counter with a 64-bit key.
+///
+/// ```
+/// // A known-answer vector of the Random123 reference.
+/// let out = strata_core::ir::philox4x32_10([0; 4], [0; 2]);
+/// assert_eq!(out, [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
+/// ```
+pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
+    const M0: u64 = 0xD251_1F53;
+    const M1: u64 = 0xCD9E_8D57;
+    const W0: u32 = 0x9E37_79B9;
+    const W1: u32 = 0xBB67_AE85;
+    let (mut c, mut k) = (counter, key);
+    for round in 0..10 {
+        if round > 0 {
+            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
+        }
+        let p0 = M0 * c[0] as u64;
+        let p1 = M1 * c[2] as u64;
+        let (hi0, lo0) = ((p0 >> 32) as u32, p0 as u32);
+        let (hi1, lo1) = ((p1 >> 32) as u32, p1 as u32);
+        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
+    }
+    c
 }
 
 /// Binary operations of the IR. Both operands have the same dtype; comparisons and logical
@@ -659,7 +682,7 @@ pub enum Kernel {
         /// Multi-output fusion: output `k + 1` gets `also[k]`, with output 0's shape. Each is
         /// a subtree of `expr` (an intermediate that someone still holds), so a backend
         /// computes it once and stores it as well. Empty for every map but a fused one, and at
-        /// most [`max_map_outputs`](crate::lower::target::Target::max_map_outputs) `- 1` long.
+        /// most [`max_map_outputs`](crate::target::Target::max_map_outputs) `- 1` long.
         also: Vec<Expr>,
     },
     /// Reduces the trailing `reduced_axes` axes of input 0 into output 0, whose shape is the
@@ -678,11 +701,11 @@ pub enum Kernel {
         /// Each further input is laid out like input 0 (shape, strides, offset, item size) or
         /// holds one value per output ([`per_output`](crate::lower::operands::per_output)).
         /// It never reads the linear index. Only backends whose
-        /// [`fuses_map_into_reduce`](crate::lower::target::Target::fuses_map_into_reduce) is true get one.
+        /// [`fuses_map_into_reduce`](crate::target::Target::fuses_map_into_reduce) is true get one.
         map: Option<Expr>,
         /// A reduction the map reads, run in the same kernel first: see [`RowPrologue`].
         /// Only with a map, and only on backends whose
-        /// [`fuses_row_prologue`](crate::lower::target::Target::fuses_row_prologue) is true.
+        /// [`fuses_row_prologue`](crate::target::Target::fuses_row_prologue) is true.
         prologue: Option<RowPrologue>,
     },
     /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
@@ -699,10 +722,10 @@ pub enum Kernel {
     /// the same shape and float dtype: the composition `softmax` is defined by, run with each
     /// row kept on chip. Per row, `m` is the maximum (NaN if any element is), each element's
     /// term `t = exp(x - m)` is rounded to the dtype as that op rounds it, `s` is the sum of
-    /// the terms in [`accumulation_dtype`](crate::ops::accumulation_dtype) rounded to the
+    /// the terms in the dtype's [`accumulator`](DType::accumulator) rounded to the
     /// dtype, and the output is [`softmax_output`](crate::lower::softmax_plan::softmax_output)
     /// of `x`, `m` and `s`. Only the sum's order may differ from the eager composition. Only
-    /// backends whose [`runs_softmax`](crate::lower::target::Target::runs_softmax) is true get one.
+    /// backends whose [`runs_softmax`](crate::target::Target::runs_softmax) is true get one.
     Softmax {
         /// Log-softmax: `(x - m) - log(s)` instead of `t / s`.
         log: bool,
@@ -847,39 +870,4 @@ impl ReduceOp {
     pub fn is_order_free(self) -> bool {
         matches!(self, ReduceOp::Min | ReduceOp::Max)
     }
-}
-
-/// One tensor operand of a launch: a buffer and the view of it to use.
-///
-/// ```
-/// use strata_core::{Device, DType, Tensor};
-/// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
-/// let op = t.operand().unwrap();
-/// assert_eq!(op.layout.shape(), &[2]);
-/// ```
-#[derive(Debug, Clone)]
-pub struct Operand {
-    /// The storage.
-    pub buffer: Arc<dyn DeviceBuffer>,
-    /// Shape, strides (in elements) and offset of the view.
-    pub layout: Layout,
-    /// The element type.
-    pub dtype: DType,
-}
-
-/// The run-time arguments of a launch: outputs, inputs and scalar values.
-///
-/// ```
-/// use strata_core::{ir::KernelArgs, Scalar};
-/// let args = KernelArgs { outputs: vec![], inputs: vec![], scalars: vec![Scalar::F32(1.0)] };
-/// assert_eq!(args.scalars.len(), 1);
-/// ```
-#[derive(Debug, Clone)]
-pub struct KernelArgs {
-    /// Tensors written. A `Map` has exactly one; inputs have its shape.
-    pub outputs: Vec<Operand>,
-    /// Tensors read.
-    pub inputs: Vec<Operand>,
-    /// Scalar values, each of the dtype its `Node::Scalar` node says.
-    pub scalars: Vec<Scalar>,
 }

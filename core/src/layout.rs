@@ -3,6 +3,24 @@
 
 use crate::error::{Error, Result};
 
+/// A list of extents on the launch path, inline up to 6 axes (coalesced layouts rarely have
+/// more): a plan is made on every launch, and a one-element op costs a few microseconds in
+/// all, so planning must not allocate per axis list.
+///
+/// ```
+/// let d: strata_core::layout::Dims = [2usize, 3].into_iter().collect();
+/// assert!(!d.spilled());
+/// ```
+pub type Dims = smallvec::SmallVec<[usize; 6]>;
+
+/// Strides on the launch path, inline like [`Dims`].
+///
+/// ```
+/// let s: strata_core::layout::Strides = smallvec::smallvec![3, 1];
+/// assert_eq!(&s[..], &[3, 1]);
+/// ```
+pub type Strides = smallvec::SmallVec<[isize; 6]>;
+
 /// Shape, strides and offset of a tensor view. Element `[i0, i1, ...]` sits at storage
 /// position `offset + Σ i_k · strides[k]`; strides may be 0 (broadcast) or negative (flipped).
 ///
@@ -16,8 +34,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, PartialEq, Eq, Hash)]
 pub struct Layout {
     // Inline up to rank 6: cloning a tensor (every op's operands) allocates nothing.
-    shape: crate::lower::Dims,
-    strides: crate::lower::Strides,
+    shape: Dims,
+    strides: Strides,
     offset: usize,
 }
 
@@ -147,8 +165,8 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 impl Clone for Layout {
     fn clone(&self) -> Layout {
         Layout {
-            shape: crate::lower::Dims::from_slice(&self.shape),
-            strides: crate::lower::Strides::from_slice(&self.strides),
+            shape: Dims::from_slice(&self.shape),
+            strides: Strides::from_slice(&self.strides),
             offset: self.offset,
         }
     }
@@ -177,9 +195,9 @@ impl Layout {
     pub fn contiguous(shape: &[usize]) -> Result<Layout> {
         checked_numel(shape)?;
         Ok(Layout {
-            shape: crate::lower::Dims::from_slice(shape),
+            shape: Dims::from_slice(shape),
             strides: {
-                let mut strides: crate::lower::Strides = smallvec::smallvec![0isize; shape.len()];
+                let mut strides: Strides = smallvec::smallvec![0isize; shape.len()];
                 let mut acc = 1isize;
                 for (s, &d) in strides.iter_mut().zip(shape).rev() {
                     *s = acc;
@@ -391,7 +409,7 @@ impl Layout {
             return Err(fail());
         }
         let lead = shape.len() - self.ndim();
-        let mut strides: crate::lower::Strides = smallvec::smallvec![0isize; shape.len()];
+        let mut strides: Strides = smallvec::smallvec![0isize; shape.len()];
         for (k, &target) in shape.iter().enumerate().skip(lead) {
             let (d, s) = (self.shape[k - lead], self.strides[k - lead]);
             strides[k] = if d == target {

@@ -2,7 +2,7 @@
 //! [`pinned_host`](crate::Device::pinned_host) device copy to and from that GPU through the
 //! copy engine directly, without staging and without the host waiting (PyTorch's
 //! `pin_memory()` and `non_blocking=True`). Unlike PyTorch's, these copies are safe to use at
-//! once: the pinned storage remembers the copy in flight (a [`Fence`]), and any host use of
+//! once: the pinned storage remembers the copy in flight (a `Fence`), and any host use of
 //! its buffer — a read, an op, a write, its release — waits for that copy first.
 //!
 //! ```no_run
@@ -16,27 +16,9 @@
 //! # Ok(()) }
 //! ```
 
-use crate::backend::EventId;
 use crate::device::Device;
 use crate::error::Result;
-use crate::tensor::Tensor;
-
-/// An asynchronous copy in flight on a pinned host storage: the event `device` recorded
-/// after it.
-pub(crate) struct Fence {
-    device: Device,
-    event: EventId,
-}
-
-impl Fence {
-    /// Blocks the host until the copy is done.
-    pub(crate) fn wait(self) -> Result<()> {
-        let backend = self.device.backend();
-        let done = backend.synchronize_event(self.event);
-        backend.destroy_event(self.event);
-        done
-    }
-}
+use crate::tensor::{Fence, Tensor};
 
 /// The copy of `t` to `to` when one of them is the other's pinned host device: enqueued
 /// without waiting. `None` for any other pair of devices.
@@ -68,10 +50,7 @@ fn upload(t: &Tensor, gpu: &Device) -> Result<Tensor> {
         gpu.backend()
             .upload_pinned(dst.as_ref(), 0, address, bytes, stream)
     })?;
-    src.storage.set_copy_fence(Fence {
-        device: gpu.clone(),
-        event,
-    })?;
+    src.storage.set_copy_fence(Fence::new(gpu.clone(), event))?;
     Ok(out)
 }
 
@@ -95,10 +74,7 @@ fn download(t: &Tensor, host: &Device) -> Result<Tensor> {
         gpu.backend()
             .download_pinned(buffer.as_ref(), offset, dst, bytes, stream)
     })?;
-    out.storage.set_copy_fence(Fence {
-        device: gpu.clone(),
-        event,
-    })?;
+    out.storage.set_copy_fence(Fence::new(gpu.clone(), event))?;
     Ok(out)
 }
 

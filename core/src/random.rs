@@ -11,31 +11,7 @@ use crate::layout::IntoDims;
 use crate::layout::Layout;
 use crate::tensor::Tensor;
 
-/// Philox4x32-10 (Salmon et al., 2011): 10 rounds over a 128-bit counter with a 64-bit key.
-///
-/// ```
-/// // A known-answer vector of the Random123 reference.
-/// let out = strata_core::random::philox4x32_10([0; 4], [0; 2]);
-/// assert_eq!(out, [0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8]);
-/// ```
-pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
-    const M0: u64 = 0xD251_1F53;
-    const M1: u64 = 0xCD9E_8D57;
-    const W0: u32 = 0x9E37_79B9;
-    const W1: u32 = 0xBB67_AE85;
-    let (mut c, mut k) = (counter, key);
-    for round in 0..10 {
-        if round > 0 {
-            k = [k[0].wrapping_add(W0), k[1].wrapping_add(W1)];
-        }
-        let p0 = M0 * c[0] as u64;
-        let p1 = M1 * c[2] as u64;
-        let (hi0, lo0) = ((p0 >> 32) as u32, p0 as u32);
-        let (hi1, lo1) = ((p1 >> 32) as u32, p1 as u32);
-        c = [hi1 ^ c[1] ^ k[0], lo1, hi0 ^ c[3] ^ k[1], lo0];
-    }
-    c
-}
+pub use crate::ir::philox4x32_10;
 
 /// The state of a random stream: a seed and how many counters have been used. Each draw
 /// takes one counter per two or four elements (one Philox call makes four 32-bit words) and

@@ -2,13 +2,16 @@
 //! and the one path by which core launches kernels.
 
 use crate::backend::DeviceBuffer;
+use crate::backend::EventId;
+use crate::backend::{KernelArgs, Operand};
 use crate::device::{Device, StreamHandle};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::fusion::{Pending, RunRecord};
-use crate::ir::{Expr, Kernel, KernelArgs, Operand};
+use crate::ir::ReduceOp;
+use crate::ir::{Expr, Kernel};
 use crate::layout::Layout;
 use crate::lower::map_plan::iteration_order;
+use std::panic::Location;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
@@ -53,7 +56,7 @@ struct Access {
     last_write: Arc<StreamHandle>,
     readers: Vec<Arc<StreamHandle>>,
     /// The asynchronous copy in flight on a pinned host storage.
-    copy: Option<crate::pinned::Fence>,
+    copy: Option<Fence>,
 }
 
 impl Storage {
@@ -95,7 +98,7 @@ impl Storage {
 
     /// Notes an asynchronous copy in flight on this pinned host storage: every later use of
     /// its buffer on the host, and its release, waits for `fence` first.
-    pub(crate) fn set_copy_fence(&self, fence: crate::pinned::Fence) -> Result<()> {
+    pub(crate) fn set_copy_fence(&self, fence: Fence) -> Result<()> {
         let earlier = self.access().copy.replace(fence);
         self.fenced.store(true, Ordering::Release);
         earlier.map_or(Ok(()), |f| f.wait())
@@ -135,7 +138,7 @@ impl Storage {
             }
             return Ok(b.clone());
         }
-        crate::fusion::realize(self)?;
+        self.run_pending_work()?;
         self.buffer.get().cloned().ok_or_else(|| {
             Error::Invalid("a pending tensor's work could not run (see the earlier error)".into())
         })
@@ -220,6 +223,118 @@ impl Storage {
     }
 }
 
+/// The pending state of a storage (lazy fusion, `crate::fusion`, which decides and runs it):
+/// kept here beside `Storage`, since a pending tree holds the tensors it reads.
+/// Deferred work that fills a pending storage, with what every kind of it shares: the result's
+/// layout and dtype, the stream it runs on, and the user op that made it.
+pub(crate) struct Pending {
+    /// What runs.
+    pub(crate) work: PendingWork,
+    /// The layout the result is written with (dense, offset 0).
+    pub(crate) layout: Layout,
+    /// The result's dtype.
+    pub(crate) dtype: DType,
+    /// The stream the op was issued on: the kernel runs there.
+    pub(crate) stream: Arc<StreamHandle>,
+    /// The user op that made it (`add`, `relu`, ...), for `explain` and the profiler.
+    pub(crate) op: &'static str,
+    /// Where the user called it (ops carry `#[track_caller]` down to `record`).
+    pub(crate) call_site: &'static Location<'static>,
+}
+
+/// The two kinds of deferred work.
+pub(crate) enum PendingWork {
+    /// An elementwise tree: spliced into the trees that read it, run as one map kernel.
+    Tree(Tree),
+    /// A reduction (a maximum or minimum): it never splices into a tree; it runs when read,
+    /// or inside the kernel of a later reduction that reads it
+    /// (`fusion::reduce::row_prologue_of`).
+    Reduce(DeferredReduce),
+}
+
+/// An elementwise tree waiting to run.
+pub(crate) struct Tree {
+    /// The value of each element, over `inputs` and `scalars`.
+    pub(crate) expr: Expr,
+    /// Views the expression reads, with the result's shape (realized or pending).
+    pub(crate) inputs: Vec<Tensor>,
+    /// Launch scalars.
+    pub(crate) scalars: Vec<Scalar>,
+    /// Expression nodes of the whole tree this node would fuse (an upper bound).
+    pub(crate) nodes: usize,
+    /// The distinct tensor inputs of that tree, as the kernel would bind them (a chain that
+    /// reads one tensor at every step binds it once, so it grows until `MAX_NODES`); `None`:
+    /// no input is spliced in, so they are `inputs` themselves.
+    pub(crate) leaves: Option<Leaves>,
+}
+
+impl Pending {
+    /// The tree, unless this is a deferred reduction.
+    pub(crate) fn tree(&self) -> Option<&Tree> {
+        match &self.work {
+            PendingWork::Tree(t) => Some(t),
+            PendingWork::Reduce(_) => None,
+        }
+    }
+}
+
+/// A reduction whose launch waits for its first use: a later reduction over the same rows
+/// that reads it one value per output computes both in one kernel
+/// ([`RowPrologue`](crate::ir::RowPrologue)), reading the rows once.
+pub(crate) struct DeferredReduce {
+    /// What it combines (an order-free op: the fused kernel computes the eager value).
+    pub(crate) op: ReduceOp,
+    /// Trailing axes of `source` reduced (it accumulates in its own dtype, the result's).
+    pub(crate) reduced_axes: usize,
+    /// The input, its axes permuted as the reduction reads them (kept, then reduced).
+    pub(crate) source: Tensor,
+}
+
+/// What a fused kernel that ran was made of, kept on the tensors it wrote for `explain`.
+#[derive(Debug, Clone)]
+pub(crate) struct RunRecord {
+    pub(crate) expr: Expr,
+    pub(crate) ops: Vec<&'static str>,
+    pub(crate) call_sites: Vec<&'static Location<'static>>,
+    pub(crate) inputs: Vec<(Layout, DType)>,
+    pub(crate) output: (Layout, DType),
+    /// The intermediates it stored as well: expression, layout, dtype.
+    pub(crate) also: Vec<(Expr, Layout, DType)>,
+    pub(crate) scalars: usize,
+}
+
+/// A tensor input of a fused kernel: its storage (by address), view and dtype, as fusion
+/// tells inputs apart.
+pub(crate) type Leaf = (usize, Layout, DType);
+
+/// The distinct leaves of a tree, as many as the backend binds beside one output
+/// ([`Target::max_bindings`](crate::target::Target::max_bindings); past that the
+/// inputs run first); shared with a child whose leaves
+/// are all of them (a chain reading the same tensors copies none).
+pub(crate) type Leaves = Arc<Vec<Leaf>>;
+
+/// An asynchronous copy in flight on a pinned host storage: the event `device` recorded
+/// after it.
+pub(crate) struct Fence {
+    device: Device,
+    event: EventId,
+}
+
+impl Fence {
+    /// The copy that `device` finishes at `event`.
+    pub(crate) fn new(device: Device, event: EventId) -> Fence {
+        Fence { device, event }
+    }
+
+    /// Blocks the host until the copy is done.
+    pub(crate) fn wait(self) -> Result<()> {
+        let backend = self.device.backend();
+        let done = backend.synchronize_event(self.event);
+        backend.destroy_event(self.event);
+        done
+    }
+}
+
 /// An n-dimensional array on a [`Device`]: shared storage seen through a [`Layout`] with a
 /// [`DType`]. `clone()` is cheap and shares storage, like every view.
 ///
@@ -251,7 +366,11 @@ impl Tensor {
     /// let t = Tensor::empty([2, 3], DType::U8, &Device::cpu()).unwrap();
     /// assert_eq!(t.nbytes(), 6);
     /// ```
-    pub fn empty(dims: impl crate::IntoDims, dtype: DType, device: &Device) -> Result<Tensor> {
+    pub fn empty(
+        dims: impl crate::layout::IntoDims,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Tensor> {
         let shape = crate::layout::shape_arg(dims)?;
         Tensor::alloc(&shape, dtype, device)
     }
@@ -475,7 +594,7 @@ impl Tensor {
     }
 
     /// The stream that last wrote this tensor's storage: what a host read must wait for.
-    pub(crate) fn storage_last_writer(&self) -> crate::StreamId {
+    pub(crate) fn storage_last_writer(&self) -> crate::backend::StreamId {
         self.storage.last_write().id
     }
 

@@ -1,13 +1,43 @@
-//! cuBLAS: one handle per device, and running a planned call (`run::matmul::GemmCall`):
+//! cuBLAS: one handle per device, and running a planned call ([`GemmCall`], planned by `run::matmul`):
 //! `cublasGemmStridedBatchedEx` for f32 (TF32 only when the device opted in), f64, f16 and
 //! bf16 with f32 accumulation.
 
 use crate::driver::Raw;
-use crate::run::matmul::GemmCall;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use std::sync::Mutex;
 use strata_core::{DType, Error, Result};
+
+/// A `cublasGemmStridedBatchedEx` call, planned: `C = α·op(X)·op(Y) + β·C` over column-major
+/// operands (a row-major product is computed as its transpose, `Cᵀ = Bᵀ·Aᵀ`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct GemmCall {
+    /// The operands' dtype (f32, f64, f16 or bf16).
+    pub dtype: DType,
+    /// f32 products through TF32.
+    pub tf32: bool,
+    /// The user's `(batch, m, k, n)`.
+    pub dims: (usize, usize, usize, usize),
+    /// cuBLAS's rows and columns of C.
+    pub rows: usize,
+    pub cols: usize,
+    /// The first and second operand: address, and layout as cuBLAS sees it.
+    pub x: (u64, BlasMatrix),
+    pub y: (u64, BlasMatrix),
+    /// C's address, leading dimension and batch stride.
+    pub c: (u64, i64, i64),
+    pub alpha: f64,
+    pub beta: f64,
+}
+
+/// One operand as cuBLAS sees it (column-major): transpose or not, leading dimension,
+/// batch stride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BlasMatrix {
+    pub transpose: bool,
+    pub ld: i64,
+    pub batch_stride: i64,
+}
 
 /// One cuBLAS handle per device, pointed at each launch's stream.
 pub(crate) struct Blas {

@@ -4,9 +4,7 @@
 //! driver's JIT over PTX.
 
 use crate::driver::{check, Gpu};
-use crate::launch::Function;
-use crate::render::{Optimization, Rendered};
-use crate::run::batch::BatchedForm;
+use crate::render::Optimization;
 use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use std::ffi::CString;
@@ -207,29 +205,6 @@ impl Compiler {
             Output::Ptx,
         )?;
         Ok(String::from_utf8_lossy(&ptx).into_owned())
-    }
-
-    /// Compiles (or reads from the cache) and loads the kernel `name` of `rendered`; its
-    /// batched form, where it has one, is compiled when a launch first needs it
-    /// ([`BatchedForm`]): one NVRTC program took about as long as two, and two at once longer
-    /// than one (NVRTC 13 on an H100 host).
-    pub(crate) fn function(
-        &self,
-        rendered: Rendered,
-        name: &str,
-        optimization: Optimization,
-    ) -> Result<Function> {
-        Ok(Function {
-            f: self.load_function(&rendered.source, name, optimization)?,
-            words: argument_words(&rendered.source)?,
-            batch: rendered.batched.map(|source| {
-                Arc::new(BatchedForm::new(
-                    source,
-                    format!("{name}_batch"),
-                    optimization,
-                ))
-            }),
-        })
     }
 
     /// Compiles (or reads from the cache) and loads `body`, returning its kernel `name`; the

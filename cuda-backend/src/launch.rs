@@ -1,14 +1,10 @@
-//! Launch plumbing shared by every kernel kind: the argument words, grid sizing, the
-//! per-device cache from kernel structure to loaded function (core's `KernelCache`), and
+//! Launch plumbing shared by every kernel kind: the argument words, grid sizing and
 //! `cuLaunchKernel`.
 
-use crate::compile::Compiler;
 use crate::driver::{check, Gpu};
-use crate::render::{Generated, MAX_ARGUMENT_BYTES};
-use crate::run::batch::BatchedForm;
+use crate::function::Function;
+use crate::render::MAX_ARGUMENT_BYTES;
 use cudarc::driver::sys;
-use std::sync::Arc;
-use strata_core::lower::cache::KernelCache;
 use strata_core::{Error, Result};
 
 /// The argument block of a launch: the kernel's single `Args<N>` parameter.
@@ -92,34 +88,6 @@ impl Launch {
             scratch: Vec::new(),
         }
     }
-}
-
-/// A loaded kernel and the number of argument words it takes.
-#[derive(Clone, Debug)]
-pub(crate) struct Function {
-    pub f: sys::CUfunction,
-    pub words: usize,
-    /// Its batched form (`<name>_batch`, see `crate::batch`) when the source has one,
-    /// compiled when first needed.
-    pub batch: Option<Arc<BatchedForm>>,
-}
-
-// SAFETY: a CUfunction is a handle the driver lets any thread use with its context current.
-unsafe impl Send for Function {}
-unsafe impl Sync for Function {}
-
-/// Loaded functions by kernel structure, per device.
-pub(crate) type FunctionCache<S> = KernelCache<S, Function>;
-
-/// The function for `key` in `cache`, rendering and compiling its program on a miss.
-pub(crate) fn function<K: Generated>(
-    cache: &FunctionCache<K::Stored>,
-    key: &K,
-    compiler: &Compiler,
-) -> Result<Function> {
-    cache.get(key, |k| {
-        compiler.function(k.render()?, K::NAME, k.optimization())
-    })
 }
 
 /// The grid and block dimensions of `grid` on `gpu`; `None` for an empty launch.

@@ -18,6 +18,7 @@
 mod blas;
 mod compile;
 mod driver;
+mod function;
 mod launch;
 mod memory;
 mod pinned;
@@ -28,16 +29,15 @@ mod staging;
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
 
-use compile::Compiler;
 use driver::Gpu;
-use launch::FunctionCache;
 use memory::Memory;
-use render::{index, map, matmul, reduce, softmax};
-use run::Step;
+use render::{map, softmax};
+use run::{Runner, Step};
 use std::sync::Arc;
+use strata_core::backend::KernelArgs;
 use strata_core::backend::KernelSource;
-use strata_core::ir::{Expr, Kernel, KernelArgs};
-use strata_core::lower::target::Target;
+use strata_core::ir::{Expr, Kernel};
+use strata_core::target::Target;
 use strata_core::{
     Backend, BackendKind, DType, Device, DeviceBuffer, EventId, MemoryStats, Result, StreamId,
 };
@@ -82,18 +82,8 @@ pub struct CudaBackend {
     memory: Arc<Memory>,
     /// Pinned chunks for large host↔device copies.
     staging: staging::Staging,
-    compiler: Compiler,
-    batches: run::batch::Batches,
-    /// Maps' first launches through the interpreter.
-    first_launches: run::first_launch::FirstLaunches,
-    blas: Option<blas::Blas>,
-    maps: FunctionCache<map::MapSig<'static>>,
-    reductions: FunctionCache<reduce::ReduceSig>,
-    indexing: FunctionCache<index::IndexSig>,
-    matmuls: FunctionCache<matmul::MatmulSig>,
-    softmaxes: FunctionCache<softmax::SoftmaxSig>,
-    /// What core's planners know of this device.
-    target: Target,
+    /// Plans, compiles and launches kernels.
+    runner: Runner,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -112,7 +102,6 @@ impl CudaBackend {
     pub fn new(ordinal: usize) -> Result<CudaBackend> {
         let gpu = Arc::new(Gpu::open(ordinal)?);
         let memory = Arc::new(Memory::new(gpu.clone())?);
-        let compiler = Compiler::new(Some(gpu.clone()), gpu.arch);
         let target = Target {
             vector_bytes: 16,
             vector_lanes: 0,
@@ -141,19 +130,10 @@ impl CudaBackend {
             widens_half_matmul: false,
         };
         Ok(CudaBackend {
-            target,
-            blas: blas::Blas::new(),
+            runner: Runner::new(gpu.clone(), memory.clone(), target),
             staging: staging::Staging::new(gpu.clone()),
             gpu,
             memory,
-            compiler,
-            batches: run::batch::Batches::new(),
-            first_launches: run::first_launch::FirstLaunches::new(),
-            maps: FunctionCache::default(),
-            reductions: FunctionCache::default(),
-            indexing: FunctionCache::default(),
-            matmuls: FunctionCache::default(),
-            softmaxes: FunctionCache::default(),
         })
     }
 
@@ -165,11 +145,7 @@ impl CudaBackend {
     /// }
     /// ```
     pub fn cached_kernels(&self) -> usize {
-        self.maps.len()
-            + self.reductions.len()
-            + self.indexing.len()
-            + self.matmuls.len()
-            + self.softmaxes.len()
+        self.runner.cached_kernels()
     }
 
     /// Marks every operand's buffer as used on `stream` (for stream-ordered frees).
@@ -212,7 +188,7 @@ impl Backend for CudaBackend {
         }
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         buf.used_on(stream);
         let dst_ptr = buf.device_ptr() + byte_offset as u64;
         if data.len() >= staging::STAGED_FROM {
@@ -245,7 +221,7 @@ impl Backend for CudaBackend {
         buf.range_check(byte_offset, out.len())?;
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         let src_ptr = buf.device_ptr() + byte_offset as u64;
         if !out.is_empty() {
             buf.used_on(stream);
@@ -279,16 +255,16 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
         self.note_use(args, stream)?;
-        let steps = self.steps(kernel, args)?;
+        let steps = self.runner.steps(kernel, args)?;
         // A map may join its stream's batch; anything else runs after the batch.
         if !matches!(steps.as_slice(), [Step::Map { .. }]) {
-            self.batches.send(&self.gpu, stream)?;
+            self.runner.batches.send(&self.gpu, stream)?;
         }
-        self.execute(&steps, args, stream, s)
+        self.runner.execute(&steps, args, stream, s)
     }
 
     fn target(&self) -> &Target {
-        &self.target
+        &self.runner.target
     }
 
     fn map_source(
@@ -301,7 +277,7 @@ impl Backend for CudaBackend {
             expr: expr.clone(),
             also: also.to_vec(),
         };
-        let steps = self.steps(&kernel, args)?;
+        let steps = self.runner.steps(&kernel, args)?;
         let Some(Step::Map { sig, launch }) = steps.first() else {
             return Ok(None);
         };
@@ -328,11 +304,11 @@ impl Backend for CudaBackend {
         kernel: &Kernel,
         args: &KernelArgs,
     ) -> Option<strata_core::backend::LaunchDescription> {
-        self.describe(&self.steps(kernel, args).ok()?)
+        self.runner.describe(&self.runner.steps(kernel, args).ok()?)
     }
 
     fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> Result<bool> {
-        self.compile_ahead(&self.steps(kernel, args)?)
+        self.runner.compile_ahead(&self.runner.steps(kernel, args)?)
     }
 
     fn buffer_address(&self, buffer: &dyn DeviceBuffer) -> Result<u64> {
@@ -399,7 +375,7 @@ impl Backend for CudaBackend {
     }
 
     fn wait_for_foreign(&self, stream: StreamId, foreign: u64) -> Result<()> {
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         self.gpu
             .wait_foreign(stream, foreign as usize as cudarc::driver::sys::CUstream)
     }
@@ -410,7 +386,7 @@ impl Backend for CudaBackend {
 
     fn empty_cache(&self) {
         // Sending the batches releases the buffers they kept alive.
-        if self.batches.send_all(&self.gpu).is_ok() {
+        if self.runner.batches.send_all(&self.gpu).is_ok() {
             self.memory.empty_cache()
         }
     }
@@ -421,18 +397,18 @@ impl Backend for CudaBackend {
 
     fn destroy_stream(&self, stream: StreamId) {
         // A failed send leaves nothing to wait for: the stream is destroyed either way.
-        let _ = self.batches.send(&self.gpu, stream);
-        self.batches.remove(stream);
+        let _ = self.runner.batches.send(&self.gpu, stream);
+        self.runner.batches.remove(stream);
         self.gpu.destroy_stream(stream)
     }
 
     fn record_event(&self, stream: StreamId) -> Result<EventId> {
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         self.gpu.record_event(stream)
     }
 
     fn wait_event(&self, stream: StreamId, event: EventId) -> Result<()> {
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         self.gpu.wait_event(stream, event)
     }
 
@@ -449,12 +425,12 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize_stream(&self, stream: StreamId) -> Result<()> {
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         self.gpu.synchronize_stream(stream)
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.batches.send_all(&self.gpu)?;
+        self.runner.batches.send_all(&self.gpu)?;
         self.gpu.synchronize()
     }
 }
@@ -462,6 +438,6 @@ impl Backend for CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Pending work runs before the device goes; an error has no one left to report to.
-        let _ = self.batches.send_all(&self.gpu);
+        let _ = self.runner.batches.send_all(&self.gpu);
     }
 }

@@ -12,7 +12,7 @@ use std::any::Any;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::backend::ForeignOwner;
-use strata_core::ir::Operand;
+use strata_core::backend::Operand;
 use strata_core::{DeviceBuffer, Error, MemoryStats, Result, StreamId};
 
 /// The device's memory pool and the byte counts behind `memory_stats`.

@@ -67,7 +67,7 @@ impl CudaBackend {
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
         // Kernels batched for this stream go first: the copy is ordered after them.
-        self.batches.send(&self.gpu, stream)?;
+        self.runner.batches.send(&self.gpu, stream)?;
         buf.used_on(stream);
         let device = buf.device_ptr() + byte_offset as u64;
         let host = host as usize as *mut std::ffi::c_void;

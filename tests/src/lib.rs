@@ -142,7 +142,7 @@ impl strata::Backend for StandIn {
     fn check_dtype(&self, d: DType) -> Result<()> {
         self.0.check_dtype(d)
     }
-    fn target(&self) -> &strata::lower::target::Target {
+    fn target(&self) -> &strata::target::Target {
         self.0.target()
     }
     fn allocate(
@@ -173,7 +173,7 @@ impl strata::Backend for StandIn {
     fn run(
         &self,
         k: &strata::ir::Kernel,
-        a: &strata::ir::KernelArgs,
+        a: &strata::backend::KernelArgs,
         s: strata::StreamId,
     ) -> Result<()> {
         self.0.run(k, a, s)

@@ -61,7 +61,7 @@ impl Backend for LateCopies {
     fn check_dtype(&self, d: DType) -> Result<()> {
         self.cpu.check_dtype(d)
     }
-    fn target(&self) -> &strata::lower::target::Target {
+    fn target(&self) -> &strata::target::Target {
         self.cpu.target()
     }
     fn allocate(&self, n: usize, s: StreamId) -> Result<Arc<dyn DeviceBuffer>> {
@@ -73,7 +73,12 @@ impl Backend for LateCopies {
     fn download(&self, b: &dyn DeviceBuffer, o: usize, d: &mut [u8], s: StreamId) -> Result<()> {
         self.cpu.download(b, o, d, s)
     }
-    fn run(&self, k: &strata::ir::Kernel, a: &strata::ir::KernelArgs, s: StreamId) -> Result<()> {
+    fn run(
+        &self,
+        k: &strata::ir::Kernel,
+        a: &strata::backend::KernelArgs,
+        s: StreamId,
+    ) -> Result<()> {
         self.cpu.run(k, a, s)
     }
     fn buffer_address(&self, b: &dyn DeviceBuffer) -> Result<u64> {

@@ -451,7 +451,7 @@ impl strata::Backend for Untimed {
     fn check_dtype(&self, dtype: DType) -> Result<()> {
         self.0.check_dtype(dtype)
     }
-    fn target(&self) -> &strata::lower::target::Target {
+    fn target(&self) -> &strata::target::Target {
         self.0.target()
     }
     fn allocate(
@@ -482,7 +482,7 @@ impl strata::Backend for Untimed {
     fn run(
         &self,
         kernel: &strata::ir::Kernel,
-        args: &strata::ir::KernelArgs,
+        args: &strata::backend::KernelArgs,
         stream: StreamId,
     ) -> Result<()> {
         self.0.run(kernel, args, stream)

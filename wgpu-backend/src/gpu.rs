@@ -5,11 +5,11 @@
 
 use crate::codegen::Caps;
 use crate::launch::Binding;
+use crate::staging::{ReadRing, UploadRing};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
-use strata_core::backend::{copy_threads, parallel_copy};
-use strata_core::{Error, EventId, Result};
+use strata_core::{Error, Result};
 
 /// Dispatches recorded before a batch is submitted on its own.
 pub(crate) const MAX_BATCH: usize = 256;
@@ -18,7 +18,7 @@ const PARAMS_BINDING: u64 = 4096;
 /// Bytes of the `params` buffer (one batch's launch values).
 const PARAMS_CAPACITY: u64 = 4 << 20;
 /// Timestamp slots (events with timing cycle through them).
-const TIMESTAMP_SLOTS: u32 = 4096;
+pub(crate) const TIMESTAMP_SLOTS: u32 = 4096;
 
 /// An adapter as [`adapters`](crate::adapters) lists it.
 ///
@@ -51,33 +51,33 @@ pub(crate) struct Gpu {
     params: wgpu::Buffer,
     layouts: Mutex<HashMap<usize, Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>>>,
     batch: Mutex<Batch>,
-    timestamps: Option<wgpu::QuerySet>,
+    pub timestamps: Option<wgpu::QuerySet>,
     uncaptured: Arc<Mutex<Vec<String>>>,
     /// Staging chunks large uploads reuse (`crate::staging`).
-    pub(crate) uploads: Mutex<Option<crate::staging::UploadRing>>,
+    pub(crate) uploads: Mutex<Option<UploadRing>>,
     /// Staging chunks large readbacks reuse.
-    pub(crate) readbacks: Mutex<Option<crate::staging::ReadRing>>,
+    pub(crate) readbacks: Mutex<Option<ReadRing>>,
 }
 
 #[derive(Default)]
-struct Batch {
-    encoder: Option<wgpu::CommandEncoder>,
+pub(crate) struct Batch {
+    pub encoder: Option<wgpu::CommandEncoder>,
     /// The compute pass consecutive dispatches share (wgpu orders dispatches inside a pass as
     /// it orders passes); ended before anything else is recorded on the encoder.
-    pass: Option<wgpu::ComputePass<'static>>,
-    params: Vec<u8>,
-    ops: usize,
+    pub pass: Option<wgpu::ComputePass<'static>>,
+    pub params: Vec<u8>,
+    pub ops: usize,
     /// Sequence number of the batch being recorded.
-    seq: u64,
-    last_submitted: Option<wgpu::SubmissionIndex>,
-    events: HashMap<u64, EventState>,
-    next_event: u64,
-    next_slot: u32,
+    pub seq: u64,
+    pub last_submitted: Option<wgpu::SubmissionIndex>,
+    pub events: HashMap<u64, EventState>,
+    pub next_event: u64,
+    pub next_slot: u32,
 }
 
 impl Batch {
     /// The encoder, for something other than a dispatch (ends the open compute pass).
-    fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
+    pub(crate) fn encoder(&mut self, device: &wgpu::Device) -> &mut wgpu::CommandEncoder {
         self.pass = None;
         self.encoder.get_or_insert_with(|| {
             device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
@@ -100,10 +100,10 @@ impl Batch {
     }
 }
 
-struct EventState {
-    seq: u64,
-    index: Option<wgpu::SubmissionIndex>,
-    slot: Option<u32>,
+pub(crate) struct EventState {
+    pub seq: u64,
+    pub index: Option<wgpu::SubmissionIndex>,
+    pub slot: Option<u32>,
 }
 
 fn instance() -> wgpu::Instance {
@@ -223,7 +223,7 @@ impl Gpu {
                 count: TIMESTAMP_SLOTS,
             })
         });
-        let mut gpu = Gpu {
+        let gpu = Gpu {
             device,
             queue,
             info,
@@ -238,14 +238,10 @@ impl Gpu {
             readbacks: Mutex::new(None),
             uncaptured,
         };
-        // STRATA_WGPU_FUSED_FMA=0 takes the square root that needs no fused `fma` (the tests
-        // reach it on any adapter that way).
-        gpu.caps.fused_fma = std::env::var("STRATA_WGPU_FUSED_FMA").as_deref() != Ok("0")
-            && crate::probe::fma_is_fused(&gpu);
         Ok(gpu)
     }
 
-    fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
+    pub(crate) fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
         self.batch.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -432,7 +428,7 @@ impl Gpu {
             .ok_or_else(|| Error::Backend("wgpu: a staged copy was not submitted".into()))
     }
 
-    fn flush_locked(&self, b: &mut Batch) -> Result<()> {
+    pub(crate) fn flush_locked(&self, b: &mut Batch) -> Result<()> {
         b.pass = None;
         let Some(enc) = b.encoder.take() else {
             return Ok(());
@@ -498,229 +494,6 @@ impl Gpu {
         }
         Ok(())
     }
-
-    /// Copies `len` bytes at `offset` of `src` to the host: the copy joins the batch, the batch
-    /// is submitted, and only that submission is waited for.
-    pub(crate) fn read(&self, src: &wgpu::Buffer, offset: u64, len: usize) -> Result<Vec<u8>> {
-        let mut out = vec![0; len];
-        self.read_into(src, offset, &mut out)?;
-        Ok(out)
-    }
-
-    /// Reads `out.len()` bytes at `offset` of `src` into `out`, after the work submitted so
-    /// far (through a mapped staging buffer).
-    pub(crate) fn read_into(&self, src: &wgpu::Buffer, offset: u64, out: &mut [u8]) -> Result<()> {
-        let len = out.len();
-        if len == 0 {
-            return Ok(());
-        }
-        if len >= crate::staging::STREAMED_MIN {
-            // The 4-byte-aligned body through the readback ring, the ragged ends (under 4 bytes
-            // each) through a staging buffer of their own.
-            let head = ((4 - offset % 4) % 4) as usize;
-            let body = (len - head) / 4 * 4;
-            let (first, rest) = out.split_at_mut(head);
-            let (middle, last) = rest.split_at_mut(body);
-            self.read_streamed(src, offset + head as u64, middle)?;
-            self.read_into(src, offset, first)?;
-            return self.read_into(src, offset + (head + body) as u64, last);
-        }
-        let start = offset / 4 * 4;
-        let end = (offset + len as u64).div_ceil(4) * 4;
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("strata readback"),
-            size: end - start,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let index = {
-            let mut b = self.batch();
-            let enc = b.encoder(&self.device);
-            enc.copy_buffer_to_buffer(src, start, &staging, 0, end - start);
-            self.flush_locked(&mut b)?;
-            b.last_submitted.clone()
-        };
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait(index)?;
-        rx.recv()
-            .map_err(|_| Error::Backend("wgpu: a readback was dropped".into()))?
-            .map_err(|e| Error::Backend(format!("wgpu ({}): readback: {e}", self.info.name)))?;
-        let data = staging
-            .get_mapped_range(..)
-            .map_err(|e| Error::Backend(format!("wgpu: readback: {e}")))?;
-        let skip = (offset - start) as usize;
-        parallel_copy(out, &data[skip..skip + len]);
-        Ok(())
-    }
-
-    /// Writes `data` at `offset` of `dst` in stream order (through a staging buffer copied in
-    /// the batch). Unaligned edges are merged with the bytes already there.
-    pub(crate) fn write(&self, dst: &wgpu::Buffer, offset: u64, data: &[u8]) -> Result<()> {
-        if data.is_empty() {
-            return Ok(());
-        }
-        if data.len() >= crate::staging::STREAMED_MIN {
-            // The 4-byte-aligned body through the reused staging chunks; the ragged ends (under
-            // 4 bytes each, their words shared with no body byte) merged below.
-            let head = ((4 - offset % 4) % 4) as usize;
-            let body = (data.len() - head) / 4 * 4;
-            self.write_streamed(dst, offset + head as u64, &data[head..head + body])?;
-            self.write(dst, offset, &data[..head])?;
-            return self.write(dst, offset + (head + body) as u64, &data[head + body..]);
-        }
-        let start = offset / 4 * 4;
-        let end = (offset + data.len() as u64).div_ceil(4) * 4;
-        let skip = (offset - start) as usize;
-        // Edge words hold neighbouring elements: they keep their current bytes.
-        let edges = if start != offset || end != offset + data.len() as u64 {
-            let first = self.read(dst, start, 4)?;
-            let last = self.read(dst, end - 4, 4)?;
-            Some((first, last))
-        } else {
-            None
-        };
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("strata upload"),
-            size: end - start,
-            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: true,
-        });
-        {
-            let mut mapped = staging
-                .get_mapped_range_mut(..)
-                .map_err(|e| Error::Backend(format!("wgpu: upload: {e}")))?;
-            if let Some((first, last)) = edges {
-                let n = mapped.len();
-                mapped.slice(n - 4..).copy_from_slice(&last);
-                mapped.slice(..4).copy_from_slice(&first);
-            }
-            // Straight from the caller's slice, on several threads (a copy into a second
-            // buffer first, then one core's copy into mapped memory, bounded a 1 GiB upload).
-            write_parallel(mapped.slice(skip..skip + data.len()), data);
-        }
-        staging.unmap();
-        self.copy(&staging, 0, dst, start, end - start);
-        Ok(())
-    }
-
-    /// Records an event after the work recorded so far (a timestamp where the adapter has
-    /// them).
-    pub(crate) fn record_event(&self) -> EventId {
-        let mut b = self.batch();
-        let slot = self.timestamps.as_ref().map(|qs| {
-            let slot = b.next_slot;
-            b.next_slot = (b.next_slot + 1) % TIMESTAMP_SLOTS;
-            let enc = b.encoder(&self.device);
-            let pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: None,
-                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
-                    query_set: qs,
-                    beginning_of_pass_write_index: Some(slot),
-                    end_of_pass_write_index: None,
-                }),
-            });
-            drop(pass);
-            slot
-        });
-        let id = b.next_event;
-        b.next_event += 1;
-        let state = if b.encoder.is_some() {
-            EventState {
-                seq: b.seq,
-                index: None,
-                slot,
-            }
-        } else {
-            EventState {
-                seq: u64::MAX,
-                index: b.last_submitted.clone(),
-                slot,
-            }
-        };
-        b.events.insert(id, state);
-        EventId(id)
-    }
-
-    /// Waits for the work before `event`.
-    pub(crate) fn synchronize_event(&self, event: EventId) -> Result<()> {
-        let index = {
-            let mut b = self.batch();
-            let seq = match b.events.get(&event.0) {
-                Some(e) => e.seq,
-                None => return Err(Error::Invalid(format!("unknown event {}", event.0))),
-            };
-            if seq == b.seq {
-                self.flush_locked(&mut b)?;
-            }
-            b.events.get(&event.0).and_then(|e| e.index.clone())
-        };
-        if index.is_some() {
-            self.wait(index)?;
-        }
-        Ok(())
-    }
-
-    /// Milliseconds between two events, from their timestamps.
-    pub(crate) fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64> {
-        Ok(self.event_times_ms(start, &[end])?[0])
-    }
-
-    /// Milliseconds from `base` to each of `events`: every timestamp resolved in one
-    /// command and read back at once (the profiler reads thousands).
-    pub(crate) fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {
-        let Some(qs) = &self.timestamps else {
-            return Err(Error::Unsupported(format!(
-                "wgpu ({}): this adapter has no TIMESTAMP_QUERY, so events cannot be timed",
-                self.info.name
-            )));
-        };
-        for &e in events.iter().chain([&base]) {
-            self.synchronize_event(e)?;
-        }
-        let slots = {
-            let b = self.batch();
-            let slot = |e: &EventId| b.events.get(&e.0).and_then(|s| s.slot);
-            std::iter::once(&base)
-                .chain(events)
-                .map(slot)
-                .collect::<Option<Vec<u32>>>()
-        };
-        let Some(slots) = slots else {
-            return Err(Error::Invalid("unknown event".into()));
-        };
-        // Resolve destinations are 256-byte aligned: one 256-byte row per timestamp.
-        const ROW: u64 = 256;
-        let resolve = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("strata timestamps"),
-            size: ROW * slots.len() as u64,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        {
-            let mut b = self.batch();
-            let enc = b.encoder(&self.device);
-            for (k, &slot) in slots.iter().enumerate() {
-                enc.resolve_query_set(qs, slot..slot + 1, &resolve, ROW * k as u64);
-            }
-        }
-        let bytes = self.read(&resolve, 0, (ROW as usize) * slots.len())?;
-        let tick = |k: usize| {
-            let at = k * ROW as usize;
-            u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes")) as f64
-        };
-        let period = self.queue.get_timestamp_period() as f64;
-        let t0 = tick(0);
-        Ok((1..slots.len())
-            .map(|k| (tick(k) - t0) * period / 1e6)
-            .collect())
-    }
-
-    pub(crate) fn destroy_event(&self, event: EventId) {
-        self.batch().events.remove(&event.0);
-    }
 }
 
 /// A wgpu error with its chain of sources (its `Display` says only "Validation Error").
@@ -748,28 +521,4 @@ fn dump(source: &str) {
             source,
         );
     }
-}
-
-/// `dst.copy_from_slice(src)` into write-only mapped memory, split across host threads like
-/// [`parallel_copy`] (through the raw pointer `WriteOnly` offers for writes from several
-/// threads; nothing is read from it).
-pub(crate) fn write_parallel(mut dst: wgpu::WriteOnly<'_, [u8]>, src: &[u8]) {
-    assert_eq!(dst.len(), src.len(), "a staging write of the wrong length");
-    let base = dst.as_raw_element_ptr().as_ptr() as usize;
-    let part = src.len().div_ceil(copy_threads(src.len())).max(1);
-    std::thread::scope(|scope| {
-        for (k, piece) in src.chunks(part).enumerate() {
-            scope.spawn(move || {
-                // SAFETY: `dst` holds `src.len()` writable bytes at `base` (checked above) and
-                // stays borrowed until the scope ends; the pieces are disjoint.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        piece.as_ptr(),
-                        (base as *mut u8).add(k * part),
-                        piece.len(),
-                    )
-                }
-            });
-        }
-    });
 }

@@ -4,7 +4,7 @@
 
 use crate::memory::WgpuBuffer;
 use std::sync::Arc;
-use strata_core::ir::Operand;
+use strata_core::backend::Operand;
 use strata_core::lower::pieces::{BufferInfo, Window};
 use strata_core::{Result, Scalar};
 
@@ -49,4 +49,4 @@ pub(crate) fn scalar_words(s: Scalar) -> [u32; 2] {
 
 /// Compiled pipelines by kernel signature, per device (core's kernel cache).
 pub(crate) type PipelineCache<S> =
-    strata_core::lower::cache::KernelCache<S, Arc<wgpu::ComputePipeline>>;
+    strata_core::kernel_cache::KernelCache<S, Arc<wgpu::ComputePipeline>>;

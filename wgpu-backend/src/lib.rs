@@ -16,6 +16,8 @@
 #![warn(missing_docs)]
 
 pub mod codegen;
+mod copy;
+mod events;
 mod gpu;
 mod launch;
 mod memory;
@@ -33,8 +35,9 @@ use gpu::Gpu;
 use launch::PipelineCache;
 use memory::Pool;
 use std::sync::Arc;
-use strata_core::ir::{Kernel, KernelArgs};
-use strata_core::lower::target::Target;
+use strata_core::backend::KernelArgs;
+use strata_core::ir::Kernel;
+use strata_core::target::Target;
 use strata_core::{
     Backend, BackendKind, DType, Device, DeviceBuffer, Error, EventId, MemoryStats, Result,
     StreamId,
@@ -97,7 +100,12 @@ impl WgpuBackend {
     /// let _ = strata_wgpu::WgpuBackend::new();
     /// ```
     pub fn new() -> Result<WgpuBackend> {
-        let gpu = Arc::new(Gpu::open()?);
+        let mut gpu = Gpu::open()?;
+        // STRATA_WGPU_FUSED_FMA=0 takes the square root that needs no fused `fma` (the tests
+        // reach it on any adapter that way).
+        gpu.caps.fused_fma = std::env::var("STRATA_WGPU_FUSED_FMA").as_deref() != Ok("0")
+            && probe::fma_is_fused(&gpu);
+        let gpu = Arc::new(gpu);
         let pool = Arc::new(Pool::new(gpu.device.clone(), gpu.limits.max_buffer_size));
         // Tests reach the windowed paths with small tensors, and fusion's binding count, by
         // asking for less than the adapter has: `STRATA_WGPU_MAX_BINDING` (bytes a binding

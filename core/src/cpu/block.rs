@@ -102,67 +102,67 @@ pub(crate) use with_block;
 macro_rules! with_dtype {
     ($dtype:expr, $T:ident => $body:expr) => {
         match $dtype {
-            $crate::DType::Bool => {
+            $crate::dtype::DType::Bool => {
                 #[allow(dead_code)]
                 type $T = bool;
                 $body
             }
-            $crate::DType::U8 => {
+            $crate::dtype::DType::U8 => {
                 #[allow(dead_code)]
                 type $T = u8;
                 $body
             }
-            $crate::DType::U16 => {
+            $crate::dtype::DType::U16 => {
                 #[allow(dead_code)]
                 type $T = u16;
                 $body
             }
-            $crate::DType::U32 => {
+            $crate::dtype::DType::U32 => {
                 #[allow(dead_code)]
                 type $T = u32;
                 $body
             }
-            $crate::DType::U64 => {
+            $crate::dtype::DType::U64 => {
                 #[allow(dead_code)]
                 type $T = u64;
                 $body
             }
-            $crate::DType::I8 => {
+            $crate::dtype::DType::I8 => {
                 #[allow(dead_code)]
                 type $T = i8;
                 $body
             }
-            $crate::DType::I16 => {
+            $crate::dtype::DType::I16 => {
                 #[allow(dead_code)]
                 type $T = i16;
                 $body
             }
-            $crate::DType::I32 => {
+            $crate::dtype::DType::I32 => {
                 #[allow(dead_code)]
                 type $T = i32;
                 $body
             }
-            $crate::DType::I64 => {
+            $crate::dtype::DType::I64 => {
                 #[allow(dead_code)]
                 type $T = i64;
                 $body
             }
-            $crate::DType::F16 => {
+            $crate::dtype::DType::F16 => {
                 #[allow(dead_code)]
                 type $T = half::f16;
                 $body
             }
-            $crate::DType::BF16 => {
+            $crate::dtype::DType::BF16 => {
                 #[allow(dead_code)]
                 type $T = half::bf16;
                 $body
             }
-            $crate::DType::F32 => {
+            $crate::dtype::DType::F32 => {
                 #[allow(dead_code)]
                 type $T = f32;
                 $body
             }
-            $crate::DType::F64 => {
+            $crate::dtype::DType::F64 => {
                 #[allow(dead_code)]
                 type $T = f64;
                 $body

@@ -3,8 +3,9 @@
 
 use super::block::{binary, with_block, with_dtype, Block, Prim};
 use super::strided::View;
+use crate::backend::{KernelArgs, Operand};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, IndexKind, KernelArgs, Operand};
+use crate::ir::{BinaryOp, IndexKind};
 use crate::layout::Layout;
 use crate::lower::operands::IndexOperands;
 
@@ -49,7 +50,7 @@ fn position_with(layout: &Layout, idx: &[usize], axis: usize, at: i64) -> Result
 }
 
 /// Reads one element at a storage position.
-fn read(view: &View, dtype: crate::DType, pos: usize) -> Block {
+fn read(view: &View, dtype: crate::dtype::DType, pos: usize) -> Block {
     let one = Layout::new(vec![], vec![], pos).expect("rank-0 layout");
     let v = view.with_layout(&one);
     let mut scratch = Vec::new();

@@ -3,15 +3,16 @@
 
 use super::block::{binary, fma, select, unary, with_block, with_dtype, Block, Prim};
 use super::strided::View;
+use crate::backend::{KernelArgs, Operand};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
-use crate::ir::{Expr, KernelArgs, Operand, PhiloxWord};
+use crate::ir::{Expr, PhiloxWord};
 use crate::layout::Layout;
 use crate::lower::map_plan::{self, MapPlan, Position};
 use crate::lower::operands::MapOperands;
 use crate::lower::pieces::BufferInfo;
 use crate::lower::program::{Lanes, Op, Program};
-use crate::lower::target::Target;
+use crate::target::Target;
 
 use super::strided::{BLOCK, PARALLEL_MIN};
 
@@ -140,7 +141,7 @@ fn philox(w: &PhiloxWord, cx: &Context, start: usize, len: usize) -> Result<Bloc
     let scalar = |k: usize| {
         cx.scalars
             .get(k)
-            .map(|s| s.cast(crate::DType::U64, false).to_i128() as u64)
+            .map(|s| s.cast(crate::dtype::DType::U64, false).to_i128() as u64)
             .ok_or_else(|| {
                 Error::Invalid(format!(
                     "philox reads scalar {k}, but {} were given",
@@ -155,7 +156,7 @@ fn philox(w: &PhiloxWord, cx: &Context, start: usize, len: usize) -> Result<Bloc
             .into_iter()
             .map(|i| {
                 let c = base.wrapping_add(w.counter_of(i));
-                crate::random::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[w.word_of(i)]
+                crate::ir::philox4x32_10([c as u32, (c >> 32) as u32, 0, 0], key)[w.word_of(i)]
             })
             .collect(),
     ))
@@ -165,7 +166,7 @@ impl Block {
     fn into_bool(self) -> Vec<bool> {
         match self {
             Block::Bool(b) => b,
-            other => other.cast(crate::DType::Bool, false).into_bool(),
+            other => other.cast(crate::dtype::DType::Bool, false).into_bool(),
         }
     }
 }

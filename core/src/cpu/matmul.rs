@@ -5,9 +5,9 @@
 
 use super::block::{with_dtype, Block, Prim};
 use super::strided::{threads, View};
+use crate::backend::KernelArgs;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::KernelArgs;
 use crate::layout::Layout;
 
 /// A batch's matrix as a row-major layout of the 3-D operand.

@@ -13,14 +13,15 @@ mod strided;
 
 pub use buffer::CpuBuffer;
 
+use crate::backend::KernelArgs;
 use crate::backend::{
     Backend, BackendKind, DeviceBuffer, EventId, ForeignOwner, MemoryStats, StreamId,
 };
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{Kernel, KernelArgs};
+use crate::ir::Kernel;
 use crate::lower::program::{Lanes, Program};
-use crate::lower::target::Target;
+use crate::target::Target;
 use buffer::Pool;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -191,6 +192,7 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    // The CPU runs every kernel at once, in issue order: it has no streams to tell apart.
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         match kernel {
             Kernel::Map { expr, also } => map::run(expr, also, args),
@@ -199,7 +201,7 @@ impl Backend for CpuBackend {
             } => {
                 // The reference runs the definition: the prologue, then the main reduction.
                 for (kernel, args) in crate::lower::prologue::split(kernel, args)? {
-                    self.run(&kernel, &args, _stream)?;
+                    self.run(&kernel, &args, StreamId::DEFAULT)?;
                 }
                 Ok(())
             }
@@ -220,9 +222,9 @@ impl Backend for CpuBackend {
                 // The oracle keeps it simple: the map into a scratch buffer laid out like
                 // the inputs' shape, then the plain reduction of it.
                 let ops = crate::lower::operands::ReduceOperands::of(*reduced_axes, args)?;
-                let layout = crate::Layout::contiguous(ops.input.layout.shape())?;
+                let layout = crate::layout::Layout::contiguous(ops.input.layout.shape())?;
                 let bytes = layout.numel() * expr.dtype.itemsize();
-                let scratch = crate::ir::Operand {
+                let scratch = crate::backend::Operand {
                     buffer: Arc::new(CpuBuffer::new(bytes, self.pool.clone())?),
                     layout,
                     dtype: expr.dtype,

@@ -3,14 +3,15 @@
 
 use super::block::{with_block, with_dtype, Block, Prim};
 use super::strided::{threads, View, BLOCK, PARALLEL_MIN};
+use crate::backend::KernelArgs;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::{KernelArgs, ReduceOp};
+use crate::ir::ReduceOp;
 use crate::layout::Layout;
 use crate::lower::operands::ReduceOperands;
 use crate::lower::pieces::BufferInfo;
 use crate::lower::reduce_plan::{self, ReducePlan};
-use crate::lower::target::Target;
+use crate::target::Target;
 
 /// A partial result over part of one reduction, held in the IR's accumulator dtype: sums and
 /// products of f16, bf16 and f32 round in f32 at every step, as on the GPUs (blocks combine
@@ -414,7 +415,7 @@ mod tests {
                 // Sums of i64 and positions are both i64.
                 let want = Tensor::zeros(&kept, DType::I64, &dev).unwrap();
                 let got = Tensor::zeros(&kept, DType::I64, &dev).unwrap();
-                let args = |o: &Tensor| crate::ir::KernelArgs {
+                let args = |o: &Tensor| crate::backend::KernelArgs {
                     outputs: vec![o.operand().unwrap()],
                     inputs: vec![view.operand().unwrap()],
                     scalars: vec![],

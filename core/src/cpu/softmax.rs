@@ -4,11 +4,11 @@
 
 use super::buffer::{CpuBuffer, Pool};
 use super::{map, reduce};
+use crate::backend::{KernelArgs, Operand};
 use crate::error::Result;
-use crate::ir::{KernelArgs, Operand, ReduceOp};
+use crate::ir::ReduceOp;
 use crate::layout::Layout;
 use crate::lower::softmax_plan::{softmax_output, softmax_term, SoftmaxOperands};
-use crate::ops::accumulation_dtype;
 use std::sync::Arc;
 
 /// Runs `Softmax { log }` over `args`.
@@ -50,7 +50,7 @@ pub(super) fn run(log: bool, args: &KernelArgs, pool: &Arc<Pool>) -> Result<()> 
         &args_of(&terms, vec![x.clone(), m_rows.clone()]),
     )?;
     let s = scratch(lead)?;
-    let acc = accumulation_dtype(dtype);
+    let acc = dtype.accumulator();
     reduce::run(ReduceOp::Sum, 1, acc, &args_of(&s, vec![terms]))?;
     let s_rows = along_rows(&s)?;
     map::run(

@@ -3,8 +3,8 @@
 
 use super::block::Prim;
 use super::buffer::CpuBuffer;
+use crate::backend::Operand;
 use crate::error::{Error, Result};
-use crate::ir::Operand;
 use crate::layout::Layout;
 
 /// Elements per block: large enough to amortize dispatch, small enough to stay in L1/L2.
@@ -120,7 +120,7 @@ impl<'a> View<'a> {
         let base = self.base as *const u8;
         if self.contiguous {
             let first = self.layout.offset() + start;
-            if T::DTYPE != crate::DType::Bool {
+            if T::DTYPE != crate::dtype::DType::Bool {
                 // Plain memory of T: one copy the compiler turns into memcpy.
                 return std::slice::from_raw_parts(
                     base.add(first * self.itemsize) as *const T,

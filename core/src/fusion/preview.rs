@@ -4,15 +4,14 @@
 //! as a [`PlannedBuffer`]). `explain` shows it.
 
 use super::splice::{address, Fused};
-use super::PendingWork;
 use crate::backend::{DeviceBuffer, PlannedBuffer};
+use crate::backend::{KernelArgs, Operand};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::{Expr, ReduceOp};
-use crate::ir::{KernelArgs, Operand};
 use crate::layout::Layout;
 use crate::lower::map_plan::iteration_order;
-use crate::tensor::Tensor;
+use crate::tensor::{PendingWork, Tensor};
 use std::panic::Location;
 use std::sync::Arc;
 

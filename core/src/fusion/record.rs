@@ -2,14 +2,13 @@
 //! The op has checked everything an eager launch would check, so an `Err` always comes from
 //! the user's line; only the launch waits.
 
-use super::splice::{add_leaf, add_leaves, address, count_nodes, Leaves};
-use super::{defers, Pending, PendingWork, Tree, MAX_NODES};
+use super::splice::{add_leaf, add_leaves, address, count_nodes, MAX_NODES};
 use crate::device::Device;
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
 use crate::ir::Expr;
 use crate::layout::Layout;
-use crate::tensor::{launch_map, Storage, Tensor};
+use crate::tensor::{launch_map, Leaves, Pending, PendingWork, Storage, Tensor, Tree};
 use std::sync::Arc;
 
 /// The elementwise result `expr` over `inputs` (views with `layout`'s shape) and `scalars`:
@@ -26,7 +25,7 @@ pub(crate) fn defer_or_launch(
     op: &'static str,
 ) -> Result<Tensor> {
     device.backend().check_dtype(expr.dtype)?;
-    if defers(device) {
+    if device.defers() {
         return record(expr, layout, inputs, scalars, device, op);
     }
     let out = Tensor::alloc_with_layout(layout, expr.dtype, device)?;
@@ -119,7 +118,7 @@ fn record(
             t.storage.add_reader(&storage);
         }
     }
-    device.register_pending(&storage);
+    super::run::register(device, &storage);
     Ok(Tensor {
         storage,
         layout,

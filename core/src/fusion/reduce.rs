@@ -4,26 +4,13 @@
 //! (`(x - x.max(-1, true)).exp().sum(-1)`) computes both in one kernel ([`row_prologue_of`]).
 
 use super::splice::{renumber_inputs, Fused};
-use super::{defers, Pending, PendingWork};
 use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::ir::{Expr, ReduceOp, RowPrologue};
 use crate::layout::Layout;
 use crate::lower::operands::per_output_layout;
-use crate::tensor::{Storage, Tensor};
+use crate::tensor::{DeferredReduce, Pending, PendingWork, Storage, Tensor};
 use std::sync::Arc;
-
-/// A reduction whose launch waits for its first use: a later reduction over the same rows
-/// that reads it one value per output computes both in one kernel
-/// ([`RowPrologue`]), reading the rows once.
-pub(crate) struct DeferredReduce {
-    /// What it combines (an order-free op: the fused kernel computes the eager value).
-    pub(crate) op: ReduceOp,
-    /// Trailing axes of `source` reduced (it accumulates in its own dtype, the result's).
-    pub(crate) reduced_axes: usize,
-    /// The input, its axes permuted as the reduction reads them (kept, then reduced).
-    pub(crate) source: Tensor,
-}
 
 /// The reduction `op` of `t`'s axes in `order` (kept, then the last `reduced_axes`) into a new
 /// tensor of `out_shape`, kept pending where a later reduction of the same rows may take it
@@ -41,7 +28,7 @@ pub(crate) fn defer_reduce(
 ) -> Result<Option<Tensor>> {
     let device = t.device();
     let defer = op.is_order_free()
-        && defers(device)
+        && device.defers()
         && device.backend().target().fuses_row_prologue
         && !t.is_pending()
         && acc == out_dtype;
@@ -67,7 +54,7 @@ pub(crate) fn defer_reduce(
     let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
     // A write into the source runs it first, like any pending reader.
     stored.add_reader(&storage);
-    device.register_pending(&storage);
+    super::run::register(device, &storage);
     Ok(Some(Tensor {
         storage,
         layout,
@@ -153,7 +140,7 @@ pub(crate) fn reduce_map_of(
 ) -> Result<Option<MapForReduce>> {
     let device = t.device();
     let target = device.backend().target();
-    if !defers(device) || !target.fuses_map_into_reduce {
+    if !device.defers() || !target.fuses_map_into_reduce {
         return Ok(None);
     }
     let guard = t.storage.pending();

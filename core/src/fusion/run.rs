@@ -3,28 +3,12 @@
 //! also stores the intermediates someone still holds.
 
 use super::splice::Fused;
-use super::{Pending, PendingWork};
 use crate::device::Device;
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::{Expr, Kernel};
-use crate::layout::Layout;
-use crate::tensor::{launch_on, Storage, Tensor, Write};
-use std::panic::Location;
-use std::sync::Arc;
-
-/// What a fused kernel that ran was made of, kept on the tensors it wrote for `explain`.
-#[derive(Debug, Clone)]
-pub(crate) struct RunRecord {
-    pub(crate) expr: Expr,
-    pub(crate) ops: Vec<&'static str>,
-    pub(crate) call_sites: Vec<&'static Location<'static>>,
-    pub(crate) inputs: Vec<(Layout, DType)>,
-    pub(crate) output: (Layout, DType),
-    /// The intermediates it stored as well: expression, layout, dtype.
-    pub(crate) also: Vec<(Expr, Layout, DType)>,
-    pub(crate) scalars: usize,
-}
+use crate::tensor::{launch_on, Pending, PendingWork, RunRecord, Storage, Tensor, Write};
+use std::any::Any;
+use std::sync::{Arc, Weak};
 
 /// Runs a pending storage's work (its tree fused into one kernel) on the stream it was issued
 /// on, for a read of this one tensor. Intermediates still pending stay pending: in a
@@ -36,26 +20,68 @@ pub(crate) fn realize(storage: &Arc<Storage>) -> Result<()> {
     run(storage, 0)
 }
 
-/// Runs every pending op of `device`, newest first: each tree runs as one kernel that also
-/// stores the pending intermediates someone still holds (multi-output fusion), so a held
-/// intermediate is computed once, by the kernel of the last tree that reads it; one that only
-/// other pending trees hold is spliced into their kernels (never written). What did not run
-/// after an error stays registered for the next flush.
-pub(crate) fn flush(device: &Device) -> Result<()> {
-    let mut pending = device.take_pending();
+impl Device {
+    /// Runs every pending (deferred) op of this device, newest first: each tree runs as one
+    /// kernel that also stores the pending intermediates someone still holds (multi-output
+    /// fusion), so a held intermediate is computed once, by the kernel of the last tree that
+    /// reads it; one that only other pending trees hold is spliced into their kernels (never
+    /// written). Asynchronous like any launch. What did not run after an error stays pending
+    /// for the next flush.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::ones([2], DType::F32, &dev)?.neg()?;
+    /// dev.flush()?;
+    /// assert!(!t.is_pending());
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn flush(&self) -> Result<()> {
+        flush(self)
+    }
+}
+
+impl Storage {
+    /// Runs this storage's pending work for a read of this one tensor ([`realize`]).
+    pub(crate) fn run_pending_work(self: &Arc<Storage>) -> Result<()> {
+        realize(self)
+    }
+}
+
+/// Notes the new pending `storage` in its device's registry, for the flush.
+pub(super) fn register(device: &Device, storage: &Arc<Storage>) {
+    let mut pending = device.pending_registry();
+    if pending.len() >= 64 && pending.len().is_power_of_two() {
+        // A dropped storage is known from its count alone (no upgrade, no lock).
+        pending.retain(|w| w.strong_count() > 0 && storage_of(w).is_some_and(|s| s.is_pending()));
+    }
+    let weak: Weak<dyn Any + Send + Sync> = Arc::downgrade(storage) as _;
+    pending.push(weak);
+}
+
+/// The storage behind a registry entry, while it lives.
+fn storage_of(weak: &Weak<dyn Any + Send + Sync>) -> Option<Arc<Storage>> {
+    weak.upgrade()?.downcast::<Storage>().ok()
+}
+
+/// [`Device::flush`].
+fn flush(device: &Device) -> Result<()> {
+    let mut pending = std::mem::take(&mut *device.pending_registry());
     pending.reverse();
     let max_stored = device.backend().target().max_map_outputs.saturating_sub(1);
     for (k, weak) in pending.iter().enumerate() {
         // One strong reference at a time: holding them all would make every intermediate
         // look held by someone.
-        let Some(storage) = weak.upgrade() else {
+        let Some(storage) = storage_of(weak) else {
             continue;
         };
         if !storage.is_pending() || held_only_by_trees(&storage, 1) {
             continue;
         }
         if let Err(e) = run(&storage, max_stored) {
-            device.return_pending(pending[k..].iter().rev().cloned());
+            // Back in the registry, oldest first, before any registered since.
+            let left = pending[k..].iter().rev().cloned();
+            device.pending_registry().splice(0..0, left);
             return Err(e);
         }
     }

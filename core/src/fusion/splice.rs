@@ -3,25 +3,15 @@
 //! leaves; held intermediates may become further outputs. Splicing moves each child's
 //! expression into its parent, so it is linear in the nodes.
 
-use super::{Pending, PendingWork, Tree};
 use crate::device::StreamHandle;
 use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::ir::{Expr, Node, PhiloxWord};
 use crate::layout::Layout;
-use crate::lower::target::Target;
-use crate::tensor::{Storage, Tensor};
+use crate::target::Target;
+use crate::tensor::{Leaves, Pending, PendingWork, Storage, Tensor, Tree};
 use std::panic::Location;
 use std::sync::{Arc, MutexGuard};
-
-/// A tensor input of a fused kernel: its storage (by address), view and dtype, as
-/// [`Fused::leaf`] tells inputs apart.
-type Leaf = (usize, Layout, DType);
-
-/// The distinct leaves of a tree, as many as the backend binds beside one output
-/// ([`Target::max_bindings`]; past that the inputs run first); shared with a child whose leaves
-/// are all of them (a chain reading the same tensors copies none).
-pub(crate) type Leaves = Arc<Vec<Leaf>>;
 
 /// Adds the leaf `(a, l, d)` to `leaves` unless it is there.
 pub(super) fn add_leaf(leaves: &mut Option<Leaves>, a: usize, l: &Layout, d: DType) {
@@ -49,6 +39,10 @@ pub(super) fn add_leaves(leaves: &mut Option<Leaves>, child: &Tree) {
         }
     }
 }
+
+/// The most expression nodes one fused kernel holds. Past it, the inputs are run first, so
+/// every tree (and every walk of one) stays small however long a chain is.
+pub const MAX_NODES: usize = 192;
 
 /// Nodes of an expression tree (trees are bounded by `MAX_NODES`: recursion stays shallow).
 pub(super) fn count_nodes(e: &Expr) -> usize {

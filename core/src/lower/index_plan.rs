@@ -5,7 +5,7 @@
 //!
 //! ```
 //! use strata_core::lower::{index_plan::rows, operands::IndexOperands};
-//! use strata_core::{ir::{IndexKind, KernelArgs}, DType, Device, Tensor};
+//! use strata_core::{ir::IndexKind, backend::KernelArgs, DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let src = Tensor::zeros([8, 64], DType::F32, &dev).unwrap();
 //! let index = Tensor::zeros([3, 1], DType::I64, &dev).unwrap().broadcast_to([3, 64]).unwrap();
@@ -115,7 +115,7 @@ pub fn rows(ops: &IndexOperands, addresses: [u64; 2], vector_bytes: usize) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::KernelArgs;
+    use crate::backend::KernelArgs;
     use crate::{DType, Device, Tensor};
 
     fn plan_of(src: &Tensor, index: &Tensor, out: &Tensor, axis: usize) -> Option<IndexRows> {

@@ -135,10 +135,10 @@ pub fn fma_defined(dtype: DType) -> bool {
 pub fn unary(op: UnaryOp, arg: Expr) -> Expr {
     match unary_rule(op, arg.dtype) {
         Rule::Identity => arg,
-        Rule::Constant(v) => Expr::literal(crate::Scalar::Bool(v)),
+        Rule::Constant(v) => Expr::literal(crate::dtype::Scalar::Bool(v)),
         Rule::Unary(other) => Expr::raw_unary(other, arg),
         Rule::MaxWithZero => {
-            let zero = Expr::literal(crate::Scalar::I8(0).cast(arg.dtype, false));
+            let zero = Expr::literal(crate::dtype::Scalar::I8(0).cast(arg.dtype, false));
             Expr::raw_binary(BinaryOp::Max, arg, zero)
         }
         Rule::Kernel | Rule::Undefined | Rule::Binary(_) => Expr::raw_unary(op, arg),
@@ -194,7 +194,7 @@ impl Expr {
 /// assert!(check(&Expr::unary(UnaryOp::Exp, Expr::input(0, DType::F32))).is_ok());
 /// assert!(check(&Expr::unary(UnaryOp::Exp, Expr::input(0, DType::I32))).is_err());
 /// ```
-pub fn check(expr: &Expr) -> crate::Result<()> {
+pub fn check(expr: &Expr) -> crate::error::Result<()> {
     use crate::ir::Node;
     // Inline for the trees of single ops: this runs on every launch.
     let mut stack: smallvec::SmallVec<[&Expr; 16]> = smallvec::smallvec![expr];
@@ -227,7 +227,7 @@ pub fn check(expr: &Expr) -> crate::Result<()> {
             | Node::Philox(_) => None,
         };
         if let Some(op) = bad {
-            return Err(crate::Error::Unsupported(format!(
+            return Err(crate::error::Error::Unsupported(format!(
                 "IR op {op} is not defined for {} (or not in canonical form)",
                 match &e.node {
                     Node::Unary(_, a) | Node::Binary(_, a, _) | Node::Fma(a, _, _) => a.dtype,

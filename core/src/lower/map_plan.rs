@@ -4,8 +4,9 @@
 //! width. One planner for every backend; a backend turns a piece into source and arguments.
 //!
 //! ```
-//! use strata_core::lower::{map_plan::{plan, Path}, operands::MapOperands, pieces::BufferInfo, target::Target};
-//! use strata_core::{ir::{Expr, KernelArgs}, DType, Device, Tensor};
+//! use strata_core::lower::{map_plan::{plan, Path}, operands::MapOperands, pieces::BufferInfo};
+//! use strata_core::target::Target;
+//! use strata_core::{ir::Expr, backend::KernelArgs, DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let x = Tensor::zeros([64, 64], DType::F32, &dev).unwrap();
 //! let out = Tensor::zeros([64, 64], DType::F32, &dev).unwrap();
@@ -18,10 +19,10 @@
 
 use super::operands::MapOperands;
 use super::pieces::{self, Access, BufferInfo, Piece, Window};
-use super::target::Target;
-use super::{Dims, Strides};
 use crate::error::{Error, Result};
 use crate::layout::contiguous_strides;
+use crate::layout::{Dims, Strides};
+use crate::target::Target;
 
 /// How a piece reaches one operand.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -55,6 +56,42 @@ pub enum Position {
         /// Row-major strides of the whole launch over the piece's axes.
         strides: Strides,
     },
+}
+
+/// What a kernel's source knows of how a piece reads the position (a part of its signature;
+/// [`Position`] holds the values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PositionKind {
+    /// Not read.
+    Unused,
+    /// `base` plus the element's index in the piece.
+    Linear,
+    /// The same, in vectors whose first position is a multiple of the vector width: each
+    /// lane's position modulo the width is known at compile time.
+    Aligned,
+    /// Decoded from the coordinates.
+    Strided,
+}
+
+impl Position {
+    /// What a kernel with vectors of `vector` elements knows of this position.
+    ///
+    /// ```
+    /// use strata_core::lower::map_plan::{Position, PositionKind};
+    /// assert_eq!(Position::Linear { base: 8 }.kind(4), PositionKind::Aligned);
+    /// assert_eq!(Position::Linear { base: 6 }.kind(4), PositionKind::Linear);
+    /// assert_eq!(Position::Unused.kind(4), PositionKind::Unused);
+    /// ```
+    pub fn kind(&self, vector: usize) -> PositionKind {
+        match *self {
+            Position::Unused => PositionKind::Unused,
+            Position::Linear { base } if vector > 1 && base.is_multiple_of(vector) => {
+                PositionKind::Aligned
+            }
+            Position::Linear { .. } => PositionKind::Linear,
+            Position::Strided { .. } => PositionKind::Strided,
+        }
+    }
 }
 
 /// One operand of a piece (output first).
@@ -425,7 +462,8 @@ fn plan_piece(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::{Expr, KernelArgs};
+    use crate::backend::KernelArgs;
+    use crate::ir::Expr;
     use crate::{DType, Device, Tensor};
 
     fn gpu(limit: Option<u64>) -> Target {

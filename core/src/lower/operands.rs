@@ -2,15 +2,16 @@
 //! (the CPU included) takes its operands from here, in one order, instead of checking them
 //! itself.
 
+use crate::backend::{KernelArgs, Operand};
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::{Expr, IndexKind, KernelArgs, Operand};
+use crate::ir::{Expr, IndexKind};
 
 /// The operands of a [`Kernel::Map`](crate::ir::Kernel::Map): one output of the expression's
 /// dtype, inputs of the output's shape, and a tree in canonical form.
 ///
 /// ```
-/// use strata_core::{ir::{Expr, KernelArgs}, lower::operands::MapOperands, DType, Device, Tensor};
+/// use strata_core::{ir::Expr, backend::KernelArgs, lower::operands::MapOperands, DType, Device, Tensor};
 /// let t = Tensor::zeros([2], DType::F32, &Device::cpu()).unwrap();
 /// let args = KernelArgs { outputs: vec![t.operand().unwrap()], inputs: vec![t.operand().unwrap()], scalars: vec![] };
 /// assert!(MapOperands::of(&Expr::input(0, DType::F32), &args).is_ok());
@@ -38,7 +39,7 @@ impl<'a> MapOperands<'a> {
     /// `k + 1`.
     ///
     /// ```
-    /// use strata_core::{ir::{Expr, KernelArgs}, lower::operands::MapOperands, DType, Device, Tensor};
+    /// use strata_core::{ir::Expr, backend::KernelArgs, lower::operands::MapOperands, DType, Device, Tensor};
     /// let t = Tensor::zeros([4], DType::F32, &Device::cpu()).unwrap();
     /// let args = KernelArgs { outputs: vec![t.operand().unwrap(), t.operand().unwrap()], inputs: vec![t.operand().unwrap()], scalars: vec![] };
     /// let x = Expr::input(0, DType::F32);
@@ -112,7 +113,7 @@ impl<'a> MapOperands<'a> {
 /// fused map, more inputs of exactly the first one's layout and item size).
 ///
 /// ```
-/// use strata_core::{ir::KernelArgs, lower::operands::ReduceOperands, DType, Device, Tensor};
+/// use strata_core::{backend::KernelArgs, lower::operands::ReduceOperands, DType, Device, Tensor};
 /// let dev = Device::cpu();
 /// let (x, y) = (Tensor::zeros([3, 4], DType::F32, &dev).unwrap(), Tensor::zeros([3], DType::F32, &dev).unwrap());
 /// let args = KernelArgs { outputs: vec![y.operand().unwrap()], inputs: vec![x.operand().unwrap()], scalars: vec![] };
@@ -186,7 +187,8 @@ impl<'a> ReduceOperands<'a> {
 /// scalars' dtypes.
 ///
 /// ```
-/// use strata_core::ir::{Expr, KernelArgs};
+/// use strata_core::ir::Expr;
+/// use strata_core::backend::KernelArgs;
 /// use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 /// use strata_core::{DType, Device, Tensor};
 /// let dev = Device::cpu();
@@ -259,7 +261,11 @@ pub fn per_output(m: &Operand, out: &Operand, kept: usize) -> bool {
 /// let m = Layout::new(vec![3, 4], vec![1, 0], 0).unwrap();
 /// assert!(per_output_layout(&m, &Layout::contiguous(&[3]).unwrap(), 1));
 /// ```
-pub fn per_output_layout(m: &crate::Layout, out: &crate::Layout, kept: usize) -> bool {
+pub fn per_output_layout(
+    m: &crate::layout::Layout,
+    out: &crate::layout::Layout,
+    kept: usize,
+) -> bool {
     let (shape, strides) = (m.shape(), m.strides());
     kept <= shape.len()
         && strides[kept..].iter().all(|&s| s == 0)
@@ -275,7 +281,7 @@ pub fn per_output_layout(m: &crate::Layout, out: &crate::Layout, kept: usize) ->
 /// `A [batch, m, k] · B [batch, k, n] → C [batch, m, n]` with scalars α and β.
 ///
 /// ```
-/// use strata_core::{ir::KernelArgs, lower::operands::MatmulOperands, DType, Device, Scalar, Tensor};
+/// use strata_core::{backend::KernelArgs, lower::operands::MatmulOperands, DType, Device, Scalar, Tensor};
 /// let dev = Device::cpu();
 /// let a = Tensor::zeros([1, 2, 3], DType::F32, &dev).unwrap();
 /// let b = Tensor::zeros([1, 3, 4], DType::F32, &dev).unwrap();
@@ -307,7 +313,7 @@ impl<'a> MatmulOperands<'a> {
     /// Splits `args` into the matmul's operands, or `Err` naming the shapes that do not fit.
     ///
     /// ```
-    /// use strata_core::{ir::KernelArgs, lower::operands::MatmulOperands};
+    /// use strata_core::{backend::KernelArgs, lower::operands::MatmulOperands};
     /// let args = KernelArgs { outputs: vec![], inputs: vec![], scalars: vec![] };
     /// assert!(MatmulOperands::of(&args).is_err());
     /// ```
@@ -357,7 +363,7 @@ impl<'a> MatmulOperands<'a> {
 /// `index` holds i64; `src` has the output's dtype.
 ///
 /// ```
-/// use strata_core::{ir::{IndexKind, KernelArgs}, lower::operands::IndexOperands, DType, Device, Tensor};
+/// use strata_core::{ir::IndexKind, backend::KernelArgs, lower::operands::IndexOperands, DType, Device, Tensor};
 /// let dev = Device::cpu();
 /// let src = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
 /// let idx = Tensor::zeros([2, 4], DType::I64, &dev).unwrap();

@@ -11,8 +11,8 @@
 //! assert_eq!((&pieces[1].start[..], &pieces[1].len[..]), (&[2, 0][..], &[2, 1024][..]));
 //! ```
 
-use super::{Dims, Strides};
 use crate::error::{Error, Result};
+use crate::layout::{Dims, Strides};
 
 /// One operand of a launch as the splitter sees it: strides and offset in elements over the
 /// launch's iteration shape, the element size, and the size of its buffer.
@@ -57,8 +57,8 @@ impl BufferInfo {
     /// ```
     pub fn of(
         buffer: &dyn crate::backend::DeviceBuffer,
-        own: impl FnOnce(&dyn crate::backend::DeviceBuffer) -> crate::Result<BufferInfo>,
-    ) -> crate::Result<BufferInfo> {
+        own: impl FnOnce(&dyn crate::backend::DeviceBuffer) -> crate::error::Result<BufferInfo>,
+    ) -> crate::error::Result<BufferInfo> {
         match buffer
             .as_any()
             .downcast_ref::<crate::backend::PlannedBuffer>()
@@ -74,7 +74,7 @@ impl BufferInfo {
     /// The buffers of a launch's operands (outputs, then inputs) as they are: address 0 (an
     /// aligned start) and the tensors' sizes. Backends whose allocations are larger or whose
     /// addresses matter build their own.
-    pub fn of_operands(args: &crate::ir::KernelArgs) -> Vec<BufferInfo> {
+    pub fn of_operands(args: &crate::backend::KernelArgs) -> Vec<BufferInfo> {
         args.outputs
             .iter()
             .chain(&args.inputs)

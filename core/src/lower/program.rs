@@ -253,7 +253,9 @@ impl std::fmt::Display for Program {
             let text = match &instr.op {
                 Op::Input { input, lane: l } => format!("in{input}{}", lane(*l)),
                 Op::Scalar(k) => format!("s{k}"),
-                Op::Literal(bits) => crate::Scalar::from_bits(instr.dtype, *bits).to_string(),
+                Op::Literal(bits) => {
+                    crate::dtype::Scalar::from_bits(instr.dtype, *bits).to_string()
+                }
                 Op::Position { lane: l } => format!("index{}", lane(*l)),
                 Op::Philox(w) => format!("philox{}(index)", w.word),
                 Op::Word { draw, lane: l } => format!("draw{draw}{}", lane(*l)),
@@ -443,7 +445,7 @@ mod tests {
             Expr::binary(
                 BinaryOp::BitAnd,
                 Expr::linear_index(),
-                Expr::literal(crate::Scalar::I64(m)),
+                Expr::literal(crate::dtype::Scalar::I64(m)),
             )
         };
         let lane_value = |p: &Program, lane: usize| p.instrs[p.outputs[lane][0]].op.clone();

@@ -4,7 +4,8 @@
 //! passes (CUDA) computes the same ones, and the others run these two launches.
 //!
 //! ```
-//! use strata_core::ir::{BinaryOp, Expr, Kernel, KernelArgs, RowPrologue, ReduceOp};
+//! use strata_core::ir::{BinaryOp, Expr, Kernel, RowPrologue, ReduceOp};
+//! use strata_core::backend::KernelArgs;
 //! use strata_core::{DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let x = Tensor::zeros([2, 4], DType::F32, &dev)?;
@@ -26,8 +27,9 @@
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
+use crate::backend::KernelArgs;
 use crate::error::{Error, Result};
-use crate::ir::{Kernel, KernelArgs, RowPrologue};
+use crate::ir::{Kernel, RowPrologue};
 
 /// `kernel` (a `Reduce` with a prologue) as its two launches, in order; an `Err` for any other
 /// kernel or for operands that do not match the prologue.

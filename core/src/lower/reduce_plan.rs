@@ -6,8 +6,9 @@
 //! splitting and combining are tested without a GPU.
 //!
 //! ```
-//! use strata_core::lower::{operands::ReduceOperands, pieces::BufferInfo, reduce_plan::plan, target::Target};
-//! use strata_core::{ir::KernelArgs, DType, Device, Tensor};
+//! use strata_core::lower::{operands::ReduceOperands, pieces::BufferInfo, reduce_plan::plan};
+//! use strata_core::target::Target;
+//! use strata_core::{backend::KernelArgs, DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let (x, y) = (Tensor::zeros([1 << 20], DType::F32, &dev).unwrap(), Tensor::zeros([0usize; 0], DType::F32, &dev).unwrap());
 //! let args = KernelArgs { outputs: vec![y.operand().unwrap()], inputs: vec![x.operand().unwrap()], scalars: vec![] };
@@ -18,9 +19,9 @@
 use super::map_plan::needs_wide;
 use super::operands::ReduceOperands;
 use super::pieces::{self, Access, BufferInfo, Piece, Window};
-use super::target::Target;
 use crate::error::{Error, Result};
 use crate::layout::{coalesce, contiguous_strides};
+use crate::target::Target;
 
 /// One launch of a planned reduction (one per window; one in all without a binding limit).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -333,7 +334,7 @@ pub fn partial_strides(outer: &[usize], splits: usize) -> Vec<isize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::KernelArgs;
+    use crate::backend::KernelArgs;
     use crate::{DType, Device, Tensor};
 
     fn gpu(limit: Option<u64>) -> Target {

@@ -6,8 +6,9 @@
 //! target has room for it) or in cache, so memory sees one read and one write.
 //!
 //! ```
-//! use strata_core::lower::{softmax_plan::*, target::Target};
-//! use strata_core::{ir::KernelArgs, DType, Device, Tensor};
+//! use strata_core::lower::softmax_plan::*;
+//! use strata_core::target::Target;
+//! use strata_core::{backend::KernelArgs, DType, Device, Tensor};
 //! let dev = Device::cpu();
 //! let x = Tensor::zeros([8, 4096], DType::F32, &dev).unwrap();
 //! let y = Tensor::zeros([8, 4096], DType::F32, &dev).unwrap();
@@ -19,11 +20,12 @@
 //! assert_eq!((plan.rows, plan.n, plan.group, plan.staged), (8, 4096, 1024, false));
 //! ```
 
-use super::target::Target;
-use super::{Dims, Strides};
+use crate::backend::{KernelArgs, Operand};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Expr, KernelArgs, Operand, UnaryOp};
-use crate::DType;
+use crate::ir::{BinaryOp, Expr, UnaryOp};
+use crate::layout::{Dims, Strides};
+use crate::target::Target;
 
 /// The operands of a softmax: one float input and one output of its shape and dtype.
 #[derive(Debug)]

@@ -57,7 +57,7 @@ pub(crate) struct Heatmap {
 
 /// Renders a 2-D numeric tensor; NaN is grey, ±∞ the ends of the scale.
 pub(crate) fn render(t: &Tensor) -> Result<Heatmap> {
-    if t.ndim() != 2 || t.numel() == 0 || t.dtype() == crate::DType::Bool {
+    if t.ndim() != 2 || t.numel() == 0 || t.dtype() == crate::dtype::DType::Bool {
         return Err(Error::Invalid(format!(
             "a heatmap needs a non-empty 2-D numeric tensor, not shape {:?} of {}",
             t.shape(),
@@ -127,7 +127,7 @@ pub(crate) fn render(t: &Tensor) -> Result<Heatmap> {
 /// The smallest and largest finite elements of `t`, reduced on its device.
 fn finite_range(t: &Tensor) -> Result<Option<(f64, f64)>> {
     use crate::ops::Axes;
-    let value = |r: Tensor| -> Result<f64> { r.to_dtype(crate::DType::F64)?.item::<f64>() };
+    let value = |r: Tensor| -> Result<f64> { r.to_dtype(crate::dtype::DType::F64)?.item::<f64>() };
     if !t.dtype().is_float() {
         let lo = value(t.min(Axes::All, false)?)?;
         return Ok(Some((lo, value(t.max(Axes::All, false)?)?)));

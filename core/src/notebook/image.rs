@@ -4,8 +4,8 @@
 use base64::Engine;
 
 /// `rgb` (row-major, 3 bytes per pixel) as a PNG file.
-pub(crate) fn encode_rgb(width: usize, height: usize, rgb: &[u8]) -> crate::Result<Vec<u8>> {
-    let failed = |e: png::EncodingError| crate::Error::Backend(format!("PNG encoding: {e}"));
+pub(crate) fn encode_rgb(width: usize, height: usize, rgb: &[u8]) -> crate::error::Result<Vec<u8>> {
+    let failed = |e: png::EncodingError| crate::error::Error::Backend(format!("PNG encoding: {e}"));
     let mut out = Vec::new();
     let mut encoder = png::Encoder::new(&mut out, width as u32, height as u32);
     encoder.set_color(png::ColorType::Rgb);

@@ -1,8 +1,9 @@
 //! A profile in a notebook: its caption, the timeline picture, then the table of records
 //! (the same cells as the text table).
 
-use super::escape;
-use crate::profile::{profile_caption, Profile, ProfileRow, PROFILE_HEADINGS};
+use super::html::escape;
+use crate::profile::table::{caption, Row, HEADINGS};
+use crate::profile::Profile;
 use std::fmt::Write;
 
 const TABLE_STYLE: &str =
@@ -29,17 +30,17 @@ impl Profile {
             "<div class=\"strata-profile\"><div style=\"font-family:monospace;margin-bottom:2px\">\
              <b>{}</b></div><div style=\"font-family:monospace;font-size:11px;color:#57606a\">{}</div>\
              <div style=\"margin:4px 0\">{}</div><table style=\"{TABLE_STYLE}\"><tr>",
-            escape(&profile_caption(self)),
+            escape(&caption(self)),
             escape(&self.timing),
             self.timeline_svg()
         );
-        for h in PROFILE_HEADINGS {
+        for h in HEADINGS {
             let _ = write!(out, "<th style=\"{HEAD_STYLE}\">{}</th>", escape(h));
         }
         out.push_str("</tr>");
         for (k, r) in self.records.iter().enumerate().take(MAX_ROWS) {
             out.push_str("<tr>");
-            for (c, cell) in ProfileRow::of(k, r, self).cells.iter().enumerate() {
+            for (c, cell) in Row::of(k, r, self).cells.iter().enumerate() {
                 let align = if (1..=4).contains(&c) {
                     "left"
                 } else {

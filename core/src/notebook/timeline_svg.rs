@@ -4,9 +4,9 @@
 //! events as diamonds. Inline SVG with attributes only, on a light card so it reads the same
 //! in a dark theme; every mark has a `<title>` (its tooltip) and a `class` naming what it is.
 
-use super::escape;
+use super::html::escape;
+use crate::backend::StreamId;
 use crate::profile::{Profile, ProfileRecord, RecordKind};
-use crate::StreamId;
 use std::fmt::Write;
 
 const WIDTH: f64 = 880.0;
@@ -144,8 +144,8 @@ fn tooltip(r: &ProfileRecord, p: &Profile) -> String {
         let _ = write!(
             t,
             " · {} read, {} written",
-            crate::profile::bytes_text(r.bytes_read),
-            crate::profile::bytes_text(r.bytes_written)
+            crate::profile::table::bytes(r.bytes_read),
+            crate::profile::table::bytes(r.bytes_written)
         );
     }
     if let Some(g) = r.gb_per_s() {

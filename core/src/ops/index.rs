@@ -250,7 +250,7 @@ impl Tensor {
                     let ranges: Vec<_> = index
                         .shape()
                         .iter()
-                        .map(|&n| crate::SliceArg::from(..n))
+                        .map(|&n| crate::index::SliceArg::from(..n))
                         .collect();
                     t.slice(ranges)?
                 } else {

@@ -152,10 +152,11 @@ impl Tensor {
     /// assert_eq!((f.to_vec::<i32>().unwrap(), f.shares_storage(&t)), (vec![3, 2, 1, 0], true));
     /// ```
     pub fn flip(&self, axes: &[isize]) -> Result<Tensor> {
-        let mut args: Vec<crate::SliceArg> = vec![crate::SliceArg::from(..); self.ndim()];
+        let mut args: Vec<crate::index::SliceArg> =
+            vec![crate::index::SliceArg::from(..); self.ndim()];
         for &axis in axes {
             let a = normalize_axis(axis, self.ndim())?;
-            args[a] = crate::SliceArg::from(..).with_step(-1)?;
+            args[a] = crate::index::SliceArg::from(..).with_step(-1)?;
         }
         self.slice(args)
     }

@@ -2,7 +2,6 @@
 //! the batched, strided `Matmul` kernel.
 
 use super::promote::promote_types;
-use super::reduce::accumulation_dtype;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::ir::Kernel;
@@ -24,7 +23,7 @@ fn product_dtype(a: &Tensor, b: &Tensor, what: &str) -> Result<DType> {
 /// Runs `c = α·a·b + β·c` on 3-D views (batch already broadcast), converting `a` and `b` to
 /// `c`'s dtype first.
 fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> Result<()> {
-    let acc = accumulation_dtype(c.dtype());
+    let acc = c.dtype().accumulator();
     let acc = if c.dtype().is_float() {
         acc
     } else {

@@ -9,4 +9,4 @@ mod promote;
 mod reduce;
 
 pub use promote::{can_cast, promote_types, result_type, DEFAULT_FLOAT};
-pub use reduce::{accumulation_dtype, Axes};
+pub use reduce::Axes;

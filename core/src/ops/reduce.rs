@@ -54,22 +54,6 @@ impl From<Vec<isize>> for Axes {
     }
 }
 
-/// PyTorch's accumulation dtype: integers and bool in i64, 16-bit floats in f32.
-///
-/// ```
-/// use strata_core::{DType, ops::accumulation_dtype};
-/// assert_eq!(accumulation_dtype(DType::U8), DType::I64);
-/// assert_eq!(accumulation_dtype(DType::BF16), DType::F32);
-/// assert_eq!(accumulation_dtype(DType::F64), DType::F64);
-/// ```
-pub fn accumulation_dtype(d: DType) -> DType {
-    match d {
-        DType::F16 | DType::BF16 | DType::F32 => DType::F32,
-        DType::F64 => DType::F64,
-        _ => DType::I64,
-    }
-}
-
 impl Tensor {
     /// Launches the reduction `op` of the `reduced` axes (the input's axes in `order`: kept,
     /// then reduced) into a new tensor of `out_shape`, reading a pending elementwise input
@@ -212,7 +196,7 @@ impl Tensor {
     /// assert_eq!(t.sum(Axes::All, true).unwrap().shape(), &[1, 1]);
     /// ```
     pub fn sum(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
-        let acc = accumulation_dtype(self.dtype);
+        let acc = self.dtype.accumulator();
         let out = if self.dtype.is_float() {
             self.dtype
         } else {
@@ -230,7 +214,7 @@ impl Tensor {
     /// assert_eq!((s.dtype(), s.item::<f32>().unwrap()), (DType::F32, 3000.0));
     /// ```
     pub fn sum_upcast(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
-        let acc = accumulation_dtype(self.dtype);
+        let acc = self.dtype.accumulator();
         self.reduce_raw(ReduceOp::Sum, &axes.into(), keepdim, acc, acc)
     }
 
@@ -253,7 +237,7 @@ impl Tensor {
     /// assert_eq!(t.prod(0, false).unwrap().item::<i64>().unwrap(), 120);
     /// ```
     pub fn prod(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
-        let acc = accumulation_dtype(self.dtype);
+        let acc = self.dtype.accumulator();
         let out = if self.dtype.is_float() {
             self.dtype
         } else {
@@ -292,7 +276,7 @@ impl Tensor {
         self.float_only("mean")?;
         let axes = axes.into();
         let n = self.extent(&axes)?;
-        let acc = accumulation_dtype(self.dtype);
+        let acc = self.dtype.accumulator();
         let sum = self.reduce_raw(ReduceOp::Sum, &axes, keepdim, acc, acc)?;
         sum.div(Scalar::F64(n as f64).cast(acc, false))?
             .to_dtype(self.dtype)
@@ -332,7 +316,7 @@ impl Tensor {
         what: &str,
     ) -> Result<Tensor> {
         self.float_only(what)?;
-        let acc = accumulation_dtype(self.dtype);
+        let acc = self.dtype.accumulator();
         let x = self.to_dtype(acc)?;
         let n = self.extent(&axes)?;
         let mean = x.sum(axes.clone(), true)?.div(n as f64)?;

@@ -2,8 +2,9 @@
 //! or writes, the operation count, and the names of the ops it holds.
 
 use super::{ProfileRecord, RecordKind};
+use crate::backend::{KernelArgs, Operand};
 use crate::backend::{LaunchDescription, StreamId};
-use crate::ir::{Expr, IndexKind, Kernel, KernelArgs, Node, Operand};
+use crate::ir::{Expr, IndexKind, Kernel, Node};
 
 /// The record of one launch of `kernel` (times filled in by the recorder).
 pub(super) fn kernel_record(

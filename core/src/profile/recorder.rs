@@ -1,56 +1,18 @@
-//! Recording: the device's hooks around every backend call that does work (launch, copy,
-//! allocation, synchronization, event), and turning what they recorded into a [`Profile`].
-//! With no profile recording each hook costs one relaxed atomic load.
+//! Recording: what the device's dispatch hooks (`device.rs`: launch, copy, allocation,
+//! synchronization, event) do instead of calling the backend straight while a profile
+//! records, and turning what they recorded into a [`Profile`]. With no profile recording a
+//! hook costs one relaxed atomic load.
 
 use super::{measure, table, Profile, ProfileRecord, RecordKind};
+use crate::backend::KernelArgs;
 use crate::backend::{DeviceBuffer, EventId, StreamId};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::ir::{Kernel, KernelArgs};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use crate::ir::Kernel;
+use crate::profile_record::{ProfileState, Recorder, Timing, DEVICE_TIMED_RECORDS};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
-
-/// Records with device times at most: wgpu keeps 4096 timestamps in a ring, two per record.
-const DEVICE_TIMED_RECORDS: usize = 1500;
-
-/// A device's profiling state (inside the device, like every other piece of state).
-#[derive(Default)]
-pub(crate) struct ProfileState {
-    /// Whether a recorder is installed: the only thing a hook reads when none is.
-    on: AtomicBool,
-    recorder: Mutex<Option<Recorder>>,
-    /// Measured copy bandwidth in GB/s (`None`: could not be measured).
-    pub(super) copy_bandwidth: OnceLock<Option<f64>>,
-}
-
-/// How device times are taken.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Timing {
-    /// Events on the stream before and after each record, read against a base event.
-    Events(EventId),
-    /// The adapter cannot time events: each op is waited for, and its device time is from
-    /// its enqueue to the end of that wait.
-    PerSubmission,
-    /// Past [`DEVICE_TIMED_RECORDS`]: recorded without device times.
-    Untimed,
-}
-
-/// What a profile has recorded so far.
-pub(crate) struct Recorder {
-    zero: Instant,
-    timing: Timing,
-    /// Printing mode (`STRATA_PROFILE=1`): the table is printed at each synchronization.
-    printing: bool,
-    records: Vec<(ProfileRecord, Option<EventId>, Option<EventId>)>,
-    timed: usize,
-}
-
-impl Recorder {
-    fn us(&self, t: Instant) -> f64 {
-        t.saturating_duration_since(self.zero).as_secs_f64() * 1e6
-    }
-}
 
 impl Device {
     fn profile_state(&self) -> &ProfileState {
@@ -364,22 +326,19 @@ impl Device {
         }
     }
 
-    /// `Backend::run`, recorded while a profile records. `fused_ops`: the user ops a fused
-    /// kernel holds.
-    pub(crate) fn run_kernel(
+    /// A launch recorded: what the backend will launch (`describe_launch`), compiled ahead
+    /// (`prepare`) so the events time the kernel alone, and bracketed by events. `fused_ops`:
+    /// the user ops a fused kernel holds.
+    pub(crate) fn run_kernel_recorded(
         &self,
         kernel: &Kernel,
         args: &KernelArgs,
         stream: StreamId,
-        fused_ops: impl FnOnce() -> Option<Vec<String>>,
+        fused_ops: Option<Vec<String>>,
     ) -> Result<()> {
         let backend = self.backend();
-        if !self.profiling() {
-            return backend.run(kernel, args, stream);
-        }
         let launch = backend.describe_launch(kernel, args);
-        let record = measure::kernel_record(kernel, args, stream, launch, fused_ops());
-        // Compile first, so the events around the launch time the kernel alone.
+        let record = measure::kernel_record(kernel, args, stream, launch, fused_ops);
         let mut compile = ProfileRecord::new(
             RecordKind::Compile,
             format!("compile {}", record.name),
@@ -390,95 +349,41 @@ impl Device {
         self.record_work(record, || backend.run(kernel, args, stream))
     }
 
-    /// `Backend::upload`, recorded while a profile records.
-    pub(crate) fn upload_bytes(
+    /// A host-to-device or device-to-host copy of `bytes` (`kind` names its direction, `name`
+    /// the record), recorded with its device time; `copy` does it.
+    pub(crate) fn copy_recorded<T>(
         &self,
-        dst: &dyn DeviceBuffer,
-        byte_offset: usize,
-        data: &[u8],
-        stream: StreamId,
-    ) -> Result<()> {
-        let backend = self.backend();
-        if !self.profiling() {
-            return backend.upload(dst, byte_offset, data, stream);
-        }
-        let mut record = ProfileRecord::new(RecordKind::Upload, "copy host → device", stream);
-        record.bytes_read = data.len() as u64;
-        record.bytes_written = data.len() as u64;
-        self.record_work(record, || backend.upload(dst, byte_offset, data, stream))
-    }
-
-    /// `Backend::download`, recorded while a profile records; prints the table in printing
-    /// mode (a download waits for the device).
-    pub(crate) fn download_bytes(
-        &self,
-        src: &dyn DeviceBuffer,
-        byte_offset: usize,
-        out: &mut [u8],
-        stream: StreamId,
-    ) -> Result<()> {
-        let backend = self.backend();
-        if !self.profiling() {
-            return backend.download(src, byte_offset, out, stream);
-        }
-        let mut record = ProfileRecord::new(RecordKind::Download, "copy device → host", stream);
-        record.bytes_read = out.len() as u64;
-        record.bytes_written = out.len() as u64;
-        self.record_work(record, || backend.download(src, byte_offset, out, stream))?;
-        self.print_profile_now()
-    }
-
-    /// An asynchronous copy between this device and its pinned host memory (`upload`: host
-    /// to device), recorded while a profile records; `copy` enqueues it and returns its event.
-    pub(crate) fn copy_pinned(
-        &self,
-        upload: bool,
+        kind: RecordKind,
+        name: &str,
         bytes: usize,
         stream: StreamId,
-        copy: impl FnOnce() -> Result<crate::backend::EventId>,
-    ) -> Result<crate::backend::EventId> {
-        if !self.profiling() {
-            return copy();
-        }
-        let (kind, name) = if upload {
-            (RecordKind::Upload, "copy pinned host → device")
-        } else {
-            (RecordKind::Download, "copy device → pinned host")
-        };
+        copy: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
         let mut record = ProfileRecord::new(kind, name, stream);
         record.bytes_read = bytes as u64;
         record.bytes_written = bytes as u64;
         self.record_work(record, copy)
     }
 
-    /// `Backend::allocate`, recorded while a profile records.
-    pub(crate) fn allocate_buffer(
+    /// An allocation of `bytes`, recorded with its host time.
+    pub(crate) fn allocate_recorded(
         &self,
         bytes: usize,
         stream: StreamId,
     ) -> Result<Arc<dyn DeviceBuffer>> {
-        let backend = self.backend();
-        if !self.profiling() {
-            return backend.allocate(bytes, stream);
-        }
         let mut record = ProfileRecord::new(RecordKind::Allocate, "allocate", stream);
         record.bytes_written = bytes as u64;
-        self.record_host(record, || backend.allocate(bytes, stream))
+        self.record_host(record, || self.backend().allocate(bytes, stream))
     }
 
-    /// A host wait (`what` names it), recorded while a profile records; prints the table in
-    /// printing mode.
-    pub(crate) fn wait_recorded(
+    /// A host wait (`what` names it), recorded with its host time.
+    pub(crate) fn wait_recorded_now(
         &self,
         stream: StreamId,
         what: &str,
         wait: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        if !self.profiling() {
-            return wait();
-        }
         let record = ProfileRecord::new(RecordKind::Synchronize, what, stream);
-        self.record_host(record, wait)?;
-        self.print_profile_now()
+        self.record_host(record, wait)
     }
 }

@@ -191,7 +191,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
     for d in DType::ALL {
         for op in [Sum, Prod, Min, Max, ArgMin, ArgMax, Any, All] {
             let acc = match op {
-                Sum | Prod => strata_core::ops::accumulation_dtype(d),
+                Sum | Prod => d.accumulator(),
                 Any | All => DType::Bool,
                 _ => d,
             };
@@ -323,7 +323,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     inputs: vec![d; 3],
                     scalars: vec![],
                 }),
-                prologue: Some(super::reduce_prologue::StagedPrologue {
+                prologue: Some(super::reduce::StagedPrologue {
                     op: prologue,
                     result: 1,
                     out: d,
@@ -388,7 +388,7 @@ pub(crate) fn matmuls() -> Vec<MatmulSig> {
             dtype: d,
             out: d,
             acc: if d.is_float() {
-                strata_core::ops::accumulation_dtype(d)
+                d.accumulator()
             } else {
                 DType::I64
             },
@@ -453,7 +453,9 @@ mod tests {
         );
         for s in reductions() {
             add(
-                super::super::reduce::source(&s).expect("reduce source"),
+                super::super::Generated::render(&s)
+                    .expect("reduce source")
+                    .source,
                 "strata_reduce",
             );
         }

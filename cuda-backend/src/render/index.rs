@@ -29,7 +29,7 @@ pub(crate) struct IndexSig {
     pub flagged: bool,
 }
 
-impl strata_core::lower::cache::Owned for IndexSig {}
+impl strata_core::kernel_cache::Owned for IndexSig {}
 
 /// The statements that read index value `read` into `at` (of type `idx`): as it is, or for a
 /// flagged gather from the end when negative, flagging (and skipping) one outside the axis.

@@ -13,7 +13,7 @@
 use super::expr;
 use super::{Generated, Optimization, Rendered};
 use strata_core::ir::{BinaryOp, UnaryOp};
-use strata_core::lower::cache::Owned;
+use strata_core::kernel_cache::Owned;
 use strata_core::lower::program::{Op, ValueId};
 use strata_core::{DType, Result};
 

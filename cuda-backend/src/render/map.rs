@@ -63,7 +63,7 @@ impl MapSig<'_> {
     }
 }
 
-impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
+impl<'e> strata_core::kernel_cache::Signature for MapSig<'e> {
     type Stored = MapSig<'static>;
     fn matches(&self, stored: &MapSig<'static>) -> bool {
         self == stored

@@ -14,7 +14,7 @@ pub(crate) struct MatmulSig {
     pub acc: DType,
 }
 
-impl strata_core::lower::cache::Owned for MatmulSig {}
+impl strata_core::kernel_cache::Owned for MatmulSig {}
 
 impl Generated for MatmulSig {
     const NAME: &'static str = "strata_matmul";

@@ -16,10 +16,9 @@ pub(crate) mod interpreter;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
-pub(crate) mod reduce_prologue;
 pub(crate) mod softmax;
 
-use strata_core::lower::cache::Signature;
+use strata_core::kernel_cache::Signature;
 use strata_core::{DType, Error, Result};
 
 /// A generated kernel's signature (what its source depends on), which renders its program:

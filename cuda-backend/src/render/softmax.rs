@@ -18,7 +18,6 @@ use super::{
 use super::{Generated, Rendered};
 use std::fmt::Write;
 use strata_core::lower::softmax_plan::{softmax_from_term, softmax_output, softmax_term};
-use strata_core::ops::accumulation_dtype;
 use strata_core::{DType, Result};
 
 /// The structure of a softmax launch.
@@ -61,7 +60,7 @@ pub(crate) fn row_stage_bytes(per_sm: usize, per_block: usize) -> usize {
     room.min(64 << 10) / 16 * 16
 }
 
-impl strata_core::lower::cache::Owned for SoftmaxSig {}
+impl strata_core::kernel_cache::Owned for SoftmaxSig {}
 
 impl Generated for SoftmaxSig {
     const NAME: &'static str = "strata_softmax";
@@ -74,7 +73,7 @@ impl Generated for SoftmaxSig {
 pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
     let (d, g, v, ro) = (sig.dtype, sig.group, sig.vector, sig.outer_rank);
     let idx = index_type(sig.wide);
-    let acc = accumulation_dtype(d);
+    let acc = d.accumulator();
     let (ct, acc_t, st) = (compute_type(d), compute_type(acc), storage_type(d));
     // Words: rows, n, outer shape, in ptr, in outer strides, in stride, out ptr, out outer
     // strides, out stride.

@@ -17,12 +17,12 @@
 
 use crate::compile::Compiler;
 use crate::driver::{check, Gpu, Raw};
-use crate::launch::{Function, Grid, Launch};
-use crate::render::{batch_capacity, Optimization};
+use crate::function::{BatchedForm, Function};
+use crate::launch::{Grid, Launch};
+use crate::render::batch_capacity;
 use cudarc::driver::sys;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use strata_core::ir::KernelArgs;
+use std::sync::{Arc, Mutex};
+use strata_core::backend::KernelArgs;
 use strata_core::{DeviceBuffer, Result, StreamId};
 
 /// Launches whose work is at most this many items are batched: the batch's one block of 256
@@ -212,80 +212,5 @@ impl OpenBatch {
             words: vec![0; 1 + batch_capacity(per_launch) * per_launch],
             keep: Vec::new(),
         }
-    }
-}
-
-/// A kernel's batched form (`<name>_batch`): its program's source, compiled and loaded at the
-/// kernel's second launch small enough for a batch. The first such launch runs alone, so a new
-/// kernel's first call waits for one NVRTC program; a kernel launched small again (a loop over
-/// tiny tensors, where batching pays) compiles its batched form then, once.
-pub(crate) struct BatchedForm {
-    /// The program: the helpers before the kernel, then `<name>_batch` (no prelude).
-    source: String,
-    name: String,
-    optimization: Optimization,
-    /// A small launch has run (alone): the next one compiles the form.
-    used: AtomicBool,
-    /// The loaded form: read without a lock by every later small launch.
-    loaded: OnceLock<Raw<sys::CUfunction>>,
-    /// Held while compiling, so two threads do not compile it twice.
-    compiling: Mutex<()>,
-}
-
-impl BatchedForm {
-    pub(crate) fn new(source: String, name: String, optimization: Optimization) -> BatchedForm {
-        BatchedForm {
-            source,
-            name,
-            optimization,
-            used: AtomicBool::new(false),
-            loaded: OnceLock::new(),
-            compiling: Mutex::new(()),
-        }
-    }
-
-    /// Whether the next small launch runs in a batch (the form is loaded, or compiled then).
-    pub(crate) fn is_due(&self) -> bool {
-        self.used.load(Ordering::Relaxed)
-    }
-
-    /// For a small launch: the batched function, compiled at the kernel's second small
-    /// launch; `None` at its first, which runs alone.
-    pub(crate) fn for_launch(&self, compiler: &Compiler) -> Result<Option<sys::CUfunction>> {
-        if let Some(f) = self.loaded.get() {
-            return Ok(Some(f.0));
-        }
-        if !self.used.swap(true, Ordering::Relaxed) {
-            return Ok(None);
-        }
-        self.load(compiler).map(Some)
-    }
-
-    /// Compiles the form now when the next small launch will use it (the profiler's
-    /// `prepare`, so that the compile is not timed as the launch); true when it compiled.
-    pub(crate) fn prepare(&self, compiler: &Compiler) -> Result<bool> {
-        if !self.is_due() || self.loaded.get().is_some() {
-            return Ok(false);
-        }
-        self.load(compiler).map(|_| true)
-    }
-
-    /// The loaded form, compiled now unless another thread did.
-    fn load(&self, compiler: &Compiler) -> Result<sys::CUfunction> {
-        let _compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = self.loaded.get() {
-            return Ok(f.0);
-        }
-        let f = compiler.load_function(&self.source, &self.name, self.optimization)?;
-        Ok(self.loaded.get_or_init(|| Raw(f)).0)
-    }
-}
-
-impl std::fmt::Debug for BatchedForm {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BatchedForm")
-            .field("name", &self.name)
-            .field("due", &self.is_due())
-            .finish()
     }
 }

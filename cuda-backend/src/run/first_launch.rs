@@ -5,15 +5,16 @@
 //! is rendered once, at the first launch (its disk-cache lookup needs it), and kept for the
 //! compile at the second. `STRATA_CUDA_INTERPRET=0` compiles every kernel at its first launch.
 
-use super::map::MapLaunch;
+use super::step::MapLaunch;
 use crate::compile::Compiler;
-use crate::launch::{Args, Function, Launch};
+use crate::function::Function;
+use crate::launch::{Args, Launch};
 use crate::render::interpreter::{interpreted_op, InterpretSig, OPS, REGISTERS, WORDS};
 use crate::render::map::MapSig;
 use crate::render::{Generated, Rendered};
 use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::ir::Expr;
-use strata_core::lower::cache::KernelCache;
+use strata_core::kernel_cache::KernelCache;
 use strata_core::lower::map_plan::Path;
 use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result};
@@ -61,9 +62,7 @@ impl FirstLaunches {
         let interpreter = self.interpreter.get_or_init(|| {
             let rendered = InterpretSig.render().ok()?;
             let optimization = InterpretSig.optimization();
-            compiler
-                .function(rendered, InterpretSig::NAME, optimization)
-                .ok()
+            Function::load(compiler, rendered, InterpretSig::NAME, optimization).ok()
         });
         let Some(f) = interpreter.clone() else {
             return Ok(None);

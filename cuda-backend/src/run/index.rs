@@ -2,10 +2,10 @@
 //! tensor, or, for a gather whose index is constant past the axis (every `index_select`), the
 //! row path of core's [`index_plan`] moving whole runs.
 
-use super::{Sig, Step};
+use super::step::{Sig, Step};
 use crate::launch::{Args, Grid, Launch};
 use crate::render::index::{IndexSig, RUN_BLOCK};
-use strata_core::ir::Operand;
+use strata_core::backend::Operand;
 use strata_core::lower::index_plan::{self, IndexRows};
 use strata_core::lower::map_plan::needs_wide;
 use strata_core::lower::operands::IndexOperands;
@@ -14,7 +14,7 @@ use strata_core::{DType, Result};
 /// The step of an index kernel over operands checked by [`IndexOperands`]; none when the
 /// index is empty.
 pub(crate) fn steps(checked: &IndexOperands) -> Result<Vec<Step<'static>>> {
-    Ok(plan(checked)?
+    Ok(kernel(checked)?
         .map(|(sig, launch)| Step::Kernel {
             sig: Sig::Index(sig),
             launch,
@@ -24,7 +24,7 @@ pub(crate) fn steps(checked: &IndexOperands) -> Result<Vec<Step<'static>>> {
 }
 
 /// Plans an index kernel over operands checked by [`IndexOperands`].
-fn plan(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>> {
+fn kernel(checked: &IndexOperands) -> Result<Option<(IndexSig, Launch)>> {
     let (src, index, out, axis) = (checked.src, checked.index, checked.out, checked.axis);
     let shape = checked.space().to_vec();
     let rank = shape.len();

@@ -1,35 +1,18 @@
 //! A map's launch: core's plan (one piece: CUDA binds no windows) as a signature and its
 //! argument words, and the launch shape the kernel wants.
 
-use super::Step;
+use super::step::{MapLaunch, Step};
 use crate::launch::{Args, Launch};
 use crate::render::map::{counter_pairs, MapSig};
 use std::borrow::Cow;
-use strata_core::ir::{Expr, KernelArgs, Operand};
+use strata_core::backend::{KernelArgs, Operand};
+use strata_core::ir::Expr;
+use strata_core::layout::Strides;
 use strata_core::lower::map_plan::{self, Path};
 use strata_core::lower::operands::MapOperands;
 use strata_core::lower::pieces::BufferInfo;
-use strata_core::lower::target::Target;
-use strata_core::lower::{Dims, Strides};
+use strata_core::target::Target;
 use strata_core::Result;
-
-/// A map's launch as its planner made it: the words and grid a compiled kernel takes, and the
-/// same values as data (the interpreter lays them out its own way,
-/// [`first_launch`](super::first_launch)).
-#[derive(Debug)]
-pub(crate) struct MapLaunch {
-    /// The compiled kernel's argument words and grid.
-    pub launch: Launch,
-    /// Elements written.
-    pub numel: usize,
-    /// The piece's extents (its axes, coalesced).
-    pub shape: Dims,
-    /// Per operand (outputs first), the address of its first element and its strides over the
-    /// piece's axes.
-    pub operands: Vec<(u64, Strides)>,
-    /// The launch scalars' bits.
-    pub scalars: Vec<u64>,
-}
 
 /// The step of the map `expr` (and the further outputs `also`) over `args`; none for an empty
 /// output.

@@ -3,10 +3,11 @@
 //! tiled kernel. The choice is made here once, so what runs, what the profiler names and what
 //! it compiles ahead are the same.
 
-use super::{Sig, Step};
+use super::step::{Sig, Step};
+use crate::blas::{BlasMatrix, GemmCall};
 use crate::launch::{Args, Launch};
 use crate::render::matmul::{acc_repr, MatmulSig};
-use strata_core::ir::{KernelArgs, Operand};
+use strata_core::backend::{KernelArgs, Operand};
 use strata_core::lower::operands::MatmulOperands as Operands;
 use strata_core::{DType, Result};
 
@@ -28,35 +29,13 @@ pub(crate) fn steps(
             return Ok(vec![Step::Gemm(call)]);
         }
     }
-    Ok(plan(acc, &ops)?
+    Ok(kernel(acc, &ops)?
         .map(|(sig, launch)| Step::Kernel {
             sig: Sig::Matmul(sig),
             launch,
         })
         .into_iter()
         .collect())
-}
-
-/// A `cublasGemmStridedBatchedEx` call, planned: `C = α·op(X)·op(Y) + β·C` over column-major
-/// operands (a row-major product is computed as its transpose, `Cᵀ = Bᵀ·Aᵀ`).
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct GemmCall {
-    /// The operands' dtype (f32, f64, f16 or bf16).
-    pub dtype: DType,
-    /// f32 products through TF32.
-    pub tf32: bool,
-    /// The user's `(batch, m, k, n)`.
-    pub dims: (usize, usize, usize, usize),
-    /// cuBLAS's rows and columns of C.
-    pub rows: usize,
-    pub cols: usize,
-    /// The first and second operand: address, and layout as cuBLAS sees it.
-    pub x: (u64, BlasMatrix),
-    pub y: (u64, BlasMatrix),
-    /// C's address, leading dimension and batch stride.
-    pub c: (u64, i64, i64),
-    pub alpha: f64,
-    pub beta: f64,
 }
 
 /// The cuBLAS call for `ops`, or `None` when cuBLAS cannot run it (dtype, layout, k = 0,
@@ -124,15 +103,6 @@ fn gemm_call(ops: &Operands, tf32: bool) -> Result<Option<GemmCall>> {
     }))
 }
 
-/// One operand as cuBLAS sees it (column-major): transpose or not, leading dimension,
-/// batch stride.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct BlasMatrix {
-    pub transpose: bool,
-    pub ld: i64,
-    pub batch_stride: i64,
-}
-
 /// How the matrix `X[rows, cols]` with strides (`sr`, `sc`) is passed to cuBLAS as the
 /// column-major operand `X` (`want_transpose == false`) or `Xᵀ` (`true`); `None` when neither
 /// storage order fits (negative or overlapping strides).
@@ -170,7 +140,7 @@ pub(crate) fn as_blas(
 }
 
 /// Plans our tiled kernel: 16×16 outputs per block, batches along the grid's z.
-fn plan(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Launch)>> {
+fn kernel(acc: DType, ops: &Operands) -> Result<Option<(MatmulSig, Launch)>> {
     let (batch, m, k, n) = ops.dims;
     if batch == 0 || m == 0 || n == 0 {
         return Ok(None);

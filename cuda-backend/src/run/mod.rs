@@ -1,4 +1,4 @@
-//! Deciding what runs. A kernel becomes its launch steps ([`CudaBackend::steps`]), planned once
+//! Deciding what runs. A kernel becomes its launch steps ([`Runner::steps`]), planned once
 //! from core's plans: device scratch, launches of generated kernels, cuBLAS calls. Everything
 //! that needs to know what a kernel does reads them: `run` executes them, the profiler names
 //! them and compiles them ahead, and `explain` renders the map's. A new kernel kind is a new
@@ -11,66 +11,82 @@ pub(crate) mod map;
 pub(crate) mod matmul;
 mod reduce;
 mod softmax;
+mod step;
 
-use crate::launch::{self, dims, function, Function, Launch};
+use crate::blas::Blas;
+use crate::compile::Compiler;
+use crate::driver::Gpu;
+use crate::function::FunctionCache;
+use crate::function::{function, Function};
+use crate::launch::{self, dims, Launch};
+use crate::memory::Memory;
 use crate::render::index::IndexSig;
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
 use crate::render::reduce::ReduceSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::Generated;
-use crate::CudaBackend;
 use cudarc::driver::sys::CUstream;
-use map::MapLaunch;
-use matmul::GemmCall;
+use std::sync::Arc;
+use step::MapLaunch;
+pub(crate) use step::{Sig, Step};
+use strata_core::backend::KernelArgs;
 use strata_core::backend::LaunchDescription;
-use strata_core::ir::{Kernel, KernelArgs};
+use strata_core::ir::Kernel;
 use strata_core::lower::operands::IndexOperands;
 use strata_core::lower::softmax_plan::SoftmaxOperands;
+use strata_core::target::Target;
 use strata_core::{Result, StreamId};
 
-/// One thing a kernel's launch does, in order.
-#[derive(Debug)]
-pub(crate) enum Step<'k> {
-    /// Device memory of `bytes` bytes that later launches of the same kernel use (a split
-    /// reduction's partials), freed in stream order after the last.
-    Scratch { bytes: usize },
-    /// A map: the generated kernel, whose first launch may run through the interpreter and
-    /// whose small launches join their stream's batch.
-    Map { sig: MapSig<'k>, launch: MapLaunch },
-    /// A generated kernel of another kind.
-    Kernel { sig: Sig, launch: Launch },
-    /// A cuBLAS call.
-    Gemm(GemmCall),
+/// Everything that turns a kernel into work on the device: its plans ([`Runner::steps`]), the
+/// compiler and the loaded functions, the launch batches, the first launches' interpreter and
+/// cuBLAS. The backend holds one and hands it each kernel.
+pub(crate) struct Runner {
+    pub gpu: Arc<Gpu>,
+    /// For scratch buffers.
+    memory: Arc<Memory>,
+    pub compiler: Compiler,
+    pub batches: batch::Batches,
+    /// Maps' first launches through the interpreter.
+    first_launches: first_launch::FirstLaunches,
+    pub blas: Option<Blas>,
+    maps: FunctionCache<MapSig<'static>>,
+    reductions: FunctionCache<ReduceSig>,
+    indexing: FunctionCache<IndexSig>,
+    matmuls: FunctionCache<MatmulSig>,
+    softmaxes: FunctionCache<SoftmaxSig>,
+    /// What core's planners know of this device.
+    pub target: Target,
 }
 
-/// The signature of a generated kernel other than a map.
-#[derive(Debug)]
-pub(crate) enum Sig {
-    Reduce(ReduceSig),
-    Index(IndexSig),
-    Matmul(MatmulSig),
-    Softmax(SoftmaxSig),
-}
-
-/// `first`'s steps, then `then`'s, whose scratch buffers are numbered after `first`'s.
-fn chain<'k>(mut first: Vec<Step<'k>>, then: Vec<Step<'k>>) -> Vec<Step<'k>> {
-    let before = first
-        .iter()
-        .filter(|s| matches!(s, Step::Scratch { .. }))
-        .count();
-    for mut step in then {
-        if let Step::Kernel { launch, .. } = &mut step {
-            for (_, buffer) in &mut launch.scratch {
-                *buffer += before;
-            }
+impl Runner {
+    /// A runner for `gpu`, planning for `target`; cuBLAS when present.
+    pub(crate) fn new(gpu: Arc<Gpu>, memory: Arc<Memory>, target: Target) -> Runner {
+        Runner {
+            compiler: Compiler::new(Some(gpu.clone()), gpu.arch),
+            gpu,
+            memory,
+            batches: batch::Batches::new(),
+            first_launches: first_launch::FirstLaunches::new(),
+            blas: Blas::new(),
+            maps: FunctionCache::default(),
+            reductions: FunctionCache::default(),
+            indexing: FunctionCache::default(),
+            matmuls: FunctionCache::default(),
+            softmaxes: FunctionCache::default(),
+            target,
         }
-        first.push(step);
     }
-    first
-}
 
-impl CudaBackend {
+    /// How many kernels are compiled or loaded so far.
+    pub(crate) fn cached_kernels(&self) -> usize {
+        self.maps.len()
+            + self.reductions.len()
+            + self.indexing.len()
+            + self.matmuls.len()
+            + self.softmaxes.len()
+    }
+
     /// The steps `kernel` over `args` takes on this device: the one place each kernel kind's
     /// launches are decided.
     pub(crate) fn steps<'k>(&self, kernel: &'k Kernel, args: &KernelArgs) -> Result<Vec<Step<'k>>> {
@@ -150,8 +166,7 @@ impl CudaBackend {
                 }
                 self.maps.get(sig, |k| {
                     let rendered = self.first_launches.rendered(k)?;
-                    self.compiler
-                        .function(rendered, MapSig::NAME, k.optimization())
+                    Function::load(&self.compiler, rendered, MapSig::NAME, k.optimization())
                 })?
             }
         };
@@ -241,8 +256,7 @@ impl CudaBackend {
                     let f = self.maps.get(sig, |k| {
                         compiled = true;
                         let rendered = self.first_launches.rendered(k)?;
-                        self.compiler
-                            .function(rendered, MapSig::NAME, k.optimization())
+                        Function::load(&self.compiler, rendered, MapSig::NAME, k.optimization())
                     })?;
                     if let Some(form) = self.batches.form(&f, &launch.launch) {
                         compiled |= form.prepare(&self.compiler)?;
@@ -264,17 +278,5 @@ impl CudaBackend {
             }
         }
         Ok(compiled)
-    }
-}
-
-impl Sig {
-    /// The kernel's entry point.
-    fn name(&self) -> &'static str {
-        match self {
-            Sig::Reduce(_) => ReduceSig::NAME,
-            Sig::Index(_) => IndexSig::NAME,
-            Sig::Matmul(_) => MatmulSig::NAME,
-            Sig::Softmax(_) => SoftmaxSig::NAME,
-        }
     }
 }

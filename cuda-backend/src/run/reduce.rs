@@ -2,16 +2,17 @@
 //! launch where the plan splits the extent, and a row prologue in the same kernel where the
 //! row fits shared memory (else the two launches core defines it by).
 
-use super::{chain, Sig, Step};
+use super::step::{chain, Sig, Step};
 use crate::launch::{Args, Grid, Launch};
+use crate::render::reduce::StagedPrologue;
 use crate::render::reduce::{repr, ReduceSig, Words};
-use crate::render::reduce_prologue::StagedPrologue;
 use crate::render::softmax::STAGE_GROUP;
-use strata_core::ir::{Expr, Kernel, KernelArgs, ReduceOp, RowPrologue};
+use strata_core::backend::KernelArgs;
+use strata_core::ir::{Expr, Kernel, ReduceOp, RowPrologue};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::BufferInfo;
 use strata_core::lower::reduce_plan::{self, ReducePlan};
-use strata_core::lower::target::Target;
+use strata_core::target::Target;
 use strata_core::{DType, Error, Result};
 
 /// The steps of `kernel`, a `Kernel::Reduce`, over `args`.
@@ -37,7 +38,7 @@ pub(crate) fn steps(
     };
     // One pass over each row where it fits shared memory, else core's two launches.
     if let Some(map) = map {
-        let staged = plan_staged((op, reduced_axes, acc), map, prologue, args, target)?;
+        let staged = staged_kernel((op, reduced_axes, acc), map, prologue, args, target)?;
         if let Some((sig, launch)) = staged {
             return Ok(vec![Step::Kernel {
                 sig: Sig::Reduce(sig),
@@ -62,7 +63,7 @@ struct Reduction {
 
 /// Plans `Reduce { op, reduced_axes, acc }` for `args` on `target` (one launch: CUDA binds no
 /// windows), or `None` when there is no output.
-fn plan(
+fn reduction(
     op: ReduceOp,
     reduced_axes: usize,
     acc: DType,
@@ -119,7 +120,7 @@ fn plain(
     args: &KernelArgs,
     target: &Target,
 ) -> Result<Vec<Step<'static>>> {
-    let Some(red) = plan(op, reduced_axes, acc, map, args, target)? else {
+    let Some(red) = reduction(op, reduced_axes, acc, map, args, target)? else {
         return Ok(Vec::new());
     };
     if red.plan.splits == 1 {
@@ -224,7 +225,7 @@ impl Reduction {
 
 /// Plans `Reduce { op, map, prologue }` over `args` as one staged launch (`reduce_prologue`'s
 /// kernel), or `None` when the reduction does not take that shape.
-fn plan_staged(
+fn staged_kernel(
     (op, reduced_axes, acc): (ReduceOp, usize, DType),
     map: &Expr,
     prologue: RowPrologue,
@@ -239,7 +240,7 @@ fn plan_staged(
         inputs: args.inputs.clone(),
         scalars: args.scalars.clone(),
     };
-    let Some(red) = plan(op, reduced_axes, acc, Some(map), &main, target)? else {
+    let Some(red) = reduction(op, reduced_axes, acc, Some(map), &main, target)? else {
         return Ok(None);
     };
     let p = &red.plan;

@@ -1,11 +1,11 @@
 //! A softmax's launch: core's row plan ([`softmax_plan`]) as the kernel's words and grid.
 
-use super::{Sig, Step};
+use super::step::{Sig, Step};
 use crate::launch::{Args, Launch};
 use crate::render::softmax::{SoftmaxSig, MAX_CACHED};
 use strata_core::lower::map_plan::needs_wide;
 use strata_core::lower::softmax_plan::{self, SoftmaxOperands};
-use strata_core::lower::target::Target;
+use strata_core::target::Target;
 use strata_core::Result;
 
 /// The step of `Softmax { log }` over `ops` on `target`; none when there are no rows or the
@@ -15,7 +15,7 @@ pub(crate) fn steps(
     ops: &SoftmaxOperands,
     target: &Target,
 ) -> Result<Vec<Step<'static>>> {
-    Ok(plan(log, ops, target)?
+    Ok(kernel(log, ops, target)?
         .map(|(sig, launch)| Step::Kernel {
             sig: Sig::Softmax(sig),
             launch,
@@ -26,7 +26,11 @@ pub(crate) fn steps(
 
 /// Plans `Softmax { log }` over `ops` on `target`; `None` when there are no rows or the rows
 /// are empty.
-fn plan(log: bool, ops: &SoftmaxOperands, target: &Target) -> Result<Option<(SoftmaxSig, Launch)>> {
+fn kernel(
+    log: bool,
+    ops: &SoftmaxOperands,
+    target: &Target,
+) -> Result<Option<(SoftmaxSig, Launch)>> {
     if ops.rows == 0 || ops.n == 0 {
         return Ok(None);
     }

@@ -12,6 +12,7 @@
 use super::{index, map, matmul, reduce, Caps};
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, fma_defined, unary_rule};
+use strata_core::lower::map_plan::PositionKind;
 use strata_core::DType;
 
 const CAPS: Caps = Caps {
@@ -120,16 +121,16 @@ fn map_sig(
     contiguous: bool,
     vector: usize,
 ) -> map::MapSig<'static> {
-    let lin = if expr.reads_linear_index() {
-        map::Lin::Strided
+    let position = if expr.reads_linear_index() {
+        PositionKind::Strided
     } else {
-        map::Lin::Unused
+        PositionKind::Unused
     };
     map::MapSig {
         contiguous: vec![contiguous; dtypes.len()],
         tiled: vec![false; dtypes.len().saturating_sub(1)],
         dtypes,
-        lin,
+        position,
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
         vector,
@@ -314,8 +315,8 @@ fn every_map_variant_validates() {
         let mut sig = map_sig(e, vec![DType::U32], true, 4);
         // Aligned vectors take their words by constant; a vector launch at any other position
         // (none is planned today) takes the general lanes.
-        for (lin, aligned) in [(map::Lin::Aligned, true), (map::Lin::Contiguous, false)] {
-            sig.lin = lin;
+        for (position, aligned) in [(PositionKind::Aligned, true), (PositionKind::Linear, false)] {
+            sig.position = position;
             let src = map::source(&sig, CAPS).unwrap();
             assert!(src.contains("philox4("), "{src}");
             // General lanes pick their counter's call at run time.

@@ -23,7 +23,7 @@ pub(crate) struct IndexSig {
     pub flagged: bool,
 }
 
-impl strata_core::lower::cache::Owned for IndexSig {}
+impl strata_core::kernel_cache::Owned for IndexSig {}
 
 /// Word positions: [0] invocations, [1] extent of the walked axis (scatter) or of the source's
 /// indexed axis (a flagged gather), [2..5] offsets

@@ -14,25 +14,9 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::{Expr, Node};
-use strata_core::lower::map_plan::{MapPiece, Path, Position};
+use strata_core::lower::map_plan::{MapPiece, Path, Position, PositionKind};
 use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result, Scalar};
-
-/// How a map reads the output's row-major position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Lin {
-    /// Not at all.
-    Unused,
-    /// As `base + invocation` (the piece is a run of consecutive positions).
-    Contiguous,
-    /// The same with vectors of four and `base` a multiple of four (every launch core plans
-    /// today, the pieces of a split one included): each lane knows its position modulo 4 at
-    /// compile time, and the source holds no other lanes (with both and a test between them,
-    /// randn took 0.81 ms instead of 0.74 on an H100 through Vulkan).
-    Aligned,
-    /// Decoded from the coordinates with per-axis strides.
-    Strided,
-}
 
 /// The structure of a map piece: what the generated source depends on. It borrows the
 /// launch's expression tree, so a cache hit copies no part of it.
@@ -45,7 +29,7 @@ pub(crate) struct MapSig<'e> {
     pub dtypes: Vec<DType>,
     /// Per operand (outputs first): true when its offset is the invocation index.
     pub contiguous: Vec<bool>,
-    pub lin: Lin,
+    pub position: PositionKind,
     pub scalars: Vec<DType>,
     pub rank: usize,
     /// Elements per invocation: 4 through `vec4<u32>` words, or 1.
@@ -54,7 +38,7 @@ pub(crate) struct MapSig<'e> {
     pub tiled: Vec<bool>,
 }
 
-impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
+impl<'e> strata_core::kernel_cache::Signature for MapSig<'e> {
     type Stored = MapSig<'static>;
     fn matches(&self, stored: &MapSig<'static>) -> bool {
         self == stored
@@ -65,7 +49,7 @@ impl<'e> strata_core::lower::cache::Signature for MapSig<'e> {
             also: Cow::Owned(self.also.clone().into_owned()),
             dtypes: self.dtypes.clone(),
             contiguous: self.contiguous.clone(),
-            lin: self.lin,
+            position: self.position,
             scalars: self.scalars.clone(),
             rank: self.rank,
             vector: self.vector,
@@ -93,12 +77,7 @@ impl<'e> MapSig<'e> {
                 .iter()
                 .map(|o| o.path == Path::Contiguous)
                 .collect(),
-            lin: match piece.position {
-                Position::Unused => Lin::Unused,
-                Position::Linear { base } if piece.vector == 4 && base % 4 == 0 => Lin::Aligned,
-                Position::Linear { .. } => Lin::Contiguous,
-                Position::Strided { .. } => Lin::Strided,
-            },
+            position: piece.position.kind(piece.vector),
             scalars,
             rank: piece.shape.len(),
             vector: piece.vector,
@@ -159,11 +138,11 @@ fn slots(sig: &MapSig) -> Slots {
         }
     }
     let lin_base = w;
-    if sig.lin != Lin::Unused {
+    if sig.position != PositionKind::Unused {
         w += 1;
     }
     let lin_strides = w;
-    if sig.lin == Lin::Strided {
+    if sig.position == PositionKind::Strided {
         w += sig.rank;
     }
     Slots {
@@ -515,23 +494,23 @@ fn offsets(sig: &MapSig, w: &Slots, src: &mut String) {
             let _ = writeln!(src, "  var o{k} = i32(params[{}]);", w.offset[k]);
         }
     }
-    match sig.lin {
-        Lin::Unused => {}
-        Lin::Contiguous | Lin::Aligned => {
+    match sig.position {
+        PositionKind::Unused => {}
+        PositionKind::Linear | PositionKind::Aligned => {
             let _ = writeln!(src, "  let li = params[{}] + gid;", w.lin_base);
         }
-        Lin::Strided => {
+        PositionKind::Strided => {
             let _ = writeln!(src, "  var li = params[{}];", w.lin_base);
         }
     }
-    if sig.contiguous.iter().all(|&c| c) && sig.lin != Lin::Strided {
+    if sig.contiguous.iter().all(|&c| c) && sig.position != PositionKind::Strided {
         return;
     }
     let strided: Vec<usize> = (0..w.strides.len())
         .filter(|&k| w.strides[k].is_some())
         .collect();
     decode(sig, w, &strided, "gid", src, |src, c, d| {
-        if sig.lin == Lin::Strided {
+        if sig.position == PositionKind::Strided {
             let _ = writeln!(src, "  li = li + {c} * params[{}];", w.lin_strides + d);
         }
     });
@@ -607,7 +586,7 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     // position modulo 4 at compile time: each picks its Philox word by constant, and a
     // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
     // sine. Other launches take the general lanes, in a kernel of their own.
-    let aligned = sig.lin == Lin::Aligned;
+    let aligned = sig.position == PositionKind::Aligned;
     let stored_trees: Vec<Expr> = sig.trees().iter().map(|e| stored(e).clone()).collect();
     let lanes_of = if aligned {
         Lanes::aligned(4)
@@ -646,7 +625,7 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             }
         }
     }
-    if sig.lin != Lin::Unused {
+    if sig.position != PositionKind::Unused {
         let _ = writeln!(src, "  let lb = params[{}] + gid * 4u;", w.lin_base);
     }
     // A strided position never takes the vector path (core's planner gives it one element a
@@ -672,7 +651,7 @@ mod tests {
             also: Cow::Borrowed(&[]),
             dtypes: vec![to, DType::F32],
             contiguous: vec![true, true],
-            lin: Lin::Unused,
+            position: PositionKind::Unused,
             scalars: vec![],
             rank: 1,
             vector: 4,
@@ -688,7 +667,7 @@ mod tests {
             also: Cow::Borrowed(&[]),
             dtypes: vec![DType::F32],
             contiguous: vec![true],
-            lin: Lin::Aligned,
+            position: PositionKind::Aligned,
             scalars: strata_core::random::randn_f32_scalar_dtypes(),
             rank: 1,
             vector: 4,

@@ -37,7 +37,7 @@ pub(crate) struct MatmulSig {
     pub acc: DType,
 }
 
-impl strata_core::lower::cache::Owned for MatmulSig {}
+impl strata_core::kernel_cache::Owned for MatmulSig {}
 
 /// Words: [0] batch, [1] m, [2] k, [3] n, [4..7] offsets of A, B, C, [7..10] strides of A
 /// (batch, row, col), [10..13] of B, [13..16] of C, [16, 17] α, [18, 19] β.

@@ -34,7 +34,7 @@ pub(crate) struct ReduceSig {
     pub map: Option<ReduceMap>,
 }
 
-impl strata_core::lower::cache::Owned for ReduceSig {}
+impl strata_core::kernel_cache::Owned for ReduceSig {}
 
 /// Slots in `params`: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
 /// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then

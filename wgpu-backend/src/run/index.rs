@@ -4,7 +4,8 @@
 use super::{access, Bind, Dispatch, Sig, Step};
 use crate::codegen::index;
 use crate::WgpuBackend;
-use strata_core::ir::{IndexKind, KernelArgs};
+use strata_core::backend::KernelArgs;
+use strata_core::ir::IndexKind;
 use strata_core::lower::operands::IndexOperands;
 use strata_core::lower::pieces::{split_by, window, Piece};
 use strata_core::Backend;

@@ -5,7 +5,7 @@ use super::{access, Bind, Dispatch, Sig, Step};
 use crate::codegen::matmul;
 use crate::launch::scalar_words;
 use crate::WgpuBackend;
-use strata_core::ir::KernelArgs;
+use strata_core::backend::KernelArgs;
 use strata_core::lower::operands::MatmulOperands;
 use strata_core::lower::pieces::{window, Piece};
 use strata_core::Backend;

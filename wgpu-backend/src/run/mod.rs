@@ -14,8 +14,9 @@ use crate::codegen::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::Re
 use crate::launch::{operand_info, raw, Binding};
 use crate::WgpuBackend;
 use std::sync::Arc;
+use strata_core::backend::{KernelArgs, Operand};
 use strata_core::backend::{KernelSource, LaunchDescription};
-use strata_core::ir::{Kernel, KernelArgs, Operand};
+use strata_core::ir::Kernel;
 use strata_core::lower::pieces::{Access, Window};
 use strata_core::{Backend, Error, Result};
 

@@ -6,11 +6,11 @@
 //!
 //! [`Backend::target`]: crate::Backend::target
 
-/// A backend's description of itself for the planners ([`map_plan`](super::map_plan),
-/// [`reduce_plan`](super::reduce_plan), ...) and for lazy fusion.
+/// A backend's description of itself for the planners ([`map_plan`](crate::lower::map_plan),
+/// [`reduce_plan`](crate::lower::reduce_plan), ...) and for lazy fusion.
 ///
 /// ```
-/// use strata_core::lower::target::Target;
+/// use strata_core::target::Target;
 /// let t = Target::cpu(8);
 /// assert_eq!(t.group_sizes, &[1]);
 /// assert!(t.binding_limit.is_none() && t.max_bindings.is_none());
@@ -99,7 +99,7 @@ impl Target {
     /// own), one thread per output or split, `threads` threads.
     ///
     /// ```
-    /// assert_eq!(strata_core::lower::target::Target::cpu(4).parallel_slots, 4);
+    /// assert_eq!(strata_core::target::Target::cpu(4).parallel_slots, 4);
     /// ```
     pub fn cpu(threads: usize) -> Target {
         Target {
@@ -133,7 +133,7 @@ impl Target {
     /// [`max_bindings`](Target::max_bindings).
     ///
     /// ```
-    /// use strata_core::lower::target::Target;
+    /// use strata_core::target::Target;
     /// let t = Target { max_bindings: Some(7), ..Target::cpu(1) };
     /// assert!(t.binds(7) && !t.binds(8));
     /// assert!(Target::cpu(1).binds(1000));
@@ -148,7 +148,7 @@ impl Target {
     /// [`binding_limit`](Target::binding_limit).
     ///
     /// ```
-    /// use strata_core::lower::target::Target;
+    /// use strata_core::target::Target;
     /// let t = Target { max_bindings: Some(7), binding_limit: Some(1 << 20), ..Target::cpu(1) };
     /// assert!(t.binds_reduce(&[64, 64, 64]));
     /// assert!(!t.binds_reduce(&[64, 2 << 20]));

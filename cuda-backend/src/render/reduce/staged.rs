@@ -1,6 +1,6 @@
 //! A reduction with a row prologue ([`RowPrologue`](strata_core::ir::RowPrologue)) in one kernel: `(x - x.max(-1, true))
 //! .exp().sum(-1)` reads each row of `x` once. A block of
-//! [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads copies the row into dynamic shared
+//! [`STAGE_GROUP`](crate::render::softmax::STAGE_GROUP) threads copies the row into dynamic shared
 //! memory, folds the prologue (an order-free op: any order gives the eager value) and writes it,
 //! computes every element's term in place (what the eager kernel adds: the map's value
 //! converted to the accumulator), and then its first `group` threads add the terms exactly as
@@ -9,22 +9,15 @@
 //! bytes, with terms as wide as the elements (f32, f64), and one eager launch; any other
 //! reduction runs as the two launches (`strata_core::lower::prologue::split`).
 
-use super::reduce::{block_combine, contribution, declare_map_operands, decode_output};
-use super::reduce::{identity, repr, update, warp_reduce, ReduceSig, Words};
-use super::softmax::STAGE_GROUP;
-use super::{cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type};
+use super::parts::{block_combine, contribution, declare_map_operands, decode_output};
+use super::parts::{identity, repr, update, warp_reduce, Words};
+use super::ReduceSig;
+use crate::render::softmax::STAGE_GROUP;
+use crate::render::{
+    cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type,
+};
 use std::fmt::Write;
-use strata_core::ir::ReduceOp;
-use strata_core::{DType, Result};
-
-/// The prologue of a staged reduction: what it folds, and the map input that reads its result.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct StagedPrologue {
-    pub op: ReduceOp,
-    pub result: usize,
-    /// The dtype it is written in (output 1's).
-    pub out: DType,
-}
+use strata_core::Result;
 
 /// Blocks of a staged row per multiprocessor: the softmax's measured three.
 const STAGE_BLOCKS: usize = 3;
@@ -152,7 +145,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         );
     }
     let mut next = 0;
-    let name = super::expr::emit_tree(&m.expr, &mut s, "          ", &mut next)?;
+    let name = crate::render::expr::emit_tree(&m.expr, &mut s, "          ", &mut next)?;
     let _ = writeln!(
         s,
         "          t.e[l] = {};\n        }}\n        rowbuf[r / {v}] = t.v;\n      }}\n    }}",
@@ -232,11 +225,14 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::StagedPrologue;
     use super::*;
     use strata_core::ir::BinaryOp;
     use strata_core::ir::Expr;
+    use strata_core::ir::ReduceOp;
     use strata_core::ir::UnaryOp;
     use strata_core::lower::operands::ReduceMap;
+    use strata_core::DType;
 
     fn sig(group: usize) -> ReduceSig {
         let x = |k| Expr::input(k, DType::F32);

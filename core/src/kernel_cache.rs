@@ -1,11 +1,11 @@
 //! The kernel cache both GPU backends use: compiled kernels by the structure of what they
 //! compute. A lookup hashes a signature that may borrow the launch's expression tree and
 //! compares it in place, so a hit copies nothing; the owned form is made only when a kernel is
-//! compiled. The hash is a multiply-rotate (FxHash-style): it runs on every launch, and
-//! SipHash's resistance to chosen collisions buys nothing here.
+//! compiled. The hash is `rustc-hash`'s FxHash: it runs on every launch, and SipHash's
+//! resistance to chosen collisions buys nothing here.
 //!
 //! ```
-//! use strata_core::lower::cache::KernelCache;
+//! use strata_core::kernel_cache::KernelCache;
 //! let cache: KernelCache<(u8, u32), &str> = KernelCache::default();
 //! assert_eq!(cache.get(&(1u8, 7u32), |_| Ok("compiled")).unwrap(), "compiled");
 //! assert_eq!(cache.get(&(1u8, 7u32), |_| Ok("again")).unwrap(), "compiled");
@@ -21,7 +21,7 @@ use std::sync::Mutex;
 /// kernel is compiled. Types that own their data are their own stored form.
 ///
 /// ```
-/// use strata_core::lower::cache::Signature;
+/// use strata_core::kernel_cache::Signature;
 /// assert!((3u8, true).matches(&(3u8, true)));
 /// ```
 pub trait Signature: Hash {
@@ -47,7 +47,7 @@ impl<T: Hash + Eq + Clone + Send + Owned> Signature for T {
 /// form: implement it (it has no items) for a signature type of plain data.
 ///
 /// ```
-/// use strata_core::lower::cache::{Owned, Signature};
+/// use strata_core::kernel_cache::{Owned, Signature};
 /// #[derive(Hash, PartialEq, Eq, Clone)]
 /// struct Sig(u32);
 /// impl Owned for Sig {}
@@ -65,57 +65,24 @@ owned!(
     u64,
     usize,
     bool,
-    crate::DType,
+    crate::dtype::DType,
     crate::ir::ReduceOp,
     crate::ir::IndexKind
 );
 impl<A: Owned, B: Owned> Owned for (A, B) {}
 impl<A: Owned, B: Owned, C: Owned> Owned for (A, B, C) {}
 
-/// The hash of a signature: a multiply-rotate over its words.
+/// The hash of a signature (FxHash over its words).
 ///
 /// ```
-/// use strata_core::lower::cache::structure_hash;
+/// use strata_core::kernel_cache::structure_hash;
 /// assert_eq!(structure_hash(&(1u32, 2u8)), structure_hash(&(1u32, 2u8)));
 /// assert_ne!(structure_hash(&1u32), structure_hash(&2u32));
 /// ```
 pub fn structure_hash(key: &impl Hash) -> u64 {
-    let mut h = StructureHasher(0);
+    let mut h = rustc_hash::FxHasher::default();
     key.hash(&mut h);
     h.finish()
-}
-
-struct StructureHasher(u64);
-
-impl StructureHasher {
-    fn mix(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-}
-
-impl Hasher for StructureHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.mix(u64::from_le_bytes(word));
-        }
-    }
-    fn write_u8(&mut self, n: u8) {
-        self.mix(n as u64);
-    }
-    fn write_u32(&mut self, n: u32) {
-        self.mix(n as u64);
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.mix(n);
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.mix(n as u64);
-    }
 }
 
 /// Compiled kernels `V` by stored signature `S` (see the module docs), per device.
@@ -153,7 +120,7 @@ impl<S, V: Clone> KernelCache<S, V> {
     /// The kernel for `key` if it is cached (nothing is built).
     ///
     /// ```
-    /// use strata_core::lower::cache::KernelCache;
+    /// use strata_core::kernel_cache::KernelCache;
     /// let cache: KernelCache<(u8, u32), &str> = KernelCache::default();
     /// assert_eq!(cache.peek(&(1u8, 7u32)), None);
     /// cache.get(&(1u8, 7u32), |_| Ok("compiled")).unwrap();

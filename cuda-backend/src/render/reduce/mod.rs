@@ -1,0 +1,67 @@
+//! `Reduce` kernels. Each output element is reduced by a *group* of 1, 32 (a warp, combined
+//! with shuffles) or 256 threads (a block, through shared memory); a long reduction is split
+//! into slices whose partial results a second, "combine" launch reduces. The group size
+//! follows the layout: a contiguous reduced axis gets a warp or a block per output (coalesced
+//! reads), a strided one a thread per output (neighbouring outputs are neighbours in memory).
+//! Contiguous reduced axes are read 16 bytes at a time, so a short innermost axis (length 4)
+//! still streams at full bandwidth.
+//!
+//! `plain` writes a reduction's kernel, `staged` one with a row prologue
+//! ([`StagedPrologue`]); `parts` holds the pieces both write (the accumulator's representation,
+//! the argument words, the group combine).
+
+mod parts;
+mod plain;
+mod staged;
+
+pub(crate) use parts::{repr, Words};
+
+use super::{Generated, Rendered};
+use strata_core::ir::ReduceOp;
+use strata_core::lower::operands::ReduceMap;
+use strata_core::{DType, Result};
+
+/// The structure of a reduce launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ReduceSig {
+    pub op: ReduceOp,
+    /// The element dtype read (in a combine launch, the partials' dtype).
+    pub input: DType,
+    pub acc: DType,
+    pub out: DType,
+    pub outer_rank: usize,
+    pub reduced_rank: usize,
+    /// Threads per output: 1, 32 or 256.
+    pub group: usize,
+    /// Elements per vector load (1: none).
+    pub vector: usize,
+    pub wide: bool,
+    /// Reads partials (values and, for arg ops, indices) of an earlier launch.
+    pub combine: bool,
+    /// Map→reduce fusion: the element is this map over inputs of one layout.
+    pub map: Option<ReduceMap>,
+    /// A row prologue computed first with each row kept in shared memory (a block of
+    /// [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads a row): see `staged`.
+    pub prologue: Option<StagedPrologue>,
+}
+
+impl strata_core::kernel_cache::Owned for ReduceSig {}
+
+/// The prologue of a staged reduction: what it folds, and the map input that reads its result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StagedPrologue {
+    pub op: ReduceOp,
+    pub result: usize,
+    /// The dtype it is written in (output 1's).
+    pub out: DType,
+}
+
+impl Generated for ReduceSig {
+    const NAME: &'static str = "strata_reduce";
+    fn render(&self) -> Result<Rendered> {
+        Ok(Rendered::single(match self.prologue {
+            Some(_) => staged::source(self)?,
+            None => plain::source(self)?,
+        }))
+    }
+}
