@@ -3,8 +3,8 @@
 //! [`MAX_BATCH`] dispatches. Launch values go into one `params` buffer per batch, each dispatch
 //! binding its slice at a dynamic offset.
 
-use crate::codegen::Caps;
 use crate::launch::Binding;
+use crate::render::Caps;
 use crate::staging::{ReadRing, UploadRing};
 use std::collections::HashMap;
 use std::num::NonZeroU64;

@@ -2,7 +2,7 @@
 //!
 //! strata's wgpu backend, for machines without an NVIDIA GPU (Vulkan, Metal, DX12, and Mesa's
 //! software Vulkan, lavapipe). It implements strata-core's [`Backend`] trait: every IR kernel
-//! is generated as WGSL ([`codegen`]), compiled into a pipeline once per structure, and
+//! is generated as WGSL ([`render`]), compiled into a pipeline once per structure, and
 //! recorded into a command batch that is submitted at a sync point, a host read, or every
 //! 256 dispatches. Operands larger than the adapter's storage-binding limit are bound in
 //! windows, and a launch is split into pieces that fit.
@@ -15,13 +15,13 @@
 //! ```
 #![warn(missing_docs)]
 
-pub mod codegen;
 mod copy;
 mod events;
 mod gpu;
 mod launch;
 mod memory;
 mod probe;
+pub mod render;
 mod run;
 mod staging;
 
@@ -30,10 +30,10 @@ pub use memory::WgpuBuffer;
 /// The kind of an adapter ([`AdapterSummary::device_type`]).
 pub use wgpu::DeviceType;
 
-use codegen::{index, map, matmul, reduce, Caps};
 use gpu::Gpu;
 use launch::PipelineCache;
 use memory::Pool;
+use render::{index, map, matmul, reduce, Caps};
 use std::sync::Arc;
 use strata_core::backend::KernelArgs;
 use strata_core::ir::Kernel;

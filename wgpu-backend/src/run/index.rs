@@ -2,7 +2,7 @@
 //! written wherever an index points binds its whole run along that axis).
 
 use super::{access, Bind, Dispatch, Sig, Step};
-use crate::codegen::index;
+use crate::render::index;
 use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::ir::IndexKind;

@@ -1,8 +1,8 @@
 //! A map: core's plan, one dispatch per piece (pieces under the binding limit).
 
 use super::{Bind, Dispatch, Sig, Step};
-use crate::codegen::map;
 use crate::launch::operand_info;
+use crate::render::map;
 use crate::WgpuBackend;
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::Expr;

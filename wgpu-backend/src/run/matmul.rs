@@ -2,8 +2,8 @@
 //! one storage binding (a right-hand matrix must fit whole).
 
 use super::{access, Bind, Dispatch, Sig, Step};
-use crate::codegen::matmul;
 use crate::launch::scalar_words;
+use crate::render::matmul;
 use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::lower::operands::MatmulOperands;

@@ -2,16 +2,16 @@
 //! core's plans: scratch buffers and dispatches, each with its pipeline's signature, its
 //! parameter words, the windows it binds (by operand, so planning needs no buffer) and its
 //! invocations. `run` executes them, the profiler names them and `explain` renders the first
-//! map's. A new kernel kind is a planner here and a renderer in `crate::codegen`.
+//! map's. A new kernel kind is a planner here and a renderer in `crate::render`.
 
 mod index;
 mod map;
 mod matmul;
 mod reduce;
 
-use crate::codegen::{self, prelude};
-use crate::codegen::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::ReduceSig};
 use crate::launch::{operand_info, raw, Binding};
+use crate::render::{self, prelude};
+use crate::render::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::ReduceSig};
 use crate::WgpuBackend;
 use std::sync::Arc;
 use strata_core::backend::{KernelArgs, Operand};
@@ -179,19 +179,19 @@ impl WgpuBackend {
                     self.check_dtype(d)?;
                 }
                 self.gpu
-                    .pipeline(&codegen::map::source(sig, caps)?, sig.dtypes.len())
+                    .pipeline(&render::map::source(sig, caps)?, sig.dtypes.len())
             }),
             Sig::Reduce(sig) => self.reductions.get(sig, |sig| {
-                let source = codegen::reduce::source(sig, caps)?;
-                self.gpu.pipeline(&source, codegen::reduce::bindings(sig))
+                let source = render::reduce::source(sig, caps)?;
+                self.gpu.pipeline(&source, render::reduce::bindings(sig))
             }),
             Sig::Index(sig) => self.indexing.get(sig, |sig| {
                 let bindings = 3 + usize::from(sig.flagged);
                 self.gpu
-                    .pipeline(&codegen::index::source(sig, caps), bindings)
+                    .pipeline(&render::index::source(sig, caps), bindings)
             }),
             Sig::Matmul(sig) => self.matmuls.get(sig, |sig| {
-                self.gpu.pipeline(&codegen::matmul::source(sig, caps), 3)
+                self.gpu.pipeline(&render::matmul::source(sig, caps), 3)
             }),
         }
     }
@@ -259,7 +259,7 @@ impl WgpuBackend {
                     String::new()
                 }
             ),
-            source: codegen::map::source(sig, self.gpu.caps)?,
+            source: render::map::source(sig, self.gpu.caps)?,
         }))
     }
 }

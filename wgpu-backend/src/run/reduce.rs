@@ -4,8 +4,8 @@
 //! reduction, its further inputs bound whole (core fuses only what fits: `Target::binds_reduce`).
 
 use super::{Bind, Dispatch, Sig, Step};
-use crate::codegen::reduce;
 use crate::launch::operand_info;
+use crate::render::reduce;
 use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::ir::{Expr, ReduceOp};
