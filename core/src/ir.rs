@@ -561,7 +561,7 @@ impl Expr {
     /// assert_eq!(e.children().count(), 2);
     /// assert_eq!(x.children().count(), 0);
     /// ```
-    pub fn children(&self) -> impl Iterator<Item = &Expr> + '_ {
+    pub fn children(&self) -> impl DoubleEndedIterator<Item = &Expr> + '_ {
         let (a, b, c): (Option<&Expr>, Option<&Expr>, Option<&Expr>) = match &self.node {
             Node::Input(_)
             | Node::Scalar(_)

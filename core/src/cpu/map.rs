@@ -205,8 +205,7 @@ fn run_range(
 /// costs more than it saves on a small map. `also`: a multi-output map's further outputs.
 pub(crate) fn run(expr: &Expr, also: &[Expr], args: &KernelArgs) -> Result<()> {
     let ops = MapOperands::of_outputs(expr, also, args)?;
-    let trees: Vec<Expr> = std::iter::once(expr).chain(also).cloned().collect();
-    let program = Program::build(&trees, Lanes::one());
+    let program = Program::build(std::iter::once(expr).chain(also), Lanes::one());
     let outs = Outputs {
         last_uses: program.last_uses(),
         program,

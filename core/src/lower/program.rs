@@ -26,7 +26,8 @@
 
 use crate::dtype::DType;
 use crate::ir::{BinaryOp, Expr, Node, PhiloxWord, UnaryOp};
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
+use smallvec::{smallvec, SmallVec};
 
 /// An instruction's result: its index in [`Program::instrs`].
 pub type ValueId = usize;
@@ -175,7 +176,10 @@ pub struct Program {
 impl Program {
     /// The program computing `trees` (a map's output 0 first, then its further outputs) for
     /// each of `lanes`.
-    pub fn build(trees: &[Expr], lanes: Lanes) -> Program {
+    pub fn build<'e, T>(trees: T, lanes: Lanes) -> Program
+    where
+        T: IntoIterator<Item = &'e Expr> + Clone,
+    {
         let mut b = Builder {
             lanes,
             program: Program {
@@ -183,10 +187,10 @@ impl Program {
                 outputs: Vec::new(),
                 draws: Vec::new(),
             },
-            seen: HashMap::new(),
+            seen: FxHashMap::default(),
         };
         for lane in 0..lanes.count.max(1) {
-            let values = trees.iter().map(|t| b.tree(t, lane)).collect();
+            let values = trees.clone().into_iter().map(|t| b.tree(t, lane)).collect();
             b.program.outputs.push(values);
         }
         b.program
@@ -292,30 +296,45 @@ impl std::fmt::Display for Program {
     }
 }
 
+/// Programs up to this many instructions find an equal value by searching them.
+const SEARCHED: usize = 32;
+
 /// Builds a program: each node once per distinct value.
 struct Builder {
     lanes: Lanes,
     program: Program,
-    seen: HashMap<Instr, ValueId>,
+    /// Instructions by value, once there are [`SEARCHED`] of them.
+    seen: FxHashMap<Instr, ValueId>,
 }
 
 impl Builder {
-    /// The value of `instr`, added unless an equal one exists.
+    /// The value of `instr`, added unless an equal one exists. A short program is searched
+    /// in place (hashing cost more than the CPU's whole launch of a small map); past
+    /// [`SEARCHED`] instructions they are indexed by value.
     fn value(&mut self, instr: Instr) -> ValueId {
-        if let Some(&v) = self.seen.get(&instr) {
-            return v;
+        let instrs = &mut self.program.instrs;
+        if instrs.len() < SEARCHED {
+            if let Some(v) = instrs.iter().position(|i| *i == instr) {
+                return v;
+            }
+        } else {
+            if self.seen.is_empty() {
+                self.seen = instrs.iter().cloned().zip(0..).collect();
+            }
+            if let Some(&v) = self.seen.get(&instr) {
+                return v;
+            }
+            self.seen.insert(instr.clone(), instrs.len());
         }
-        let v = self.program.instrs.len();
-        self.program.instrs.push(instr.clone());
-        self.seen.insert(instr, v);
-        v
+        instrs.push(instr);
+        instrs.len() - 1
     }
 
     /// The value of `tree` in `lane`, walked in post-order with an explicit stack.
     fn tree(&mut self, tree: &Expr, lane: usize) -> ValueId {
         // (node, children done); results of finished nodes on `values`.
-        let mut stack: Vec<(&Expr, bool)> = vec![(tree, false)];
-        let mut values: Vec<ValueId> = Vec::new();
+        let mut stack: SmallVec<[(&Expr, bool); 16]> = smallvec![(tree, false)];
+        let mut values: SmallVec<[ValueId; 16]> = SmallVec::new();
         while let Some((e, done)) = stack.pop() {
             if let Some(v) = self.folded(e, lane) {
                 values.push(v);
@@ -324,11 +343,13 @@ impl Builder {
             let children = e.children().count();
             if !done && children > 0 {
                 stack.push((e, true));
-                let kids: Vec<&Expr> = e.children().collect();
-                stack.extend(kids.into_iter().rev().map(|c| (c, false)));
+                stack.extend(e.children().rev().map(|c| (c, false)));
                 continue;
             }
-            let args = values.split_off(values.len() - children);
+            let mut args = [0; 3];
+            let first = values.len() - children;
+            args[..children].copy_from_slice(&values[first..]);
+            values.truncate(first);
             let op = match &e.node {
                 Node::Input(k) => Op::Input { input: *k, lane },
                 Node::Scalar(k) => Op::Scalar(*k),
