@@ -3,8 +3,8 @@
 use crate::dtype::Scalar;
 use crate::error::Result;
 use crate::index::IndexArgs;
-use crate::ir::Expr;
-use crate::tensor::{launch_map, Tensor};
+use crate::ir::{Expr, Kernel};
+use crate::tensor::{launch, Tensor};
 
 /// What can be written into a view: a tensor (broadcast to the view) or a scalar.
 ///
@@ -104,7 +104,7 @@ impl Tensor {
                 self.same_device(&src, "cannot assign")?;
                 let src = src.broadcast_to(self.shape())?;
                 let expr = Expr::input(0, src.dtype).cast(self.dtype, false);
-                launch_map(expr, self, &[&src], vec![])
+                launch(Kernel::map(expr), self, &[&src], vec![])
             }
         }
     }
@@ -119,7 +119,12 @@ impl Tensor {
     /// ```
     pub fn fill(&self, value: impl Into<Scalar>) -> Result<()> {
         let value = value.into().cast(self.dtype, false);
-        launch_map(Expr::scalar(0, self.dtype), self, &[], vec![value])
+        launch(
+            Kernel::map(Expr::scalar(0, self.dtype)),
+            self,
+            &[],
+            vec![value],
+        )
     }
 
     /// Writes `value` into the view selected by `index` (like `t[index] = value`).

@@ -3,9 +3,9 @@
 use crate::device::Device;
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Expr};
+use crate::ir::{BinaryOp, Expr, Kernel};
 use crate::layout::{shape_arg, IntoDims, Layout};
-use crate::tensor::{launch_map, Tensor};
+use crate::tensor::{launch, Tensor};
 
 impl Tensor {
     /// A tensor of `dims` filled with `value` converted to `dtype` (strata's cast rules).
@@ -157,7 +157,7 @@ impl Tensor {
             Expr::binary(BinaryOp::Mul, index, Expr::scalar(1, compute)),
         );
         let scalars = vec![start.cast(compute, false), step.cast(compute, false)];
-        launch_map(value.cast(dtype, false), &out, &[], scalars)?;
+        launch(Kernel::map(value.cast(dtype, false)), &out, &[], scalars)?;
         Ok(out)
     }
 
@@ -208,7 +208,7 @@ impl Tensor {
         ]
         .map(Scalar::F64)
         .to_vec();
-        launch_map(value.cast(dtype, false), &out, &[], scalars)?;
+        launch(Kernel::map(value.cast(dtype, false)), &out, &[], scalars)?;
         Ok(out)
     }
 

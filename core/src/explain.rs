@@ -9,7 +9,7 @@ use crate::fusion::preview::Preview;
 use crate::ir::{Expr, Node};
 use crate::layout::Layout;
 use crate::notebook::escape;
-use crate::tensor::Tensor;
+use crate::tensor::{RunRecord, Tensor};
 use std::fmt::{self, Write};
 
 /// What [`Tensor::explain`] found: the kernels still to run for a tensor, in the order they
@@ -182,28 +182,7 @@ impl Tensor {
                 if kernels.len() == 1 { "" } else { "s" }
             )
         } else if let Some(ran) = self.storage.ran.get() {
-            kernels.push(KernelReport {
-                pending: false,
-                ops: ran.ops.iter().map(|s| s.to_string()).collect(),
-                sources: ran.call_sites.iter().map(|l| place(l)).collect(),
-                expression: infix(&ran.expr),
-                inputs: ran
-                    .inputs
-                    .iter()
-                    .map(|(l, d)| OperandReport::of(l, *d))
-                    .collect(),
-                output: OperandReport::of(&ran.output.0, ran.output.1),
-                also: ran
-                    .also
-                    .iter()
-                    .map(|(e, l, d)| StoredIntermediate {
-                        expression: infix(e),
-                        operand: OperandReport::of(l, *d),
-                    })
-                    .collect(),
-                scalars: ran.scalars,
-                source: None,
-            });
+            kernels.push(fused_report(ran, false, None));
             "computed by this fused kernel (explain before it runs to see its source)".into()
         } else if !self.device().defers() {
             "computed eagerly: fusion is off on this device (blocking mode or set_fusion(false))"
@@ -254,22 +233,38 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
         Preview::Map(map) => map,
     };
     // A read runs no multi-output kernel (see fusion::realize): `also` is empty here.
-    let source = t.device().backend().map_source(&map.expr, &[], &map.args)?;
-    Ok(KernelReport {
-        pending: true,
-        ops: map.ops.iter().map(|s| s.to_string()).collect(),
-        sources: map.call_sites.iter().map(|l| place(l)).collect(),
-        expression: infix(&map.expr),
-        inputs: map
+    let source = t
+        .device()
+        .backend()
+        .map_source(&map.record.expr, &[], &map.args)?;
+    Ok(fused_report(&map.record, true, source))
+}
+
+/// The report of a fused kernel from its record: one that ran, or one a read would run
+/// (`pending`).
+fn fused_report(r: &RunRecord, pending: bool, source: Option<KernelSource>) -> KernelReport {
+    KernelReport {
+        pending,
+        ops: r.ops.iter().map(|s| s.to_string()).collect(),
+        sources: r.call_sites.iter().map(|l| place(l)).collect(),
+        expression: infix(&r.expr),
+        inputs: r
             .inputs
             .iter()
             .map(|(l, d)| OperandReport::of(l, *d))
             .collect(),
-        output: OperandReport::of(&map.output.0, map.output.1),
-        also: Vec::new(),
-        scalars: map.args.scalars.len(),
+        output: OperandReport::of(&r.output.0, r.output.1),
+        also: r
+            .also
+            .iter()
+            .map(|(e, l, d)| StoredIntermediate {
+                expression: infix(e),
+                operand: OperandReport::of(l, *d),
+            })
+            .collect(),
+        scalars: r.scalars,
         source,
-    })
+    }
 }
 
 /// `file:line` of a call site.

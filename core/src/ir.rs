@@ -665,6 +665,64 @@ impl Expr {
     }
 }
 
+/// A map's trees as a kernel signature holds them: output 0's tree, then the further outputs'
+/// (`Kernel::Map { expr, also }`), borrowed from the launch for a cache lookup and owned once
+/// the signature is stored.
+///
+/// ```
+/// use strata_core::{ir::{Expr, MapTrees, UnaryOp}, DType};
+/// let x = Expr::input(0, DType::F32);
+/// let e = Expr::unary(UnaryOp::Exp, x.clone());
+/// let also = [x];
+/// let trees = MapTrees::borrowed(&e, &also);
+/// assert_eq!(trees.outputs(), 2);
+/// assert_eq!(trees.iter().count(), 2);
+/// assert_eq!(trees.to_owned(), trees);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MapTrees<'e> {
+    /// Output 0's tree.
+    pub expr: std::borrow::Cow<'e, Expr>,
+    /// The further outputs' trees (subtrees of `expr`).
+    pub also: std::borrow::Cow<'e, [Expr]>,
+}
+
+impl<'e> MapTrees<'e> {
+    /// The trees of a launch, borrowed.
+    pub fn borrowed(expr: &'e Expr, also: &'e [Expr]) -> MapTrees<'e> {
+        MapTrees {
+            expr: std::borrow::Cow::Borrowed(expr),
+            also: std::borrow::Cow::Borrowed(also),
+        }
+    }
+
+    /// A single-output map's tree, owned.
+    pub fn one(expr: Expr) -> MapTrees<'static> {
+        MapTrees {
+            expr: std::borrow::Cow::Owned(expr),
+            also: std::borrow::Cow::Owned(Vec::new()),
+        }
+    }
+
+    /// An owned copy, as a stored signature keeps it.
+    pub fn to_owned(&self) -> MapTrees<'static> {
+        MapTrees {
+            expr: std::borrow::Cow::Owned(self.expr.clone().into_owned()),
+            also: std::borrow::Cow::Owned(self.also.clone().into_owned()),
+        }
+    }
+
+    /// How many outputs the map writes.
+    pub fn outputs(&self) -> usize {
+        1 + self.also.len()
+    }
+
+    /// Every output's tree, output 0 first.
+    pub fn iter(&self) -> impl Iterator<Item = &Expr> + Clone {
+        std::iter::once(self.expr.as_ref()).chain(self.also.iter())
+    }
+}
+
 /// A unit of work for a backend.
 ///
 /// ```

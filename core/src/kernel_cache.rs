@@ -72,6 +72,39 @@ owned!(
 impl<A: Owned, B: Owned> Owned for (A, B) {}
 impl<A: Owned, B: Owned, C: Owned> Owned for (A, B, C) {}
 
+/// Implements [`Signature`] for a signature struct `Name<'e>` whose field `trees` borrows a
+/// map's trees ([`MapTrees`](crate::ir::MapTrees)) and whose other fields, listed, own their
+/// data: a lookup compares it in place, and the stored form owns the trees.
+///
+/// ```
+/// use strata_core::{ir::{Expr, MapTrees}, kernel_cache::KernelCache, DType};
+/// #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// struct Sig<'e> { trees: MapTrees<'e>, rank: usize }
+/// strata_core::signature_with_trees!(Sig { rank });
+/// let e = Expr::input(0, DType::F32);
+/// let cache: KernelCache<Sig<'static>, u32> = KernelCache::default();
+/// let sig = Sig { trees: MapTrees::borrowed(&e, &[]), rank: 1 };
+/// assert_eq!(cache.get(&sig, |_| Ok(7)).unwrap(), 7);
+/// assert_eq!(cache.peek(&sig), Some(7));
+/// ```
+#[macro_export]
+macro_rules! signature_with_trees {
+    ($name:ident { $($field:ident),* $(,)? }) => {
+        impl<'e> $crate::kernel_cache::Signature for $name<'e> {
+            type Stored = $name<'static>;
+            fn matches(&self, stored: &$name<'static>) -> bool {
+                self == stored
+            }
+            fn store(&self) -> $name<'static> {
+                $name {
+                    trees: self.trees.to_owned(),
+                    $($field: self.$field.clone(),)*
+                }
+            }
+        }
+    };
+}
+
 /// The hash of a signature (FxHash over its words).
 ///
 /// ```

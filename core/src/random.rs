@@ -82,26 +82,23 @@ struct Lanes {
     shared: u8,
 }
 
+impl Lanes {
+    const fn new(per_counter: u8, shared: u8) -> Lanes {
+        Lanes {
+            per_counter,
+            shared,
+        }
+    }
+}
+
 /// Four elements per counter, one word each (32-bit draws).
-const ONE_WORD: Lanes = Lanes {
-    per_counter: 4,
-    shared: 1,
-};
+const ONE_WORD: Lanes = Lanes::new(4, 1);
 /// Two elements per counter, two words each (64-bit draws).
-const TWO_WORDS: Lanes = Lanes {
-    per_counter: 2,
-    shared: 1,
-};
+const TWO_WORDS: Lanes = Lanes::new(2, 1);
 /// Two Box–Muller pairs per counter, two words (two 32-bit uniforms) per pair.
-const PAIRS_OF_TWO_WORDS: Lanes = Lanes {
-    per_counter: 4,
-    shared: 2,
-};
+const PAIRS_OF_TWO_WORDS: Lanes = Lanes::new(4, 2);
 /// One Box–Muller pair per counter, all four words (two 53-bit uniforms).
-const PAIR_OF_FOUR_WORDS: Lanes = Lanes {
-    per_counter: 2,
-    shared: 2,
-};
+const PAIR_OF_FOUR_WORDS: Lanes = Lanes::new(2, 2);
 
 /// Word `word` of this element's group of Philox words, as u32.
 fn word32(word: u8, lanes: Lanes) -> Expr {

@@ -618,17 +618,6 @@ impl Tensor {
     }
 }
 
-/// Launches a `Map` kernel writing `expr` into `out`. Inputs must already have `out`'s shape
-/// (broadcast views).
-pub(crate) fn launch_map(
-    expr: Expr,
-    out: &Tensor,
-    inputs: &[&Tensor],
-    scalars: Vec<Scalar>,
-) -> Result<()> {
-    launch(Kernel::map(expr), out, inputs, scalars)
-}
-
 /// An `Err` naming the view when two of its indices share a storage position (a broadcast
 /// view), since writing it would write one element several times.
 fn check_writable(out: &Tensor) -> Result<()> {
@@ -651,8 +640,9 @@ fn check_writable(out: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// Launches `kernel` writing `out` on the current stream. This is the one place core orders
-/// work across streams and checks what every write must satisfy.
+/// Launches `kernel` writing `out` on the current stream (a map's inputs have `out`'s shape:
+/// broadcast views). This is the one place core orders work across streams and checks what
+/// every write must satisfy.
 pub(crate) fn launch(
     kernel: Kernel,
     out: &Tensor,

@@ -393,8 +393,7 @@ mod tests {
         use strata_core::lower::map_plan::Path;
         use strata_core::DType;
         let sig = MapSig {
-            expr: std::borrow::Cow::Owned(Expr::input(0, DType::F32)),
-            also: std::borrow::Cow::Owned(Vec::new()),
+            trees: strata_core::ir::MapTrees::one(Expr::input(0, DType::F32)),
             dtypes: vec![DType::F32; 2],
             paths: vec![Path::Contiguous; 2],
             scalars: vec![],

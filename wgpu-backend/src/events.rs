@@ -62,11 +62,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// Milliseconds between two events, from their timestamps.
-    pub(crate) fn elapsed_ms(&self, start: EventId, end: EventId) -> Result<f64> {
-        Ok(self.event_times_ms(start, &[end])?[0])
-    }
-
     /// Milliseconds from `base` to each of `events`: every timestamp resolved in one
     /// command and read back at once (the profiler reads thousands).
     pub(crate) fn event_times_ms(&self, base: EventId, events: &[EventId]) -> Result<Vec<f64>> {

@@ -8,10 +8,10 @@ use crate::backend::{DeviceBuffer, PlannedBuffer};
 use crate::backend::{KernelArgs, Operand};
 use crate::dtype::DType;
 use crate::error::Result;
-use crate::ir::{Expr, ReduceOp};
+use crate::ir::ReduceOp;
 use crate::layout::Layout;
 use crate::lower::map_plan::iteration_order;
-use crate::tensor::{PendingWork, Tensor};
+use crate::tensor::{PendingWork, RunRecord, Tensor};
 use std::panic::Location;
 use std::sync::Arc;
 
@@ -32,14 +32,8 @@ pub(crate) enum Preview {
 
 /// A fused map a read would run.
 pub(crate) struct MapPreview {
-    /// The value of each output element, over the inputs and scalars.
-    pub(crate) expr: Expr,
-    /// The user ops it holds and where they were called.
-    pub(crate) ops: Vec<&'static str>,
-    pub(crate) call_sites: Vec<&'static Location<'static>>,
-    /// Its inputs and output, as the user's tensors lay them out.
-    pub(crate) inputs: Vec<(Layout, DType)>,
-    pub(crate) output: (Layout, DType),
+    /// What it is made of, as the record of a kernel that ran says it.
+    pub(crate) record: RunRecord,
     /// Its operands as the launch passes them (axes in the output's memory order), buffers
     /// not computed yet standing as [`PlannedBuffer`]s: what a backend plans the launch for.
     pub(crate) args: KernelArgs,
@@ -102,6 +96,7 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
         layout: ordered(&layout)?,
         dtype,
     };
+    let record = fused.record(&expr, (layout, dtype));
     let args = KernelArgs {
         outputs: vec![out],
         inputs: fused
@@ -111,17 +106,6 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
             .collect::<Result<_>>()?,
         scalars: fused.scalars,
     };
-    kernels.push(Preview::Map(MapPreview {
-        expr,
-        ops: fused.ops,
-        call_sites: fused.call_sites,
-        inputs: fused
-            .inputs
-            .iter()
-            .map(|i| (i.layout.clone(), i.dtype))
-            .collect(),
-        output: (layout, dtype),
-        args,
-    }));
+    kernels.push(Preview::Map(MapPreview { record, args }));
     Ok(())
 }

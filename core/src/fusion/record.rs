@@ -3,12 +3,12 @@
 //! the user's line; only the launch waits.
 
 use super::splice::{add_leaf, add_leaves, address, count_nodes, MAX_NODES};
-use crate::device::Device;
+use crate::device::{Device, StreamHandle};
 use crate::dtype::Scalar;
 use crate::error::{Error, Result};
-use crate::ir::Expr;
+use crate::ir::{Expr, Kernel};
 use crate::layout::Layout;
-use crate::tensor::{launch_map, Leaves, Pending, PendingWork, Storage, Tensor, Tree};
+use crate::tensor::{launch, Leaves, Pending, PendingWork, Storage, Tensor, Tree};
 use std::sync::Arc;
 
 /// The elementwise result `expr` over `inputs` (views with `layout`'s shape) and `scalars`:
@@ -25,69 +25,15 @@ pub(crate) fn defer_or_launch(
     op: &'static str,
 ) -> Result<Tensor> {
     device.backend().check_dtype(expr.dtype)?;
-    if device.defers() {
-        return record(expr, layout, inputs, scalars, device, op);
+    if !device.defers() {
+        let out = Tensor::alloc_with_layout(layout, expr.dtype, device)?;
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        launch(Kernel::map(expr), &out, &refs, scalars)?;
+        return Ok(out);
     }
-    let out = Tensor::alloc_with_layout(layout, expr.dtype, device)?;
-    let refs: Vec<&Tensor> = inputs.iter().collect();
-    launch_map(expr, &out, &refs, scalars)?;
-    Ok(out)
-}
-
-/// A pending tensor of `layout` (dense, offset 0) and `expr.dtype` computing `expr` over
-/// `inputs` (views with the layout's shape) and `scalars`, issued on the current stream.
-#[track_caller]
-fn record(
-    expr: Expr,
-    layout: Layout,
-    inputs: Vec<Tensor>,
-    scalars: Vec<Scalar>,
-    device: &Device,
-    op: &'static str,
-) -> Result<Tensor> {
+    // Pending on the current stream: a tensor of `layout` (dense, offset 0) and `expr.dtype`.
     let stream = device.current_handle();
-    let mut nodes = count_nodes(&expr);
-    // The leaves are worked out only when a pending input is spliced in (a chain); an op on
-    // realized tensors binds its inputs.
-    let mut leaves: Option<Leaves> = None;
-    let mut direct = smallvec::SmallVec::<[bool; 4]>::new(); // inputs read as leaves
-    for t in &inputs {
-        let child = t.storage.pending();
-        match child.as_ref() {
-            Some(c) if Arc::ptr_eq(&c.stream, &stream) && c.layout == t.layout => {
-                if let PendingWork::Tree(tree) = &c.work {
-                    // Spliced in: its nodes replace the input's, its leaves join ours.
-                    nodes += tree.nodes - 1;
-                    add_leaves(&mut leaves, tree);
-                    direct.push(false);
-                    continue;
-                }
-            }
-            // Read in another layout: it runs first and is read as a leaf.
-            Some(c) if Arc::ptr_eq(&c.stream, &stream) => {}
-            Some(_) => {
-                // Pending on another stream: it runs there, ordered by the usual events.
-                drop(child);
-                t.realize()?;
-            }
-            None => {}
-        }
-        direct.push(true);
-    }
-    if leaves.is_some() {
-        for (t, _) in inputs.iter().zip(&direct).filter(|(_, &d)| d) {
-            add_leaf(&mut leaves, address(&t.storage), &t.layout, t.dtype);
-        }
-        // One kernel binds its leaves and its output.
-        let target = device.backend().target();
-        if nodes > MAX_NODES || leaves.as_ref().is_some_and(|l| !target.binds(l.len() + 1)) {
-            for t in &inputs {
-                t.realize()?;
-            }
-            nodes = count_nodes(&expr);
-            leaves = None;
-        }
-    }
+    let (nodes, leaves) = tree_size(&expr, &inputs, device, &stream)?;
     let dtype = expr.dtype;
     let bytes = layout
         .numel()
@@ -124,4 +70,57 @@ fn record(
         layout,
         dtype,
     })
+}
+
+/// The nodes and distinct leaves of the tree `expr` over `inputs` becomes with every pending
+/// input on `stream` (read in its own layout) spliced in; an input pending elsewhere runs
+/// first. Past the limits (`MAX_NODES`, the target's bindings) every input runs first and
+/// the tree is `expr` alone. The leaves are worked out only when something is spliced (a
+/// chain): `None` for an op on realized tensors, which binds its inputs.
+fn tree_size(
+    expr: &Expr,
+    inputs: &[Tensor],
+    device: &Device,
+    stream: &Arc<StreamHandle>,
+) -> Result<(usize, Option<Leaves>)> {
+    let mut nodes = count_nodes(expr);
+    let mut leaves: Option<Leaves> = None;
+    let mut direct = smallvec::SmallVec::<[bool; 4]>::new(); // inputs read as leaves
+    for t in inputs {
+        let child = t.storage.pending();
+        match child.as_ref() {
+            Some(c) if Arc::ptr_eq(&c.stream, stream) && c.layout == t.layout => {
+                if let PendingWork::Tree(tree) = &c.work {
+                    // Spliced in: its nodes replace the input's, its leaves join ours.
+                    nodes += tree.nodes - 1;
+                    add_leaves(&mut leaves, tree);
+                    direct.push(false);
+                    continue;
+                }
+            }
+            // Read in another layout: it runs first and is read as a leaf.
+            Some(c) if Arc::ptr_eq(&c.stream, stream) => {}
+            Some(_) => {
+                // Pending on another stream: it runs there, ordered by the usual events.
+                drop(child);
+                t.realize()?;
+            }
+            None => {}
+        }
+        direct.push(true);
+    }
+    if leaves.is_some() {
+        for (t, _) in inputs.iter().zip(&direct).filter(|(_, &d)| d) {
+            add_leaf(&mut leaves, address(&t.storage), &t.layout, t.dtype);
+        }
+        // One kernel binds its leaves and its output.
+        let target = device.backend().target();
+        if nodes > MAX_NODES || leaves.as_ref().is_some_and(|l| !target.binds(l.len() + 1)) {
+            for t in inputs {
+                t.realize()?;
+            }
+            return Ok((count_nodes(expr), None));
+        }
+    }
+    Ok((nodes, leaves))
 }

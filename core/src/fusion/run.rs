@@ -6,7 +6,7 @@ use super::splice::Fused;
 use crate::device::Device;
 use crate::error::Result;
 use crate::ir::{Expr, Kernel};
-use crate::tensor::{launch_on, Pending, PendingWork, RunRecord, Storage, Tensor, Write};
+use crate::tensor::{launch_on, Pending, PendingWork, Storage, Tensor, Write};
 use std::any::Any;
 use std::sync::{Arc, Weak};
 
@@ -162,23 +162,7 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         layout: p.layout.clone(),
         dtype: p.dtype,
     };
-    let record = RunRecord {
-        expr: expr.clone(),
-        inputs: fused
-            .inputs
-            .iter()
-            .map(|t| (t.layout.clone(), t.dtype))
-            .collect(),
-        output: (p.layout.clone(), p.dtype),
-        also: fused
-            .also
-            .iter()
-            .map(|(t, e)| (e.clone(), t.layout.clone(), t.dtype))
-            .collect(),
-        scalars: fused.scalars.len(),
-        ops: std::mem::take(&mut fused.ops),
-        call_sites: std::mem::take(&mut fused.call_sites),
-    };
+    let record = fused.record(&expr, (p.layout.clone(), p.dtype));
     // The stored intermediates have their buffers before the launch (it orders their writes
     // like any output's); their own trees are no longer needed.
     for ((t, _), b) in fused.also.iter().zip(also_buffers) {

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::ir::{Expr, Node, PhiloxWord};
 use crate::layout::Layout;
 use crate::target::Target;
-use crate::tensor::{Leaves, Pending, PendingWork, Storage, Tensor, Tree};
+use crate::tensor::{Leaves, Pending, PendingWork, RunRecord, Storage, Tensor, Tree};
 use std::panic::Location;
 use std::sync::{Arc, MutexGuard};
 
@@ -94,6 +94,28 @@ pub(crate) struct Fused {
 }
 
 impl Fused {
+    /// What this kernel, computing `expr` into an output of `output`, is made of (for
+    /// `explain`); takes its ops and call sites.
+    pub(super) fn record(&mut self, expr: &Expr, output: (Layout, DType)) -> RunRecord {
+        RunRecord {
+            expr: expr.clone(),
+            inputs: self
+                .inputs
+                .iter()
+                .map(|t| (t.layout.clone(), t.dtype))
+                .collect(),
+            output,
+            also: self
+                .also
+                .iter()
+                .map(|(t, e)| (e.clone(), t.layout.clone(), t.dtype))
+                .collect(),
+            scalars: self.scalars.len(),
+            ops: std::mem::take(&mut self.ops),
+            call_sites: std::mem::take(&mut self.call_sites),
+        }
+    }
+
     /// A kernel for `tree` that may store up to `max_stored` intermediates as well.
     pub(super) fn new(tree: &Tree, stream: &Arc<StreamHandle>, max_stored: usize) -> Fused {
         let mut fused = Fused {

@@ -5,6 +5,7 @@
 //! elements read it. Inline SVG with attributes only (notebook viewers strip `<style>`), on a
 //! light card so it reads the same in a dark theme.
 
+use super::svg::Svg;
 use crate::tensor::Tensor;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,57 +42,8 @@ pub(crate) fn layout_pictures_shown() -> bool {
     SHOW_IN_DISPLAY.load(Ordering::Relaxed)
 }
 
-/// A tensor's layout picture: SVG text ([`Tensor::layout_svg`]). A notebook shows it as a
-/// picture; `to_string()` and [`as_str`](LayoutSvg::as_str) give the SVG.
-///
-/// ```
-/// use strata_core::{Device, DType, Tensor};
-/// let t = Tensor::zeros([2, 3], DType::F32, &Device::cpu())?;
-/// let svg = t.layout_svg();
-/// assert!(svg.as_str().starts_with("<svg"));
-/// # Ok::<(), strata_core::Error>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LayoutSvg(String);
-
-impl LayoutSvg {
-    /// The SVG document.
-    ///
-    /// ```
-    /// use strata_core::{Device, DType, Tensor};
-    /// let t = Tensor::zeros([4], DType::U8, &Device::cpu())?;
-    /// assert!(t.layout_svg().as_str().ends_with("</svg>"));
-    /// # Ok::<(), strata_core::Error>(())
-    /// ```
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// Shows the picture in an evcxr notebook (`image/svg+xml`, with the SVG as text too).
-    ///
-    /// ```
-    /// use strata_core::{Device, DType, Tensor};
-    /// Tensor::zeros([2], DType::F32, &Device::cpu())?.layout_svg().evcxr_display();
-    /// # Ok::<(), strata_core::Error>(())
-    /// ```
-    #[cfg(feature = "evcxr")]
-    pub fn evcxr_display(&self) {
-        print!(
-            "EVCXR_BEGIN_CONTENT text/plain\n{0}\nEVCXR_END_CONTENT\n\
-             EVCXR_BEGIN_CONTENT image/svg+xml\n{0}\nEVCXR_END_CONTENT\n",
-            self.0
-        );
-    }
-}
-
-impl std::fmt::Display for LayoutSvg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl Tensor {
-    /// A picture of this view over its storage (see the module notes): the storage's cells,
+    /// A picture of this view over its storage (see the module notes), as SVG: the storage's cells,
     /// the view's elements highlighted with their index (`1,2`), the offset marked, each
     /// axis's stride drawn as an arrow (backwards for a negative stride, a loop for a
     /// broadcast axis), and cells shared by several elements in orange with their count. The
@@ -106,8 +58,8 @@ impl Tensor {
     /// assert_eq!(svg.matches("class=\"cell view\"").count(), 4);
     /// # Ok::<(), strata_core::Error>(())
     /// ```
-    pub fn layout_svg(&self) -> LayoutSvg {
-        LayoutSvg(render(self))
+    pub fn layout_svg(&self) -> Svg {
+        Svg(render(self))
     }
 }
 

@@ -11,6 +11,7 @@ mod html;
 mod image;
 mod layout_svg;
 mod profile_html;
+mod svg;
 mod timeline_svg;
 
 use crate::backend::MemoryStats;
@@ -18,8 +19,8 @@ use crate::device::{Device, Event, Stream};
 use crate::error::Result;
 use crate::tensor::Tensor;
 pub(crate) use html::escape;
-pub use layout_svg::{show_layout_pictures, LayoutSvg};
-pub use timeline_svg::TimelineSvg;
+pub use layout_svg::show_layout_pictures;
+pub use svg::Svg;
 
 /// Makes a panic print one line — `panicked at this cell: <message>` for a panic in a
 /// notebook cell's own code, `panicked at <file>:<line>: <message>` elsewhere, with a note

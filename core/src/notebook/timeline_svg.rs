@@ -5,6 +5,7 @@
 //! in a dark theme; every mark has a `<title>` (its tooltip) and a `class` naming what it is.
 
 use super::html::escape;
+use super::svg::Svg;
 use crate::backend::StreamId;
 use crate::profile::{Profile, ProfileRecord, RecordKind};
 use std::fmt::Write;
@@ -30,55 +31,6 @@ const WAIT: &str = "#c9d1d9";
 const COMPILE: &str = "#8250df";
 const EVENT: &str = "#e45756";
 
-/// A profile's timeline picture: SVG text ([`Profile::timeline_svg`]). A notebook shows it
-/// as a picture; `to_string()` and [`as_str`](TimelineSvg::as_str) give the SVG.
-///
-/// ```
-/// use strata_core::{Device, DType, Tensor};
-/// let dev = Device::cpu();
-/// let p = dev.profile(|| Tensor::ones([8], DType::F32, &dev).map(|_| ()))?;
-/// assert!(p.timeline_svg().as_str().starts_with("<svg"));
-/// # Ok::<(), strata_core::Error>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimelineSvg(String);
-
-impl TimelineSvg {
-    /// The SVG document.
-    ///
-    /// ```
-    /// let dev = strata_core::Device::cpu();
-    /// let p = dev.profile(|| Ok(()))?;
-    /// assert!(p.timeline_svg().as_str().ends_with("</svg>"));
-    /// # Ok::<(), strata_core::Error>(())
-    /// ```
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// Shows the picture in an evcxr notebook (`image/svg+xml`, with the SVG as text too).
-    ///
-    /// ```
-    /// let dev = strata_core::Device::cpu();
-    /// dev.profile(|| Ok(()))?.timeline_svg().evcxr_display();
-    /// # Ok::<(), strata_core::Error>(())
-    /// ```
-    #[cfg(feature = "evcxr")]
-    pub fn evcxr_display(&self) {
-        print!(
-            "EVCXR_BEGIN_CONTENT text/plain\n{0}\nEVCXR_END_CONTENT\n\
-             EVCXR_BEGIN_CONTENT image/svg+xml\n{0}\nEVCXR_END_CONTENT\n",
-            self.0
-        );
-    }
-}
-
-impl std::fmt::Display for TimelineSvg {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 impl Profile {
     /// The timeline picture (see the module notes): a host lane and one lane per stream,
     /// kernels (blue), uploads (orange) and downloads (green) as bars at their device times,
@@ -98,8 +50,8 @@ impl Profile {
     /// assert_eq!(svg.matches("class=\"bar download\"").count(), 1);
     /// # Ok::<(), strata_core::Error>(())
     /// ```
-    pub fn timeline_svg(&self) -> TimelineSvg {
-        TimelineSvg(render(self))
+    pub fn timeline_svg(&self) -> Svg {
+        Svg(render(self))
     }
 }
 

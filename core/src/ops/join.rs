@@ -5,9 +5,9 @@ use super::promote::result_type;
 use crate::assign::Value;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
-use crate::ir::{BinaryOp, Expr};
+use crate::ir::{BinaryOp, Expr, Kernel};
 use crate::layout::normalize_axis;
-use crate::tensor::{launch_map, Tensor};
+use crate::tensor::{launch, Tensor};
 
 impl Tensor {
     /// The tensors joined along `axis`; other axes must match. The dtype is the promoted one.
@@ -240,7 +240,7 @@ impl Tensor {
             Scalar::I64(k as i64),
             Scalar::Bool(false).cast(self.dtype(), false),
         ];
-        launch_map(expr, &out, &[self], scalars)?;
+        launch(Kernel::map(expr), &out, &[self], scalars)?;
         Ok(out)
     }
 }

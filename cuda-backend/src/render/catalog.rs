@@ -7,6 +7,7 @@ use super::map::MapSig;
 use super::matmul::MatmulSig;
 use super::reduce::ReduceSig;
 use super::softmax::SoftmaxSig;
+use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, unary_rule, Rule};
 use strata_core::lower::map_plan::Path;
@@ -46,8 +47,7 @@ fn map(expr: Expr, inputs: &[DType], contiguous: bool, vector: usize) -> MapSig<
         rank: 2,
         vector,
         wide: !contiguous,
-        expr: std::borrow::Cow::Owned(expr),
-        also: std::borrow::Cow::Borrowed(&[]),
+        trees: MapTrees::one(expr),
     }
 }
 
@@ -170,8 +170,10 @@ fn multi_output() -> Vec<MapSig<'static>> {
             ),
         ] {
             out.push(MapSig {
-                expr: std::borrow::Cow::Owned(expr.clone()),
-                also: std::borrow::Cow::Owned(also.clone()),
+                trees: MapTrees {
+                    expr: std::borrow::Cow::Owned(expr.clone()),
+                    also: std::borrow::Cow::Owned(also.clone()),
+                },
                 dtypes: dtypes.clone(),
                 paths,
                 scalars: vec![],

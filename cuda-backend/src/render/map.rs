@@ -9,9 +9,8 @@ use super::expr::emit;
 use super::{batch_capacity, storage_type, to_storage, vector_type};
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
 use super::{Generated, Optimization, Rendered};
-use std::borrow::Cow;
 use std::fmt::Write;
-use strata_core::ir::Expr;
+use strata_core::ir::MapTrees;
 use strata_core::lower::map_plan::Path;
 use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::{DType, Result};
@@ -21,9 +20,8 @@ use strata_core::{DType, Result};
 /// It borrows the launch's expression tree, so a cache hit copies no part of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct MapSig<'e> {
-    pub expr: Cow<'e, Expr>,
-    /// A multi-output map's further outputs (subtrees of `expr`).
-    pub also: Cow<'e, [Expr]>,
+    /// Every output's tree.
+    pub trees: MapTrees<'e>,
     /// The outputs' dtypes first, then the inputs'.
     pub dtypes: Vec<DType>,
     /// Per operand (outputs first), how core's plan reaches it: its offset is the linear
@@ -39,19 +37,6 @@ pub(crate) struct MapSig<'e> {
 }
 
 impl MapSig<'_> {
-    /// How many outputs the map writes (operands `0..outputs`).
-    fn outputs(&self) -> usize {
-        1 + self.also.len()
-    }
-
-    /// Every output's tree, output 0 first.
-    fn trees(&self) -> Vec<Expr> {
-        std::iter::once(self.expr.as_ref())
-            .chain(self.also.iter())
-            .cloned()
-            .collect()
-    }
-
     /// Operand `k` (0: the output) is at the linear index.
     fn contiguous(&self, k: usize) -> bool {
         self.paths[k] == Path::Contiguous
@@ -63,24 +48,14 @@ impl MapSig<'_> {
     }
 }
 
-impl<'e> strata_core::kernel_cache::Signature for MapSig<'e> {
-    type Stored = MapSig<'static>;
-    fn matches(&self, stored: &MapSig<'static>) -> bool {
-        self == stored
-    }
-    fn store(&self) -> MapSig<'static> {
-        MapSig {
-            expr: Cow::Owned(self.expr.clone().into_owned()),
-            also: Cow::Owned(self.also.clone().into_owned()),
-            dtypes: self.dtypes.clone(),
-            paths: self.paths.clone(),
-            scalars: self.scalars.clone(),
-            rank: self.rank,
-            vector: self.vector,
-            wide: self.wide,
-        }
-    }
-}
+strata_core::signature_with_trees!(MapSig {
+    dtypes,
+    paths,
+    scalars,
+    rank,
+    vector,
+    wide
+});
 
 /// Whether a vector holds half of each random counter's words (an i64 `randint`: four words
 /// per counter, two per vector), so a warp draws each counter once and shares its words
@@ -93,7 +68,7 @@ pub(crate) fn counter_pairs(sig: &MapSig) -> bool {
     }
     // The tree's hoisted draws (each Philox word whose counters the vector's lanes share).
     let mut draws = Vec::new();
-    let mut todo = vec![sig.expr.as_ref()];
+    let mut todo = vec![sig.trees.expr.as_ref()];
     while let Some(e) = todo.pop() {
         match &e.node {
             strata_core::ir::Node::Philox(w) if Program::hoists(w, v) => draws.push(*w),
@@ -113,7 +88,7 @@ impl Generated for MapSig<'_> {
     /// against 1.37 ms), and with random draws, whose Philox rounds are arithmetic-bound
     /// (`randn` 0.80 against 0.65 ms).
     fn optimization(&self) -> Optimization {
-        if self.paths.contains(&Path::Tiled) || self.expr.reads_linear_index() {
+        if self.paths.contains(&Path::Tiled) || self.trees.expr.reads_linear_index() {
             Optimization::Full
         } else {
             Optimization::FastCompile
@@ -127,7 +102,7 @@ pub(crate) fn render(sig: &MapSig) -> Result<Rendered> {
     let idx = index_type(sig.wide);
     let rank = sig.rank;
     let n_ops = sig.dtypes.len();
-    let n_out = sig.outputs();
+    let n_out = sig.trees.outputs();
     // Word positions: numel, shape, then per operand its pointer and strides, then scalars.
     let shape_words: Vec<usize> = (1..=rank).collect();
     let mut ptr_words = Vec::new();
@@ -181,19 +156,18 @@ pub(crate) fn render(sig: &MapSig) -> Result<Rendered> {
     }
     let _ = writeln!(s, "  const {idx} n = ({idx})p.w[0];");
 
-    let trees = sig.trees();
     if tiled {
-        tiled_body(&mut s, sig, idx, &stride_words, &trees)?;
+        tiled_body(&mut s, sig, idx, &stride_words)?;
         let _ = writeln!(s, "}}");
         return Ok(Rendered::single(s));
     }
     let mut tail_from = "first".to_string();
     if sig.vector > 1 {
-        tail_from = vector_body(&mut s, sig, idx, &shape_words, &stride_words, &trees)?;
+        tail_from = vector_body(&mut s, sig, idx, &shape_words, &stride_words)?;
     }
     let _ = writeln!(s, "  for ({idx} li = {tail_from}; li < n; li += step) {{");
     decode_offsets(&mut s, idx, "li", &shape_words, &stride_words);
-    let program = Program::build(&trees, Lanes::one());
+    let program = Program::build(sig.trees.iter(), Lanes::one());
     element(
         &mut s,
         sig,
@@ -239,7 +213,7 @@ fn element(
     load: &dyn Fn(usize) -> String,
     store: &dyn Fn(usize, usize, &str) -> String,
 ) -> Result<()> {
-    let n_out = sig.outputs();
+    let n_out = sig.trees.outputs();
     let leaves = |op: &Op, _: DType| match *op {
         Op::Input { input, .. } => {
             let k = n_out + input;
@@ -269,10 +243,9 @@ fn vector_body(
     idx: &str,
     shape_words: &[usize],
     stride_words: &[Option<usize>],
-    trees: &[Expr],
 ) -> Result<String> {
     let v = sig.vector;
-    let (n_ops, n_out) = (sig.dtypes.len(), sig.outputs());
+    let (n_ops, n_out) = (sig.dtypes.len(), sig.trees.outputs());
     // Vector loads and stores: contiguous operands at vector `j`, row operands at the offset
     // decoded for the vector's first element.
     let whole = |k: usize| sig.contiguous(k) || sig.paths[k] == Path::Rows;
@@ -288,7 +261,7 @@ fn vector_body(
     // written out lane by lane where lanes read the same words (a Box–Muller pair), so the
     // program computes the pair's logarithm and root once (no draw in place: each lane's
     // position is then known only to itself).
-    let looped = Program::build(trees, Lanes::unaligned(1, v));
+    let looped = Program::build(sig.trees.iter(), Lanes::unaligned(1, v));
     let draws = &looped.draws;
     let shares_words = draws.iter().any(|d| d.shared >= 2)
         && draws.iter().all(|d| v >= d.per_counter as usize)
@@ -380,7 +353,7 @@ fn vector_body(
         format!("ph{}_{}", d.key, d.counter)
     };
     if shares_words {
-        let program = Program::build(trees, Lanes::aligned(v));
+        let program = Program::build(sig.trees.iter(), Lanes::aligned(v));
         let leaves = |op: &Op, _: DType| match *op {
             Op::Input { input, lane } => {
                 let k = n_out + input;
@@ -471,13 +444,12 @@ fn tiled_body(
     sig: &MapSig,
     idx: &str,
     stride_words: &[Option<usize>],
-    trees: &[Expr],
 ) -> Result<()> {
     let stride = |k: usize, d: usize| {
         let w = stride_words[k].expect("tiled operands are strided") + d;
         format!("({idx})(i64)p.w[{w}]")
     };
-    let inputs = sig.outputs()..sig.dtypes.len();
+    let inputs = sig.trees.outputs()..sig.dtypes.len();
     for k in inputs.clone().filter(|&k| sig.tiled(k)) {
         let st = storage_type(sig.dtypes[k]);
         let _ = writeln!(s, "  __shared__ {st} tile{k}[32][33];");
@@ -530,7 +502,7 @@ fn tiled_body(
             );
         }
     }
-    let program = Program::build(trees, Lanes::one());
+    let program = Program::build(sig.trees.iter(), Lanes::one());
     element(
         s,
         sig,
@@ -558,7 +530,7 @@ fn tiled_body(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_core::ir::BinaryOp;
+    use strata_core::ir::{BinaryOp, Expr};
 
     fn sig(contiguous: bool, vector: usize) -> MapSig<'static> {
         let e = Expr::binary(
@@ -567,8 +539,7 @@ mod tests {
             Expr::input(1, DType::F32),
         );
         MapSig {
-            expr: Cow::Owned(e),
-            also: Cow::Borrowed(&[]),
+            trees: MapTrees::one(e),
             dtypes: vec![DType::F32; 3],
             paths: vec![
                 if contiguous {
@@ -637,8 +608,7 @@ mod tests {
     #[test]
     fn the_lanes_of_a_box_muller_pair_share_their_log_and_square_root() {
         let sig = MapSig {
-            expr: Cow::Owned(strata_core::random::randn_f32_expr()),
-            also: Cow::Borrowed(&[]),
+            trees: MapTrees::one(strata_core::random::randn_f32_expr()),
             dtypes: vec![DType::F32],
             paths: vec![Path::Contiguous],
             scalars: strata_core::random::randn_f32_scalar_dtypes(),
@@ -675,8 +645,7 @@ mod tests {
             return; // the NVRTC catalog test says whether NVRTC must be present
         };
         let sig = MapSig {
-            expr: Cow::Owned(rand_f32()),
-            also: Cow::Borrowed(&[]),
+            trees: MapTrees::one(rand_f32()),
             dtypes: vec![DType::F32],
             paths: vec![Path::Contiguous],
             scalars: vec![DType::U64, DType::U64, DType::U64, DType::F32],
@@ -700,8 +669,7 @@ mod tests {
         // randint as i64: a word per element, four per counter; a vector holds two.
         let word = philox_word();
         let sig = MapSig {
-            expr: Cow::Owned(word.cast(DType::I64, false)),
-            also: Cow::Borrowed(&[]),
+            trees: MapTrees::one(word.cast(DType::I64, false)),
             dtypes: vec![DType::I64],
             paths: vec![Path::Contiguous],
             scalars: vec![DType::U64, DType::U64],
@@ -765,8 +733,10 @@ mod tests {
         let exp = Expr::unary(strata_core::ir::UnaryOp::Exp, x.clone());
         let top = Expr::binary(BinaryOp::Add, exp.clone(), x);
         let sig = |vector: usize, path: Path| MapSig {
-            expr: Cow::Owned(top.clone()),
-            also: Cow::Owned(vec![exp.clone()]),
+            trees: MapTrees {
+                expr: std::borrow::Cow::Owned(top.clone()),
+                also: std::borrow::Cow::Owned(vec![exp.clone()]),
+            },
             dtypes: vec![DType::F32; 3],
             paths: vec![path; 3],
             scalars: vec![],

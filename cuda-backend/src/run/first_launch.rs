@@ -13,7 +13,6 @@ use crate::render::interpreter::{interpreted_op, InterpretSig, OPS, REGISTERS, W
 use crate::render::map::MapSig;
 use crate::render::{Generated, Rendered};
 use std::sync::{Arc, Mutex, OnceLock};
-use strata_core::ir::Expr;
 use strata_core::kernel_cache::KernelCache;
 use strata_core::lower::map_plan::Path;
 use strata_core::lower::program::{Lanes, Op, Program};
@@ -99,7 +98,7 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
         return None;
     }
     let rank = sig.rank;
-    let outputs = 1 + sig.also.len();
+    let outputs = sig.trees.outputs();
     let inputs = sig.dtypes.len().checked_sub(outputs)?;
     // Each operand's words in the interpreter's form: pointer, contiguous, strides.
     let mut operands = Vec::new();
@@ -113,11 +112,7 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
             operands.extend(strides.iter().map(|&s| s as i64 as u64));
         }
     }
-    let trees: Vec<Expr> = std::iter::once(sig.expr.as_ref())
-        .chain(sig.also.iter())
-        .cloned()
-        .collect();
-    let program = Program::build(&trees, Lanes::one());
+    let program = Program::build(sig.trees.iter(), Lanes::one());
     let (constants, code, results) = encode_program(&program, inputs, &map.scalars)?;
     let mut args = Args::new();
     args.push(map.numel as u64);
@@ -194,11 +189,11 @@ mod tests {
     use super::*;
     use crate::render::interpreter::Opcode;
     use strata_core::ir::{BinaryOp, UnaryOp};
+    use strata_core::ir::{Expr, MapTrees};
 
     fn sig(expr: Expr, inputs: usize, scalars: usize) -> MapSig<'static> {
         MapSig {
-            expr: std::borrow::Cow::Owned(expr),
-            also: std::borrow::Cow::Owned(Vec::new()),
+            trees: MapTrees::one(expr),
             dtypes: vec![DType::F32; inputs + 1],
             paths: vec![Path::Contiguous; inputs + 1],
             scalars: vec![DType::F32; scalars],
@@ -308,7 +303,7 @@ mod tests {
             Expr::input(1, DType::F32),
         );
         let mut s = sig(Expr::unary(UnaryOp::Exp, ab.clone()), 2, 0);
-        s.also = std::borrow::Cow::Owned(vec![ab]);
+        s.trees.also = std::borrow::Cow::Owned(vec![ab]);
         s.dtypes.push(DType::F32);
         s.paths = vec![
             Path::Contiguous,

@@ -4,9 +4,9 @@
 use super::step::{MapLaunch, Step};
 use crate::launch::{Args, Launch};
 use crate::render::map::{counter_pairs, MapSig};
-use std::borrow::Cow;
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::Expr;
+use strata_core::ir::MapTrees;
 use strata_core::layout::Strides;
 use strata_core::lower::map_plan::{self, Path};
 use strata_core::lower::operands::MapOperands;
@@ -58,8 +58,7 @@ pub(crate) fn steps<'k>(
     let scalars: Vec<u64> = ops.scalars.iter().map(|s| s.bits()).collect();
     words.0.extend_from_slice(&scalars);
     let sig = MapSig {
-        expr: Cow::Borrowed(expr),
-        also: Cow::Borrowed(also),
+        trees: MapTrees::borrowed(expr, also),
         dtypes: operands.iter().map(|o| o.dtype).collect(),
         paths: piece.operands.iter().map(|o| o.path).collect(),
         scalars: ops.scalars.iter().map(|s| s.dtype()).collect(),

@@ -10,6 +10,7 @@
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
 use super::{index, map, matmul, reduce, Caps};
+use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, fma_defined, unary_rule};
 use strata_core::lower::map_plan::PositionKind;
@@ -134,8 +135,7 @@ fn map_sig(
         scalars: vec![DType::U64, DType::U64],
         rank: 2,
         vector,
-        expr: std::borrow::Cow::Owned(expr),
-        also: std::borrow::Cow::Borrowed(&[]),
+        trees: MapTrees::one(expr),
     }
 }
 
@@ -177,7 +177,7 @@ fn multi_output_maps_validate() {
                 continue;
             }
             let mut sig = map_sig(expr.clone(), dtypes.clone(), contiguous, vector);
-            sig.also = std::borrow::Cow::Owned(also.clone());
+            sig.trees.also = std::borrow::Cow::Owned(also.clone());
             sig.tiled = vec![tiled, false];
             for (caps, targets) in caps_for(&dtypes) {
                 let src = map::source(&sig, caps).unwrap();

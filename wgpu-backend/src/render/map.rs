@@ -10,9 +10,9 @@
 use super::expr::emit;
 use super::prelude::{dtypes_of, helpers};
 use super::{binding, compute_type, load, Caps, ENTRY};
-use std::borrow::Cow;
 use std::collections::BTreeSet;
 use std::fmt::Write;
+use strata_core::ir::MapTrees;
 use strata_core::ir::{Expr, Node};
 use strata_core::lower::map_plan::{MapPiece, Path, Position, PositionKind};
 use strata_core::lower::program::{Lanes, Op, Program};
@@ -22,9 +22,8 @@ use strata_core::{DType, Result, Scalar};
 /// launch's expression tree, so a cache hit copies no part of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct MapSig<'e> {
-    pub expr: Cow<'e, Expr>,
-    /// A multi-output map's further outputs (subtrees of `expr`).
-    pub also: Cow<'e, [Expr]>,
+    /// Every output's tree.
+    pub trees: MapTrees<'e>,
     /// The outputs' dtypes first, then the inputs'.
     pub dtypes: Vec<DType>,
     /// Per operand (outputs first): true when its offset is the invocation index.
@@ -38,25 +37,15 @@ pub(crate) struct MapSig<'e> {
     pub tiled: Vec<bool>,
 }
 
-impl<'e> strata_core::kernel_cache::Signature for MapSig<'e> {
-    type Stored = MapSig<'static>;
-    fn matches(&self, stored: &MapSig<'static>) -> bool {
-        self == stored
-    }
-    fn store(&self) -> MapSig<'static> {
-        MapSig {
-            expr: Cow::Owned(self.expr.clone().into_owned()),
-            also: Cow::Owned(self.also.clone().into_owned()),
-            dtypes: self.dtypes.clone(),
-            contiguous: self.contiguous.clone(),
-            position: self.position,
-            scalars: self.scalars.clone(),
-            rank: self.rank,
-            vector: self.vector,
-            tiled: self.tiled.clone(),
-        }
-    }
-}
+strata_core::signature_with_trees!(MapSig {
+    dtypes,
+    contiguous,
+    position,
+    scalars,
+    rank,
+    vector,
+    tiled
+});
 
 impl<'e> MapSig<'e> {
     /// The signature of a piece core planned for `expr` (and the further outputs `also`),
@@ -69,8 +58,7 @@ impl<'e> MapSig<'e> {
         scalars: Vec<DType>,
     ) -> MapSig<'e> {
         MapSig {
-            expr: Cow::Borrowed(expr),
-            also: Cow::Borrowed(also),
+            trees: MapTrees::borrowed(expr, also),
             dtypes,
             contiguous: piece
                 .operands
@@ -89,20 +77,7 @@ impl<'e> MapSig<'e> {
     }
 }
 
-impl MapSig<'_> {
-    /// How many outputs the map writes (operands `0..outputs`).
-    fn outputs(&self) -> usize {
-        1 + self.also.len()
-    }
-
-    /// Every output's tree, output 0 first.
-    fn trees(&self) -> Vec<Expr> {
-        std::iter::once(self.expr.as_ref())
-            .chain(self.also.iter())
-            .cloned()
-            .collect()
-    }
-}
+impl MapSig<'_> {}
 
 /// The name of lane `lane`'s bits of output `k` on the vector path.
 fn lane_bits_of(k: usize, lane: usize) -> String {
@@ -191,9 +166,9 @@ pub(crate) fn params(sig: &MapSig, piece: &MapPiece, scalars: &[Scalar]) -> Vec<
 /// The WGSL source of a map piece.
 pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     let w = slots(sig);
-    let n_out = sig.outputs();
+    let n_out = sig.trees.outputs();
     let mut used = BTreeSet::new();
-    dtypes_of(&sig.expr, &mut used);
+    dtypes_of(&sig.trees.expr, &mut used);
     used.extend(sig.dtypes.iter().copied());
     used.extend(sig.scalars.iter().copied());
     let mut src = super::header(caps);
@@ -246,7 +221,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
                 load(d, &format!("b{k}"), &format!("u32(o{k})"), caps)
             );
         }
-        let program = Program::build(&sig.trees(), Lanes::one());
+        let program = Program::build(sig.trees.iter(), Lanes::one());
         let values = emit(&program, &mut src, 0, caps, &element_leaves)?;
         for (k, &v) in program.outputs[0].iter().enumerate() {
             let (b, o) = (format!("b{k}"), format!("u32(o{k})"));
@@ -297,7 +272,7 @@ fn lanes(
     aligned: bool,
     src: &mut String,
 ) -> Result<()> {
-    let n_out = sig.outputs();
+    let n_out = sig.trees.outputs();
     let draws = &program.draws;
     let position = |lane: usize| {
         if aligned {
@@ -450,7 +425,7 @@ fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<(
         let _ = writeln!(src, "    let j = ty + 8u * i; {coords}");
         src.push_str("    if (live && r < rows && c < cols) {\n");
     };
-    let n_out = sig.outputs();
+    let n_out = sig.trees.outputs();
     visit(src, "let r = r0 + tx; let c = c0 + j;");
     for (k, _) in sig.tiled.iter().enumerate().filter(|(_, &t)| t) {
         let k = k + n_out;
@@ -470,7 +445,7 @@ fn tiled_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<(
         };
         let _ = writeln!(src, "      let x{} = {};", k - n_out, bits_value(d, word));
     }
-    let program = Program::build(&sig.trees(), Lanes::one());
+    let program = Program::build(sig.trees.iter(), Lanes::one());
     let values = emit(&program, src, 0, caps, &element_leaves)?;
     for (k, &v) in program.outputs[0].iter().enumerate() {
         let (b, o) = (format!("b{k}"), offset(k, "r", "c"));
@@ -557,7 +532,7 @@ fn decode(
 /// An input that is not contiguous is a splat (core's plan: constant along the rows, which
 /// vectors do not cross): one value, at the offset decoded for the vector's first element.
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
-    let n_out = sig.outputs();
+    let n_out = sig.trees.outputs();
     let splats: Vec<usize> = (n_out..sig.dtypes.len())
         .filter(|&k| !sig.contiguous[k])
         .collect();
@@ -587,7 +562,7 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     // Box–Muller pair's parity test folds away, so a lane computes only the cosine or the
     // sine. Other launches take the general lanes, in a kernel of their own.
     let aligned = sig.position == PositionKind::Aligned;
-    let stored_trees: Vec<Expr> = sig.trees().iter().map(|e| stored(e).clone()).collect();
+    let stored_trees: Vec<Expr> = sig.trees.iter().map(|e| stored(e).clone()).collect();
     let lanes_of = if aligned {
         Lanes::aligned(4)
     } else {
@@ -647,8 +622,7 @@ mod tests {
     /// Four lanes of a contiguous cast from f32 to `to`.
     fn cast_source(to: DType) -> String {
         let sig = MapSig {
-            expr: Cow::Owned(Expr::input(0, DType::F32).cast(to, false)),
-            also: Cow::Borrowed(&[]),
+            trees: MapTrees::one(Expr::input(0, DType::F32).cast(to, false)),
             dtypes: vec![to, DType::F32],
             contiguous: vec![true, true],
             position: PositionKind::Unused,
@@ -663,8 +637,7 @@ mod tests {
     #[test]
     fn aligned_lanes_of_a_box_muller_pair_share_their_log_and_square_root() {
         let sig = MapSig {
-            expr: Cow::Owned(strata_core::random::randn_f32_expr()),
-            also: Cow::Borrowed(&[]),
+            trees: MapTrees::one(strata_core::random::randn_f32_expr()),
             dtypes: vec![DType::F32],
             contiguous: vec![true],
             position: PositionKind::Aligned,

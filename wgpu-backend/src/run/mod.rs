@@ -174,7 +174,7 @@ impl WgpuBackend {
             Sig::Map(sig) => self.maps.get(sig, |sig| {
                 // Dtypes inside the tree (an f64 intermediate, say) are checked once, here.
                 let mut used = std::collections::BTreeSet::new();
-                prelude::dtypes_of(&sig.expr, &mut used);
+                prelude::dtypes_of(&sig.trees.expr, &mut used);
                 for d in used {
                     self.check_dtype(d)?;
                 }

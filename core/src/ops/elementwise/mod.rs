@@ -11,10 +11,10 @@ use crate::assign::ValueRef;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::fusion::defer_or_launch;
-use crate::ir::{BinaryOp, Expr, UnaryOp};
+use crate::ir::{BinaryOp, Expr, Kernel, UnaryOp};
 use crate::layout::{broadcast_shapes, Layout};
 use crate::lower::legal::{binary_rule, unary_rule};
-use crate::tensor::{launch_map, Tensor};
+use crate::tensor::{launch, Tensor};
 
 /// Operands of one elementwise op, lowered to expression leaves of one compute dtype.
 pub(super) struct OpOperands {
@@ -116,7 +116,7 @@ impl OpOperands {
         device_of.same_device(out, what)?;
         let expr = expr.cast(out.dtype(), false);
         let inputs: Vec<&Tensor> = self.tensors.iter().collect();
-        launch_map(expr, out, &inputs, self.scalars)?;
+        launch(Kernel::map(expr), out, &inputs, self.scalars)?;
         Ok(out.clone())
     }
 }
