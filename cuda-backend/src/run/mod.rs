@@ -122,7 +122,16 @@ impl Runner {
                     } else {
                         let mut words = launch.args.0.clone();
                         for &(word, buffer) in &launch.scratch {
-                            words[word] += scratch[buffer].device_ptr();
+                            let (Some(w), Some(b)) = (words.get_mut(word), scratch.get(buffer))
+                            else {
+                                return Err(strata_core::Error::Backend(format!(
+                                    "internal error: a launch patches word {word} with scratch \
+                                     buffer {buffer}, but it has {} words and {} scratch buffers",
+                                    launch.args.0.len(),
+                                    scratch.len()
+                                )));
+                            };
+                            *w += b.device_ptr();
                         }
                         let patched = Launch {
                             args: launch::Args(words),

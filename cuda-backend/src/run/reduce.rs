@@ -286,6 +286,8 @@ fn staged_kernel(
         ..red.sig.clone()
     };
     let mut launch = red.first();
+    // A split row's partials stay in the block's shared memory (`sh_part`): no scratch.
+    launch.scratch.clear();
     launch
         .args
         .push(crate::memory::element_address(prologue_out)?);
