@@ -102,6 +102,7 @@ impl Tensor {
             Value::Scalar(s) => self.fill(s),
             Value::Tensor(src) => {
                 self.same_device(&src, "cannot assign")?;
+                crate::autograd::refuse_in_place_source(&src, "assign")?;
                 let src = src.broadcast_to(self.shape())?;
                 let expr = Expr::input(0, src.dtype).cast(self.dtype, false);
                 launch(Kernel::map(expr), self, &[&src], vec![])

@@ -224,6 +224,9 @@ impl Tensor {
 /// use strata_core::{Device, DType, Tensor};
 /// let t = Tensor::eye(2, DType::I32, &Device::cpu()).unwrap();
 /// assert_eq!(t.to_string(), "[[1, 0],\n [0, 1]]\nshape=[2, 2], dtype=i32, device=cpu");
+/// let x = Tensor::ones([1], DType::F32, &Device::cpu()).unwrap().requires_grad_(true).unwrap();
+/// assert!(x.to_string().ends_with("requires_grad=true"));
+/// assert!(x.exp().unwrap().to_string().ends_with("grad_fn=ExpBackward"));
 /// ```
 impl fmt::Display for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -237,7 +240,11 @@ impl fmt::Display for Tensor {
             self.shape(),
             self.dtype(),
             self.device().name()
-        )
+        )?;
+        match self.autograd_note() {
+            Some(note) => write!(f, ", {note}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -253,12 +260,14 @@ impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Tensor {{ shape: {:?}, strides: {:?}, offset: {}, dtype: {}, device: {} }}",
+            "Tensor {{ shape: {:?}, strides: {:?}, offset: {}, dtype: {}, device: {}{} }}",
             self.shape(),
             self.strides(),
             self.offset(),
             self.dtype(),
-            self.device().name()
+            self.device().name(),
+            self.autograd_note()
+                .map_or(String::new(), |n| format!(", {}", n.replace('=', ": ")))
         )
     }
 }

@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod assign;
+pub mod autograd;
 pub mod backend;
 pub mod cpu;
 mod creation;

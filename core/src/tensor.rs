@@ -1,6 +1,7 @@
 //! The [`Tensor`] type: a view (layout + dtype) of shared device storage, its introspection,
 //! and the one path by which core launches kernels.
 
+use crate::autograd::graph::AutogradMeta;
 use crate::backend::DeviceBuffer;
 use crate::backend::EventId;
 use crate::backend::{KernelArgs, Operand};
@@ -12,7 +13,7 @@ use crate::ir::{Expr, Kernel};
 use crate::layout::Layout;
 use crate::lower::map_plan::iteration_order;
 use std::panic::Location;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 
 /// Device memory shared by every view of it, with the streams that touched it last. Its
@@ -39,6 +40,12 @@ pub(crate) struct Storage {
     /// An asynchronous copy to or from this (pinned host) storage is in flight: the host
     /// waits for it before any use of the buffer, and before freeing it.
     fenced: AtomicBool,
+    /// Bumped by every write into the storage after it was created: autograd checks that
+    /// what a backward function saved was not overwritten since.
+    version: AtomicU64,
+    /// The fused kernel that computed its value (stored, or spliced into that kernel and
+    /// never stored): the graph picture groups the ops one kernel ran.
+    pub(crate) computed_in: Arc<OnceLock<u64>>,
 }
 
 impl Drop for Storage {
@@ -93,7 +100,14 @@ impl Storage {
                 copy: None,
             }),
             fenced: AtomicBool::new(false),
+            version: AtomicU64::new(0),
+            computed_in: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// How many writes the storage has had since it was created.
+    pub(crate) fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
     }
 
     /// Notes an asynchronous copy in flight on this pinned host storage: every later use of
@@ -355,6 +369,8 @@ pub struct Tensor {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
+    /// Its place in the backward graph, when it requires a gradient (`crate::autograd`).
+    pub(crate) autograd: Option<Arc<AutogradMeta>>,
 }
 
 impl Tensor {
@@ -400,6 +416,7 @@ impl Tensor {
             storage: Arc::new(Storage::new(buffer, device.clone(), stream)),
             layout,
             dtype,
+            autograd: None,
         })
     }
 
@@ -417,6 +434,7 @@ impl Tensor {
             storage: Arc::new(storage),
             layout,
             dtype,
+            autograd: None,
         }
     }
 
@@ -426,6 +444,7 @@ impl Tensor {
             storage: self.storage.clone(),
             layout,
             dtype: self.dtype,
+            autograd: None,
         }
     }
 
@@ -692,7 +711,9 @@ pub(crate) fn launch_on(
         t.realize()?;
     }
     if write == Write::Existing {
+        crate::autograd::refuse_write_into(out)?;
         out.storage.run_pending_readers()?;
+        out.storage.version.fetch_add(1, Ordering::AcqRel);
     }
     out.realize()?;
     // A map that does not read the position may visit elements in any order: its operands

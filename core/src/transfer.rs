@@ -118,6 +118,17 @@ impl Tensor {
         if device == self.device() {
             return Ok(self.clone());
         }
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.to_device(device))?;
+            let home = self.device().clone();
+            return Ok(crate::autograd::record(
+                "ToDeviceBackward",
+                &[self],
+                out,
+                Vec::new(),
+                move |g| Ok(vec![Some(g.to_device(&home)?)]),
+            ));
+        }
         if let Some(copied) = crate::pinned::copy_async(self, device) {
             return copied;
         }
@@ -167,13 +178,32 @@ impl Tensor {
         let expr = Expr::input(0, self.dtype).cast(dtype, saturate);
         let layout = Layout::contiguous(self.shape())?;
         let what = if saturate { "to_dtype_sat" } else { "to_dtype" };
-        defer_or_launch(
-            expr,
+        if !crate::autograd::needed([self]) {
+            return defer_or_launch(
+                expr,
+                layout,
+                vec![self.clone()],
+                vec![],
+                self.device(),
+                what,
+            );
+        }
+        let inputs = [self.clone()];
+        let out = defer_or_launch(
+            expr.clone(),
             layout,
-            vec![self.clone()],
+            inputs.to_vec(),
             vec![],
             self.device(),
             what,
-        )
+        )?;
+        let name = crate::autograd::backward_name(what);
+        Ok(crate::autograd::record_elementwise(
+            name,
+            &expr,
+            &inputs,
+            &[],
+            out,
+        ))
     }
 }

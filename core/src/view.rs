@@ -33,7 +33,14 @@ impl Tensor {
     pub fn slice(&self, args: impl IndexArgs) -> Result<Tensor> {
         let args = args.into_args()?;
         match index::split_tensor_index(&args, self.ndim())? {
-            None => Ok(self.with_layout(index::apply(&self.layout, &args)?)),
+            None => {
+                let out = self.with_layout(index::apply(&self.layout, &args)?);
+                Ok(self.record_view("SliceBackward", out, move |g, shape| {
+                    let z = Tensor::zeros(shape, g.dtype(), g.device())?;
+                    z.with_layout(index::apply(&z.layout, &args)?).assign(g)?;
+                    Ok(z)
+                }))
+            }
             Some((basic, axis, idx)) => {
                 let view = self.with_layout(index::apply(&self.layout, &basic)?);
                 let picked = view.index_select(axis as isize, &idx.reshape([-1])?)?;
@@ -55,7 +62,7 @@ impl Tensor {
     pub fn view(&self, dims: impl IntoDims) -> Result<Tensor> {
         let shape = self.infer_shape(dims)?;
         match self.layout.reshaped(&shape) {
-            Some(layout) => Ok(self.with_layout(layout)),
+            Some(layout) => Ok(self.reshaped_view(layout)),
             None => Err(Error::Shape(format!(
                 "cannot view shape {:?} with strides {:?} as shape {shape:?} without copying; \
                  use reshape, which copies",
@@ -79,7 +86,7 @@ impl Tensor {
     pub fn reshape(&self, dims: impl IntoDims) -> Result<Tensor> {
         let shape = self.infer_shape(dims)?;
         match self.layout.reshaped(&shape) {
-            Some(layout) => Ok(self.with_layout(layout)),
+            Some(layout) => Ok(self.reshaped_view(layout)),
             None => self.copy()?.view(shape),
         }
     }
@@ -141,7 +148,14 @@ impl Tensor {
             .map(|&a| normalize_axis(a, self.ndim()))
             .collect::<Result<Vec<_>>>()
             .map_err(|e| Error::Index(format!("permute {order:?}: {e}")))?;
-        Ok(self.with_layout(self.layout.permuted(&axes)?))
+        let out = self.with_layout(self.layout.permuted(&axes)?);
+        Ok(self.record_view("PermuteBackward", out, move |g, _| {
+            let mut inverse = vec![0isize; axes.len()];
+            for (k, &a) in axes.iter().enumerate() {
+                inverse[a] = k as isize;
+            }
+            g.permute(inverse)
+        }))
     }
 
     /// The view with axes `a` and `b` swapped.
@@ -164,7 +178,10 @@ impl Tensor {
         );
         let mut order: Vec<usize> = (0..self.ndim()).collect();
         order.swap(a, b);
-        Ok(self.with_layout(self.layout.permuted(&order)?))
+        let out = self.with_layout(self.layout.permuted(&order)?);
+        Ok(self.record_view("TransposeBackward", out, move |g, _| {
+            g.transpose(a as isize, b as isize)
+        }))
     }
 
     /// The transpose of a tensor of rank 2 or less (rank 0 and 1 are returned as they are).
@@ -201,7 +218,7 @@ impl Tensor {
                 layout.remove_axis(axis);
             }
         }
-        self.with_layout(layout)
+        self.reshaped_view(layout)
     }
 
     /// The view without axis `axis` when its size is 1; unchanged otherwise (as PyTorch).
@@ -222,7 +239,7 @@ impl Tensor {
         if self.shape()[axis] == 1 {
             layout.remove_axis(axis);
         }
-        Ok(self.with_layout(layout))
+        Ok(self.reshaped_view(layout))
     }
 
     /// The view with a size-1 axis inserted at `axis` (`-1` appends one).
@@ -237,7 +254,7 @@ impl Tensor {
         let axis = normalize_axis(axis, self.ndim() + 1)?;
         let mut layout = self.layout.clone();
         layout.insert_axis(axis);
-        Ok(self.with_layout(layout))
+        Ok(self.reshaped_view(layout))
     }
 
     /// The view broadcast to `dims`; `-1` keeps an axis's size (as `torch.expand`). Only
@@ -283,7 +300,10 @@ impl Tensor {
     /// ```
     pub fn broadcast_to(&self, dims: impl IntoDims) -> Result<Tensor> {
         let shape = crate::layout::shape_arg(dims)?;
-        Ok(self.with_layout(self.layout.broadcast_to(&shape)?))
+        let out = self.with_layout(self.layout.broadcast_to(&shape)?);
+        Ok(self.record_view("ExpandBackward", out, |g, shape| {
+            crate::autograd::sum_to_shape(g, shape)
+        }))
     }
 
     /// The view of `len` elements from `start` along `axis`.
@@ -304,7 +324,12 @@ impl Tensor {
         }
         let mut layout = self.layout.clone();
         layout.restrict(a, start, len, 1);
-        Ok(self.with_layout(layout))
+        let out = self.with_layout(layout);
+        Ok(self.record_view("NarrowBackward", out, move |g, shape| {
+            let z = Tensor::zeros(shape, g.dtype(), g.device())?;
+            z.narrow(a as isize, start, len)?.assign(g)?;
+            Ok(z)
+        }))
     }
 
     /// The elements as one axis: a view when the strides allow, else a copy.
@@ -346,8 +371,33 @@ impl Tensor {
     /// ```
     pub fn copy(&self) -> Result<Tensor> {
         let out = Tensor::alloc(self.shape(), self.dtype, self.device())?;
-        out.assign(self)?;
-        Ok(out)
+        crate::autograd::no_grad(|| out.assign(self))?;
+        Ok(self.record_view("CopyBackward", out, |g, _| Ok(g.clone())))
+    }
+
+    /// `out`, a view of `self` (or a copy of it), with the node `name` recorded when `self`
+    /// requires a gradient: `backward` maps the view's gradient to one of `self`'s shape
+    /// (passed in), with grad mode off.
+    fn record_view(
+        &self,
+        name: &'static str,
+        out: Tensor,
+        backward: impl Fn(&Tensor, &[usize]) -> Result<Tensor> + Send + Sync + 'static,
+    ) -> Tensor {
+        if !crate::autograd::needed([self]) {
+            return out;
+        }
+        let shape = self.shape().to_vec();
+        crate::autograd::record(name, &[self], out, Vec::new(), move |g| {
+            Ok(vec![Some(backward(g, &shape)?)])
+        })
+    }
+
+    /// The view of `self` with `layout`, which holds the same elements in the same order
+    /// (a reshape, a squeeze, an unsqueeze): its gradient is the view's, reshaped back.
+    fn reshaped_view(&self, layout: Layout) -> Tensor {
+        let out = self.with_layout(layout);
+        self.record_view("ViewBackward", out, |g, shape| g.reshape(shape.to_vec()))
     }
 
     /// `Some(order)` when permuting the axes by `order` makes this view contiguous.
@@ -390,6 +440,13 @@ impl Tensor {
         strides: impl IntoDims,
         offset: usize,
     ) -> Result<Tensor> {
+        if crate::autograd::needed([self]) {
+            return Err(Error::Invalid(
+                "as_strided has no gradient: detach() the tensor first, or use slice, narrow, \
+                 permute or expand, which do"
+                    .into(),
+            ));
+        }
         let shape = crate::layout::shape_arg(shape)?;
         let layout = Layout::new(shape, strides.into_dims()?, offset)?;
         self.checked_view(layout)

@@ -25,6 +25,7 @@ pub(crate) fn defer_or_launch(
     op: &'static str,
 ) -> Result<Tensor> {
     device.backend().check_dtype(expr.dtype)?;
+    let op = crate::autograd::op_name(op);
     if !device.defers() {
         let out = Tensor::alloc_with_layout(layout, expr.dtype, device)?;
         let refs: Vec<&Tensor> = inputs.iter().collect();
@@ -69,6 +70,7 @@ pub(crate) fn defer_or_launch(
         storage,
         layout,
         dtype,
+        autograd: None,
     })
 }
 
@@ -89,7 +91,7 @@ fn tree_size(
     for t in inputs {
         let child = t.storage.pending();
         match child.as_ref() {
-            Some(c) if Arc::ptr_eq(&c.stream, stream) && c.layout == t.layout => {
+            Some(c) if Arc::ptr_eq(&c.stream, stream) && super::splice::reads_alike(c, t) => {
                 if let PendingWork::Tree(tree) = &c.work {
                     // Spliced in: its nodes replace the input's, its leaves join ours.
                     nodes += tree.nodes - 1;

@@ -59,6 +59,7 @@ pub(crate) fn defer_reduce(
         storage,
         layout,
         dtype: out_dtype,
+        autograd: None,
     }))
 }
 
@@ -108,6 +109,7 @@ pub(crate) fn row_prologue_of(
             storage: t.storage.clone(),
             layout: p.layout.clone(),
             dtype: p.dtype,
+            autograd: None,
         };
         *guard = None;
         return Ok(Some((prologue, written)));
@@ -166,6 +168,8 @@ pub(crate) fn reduce_map_of(
     if !target.binds_reduce(&bytes) {
         return Ok(None);
     }
+    let id = super::kernel_id();
+    super::mark_computed(id, [&t.storage, &out.storage], &fused.computed);
     Ok(Some(MapForReduce {
         expr,
         inputs,

@@ -124,6 +124,7 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
                 storage: storage.clone(),
                 layout: p.layout.clone(),
                 dtype: p.dtype,
+                autograd: None,
             };
             let kernel = Kernel::Reduce {
                 op: d.op,
@@ -161,6 +162,7 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         storage: storage.clone(),
         layout: p.layout.clone(),
         dtype: p.dtype,
+        autograd: None,
     };
     let record = fused.record(&expr, (p.layout.clone(), p.dtype));
     // The stored intermediates have their buffers before the launch (it orders their writes
@@ -171,6 +173,9 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         *t.storage.pending() = None;
     }
     let _ = storage.ran.set(Box::new(record));
+    let id = super::kernel_id();
+    let stored = fused.also.iter().map(|(t, _)| &t.storage);
+    super::mark_computed(id, std::iter::once(storage).chain(stored), &fused.computed);
     let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
     let also_outputs: Vec<&Tensor> = fused.also.iter().map(|(t, _)| t).collect();
     let also: Vec<Expr> = fused.also.iter().map(|(_, e)| e.clone()).collect();

@@ -54,8 +54,8 @@ pub(super) fn address(s: &Arc<Storage>) -> usize {
     Arc::as_ptr(s) as usize
 }
 
-/// `t`'s pending work when a tree issued on `stream` splices it in: a tree, read element for
-/// element (the same layout) on the same stream.
+/// `t`'s pending work when a tree issued on `stream` splices it in: a tree on the same
+/// stream, read element for element (the same layout) or a constant (see [`reads_alike`]).
 pub(super) fn spliceable<'g>(
     t: &Tensor,
     guard: &'g MutexGuard<'_, Option<Pending>>,
@@ -63,7 +63,18 @@ pub(super) fn spliceable<'g>(
 ) -> Option<&'g Pending> {
     guard
         .as_ref()
-        .filter(|c| c.layout == t.layout && Arc::ptr_eq(&c.stream, stream) && c.tree().is_some())
+        .filter(|c| reads_alike(c, t) && Arc::ptr_eq(&c.stream, stream) && c.tree().is_some())
+}
+
+/// True when reading `t` element by element reads `c`'s values as its tree computes them
+/// there: `t` has `c`'s layout, or `c` is a constant (a tree of no tensor input that does not
+/// read the element's position: the ones a backward pass starts from), the same through any
+/// view.
+pub(super) fn reads_alike(c: &Pending, t: &Tensor) -> bool {
+    c.layout == t.layout
+        || c.tree().is_some_and(|tree| {
+            tree.inputs.is_empty() && !tree.expr.reads_linear_index() && !tree.expr.draws_random()
+        })
 }
 
 /// One fused kernel being assembled: its inputs (deduplicated), scalars, user ops, and the
@@ -81,6 +92,9 @@ pub(crate) struct Fused {
     pub(crate) also: Vec<(Tensor, Expr)>,
     /// How many intermediates may become outputs (0: none, as for a reduction's map).
     max_stored: usize,
+    /// The pending storages spliced in: this kernel computes their values (weak: a count
+    /// of who holds a storage must not see this list).
+    pub(crate) computed: Vec<std::sync::Weak<Storage>>,
     /// References to each spliceable pending storage from the trees of this kernel.
     internal: Vec<(usize, usize)>,
     /// Pending storages spliced so far (by address, with the layout they were read with)
@@ -200,14 +214,20 @@ impl Fused {
                 }
                 let child = t.storage.pending();
                 if let Some(c) = spliceable(t, &child, &p.stream) {
+                    let same_layout = c.layout == t.layout;
                     let e = self.splice(c, run)?;
                     drop(child);
+                    self.computed.push(Arc::downgrade(&t.storage));
                     let internal = self
                         .internal
                         .iter()
                         .find(|(k, _)| *k == a)
                         .map_or(usize::MAX, |&(_, n)| n);
-                    if self.also.len() < self.max_stored && Arc::strong_count(&t.storage) > internal
+                    // (A constant read through another view is not stored: its shape is
+                    // not this kernel's.)
+                    if self.also.len() < self.max_stored
+                        && same_layout
+                        && Arc::strong_count(&t.storage) > internal
                     {
                         self.also.push((t.clone(), e.clone()));
                     }

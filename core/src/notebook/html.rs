@@ -23,7 +23,7 @@ pub(crate) fn escape(s: &str) -> String {
 
 /// One line naming everything about the layout: what a learner checks after every view.
 pub(crate) fn header(t: &Tensor) -> String {
-    format!(
+    let mut line = format!(
         "shape={:?} strides={:?} offset={} dtype={} device={} {}",
         t.shape(),
         t.strides(),
@@ -35,7 +35,12 @@ pub(crate) fn header(t: &Tensor) -> String {
         } else {
             "non-contiguous"
         }
-    )
+    );
+    if let Some(note) = t.autograd_note() {
+        line.push(' ');
+        line.push_str(&note);
+    }
+    line
 }
 
 /// The whole HTML display of `t`; `heatmap` is drawn under the values when given.

@@ -74,6 +74,10 @@ impl Tensor {
         let a = normalize_axis(axis, self.ndim())?;
         self.check_index_shape(index, a, what)?;
         let idx = index_as_i64(index, what)?;
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.gather_in_range(a, &idx, what))?;
+            return Ok(self.record_gather("GatherBackward", a, &idx, out));
+        }
         self.gather_in_range(a, &idx, what)
     }
 
@@ -98,6 +102,20 @@ impl Tensor {
     }
 
     /// Checks that `index` has `self`'s rank and fits inside it off `axis`.
+    /// `out`, gathered from `self` along `axis` at `idx` (of `out`'s shape), with its backward
+    /// node: the gradient added back at the positions it came from (a scatter-add into
+    /// zeros, so a position gathered twice gets both shares).
+    fn record_gather(&self, name: &'static str, axis: usize, idx: &Tensor, out: Tensor) -> Tensor {
+        let saved = crate::autograd::graph::Saved::new(idx, name);
+        let described = vec![saved.describe()];
+        let shape = self.shape().to_vec();
+        crate::autograd::record(name, &[self], out, described, move |g| {
+            let gx = Tensor::zeros(shape.clone(), g.dtype(), g.device())?;
+            gx.scatter_add_(axis as isize, saved.get()?, g)?;
+            Ok(vec![Some(gx)])
+        })
+    }
+
     fn check_index_shape(&self, index: &Tensor, axis: usize, what: &str) -> Result<()> {
         let fits = index.ndim() == self.ndim()
             && (0..self.ndim()).all(|d| d == axis || index.shape()[d] <= self.shape()[d]);
@@ -135,6 +153,10 @@ impl Tensor {
             // No element to gather, so the kernel would check no value: check the index
             // itself (a `[0, 0, 1]` tensor's other axes leave nothing of its broadcast).
             normalized_index(&index, self.shape()[a], what)?;
+        }
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.gather_in_range(a, &expanded, what))?;
+            return Ok(self.record_gather("IndexSelectBackward", a, &expanded, out));
         }
         self.gather_in_range(a, &expanded, what)
     }
@@ -177,8 +199,13 @@ impl Tensor {
     /// assert_eq!(r.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 5.0, 5.0, 0.0, 0.0]);
     /// ```
     pub fn scatter(&self, axis: isize, index: &Tensor, src: impl Into<Value>) -> Result<Tensor> {
+        let src = src.into();
+        if self.scatter_needs_grad(&src) {
+            let out = crate::autograd::no_grad(|| self.scatter(axis, index, src.clone()))?;
+            return self.record_scatter(axis, index, &src, false, out);
+        }
         let out = self.copy()?;
-        out.scatter_impl(axis, index, src.into(), false, "scatter")?;
+        out.scatter_impl(axis, index, src, false, "scatter")?;
         Ok(out)
     }
 
@@ -210,8 +237,13 @@ impl Tensor {
         index: &Tensor,
         src: impl Into<Value>,
     ) -> Result<Tensor> {
+        let src = src.into();
+        if self.scatter_needs_grad(&src) {
+            let out = crate::autograd::no_grad(|| self.scatter_add(axis, index, src.clone()))?;
+            return self.record_scatter(axis, index, &src, true, out);
+        }
         let out = self.copy()?;
-        out.scatter_impl(axis, index, src.into(), true, "scatter_add")?;
+        out.scatter_impl(axis, index, src, true, "scatter_add")?;
         Ok(out)
     }
 
@@ -228,6 +260,88 @@ impl Tensor {
         self.scatter_impl(axis, index, src.into(), true, "scatter_add_")
     }
 
+    /// True when a scatter of `src` into `self` records a gradient.
+    fn scatter_needs_grad(&self, src: &Value) -> bool {
+        match src {
+            Value::Tensor(t) => crate::autograd::needed([self, t]),
+            Value::Scalar(_) => crate::autograd::needed([self]),
+        }
+    }
+
+    /// `out`, `self` with `src` scattered (added with `add`) along `axis` at `index`, with its
+    /// backward node: `self` gets the gradient (with zeros where a plain scatter overwrote),
+    /// a tensor `src` the gradient gathered at the index's positions.
+    fn record_scatter(
+        &self,
+        axis: isize,
+        index: &Tensor,
+        src: &Value,
+        add: bool,
+        out: Tensor,
+    ) -> Result<Tensor> {
+        let name = if add {
+            "ScatterAddBackward"
+        } else {
+            "ScatterBackward"
+        };
+        let a = normalize_axis(axis, self.ndim())?;
+        let idx = crate::autograd::graph::Saved::new(&index_as_i64(index, name)?, name);
+        let described = vec![idx.describe()];
+        let src_tensor = match src {
+            Value::Tensor(t) => Some(t.clone()),
+            Value::Scalar(_) => None,
+        };
+        let src_shape = src_tensor.as_ref().map(|t| (t.shape().to_vec(), t.dtype()));
+        let mut inputs: Vec<&Tensor> = vec![self];
+        inputs.extend(src_tensor.as_ref());
+        let self_dtype = self.dtype();
+        Ok(crate::autograd::record(
+            name,
+            &inputs,
+            out,
+            described,
+            move |g| {
+                let idx = idx.get()?;
+                let gx = if add {
+                    g.clone()
+                } else {
+                    g.scatter(a as isize, idx, 0.0)?
+                };
+                let gx = if gx.dtype() == self_dtype {
+                    gx
+                } else {
+                    gx.to_dtype(self_dtype)?
+                };
+                let mut grads = vec![Some(gx)];
+                if let Some((shape, dtype)) = &src_shape {
+                    let picked = g.gather(a as isize, idx)?;
+                    let picked = if picked.dtype() == *dtype {
+                        picked
+                    } else {
+                        picked.to_dtype(*dtype)?
+                    };
+                    // src was read at the index's positions (a larger src), or broadcast to it.
+                    let fits = shape.len() == idx.ndim()
+                        && shape.iter().zip(idx.shape()).all(|(&s, &i)| s >= i);
+                    let gs = if fits {
+                        let z = Tensor::zeros(shape.clone(), *dtype, g.device())?;
+                        let ranges: Vec<_> = idx
+                            .shape()
+                            .iter()
+                            .map(|&n| crate::index::SliceArg::from(..n))
+                            .collect();
+                        z.slice(ranges)?.assign(&picked)?;
+                        z
+                    } else {
+                        crate::autograd::sum_to_shape(&picked, shape)?
+                    };
+                    grads.push(Some(gs));
+                }
+                Ok(grads)
+            },
+        ))
+    }
+
     fn scatter_impl(
         &self,
         axis: isize,
@@ -237,6 +351,9 @@ impl Tensor {
         what: &str,
     ) -> Result<()> {
         self.same_device(index, what)?;
+        if let Value::Tensor(t) = &src {
+            crate::autograd::refuse_in_place_source(t, what)?;
+        }
         let a = normalize_axis(axis, self.ndim())?;
         self.check_index_shape(index, a, what)?;
         let idx = normalized_index(index, self.shape()[a], what)?;

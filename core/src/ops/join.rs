@@ -25,6 +25,10 @@ impl Tensor {
             .first()
             .ok_or_else(|| Error::Invalid("cat needs at least one tensor".into()))?;
         let a = normalize_axis(axis, first.ndim())?;
+        if crate::autograd::needed(tensors.iter().copied()) {
+            let out = crate::autograd::no_grad(|| Tensor::cat(tensors, axis))?;
+            return Ok(record_cat(tensors, a, out));
+        }
         let mut shape = first.shape().to_vec();
         shape[a] = 0;
         for t in tensors {
@@ -214,6 +218,28 @@ impl Tensor {
 
     /// Keeps elements where `(col - row) keep k`; the others become 0.
     fn triangle(&self, k: isize, keep: BinaryOp, what: &str) -> Result<Tensor> {
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.triangle(k, keep, what))?;
+            let name = if keep == BinaryOp::Le {
+                "TrilBackward"
+            } else {
+                "TriuBackward"
+            };
+            return Ok(crate::autograd::record(
+                name,
+                &[self],
+                out,
+                Vec::new(),
+                move |g| {
+                    let gx = if keep == BinaryOp::Le {
+                        g.tril(k)?
+                    } else {
+                        g.triu(k)?
+                    };
+                    Ok(vec![Some(gx)])
+                },
+            ));
+        }
         if self.ndim() < 2 {
             return Err(Error::Shape(format!(
                 "{what} needs a tensor of rank 2 or more, got shape {:?}",
@@ -243,4 +269,36 @@ impl Tensor {
         launch(Kernel::map(expr), &out, &[self], scalars)?;
         Ok(out)
     }
+}
+
+/// `out = cat(tensors, axis)` with its backward node: each input's part of the gradient (a
+/// view), in its own dtype.
+fn record_cat(tensors: &[&Tensor], axis: usize, out: Tensor) -> Tensor {
+    let parts: Vec<(usize, usize, DType, bool)> = {
+        let mut start = 0;
+        tensors
+            .iter()
+            .map(|t| {
+                let n = t.shape()[axis];
+                start += n;
+                (start - n, n, t.dtype(), t.requires_grad())
+            })
+            .collect()
+    };
+    crate::autograd::record("CatBackward", tensors, out, Vec::new(), move |g| {
+        parts
+            .iter()
+            .map(|&(start, n, dtype, wanted)| {
+                if !wanted {
+                    return Ok(None);
+                }
+                let part = g.narrow(axis as isize, start, n)?;
+                Ok(Some(if part.dtype() == dtype {
+                    part
+                } else {
+                    part.to_dtype(dtype)?
+                }))
+            })
+            .collect()
+    })
 }

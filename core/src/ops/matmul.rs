@@ -90,6 +90,10 @@ impl Tensor {
     /// assert!(a.matmul(&a).is_err());
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        if crate::autograd::needed([self, other]) {
+            let out = crate::autograd::no_grad(|| self.matmul(other))?;
+            return Ok(record_matmul(self, other, out));
+        }
         let what = "matmul";
         let dtype = product_dtype(self, other, what)?;
         if self.ndim() == 0 || other.ndim() == 0 {
@@ -189,6 +193,13 @@ impl Tensor {
         trans_b: bool,
     ) -> Result<()> {
         let what = "gemm";
+        if crate::autograd::needed([a, b]) {
+            return Err(Error::Invalid(
+                "gemm writes into c in place, which records no gradient: use matmul (and add \
+                 or mul) for tensors that require one"
+                    .into(),
+            ));
+        }
         product_dtype(a, b, what)?;
         c.same_device(a, what)?;
         if a.ndim() < 2 || b.ndim() < 2 || c.ndim() < 2 {
@@ -240,5 +251,61 @@ impl Tensor {
             ))
         })?;
         launch_matmul(&a3, &b3, &c3, alpha, beta)
+    }
+}
+
+/// `out = a.matmul(b)` with its backward node: `g @ bᵀ` and `aᵀ @ g` on the operands as
+/// matrices (1-D ones given the axis `matmul` gave them), summed over broadcast batch axes.
+fn record_matmul(a: &Tensor, b: &Tensor, out: Tensor) -> Tensor {
+    use crate::autograd::graph::Saved;
+    let (sa, sb) = (Saved::new(a, "matmul"), Saved::new(b, "matmul"));
+    let described = vec![sa.describe(), sb.describe()];
+    let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
+    crate::autograd::record("MatmulBackward", &[a, b], out, described, move |g| {
+        let (a, b) = (sa.get()?, sb.get()?);
+        let a2 = if a.ndim() == 1 {
+            a.unsqueeze(0)?
+        } else {
+            a.clone()
+        };
+        let b2 = if b.ndim() == 1 {
+            b.unsqueeze(1)?
+        } else {
+            b.clone()
+        };
+        // The gradient with the axes matmul dropped for 1-D operands put back.
+        let mut g2 = g.clone();
+        if b.ndim() == 1 {
+            g2 = g2.unsqueeze(-1)?;
+        }
+        if a.ndim() == 1 {
+            g2 = g2.unsqueeze(-2)?;
+        }
+        let ga = if need_a {
+            let full = g2.matmul(&b2.transpose(-1, -2)?)?;
+            let ga =
+                crate::autograd::sum_to_shape(&full, a2.shape())?.reshape(a.shape().to_vec())?;
+            Some(cast_to(ga, a.dtype())?)
+        } else {
+            None
+        };
+        let gb = if need_b {
+            let full = a2.transpose(-1, -2)?.matmul(&g2)?;
+            let gb =
+                crate::autograd::sum_to_shape(&full, b2.shape())?.reshape(b.shape().to_vec())?;
+            Some(cast_to(gb, b.dtype())?)
+        } else {
+            None
+        };
+        Ok(vec![ga, gb])
+    })
+}
+
+/// `t` in `dtype` (itself when it has it).
+fn cast_to(t: Tensor, dtype: DType) -> Result<Tensor> {
+    if t.dtype() == dtype {
+        Ok(t)
+    } else {
+        t.to_dtype(dtype)
     }
 }

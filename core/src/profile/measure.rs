@@ -55,7 +55,11 @@ pub(super) fn kernel_record(
         None => (default_name.to_string(), None),
     };
     let mut record = ProfileRecord::new(RecordKind::Kernel, name, stream);
-    record.ops = fused_ops.unwrap_or(ops);
+    record.ops = match crate::autograd::running_backward() {
+        // A kernel a backward function launched (a reduction, a matmul, an index op).
+        Some(node) if fused_ops.is_none() => vec![node.to_string()],
+        _ => fused_ops.unwrap_or(ops),
+    };
     record.launch = launch;
     record.bytes_read = bytes_read;
     record.bytes_written = bytes_written;

@@ -110,9 +110,31 @@ impl OpOperands {
         let Some(out) = out else {
             let layout = self.output_layout()?;
             let device = device_of.device();
-            return defer_or_launch(expr, layout, self.tensors, self.scalars, device, what);
+            if !crate::autograd::needed(&self.tensors) {
+                return defer_or_launch(expr, layout, self.tensors, self.scalars, device, what);
+            }
+            let result = defer_or_launch(
+                expr.clone(),
+                layout,
+                self.tensors.clone(),
+                self.scalars.clone(),
+                device,
+                what,
+            )?;
+            let name = crate::autograd::backward_name(what);
+            return Ok(crate::autograd::record_elementwise(
+                name,
+                &expr,
+                &self.tensors,
+                &self.scalars,
+                result,
+            ));
         };
         check_out(out, &self.shape, expr.dtype, what)?;
+        crate::autograd::refuse_write_into(out)?;
+        for t in &self.tensors {
+            crate::autograd::refuse_in_place_source(t, what)?;
+        }
         device_of.same_device(out, what)?;
         let expr = expr.cast(out.dtype(), false);
         let inputs: Vec<&Tensor> = self.tensors.iter().collect();

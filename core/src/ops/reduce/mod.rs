@@ -1,6 +1,8 @@
 //! Reductions: accumulation dtypes (PyTorch's, plus augpy's `upcast`), axes and `keepdim`,
 //! and the compositions built from the `Reduce` kernel (mean, var, std, logsumexp, softmax).
 
+mod grad;
+
 use super::promote::DEFAULT_FLOAT;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
@@ -114,7 +116,7 @@ impl Tensor {
     }
 
     /// The sorted, distinct axes `axes` names.
-    fn reduce_axes(&self, axes: &Axes) -> Result<Vec<usize>> {
+    pub(crate) fn reduce_axes(&self, axes: &Axes) -> Result<Vec<usize>> {
         let mut out = match axes {
             Axes::All => (0..self.ndim()).collect(),
             Axes::List(list) => list
@@ -155,6 +157,11 @@ impl Tensor {
                 "{op:?} over axes {reduced:?} of shape {:?}: the reduced extent is empty",
                 self.shape()
             )));
+        }
+        if crate::autograd::needed([self]) && out_dtype.is_float() {
+            let out =
+                crate::autograd::no_grad(|| self.reduce_raw(op, axes, keepdim, acc, out_dtype))?;
+            return grad::record_reduction(op, self, out, &reduced, keepdim);
         }
         let order: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
         let out_shape: Vec<usize> = kept.iter().map(|&a| self.shape()[a]).collect();
@@ -275,6 +282,10 @@ impl Tensor {
     pub fn mean(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
         self.float_only("mean")?;
         let axes = axes.into();
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.mean(axes.clone(), keepdim))?;
+            return grad::record_mean(self, out, &self.reduce_axes(&axes)?, keepdim);
+        }
         let n = self.extent(&axes)?;
         let acc = self.dtype.accumulator();
         let sum = self.reduce_raw(ReduceOp::Sum, &axes, keepdim, acc, acc)?;
@@ -301,7 +312,13 @@ impl Tensor {
     /// assert_eq!(t.var(0, 0, false).unwrap().item::<f64>().unwrap(), 1.25);
     /// ```
     pub fn var(&self, axes: impl Into<Axes>, correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.var_in_acc(axes.into(), correction, keepdim, "var")?
+        let axes = axes.into();
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.var(axes.clone(), correction, keepdim))?;
+            let reduced = self.reduce_axes(&axes)?;
+            return grad::record_var(self, out, &reduced, correction, keepdim, false);
+        }
+        self.var_in_acc(axes, correction, keepdim, "var")?
             .to_dtype(self.dtype)
     }
 
@@ -336,7 +353,13 @@ impl Tensor {
     /// assert_eq!(s.to_dtype(DType::F32).unwrap().item::<f32>().unwrap(), 32752.0);
     /// ```
     pub fn std(&self, axes: impl Into<Axes>, correction: usize, keepdim: bool) -> Result<Tensor> {
-        self.var_in_acc(axes.into(), correction, keepdim, "std")?
+        let axes = axes.into();
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.std(axes.clone(), correction, keepdim))?;
+            let reduced = self.reduce_axes(&axes)?;
+            return grad::record_var(self, out, &reduced, correction, keepdim, true);
+        }
+        self.var_in_acc(axes, correction, keepdim, "std")?
             .sqrt()?
             .to_dtype(self.dtype)
     }
@@ -443,8 +466,12 @@ impl Tensor {
     /// assert!((v - (1000.0 + 2f64.ln())).abs() < 1e-9);
     /// ```
     pub fn logsumexp(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
-        let x = self.as_float()?;
         let axes = axes.into();
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.logsumexp(axes.clone(), keepdim))?;
+            return grad::record_logsumexp(self, out, &self.reduce_axes(&axes)?, keepdim);
+        }
+        let x = self.as_float()?;
         if x.extent(&axes)? == 0 {
             return x.sum(axes, keepdim)?.log();
         }
@@ -476,6 +503,10 @@ impl Tensor {
     /// assert_eq!(t.softmax(0).unwrap().to_vec::<f32>().unwrap(), vec![0.5, 0.5]);
     /// ```
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.softmax(axis))?;
+            return grad::record_softmax(self, out, axis, false);
+        }
         let x = self.as_float()?;
         if x.extent(&Axes::from(axis))? == 0 {
             return x.empty_like(); // nothing to normalize (PyTorch returns the empty tensor too)
@@ -510,6 +541,10 @@ impl Tensor {
     /// assert_eq!(t.log_softmax(0).unwrap().to_vec::<f64>().unwrap(), vec![-2f64.ln(); 2]);
     /// ```
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.log_softmax(axis))?;
+            return grad::record_softmax(self, out, axis, true);
+        }
         let x = self.as_float()?;
         if x.extent(&Axes::from(axis))? == 0 {
             return x.empty_like();
