@@ -27,6 +27,7 @@ pub use strata_core::*;
 /// ```
 pub mod prelude {
     pub use crate::DeviceExt;
+    pub use strata_core::autograd::{self, no_grad};
     pub use strata_core::ops::Axes;
     pub use strata_core::random::Generator;
     pub use strata_core::{

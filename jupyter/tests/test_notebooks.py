@@ -339,6 +339,36 @@ def test_dlpack_notebook_shows_zero_copy_or_says_it_copied(device):
     assert "after the consumer's deleter ran: 0 KiB" in freed, freed
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_autograd_notebook_gets_the_gradients_and_fits(device):
+    nb = executed("09-autograd", device)
+    first = stream(tagged(nb, "first-backward")[0], "stdout")
+    assert "y = 52.25 (computed by SumBackward)" in first, first
+    assert "dy/dx = [1.5, 2.0, 28.0]" in first and "dy/dw = [3.0, -4.0, 42.0]" in first, first
+    graph = data(tagged(nb, "graph")[0], "image/svg+xml")
+    assert graph is not None and "PowBackward" not in graph, graph
+    assert "SquareBackward" in graph and "AddBackward" in graph and "leaf" in graph, graph
+    assert "one fused kernel computed" in graph, graph
+    broadcast = tagged(nb, "broadcast-grad")[0]
+    assert "b has shape [3] and gradient [4.0, 4.0, 4.0]" in stream(broadcast, "stdout")
+    assert "ExpandBackward" in data(broadcast, "image/svg+xml")
+    writes = stream(tagged(nb, "in-place")[0], "stdout")
+    assert "add_ on the leaf: invalid argument: a leaf that requires a gradient" in writes, writes
+    assert "modified by an in-place operation" in writes, writes
+    fit = stream(tagged(nb, "fit-line")[0], "stdout")
+    w, b = (float(v) for v in fit.split("w = ")[1].split(" (")[0].split(", b = "))
+    assert abs(w - 2.5) < 0.1 and abs(b + 0.7) < 0.1, fit
+    assert "<polyline" in data(tagged(nb, "fit-plot")[0], "image/svg+xml")
+    logistic = stream(tagged(nb, "logistic")[0], "stdout")
+    assert float(logistic.split("accuracy ")[1].split(" %")[0]) > 90, logistic
+    assert "<polyline" in data(tagged(nb, "logistic-plot")[0], "image/svg+xml")
+    fused = tagged(nb, "eager-vs-fused-backward")[0]
+    line = stream(fused, "stdout")
+    eager, rest = line.split(": ")[1].split(" kernels eager, ")
+    assert int(rest.split(" fused")[0]) <= 2 < int(eager), line
+    assert "MulBackward" in all_text(fused), all_text(fused)
+
+
 def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     """The first cell of a new kernel that ends in `expr?` returns the HTML table, not the
     one-line Debug summary (the kernel's prelude uses `?` once; see jupyter/src/kernelspec.rs)."""

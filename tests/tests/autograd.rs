@@ -452,6 +452,13 @@ fn tricky_gradients(dev: &Device) -> Result<()> {
         .sum(Axes::All, false)?
         .backward()?;
     assert_eq!(host(&r.grad().unwrap())?, vec![-1.0, 0.0, 2.0]);
+    // clamp passes the gradient inside its bounds, the bounds included; a tensor bound gets
+    // it where it clamped.
+    let v = f32s(&[-1.0, 0.0, 0.5, 1.0, 2.0], dev)?.requires_grad_(true)?;
+    let lo = f32s(&[0.0], dev)?.requires_grad_(true)?;
+    v.clamp(&lo, 1.0)?.sum(Axes::All, false)?.backward()?;
+    assert_eq!(host(&v.grad().unwrap())?, vec![0.0, 1.0, 1.0, 1.0, 0.0]);
+    assert_eq!(host(&lo.grad().unwrap())?, vec![1.0]);
     // An f16 leaf gets an f16 gradient through an f32 computation.
     let h = Tensor::ones([2], DType::F16, dev)?.requires_grad_(true)?;
     h.to_dtype(DType::F32)?
@@ -627,3 +634,198 @@ fn fused_backward(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(the_backward_of_an_elementwise_chain_fuses, fused_backward);
+
+/// SplitMix64, for seeded random chains.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// One step of a random differentiable chain (smooth ops only, so a rounding difference
+/// between devices cannot move a value across a kink).
+#[derive(Clone, Debug)]
+enum Step {
+    Unary(&'static str),
+    /// With a second leaf of a shape that broadcasts to the current one.
+    Binary(&'static str, Vec<usize>),
+    Reduce(&'static str, isize, bool),
+    Softmax(bool, isize),
+    Transpose,
+    Flip,
+    MatmulSquare,
+}
+
+fn apply(step: &Step, x: &Tensor, other: Option<&Tensor>) -> Result<Tensor> {
+    Ok(match step {
+        Step::Unary(op) => match *op {
+            "tanh" => x.tanh()?,
+            "sigmoid" => x.sigmoid()?,
+            "sin" => x.sin()?,
+            "cos" => x.cos()?,
+            "neg" => x.neg()?,
+            "gelu" => x.gelu()?,
+            _ => x.square()?.mul(0.5)?,
+        },
+        Step::Binary(op, _) => {
+            let y = other.unwrap();
+            match *op {
+                "add" => x.add(y)?,
+                "sub" => x.sub(y)?,
+                "mul" => x.mul(y)?,
+                _ => x.div(&y.square()?.add(1.0)?)?,
+            }
+        }
+        Step::Reduce(op, axis, keepdim) => match *op {
+            "sum" => x.sum(*axis, *keepdim)?,
+            "mean" => x.mean(*axis, *keepdim)?,
+            _ => x.logsumexp(*axis, *keepdim)?,
+        },
+        Step::Softmax(log, axis) => {
+            if *log {
+                x.log_softmax(*axis)?
+            } else {
+                x.softmax(*axis)?
+            }
+        }
+        Step::Transpose => x.transpose(0, -1)?,
+        Step::Flip => x.flip(&[-1])?,
+        Step::MatmulSquare => x.matmul(&x.t()?)?,
+    })
+}
+
+/// A random chain over a leaf of a random shape (rank 1–3): its steps, built so that each
+/// applies to the shape the one before leaves.
+fn random_chain(rng: &mut Rng) -> (Vec<usize>, Vec<Step>) {
+    let rank = 1 + rng.below(3);
+    let shape: Vec<usize> = (0..rank).map(|_| 1 + rng.below(4)).collect();
+    let mut current = shape.clone();
+    let mut steps = Vec::new();
+    for _ in 0..1 + rng.below(5) {
+        let nd = current.len();
+        let step = match rng.below(7) {
+            0 | 1 => Step::Unary(
+                ["tanh", "sigmoid", "sin", "cos", "neg", "gelu", "square"][rng.below(7)],
+            ),
+            2 => {
+                let other: Vec<usize> = current
+                    .iter()
+                    .enumerate()
+                    .skip(rng.below(nd + 1).min(nd))
+                    .map(|(_, &n)| if rng.below(3) == 0 { 1 } else { n })
+                    .collect();
+                Step::Binary(["add", "sub", "mul", "div"][rng.below(4)], other)
+            }
+            3 if nd > 0 => Step::Reduce(
+                ["sum", "mean", "logsumexp"][rng.below(3)],
+                rng.below(nd) as isize,
+                rng.below(2) == 0,
+            ),
+            4 if nd > 0 => Step::Softmax(rng.below(2) == 0, -1 - rng.below(nd) as isize),
+            5 if nd >= 2 => Step::Transpose,
+            6 if nd == 2 => Step::MatmulSquare,
+            _ if nd > 0 => Step::Flip,
+            _ => Step::Unary("tanh"),
+        };
+        current = match &step {
+            Step::Reduce(_, axis, keepdim) => {
+                let mut s = current.clone();
+                if *keepdim {
+                    s[*axis as usize] = 1;
+                } else {
+                    s.remove(*axis as usize);
+                }
+                s
+            }
+            Step::Transpose => {
+                let mut s = current.clone();
+                s.swap(0, nd - 1);
+                s
+            }
+            Step::MatmulSquare => vec![current[0], current[0]],
+            _ => current,
+        };
+        steps.push(step);
+    }
+    (shape, steps)
+}
+
+/// Runs a chain in `dtype` on `dev`: the gradients of every leaf, as f64 host values.
+fn chain_grads(
+    shape: &[usize],
+    steps: &[Step],
+    dtype: DType,
+    dev: &Device,
+) -> Result<Vec<Vec<f64>>> {
+    let leaf = |s: &[usize], j: usize| -> Result<Tensor> {
+        let n: usize = s.iter().product();
+        Tensor::from_slice(&values(n, j % 4, Range::Signed), s.to_vec(), dev)?
+            .to_dtype(dtype)?
+            .requires_grad_(true)
+    };
+    let mut leaves = vec![leaf(shape, 0)?];
+    let mut x = leaves[0].clone();
+    for step in steps {
+        let other = match step {
+            Step::Binary(_, s) => {
+                leaves.push(leaf(s, leaves.len())?);
+                leaves.last().cloned()
+            }
+            _ => None,
+        };
+        x = apply(step, &x, other.as_ref())?;
+    }
+    let n = x.numel();
+    let w: Vec<f64> = (0..n)
+        .map(|k| ((k * 3 + 1) % 5) as f64 / 4.0 - 0.5)
+        .collect();
+    let w = Tensor::from_slice(&w, x.shape().to_vec(), dev)?.to_dtype(x.dtype())?;
+    x.mul(&w)?.sum(Axes::All, false)?.backward()?;
+    leaves
+        .iter()
+        .map(|l| match l.grad() {
+            Some(g) => g.to_dtype(DType::F64)?.to_vec::<f64>(),
+            None => Ok(vec![0.0; l.numel()]),
+        })
+        .collect()
+}
+
+/// Random differentiable chains (the random-program test's backward steps): every device's
+/// gradients against the CPU's, in every float dtype. `STRATA_AUTOGRAD_CHAINS` sets how many
+/// (default 40).
+fn random_chains(dev: &Device) -> Result<()> {
+    let count: u64 = std::env::var("STRATA_AUTOGRAD_CHAINS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let cpu = Device::cpu();
+    for seed in 0..count {
+        let mut rng = Rng(seed);
+        let (shape, steps) = random_chain(&mut rng);
+        for dtype in [DType::F32, DType::F64, DType::F16, DType::BF16] {
+            let tol = match dtype {
+                DType::F64 => 1e-9,
+                DType::F32 => 2e-3,
+                DType::F16 => 5e-2,
+                _ => 1e-1,
+            };
+            let ctx = format!("seed {seed}: {shape:?} {dtype} {steps:?} on {}", dev.name());
+            let want = chain_grads(&shape, &steps, dtype, &cpu)
+                .map_err(|e| Error::Invalid(format!("{ctx} (cpu): {e}")))?;
+            let got = chain_grads(&shape, &steps, dtype, dev)
+                .map_err(|e| Error::Invalid(format!("{ctx}: {e}")))?;
+            close(&got, &want, tol, &ctx);
+        }
+    }
+    Ok(())
+}
+test_device!(random_chains_backward_match_the_cpu, random_chains);

@@ -11,6 +11,7 @@ mod heatmap;
 mod html;
 mod image;
 mod layout_svg;
+mod plot_svg;
 mod profile_html;
 mod svg;
 mod timeline_svg;
@@ -21,6 +22,7 @@ use crate::error::Result;
 use crate::tensor::Tensor;
 pub(crate) use html::escape;
 pub use layout_svg::show_layout_pictures;
+pub use plot_svg::line_plot;
 pub use svg::Svg;
 
 /// Makes a panic print one line — `panicked at this cell: <message>` for a panic in a

@@ -657,6 +657,14 @@ impl Tensor {
     #[track_caller]
     pub fn clamp(&self, min: impl Into<Value>, max: impl Into<Value>) -> Result<Tensor> {
         let (lo, hi) = (min.into(), max.into());
+        let tensors = [&lo, &hi].into_iter().filter_map(|v| match v {
+            Value::Tensor(t) => Some(t),
+            Value::Scalar(_) => None,
+        });
+        if crate::autograd::needed(std::iter::once(self).chain(tensors)) {
+            let out = crate::autograd::no_grad(|| self.clamp(lo.clone(), hi.clone()))?;
+            return Ok(record_clamp(self, lo, hi, out));
+        }
         let (x, lo, hi) = (
             ValueRef::from(self),
             ValueRef::from(&lo),
@@ -725,4 +733,57 @@ impl Tensor {
         let use_low = Expr::binary(BinaryOp::Lt, w, Expr::scalar(half, dtype));
         l.finish(Expr::select(use_low, low, high), device_of, None, "lerp")
     }
+}
+
+/// `out = x.clamp(lo, hi)` with its backward node (PyTorch's rule): `x` gets the gradient where
+/// `lo ≤ x ≤ hi` (its bounds included), a tensor `lo` where `x < lo`, a tensor `hi` where
+/// `x > hi`, each summed back to its shape.
+fn record_clamp(x: &Tensor, lo: Value, hi: Value, out: Tensor) -> Tensor {
+    use crate::autograd::graph::Saved;
+    let xs = Saved::new(x, "clamp");
+    let described = vec![xs.describe()];
+    let bound = |v: &Value| match v {
+        Value::Tensor(t) => Some(t.clone()),
+        Value::Scalar(_) => None,
+    };
+    let (lo_t, hi_t) = (bound(&lo), bound(&hi));
+    let mut inputs: Vec<&Tensor> = vec![x];
+    inputs.extend(lo_t.as_ref());
+    inputs.extend(hi_t.as_ref());
+    let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
+    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+    let (lo_s, hi_s) = (
+        lo_t.as_ref().map(|t| Saved::new(t, "clamp")),
+        hi_t.as_ref().map(|t| Saved::new(t, "clamp")),
+    );
+    crate::autograd::record("ClampBackward", &inputs, out, described, move |g| {
+        let x = xs.get()?;
+        let value = |saved: &Option<Saved>, v: &Value| -> Result<Value> {
+            Ok(match saved {
+                Some(s) => Value::Tensor(s.get()?.clone()),
+                None => v.clone(),
+            })
+        };
+        let (lo, hi) = (value(&lo_s, &lo)?, value(&hi_s, &hi)?);
+        let inside = x.ge(lo.clone())?.logical_and(&x.le(hi.clone())?)?;
+        let mut grads = vec![Tensor::where_cond(&inside, g, 0.0)?];
+        if lo_s.is_some() {
+            grads.push(Tensor::where_cond(&x.lt(lo)?, g, 0.0)?);
+        }
+        if hi_s.is_some() {
+            grads.push(Tensor::where_cond(&x.gt(hi)?, g, 0.0)?);
+        }
+        grads
+            .into_iter()
+            .zip(shapes.iter().zip(&dtypes))
+            .map(|(gk, (shape, &dtype))| {
+                let gk = crate::autograd::sum_to_shape(&gk, shape)?;
+                Ok(Some(if gk.dtype() == dtype {
+                    gk
+                } else {
+                    gk.to_dtype(dtype)?
+                }))
+            })
+            .collect()
+    })
 }
