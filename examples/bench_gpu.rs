@@ -8,7 +8,9 @@
 //! `bench_gpu first-op` prints the latency of a new process's first add on CUDA (context,
 //! kernel compile or PTX-cache load, launch, read back), of its first new fused kernels, and
 //! of three calls of a new kernel over 2^26 elements (`large_calls_ms`);
-//! `bench_gpu host` only the host cost of tiny ops on CUDA.
+//! `bench_gpu host` only the host cost of tiny ops on CUDA; `bench_gpu mlp [--batch N]
+//! [--device cuda|wgpu|cpu]` a GELU MLP's training step (`scripts/bench_mlp_torch.py` is
+//! PyTorch's side).
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
@@ -242,10 +244,79 @@ fn fusion_rows(dev: &Device, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<()> {
     dev.set_fusion(true)
 }
 
+/// One training step of a GELU MLP (784 → 4096 → 4096 → 10, batch `batch`, f32 with TF32
+/// matmuls, cross-entropy, plain SGD): forward, backward, update. Prints the median step
+/// time, the step's FLOPs (forward and backward matmuls), and the device's peak allocated
+/// bytes over the run.
+fn mlp(dev: &Device, batch: usize) -> Result<()> {
+    dev.set_allow_tf32(true);
+    let mut g = strata::random::Generator::new(5);
+    let sizes = [784, 4096, 4096, 10];
+    let mut params = Vec::new();
+    for pair in sizes.windows(2) {
+        let (fan_in, fan_out) = (pair[0], pair[1]);
+        let w = Tensor::randn([fan_in, fan_out], DType::F32, &mut g, dev)?
+            .mul(1.0 / (fan_in as f64).sqrt())?
+            .requires_grad_(true)?;
+        let b = Tensor::zeros([fan_out], DType::F32, dev)?.requires_grad_(true)?;
+        params.push((w, b));
+    }
+    let x = Tensor::randn([batch, 784], DType::F32, &mut g, dev)?;
+    let y = Tensor::randint(0, 10, [batch, 1], DType::I64, &mut g, dev)?;
+    dev.flush()?;
+    let step = || -> Result<()> {
+        let mut h = x.clone();
+        for (k, (w, b)) in params.iter().enumerate() {
+            h = h.matmul(w)?.add(b)?;
+            if k + 1 < params.len() {
+                h = h.gelu()?;
+            }
+        }
+        let loss = h
+            .log_softmax(-1)?
+            .gather(1, &y)?
+            .mean(Axes::All, false)?
+            .neg()?;
+        loss.backward()?;
+        no_grad(|| -> Result<()> {
+            for (w, b) in &params {
+                for p in [w, b] {
+                    p.sub_(&p.grad().unwrap().mul(0.01)?)?;
+                    p.zero_grad();
+                }
+            }
+            Ok(())
+        })
+    };
+    let ms = time(dev, 1, step)?;
+    let matmul_flops: usize = sizes.windows(2).map(|p| 2 * batch * p[0] * p[1]).sum();
+    row(
+        &format!("mlp-step-{batch}"),
+        ms,
+        0.0,
+        3.0 * matmul_flops as f64,
+    );
+    dev.synchronize()?;
+    println!(
+        "{{\"op\": \"mlp-peak-mib-{batch}\", \"mib\": {:.1}}}",
+        dev.memory_stats().peak as f64 / (1 << 20) as f64
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     match std::env::args().nth(1).as_deref() {
         Some("first-op") => return first_op(),
         Some("host") => return host_costs(&Device::cuda(0)?),
+        Some("mlp") => {
+            let batch: usize = arg("--batch", "8192").parse().unwrap_or(8192);
+            let dev = match arg("--device", "cuda").as_str() {
+                "wgpu" => Device::wgpu()?,
+                "cpu" => Device::cpu(),
+                _ => Device::cuda(0)?,
+            };
+            return mlp(&dev, batch);
+        }
         _ => {}
     }
     let cuda = match arg("--device", "cuda").as_str() {

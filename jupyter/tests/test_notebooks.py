@@ -59,13 +59,23 @@ def executed(name, device):
         # libwayland, probed by the Vulkan driver, prints an error line without it.
         os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.mkdtemp(prefix="xdg-"))
         try:
-            EvcxrNotebookClient(
-                nb,
-                kernel_name="strata",
-                timeout=600,
-                startup_timeout=3600,
-                resources={"metadata": {"path": str(path.parent)}},
-            ).execute()
+            # jupyter_client picks free ports and the kernel binds them later: another process
+            # can take one in between, and the kernel then dies at start ("Address already in
+            # use" in kernel.log). Such a start is tried again, with fresh ports.
+            for attempt in range(3):
+                try:
+                    EvcxrNotebookClient(
+                        nb,
+                        kernel_name="strata",
+                        timeout=600,
+                        startup_timeout=3600,
+                        resources={"metadata": {"path": str(path.parent)}},
+                    ).execute()
+                    break
+                except RuntimeError as e:
+                    if "Kernel died before replying to kernel_info" not in str(e) or attempt == 2:
+                        raise
+                    nb = nbformat.read(path, as_version=4)
         finally:
             if old is None:
                 del os.environ["STRATA_DEVICE"]

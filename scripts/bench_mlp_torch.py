@@ -1,0 +1,73 @@
+"""PyTorch's side of `bench_gpu mlp`: the same GELU MLP training step (784 -> 4096 -> 4096 -> 10,
+f32 with TF32 matmuls, cross-entropy, SGD), eager and with torch.compile, timed the same way
+(median of 20 steps, CUDA events), with the peak allocated memory of each. One JSON object per
+line."""
+import json
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    batch = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    dev = "cuda"
+    for mode in ("eager", "compile"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        g = torch.Generator(device=dev).manual_seed(5)
+        sizes = [784, 4096, 4096, 10]
+        params = []
+        for fan_in, fan_out in zip(sizes, sizes[1:]):
+            w = (torch.randn(fan_in, fan_out, device=dev, generator=g) / fan_in**0.5).requires_grad_()
+            b = torch.zeros(fan_out, device=dev, requires_grad=True)
+            params.append((w, b))
+        x = torch.randn(batch, 784, device=dev, generator=g)
+        y = torch.randint(0, 10, (batch,), device=dev, generator=g)
+
+        def forward(x, y):
+            h = x
+            for k, (w, b) in enumerate(params):
+                h = h @ w + b
+                if k + 1 < len(params):
+                    h = F.gelu(h)
+            return F.cross_entropy(h, y)
+
+        fwd = torch.compile(forward) if mode == "compile" else forward
+
+        def step():
+            loss = fwd(x, y)
+            loss.backward()
+            with torch.no_grad():
+                for w, b in params:
+                    for p in (w, b):
+                        p -= 0.01 * p.grad
+                        p.grad = None
+
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        first_ms = (time.perf_counter() - t0) * 1e3
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        runs = []
+        for _ in range(20):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step()
+            end.record()
+            end.synchronize()
+            runs.append(start.elapsed_time(end))
+        runs.sort()
+        flops = 3 * sum(2 * batch * a * b for a, b in zip(sizes, sizes[1:]))
+        print(json.dumps({"op": f"mlp-step-{batch} ({mode})", "ms": runs[len(runs) // 2],
+                          "flops": flops, "first_ms": first_ms}), flush=True)
+        peak = torch.cuda.max_memory_allocated() / 2**20
+        print(json.dumps({"op": f"mlp-peak-mib-{batch} ({mode})", "mib": peak}), flush=True)
+
+
+main()
