@@ -210,3 +210,37 @@ impl strata::Backend for StandIn {
         self.0.synchronize()
     }
 }
+
+/// SplitMix64: small, seedable, the same sequence everywhere (the random programs and
+/// chains draw from it).
+///
+/// ```
+/// let mut a = strata_tests::Rng(7);
+/// let mut b = strata_tests::Rng(7);
+/// assert_eq!(a.word(), b.word());
+/// assert!(a.below(3) < 3);
+/// ```
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn word(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.word() % n.max(1) as u64) as usize
+    }
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.word() % 100 < percent
+    }
+    /// One of `items` (which must not be empty).
+    pub fn pick<T: Clone>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())].clone()
+    }
+}

@@ -10,7 +10,7 @@ use strata::autograd;
 use strata::ops::Axes;
 use strata::prelude::*;
 use strata::RecordKind;
-use strata_tests::test_device;
+use strata_tests::{test_device, Rng};
 
 type OpFn = fn(&[Tensor]) -> Result<Tensor>;
 
@@ -637,22 +637,6 @@ fn fused_backward(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(the_backward_of_an_elementwise_chain_fuses, fused_backward);
-
-/// SplitMix64, for seeded random chains.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
 
 /// One step of a random differentiable chain (smooth ops only, so a rounding difference
 /// between devices cannot move a value across a kink).

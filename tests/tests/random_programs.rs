@@ -13,30 +13,9 @@
 
 use strata::prelude::*;
 use strata::{Element, SliceArg};
+use strata_tests::Rng;
 
 // ---------------------------------------------------------------- seeded choices
-
-/// SplitMix64: small, seedable, the same sequence everywhere.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-    fn pick<T: Clone>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len())].clone()
-    }
-}
 
 const DTYPES: [DType; 13] = [
     DType::Bool,
@@ -105,7 +84,7 @@ fn value(rng: &mut Rng, dtype: DType, subnormals: bool) -> Scalar {
         rng.below(41) as i128 - 20
     } else {
         // Anywhere in the range: the 64 random bits, wrapped to the dtype.
-        rng.next() as i64 as i128
+        rng.word() as i64 as i128
     };
     Scalar::I64(v as i64).cast(dtype, false)
 }

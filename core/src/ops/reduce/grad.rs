@@ -12,109 +12,146 @@ use crate::ir::ReduceOp;
 use crate::ops::Axes;
 use crate::tensor::Tensor;
 
-/// `x`'s shape with the `reduced` axes of size 1.
-fn kept_shape(x: &[usize], reduced: &[usize]) -> Vec<usize> {
-    (0..x.len())
-        .map(|a| if reduced.contains(&a) { 1 } else { x[a] })
-        .collect()
+/// The reduction a rule differentiates: the input's shape and dtype, the reduced axes, and
+/// the saved input and output where the rule reads them.
+struct Reduced {
+    shape: Vec<usize>,
+    dtype: DType,
+    reduced: Vec<usize>,
+    x: Option<Saved>,
+    y: Option<Saved>,
 }
 
-/// A tensor of the reduction's output shape (`keepdim` or not) as a view of `shape`: its
-/// values repeated over the reduced axes.
-fn spread(t: &Tensor, shape: &[usize], reduced: &[usize]) -> Result<Tensor> {
-    t.reshape(kept_shape(shape, reduced))?
-        .broadcast_to(shape.to_vec())
+impl Reduced {
+    /// The saved input.
+    fn x(&self) -> Result<&Tensor> {
+        saved(&self.x)
+    }
+
+    /// The saved output.
+    fn y(&self) -> Result<&Tensor> {
+        saved(&self.y)
+    }
+
+    /// `t`, of the output's shape (`keepdim` or not), as a view of the input's shape: its
+    /// values repeated over the reduced axes, in the input's dtype.
+    fn spread(&self, t: &Tensor) -> Result<Tensor> {
+        to(t.clone(), self.dtype)?
+            .reshape(self.kept_shape())?
+            .broadcast_to(self.shape.clone())
+    }
+
+    /// The input's shape with the reduced axes of size 1.
+    fn kept_shape(&self) -> Vec<usize> {
+        (0..self.shape.len())
+            .map(|a| {
+                if self.reduced.contains(&a) {
+                    1
+                } else {
+                    self.shape[a]
+                }
+            })
+            .collect()
+    }
+
+    /// The reduced axes, as a reduction of the gradient takes them.
+    fn axes(&self) -> Axes {
+        Axes::List(self.reduced.iter().map(|&a| a as isize).collect())
+    }
+
+    /// Elements reduced into each output.
+    fn count(&self) -> usize {
+        self.reduced.iter().map(|&a| self.shape[a]).product()
+    }
 }
 
-/// The reduced axes, as a reduction of the gradient takes them.
-fn axes(reduced: &[usize]) -> Axes {
-    Axes::List(reduced.iter().map(|&a| a as isize).collect())
+fn saved(s: &Option<Saved>) -> Result<&Tensor> {
+    s.as_ref().map_or_else(
+        || {
+            Err(crate::error::Error::Backend(
+                "internal error: a reduction's rule read what it did not save".into(),
+            ))
+        },
+        Saved::get,
+    )
 }
 
-/// `out`, the reduction `op` of `x` over `reduced`, with its backward node.
-pub(super) fn record_reduction(
-    op: ReduceOp,
+/// `out`, a reduction of `x` over `reduced`, with the node `name` whose rule maps the
+/// output's gradient to `x`'s; it saves `x` and `out` where `saves` says.
+fn record_rule(
+    name: &'static str,
     x: &Tensor,
     out: Tensor,
     reduced: &[usize],
-    _keepdim: bool,
-) -> Result<Tensor> {
-    let shape = x.shape().to_vec();
-    let reduced = reduced.to_vec();
-    let dtype = x.dtype();
-    Ok(match op {
-        ReduceOp::Sum => crate::autograd::record("SumBackward", &[x], out, Vec::new(), move |g| {
-            Ok(vec![Some(to(spread(g, &shape, &reduced)?, dtype)?)])
+    saves: (bool, bool),
+    rule: impl Fn(&Reduced, &Tensor) -> Result<Tensor> + Send + Sync + 'static,
+) -> Tensor {
+    if !crate::autograd::needed([x]) {
+        return out;
+    }
+    let r = Reduced {
+        shape: x.shape().to_vec(),
+        dtype: x.dtype(),
+        reduced: reduced.to_vec(),
+        x: saves.0.then(|| Saved::new(x, name)),
+        y: saves.1.then(|| Saved::new(&out, name)),
+    };
+    let described = r.x.iter().chain(&r.y).map(Saved::describe).collect();
+    crate::autograd::record(name, &[x], out, described, move |g| {
+        Ok(vec![Some(to(rule(&r, g)?, r.dtype)?)])
+    })
+}
+
+/// `out`, the reduction `op` of `x` over `reduced`, with its backward node.
+pub(super) fn record_reduction(op: ReduceOp, x: &Tensor, out: Tensor, reduced: &[usize]) -> Tensor {
+    match op {
+        ReduceOp::Sum => record_rule("SumBackward", x, out, reduced, (false, false), |r, g| {
+            r.spread(g)
         }),
-        ReduceOp::Prod => {
-            let (xs, ys) = (Saved::new(x, "prod"), Saved::new(&out, "prod"));
-            let described = vec![xs.describe(), ys.describe()];
-            crate::autograd::record("ProdBackward", &[x], out.clone(), described, move |g| {
-                let (x, y) = (xs.get()?, ys.get()?);
-                let g = spread(&to(g.clone(), x.dtype())?, &shape, &reduced)?;
-                let y = spread(&to(y.clone(), x.dtype())?, &shape, &reduced)?;
-                let is_zero = x.eq(0.0)?;
-                let zeros = is_zero.to_dtype(x.dtype())?.sum(axes(&reduced), true)?;
-                let others = Tensor::where_cond(&is_zero, 1.0, x)?.prod(axes(&reduced), true)?;
-                let (zeros, others) = (
-                    zeros.broadcast_to(shape.clone())?,
-                    others.broadcast_to(shape.clone())?,
-                );
-                // No zero: g·y/x. One zero: the zero gets g·(the product of the others),
-                // the rest 0. More: 0 everywhere.
-                let lone_zero = zeros.eq(1.0)?.logical_and(&is_zero)?;
-                let at_zero = Tensor::where_cond(&lone_zero, &g.mul(&others)?, 0.0)?;
-                let gx = Tensor::where_cond(&zeros.eq(0.0)?, &g.mul(&y)?.div(x)?, &at_zero)?;
-                Ok(vec![Some(gx)])
-            })
-        }
+        ReduceOp::Prod => record_rule("ProdBackward", x, out, reduced, (true, true), |r, g| {
+            let (x, g, y) = (r.x()?, r.spread(g)?, r.spread(r.y()?)?);
+            let is_zero = x.eq(0.0)?;
+            let zeros = is_zero.to_dtype(x.dtype())?.sum(r.axes(), true)?;
+            let others = Tensor::where_cond(&is_zero, 1.0, x)?.prod(r.axes(), true)?;
+            let (zeros, others) = (
+                zeros.broadcast_to(r.shape.clone())?,
+                others.broadcast_to(r.shape.clone())?,
+            );
+            // No zero: g·y/x. One zero: the zero gets g·(the product of the others), the
+            // rest 0. More: 0 everywhere.
+            let lone_zero = zeros.eq(1.0)?.logical_and(&is_zero)?;
+            let at_zero = Tensor::where_cond(&lone_zero, &g.mul(&others)?, 0.0)?;
+            Tensor::where_cond(&zeros.eq(0.0)?, &g.mul(&y)?.div(x)?, &at_zero)
+        }),
         ReduceOp::Max | ReduceOp::Min => {
-            let (xs, ys) = (Saved::new(x, "max"), Saved::new(&out, "max"));
             let name = if op == ReduceOp::Max {
                 "MaxBackward"
             } else {
                 "MinBackward"
             };
-            let described = vec![xs.describe(), ys.describe()];
-            crate::autograd::record(name, &[x], out.clone(), described, move |g| {
-                let (x, y) = (xs.get()?, ys.get()?);
-                let y = spread(y, &shape, &reduced)?;
+            record_rule(name, x, out, reduced, (true, true), |r, g| {
+                let (x, y) = (r.x()?, r.spread(r.y()?)?);
                 // The gradient goes to every element equal to the result (NaN to NaN), in
                 // equal shares.
                 let hit = x
                     .eq(&y)?
                     .logical_or(&x.isnan()?.logical_and(&y.isnan()?)?)?;
-                let count = hit.to_dtype(x.dtype())?.sum(axes(&reduced), true)?;
-                let share = g.reshape(kept_shape(&shape, &reduced))?.div(&count)?;
-                let gx = Tensor::where_cond(&hit, &share.broadcast_to(shape.clone())?, 0.0)?;
-                Ok(vec![Some(gx)])
+                let count = hit.to_dtype(x.dtype())?.sum(r.axes(), true)?;
+                let share = to(g.clone(), r.dtype)?
+                    .reshape(r.kept_shape())?
+                    .div(&count)?;
+                Tensor::where_cond(&hit, &share.broadcast_to(r.shape.clone())?, 0.0)
             })
         }
         _ => out,
-    })
+    }
 }
 
 /// `out`, the mean of `x` over `reduced`, with its backward node: the gradient over `n`.
-pub(super) fn record_mean(
-    x: &Tensor,
-    out: Tensor,
-    reduced: &[usize],
-    _keepdim: bool,
-) -> Result<Tensor> {
-    let shape = x.shape().to_vec();
-    let reduced = reduced.to_vec();
-    let n: usize = reduced.iter().map(|&a| shape[a]).product();
-    let dtype = x.dtype();
-    Ok(crate::autograd::record(
-        "MeanBackward",
-        &[x],
-        out,
-        Vec::new(),
-        move |g| {
-            let gx = to(g.div(n as f64)?, dtype)?;
-            Ok(vec![Some(spread(&gx, &shape, &reduced)?)])
-        },
-    ))
+pub(super) fn record_mean(x: &Tensor, out: Tensor, reduced: &[usize]) -> Tensor {
+    record_rule("MeanBackward", x, out, reduced, (false, false), |r, g| {
+        r.spread(&g.div(r.count() as f64)?)
+    })
 }
 
 /// `out`, the variance (or with `std` the standard deviation) of `x` over `reduced` with
@@ -124,89 +161,55 @@ pub(super) fn record_var(
     out: Tensor,
     reduced: &[usize],
     correction: usize,
-    _keepdim: bool,
     std: bool,
-) -> Result<Tensor> {
-    let shape = x.shape().to_vec();
-    let reduced = reduced.to_vec();
-    let n: usize = reduced.iter().map(|&a| shape[a]).product();
-    let dof = (n as f64 - correction as f64).max(0.0);
-    let xs = Saved::new(x, if std { "std" } else { "var" });
-    let ys = Saved::new(&out, if std { "std" } else { "var" });
-    let described = vec![xs.describe(), ys.describe()];
+) -> Tensor {
     let name = if std { "StdBackward" } else { "VarBackward" };
-    Ok(crate::autograd::record(
-        name,
-        &[x],
-        out.clone(),
-        described,
-        move |g| {
-            let x = xs.get()?;
-            let centered = x.sub(&x.mean(axes(&reduced), true)?)?;
-            let g = spread(&to(g.clone(), x.dtype())?, &shape, &reduced)?;
-            let gx = if std {
-                let s = spread(&to(ys.get()?.clone(), x.dtype())?, &shape, &reduced)?;
-                g.mul(&centered)?.div(&s.mul(dof)?)?
-            } else {
-                g.mul(&centered)?.mul(2.0 / dof)?
-            };
-            Ok(vec![Some(gx)])
-        },
-    ))
+    record_rule(name, x, out, reduced, (true, std), move |r, g| {
+        let dof = (r.count() as f64 - correction as f64).max(0.0);
+        let x = r.x()?;
+        let centered = x.sub(&x.mean(r.axes(), true)?)?;
+        let g = r.spread(g)?;
+        if std {
+            g.mul(&centered)?.div(&r.spread(r.y()?)?.mul(dof)?)
+        } else {
+            g.mul(&centered)?.mul(2.0 / dof)
+        }
+    })
 }
 
 /// `out`, `logsumexp` of `x` over `reduced`, with its backward node: the gradient times
 /// `exp(x - out)` (the softmax over the reduced axes).
-pub(super) fn record_logsumexp(
-    x: &Tensor,
-    out: Tensor,
-    reduced: &[usize],
-    _keepdim: bool,
-) -> Result<Tensor> {
-    let shape = x.shape().to_vec();
-    let reduced = reduced.to_vec();
-    let (xs, ys) = (Saved::new(x, "logsumexp"), Saved::new(&out, "logsumexp"));
-    let described = vec![xs.describe(), ys.describe()];
-    Ok(crate::autograd::record(
+pub(super) fn record_logsumexp(x: &Tensor, out: Tensor, reduced: &[usize]) -> Tensor {
+    record_rule(
         "LogsumexpBackward",
-        &[x],
-        out.clone(),
-        described,
-        move |g| {
-            let (x, y) = (xs.get()?, ys.get()?);
-            let weights = x.sub(&spread(y, &shape, &reduced)?)?.exp()?;
-            let gx = spread(g, &shape, &reduced)?.mul(&weights)?;
-            Ok(vec![Some(to(gx, x.dtype())?)])
+        x,
+        out,
+        reduced,
+        (true, true),
+        |r, g| {
+            let weights = r.x()?.sub(&r.spread(r.y()?)?)?.exp()?;
+            r.spread(g)?.mul(&weights)
         },
-    ))
+    )
 }
 
 /// `out`, `softmax` (or with `log` `log_softmax`) of `x` along `axis`, with its backward
 /// node: `y·(g - Σ g·y)`, or `g - exp(y)·Σ g`.
-pub(super) fn record_softmax(x: &Tensor, out: Tensor, axis: isize, log: bool) -> Result<Tensor> {
+pub(super) fn record_softmax(x: &Tensor, out: Tensor, axis: isize, log: bool) -> Tensor {
     let name = if log {
         "LogSoftmaxBackward"
     } else {
         "SoftmaxBackward"
     };
-    let ys = Saved::new(&out, if log { "log_softmax" } else { "softmax" });
-    let described = vec![ys.describe()];
-    let dtype = x.dtype();
-    Ok(crate::autograd::record(
-        name,
-        &[x],
-        out.clone(),
-        described,
-        move |g| {
-            let y = ys.get()?;
-            let gx = if log {
-                g.sub(&y.exp()?.mul(&g.sum(axis, true)?)?)?
-            } else {
-                y.mul(&g.sub(&g.mul(y)?.sum(axis, true)?)?)?
-            };
-            Ok(vec![Some(to(gx, dtype)?)])
-        },
-    ))
+    // No axis is reduced: the rule works along `axis` on tensors of the input's shape.
+    record_rule(name, x, out, &[], (false, true), move |r, g| {
+        let y = r.y()?;
+        if log {
+            g.sub(&y.exp()?.mul(&g.sum(axis, true)?)?)
+        } else {
+            y.mul(&g.sub(&g.mul(y)?.sum(axis, true)?)?)
+        }
+    })
 }
 
 /// `t` in `dtype` (itself when it has it).

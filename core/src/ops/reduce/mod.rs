@@ -161,7 +161,7 @@ impl Tensor {
         if crate::autograd::needed([self]) && out_dtype.is_float() {
             let out =
                 crate::autograd::no_grad(|| self.reduce_raw(op, axes, keepdim, acc, out_dtype))?;
-            return grad::record_reduction(op, self, out, &reduced, keepdim);
+            return Ok(grad::record_reduction(op, self, out, &reduced));
         }
         let order: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
         let out_shape: Vec<usize> = kept.iter().map(|&a| self.shape()[a]).collect();
@@ -284,7 +284,7 @@ impl Tensor {
         let axes = axes.into();
         if crate::autograd::needed([self]) {
             let out = crate::autograd::no_grad(|| self.mean(axes.clone(), keepdim))?;
-            return grad::record_mean(self, out, &self.reduce_axes(&axes)?, keepdim);
+            return Ok(grad::record_mean(self, out, &self.reduce_axes(&axes)?));
         }
         let n = self.extent(&axes)?;
         let acc = self.dtype.accumulator();
@@ -316,7 +316,7 @@ impl Tensor {
         if crate::autograd::needed([self]) {
             let out = crate::autograd::no_grad(|| self.var(axes.clone(), correction, keepdim))?;
             let reduced = self.reduce_axes(&axes)?;
-            return grad::record_var(self, out, &reduced, correction, keepdim, false);
+            return Ok(grad::record_var(self, out, &reduced, correction, false));
         }
         self.var_in_acc(axes, correction, keepdim, "var")?
             .to_dtype(self.dtype)
@@ -357,7 +357,7 @@ impl Tensor {
         if crate::autograd::needed([self]) {
             let out = crate::autograd::no_grad(|| self.std(axes.clone(), correction, keepdim))?;
             let reduced = self.reduce_axes(&axes)?;
-            return grad::record_var(self, out, &reduced, correction, keepdim, true);
+            return Ok(grad::record_var(self, out, &reduced, correction, true));
         }
         self.var_in_acc(axes, correction, keepdim, "std")?
             .sqrt()?
@@ -469,7 +469,7 @@ impl Tensor {
         let axes = axes.into();
         if crate::autograd::needed([self]) {
             let out = crate::autograd::no_grad(|| self.logsumexp(axes.clone(), keepdim))?;
-            return grad::record_logsumexp(self, out, &self.reduce_axes(&axes)?, keepdim);
+            return Ok(grad::record_logsumexp(self, out, &self.reduce_axes(&axes)?));
         }
         let x = self.as_float()?;
         if x.extent(&axes)? == 0 {
@@ -505,7 +505,7 @@ impl Tensor {
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
         if crate::autograd::needed([self]) {
             let out = crate::autograd::no_grad(|| self.softmax(axis))?;
-            return grad::record_softmax(self, out, axis, false);
+            return Ok(grad::record_softmax(self, out, axis, false));
         }
         let x = self.as_float()?;
         if x.extent(&Axes::from(axis))? == 0 {
@@ -543,7 +543,7 @@ impl Tensor {
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
         if crate::autograd::needed([self]) {
             let out = crate::autograd::no_grad(|| self.log_softmax(axis))?;
-            return grad::record_softmax(self, out, axis, true);
+            return Ok(grad::record_softmax(self, out, axis, true));
         }
         let x = self.as_float()?;
         if x.extent(&Axes::from(axis))? == 0 {
