@@ -102,6 +102,7 @@ impl Tensor {
             Value::Scalar(s) => self.fill(s),
             Value::Tensor(src) => {
                 self.same_device(&src, "cannot assign")?;
+                crate::autograd::refuse_write_into(self)?;
                 crate::autograd::refuse_in_place_source(&src, "assign")?;
                 let src = src.broadcast_to(self.shape())?;
                 let expr = Expr::input(0, src.dtype).cast(self.dtype, false);
@@ -119,6 +120,7 @@ impl Tensor {
     /// assert_eq!(t.to_vec::<u8>().unwrap(), vec![44; 3]);
     /// ```
     pub fn fill(&self, value: impl Into<Scalar>) -> Result<()> {
+        crate::autograd::refuse_write_into(self)?;
         let value = value.into().cast(self.dtype, false);
         launch(
             Kernel::map(Expr::scalar(0, self.dtype)),

@@ -18,6 +18,7 @@
 mod assign;
 pub mod autograd;
 pub mod backend;
+mod backward_scope;
 pub mod cpu;
 mod creation;
 pub mod device;

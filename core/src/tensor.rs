@@ -1,7 +1,6 @@
 //! The [`Tensor`] type: a view (layout + dtype) of shared device storage, its introspection,
 //! and the one path by which core launches kernels.
 
-use crate::autograd::graph::AutogradMeta;
 use crate::backend::DeviceBuffer;
 use crate::backend::EventId;
 use crate::backend::{KernelArgs, Operand};
@@ -369,8 +368,9 @@ pub struct Tensor {
     pub(crate) storage: Arc<Storage>,
     pub(crate) layout: Layout,
     pub(crate) dtype: DType,
-    /// Its place in the backward graph, when it requires a gradient (`crate::autograd`).
-    pub(crate) autograd: Option<Arc<AutogradMeta>>,
+    /// Its place in the backward graph, when it requires a gradient: `crate::autograd`'s
+    /// metadata, opaque here (autograd builds on tensors, so tensors name none of its types).
+    pub(crate) autograd: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Tensor {
@@ -711,7 +711,6 @@ pub(crate) fn launch_on(
         t.realize()?;
     }
     if write == Write::Existing {
-        crate::autograd::refuse_write_into(out)?;
         out.storage.run_pending_readers()?;
         out.storage.version.fetch_add(1, Ordering::AcqRel);
     }

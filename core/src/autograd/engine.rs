@@ -6,7 +6,7 @@
 //! work is recorded by lazy fusion like any other.
 
 use super::graph::{AutogradMeta, Edge, Node};
-use super::NoGradGuard;
+use super::mode::NoGradGuard;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use std::collections::HashMap;
@@ -37,7 +37,7 @@ pub(crate) fn run(
     let mut pending = dependencies(roots);
     let mut ready: Vec<Arc<Node>> = Vec::new();
     for (t, g) in roots {
-        let Some(meta) = &t.autograd else {
+        let Some(meta) = super::graph::meta(t) else {
             return Err(Error::Invalid(format!(
                 "the {} tensor of shape {:?} does not require a gradient and has no grad_fn: \
                  call requires_grad_(true) on the leaves before the ops, outside no_grad",
@@ -79,8 +79,7 @@ pub(crate) fn run(
         };
         if let Sink::Capture(ts) = &sink {
             for (k, t) in ts.iter().enumerate() {
-                if t.autograd
-                    .as_ref()
+                if super::graph::meta(t)
                     .and_then(|m| m.grad_fn.as_ref())
                     .is_some_and(|n| Arc::ptr_eq(n, &node))
                 {
@@ -89,7 +88,7 @@ pub(crate) fn run(
             }
         }
         let grads = {
-            let _named = super::BackwardScope::enter(node.name);
+            let _named = crate::backward_scope::BackwardScope::enter(node.name);
             node.apply(&grad, retain_graph)?
         };
         drop(grad);
@@ -124,7 +123,7 @@ fn dependencies(roots: &[(&Tensor, Tensor)]) -> HashMap<*const Node, usize> {
     let mut seen: HashMap<*const Node, ()> = HashMap::new();
     let mut stack: Vec<Arc<Node>> = roots
         .iter()
-        .filter_map(|(t, _)| t.autograd.as_ref()?.grad_fn.clone())
+        .filter_map(|(t, _)| super::graph::meta(t)?.grad_fn.clone())
         .collect();
     while let Some(node) = stack.pop() {
         if seen.insert(Arc::as_ptr(&node), ()).is_some() {
@@ -153,7 +152,7 @@ fn add_into(sums: &mut HashMap<*const Node, Tensor>, node: &Arc<Node>, g: Tensor
 
 /// A gradient reaching a leaf: accumulated into its `grad`, or captured.
 fn deliver(
-    meta: &Arc<AutogradMeta>,
+    meta: &AutogradMeta,
     g: Tensor,
     sink: &Sink,
     captured: &mut [Option<Tensor>],
@@ -174,10 +173,8 @@ fn deliver(
         }
         Sink::Capture(ts) => {
             for (k, t) in ts.iter().enumerate() {
-                let is_it = t
-                    .autograd
-                    .as_ref()
-                    .is_some_and(|m| m.grad_fn.is_none() && Arc::ptr_eq(m, meta));
+                let is_it = super::graph::meta(t)
+                    .is_some_and(|m| m.grad_fn.is_none() && std::ptr::eq(m, meta));
                 if is_it {
                     captured[k] = Some(match captured[k].take() {
                         Some(earlier) => earlier.add(&g)?,

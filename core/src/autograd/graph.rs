@@ -21,6 +21,16 @@ pub(crate) struct AutogradMeta {
     pub(crate) dtype: DType,
 }
 
+/// `t`'s autograd metadata, if it requires a gradient.
+pub(crate) fn meta(t: &Tensor) -> Option<&AutogradMeta> {
+    t.autograd.as_ref()?.downcast_ref()
+}
+
+/// `t`'s autograd metadata, shared, if it requires a gradient.
+pub(crate) fn meta_arc(t: &Tensor) -> Option<Arc<AutogradMeta>> {
+    t.autograd.clone()?.downcast().ok()
+}
+
 impl AutogradMeta {
     /// A leaf of `shape` and `dtype` with no gradient yet.
     pub(crate) fn leaf(shape: &[usize], dtype: DType) -> AutogradMeta {
@@ -60,11 +70,11 @@ pub(crate) enum Edge {
 impl Edge {
     /// The edge to `t`'s gradient.
     pub(crate) fn of(t: &Tensor) -> Edge {
-        match &t.autograd {
+        match meta_arc(t) {
             None => Edge::None,
             Some(meta) => match &meta.grad_fn {
                 Some(node) => Edge::Node(node.clone()),
-                None => Edge::Leaf(meta.clone()),
+                None => Edge::Leaf(meta),
             },
         }
     }

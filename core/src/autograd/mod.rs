@@ -21,110 +21,15 @@
 mod derivative;
 mod engine;
 pub(crate) mod graph;
+mod mode;
+
+pub use mode::{is_grad_enabled, no_grad, NoGradGuard};
 
 use crate::error::{Error, Result};
 use crate::ir::Expr;
 use crate::tensor::Tensor;
 use graph::{AutogradMeta, BackwardFn, Node, Saved};
-use std::cell::Cell;
 use std::sync::Arc;
-
-thread_local! {
-    /// Grad mode of this thread: off inside [`no_grad`] and during a backward pass.
-    static GRAD_ENABLED: Cell<bool> = const { Cell::new(true) };
-    /// The backward node whose function runs on this thread, if one does: its work is
-    /// named after it (the profiler and `explain` show `MulBackward`, not `mul`).
-    static BACKWARD_OF: Cell<Option<&'static str>> = const { Cell::new(None) };
-}
-
-/// The name work is recorded under: the backward node's while its function runs, else `op`.
-pub(crate) fn op_name(op: &'static str) -> &'static str {
-    BACKWARD_OF.with(Cell::get).unwrap_or(op)
-}
-
-/// The backward node whose function runs on this thread, if one does.
-pub(crate) fn running_backward() -> Option<&'static str> {
-    BACKWARD_OF.with(Cell::get)
-}
-
-/// Names the work of a backward function after its node until dropped.
-pub(crate) struct BackwardScope {
-    before: Option<&'static str>,
-}
-
-impl BackwardScope {
-    pub(crate) fn enter(name: &'static str) -> BackwardScope {
-        BackwardScope {
-            before: BACKWARD_OF.with(|b| b.replace(Some(name))),
-        }
-    }
-}
-
-impl Drop for BackwardScope {
-    fn drop(&mut self) {
-        BACKWARD_OF.with(|b| b.set(self.before));
-    }
-}
-
-/// True when ops on this thread record gradients (outside [`no_grad`]).
-///
-/// ```
-/// assert!(strata_core::autograd::is_grad_enabled());
-/// strata_core::autograd::no_grad(|| assert!(!strata_core::autograd::is_grad_enabled()));
-/// ```
-pub fn is_grad_enabled() -> bool {
-    GRAD_ENABLED.with(Cell::get)
-}
-
-/// Runs `f` with grad mode off (PyTorch's `torch.no_grad()`): its ops record no graph, and
-/// may write in place into leaves that require a gradient (an optimizer's update).
-///
-/// ```
-/// use strata_core::{autograd::no_grad, Device, DType, Tensor};
-/// let w = Tensor::ones([2], DType::F32, &Device::cpu())?.requires_grad_(true)?;
-/// let y = no_grad(|| w.mul(2.0))?;
-/// assert!(!y.requires_grad());
-/// # Ok::<(), strata_core::Error>(())
-/// ```
-pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
-    let _off = NoGradGuard::new();
-    f()
-}
-
-/// Grad mode off until the guard is dropped (a scope's worth of [`no_grad`]).
-///
-/// ```
-/// use strata_core::autograd::{is_grad_enabled, NoGradGuard};
-/// {
-///     let _g = NoGradGuard::new();
-///     assert!(!is_grad_enabled());
-/// }
-/// assert!(is_grad_enabled());
-/// ```
-pub struct NoGradGuard {
-    before: bool,
-}
-
-impl NoGradGuard {
-    /// Turns grad mode off on this thread.
-    pub fn new() -> NoGradGuard {
-        NoGradGuard {
-            before: GRAD_ENABLED.with(|g| g.replace(false)),
-        }
-    }
-}
-
-impl Default for NoGradGuard {
-    fn default() -> Self {
-        NoGradGuard::new()
-    }
-}
-
-impl Drop for NoGradGuard {
-    fn drop(&mut self) {
-        GRAD_ENABLED.with(|g| g.set(self.before));
-    }
-}
 
 /// Runs the backward pass from `tensors` (PyTorch's `torch.autograd.backward`), each with
 /// its gradient from `grad_tensors` (`None`: ones, for one-element tensors), accumulating
@@ -229,7 +134,7 @@ impl Tensor {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn requires_grad_(mut self, requires_grad: bool) -> Result<Tensor> {
-        if let Some(meta) = &self.autograd {
+        if let Some(meta) = graph::meta(&self) {
             if meta.grad_fn.is_some() {
                 if requires_grad {
                     return Ok(self);
@@ -278,7 +183,7 @@ impl Tensor {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn grad(&self) -> Option<Tensor> {
-        let meta = self.autograd.as_ref()?;
+        let meta = graph::meta(self)?;
         if meta.grad_fn.is_some() {
             return None;
         }
@@ -297,7 +202,7 @@ impl Tensor {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn set_grad(&self, grad: Option<Tensor>) -> Result<()> {
-        let meta = match &self.autograd {
+        let meta = match graph::meta(self) {
             Some(m) if m.grad_fn.is_none() => m,
             _ => {
                 return Err(Error::Invalid(
@@ -333,7 +238,7 @@ impl Tensor {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn zero_grad(&self) {
-        if let Some(meta) = &self.autograd {
+        if let Some(meta) = graph::meta(self) {
             *meta.grad() = None;
         }
     }
@@ -347,7 +252,7 @@ impl Tensor {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn is_leaf(&self) -> bool {
-        self.autograd.as_ref().is_none_or(|m| m.grad_fn.is_none())
+        graph::meta(self).is_none_or(|m| m.grad_fn.is_none())
     }
 
     /// The name of the backward node of the op that computed this tensor (`MulBackward`, …).
@@ -360,13 +265,13 @@ impl Tensor {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn grad_fn(&self) -> Option<&'static str> {
-        Some(self.autograd.as_ref()?.grad_fn.as_ref()?.name)
+        Some(graph::meta(self)?.grad_fn.as_ref()?.name)
     }
 
     /// What the displays add for a tensor in the graph: `grad_fn=MulBackward` for a result,
     /// `requires_grad=true` for a leaf; `None` outside the graph.
     pub(crate) fn autograd_note(&self) -> Option<String> {
-        let meta = self.autograd.as_ref()?;
+        let meta = graph::meta(self)?;
         Some(match &meta.grad_fn {
             Some(node) => format!("grad_fn={}", node.name),
             None => "requires_grad=true".into(),
@@ -557,7 +462,7 @@ fn map_over(
         inputs,
         scalars.to_vec(),
         &device,
-        op_name("backward"),
+        crate::backward_scope::op_name("backward"),
     )
 }
 
@@ -596,8 +501,7 @@ pub(crate) fn sum_to_shape(g: &Tensor, shape: &[usize]) -> Result<Tensor> {
             axes.push((lead + k) as isize);
         }
     }
-    g.sum(crate::ops::Axes::List(axes), true)?
-        .reshape(shape.to_vec())
+    g.sum(axes, true)?.reshape(shape.to_vec())
 }
 
 /// An `Err` when an in-place write (`what`) would copy `source`, which requires a gradient,
@@ -614,9 +518,11 @@ pub(crate) fn refuse_in_place_source(source: &Tensor, what: &str) -> Result<()> 
 
 /// An `Err` for a write into `out`, which requires a gradient, while grad mode is on: the
 /// graph would not see it (PyTorch refuses it for leaves; strata for every such tensor). In
-/// [`no_grad`] it is allowed (an optimizer's update).
+/// [`no_grad`] it is allowed (an optimizer's update). Every op that writes into a tensor the
+/// caller passes (`assign`, `fill`, `set`, the `_` and `_out` forms, the scatters, `gemm`'s
+/// `c`) asks it first.
 pub(crate) fn refuse_write_into(out: &Tensor) -> Result<()> {
-    let Some(meta) = &out.autograd else {
+    let Some(meta) = graph::meta(out) else {
         return Ok(());
     };
     if !is_grad_enabled() {

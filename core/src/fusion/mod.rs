@@ -35,26 +35,6 @@ pub(crate) mod splice;
 
 pub(crate) use record::defer_or_launch;
 
-/// A new number for a fused kernel (the graph picture groups the ops one kernel computed).
-pub(crate) fn kernel_id() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Notes that the kernel `id` computed the values of `storages` and of the live ones of
-/// `spliced`.
-pub(crate) fn mark_computed<'s>(
-    id: u64,
-    storages: impl IntoIterator<Item = &'s std::sync::Arc<crate::tensor::Storage>>,
-    spliced: &[std::sync::Weak<crate::tensor::Storage>],
-) {
-    for s in storages {
-        let _ = s.computed_in.set(id);
-    }
-    for s in spliced.iter().filter_map(std::sync::Weak::upgrade) {
-        let _ = s.computed_in.set(id);
-    }
-}
 pub use splice::MAX_NODES;
 
 use crate::error::Result;

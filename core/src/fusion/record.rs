@@ -25,7 +25,7 @@ pub(crate) fn defer_or_launch(
     op: &'static str,
 ) -> Result<Tensor> {
     device.backend().check_dtype(expr.dtype)?;
-    let op = crate::autograd::op_name(op);
+    let op = crate::backward_scope::op_name(op);
     if !device.defers() {
         let out = Tensor::alloc_with_layout(layout, expr.dtype, device)?;
         let refs: Vec<&Tensor> = inputs.iter().collect();

@@ -168,8 +168,8 @@ pub(crate) fn reduce_map_of(
     if !target.binds_reduce(&bytes) {
         return Ok(None);
     }
-    let id = super::kernel_id();
-    super::mark_computed(id, [&t.storage, &out.storage], &fused.computed);
+    let id = super::run::kernel_id();
+    super::run::mark_computed(id, [&t.storage, &out.storage], &fused.computed);
     Ok(Some(MapForReduce {
         expr,
         inputs,

@@ -173,9 +173,9 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         *t.storage.pending() = None;
     }
     let _ = storage.ran.set(Box::new(record));
-    let id = super::kernel_id();
+    let id = kernel_id();
     let stored = fused.also.iter().map(|(t, _)| &t.storage);
-    super::mark_computed(id, std::iter::once(storage).chain(stored), &fused.computed);
+    mark_computed(id, std::iter::once(storage).chain(stored), &fused.computed);
     let inputs: Vec<&Tensor> = fused.inputs.iter().collect();
     let also_outputs: Vec<&Tensor> = fused.also.iter().map(|(t, _)| t).collect();
     let also: Vec<Expr> = fused.also.iter().map(|(_, e)| e.clone()).collect();
@@ -198,4 +198,25 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
     // The tree (and every intermediate only it held) is released here.
     *guard = None;
     ran
+}
+
+/// A new number for a fused kernel (the graph picture groups the ops one kernel computed).
+pub(super) fn kernel_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Notes that the kernel `id` computed the values of `storages` and of the live ones of
+/// `spliced`.
+pub(super) fn mark_computed<'s>(
+    id: u64,
+    storages: impl IntoIterator<Item = &'s std::sync::Arc<crate::tensor::Storage>>,
+    spliced: &[std::sync::Weak<crate::tensor::Storage>],
+) {
+    for s in storages {
+        let _ = s.computed_in.set(id);
+    }
+    for s in spliced.iter().filter_map(std::sync::Weak::upgrade) {
+        let _ = s.computed_in.set(id);
+    }
 }

@@ -92,7 +92,7 @@ fn layered(t: &Tensor) -> Layered {
     let mut index: HashMap<usize, usize> = HashMap::new();
     let mut inputs: Vec<Vec<usize>> = Vec::new();
     let mut level: Vec<usize> = Vec::new();
-    let Some(meta) = &t.autograd else {
+    let Some(meta) = crate::autograd::graph::meta_arc(t) else {
         return Layered {
             rows: Vec::new(),
             items,

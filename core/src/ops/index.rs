@@ -351,6 +351,7 @@ impl Tensor {
         what: &str,
     ) -> Result<()> {
         self.same_device(index, what)?;
+        crate::autograd::refuse_write_into(self)?;
         if let Value::Tensor(t) = &src {
             crate::autograd::refuse_in_place_source(t, what)?;
         }

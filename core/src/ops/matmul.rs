@@ -202,6 +202,7 @@ impl Tensor {
         }
         product_dtype(a, b, what)?;
         c.same_device(a, what)?;
+        crate::autograd::refuse_write_into(c)?;
         if a.ndim() < 2 || b.ndim() < 2 || c.ndim() < 2 {
             return Err(Error::Shape(format!(
                 "{what} needs operands of rank 2 or more, got {:?}, {:?} and {:?}",

@@ -55,7 +55,7 @@ pub(super) fn kernel_record(
         None => (default_name.to_string(), None),
     };
     let mut record = ProfileRecord::new(RecordKind::Kernel, name, stream);
-    record.ops = match crate::autograd::running_backward() {
+    record.ops = match crate::backward_scope::running_backward() {
         // A kernel a backward function launched (a reduction, a matmul, an index op).
         Some(node) if fused_ops.is_none() => vec![node.to_string()],
         _ => fused_ops.unwrap_or(ops),

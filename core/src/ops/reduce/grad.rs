@@ -5,11 +5,11 @@
 //! the product of the others (zeros included, as PyTorch), `var`/`std`, `logsumexp` and
 //! `softmax`/`log_softmax` their closed forms.
 
+use super::Axes;
 use crate::autograd::graph::Saved;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::ReduceOp;
-use crate::ops::Axes;
 use crate::tensor::Tensor;
 
 /// The reduction a rule differentiates: the input's shape and dtype, the reduced axes, and
