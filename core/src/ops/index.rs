@@ -199,14 +199,7 @@ impl Tensor {
     /// assert_eq!(r.to_vec::<f32>().unwrap(), vec![0.0, 0.0, 5.0, 5.0, 0.0, 0.0]);
     /// ```
     pub fn scatter(&self, axis: isize, index: &Tensor, src: impl Into<Value>) -> Result<Tensor> {
-        let src = src.into();
-        if self.scatter_needs_grad(&src) {
-            let out = crate::autograd::no_grad(|| self.scatter(axis, index, src.clone()))?;
-            return self.record_scatter(axis, index, &src, false, out);
-        }
-        let out = self.copy()?;
-        out.scatter_impl(axis, index, src, false, "scatter")?;
-        Ok(out)
+        self.scatter_copy(axis, index, src.into(), false)
     }
 
     /// In-place [`scatter`](Tensor::scatter).
@@ -237,13 +230,20 @@ impl Tensor {
         index: &Tensor,
         src: impl Into<Value>,
     ) -> Result<Tensor> {
-        let src = src.into();
+        self.scatter_copy(axis, index, src.into(), true)
+    }
+
+    /// A copy of `self` with `src` scattered (added, with `add`) along `axis` at `index`,
+    /// with its backward node when it records a gradient.
+    fn scatter_copy(&self, axis: isize, index: &Tensor, src: Value, add: bool) -> Result<Tensor> {
         if self.scatter_needs_grad(&src) {
-            let out = crate::autograd::no_grad(|| self.scatter_add(axis, index, src.clone()))?;
-            return self.record_scatter(axis, index, &src, true, out);
+            let out =
+                crate::autograd::no_grad(|| self.scatter_copy(axis, index, src.clone(), add))?;
+            return self.record_scatter(axis, index, &src, add, out);
         }
         let out = self.copy()?;
-        out.scatter_impl(axis, index, src, true, "scatter_add")?;
+        let what = if add { "scatter_add" } else { "scatter" };
+        out.scatter_impl(axis, index, src, add, what)?;
         Ok(out)
     }
 
