@@ -4,6 +4,24 @@ use crate::error::{Error, Result};
 use half::{bf16, f16};
 use std::fmt;
 
+/// The binary format of a float dtype ([`DType::float_format`]): a value is
+/// `±1.m × 2^e` with `mantissa_bits` bits of `m` and `min_exponent ≤ e ≤ max_exponent`, or a
+/// subnormal `±0.m × 2^min_exponent`.
+///
+/// ```
+/// let f32 = strata_core::DType::F32.float_format().unwrap();
+/// assert_eq!((f32.mantissa_bits, f32.min_exponent), (23, -126));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloatFormat {
+    /// Stored mantissa (fraction) bits: f64 52, f32 23, f16 10, bf16 7.
+    pub mantissa_bits: u32,
+    /// The exponent of the smallest normal power of two.
+    pub min_exponent: i32,
+    /// The exponent of the largest finite power of two.
+    pub max_exponent: i32,
+}
+
 /// The element type of a tensor.
 ///
 /// ```
@@ -159,6 +177,31 @@ impl DType {
     /// ```
     pub fn is_float(self) -> bool {
         self.category() == Category::Float
+    }
+
+    /// A float dtype's binary format: stored mantissa bits and the exponents of its smallest
+    /// and largest normal powers of two; `None` for the other dtypes.
+    ///
+    /// ```
+    /// use strata_core::{dtype::FloatFormat, DType};
+    /// let f16 = DType::F16.float_format().unwrap();
+    /// assert_eq!(f16, FloatFormat { mantissa_bits: 10, min_exponent: -14, max_exponent: 15 });
+    /// assert_eq!(DType::BF16.float_format().unwrap().max_exponent, 127);
+    /// assert!(DType::I32.float_format().is_none());
+    /// ```
+    pub fn float_format(self) -> Option<FloatFormat> {
+        let (mantissa_bits, min_exponent, max_exponent) = match self {
+            DType::F16 => (10, -14, 15),
+            DType::BF16 => (7, -126, 127),
+            DType::F32 => (23, -126, 127),
+            DType::F64 => (52, -1022, 1023),
+            _ => return None,
+        };
+        Some(FloatFormat {
+            mantissa_bits,
+            min_exponent,
+            max_exponent,
+        })
     }
 
     /// True for the signed and unsigned integer dtypes (not `bool`).

@@ -322,6 +322,11 @@ fn write_infix(e: &Expr, out: &mut String, outer: u8) {
             write_infix(arg, out, 0);
             out.push(')');
         }
+        Node::Bitcast(a) => {
+            let _ = write!(out, "bits_as_{}(", e.dtype);
+            write_infix(a, out, 0);
+            out.push(')');
+        }
         Node::Unary(op, a) => {
             let _ = write!(out, "{}(", op.name());
             write_infix(a, out, 0);

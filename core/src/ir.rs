@@ -55,6 +55,10 @@ pub enum Node {
         /// Clamp integer results to the target range instead of wrapping.
         saturate: bool,
     },
+    /// The operand's bits read as this node's dtype, which has the operand's size (`f32` ↔
+    /// `u32`/`i32`, `f16`/`bf16` ↔ `u16`/`i16`, `f64` ↔ `u64`/`i64`, or two integers of one
+    /// width); never `bool`. Stochastic rounding and exponent histograms read floats' bits.
+    Bitcast(Box<Expr>),
     /// A unary operation.
     Unary(UnaryOp, Box<Expr>),
     /// A binary operation.
@@ -482,6 +486,23 @@ impl Expr {
         }
     }
 
+    /// `self`'s bits read as `dtype`, of the same size (no node when it already has it).
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::Expr};
+    /// assert_eq!(Expr::input(0, DType::F32).bitcast(DType::U32).dtype, DType::U32);
+    /// ```
+    pub fn bitcast(self, dtype: DType) -> Expr {
+        debug_assert_eq!(self.dtype.itemsize(), dtype.itemsize());
+        if self.dtype == dtype {
+            return self;
+        }
+        Expr {
+            dtype,
+            node: Node::Bitcast(Box::new(self)),
+        }
+    }
+
     /// The constant `value`, of its dtype.
     ///
     /// ```
@@ -568,7 +589,9 @@ impl Expr {
             | Node::Literal(_)
             | Node::LinearIndex
             | Node::Philox(_) => (None, None, None),
-            Node::Cast { arg, .. } | Node::Unary(_, arg) => (Some(arg), None, None),
+            Node::Cast { arg, .. } | Node::Bitcast(arg) | Node::Unary(_, arg) => {
+                (Some(arg), None, None)
+            }
             Node::Binary(_, a, b) => (Some(a), Some(b), None),
             Node::Fma(a, b, c) | Node::Where(a, b, c) => (Some(a), Some(b), Some(c)),
         };
@@ -595,6 +618,7 @@ impl Expr {
                 arg: g(arg),
                 saturate: *saturate,
             },
+            Node::Bitcast(a) => Node::Bitcast(g(a)),
             Node::Unary(op, a) => Node::Unary(*op, g(a)),
             Node::Binary(op, a, b) => {
                 let a = g(a);

@@ -39,6 +39,7 @@ mod pinned;
 mod profile;
 mod profile_record;
 pub mod random;
+mod stochastic_round;
 pub mod target;
 mod tensor;
 mod transfer;

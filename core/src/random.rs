@@ -12,6 +12,7 @@ use crate::layout::Layout;
 use crate::tensor::Tensor;
 
 pub use crate::ir::philox4x32_10;
+pub use crate::stochastic_round::stochastic_round_expr;
 
 /// The state of a random stream: a seed and how many counters have been used. Each draw
 /// takes one counter per two or four elements (one Philox call makes four 32-bit words) and
@@ -67,7 +68,7 @@ impl Generator {
 
     /// The launch scalars for a draw of `n` counters (key, first counter), advancing the
     /// offset.
-    fn take(&mut self, n: usize) -> Vec<Scalar> {
+    pub(crate) fn take(&mut self, n: usize) -> Vec<Scalar> {
         let scalars = vec![Scalar::U64(self.seed), Scalar::U64(self.offset)];
         self.offset = self.offset.wrapping_add(n as u64);
         scalars
@@ -77,8 +78,8 @@ impl Generator {
 /// How a draw spreads Philox's four words over elements: `per_counter` neighbours share one
 /// counter (one Philox call), and groups of `shared` neighbours read the same words.
 #[derive(Debug, Clone, Copy)]
-struct Lanes {
-    per_counter: u8,
+pub(crate) struct Lanes {
+    pub(crate) per_counter: u8,
     shared: u8,
 }
 
@@ -92,16 +93,16 @@ impl Lanes {
 }
 
 /// Four elements per counter, one word each (32-bit draws).
-const ONE_WORD: Lanes = Lanes::new(4, 1);
+pub(crate) const ONE_WORD: Lanes = Lanes::new(4, 1);
 /// Two elements per counter, two words each (64-bit draws).
-const TWO_WORDS: Lanes = Lanes::new(2, 1);
+pub(crate) const TWO_WORDS: Lanes = Lanes::new(2, 1);
 /// Two Box–Muller pairs per counter, two words (two 32-bit uniforms) per pair.
 const PAIRS_OF_TWO_WORDS: Lanes = Lanes::new(4, 2);
 /// One Box–Muller pair per counter, all four words (two 53-bit uniforms).
 const PAIR_OF_FOUR_WORDS: Lanes = Lanes::new(2, 2);
 
 /// Word `word` of this element's group of Philox words, as u32.
-fn word32(word: u8, lanes: Lanes) -> Expr {
+pub(crate) fn word32(word: u8, lanes: Lanes) -> Expr {
     Expr {
         dtype: DType::U32,
         node: Node::Philox(PhiloxWord {
@@ -128,7 +129,7 @@ fn bin(op: BinaryOp, a: Expr, b: Expr) -> Expr {
 /// The transforms' constants (shifts, scales, Box–Muller's 1, -2 and 2π) are literals, not
 /// launch scalars: a GPU compiler folds them (a shift by a known count needs no range test),
 /// which made CUDA's `randn` 4% faster on an H100 (BENCHMARKS.md). The values are the same.
-fn uniform53(w: u8, lanes: Lanes) -> Expr {
+pub(crate) fn uniform53(w: u8, lanes: Lanes) -> Expr {
     let hi = bin(
         BinaryOp::Shl,
         bits(w, lanes),
@@ -145,7 +146,7 @@ fn uniform53(w: u8, lanes: Lanes) -> Expr {
 
 /// A uniform value in `[0, 1)` as f32 from the top `bits` bits of word `w` (exact: `bits` is
 /// at most 24, and the value rounds to no float type with as many significant bits).
-fn uniform_f32(w: u8, lanes: Lanes, bits: u32) -> Expr {
+pub(crate) fn uniform_f32(w: u8, lanes: Lanes, bits: u32) -> Expr {
     // 32-bit integer work: a GPU converts u32 to f32 in one instruction, u64 in several.
     let top = bin(
         BinaryOp::Shr,

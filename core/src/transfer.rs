@@ -160,6 +160,44 @@ impl Tensor {
         self.cast_with(dtype, false)
     }
 
+    /// A copy whose elements' bits are read as `dtype`, a dtype of the same size (PyTorch's
+    /// `view(dtype)`, as a copy): see a float's sign, exponent and mantissa bits, or build
+    /// floats from bits. Not differentiable.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let x = Tensor::from_slice(&[1.0f32, -2.0], [2], &Device::cpu()).unwrap();
+    /// let bits = x.bitcast(DType::U32).unwrap();
+    /// assert_eq!(bits.to_vec::<u32>().unwrap(), vec![0x3f80_0000, 0xc000_0000]);
+    /// assert!(x.bitcast(DType::F64).is_err()); // 4 bytes are not 8
+    /// ```
+    #[track_caller]
+    pub fn bitcast(&self, dtype: DType) -> Result<Tensor> {
+        let from = self.dtype;
+        if from == DType::Bool || dtype == DType::Bool {
+            return Err(Error::DType(format!(
+                "bitcast from {from} to {dtype}: bool has no bit pattern to read"
+            )));
+        }
+        if from.itemsize() != dtype.itemsize() {
+            return Err(Error::DType(format!(
+                "bitcast reads bits as a dtype of the same size: {from} has {} bytes, {dtype} {}",
+                from.itemsize(),
+                dtype.itemsize()
+            )));
+        }
+        let expr = Expr::input(0, from).bitcast(dtype);
+        let layout = Layout::contiguous(self.shape())?;
+        defer_or_launch(
+            expr,
+            layout,
+            vec![self.clone()],
+            vec![],
+            self.device(),
+            "bitcast",
+        )
+    }
+
     /// A copy converted to `dtype`, clamping integers to the target range instead of wrapping
     /// (augpy's saturating cast).
     ///

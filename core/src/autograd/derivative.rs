@@ -55,7 +55,12 @@ fn back(e: &Expr, a: Expr, wanted: &[bool], grads: &mut [Option<Expr>]) {
                 None => a,
             });
         }
-        Node::Scalar(_) | Node::Literal(_) | Node::LinearIndex | Node::Philox(_) => {}
+        // Bits carry no gradient (stochastic rounding records the plain cast's instead).
+        Node::Scalar(_)
+        | Node::Literal(_)
+        | Node::LinearIndex
+        | Node::Philox(_)
+        | Node::Bitcast(_) => {}
         Node::Cast { arg, .. } => {
             // Between float dtypes the gradient converts back; from or to an integer there
             // is none.

@@ -309,6 +309,26 @@ impl Block {
     pub(crate) fn cast(&self, to: DType, saturate: bool) -> Block {
         with_block!(self, x: S => with_dtype!(to, D => D::wrap(cast_vec::<S, D>(x, saturate))))
     }
+
+    /// Reads every value's bits as `to`, a dtype of the same size (core checks the sizes).
+    pub(crate) fn bitcast(&self, to: DType) -> Result<Block> {
+        if self.dtype().itemsize() != to.itemsize()
+            || self.dtype() == DType::Bool
+            || to == DType::Bool
+        {
+            return Err(Error::Unsupported(format!(
+                "IR op Bitcast is not defined from {} to {to}",
+                self.dtype()
+            )));
+        }
+        Ok(with_block!(self, x: S => with_dtype!(to, D => D::wrap(
+            x.iter()
+                // SAFETY: `S` and `D` are primitives of one size (checked above) and neither is
+                // bool, so every bit pattern of an `S` is a valid, aligned `D`.
+                .map(|v| unsafe { D::load(v as *const S as *const u8) })
+                .collect()
+        ))))
+    }
 }
 
 /// Integer element types: the IR's integer semantics, written once for all eight.

@@ -96,6 +96,7 @@ fn eval(
                 ))
             }
             Op::Cast(a, saturate) => arg(&blocks, *a)?.cast(instr.dtype, *saturate),
+            Op::Bitcast(a) => arg(&blocks, *a)?.bitcast(instr.dtype)?,
             Op::Unary(op, a) => unary(*op, arg(&blocks, *a)?)?,
             Op::Binary(op, a, b) => binary(*op, arg(&blocks, *a)?, arg(&blocks, *b)?)?,
             Op::Fma(a, b, c) => fma(arg(&blocks, *a)?, arg(&blocks, *b)?, arg(&blocks, *c)?)?,

@@ -220,6 +220,13 @@ pub fn check(expr: &Expr) -> crate::error::Result<()> {
                 stack.push(arg);
                 None
             }
+            Node::Bitcast(arg) => {
+                stack.push(arg);
+                let fits = arg.dtype.itemsize() == e.dtype.itemsize()
+                    && arg.dtype != DType::Bool
+                    && e.dtype != DType::Bool;
+                (!fits).then(|| format!("Bitcast from {}", arg.dtype))
+            }
             Node::Input(_)
             | Node::Scalar(_)
             | Node::Literal(_)

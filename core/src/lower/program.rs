@@ -84,6 +84,8 @@ pub enum Op {
     },
     /// Converts the value (strata's cast rules; integers clamp when `saturate`).
     Cast(ValueId, bool),
+    /// The value's bits read as the instruction's dtype (of the same size).
+    Bitcast(ValueId),
     /// A unary op.
     Unary(UnaryOp, ValueId),
     /// A binary op.
@@ -104,7 +106,7 @@ impl Op {
     /// ```
     pub fn args(&self) -> Vec<ValueId> {
         match *self {
-            Op::Cast(a, _) | Op::Unary(_, a) => vec![a],
+            Op::Cast(a, _) | Op::Bitcast(a) | Op::Unary(_, a) => vec![a],
             Op::Binary(_, a, b) => vec![a, b],
             Op::Fma(a, b, c) | Op::Where(a, b, c) => vec![a, b, c],
             _ => Vec::new(),
@@ -269,6 +271,7 @@ impl std::fmt::Display for Program {
                     instr.dtype,
                     if *saturate { "_sat" } else { "" }
                 ),
+                Op::Bitcast(a) => format!("bits_as_{}(t{a})", instr.dtype),
                 Op::Unary(op, a) => format!("{}(t{a})", op.name()),
                 Op::Binary(op, a, b) => match op.infix() {
                     Some((symbol, _)) => format!("t{a} {symbol} t{b}"),
@@ -357,6 +360,7 @@ impl Builder {
                 Node::LinearIndex => Op::Position { lane },
                 Node::Philox(w) => self.draw(w, lane),
                 Node::Cast { saturate, .. } => Op::Cast(args[0], *saturate),
+                Node::Bitcast(_) => Op::Bitcast(args[0]),
                 Node::Unary(op, _) => Op::Unary(*op, args[0]),
                 Node::Binary(op, _, _) => Op::Binary(*op, args[0], args[1]),
                 Node::Fma(..) => Op::Fma(args[0], args[1], args[2]),

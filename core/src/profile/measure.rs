@@ -114,7 +114,7 @@ fn expr_flops(e: &Expr) -> u64 {
         | Node::Literal(_)
         | Node::LinearIndex
         | Node::Philox(_) => 0,
-        Node::Cast { arg, .. } => expr_flops(arg),
+        Node::Cast { arg, .. } | Node::Bitcast(arg) => expr_flops(arg),
         Node::Unary(_, a) => 1 + expr_flops(a),
         Node::Binary(_, a, b) => 1 + expr_flops(a) + expr_flops(b),
         Node::Fma(a, b, c) => 2 + expr_flops(a) + expr_flops(b) + expr_flops(c),
@@ -132,6 +132,10 @@ fn map_ops(e: &Expr) -> Vec<String> {
             Node::Cast { arg, .. } => {
                 walk(arg, out);
                 out.push(format!("to_{}", e.dtype));
+            }
+            Node::Bitcast(a) => {
+                walk(a, out);
+                out.push(format!("bits_as_{}", e.dtype));
             }
             Node::Unary(op, a) => {
                 walk(a, out);

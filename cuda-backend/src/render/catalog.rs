@@ -82,6 +82,14 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
                 out.push(map(x.clone().cast(to, saturate), &[d], true, 1));
             }
         }
+        for to in DType::ALL {
+            if to.itemsize() == d.itemsize() && to != DType::Bool && d != DType::Bool {
+                out.push(map(x.clone().bitcast(to), &[d], true, 1));
+            }
+            if let Ok(e) = strata_core::random::stochastic_round_expr(d, to) {
+                out.push(map(e, &[d], true, 4));
+            }
+        }
         if d != DType::Bool {
             let e = Expr::fma(x.clone(), y.clone(), Expr::input(2, d));
             out.push(map(e, &[d, d, d], true, 2));

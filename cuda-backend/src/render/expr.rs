@@ -3,7 +3,7 @@
 //! freely. Scalars are `s{k}` and an element's position `li`; what depends on where the
 //! element is (an input of a lane, its position, a hoisted Philox word) the caller names.
 
-use super::{cast, compute_type, round_to, undefined};
+use super::{bitcast, cast, compute_type, round_to, undefined};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, UnaryOp};
 use strata_core::lower::program::{Lanes, Op, Program};
@@ -52,6 +52,7 @@ pub(crate) fn emit(
                 )
             }
             Op::Cast(a, saturate) => cast(&v(a), program.instrs[*a].dtype, d, *saturate),
+            Op::Bitcast(a) => bitcast(&v(a), program.instrs[*a].dtype, d),
             Op::Unary(op @ (UnaryOp::Sin | UnaryOp::Cos), a) => {
                 match pairs.iter().find(|&&(s, c)| s == i || c == i) {
                     Some(&(s, c)) if i == s.min(c) => {

@@ -187,6 +187,19 @@ pub(crate) fn cast(v: &str, from: DType, to: DType, saturate: bool) -> String {
     }
 }
 
+/// The compute value of `to` whose stored bits are those of compute value `v` of `from`, a
+/// dtype of the same size (a 16-bit float's value is exact in its format, so its bits are
+/// its stored form).
+pub(crate) fn bitcast(v: &str, from: DType, to: DType) -> String {
+    let bits = match from {
+        DType::F16 | DType::BF16 => to_storage(from, v),
+        DType::F32 => format!("__float_as_uint({v})"),
+        DType::F64 => format!("__double_as_longlong({v})"),
+        _ => v.to_string(),
+    };
+    scalar_from_word(to, &format!("(u64)({bits})"))
+}
+
 /// The error for an IR op the dtype does not define (the CPU backend's message).
 pub(crate) fn undefined(what: impl std::fmt::Debug, dtype: DType) -> Error {
     Error::Unsupported(format!("IR op {what:?} is not defined for {dtype}"))

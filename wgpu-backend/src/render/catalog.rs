@@ -232,6 +232,12 @@ fn every_map_variant_validates() {
         for to in DType::ALL {
             exprs.push(x().cast(to, false));
             exprs.push(x().cast(to, true));
+            if to.itemsize() == d.itemsize() && to != DType::Bool && d != DType::Bool {
+                exprs.push(x().bitcast(to));
+            }
+            if let Ok(e) = strata_core::random::stochastic_round_expr(d, to) {
+                exprs.push(e);
+            }
         }
         for e in exprs {
             let mut dtypes = vec![e.dtype, d, d];

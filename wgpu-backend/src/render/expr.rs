@@ -4,7 +4,7 @@
 //! position, a hoisted Philox word) the caller names.
 
 use super::prelude::math_type;
-use super::{cast, compute_type, is_nan, literal, round_to, undefined, Caps};
+use super::{bitcast, cast, compute_type, is_nan, literal, round_to, undefined, Caps};
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, UnaryOp};
 use strata_core::lower::program::{Lanes, Op, Program};
@@ -82,6 +82,7 @@ pub(crate) fn emit(
             }
             Op::Cast(a, saturate) if narrow[*a] => cast(&values[*a], DType::U32, d, *saturate),
             Op::Cast(a, saturate) => cast(arg(*a)?, program.instrs[*a].dtype, d, *saturate),
+            Op::Bitcast(a) => bitcast(arg(*a)?, program.instrs[*a].dtype, d),
             Op::Unary(op @ (UnaryOp::Sin | UnaryOp::Cos), a)
                 if compute_type(program.instrs[*a].dtype) == "f32" && caps.f64 =>
             {

@@ -208,6 +208,23 @@ pub(crate) fn scalar_value(d: DType, lo: &str, hi: &str) -> String {
     }
 }
 
+/// The compute value of `to` whose stored bits are those of compute value `v` of `from`, a
+/// dtype of the same size (16-bit floats' values are exact in their format).
+pub(crate) fn bitcast(v: &str, from: DType, to: DType) -> String {
+    if from.itemsize() == 8 {
+        let bits = match from {
+            DType::U64 => v.to_string(),
+            _ => format!("bitcast<u64>({v})"),
+        };
+        return match to {
+            DType::U64 => bits,
+            DType::I64 => format!("bitcast<i64>({bits})"),
+            _ => format!("bitcast<f64>({bits})"),
+        };
+    }
+    scalar_value(to, &bits_of(from, v), "0u")
+}
+
 /// A NaN test on the bits of a float compute value (`x != x` may be folded away by drivers that
 /// treat float compares as inexact).
 pub(crate) fn is_nan(d: DType, v: &str) -> String {
