@@ -325,7 +325,7 @@ impl Block {
             x.iter()
                 // SAFETY: `S` and `D` are primitives of one size (checked above) and neither is
                 // bool, so every bit pattern of an `S` is a valid, aligned `D`.
-                .map(|v| unsafe { D::load(v as *const S as *const u8) })
+                .map(|v| unsafe { D::load((v as *const S).cast::<u8>()) })
                 .collect()
         ))))
     }
