@@ -304,8 +304,41 @@ fn mlp(dev: &Device, batch: usize) -> Result<()> {
     Ok(())
 }
 
+/// Histograms and stochastic rounding on 2^`log2` f32 normals (issue 42's table): histc into
+/// 64 and 4096 bins, the exponent histogram (its read-back included), the stochastic and
+/// plain casts to bf16, and a copy for the bandwidth floor.
+fn hist(dev: &Device, log2: u32) -> Result<()> {
+    let n = 1usize << log2;
+    let mut g = strata::random::Generator::new(3);
+    let x = Tensor::randn([n], DType::F32, &mut g, dev)?;
+    x.realize()?;
+    let bytes = (n * 4) as f64;
+    let ms = time(dev, 5, || keep(x.to_dtype(DType::F32)))?;
+    row(&format!("copy-f32-2^{log2}"), ms, 2.0 * bytes, 0.0);
+    for bins in [64, 4096] {
+        let ms = time(dev, 5, || keep(x.histc(bins, -4.0, 4.0)))?;
+        row(&format!("histc-{bins}-2^{log2}"), ms, bytes, 0.0);
+    }
+    let ms = time(dev, 5, || x.exponent_histogram().map(|_| ()))?;
+    row(&format!("exponent-histogram-2^{log2}"), ms, bytes, 0.0);
+    let ms = time(dev, 5, || keep(x.to_dtype(DType::BF16)))?;
+    row(&format!("to-bf16-2^{log2}"), ms, 1.5 * bytes, 0.0);
+    let ms = time(dev, 5, || keep(x.to_dtype_stochastic(DType::BF16, &mut g)))?;
+    row(
+        &format!("to-bf16-stochastic-2^{log2}"),
+        ms,
+        1.5 * bytes,
+        0.0,
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     match std::env::args().nth(1).as_deref() {
+        Some("hist") => {
+            let log2: u32 = arg("--log2", "28").parse().unwrap_or(28);
+            return hist(&Device::cuda(0)?, log2);
+        }
         Some("first-op") => return first_op(),
         Some("host") => return host_costs(&Device::cuda(0)?),
         Some("mlp") => {

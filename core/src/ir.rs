@@ -828,6 +828,20 @@ pub enum Kernel {
         /// The axis the index values select along.
         axis: usize,
     },
+    /// A histogram: for each element `i` of input 0 (contiguous from offset 0, any shape), the
+    /// bin `bin(x_i)`; output 0 (`[bins]`, contiguous, of dtype `u32`, `u64`, `f32` or `f64`,
+    /// holding earlier counts) gets `+= 1` at that bin, or `+=` input 1's element `i` (laid out
+    /// like input 0, of the output's dtype) when `weighted`. Bins outside `0..bins` are
+    /// skipped. Float sums may add in any order.
+    Histogram {
+        /// How many bins the output has.
+        bins: usize,
+        /// An `i32` expression over input 0 (its only input) and the launch scalars, never
+        /// reading the linear index.
+        bin: Expr,
+        /// Input 1 holds each element's weight.
+        weighted: bool,
+    },
 }
 
 impl Kernel {

@@ -87,6 +87,9 @@ pub struct Target {
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
+    /// Runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram); otherwise core counts each
+    /// bin as a sum over a one-hot comparison (`bins · n` work: right, but slow for many bins).
+    pub runs_histogram: bool,
     /// A [`Kernel::Matmul`](crate::ir::Kernel::Matmul) of f16 or bf16 runs faster on f32 copies
     /// of its operands: core then widens A and B (and C when β ≠ 0), runs the f32 product and
     /// rounds it into C. The numbers are the same (the half kernel also accumulates in f32 and
@@ -125,6 +128,7 @@ impl Target {
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
             runs_softmax: true,
+            runs_histogram: true,
             widens_half_matmul: false,
         }
     }

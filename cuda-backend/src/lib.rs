@@ -127,6 +127,7 @@ impl CudaBackend {
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
             runs_softmax: true,
+            runs_histogram: true,
             widens_half_matmul: false,
         };
         Ok(CudaBackend {

@@ -159,6 +159,7 @@ impl WgpuBackend {
             fuses_row_prologue: false,
             // Core composes softmax from a max, a fused sum and a map.
             runs_softmax: false,
+            runs_histogram: false,
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
             // the f32 kernel's rate (64 against 33.4 ms); widened, 33.9 ms. Lavapipe: the same
             // either way.

@@ -4,6 +4,7 @@
 
 mod block;
 mod buffer;
+mod histogram;
 mod index;
 mod map;
 mod matmul;
@@ -248,6 +249,11 @@ impl Backend for CpuBackend {
             Kernel::Matmul { acc, .. } => matmul::run(*acc, args),
             Kernel::Index { kind, axis } => index::run(*kind, *axis, args),
             Kernel::Softmax { log } => softmax::run(*log, args, &self.pool),
+            Kernel::Histogram {
+                bins,
+                bin,
+                weighted,
+            } => histogram::run(*bins, bin, *weighted, args, &self.pool),
         }
     }
 

@@ -2,11 +2,13 @@
 //! defined once here and lowered to the kernel IR.
 
 mod elementwise;
+mod histogram;
 mod index;
 mod join;
 mod matmul;
 mod promote;
 mod reduce;
 
+pub use histogram::ExponentHistogram;
 pub use promote::{can_cast, promote_types, result_type, DEFAULT_FLOAT};
 pub use reduce::Axes;

@@ -48,6 +48,13 @@ pub(super) fn kernel_record(
             };
             (name, vec![name.to_string()], 0)
         }
+        Kernel::Histogram { bin, .. } => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let mut ops = map_ops(bin);
+            ops.push("histogram".to_string());
+            // The bin's expression and one add per element.
+            ("histogram", ops, n * (1 + expr_flops(bin)))
+        }
     };
     let (bytes_read, bytes_written) = bytes_moved(kernel, args);
     let (name, launch) = match launch {

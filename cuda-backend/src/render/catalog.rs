@@ -407,6 +407,50 @@ pub(crate) fn matmuls() -> Vec<MatmulSig> {
 }
 
 /// Softmax signatures: each float dtype, both outputs, every group size and vector width.
+/// Histogram signatures: counts in u32 and u64 from a float bin expression with scalars
+/// (histc's), weighted f32 and f64 sums of integer bins (bincount's), with and without
+/// private copies.
+pub(crate) fn histograms() -> Vec<super::histogram::HistogramSig> {
+    use super::histogram::HistogramSig;
+    let mut out = Vec::new();
+    for values in DType::ALL {
+        if values == DType::Bool {
+            continue;
+        }
+        let x = Expr::input(0, values);
+        let (bin, scalars) = if values.is_float() {
+            let pos = Expr::binary(
+                BinaryOp::Mul,
+                x.cast(DType::F32, false),
+                Expr::scalar(0, DType::F32),
+            );
+            (
+                Expr::unary(UnaryOp::Floor, pos).cast(DType::I32, true),
+                vec![DType::F32],
+            )
+        } else {
+            (x.cast(DType::I32, true), vec![])
+        };
+        for (acc, weighted, copies) in [
+            (DType::U32, false, 8),
+            (DType::U64, false, 0),
+            (DType::F32, true, 2),
+            (DType::F64, true, 0),
+        ] {
+            out.push(HistogramSig {
+                bin: bin.clone(),
+                values,
+                acc,
+                weighted,
+                scalars: scalars.clone(),
+                copies,
+                wide: copies == 0,
+            });
+        }
+    }
+    out
+}
+
 pub(crate) fn softmaxes() -> Vec<SoftmaxSig> {
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
@@ -487,6 +531,12 @@ mod tests {
                 "strata_matmul",
             );
         }
+        for s in histograms() {
+            add(
+                super::super::histogram::source(&s).expect("histogram source"),
+                "strata_histogram",
+            );
+        }
         out
     }
 
@@ -517,8 +567,15 @@ mod tests {
         for part in sources.chunks(400) {
             let body = part.join("\n");
             if let Err(e) = compiler.ptx_uncached(&body) {
+                // The errors first: warnings about unused locals would fill the message.
                 let msg = e.to_string();
-                panic!("{}", &msg[..msg.len().min(6000)]);
+                let lines: Vec<&str> = msg.lines().collect();
+                let errors: Vec<String> = (0..lines.len())
+                    .filter(|&k| lines[k].contains("error"))
+                    .map(|k| lines[k..(k + 3).min(lines.len())].join("\n"))
+                    .collect();
+                let shown = format!("{}\n{msg}", errors.join("\n"));
+                panic!("{}", &shown[..shown.len().min(6000)]);
             }
         }
     }

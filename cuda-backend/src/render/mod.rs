@@ -11,6 +11,7 @@
 #[cfg(test)]
 mod catalog;
 pub(crate) mod expr;
+pub(crate) mod histogram;
 pub(crate) mod index;
 pub(crate) mod interpreter;
 pub(crate) mod map;

@@ -6,6 +6,7 @@
 
 pub(crate) mod batch;
 pub(crate) mod first_launch;
+mod histogram;
 mod index;
 pub(crate) mod map;
 pub(crate) mod matmul;
@@ -20,6 +21,7 @@ use crate::function::FunctionCache;
 use crate::function::{function, Function};
 use crate::launch::{self, dims, Launch};
 use crate::memory::Memory;
+use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
@@ -55,6 +57,7 @@ pub(crate) struct Runner {
     indexing: FunctionCache<IndexSig>,
     matmuls: FunctionCache<MatmulSig>,
     softmaxes: FunctionCache<SoftmaxSig>,
+    histograms: FunctionCache<HistogramSig>,
     /// What core's planners know of this device.
     pub target: Target,
 }
@@ -74,6 +77,7 @@ impl Runner {
             indexing: FunctionCache::default(),
             matmuls: FunctionCache::default(),
             softmaxes: FunctionCache::default(),
+            histograms: FunctionCache::default(),
             target,
         }
     }
@@ -85,6 +89,7 @@ impl Runner {
             + self.indexing.len()
             + self.matmuls.len()
             + self.softmaxes.len()
+            + self.histograms.len()
     }
 
     /// The steps `kernel` over `args` takes on this device: the one place each kernel kind's
@@ -98,6 +103,11 @@ impl Runner {
             Kernel::Softmax { log } => {
                 softmax::steps(*log, &SoftmaxOperands::of(args)?, &self.target)
             }
+            Kernel::Histogram {
+                bins,
+                bin,
+                weighted,
+            } => histogram::steps(*bins, bin, *weighted, args, &self.target),
         }
     }
 
@@ -197,6 +207,7 @@ impl Runner {
             Sig::Index(k) => function(&self.indexing, k, &self.compiler),
             Sig::Matmul(k) => function(&self.matmuls, k, &self.compiler),
             Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
+            Sig::Histogram(k) => function(&self.histograms, k, &self.compiler),
         }
     }
 
@@ -277,6 +288,7 @@ impl Runner {
                         Sig::Index(k) => self.indexing.peek(k).is_some(),
                         Sig::Matmul(k) => self.matmuls.peek(k).is_some(),
                         Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
+                        Sig::Histogram(k) => self.histograms.peek(k).is_some(),
                     };
                     if !cached {
                         self.function(sig)?;

@@ -3,6 +3,7 @@
 
 use crate::blas::GemmCall;
 use crate::launch::Launch;
+use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
@@ -33,6 +34,7 @@ pub(crate) enum Sig {
     Index(IndexSig),
     Matmul(MatmulSig),
     Softmax(SoftmaxSig),
+    Histogram(HistogramSig),
 }
 
 /// `first`'s steps, then `then`'s, whose scratch buffers are numbered after `first`'s.
@@ -78,6 +80,7 @@ impl Sig {
             Sig::Index(_) => IndexSig::NAME,
             Sig::Matmul(_) => MatmulSig::NAME,
             Sig::Softmax(_) => SoftmaxSig::NAME,
+            Sig::Histogram(_) => HistogramSig::NAME,
         }
     }
 }

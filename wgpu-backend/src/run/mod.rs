@@ -134,6 +134,10 @@ impl WgpuBackend {
             Kernel::Softmax { .. } => Err(Error::Unsupported(
                 "the wgpu backend has no one-kernel softmax; core composes it".into(),
             )),
+            // `runs_histogram` is false: core counts through a one-hot sum here.
+            Kernel::Histogram { .. } => Err(Error::Unsupported(
+                "the wgpu backend has no histogram kernel; core composes it".into(),
+            )),
         }
     }
 
