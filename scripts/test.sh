@@ -37,6 +37,9 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # and take the counters of their own elements.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test join_random -- --test-threads=1
+  # Histograms whose values and bins span many bindings: a dispatch per piece and bin range.
+  STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test histogram bincount between_edges -- --test-threads=1
   # Map→reduce fusion where a fused map's inputs exceed one binding: core runs the map first.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1
@@ -47,7 +50,7 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # f16 packed into u32 words (the path for adapters without SHADER_F16; lavapipe has it, so
   # the run above stores f16 natively): the every-dtype tests for f16 alone.
   STRATA_WGPU_F16=packed STRATA_TEST_DTYPES=f16 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
-    --test elementwise --test index_ops --test matmul --test reduce --test stochastic_round -- --test-threads=1
+    --test elementwise --test index_ops --test matmul --test reduce --test stochastic_round --test histogram -- --test-threads=1
 fi
 
 # Lazy fusion off (every elementwise op launched at once, as before fusion): the differential

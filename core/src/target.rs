@@ -6,6 +6,8 @@
 //!
 //! [`Backend::target`]: crate::Backend::target
 
+use crate::dtype::DType;
+
 /// A backend's description of itself for the planners ([`map_plan`](crate::lower::map_plan),
 /// [`reduce_plan`](crate::lower::reduce_plan), ...) and for lazy fusion.
 ///
@@ -87,9 +89,10 @@ pub struct Target {
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
-    /// Runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram); otherwise core counts each
-    /// bin as a sum over a one-hot comparison (`bins · n` work: right, but slow for many bins).
-    pub runs_histogram: bool,
+    /// The output dtypes this backend runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram)
+    /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
+    /// work: right, but slow for many bins).
+    pub histogram_accumulators: &'static [DType],
     /// A [`Kernel::Matmul`](crate::ir::Kernel::Matmul) of f16 or bf16 runs faster on f32 copies
     /// of its operands: core then widens A and B (and C when β ≠ 0), runs the f32 product and
     /// rounds it into C. The numbers are the same (the half kernel also accumulates in f32 and
@@ -128,7 +131,7 @@ impl Target {
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
             runs_softmax: true,
-            runs_histogram: true,
+            histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: false,
         }
     }

@@ -127,7 +127,7 @@ impl CudaBackend {
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
             runs_softmax: true,
-            runs_histogram: true,
+            histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: false,
         };
         Ok(CudaBackend {

@@ -274,3 +274,37 @@ fn exponent_cases(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(exponent_histograms_count_powers_of_two, exponent_cases);
+
+/// One histogram kernel per count (no one-hot composition where the backend runs the kernel),
+/// with private copies (64 bins) and without (10,000 bins: past workgroup memory).
+fn one_kernel(dev: &Device) -> Result<()> {
+    let mut rng = Rng(17);
+    let v: Vec<f32> = (0..20_000)
+        .map(|_| (rng.word() % 10_000) as f32 + 0.5)
+        .collect();
+    let t = Tensor::from_slice(&v, [v.len()], dev)?;
+    for bins in [64usize, 10_000] {
+        let mut want = vec![0f32; bins];
+        for &x in &v {
+            let b = ((x as f64) * bins as f64 / 10_000.0).floor() as usize;
+            want[b.min(bins - 1)] += 1.0;
+        }
+        let p = dev.profile(|| t.histc(bins, 0.0, 10_000.0)?.realize())?;
+        let kernels: Vec<_> = p
+            .device_work()
+            .filter(|r| r.ops.iter().any(|o| o == "histogram"))
+            .collect();
+        assert_eq!(kernels.len(), 1, "{bins} bins on {}: {p}", dev.name());
+        let got = t.histc(bins, 0.0, 10_000.0)?.to_vec::<f32>()?;
+        assert_eq!(got, want, "{bins} bins on {}", dev.name());
+    }
+    let w = Tensor::full([v.len()], 0.5, DType::F32, dev)?;
+    let idx = t
+        .to_dtype(DType::I32)?
+        .floor_divide(100)?
+        .to_dtype(DType::I64)?;
+    let got = idx.bincount(Some(&w), 0)?.to_vec::<f32>()?;
+    assert_eq!(got.iter().sum::<f32>(), 10_000.0);
+    Ok(())
+}
+test_device!(a_histogram_is_one_kernel, one_kernel);

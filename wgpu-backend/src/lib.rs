@@ -81,6 +81,7 @@ pub struct WgpuBackend {
     reductions: PipelineCache<reduce::ReduceSig>,
     indexing: PipelineCache<index::IndexSig>,
     matmuls: PipelineCache<matmul::MatmulSig>,
+    histograms: PipelineCache<render::histogram::HistogramSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
     /// The next stream id (one queue runs them all; ids only name them).
@@ -159,7 +160,8 @@ impl WgpuBackend {
             fuses_row_prologue: false,
             // Core composes softmax from a max, a fused sum and a map.
             runs_softmax: false,
-            runs_histogram: false,
+            // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
+            histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
             // the f32 kernel's rate (64 against 33.4 ms); widened, 33.9 ms. Lavapipe: the same
             // either way.
@@ -174,6 +176,7 @@ impl WgpuBackend {
             reductions: PipelineCache::default(),
             indexing: PipelineCache::default(),
             matmuls: PipelineCache::default(),
+            histograms: PipelineCache::default(),
         })
     }
 
@@ -219,7 +222,11 @@ impl WgpuBackend {
     /// }
     /// ```
     pub fn cached_pipelines(&self) -> usize {
-        self.maps.len() + self.reductions.len() + self.indexing.len() + self.matmuls.len()
+        self.maps.len()
+            + self.reductions.len()
+            + self.indexing.len()
+            + self.matmuls.len()
+            + self.histograms.len()
     }
 
     /// The most bytes one binding spans (the target's binding limit).

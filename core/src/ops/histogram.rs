@@ -48,7 +48,13 @@ fn count_bins(
         return Ok(out);
     }
     let v = dense(values)?;
-    if !values.device().backend().target().runs_histogram {
+    if !values
+        .device()
+        .backend()
+        .target()
+        .histogram_accumulators
+        .contains(&acc)
+    {
         return one_hot_counts(&v, bin, scalars, bins, weights, acc);
     }
     let w = weights.map(|w| dense(&w.to_dtype(acc)?)).transpose()?;

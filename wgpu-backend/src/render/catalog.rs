@@ -475,3 +475,47 @@ fn the_f32_math_library_validates_without_f64() {
         check(&src, &[Target::Vulkan, Target::Metal, Target::Dx12]);
     }
 }
+
+#[test]
+fn histogram_variants_validate() {
+    use super::histogram::{source, HistogramSig};
+    for values in DType::ALL {
+        if values == DType::Bool {
+            continue;
+        }
+        let x = Expr::input(0, values);
+        let (bin, scalars) = if values.is_float() {
+            let pos = Expr::binary(
+                BinaryOp::Mul,
+                x.cast(DType::F32, false),
+                Expr::scalar(0, DType::F32),
+            );
+            (
+                Expr::unary(UnaryOp::Floor, pos).cast(DType::I32, true),
+                vec![DType::F32],
+            )
+        } else {
+            (x.cast(DType::I32, true), vec![])
+        };
+        // Counts with private copies, weight sums with one copy, and bins past workgroup memory.
+        for (acc, weighted, bins, copies) in [
+            (DType::U32, false, 64, 8),
+            (DType::F32, true, 4096, 1),
+            (DType::U32, false, 10_000, 0),
+        ] {
+            let sig = HistogramSig {
+                bin: bin.clone(),
+                values,
+                acc,
+                weighted,
+                scalars: scalars.clone(),
+                bins,
+                copies,
+            };
+            for (caps, targets) in caps_for(&[values, acc]) {
+                let src = source(&sig, caps).unwrap_or_else(|e| panic!("{e}: {sig:?}"));
+                check(&src, targets);
+            }
+        }
+    }
+}

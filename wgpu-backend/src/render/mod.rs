@@ -17,6 +17,7 @@
 #[cfg(test)]
 mod catalog;
 pub(crate) mod expr;
+pub(crate) mod histogram;
 pub(crate) mod index;
 pub(crate) mod map;
 pub(crate) mod matmul;

@@ -4,12 +4,14 @@
 //! invocations. `run` executes them, the profiler names them and `explain` renders the first
 //! map's. A new kernel kind is a planner here and a renderer in `crate::render`.
 
+mod histogram;
 mod index;
 mod map;
 mod matmul;
 mod reduce;
 
 use crate::launch::{operand_info, raw, Binding};
+use crate::render::histogram::HistogramSig;
 use crate::render::{self, prelude};
 use crate::render::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::ReduceSig};
 use crate::WgpuBackend;
@@ -60,6 +62,7 @@ pub(crate) enum Sig<'k> {
     Reduce(ReduceSig),
     Index(IndexSig),
     Matmul(MatmulSig),
+    Histogram(HistogramSig),
 }
 
 impl Sig<'_> {
@@ -70,6 +73,7 @@ impl Sig<'_> {
             Sig::Reduce(_) => "strata_reduce",
             Sig::Index(_) => "strata_index",
             Sig::Matmul(_) => "strata_matmul",
+            Sig::Histogram(_) => "strata_histogram",
         }
     }
 }
@@ -134,10 +138,11 @@ impl WgpuBackend {
             Kernel::Softmax { .. } => Err(Error::Unsupported(
                 "the wgpu backend has no one-kernel softmax; core composes it".into(),
             )),
-            // `runs_histogram` is false: core counts through a one-hot sum here.
-            Kernel::Histogram { .. } => Err(Error::Unsupported(
-                "the wgpu backend has no histogram kernel; core composes it".into(),
-            )),
+            Kernel::Histogram {
+                bins,
+                bin,
+                weighted,
+            } => self.histogram_steps(*bins, bin, *weighted, args),
         }
     }
 
@@ -196,6 +201,16 @@ impl WgpuBackend {
             }),
             Sig::Matmul(sig) => self.matmuls.get(sig, |sig| {
                 self.gpu.pipeline(&render::matmul::source(sig, caps), 3)
+            }),
+            Sig::Histogram(sig) => self.histograms.get(sig, |sig| {
+                let mut used = std::collections::BTreeSet::new();
+                prelude::dtypes_of(&sig.bin, &mut used);
+                for d in used {
+                    self.check_dtype(d)?;
+                }
+                let bindings = 2 + usize::from(sig.weighted);
+                self.gpu
+                    .pipeline(&render::histogram::source(sig, caps)?, bindings)
             }),
         }
     }
