@@ -8,7 +8,8 @@
 # beside kernels on two streams), sweep-ab (an earlier build's sweep beside this one's), host
 # (the host cost per op), first-op (a new process's first calls, cold, beside an earlier
 # build's), random (thousands of random programs on cuda:0 and on wgpu,
-# RANDOM_PROGRAMS of them, 3000 unless set), all.
+# RANDOM_PROGRAMS of them, 3000 unless set), hist (histograms and stochastic rounding beside
+# PyTorch), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -207,7 +208,32 @@ run_random() {
   done
 }
 
+# Histograms and stochastic rounding (issue 42): bench_gpu hist beside PyTorch, same call.
+run_hist() {
+  echo "== histograms and stochastic rounding, 2^28 f32 (bench_gpu hist, bench_hist_torch.py)" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" hist > "$out/hist.jsonl" 2> "$out/hist.err"
+  timeout 300 python3 scripts/bench_hist_torch.py >> "$out/hist.jsonl" 2>> "$out/hist.err"
+  python3 - "$out/hist.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+rows, moved = {}, {}
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        rows[r["op"]], moved[r["op"]] = r["ms"], r.get("bytes", 0)
+copy = "copy-f32-2^28"
+bw = moved.get(copy, 0) / rows[copy] if copy in rows else 0
+for op, ms in rows.items():
+    if op.startswith("torch-"):
+        continue
+    peer = rows.get("torch-" + op)
+    vs = f"torch {peer:.3f} ms, {peer / ms:.2f}x" if peer else ""
+    of_copy = f"{moved[op] / ms / bw:.2f} of copy bandwidth" if bw else ""
+    print(f"{op:32s} {ms:8.3f} ms  {vs:28s} {of_copy}")
+PY
+}
+
 case "$mode" in
+  hist) run_hist ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;

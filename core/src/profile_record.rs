@@ -212,6 +212,10 @@ pub(crate) struct Recorder {
     pub(crate) printing: bool,
     pub(crate) records: Vec<(ProfileRecord, Option<EventId>, Option<EventId>)>,
     pub(crate) timed: usize,
+    /// While exponents are counted ([`Device::profile_exponents`](crate::Device::profile_exponents)):
+    /// per float kernel output, its record's index, its dtype and the device buffer its
+    /// exponent counts go to.
+    pub(crate) exponents: Option<Vec<(usize, crate::dtype::DType, crate::backend::Operand)>>,
 }
 
 impl Recorder {

@@ -94,6 +94,9 @@ impl Lanes {
 
 /// Four elements per counter, one word each (32-bit draws).
 pub(crate) const ONE_WORD: Lanes = Lanes::new(4, 1);
+/// Eight elements per counter, pairs sharing a word: 16 random bits each (the element's half
+/// of the word, by its parity), for stochastic rounding that drops at most 16 bits.
+pub(crate) const HALF_WORDS: Lanes = Lanes::new(8, 2);
 /// Two elements per counter, two words each (64-bit draws).
 pub(crate) const TWO_WORDS: Lanes = Lanes::new(2, 1);
 /// Two Box–Muller pairs per counter, two words (two 32-bit uniforms) per pair.

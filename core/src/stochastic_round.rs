@@ -21,11 +21,16 @@ use crate::error::{Error, Result};
 use crate::fusion::defer_or_launch;
 use crate::ir::{BinaryOp, Expr, UnaryOp};
 use crate::layout::Layout;
-use crate::random::{uniform53, uniform_f32, word32, Generator, Lanes, ONE_WORD, TWO_WORDS};
+use crate::random::{uniform53, word32, Generator, Lanes, HALF_WORDS, ONE_WORD, TWO_WORDS};
 use crate::tensor::Tensor;
 
 fn bin(op: BinaryOp, a: Expr, b: Expr) -> Expr {
     Expr::binary(op, a, b)
+}
+
+/// A float dtype's stored mantissa bits (0 for other dtypes).
+fn mantissa_bits(d: DType) -> u32 {
+    d.float_format().map_or(0, |f| f.mantissa_bits)
 }
 
 /// The unsigned integer dtype of a float's size.
@@ -47,18 +52,44 @@ fn int(d: DType, v: u64) -> Expr {
     Expr::literal(Scalar::U64(v).cast(d, false))
 }
 
-/// What one rounding draws: Philox words per element (one for sources up to 32 bits, two
-/// for f64, so a probability has the source's whole resolution).
-fn lanes_for(source: DType) -> Lanes {
-    if source == DType::F64 {
-        TWO_WORDS
-    } else {
-        ONE_WORD
+/// What one rounding draws: 16 bits per element where at most 16 are dropped (half a Philox
+/// word, so one Philox call serves eight elements: the rounding then costs about what a plain
+/// cast does), 32 where more are, 64 from f64.
+fn lanes_for(source: DType, dropped: u32) -> Lanes {
+    match source {
+        DType::F64 => TWO_WORDS,
+        _ if dropped <= 16 => HALF_WORDS,
+        _ => ONE_WORD,
     }
 }
 
+/// The element's random bits as u32: 16 (its half of a shared word, by its position's
+/// parity) or 32, per `lanes`.
+fn word_bits(lanes: Lanes) -> (Expr, u32) {
+    let word = word32(0, lanes);
+    if lanes.per_counter != HALF_WORDS.per_counter {
+        return (word, 32);
+    }
+    let odd = bin(
+        BinaryOp::BitAnd,
+        Expr::linear_index(),
+        Expr::literal(Scalar::I64(1)),
+    );
+    let shift = bin(
+        BinaryOp::Mul,
+        odd.cast(DType::U32, false),
+        int(DType::U32, 16),
+    );
+    let half = bin(
+        BinaryOp::BitAnd,
+        bin(BinaryOp::Shr, word, shift),
+        int(DType::U32, 0xffff),
+    );
+    (half, 16)
+}
+
 /// `dropped` random bits (1 ≤ dropped ≤ 52) as the unsigned dtype of `source`'s size.
-fn random_bits(source: DType, dropped: u32) -> Expr {
+fn random_bits(source: DType, dropped: u32, lanes: Lanes) -> Expr {
     let u = bits_dtype(source);
     if source == DType::F64 {
         let hi = bin(
@@ -73,22 +104,27 @@ fn random_bits(source: DType, dropped: u32) -> Expr {
         );
         return bin(BinaryOp::Shr, word, int(DType::U64, 64 - dropped as u64));
     }
+    let (bits, width) = word_bits(lanes);
     bin(
         BinaryOp::Shr,
-        word32(0, ONE_WORD),
-        int(DType::U32, 32 - dropped as u64),
+        bits,
+        int(DType::U32, (width - dropped) as u64),
     )
     .cast(u, false)
 }
 
 /// `x` (of float dtype `source`) rounded at random to `bits` mantissa bits, keeping the
 /// source's exponent range: the bit pattern plus `m − bits` random bits, low bits cleared.
-fn round_bits(x: Expr, bits: u32) -> Expr {
+fn round_bits(x: Expr, bits: u32, lanes: Lanes) -> Expr {
     let source = x.dtype;
     let m = source.float_format().expect("a float").mantissa_bits;
     let dropped = m - bits;
     let u = bits_dtype(source);
-    let raised = bin(BinaryOp::Add, x.bitcast(u), random_bits(source, dropped));
+    let raised = bin(
+        BinaryOp::Add,
+        x.bitcast(u),
+        random_bits(source, dropped, lanes),
+    );
     let mask = !((1u64 << dropped) - 1) & (u64::MAX >> (64 - 8 * source.itemsize()));
     bin(BinaryOp::BitAnd, raised, int(u, mask)).bitcast(source)
 }
@@ -97,7 +133,7 @@ fn round_bits(x: Expr, bits: u32) -> Expr {
 /// `target` (valid where `|x|` is below its smallest normal): the floor of `|x| / g` plus one
 /// when a uniform draw falls below the fraction, times `g`, with `x`'s sign (a negative value
 /// that rounds to zero gives −0, as rounding to nearest would); every step is exact.
-fn round_subnormal(x: Expr, target: FloatFormat) -> Expr {
+fn round_subnormal(x: Expr, target: FloatFormat, lanes: Lanes) -> Expr {
     let source = x.dtype;
     let grid = target.min_exponent - target.mantissa_bits as i32;
     let magnitude = Expr::unary(UnaryOp::Abs, x.clone());
@@ -107,7 +143,20 @@ fn round_subnormal(x: Expr, target: FloatFormat) -> Expr {
     let uniform = if source == DType::F64 {
         uniform53(0, TWO_WORDS)
     } else {
-        uniform_f32(0, ONE_WORD, 24).cast(source, false)
+        // The element's 16 or 32 random bits as a fraction (exact in f32: at most 24 bits).
+        let (bits, width) = word_bits(lanes);
+        let top = bin(
+            BinaryOp::Shr,
+            bits,
+            int(DType::U32, width.saturating_sub(24) as u64),
+        );
+        let scale = -(width.min(24) as i32);
+        bin(
+            BinaryOp::Mul,
+            top.cast(DType::F32, false),
+            power_of_two(DType::F32, scale),
+        )
+        .cast(source, false)
     };
     let up = bin(BinaryOp::Lt, uniform, fraction).cast(source, false);
     let steps = bin(BinaryOp::Add, low, up);
@@ -127,14 +176,15 @@ fn round_subnormal(x: Expr, target: FloatFormat) -> Expr {
 fn stochastic_expr(source: DType, target: FloatFormat) -> Expr {
     let x = Expr::input(0, source);
     let own = source.float_format().expect("a float");
-    let mut rounded = round_bits(x.clone(), target.mantissa_bits);
+    let lanes = lanes_for(source, own.mantissa_bits - target.mantissa_bits);
+    let mut rounded = round_bits(x.clone(), target.mantissa_bits, lanes);
     if target.min_exponent > own.min_exponent {
         let small = bin(
             BinaryOp::Lt,
             Expr::unary(UnaryOp::Abs, x.clone()),
             power_of_two(source, target.min_exponent),
         );
-        rounded = Expr::select(small, round_subnormal(x.clone(), target), rounded);
+        rounded = Expr::select(small, round_subnormal(x.clone(), target, lanes), rounded);
     }
     let finite = Expr::unary(UnaryOp::IsFinite, x.clone());
     Expr::select(finite, rounded, x)
@@ -176,8 +226,10 @@ impl Tensor {
     /// drawn from `gen` (Philox, so a state gives the same bits on every backend). Exact
     /// values stay, NaN, ±inf and ±0 are kept, and values past the largest finite one round
     /// to infinity in proportion. Probabilities are exact to the last dropped bit (below
-    /// f16's or f32's smallest normal, where the grid is the target's subnormal one, to 2^-24
-    /// from f32 and 2^-53 from f64). The gradient is the plain cast's.
+    /// f16's smallest normal from f32, where the grid is f16's subnormal one, to 2^-16; below
+    /// f32's or f16's from f64, to 2^-53). An element takes 16 random bits where at most 16
+    /// are dropped (f32 → bf16 or f16), else 32 (64 from f64). The gradient is the plain
+    /// cast's.
     ///
     /// ```
     /// use strata_core::{random::Generator, Device, DType, Tensor};
@@ -196,7 +248,9 @@ impl Tensor {
             return self.to_dtype(dtype);
         }
         let expr = stochastic_round_expr(self.dtype, dtype)?;
-        self.stochastic_map(expr, gen, "to_dtype_stochastic")
+        let dropped = mantissa_bits(self.dtype) - mantissa_bits(dtype);
+        let lanes = lanes_for(self.dtype, dropped);
+        self.stochastic_map(expr, lanes, gen, "to_dtype_stochastic")
     }
 
     /// A copy whose values are rounded at random to `bits` mantissa bits (neon's
@@ -230,7 +284,8 @@ impl Tensor {
             ..own
         };
         let expr = stochastic_expr(self.dtype, target);
-        self.stochastic_map(expr, gen, "round_mantissa_stochastic")
+        let lanes = lanes_for(self.dtype, own.mantissa_bits - bits);
+        self.stochastic_map(expr, lanes, gen, "round_mantissa_stochastic")
     }
 
     /// Launches (or defers) `expr` over `self` with `gen`'s key and counter as scalars 0 and
@@ -239,12 +294,12 @@ impl Tensor {
     fn stochastic_map(
         &self,
         expr: Expr,
+        lanes: Lanes,
         gen: &mut Generator,
         what: &'static str,
     ) -> Result<Tensor> {
         let dtype = expr.dtype;
         let layout = Layout::contiguous(self.shape())?;
-        let lanes = lanes_for(self.dtype);
         let scalars = gen.take(layout.numel().div_ceil(lanes.per_counter as usize));
         let inputs = vec![self.clone()];
         let out = defer_or_launch(expr, layout, inputs.clone(), scalars, self.device(), what)?;

@@ -95,6 +95,19 @@ macro_rules! test_device {
     };
 }
 
+/// True when the device flushes f32 subnormals to zero (NVIDIA's Vulkan driver does; the
+/// difference is documented), so tests there leave subnormal f32 inputs out.
+///
+/// ```
+/// assert!(!strata_tests::flushes_subnormals(&strata::Device::cpu()));
+/// ```
+pub fn flushes_subnormals(dev: &Device) -> bool {
+    let tiny = Tensor::from_slice(&[1.4e-45f32], [1], dev)
+        .and_then(|t| t.mul(1.0))
+        .and_then(|t| t.to_vec::<f32>());
+    matches!(tiny.as_deref(), Ok([v]) if *v == 0.0)
+}
+
 /// Row-major multi-indices of `shape`, in order.
 ///
 /// ```

@@ -242,7 +242,26 @@ fn exponent_cases(dev: &Device) -> Result<()> {
             1e5,
         ]);
         let t = Tensor::from_slice(&v, [v.len()], dev)?.to_dtype(dtype)?;
-        let held: Vec<f64> = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        // The values as stored, from their bits (a device that flushes f32 subnormals in
+        // arithmetic still stores and counts them).
+        let counted_dtype = if dtype.is_float() { dtype } else { DType::F64 };
+        let stored = if dtype.is_float() {
+            t.clone()
+        } else {
+            t.to_dtype(DType::F64)?
+        };
+        let unsigned = match counted_dtype.itemsize() {
+            2 => DType::U16,
+            4 => DType::U32,
+            _ => DType::U64,
+        };
+        let held: Vec<f64> = stored
+            .bitcast(unsigned)?
+            .to_dtype(DType::U64)?
+            .to_vec::<u64>()?
+            .iter()
+            .map(|&b| Scalar::from_bits(counted_dtype, b).to_f64())
+            .collect();
         let h = t.exponent_histogram()?;
         let counted = if dtype.is_float() { dtype } else { DType::F64 };
         let f = counted.float_format().unwrap();

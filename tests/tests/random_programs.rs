@@ -1001,7 +1001,7 @@ struct Failure {
 /// Runs `p` on the CPU and `dev` in lockstep (see the module docs).
 fn check(p: &Program, dev: &Device) -> std::result::Result<(), Failure> {
     let cpu = Device::cpu();
-    let flushes = flushes_subnormals(dev);
+    let flushes = strata_tests::flushes_subnormals(dev);
     let fail = |step, why: String| Failure { step, why };
     let start = |d: &Device| -> Result<State> {
         let t = p.input.tensor(d)?;
@@ -1107,15 +1107,6 @@ fn shrink(mut p: Program, dev: &Device) -> (Program, Failure) {
     (p, failure)
 }
 
-/// True when the device flushes f32 subnormals to zero (NVIDIA's Vulkan driver does; the
-/// difference is documented), so programs there leave subnormal inputs out.
-fn flushes_subnormals(dev: &Device) -> bool {
-    let tiny = Tensor::from_slice(&[1.4e-45f32], [1], dev)
-        .and_then(|t| t.mul(1.0))
-        .and_then(|t| t.to_vec::<f32>());
-    matches!(tiny.as_deref(), Ok([v]) if *v == 0.0)
-}
-
 #[test]
 fn random_programs_match_the_cpu() {
     let count: u64 = std::env::var("STRATA_RANDOM_PROGRAMS")
@@ -1131,7 +1122,7 @@ fn random_programs_match_the_cpu() {
     // harness and of determinism.
     let mut failures = Vec::new();
     for dev in &devices {
-        let subnormals = !flushes_subnormals(dev);
+        let subnormals = !strata_tests::flushes_subnormals(dev);
         let started = std::time::Instant::now();
         let mut steps = 0;
         for seed in first..first + count {

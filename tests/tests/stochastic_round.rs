@@ -147,6 +147,7 @@ test_device!(bitcast_reads_the_bits, bitcasts);
 /// specials pass through, and the bits equal the CPU's for the same generator state.
 fn neighbours_only(dev: &Device) -> Result<()> {
     let cpu = Device::cpu();
+    let flushes = strata_tests::flushes_subnormals(dev);
     let mut rng = Rng(11);
     for (from, to) in CASTS {
         if !wanted(dev, &[from, to]) {
@@ -154,6 +155,10 @@ fn neighbours_only(dev: &Device) -> Result<()> {
         }
         let mut v = samples(from, 400, &mut rng);
         v.extend([f64::NAN, f64::INFINITY, f64::NEG_INFINITY]);
+        if flushes {
+            // Documented: such a device reads a subnormal f32 as zero.
+            v.retain(|x| !(from == DType::F32 && *x != 0.0 && x.abs() < 2f64.powi(-126)));
+        }
         let x = tensor_of(&v, from, dev)?;
         let mut g = Generator::new(99);
         let r = x.to_dtype_stochastic(to, &mut g)?;

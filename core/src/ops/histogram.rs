@@ -101,8 +101,9 @@ fn compute_dtype(d: DType) -> DType {
     }
 }
 
-/// Counts of float `dtype`'s exponents: `[zero, subnormal, infinite, NaN, 2^min … 2^max]`.
-fn exponent_bin(dtype: DType) -> (Expr, usize) {
+/// The bin of an element of float `dtype` (input 0) among its exponent counts, and how many
+/// bins: `[zero, subnormal, infinite, NaN, 2^min … 2^max]`.
+pub(crate) fn exponent_bin(dtype: DType) -> (Expr, usize) {
     let f = dtype.float_format().expect("a float");
     let u = match dtype.itemsize() {
         2 => DType::U16,
@@ -165,6 +166,20 @@ pub struct ExponentHistogram {
 }
 
 impl ExponentHistogram {
+    /// The histogram of `dtype` from the counts of [`exponent_bin`]'s bins.
+    pub(crate) fn from_counts(dtype: DType, counts: &[u64]) -> ExponentHistogram {
+        let at = |k: usize| counts.get(k).copied().unwrap_or(0);
+        ExponentHistogram {
+            dtype,
+            min_exponent: dtype.float_format().map_or(0, |f| f.min_exponent),
+            counts: counts.get(4..).unwrap_or(&[]).to_vec(),
+            zeros: at(0),
+            subnormals: at(1),
+            infinities: at(2),
+            nans: at(3),
+        }
+    }
+
     /// How many elements have exponent `e` (`2^e ≤ |x| < 2^(e+1)`); 0 outside the range.
     ///
     /// ```

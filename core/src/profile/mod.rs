@@ -50,6 +50,9 @@ pub struct Profile {
     pub copy_bandwidth_gb_per_s: Option<f64>,
     /// Everything recorded, in issue order.
     pub records: Vec<ProfileRecord>,
+    /// With [`Device::profile_exponents`]: the exponent histogram of each float kernel
+    /// output, by the index of the kernel's record (empty otherwise).
+    pub exponent_histograms: Vec<(usize, crate::ops::ExponentHistogram)>,
 }
 
 impl Profile {
@@ -105,7 +108,7 @@ impl Profile {
     /// # use strata_core::{Profile, ProfileRecord, RecordKind, StreamId};
     /// let mut r = ProfileRecord::new(RecordKind::Kernel, "k", StreamId::DEFAULT);
     /// (r.device_start_us, r.device_end_us, r.bytes_read) = (Some(0.0), Some(1.0), 500);
-    /// let p = Profile { device: "x".into(), timing: String::new(), copy_bandwidth_gb_per_s: Some(1.0), records: vec![] };
+    /// let p = Profile { device: "x".into(), timing: String::new(), copy_bandwidth_gb_per_s: Some(1.0), records: vec![], exponent_histograms: vec![] };
     /// assert_eq!(p.fraction_of_copy_bandwidth(&r), Some(0.5));
     /// ```
     pub fn fraction_of_copy_bandwidth(&self, record: &ProfileRecord) -> Option<f64> {
@@ -172,7 +175,7 @@ impl Device {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn start_profiling(&self) -> Result<Profiler> {
-        self.begin_profile(false)?;
+        self.begin_profile(false, false)?;
         Ok(Profiler {
             device: self.clone(),
             stopped: false,
@@ -199,6 +202,34 @@ impl Device {
     /// ```
     pub fn profile(&self, f: impl FnOnce() -> Result<()>) -> Result<Profile> {
         let profiler = self.start_profiling()?;
+        let ran = f();
+        let profile = profiler.stop();
+        ran?;
+        profile
+    }
+
+    /// [`profile`](Device::profile), also counting an exponent histogram of every float
+    /// kernel output while `f` runs (neon's `hist_bins`): see where values sit against the
+    /// f16 and bf16 ranges, op by op. Each count is one more small kernel after the op's
+    /// (not in the records), read back when the profile stops. With fusion, a kernel's
+    /// outputs are what a fused chain stores, not each op inside it.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let a = Tensor::full([100], 300.0, DType::F32, &dev)?;
+    /// let p = dev.profile_exponents(|| (&a * &a)?.realize())?;
+    /// let (record, h) = &p.exponent_histograms[0];
+    /// assert_eq!(p.records[*record].ops, vec!["mul"]);
+    /// assert_eq!(h.count(16), 100); // 90000 overflows f16
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn profile_exponents(&self, f: impl FnOnce() -> Result<()>) -> Result<Profile> {
+        self.begin_profile(false, true)?;
+        let profiler = Profiler {
+            device: self.clone(),
+            stopped: false,
+        };
         let ran = f();
         let profile = profiler.stop();
         ran?;

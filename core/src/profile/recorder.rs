@@ -4,11 +4,14 @@
 //! hook costs one relaxed atomic load.
 
 use super::{measure, table, Profile, ProfileRecord, RecordKind};
-use crate::backend::KernelArgs;
 use crate::backend::{DeviceBuffer, EventId, StreamId};
+use crate::backend::{KernelArgs, Operand};
 use crate::device::Device;
+use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::ir::Expr;
 use crate::ir::Kernel;
+use crate::ops::ExponentHistogram;
 use crate::profile_record::{ProfileState, Recorder, Timing, DEVICE_TIMED_RECORDS};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -32,7 +35,7 @@ impl Device {
     }
 
     /// Installs a recorder. The device is idle first, so device time 0 is the host's 0.
-    pub(crate) fn begin_profile(&self, printing: bool) -> Result<()> {
+    pub(crate) fn begin_profile(&self, printing: bool, exponents: bool) -> Result<()> {
         let printing_before = {
             let mut guard = self.lock_recorder();
             if guard.as_ref().is_some_and(|r| !r.printing) {
@@ -76,6 +79,7 @@ impl Device {
             printing,
             records: Vec::new(),
             timed: 0,
+            exponents: exponents.then(Vec::new),
         });
         self.profile_state().on.store(true, Ordering::Relaxed);
         Ok(())
@@ -114,7 +118,7 @@ impl Device {
     /// With `STRATA_PROFILE=1`, records from the start (and again after an explicit profile).
     pub(crate) fn resume_env_profile(&self) {
         if std::env::var("STRATA_PROFILE").is_ok_and(|v| v == "1") {
-            if let Err(e) = self.begin_profile(true) {
+            if let Err(e) = self.begin_profile(true, false) {
                 eprintln!("STRATA_PROFILE: cannot record on {}: {e}", self.name());
             }
         }
@@ -187,11 +191,22 @@ impl Device {
                 )
             }
         };
+        let mut exponent_histograms = Vec::new();
+        for (record, dtype, counts) in r.exponents.iter().flatten() {
+            let mut bytes = vec![0u8; counts.layout.numel() * 4];
+            backend.download(counts.buffer.as_ref(), 0, &mut bytes, StreamId::DEFAULT)?;
+            let words: Vec<u64> = bytes
+                .chunks_exact(4)
+                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]) as u64)
+                .collect();
+            exponent_histograms.push((*record, ExponentHistogram::from_counts(*dtype, &words)));
+        }
         Ok(Profile {
             device: self.name(),
             timing,
             copy_bandwidth_gb_per_s: self.copy_bandwidth_gb_per_s(),
             records,
+            exponent_histograms,
         })
     }
 
@@ -346,7 +361,52 @@ impl Device {
         );
         compile.ops = record.ops.clone();
         self.record_host_if(compile, || backend.prepare(kernel, args))?;
-        self.record_work(record, || backend.run(kernel, args, stream))
+        self.record_work(record, || backend.run(kernel, args, stream))?;
+        self.count_exponents(args, stream)
+    }
+
+    /// While exponents are counted: an exponent histogram of each dense float output of the
+    /// kernel just recorded, counted on the device after it (not recorded itself), read back
+    /// when the profile stops.
+    fn count_exponents(&self, args: &KernelArgs, stream: StreamId) -> Result<()> {
+        let record = match self.lock_recorder().as_ref() {
+            Some(r) if r.exponents.is_some() => r.records.len().saturating_sub(1),
+            _ => return Ok(()),
+        };
+        let backend = self.backend();
+        for out in &args.outputs {
+            let dense = out.layout.is_contiguous() && out.layout.offset() == 0;
+            if !out.dtype.is_float() || !dense {
+                continue;
+            }
+            let (bin, bins) = crate::ops::exponent_bin(out.dtype);
+            let counts = Operand {
+                buffer: backend.allocate(bins * 4, stream)?,
+                layout: crate::layout::Layout::contiguous(&[bins])?,
+                dtype: DType::U32,
+            };
+            let zero = Kernel::map(Expr::literal(Scalar::U32(0)));
+            let only = |inputs: Vec<Operand>| KernelArgs {
+                outputs: vec![counts.clone()],
+                inputs,
+                scalars: vec![],
+            };
+            backend.run(&zero, &only(vec![]), stream)?;
+            let count = Kernel::Histogram {
+                bins,
+                bin,
+                weighted: false,
+            };
+            backend.run(&count, &only(vec![out.clone()]), stream)?;
+            if let Some(list) = self
+                .lock_recorder()
+                .as_mut()
+                .and_then(|r| r.exponents.as_mut())
+            {
+                list.push((record, out.dtype, counts));
+            }
+        }
+        Ok(())
     }
 
     /// A host-to-device or device-to-host copy of `bytes` (`kind` names its direction, `name`

@@ -39,6 +39,46 @@ impl Generated for HistogramSig {
 /// Threads per block.
 pub(crate) const BLOCK: usize = 512;
 
+/// Elements a thread loads before it bins them.
+const UNROLL: usize = 4;
+
+/// One element's bin and its add to `target`, from its stored value `raw` (and weight
+/// `weight`). Counts are aggregated per warp first: the lanes holding one bin add once, by
+/// their leader, so a few hot bins (an exponent histogram's) do not serialize on one address.
+fn element(
+    sig: &HistogramSig,
+    s: &mut String,
+    raw: &str,
+    weight: &str,
+    target: &str,
+    next: &mut usize,
+) -> Result<()> {
+    let acc = storage_type(sig.acc);
+    let _ = writeln!(
+        s,
+        "    {{\n      const {} x0 = {};",
+        compute_type(sig.values),
+        from_storage(sig.values, raw)
+    );
+    let b = emit_tree(&sig.bin, s, "      ", next)?;
+    let _ = writeln!(s, "      const int b = (int)({b});");
+    if sig.weighted {
+        let _ = writeln!(
+            s,
+            "      if (b >= 0 && b < bins) atomicAdd(&{target}[b], {weight});"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "      const unsigned peers = __match_any_sync(__activemask(), b);\n      \
+             if ((int)(threadIdx.x & 31) == __ffs(peers) - 1 && b >= 0 && b < bins)\n        \
+             atomicAdd(&{target}[b], ({acc})__popc(peers));"
+        );
+    }
+    s.push_str("    }\n");
+    Ok(())
+}
+
 /// The CUDA C source of a histogram kernel named `strata_histogram`.
 pub(crate) fn source(sig: &HistogramSig) -> Result<String> {
     let idx = index_type(sig.wide);
@@ -86,23 +126,38 @@ pub(crate) fn source(sig: &HistogramSig) -> Result<String> {
     } else {
         "out"
     };
+    // Four elements a thread in flight (their loads first), then the rest one at a time.
     let _ = writeln!(
         s,
-        "  for ({idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x; i < n; i += ({idx})gridDim.x * blockDim.x) {{"
+        "  const {idx} stride = ({idx})gridDim.x * blockDim.x;\n  \
+         {idx} i = ({idx})blockIdx.x * blockDim.x + threadIdx.x;\n  \
+         for (; i + 3 * stride < n; i += 4 * stride) {{"
     );
-    let _ = writeln!(
-        s,
-        "    const {} x0 = {};",
-        compute_type(sig.values),
-        from_storage(sig.values, "in[i]")
-    );
+    let st = storage_type(sig.values);
+    for k in 0..UNROLL {
+        let _ = writeln!(s, "    const {st} r{k} = in[i + {k} * stride];");
+        if sig.weighted {
+            let _ = writeln!(s, "    const {acc} q{k} = wt[i + {k} * stride];");
+        }
+    }
     let mut next = 0;
-    let b = emit_tree(&sig.bin, &mut s, "    ", &mut next)?;
-    let add = if sig.weighted { "wt[i]" } else { "1" };
-    let _ = writeln!(
-        s,
-        "    const int b = (int)({b});\n    if (b >= 0 && b < bins) atomicAdd(&{target}[b], ({acc})({add}));\n  }}"
-    );
+    for k in 0..UNROLL {
+        element(
+            sig,
+            &mut s,
+            &format!("r{k}"),
+            &format!("q{k}"),
+            target,
+            &mut next,
+        )?;
+    }
+    let _ = writeln!(s, "  }}\n  for (; i < n; i += stride) {{");
+    let _ = writeln!(s, "    const {st} r0 = in[i];");
+    if sig.weighted {
+        let _ = writeln!(s, "    const {acc} q0 = wt[i];");
+    }
+    element(sig, &mut s, "r0", "q0", target, &mut next)?;
+    s.push_str("  }\n");
     if sig.copies > 0 {
         let _ = writeln!(
             s,
