@@ -350,6 +350,25 @@ def test_dlpack_notebook_shows_zero_copy_or_says_it_copied(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_stochastic_rounding_keeps_small_updates_and_histograms_show_f16_overflow(device):
+    nb = executed("03-broadcasting-and-dtypes", device)
+    cell = tagged(nb, "stochastic-sum")[0]
+    line = stream(cell, "stdout")
+    nearest = float(line.split("round to nearest ")[1].split(",")[0])
+    mean = float(line.split("stochastic mean ")[1].split()[0])
+    # The text's claims: nearest loses every update, the stochastic mean is about right.
+    assert nearest == 1.0 and abs(mean - 2.0) < 0.05, line
+    assert "<polyline" in data(cell, "image/svg+xml")
+    cell = tagged(nb, "exponent-histograms")[0]
+    line = stream(cell, "stdout")
+    over, total = (int(v) for v in line.split(" squares")[0].split(" of "))
+    # |x| > 256/300 for a standard normal: about 39 % of them.
+    assert total == 100_000 and 0.3 < over / total < 0.5, line
+    assert int(line.split("largest power: 2^")[1]) >= 16, line
+    svg = data(cell, "image/svg+xml")
+    assert svg.count("<svg") == 3 and "overflows f16" in svg and "square" in svg, svg[:400]
+
+
 def test_autograd_notebook_gets_the_gradients_and_fits(device):
     nb = executed("09-autograd", device)
     first = stream(tagged(nb, "first-backward")[0], "stdout")

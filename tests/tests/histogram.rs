@@ -327,3 +327,40 @@ fn one_kernel(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(a_histogram_is_one_kernel, one_kernel);
+
+/// `profile_exponents` counts each float kernel output's exponents (the counting kernels are
+/// not records); a plain profile counts none.
+fn profiled_exponents(dev: &Device) -> Result<()> {
+    let a = Tensor::full([1000], 300.0, DType::F32, dev)?;
+    let b = Tensor::full([1000], 1e-3, DType::F32, dev)?;
+    let p = dev.profile_exponents(|| {
+        let y = (&a * &a)?;
+        y.realize()?;
+        (&y * &b)?.realize()
+    })?;
+    let by_ops = |op: &str| {
+        p.exponent_histograms
+            .iter()
+            .filter(|(r, _)| p.records[*r].ops.last().map(String::as_str) == Some(op))
+            .map(|(_, h)| h.clone())
+            .collect::<Vec<_>>()
+    };
+    let squares = by_ops("mul");
+    assert_eq!(squares.len(), 2, "{p}");
+    // 300² = 90000 (2^16: past f16), then 90 (2^6).
+    assert_eq!(squares[0].count(16), 1000);
+    assert_eq!(squares[1].count(6), 1000);
+    assert!(
+        p.device_work()
+            .all(|r| !r.ops.iter().any(|o| o == "histogram")),
+        "{p}"
+    );
+    assert!(p.exponent_histograms_svg().as_str().matches("<svg").count() >= 3);
+    let plain = dev.profile(|| (&a * &a)?.realize())?;
+    assert!(plain.exponent_histograms.is_empty());
+    Ok(())
+}
+test_device!(
+    profiles_count_exponents_per_kernel_output,
+    profiled_exponents
+);

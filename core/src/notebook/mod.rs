@@ -6,6 +6,7 @@
 //! `evcxr_display` methods that the evcxr Jupyter kernel calls to show a cell's value. Each
 //! writes every MIME type in one print, because evcxr keeps one output per type per cell.
 
+mod exponent_svg;
 mod graph_svg;
 mod heatmap;
 mod html;
