@@ -651,6 +651,26 @@ impl Expr {
         self.any_node(|n| matches!(n, Node::LinearIndex | Node::Philox(_)))
     }
 
+    /// The most elements one Philox call serves among the tree's draws (`per_counter`); 1
+    /// when it draws none.
+    ///
+    /// ```
+    /// use strata_core::{random::randn_f32_expr, DType, ir::Expr};
+    /// assert_eq!(randn_f32_expr().draw_lanes(), 4);
+    /// assert_eq!(Expr::input(0, DType::F32).draw_lanes(), 1);
+    /// ```
+    pub fn draw_lanes(&self) -> usize {
+        let mut most = 1;
+        let mut stack = vec![self];
+        while let Some(e) = stack.pop() {
+            if let Node::Philox(w) = &e.node {
+                most = most.max(w.per_counter as usize);
+            }
+            stack.extend(e.children());
+        }
+        most
+    }
+
     /// True when the tree draws random numbers (reads `Philox` words).
     ///
     /// ```

@@ -27,6 +27,10 @@ pub struct Target {
     /// 8-bit ones, so a cast to f16 writes whole words); operands wider than `vector_bytes`
     /// over it take no vectors. 0: `vector_bytes` over the widest operand's size.
     pub vector_lanes: usize,
+    /// Bytes a vector may move in a contiguous map whose random draws serve more elements a
+    /// Philox call than a plain vector holds (CUDA: 32, two `uint4`, so stochastic rounding's
+    /// eight elements a call share one); 0: vectors stay `vector_bytes`.
+    pub draw_vector_bytes: usize,
     /// A vectorized launch handles a tail of fewer than a vector's elements, and narrower
     /// vectors when the operands' alignment asks for them; without it the vector is all or
     /// nothing (the element count a multiple of it).
@@ -111,6 +115,7 @@ impl Target {
         Target {
             vector_bytes: 0,
             vector_lanes: 0,
+            draw_vector_bytes: 0,
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,

@@ -105,6 +105,7 @@ impl CudaBackend {
         let target = Target {
             vector_bytes: 16,
             vector_lanes: 0,
+            draw_vector_bytes: 32,
             vector_tail: true,
             tile_32bit_only: false,
             tile_reads_position: true,

@@ -133,6 +133,7 @@ impl WgpuBackend {
             // WGSL moves four elements in `u32` words (dtypes up to 32 bits), whole vectors;
             // tiles of 32-bit dtypes.
             vector_lanes: 4,
+            draw_vector_bytes: 0,
             vector_tail: false,
             tile_32bit_only: true,
             tile_reads_position: false,

@@ -233,6 +233,7 @@ pub fn plan(
             buffers,
             &full_dense,
             reads_position,
+            ops.draw_lanes,
             target,
         )
     };
@@ -291,6 +292,7 @@ fn is_dense(strides: &[isize], len: &[usize]) -> bool {
     true
 }
 
+#[allow(clippy::too_many_arguments)]
 fn plan_piece(
     p: &Piece,
     access: &[Access],
@@ -298,6 +300,7 @@ fn plan_piece(
     buffers: &[BufferInfo],
     full_dense: &[isize],
     reads_position: bool,
+    draw_lanes: usize,
     target: &Target,
 ) -> MapPiece {
     let numel = p.numel();
@@ -399,6 +402,15 @@ fn plan_piece(
         } else {
             1
         };
+    // Random draws that serve more elements a Philox call than a vector holds: a wider vector
+    // (two loads) so one call serves them all, where the target has one.
+    if !any_strided
+        && vector > 1
+        && draw_lanes > vector
+        && draw_lanes * max_item <= target.draw_vector_bytes
+    {
+        vector = draw_lanes;
+    }
     let address = |k: usize| -> u64 {
         let o = &operands[k];
         let window_start = o.window.map_or(0, |w| w.byte_offset);
@@ -470,6 +482,7 @@ mod tests {
         Target {
             vector_bytes: 16,
             vector_lanes: 0,
+            draw_vector_bytes: 0,
             vector_tail: true,
             binding_limit: limit,
             offset_align: 256,
@@ -545,6 +558,7 @@ mod tests {
         // A target that binds windows (wgpu) takes splats without whole-row operands.
         let windowed = Target {
             vector_lanes: 4,
+            draw_vector_bytes: 0,
             vector_tail: false,
             vector_splats: true,
             ..gpu(Some(1 << 20))
@@ -620,6 +634,7 @@ mod tests {
         let dev = Device::cpu();
         let wgsl = Target {
             vector_lanes: 4,
+            draw_vector_bytes: 0,
             vector_tail: false,
             ..gpu(Some(1 << 20))
         };

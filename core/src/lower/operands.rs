@@ -27,6 +27,8 @@ pub struct MapOperands<'a> {
     pub inputs: &'a [Operand],
     /// The launch scalars.
     pub scalars: &'a [Scalar],
+    /// The most elements one Philox call serves in the trees ([`Expr::draw_lanes`]).
+    pub draw_lanes: usize,
 }
 
 impl<'a> MapOperands<'a> {
@@ -92,6 +94,11 @@ impl<'a> MapOperands<'a> {
             also: more,
             inputs: &args.inputs,
             scalars: &args.scalars,
+            draw_lanes: std::iter::once(expr)
+                .chain(also)
+                .map(Expr::draw_lanes)
+                .max()
+                .unwrap_or(1),
         })
     }
 

@@ -434,24 +434,23 @@ impl Tensor {
         };
         let dtype = source.dtype();
         let (which, bins) = exponent_bin(dtype);
-        let counts = count_bins(
+        let counted = count_bins(
             &source,
             which,
             vec![],
             bins,
             None,
             count_dtype(self.numel()),
-        )?
-        .to_dtype(DType::U64)?
-        .to_vec::<u64>()?;
-        Ok(ExponentHistogram {
-            dtype,
-            min_exponent: dtype.float_format().expect("a float").min_exponent,
-            counts: counts[4..].to_vec(),
-            zeros: counts[0],
-            subnormals: counts[1],
-            infinities: counts[2],
-            nans: counts[3],
-        })
+        )?;
+        // Read as counted (no conversion kernel before the read-back).
+        let counts: Vec<u64> = match counted.dtype() {
+            DType::U32 => counted
+                .to_vec::<u32>()?
+                .into_iter()
+                .map(u64::from)
+                .collect(),
+            _ => counted.to_dtype(DType::U64)?.to_vec::<u64>()?,
+        };
+        Ok(ExponentHistogram::from_counts(dtype, &counts))
     }
 }

@@ -87,6 +87,10 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
                 out.push(map(x.clone().bitcast(to), &[d], true, 1));
             }
             if let Ok(e) = strata_core::random::stochastic_round_expr(d, to) {
+                // Vectors as wide as the draws (eight elements a Philox call: two loads of
+                // f32), and a plain vector.
+                let lanes = e.draw_lanes().max(4);
+                out.push(map(e.clone(), &[d], true, lanes));
                 out.push(map(e, &[d], true, 4));
             }
         }

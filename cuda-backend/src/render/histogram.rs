@@ -1,8 +1,8 @@
 //! `Histogram` kernels: a grid-stride loop over the values computes each element's bin (core's
 //! expression, emitted like a map's) and adds to a private copy of the bins in shared memory,
-//! one copy per group of warps so a few hot bins do not serialize a block; at the end each
-//! block adds its copies to the output once. Bins that do not fit in shared memory are added
-//! to the output directly.
+//! neighbouring lanes to different copies so a few hot bins (an exponent histogram's) do not
+//! serialize a warp; at the end each block adds its copies to the output once. Bins that do
+//! not fit in shared memory are added to the output directly.
 
 use super::expr::emit_tree;
 use super::{compute_type, from_storage, index_type, scalar_from_word, storage_type};
@@ -115,7 +115,7 @@ pub(crate) fn source(sig: &HistogramSig) -> Result<String> {
              {acc}* priv = ({acc}*)hist_shared;\n  \
              for (int j = threadIdx.x; j < {c} * bins; j += blockDim.x) priv[j] = 0;\n  \
              __syncthreads();\n  \
-             {acc}* mine = priv + ((threadIdx.x / 32) % {c}) * bins;",
+             {acc}* mine = priv + (threadIdx.x % {c}) * bins;",
             c = sig.copies
         );
         "mine"

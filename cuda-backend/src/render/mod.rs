@@ -209,6 +209,7 @@ pub(crate) fn undefined(what: impl std::fmt::Debug, dtype: DType) -> Error {
 /// The C vector type moving `bytes` bytes at once.
 pub(crate) fn vector_type(bytes: usize) -> &'static str {
     match bytes {
+        32 => "uint4x2",
         16 => "uint4",
         8 => "uint2",
         4 => "u32",

@@ -11,6 +11,8 @@ typedef long long i64;
 
 // Every launch takes one struct of 64-bit words: sizes, strides, pointers and scalar bits.
 template <int N> struct Args { u64 w[N]; };
+// A 32-byte vector (two 128-bit accesses): a map whose draws serve eight elements a Philox call.
+struct __align__(16) uint4x2 { uint4 lo, hi; };
 // A batch of one kernel's launches (crate::batch): how many, then each launch's words.
 template <int N, int CAP> struct Batch { u64 count; Args<N> ops[CAP]; };
 
