@@ -12,7 +12,7 @@ use super::{Generated, Optimization, Rendered};
 use std::fmt::Write;
 use strata_core::ir::MapTrees;
 use strata_core::lower::map_plan::Path;
-use strata_core::lower::program::{Lanes, Op, Program};
+use strata_core::lower::program::{Lanes, Op, Program, ValueId};
 use strata_core::{DType, Result};
 
 /// The structure of a map launch: what the generated source depends on.
@@ -225,11 +225,26 @@ fn element(
     let values = emit(program, s, indent, 0, &leaves)?;
     for (lane, outputs) in program.outputs.iter().enumerate() {
         for (k, &v) in outputs.iter().enumerate() {
-            let bits = to_storage(sig.dtypes[k], &values[v]);
+            let bits = to_storage(sig.dtypes[k], &values[stored(program, v)]);
             let _ = writeln!(s, "{indent}{}", store(k, lane, &bits));
         }
     }
     Ok(())
+}
+
+/// The value whose stored form output value `v` is: a cast from f32 to f16 or bf16 is left to
+/// the store's conversion (the same round to nearest even), which would otherwise round the
+/// value and then round it again (a plain `to_dtype(bf16)`, stochastic rounding's last step).
+fn stored(program: &Program, v: ValueId) -> ValueId {
+    match program.instrs[v].op {
+        Op::Cast(a, false)
+            if program.instrs[a].dtype == DType::F32
+                && matches!(program.instrs[v].dtype, DType::F16 | DType::BF16) =>
+        {
+            a
+        }
+        _ => v,
+    }
 }
 
 /// The vector path: `sig.vector` elements a work item, contiguous operands moved a vector at
@@ -371,7 +386,7 @@ fn vector_body(
         let values = emit(&program, s, "    ", 0, &leaves)?;
         for (lane, outputs) in program.outputs.iter().enumerate() {
             for (k, &value) in outputs.iter().enumerate() {
-                let bits = to_storage(sig.dtypes[k], &values[value]);
+                let bits = to_storage(sig.dtypes[k], &values[stored(&program, value)]);
                 let _ = writeln!(s, "    u{k}.e[{lane}] = {bits};");
             }
         }
@@ -408,7 +423,7 @@ fn vector_body(
         };
         let values = emit(&looped, s, "      ", 0, &leaves)?;
         for (k, &value) in looped.outputs[0].iter().enumerate() {
-            let bits = to_storage(sig.dtypes[k], &values[value]);
+            let bits = to_storage(sig.dtypes[k], &values[stored(&looped, value)]);
             let _ = writeln!(s, "      u{k}.e[l] = {bits};");
         }
         let _ = writeln!(s, "    }}");
