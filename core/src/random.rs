@@ -12,7 +12,6 @@ use crate::layout::Layout;
 use crate::tensor::Tensor;
 
 pub use crate::ir::philox4x32_10;
-pub use crate::stochastic_round::stochastic_round_expr;
 
 /// The state of a random stream: a seed and how many counters have been used. Each draw
 /// takes one counter per two or four elements (one Philox call makes four 32-bit words) and

@@ -195,7 +195,7 @@ fn stochastic_expr(source: DType, target: FloatFormat) -> Expr {
 /// and 1 (u64), one Philox word per element (two from f64). The renderers' tests compile it.
 ///
 /// ```
-/// use strata_core::{random::stochastic_round_expr, DType};
+/// use strata_core::{stochastic_round::stochastic_round_expr, DType};
 /// let e = stochastic_round_expr(DType::F32, DType::F16).unwrap();
 /// assert_eq!(e.dtype, DType::F16);
 /// assert!(e.draws_random());

@@ -6,7 +6,7 @@
 
 use super::html::escape;
 use super::svg::Svg;
-use crate::ops::ExponentHistogram;
+use crate::exponent_histogram::ExponentHistogram;
 use std::fmt::Write;
 
 const H: f64 = 220.0;
@@ -131,7 +131,7 @@ impl ExponentHistogram {
     }
 }
 
-impl crate::Profile {
+impl crate::profile::Profile {
     /// The exponent histograms a [`Device::profile_exponents`](crate::Device::profile_exponents)
     /// counted as one picture: a bar chart per kernel output, titled by the kernel's ops, one
     /// under the other in issue order.

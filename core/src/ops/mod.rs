@@ -9,7 +9,6 @@ mod matmul;
 mod promote;
 mod reduce;
 
-pub(crate) use histogram::exponent_bin;
-pub use histogram::ExponentHistogram;
+pub use crate::exponent_histogram::ExponentHistogram;
 pub use promote::{can_cast, promote_types, result_type, DEFAULT_FLOAT};
 pub use reduce::Axes;

@@ -52,7 +52,7 @@ pub struct Profile {
     pub records: Vec<ProfileRecord>,
     /// With [`Device::profile_exponents`]: the exponent histogram of each float kernel
     /// output, by the index of the kernel's record (empty otherwise).
-    pub exponent_histograms: Vec<(usize, crate::ops::ExponentHistogram)>,
+    pub exponent_histograms: Vec<(usize, crate::exponent_histogram::ExponentHistogram)>,
 }
 
 impl Profile {

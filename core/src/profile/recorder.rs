@@ -9,9 +9,9 @@ use crate::backend::{KernelArgs, Operand};
 use crate::device::Device;
 use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
+use crate::exponent_histogram::{exponent_bin, ExponentHistogram};
 use crate::ir::Expr;
 use crate::ir::Kernel;
-use crate::ops::ExponentHistogram;
 use crate::profile_record::{ProfileState, Recorder, Timing, DEVICE_TIMED_RECORDS};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -379,7 +379,7 @@ impl Device {
             if !out.dtype.is_float() || !dense {
                 continue;
             }
-            let (bin, bins) = crate::ops::exponent_bin(out.dtype);
+            let (bin, bins) = exponent_bin(out.dtype);
             let counts = Operand {
                 buffer: backend.allocate(bins * 4, stream)?,
                 layout: crate::layout::Layout::contiguous(&[bins])?,

@@ -86,7 +86,7 @@ pub(crate) fn maps() -> Vec<MapSig<'static>> {
             if to.itemsize() == d.itemsize() && to != DType::Bool && d != DType::Bool {
                 out.push(map(x.clone().bitcast(to), &[d], true, 1));
             }
-            if let Ok(e) = strata_core::random::stochastic_round_expr(d, to) {
+            if let Ok(e) = strata_core::stochastic_round::stochastic_round_expr(d, to) {
                 // Vectors as wide as the draws (eight elements a Philox call: two loads of
                 // f32), and a plain vector.
                 let lanes = e.draw_lanes().max(4);

@@ -235,7 +235,7 @@ fn every_map_variant_validates() {
             if to.itemsize() == d.itemsize() && to != DType::Bool && d != DType::Bool {
                 exprs.push(x().bitcast(to));
             }
-            if let Ok(e) = strata_core::random::stochastic_round_expr(d, to) {
+            if let Ok(e) = strata_core::stochastic_round::stochastic_round_expr(d, to) {
                 exprs.push(e);
             }
         }
