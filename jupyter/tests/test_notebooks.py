@@ -369,6 +369,7 @@ def test_stochastic_rounding_keeps_small_updates_and_histograms_show_f16_overflo
     assert svg.count("<svg") == 3 and "overflows f16" in svg and "square" in svg, svg[:400]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_autograd_notebook_gets_the_gradients_and_fits(device):
     nb = executed("09-autograd", device)
     first = stream(tagged(nb, "first-backward")[0], "stdout")
