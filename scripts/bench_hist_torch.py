@@ -6,22 +6,7 @@ import sys
 
 import torch
 
-
-def timed(op, inner=5):
-    for _ in range(3):
-        op()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            op()
-        b.record()
-        b.synchronize()
-        runs.append(a.elapsed_time(b) / inner)
-    runs.sort()
-    return runs[len(runs) // 2]
+from bench_torch import timed  # the same warm-up, 20 runs and CUDA events
 
 
 def main():
@@ -34,7 +19,7 @@ def main():
         f"torch-to-bf16-2^{log2}": lambda: x.to(torch.bfloat16),
     }
     for name, op in rows.items():
-        print(json.dumps({"op": name, "ms": round(timed(op), 6)}))
+        print(json.dumps({"op": name, "ms": round(timed(op, inner=5), 6)}))
 
 
 if __name__ == "__main__":

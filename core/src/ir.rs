@@ -660,8 +660,9 @@ impl Expr {
     /// assert_eq!(Expr::input(0, DType::F32).draw_lanes(), 1);
     /// ```
     pub fn draw_lanes(&self) -> usize {
+        // Runs at every map launch: no allocation for a tree of ordinary depth.
         let mut most = 1;
-        let mut stack = vec![self];
+        let mut stack: smallvec::SmallVec<[&Expr; 16]> = smallvec::smallvec![self];
         while let Some(e) = stack.pop() {
             if let Node::Philox(w) = &e.node {
                 most = most.max(w.per_counter as usize);
