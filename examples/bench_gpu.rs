@@ -21,6 +21,7 @@ mod bench_common;
 
 use bench_common::{arg, median};
 use std::time::Instant;
+use strata::nn::{AdamConfig, AdamW, Optimizer, Sgd, SgdConfig};
 use strata::ops::Axes;
 use strata::prelude::*;
 
@@ -245,10 +246,10 @@ fn fusion_rows(dev: &Device, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<()> {
 }
 
 /// One training step of a GELU MLP (784 → 4096 → 4096 → 10, batch `batch`, f32 with TF32
-/// matmuls, cross-entropy, plain SGD): forward, backward, update. Prints the median step
-/// time, the step's FLOPs (forward and backward matmuls), and the device's peak allocated
-/// bytes over the run.
-fn mlp(dev: &Device, batch: usize) -> Result<()> {
+/// matmuls, cross-entropy, `optimizer` = `sgd` (lr 0.01) or `adamw` (lr 0.001)): forward,
+/// backward, update. Prints the median step time, the step's FLOPs (forward and backward
+/// matmuls), and the device's peak allocated bytes over the run.
+fn mlp(dev: &Device, batch: usize, optimizer: &str) -> Result<()> {
     dev.set_allow_tf32(true);
     let mut g = strata::random::Generator::new(5);
     let sizes = [784, 4096, 4096, 10];
@@ -264,7 +265,12 @@ fn mlp(dev: &Device, batch: usize) -> Result<()> {
     let x = Tensor::randn([batch, 784], DType::F32, &mut g, dev)?;
     let y = Tensor::randint(0, 10, [batch, 1], DType::I64, &mut g, dev)?;
     dev.flush()?;
-    let step = || -> Result<()> {
+    let flat = params.iter().flat_map(|(w, b)| [w.clone(), b.clone()]);
+    let mut opt: Box<dyn Optimizer> = match optimizer {
+        "adamw" => Box::new(AdamW::new(flat, 1e-3)?),
+        _ => Box::new(Sgd::new(flat, 0.01)?),
+    };
+    let mut step = || -> Result<()> {
         let mut h = x.clone();
         for (k, (w, b)) in params.iter().enumerate() {
             h = h.matmul(w)?.add(b)?;
@@ -278,29 +284,82 @@ fn mlp(dev: &Device, batch: usize) -> Result<()> {
             .mean(Axes::All, false)?
             .neg()?;
         loss.backward()?;
-        no_grad(|| -> Result<()> {
-            for (w, b) in &params {
-                for p in [w, b] {
-                    p.sub_(&p.grad().unwrap().mul(0.01)?)?;
-                    p.zero_grad();
-                }
-            }
-            Ok(())
-        })
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
     };
-    let ms = time(dev, 1, step)?;
+    let ms = time(dev, 1, &mut step)?;
     let matmul_flops: usize = sizes.windows(2).map(|p| 2 * batch * p[0] * p[1]).sum();
+    let name = if optimizer == "adamw" {
+        "mlp-adamw"
+    } else {
+        "mlp"
+    };
     row(
-        &format!("mlp-step-{batch}"),
+        &format!("{name}-step-{batch}"),
         ms,
         0.0,
         3.0 * matmul_flops as f64,
     );
     dev.synchronize()?;
     println!(
-        "{{\"op\": \"mlp-peak-mib-{batch}\", \"mib\": {:.1}}}",
+        "{{\"op\": \"{name}-peak-mib-{batch}\", \"mib\": {:.1}}}",
         dev.memory_stats().peak as f64 / (1 << 20) as f64
     );
+    Ok(())
+}
+
+/// Optimizer steps alone over the MLP's parameters (784·4096 + 4096·4096 + 4096·10 weights
+/// and their biases, 19.9 M, gradients set once): SGD, SGD with momentum, AdamW, and AdamW on
+/// bf16 parameters rounded to nearest and stochastically. Bytes: what each step reads and
+/// writes (AdamW: parameter, gradient and two moments read, three written).
+fn optimizer_steps(dev: &Device) -> Result<()> {
+    let sizes = [784, 4096, 4096, 10];
+    let mut g = strata::random::Generator::new(9);
+    let make = |dtype: DType, g: &mut strata::random::Generator| -> Result<Vec<Tensor>> {
+        let mut params = Vec::new();
+        for pair in sizes.windows(2) {
+            for shape in [vec![pair[0], pair[1]], vec![pair[1]]] {
+                let p = Tensor::randn(shape.clone(), dtype, g, dev)?.requires_grad_(true)?;
+                p.set_grad(Some(Tensor::randn(shape, dtype, g, dev)?))?;
+                params.push(p);
+            }
+        }
+        Ok(params)
+    };
+    let count: usize = sizes.windows(2).map(|p| p[0] * p[1] + p[1]).sum();
+    let cases: [(&str, DType, f64); 5] = [
+        ("sgd", DType::F32, 12.0),
+        ("sgd-momentum", DType::F32, 20.0),
+        ("adamw", DType::F32, 28.0),
+        ("adamw-bf16", DType::BF16, 14.0),
+        ("adamw-bf16-stochastic", DType::BF16, 14.0),
+    ];
+    for (name, dtype, bytes) in cases {
+        let params = make(dtype, &mut g)?;
+        dev.flush()?;
+        let mut opt: Box<dyn Optimizer> = match name {
+            "sgd" => Box::new(Sgd::new(params, 1e-3)?),
+            "sgd-momentum" => Box::new(Sgd::with(
+                params,
+                SgdConfig {
+                    lr: 1e-3,
+                    momentum: 0.9,
+                    ..SgdConfig::default()
+                },
+            )?),
+            "adamw-bf16-stochastic" => Box::new(AdamW::with(
+                params,
+                AdamConfig {
+                    stochastic_rounding: Some(strata::random::Generator::new(1)),
+                    ..AdamConfig::adamw()
+                },
+            )?),
+            _ => Box::new(AdamW::new(params, 1e-3)?),
+        };
+        let ms = time(dev, 1, || opt.step())?;
+        row(&format!("optim-{name}"), ms, bytes * count as f64, 0.0);
+    }
     Ok(())
 }
 
@@ -341,14 +400,17 @@ fn main() -> Result<()> {
         }
         Some("first-op") => return first_op(),
         Some("host") => return host_costs(&Device::cuda(0)?),
-        Some("mlp") => {
-            let batch: usize = arg("--batch", "8192").parse().unwrap_or(8192);
+        Some(mode @ ("mlp" | "optim")) => {
             let dev = match arg("--device", "cuda").as_str() {
                 "wgpu" => Device::wgpu()?,
                 "cpu" => Device::cpu(),
                 _ => Device::cuda(0)?,
             };
-            return mlp(&dev, batch);
+            if mode == "optim" {
+                return optimizer_steps(&dev);
+            }
+            let batch: usize = arg("--batch", "8192").parse().unwrap_or(8192);
+            return mlp(&dev, batch, &arg("--optimizer", "sgd"));
         }
         _ => {}
     }

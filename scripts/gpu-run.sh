@@ -9,7 +9,7 @@
 # (the host cost per op), first-op (a new process's first calls, cold, beside an earlier
 # build's), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), hist (histograms and stochastic rounding beside
-# PyTorch), all.
+# PyTorch), train (optimizer steps and the MLP's training step beside PyTorch), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -232,8 +232,42 @@ for op, ms in rows.items():
 PY
 }
 
+run_train() {
+  echo "== optimizers and training steps (bench_gpu optim/mlp, bench_optim_torch.py, bench_mlp_torch.py)" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" optim > "$out/train.jsonl" 2> "$out/train.err"
+  timeout 300 python3 scripts/bench_optim_torch.py >> "$out/train.jsonl" 2>> "$out/train.err"
+  for opt in sgd adamw; do
+    timeout 300 "$bin/bench_gpu" mlp --batch 8192 --optimizer $opt >> "$out/train.jsonl" 2>> "$out/train.err"
+    timeout 300 python3 scripts/bench_mlp_torch.py 8192 $opt >> "$out/train.jsonl" 2>> "$out/train.err"
+  done
+  python3 - "$out/train.jsonl" <<'PY' | tee -a "$summary"
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        r = json.loads(line)
+        rows[r["op"]] = r
+for op, r in rows.items():
+    if op.startswith("torch-") or "(" in op:
+        continue
+    if "ms" not in r:
+        peers = "  ".join(f"{m} {rows[f'{op} ({m})']['mib']:.1f}" for m in ("eager", "compile") if f"{op} ({m})" in rows)
+        print(f"{op:30s} {r['mib']:8.1f} MiB  torch {peers}")
+        continue
+    ms, moved = r["ms"], r.get("bytes", 0)
+    peers = []
+    for label, p in (("torch", "torch-" + op), ("fused", "torch-" + op + "-fused"),
+                     ("eager", op + " (eager)"), ("compile", op + " (compile)")):
+        if p in rows:
+            peers.append(f"{label} {rows[p]['ms']:.3f} ({rows[p]['ms'] / ms:.2f}x)")
+    gbs = f"{moved / ms / 1e6:7.0f} GB/s" if moved else ""
+    print(f"{op:30s} {ms:8.3f} ms {gbs}  " + "  ".join(peers))
+PY
+}
+
 case "$mode" in
   hist) run_hist ;;
+  train) run_train ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;

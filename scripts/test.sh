@@ -47,6 +47,10 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # seven inputs into two kernels, and keeps every kernel within the limit.
   STRATA_WGPU_MAX_BINDINGS=8 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion -- --test-threads=1
+  # Six bindings: an AdamW step (three tensors written, four read) no longer fits one kernel,
+  # so each new value is computed first and then written (write_values' other path).
+  STRATA_WGPU_MAX_BINDINGS=6 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test optim -- --test-threads=1
   # f16 packed into u32 words (the path for adapters without SHADER_F16; lavapipe has it, so
   # the run above stores f16 natively): the every-dtype tests for f16 alone.
   STRATA_WGPU_F16=packed STRATA_TEST_DTYPES=f16 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \

@@ -1,10 +1,12 @@
 //! Writing into tensors and views: `assign`, `fill`, `set`.
 
 use crate::dtype::Scalar;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::fusion::defer_or_launch;
 use crate::index::IndexArgs;
 use crate::ir::{Expr, Kernel};
-use crate::tensor::{launch, Tensor};
+use crate::layout::Layout;
+use crate::tensor::{launch, launch_writing, Tensor};
 
 /// What can be written into a view: a tensor (broadcast to the view) or a scalar.
 ///
@@ -165,5 +167,117 @@ impl Tensor {
             scalar => scalar,
         };
         view.index_put_(axis as isize, &idx.reshape([-1])?, value, false)
+    }
+}
+
+/// Writes `values[k]` into `targets[k]` for every `k`, each value an elementwise expression
+/// over `inputs` (views of the targets' shape) and `scalars`, every one computed from the
+/// values before any write (an optimizer's step: the parameter and its state). One kernel
+/// writes them all where the backend's target allows as many outputs and bindings; otherwise
+/// each value is computed into a new tensor first and then assigned, which reads the same.
+pub(crate) fn write_values(
+    targets: &[&Tensor],
+    values: Vec<Expr>,
+    inputs: &[&Tensor],
+    scalars: Vec<Scalar>,
+) -> Result<()> {
+    let (Some(first), true) = (targets.first(), targets.len() == values.len()) else {
+        return Err(Error::Invalid(format!(
+            "write_values: {} targets for {} values",
+            targets.len(),
+            values.len()
+        )));
+    };
+    for (k, t) in targets.iter().enumerate() {
+        first.same_device(t, "cannot write together")?;
+        crate::autograd::refuse_write_into(t)?;
+        if t.shape() != first.shape() {
+            return Err(Error::Shape(format!(
+                "tensors written together have shapes {:?} and {:?}",
+                first.shape(),
+                t.shape()
+            )));
+        }
+        if targets[..k].iter().any(|o| o.shares_storage(t)) {
+            return Err(Error::Invalid(format!(
+                "two tensors written together (shape {:?}) share one storage",
+                t.shape()
+            )));
+        }
+    }
+    for t in inputs {
+        first.same_device(t, "cannot write together")?;
+    }
+    let values: Vec<Expr> = values
+        .into_iter()
+        .zip(targets)
+        .map(|(v, t)| v.cast(t.dtype, false))
+        .collect();
+    let device = first.device();
+    let target = device.backend().target();
+    // Further outputs of one map may not read the position (see `Kernel::Map`).
+    let positional = values[1..].iter().any(Expr::reads_linear_index);
+    let fits =
+        targets.len() <= target.max_map_outputs && target.binds(targets.len() + inputs.len());
+    if fits && !positional {
+        let (expr, also) = values.split_first().expect("one value at least");
+        let kernel = Kernel::Map {
+            expr: expr.clone(),
+            also: also.to_vec(),
+        };
+        return launch_writing(kernel, first, &targets[1..], inputs, scalars);
+    }
+    // Each new value pending (or computed) from the old ones; a write runs the values that
+    // read its target first, so every value sees the targets before the step.
+    let layout = Layout::contiguous(first.shape())?;
+    let owned: Vec<Tensor> = inputs.iter().map(|&t| t.clone()).collect();
+    let mut computed = Vec::with_capacity(values.len());
+    for v in values {
+        let value = defer_or_launch(
+            v,
+            layout.clone(),
+            owned.clone(),
+            scalars.clone(),
+            device,
+            "write_values",
+        )?;
+        computed.push(value);
+    }
+    for (t, v) in targets.iter().zip(&computed) {
+        t.assign(v)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Device};
+
+    /// `n` tensors rotated (`t[k] ← t[k + 1] + 10`): every value reads a tensor another one
+    /// writes, so a result from a new value would show. Past the target's eight map outputs
+    /// the values run one by one.
+    fn rotate(n: usize) -> Vec<f32> {
+        let dev = Device::cpu();
+        let ts: Vec<Tensor> = (0..n)
+            .map(|k| Tensor::full([3], k as f32, DType::F32, &dev).unwrap())
+            .collect();
+        let refs: Vec<&Tensor> = ts.iter().collect();
+        let values = (0..n)
+            .map(|k| {
+                let next = Expr::input((k + 1) % n, DType::F32);
+                Expr::binary(crate::ir::BinaryOp::Add, next, Expr::scalar(0, DType::F32))
+            })
+            .collect();
+        write_values(&refs, values, &refs, vec![Scalar::F32(10.0)]).unwrap();
+        ts.iter().map(|t| t.to_vec::<f32>().unwrap()[2]).collect()
+    }
+
+    #[test]
+    fn every_value_reads_the_tensors_before_the_write() {
+        assert_eq!(rotate(3), vec![11.0, 12.0, 10.0]);
+        let many = rotate(9);
+        assert_eq!(many[0], 11.0);
+        assert_eq!(many[8], 10.0);
     }
 }

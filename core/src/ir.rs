@@ -728,7 +728,7 @@ impl Expr {
 pub struct MapTrees<'e> {
     /// Output 0's tree.
     pub expr: std::borrow::Cow<'e, Expr>,
-    /// The further outputs' trees (subtrees of `expr`).
+    /// The further outputs' trees (subtrees of `expr`, or trees that read no position).
     pub also: std::borrow::Cow<'e, [Expr]>,
 }
 
@@ -784,8 +784,11 @@ pub enum Kernel {
         expr: Expr,
         /// Multi-output fusion: output `k + 1` gets `also[k]`, with output 0's shape. Each is
         /// a subtree of `expr` (an intermediate that someone still holds), so a backend
-        /// computes it once and stores it as well. Empty for every map but a fused one, and at
-        /// most [`max_map_outputs`](crate::target::Target::max_map_outputs) `- 1` long.
+        /// computes it once and stores it as well, or a tree over the same inputs that reads
+        /// no position (an optimizer's state, written beside its parameter): either way,
+        /// `expr`'s random draws and position reads are all the map's. Empty for every map
+        /// but a fused one or a step writing several tensors, and at most
+        /// [`max_map_outputs`](crate::target::Target::max_map_outputs) `- 1` long.
         also: Vec<Expr>,
     },
     /// Reduces the trailing `reduced_axes` axes of input 0 into output 0, whose shape is the

@@ -34,6 +34,7 @@ pub mod ir;
 pub mod kernel_cache;
 pub mod layout;
 pub mod lower;
+pub mod nn;
 mod notebook;
 pub mod ops;
 mod pinned;

@@ -174,7 +174,12 @@ fn round_subnormal(x: Expr, target: FloatFormat, lanes: Lanes) -> Expr {
 /// The stochastic rounding of input 0 (of float dtype `source`) onto the grid of `target`'s
 /// mantissa bits and smallest exponent, in `source`; NaN and ±inf pass through.
 fn stochastic_expr(source: DType, target: FloatFormat) -> Expr {
-    let x = Expr::input(0, source);
+    stochastic_of(Expr::input(0, source), target)
+}
+
+/// [`stochastic_expr`] of the value `x` (any float expression) instead of input 0.
+fn stochastic_of(x: Expr, target: FloatFormat) -> Expr {
+    let source = x.dtype;
     let own = source.float_format().expect("a float");
     let lanes = lanes_for(source, own.mantissa_bits - target.mantissa_bits);
     let mut rounded = round_bits(x.clone(), target.mantissa_bits, lanes);
@@ -217,6 +222,24 @@ pub fn stochastic_round_expr(source: DType, target: DType) -> Result<Expr> {
         )));
     }
     Ok(stochastic_expr(source, format).cast(target, false))
+}
+
+/// `x` (an expression of f32 or f64) rounded at random to the narrower float `target`, for a
+/// kernel that computes a value and stores it in a 16-bit float (an optimizer's bf16 update):
+/// the expression and how many elements share one Philox counter (the launch takes
+/// `numel.div_ceil(per_counter)` counters). It reads the generator's key and counter as
+/// launch scalars 0 and 1. `None` when `target` is not narrower than `x`'s dtype.
+pub(crate) fn stochastic_round_of(x: Expr, target: DType) -> Option<(Expr, usize)> {
+    let (own, format) = (x.dtype.float_format()?, target.float_format()?);
+    let narrower = format.mantissa_bits < own.mantissa_bits
+        && format.min_exponent >= own.min_exponent
+        && format.max_exponent <= own.max_exponent;
+    if !narrower {
+        return None;
+    }
+    let lanes = lanes_for(x.dtype, own.mantissa_bits - format.mantissa_bits);
+    let rounded = stochastic_of(x, format).cast(target, false);
+    Some((rounded, lanes.per_counter as usize))
 }
 
 impl Tensor {

@@ -672,16 +672,17 @@ pub(crate) fn launch(
     launch_on(kernel, out, &[], inputs, scalars, &stream, Write::Existing)
 }
 
-/// [`launch`] of a kernel that also writes `also`: outputs made for this launch (a gather's
-/// range flag), which no view or pending tree shares.
+/// [`launch`] of a kernel that also writes `also` (a gather's range flag; a multi-output
+/// map's further outputs, such as an optimizer's state), each checked and ordered like `out`.
 pub(crate) fn launch_writing(
     kernel: Kernel,
     out: &Tensor,
     also: &[&Tensor],
     inputs: &[&Tensor],
+    scalars: Vec<Scalar>,
 ) -> Result<()> {
     let stream = out.device().current_handle();
-    launch_on(kernel, out, also, inputs, vec![], &stream, Write::Existing)
+    launch_on(kernel, out, also, inputs, scalars, &stream, Write::Existing)
 }
 
 /// What a launch writes into.
@@ -706,20 +707,28 @@ pub(crate) fn launch_on(
 ) -> Result<()> {
     check_writable(out)?;
     // Deferred work runs before this kernel is enqueued: the inputs' own, and any pending
-    // tree that reads the storage about to be written (it must see the old values).
+    // tree that reads a storage about to be written (it must see the old values).
     for t in inputs {
         t.realize()?;
     }
     if write == Write::Existing {
-        out.storage.run_pending_readers()?;
-        out.storage.version.fetch_add(1, Ordering::AcqRel);
+        for t in std::iter::once(&out).chain(also) {
+            check_writable(t)?;
+            t.storage.run_pending_readers()?;
+            t.storage.version.fetch_add(1, Ordering::AcqRel);
+        }
     }
     out.realize()?;
     // A map that does not read the position may visit elements in any order: its operands
     // with their axes in the output's memory order, so a permuted output (and inputs and
     // further outputs laid out like it) reach the backend contiguous.
     let order = match &kernel {
-        Kernel::Map { expr, .. } => iteration_order(expr.reads_linear_index(), &out.layout),
+        Kernel::Map { expr, also } => {
+            let positional = std::iter::once(expr)
+                .chain(also)
+                .any(Expr::reads_linear_index);
+            iteration_order(positional, &out.layout)
+        }
         _ => None,
     };
     if let Some(order) = order {
@@ -749,9 +758,12 @@ fn launch_ordered(
     let mut copies = Vec::new();
     for t in inputs {
         out.same_device(t, "cannot combine tensors")?;
-        // Reading a differently-laid-out view of the storage being written could see
+        // Reading a differently-laid-out view of a storage being written could see
         // elements this kernel already overwrote: read from a copy instead.
-        if t.shares_storage(out) && t.layout != out.layout {
+        let overwritten = std::iter::once(&out)
+            .chain(also)
+            .any(|o| t.shares_storage(o) && t.layout != o.layout);
+        if overwritten {
             copies.push(Some(t.copy()?));
         } else {
             copies.push(None);

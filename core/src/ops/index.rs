@@ -94,7 +94,7 @@ impl Tensor {
             kind: IndexKind::Gather,
             axis,
         };
-        launch_writing(gather, &out, &[&flag], &[self, idx])?;
+        launch_writing(gather, &out, &[&flag], &[self, idx], vec![])?;
         if flag.item::<u32>()? != 0 {
             return Err(out_of_range(idx, self.shape()[axis], what)?);
         }

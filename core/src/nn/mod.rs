@@ -1,0 +1,24 @@
+//! The layer above the ops for training (re-exported as `strata::nn`): optimizers that update
+//! parameters from their gradients. Everything here is written with core's ops and launches;
+//! no backend knows about it.
+//!
+//! ```
+//! use strata_core::nn::{Optimizer, Sgd};
+//! use strata_core::{Device, DType, Tensor};
+//! let dev = Device::cpu();
+//! let w = Tensor::from_slice(&[1.0f32, -2.0], [2], &dev)?.requires_grad_(true)?;
+//! let mut opt = Sgd::new([w.clone()], 0.5)?;
+//! w.mul(&w)?.sum(strata_core::ops::Axes::All, false)?.backward()?; // d/dw Σw² = 2w
+//! opt.step()?;
+//! opt.zero_grad();
+//! assert_eq!(w.to_vec::<f32>()?, vec![0.0, 0.0]); // w - 0.5 · 2w
+//! # Ok::<(), strata_core::Error>(())
+//! ```
+
+mod adam;
+mod optimizer;
+mod sgd;
+
+pub use adam::{Adam, AdamConfig, AdamW};
+pub use optimizer::Optimizer;
+pub use sgd::{Sgd, SgdConfig};
