@@ -711,8 +711,11 @@ pub(crate) fn launch_on(
     for t in inputs {
         t.realize()?;
     }
+    // A map's further outputs are existing tensors too (an optimizer's state); a reduction's
+    // is the row statistic this launch realizes, whose readers wait for it.
+    let map = matches!(kernel, Kernel::Map { .. });
     if write == Write::Existing {
-        for t in std::iter::once(&out).chain(also) {
+        for t in std::iter::once(&out).chain(also.iter().filter(|_| map)) {
             check_writable(t)?;
             t.storage.run_pending_readers()?;
             t.storage.version.fetch_add(1, Ordering::AcqRel);
@@ -759,9 +762,12 @@ fn launch_ordered(
     for t in inputs {
         out.same_device(t, "cannot combine tensors")?;
         // Reading a differently-laid-out view of a storage being written could see
-        // elements this kernel already overwrote: read from a copy instead.
+        // elements this kernel already overwrote: read from a copy instead. (A map's further
+        // outputs count too; a reduction's row prologue reads its own further output, the
+        // row statistic, on purpose.)
+        let map = matches!(kernel, Kernel::Map { .. });
         let overwritten = std::iter::once(&out)
-            .chain(also)
+            .chain(also.iter().filter(|_| map))
             .any(|o| t.shares_storage(o) && t.layout != o.layout);
         if overwritten {
             copies.push(Some(t.copy()?));
