@@ -26,6 +26,19 @@ and removes it only when it exits normally; a kernel killed by its manager (Jupy
 "shut down now", a restart) left it behind, and a machine that ran many kernels filled its
 disk. Each kernel now gets its own temporary directory, `strata-kernel-<proxy pid>`, removed
 when the kernel ends, and every new kernel first removes those of kernels that no longer run.
+evcxr's crate lives in its `crate` subdirectory (EVCXR_TMPDIR), which starts with the
+repository's Cargo.lock (STRATA_KERNEL_SOURCE, `git:DIR` for its committed HEAD's or
+`path:DIR`), so cargo keeps the versions the tests ran instead of resolving the newest.
+
+evcxr's build cache (`:cache`, ~/.cache/evcxr) is not safe across processes: a cache hit
+rewrites the entry's `hits` file, and a kernel reading it at that moment fails to parse it and
+its build of strata fails (issue 43: JupyterLab restoring two notebooks lost one kernel in
+four). Each kernel's builds use a private copy instead: hard links to the shared entries, its
+own `hits` files. It reaches the builds alone (`:build_env XDG_CACHE_HOME=…` at the top of a
+per-kernel copy of the configuration, EVCXR_CONFIG_DIR), so the user's code keeps the caches
+it shares (strata's compiled CUDA kernels, Mesa's shaders). The entries a kernel builds move
+to the shared cache when it ends (a rename: whole or not at all; a killed kernel's, when the
+next one starts), where evcxr trims the cache to its limit as before.
 """
 
 import json
@@ -71,8 +84,9 @@ def is_live_proxy(pid):
             return False
 
 
-def remove_dead_kernels_dirs(base):
-    """Removes the temporary directories of kernels whose proxy no longer runs."""
+def remove_dead_kernels_dirs(base, before_removing=None):
+    """Removes the directories of kernels whose proxy no longer runs (after
+    `before_removing(dir)`)."""
     try:
         names = os.listdir(base)
     except OSError:
@@ -80,7 +94,97 @@ def remove_dead_kernels_dirs(base):
     for name in names:
         pid = name[len(TEMP_PREFIX):]
         if name.startswith(TEMP_PREFIX) and pid.isdigit() and not is_live_proxy(int(pid)):
+            if before_removing:
+                before_removing(os.path.join(base, name))
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def cache_home():
+    """The user's cache directory, as evcxr and strata find it."""
+    home = os.environ.get("XDG_CACHE_HOME", "")
+    return home if os.path.isabs(home) else os.path.join(os.path.expanduser("~"), ".cache")
+
+
+def complete_entries(cache):
+    """The names of the finished entries of an evcxr build cache (evcxr writes `stderr` last)."""
+    try:
+        names = os.listdir(cache)
+    except OSError:
+        return []
+    return [n for n in names if os.path.isfile(os.path.join(cache, n, "stderr"))]
+
+
+def private_build_cache(shared, mine):
+    """Fills `mine` with the finished entries of `shared`: hard links (no copy of the
+    artifacts), except each entry's `hits` counter, which evcxr rewrites on every hit."""
+    os.makedirs(mine, exist_ok=True)
+    for name in complete_entries(shared):
+        src, dst = os.path.join(shared, name), os.path.join(mine, name)
+        try:
+            os.makedirs(dst)
+            for f in os.listdir(src):
+                if f == "hits":
+                    shutil.copy2(os.path.join(src, f), os.path.join(dst, f))
+                else:
+                    os.link(os.path.join(src, f), os.path.join(dst, f))
+        except OSError:
+            # Another file system, or the entry went away: a miss, built again.
+            shutil.rmtree(dst, ignore_errors=True)
+
+
+def merge_build_cache(mine, shared):
+    """Moves the entries a kernel built into the shared cache and passes its hits on (the
+    shared entry's mtime, which evcxr's trimming reads as the last use)."""
+    os.makedirs(shared, exist_ok=True)
+    for name in complete_entries(mine):
+        src, dst = os.path.join(mine, name), os.path.join(shared, name)
+        try:
+            if os.path.isdir(dst):
+                used = os.path.getmtime(os.path.join(src, "hits"))
+                if used > os.path.getmtime(os.path.join(dst, "hits")):
+                    os.utime(os.path.join(dst, "hits"), (used, used))
+            else:
+                os.rename(src, dst)
+        except OSError:
+            pass
+
+
+def private_config(config, own, cache):
+    """A copy of evcxr's configuration directory `config` in `own` whose `init.evcxr` first
+    points the builds' cache home at `cache`."""
+    os.makedirs(own, exist_ok=True)
+    try:
+        names = os.listdir(config)
+    except OSError:
+        names = []
+    for name in names:
+        if os.path.isfile(os.path.join(config, name)):
+            shutil.copy2(os.path.join(config, name), os.path.join(own, name))
+    init = os.path.join(own, "init.evcxr")
+    try:
+        with open(init) as f:
+            rest = f.read()
+    except OSError:
+        rest = ""
+    with open(init, "w") as f:
+        f.write(f":build_env XDG_CACHE_HOME={cache}\n{rest}")
+
+
+def repository_lockfile(source):
+    """The Cargo.lock of the strata the kernel builds (`git:DIR`: its HEAD's; `path:DIR`: the
+    working tree's), or None."""
+    kind, _, where = source.partition(":")
+    try:
+        if kind == "git":
+            out = subprocess.run(["git", "-C", where, "show", "HEAD:Cargo.lock"],
+                                 capture_output=True, timeout=30)
+            return out.stdout if out.returncode == 0 else None
+        if kind == "path":
+            with open(os.path.join(where, "Cargo.lock"), "rb") as f:
+                return f.read()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
 
 
 def die_with_parent():
@@ -143,19 +247,35 @@ def main(connection_file, log_file, evcxr):
     base = tempfile.gettempdir()
     remove_dead_kernels_dirs(base)
     own_temp = os.path.join(base, f"{TEMP_PREFIX}{os.getpid()}")
-    os.makedirs(own_temp, exist_ok=True)
+    crate = os.path.join(own_temp, "crate")
+    os.makedirs(crate, exist_ok=True)
+    lock = repository_lockfile(os.environ.get("STRATA_KERNEL_SOURCE", ""))
+    if lock:
+        with open(os.path.join(crate, "Cargo.lock"), "wb") as f:
+            f.write(lock)
+    shared_home = cache_home()
+    shared_cache = os.path.join(shared_home, "evcxr")
+    remove_dead_kernels_dirs(
+        shared_home, lambda d: merge_build_cache(os.path.join(d, "evcxr"), shared_cache))
+    own_cache = os.path.join(shared_home, f"{TEMP_PREFIX}{os.getpid()}")
+    private_build_cache(shared_cache, os.path.join(own_cache, "evcxr"))
+    env = dict(os.environ, TMPDIR=own_temp, EVCXR_TMPDIR=crate)
+    if "EVCXR_CONFIG_DIR" in os.environ:
+        env["EVCXR_CONFIG_DIR"] = os.path.join(own_temp, "config")
+        private_config(os.environ["EVCXR_CONFIG_DIR"], env["EVCXR_CONFIG_DIR"], own_cache)
     child = subprocess.Popen(
         [evcxr, "--control_file", back_file],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=log,
-        env=dict(os.environ, TMPDIR=own_temp),
+        env=env,
         preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
     )
 
     def end_child_and_clean_up():
-        """Stops evcxr if it still runs (SIGTERM, then SIGKILL after 5 s), then removes the
-        private connection file and the kernel's temporary directory."""
+        """Stops evcxr if it still runs (SIGTERM, then SIGKILL after 5 s), passes what it
+        built to the shared cache, then removes the private connection file and the kernel's
+        temporary directory and private cache."""
         if child.poll() is None:
             child.terminate()
             try:
@@ -163,7 +283,9 @@ def main(connection_file, log_file, evcxr):
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        for remove in (lambda: os.remove(back_file), lambda: shutil.rmtree(own_temp)):
+        for remove in (lambda: merge_build_cache(os.path.join(own_cache, "evcxr"), shared_cache),
+                       lambda: os.remove(back_file), lambda: shutil.rmtree(own_temp),
+                       lambda: shutil.rmtree(own_cache)):
             try:
                 remove()
             except OSError:

@@ -25,6 +25,16 @@ pub enum Source {
 }
 
 impl Source {
+    /// `git:DIR` or `path:DIR`: where the kernel proxy takes the Cargo.lock the kernel's
+    /// build starts from (the committed HEAD's, or the working tree's), so notebooks run the
+    /// dependency versions the tests ran.
+    pub fn lockfile_source(&self) -> String {
+        match self {
+            Source::Git(dir) => format!("git:{}", dir.display()),
+            Source::Path(dir) => format!("path:{}", dir.display()),
+        }
+    }
+
     /// The `:dep` line for `init.evcxr`.
     pub fn dep_line(&self) -> String {
         let features = "features = [\"evcxr\"]";
@@ -96,11 +106,13 @@ pub const PROXY: &str = include_str!("kernel_proxy.py");
 /// `XDG_RUNTIME_DIR` points at `runtime_dir`: the Vulkan loader probes Wayland, whose library
 /// prints `error: XDG_RUNTIME_DIR is invalid or not set` into cells when the kernel's
 /// environment lacks it (a server started outside a desktop session).
+/// `STRATA_KERNEL_SOURCE` tells the proxy where the lockfile is ([`Source::lockfile_source`]).
 pub fn kernel_json(
     evcxr: &Path,
     proxy: Option<(&Path, &Path)>,
     config_dir: &Path,
     runtime_dir: &Path,
+    source: &Source,
 ) -> String {
     // evcxr_jupyter prints its start-up notice and cargo's `Compiling …` lines to its own
     // output, which `jupyter console` shares with the user's terminal: they go to
@@ -127,9 +139,11 @@ pub fn kernel_json(
         "{{\n  \"argv\": [{argv}],\n  \
          \"display_name\": \"Rust (strata)\",\n  \"language\": \"rust\",\n  \
          \"interrupt_mode\": \"message\",\n  \
-         \"env\": {{\"EVCXR_CONFIG_DIR\": {}, \"XDG_RUNTIME_DIR\": {}}}\n}}\n",
+         \"env\": {{\"EVCXR_CONFIG_DIR\": {}, \"XDG_RUNTIME_DIR\": {}, \
+         \"STRATA_KERNEL_SOURCE\": {}}}\n}}\n",
         path(config_dir),
-        path(runtime_dir)
+        path(runtime_dir),
+        json_string(&source.lockfile_source())
     )
 }
 
@@ -177,6 +191,7 @@ pub fn write(
             python.map(|py| (py, script.as_path())),
             &config,
             &runtime,
+            source,
         ),
     )?;
     fs::write(config.join("init.evcxr"), init_evcxr(source))?;
@@ -201,13 +216,14 @@ mod tests {
             None,
             Path::new("/k/evcxr"),
             Path::new("/k/runtime"),
+            &Source::Git("/src/strata".into()),
         );
         assert!(json.contains(
             r#""argv": ["/bin/sh", "-c", "exec \"$0\" --control_file \"$1\" >>\"$2\" 2>&1", "/opt/my \"bin\"/evcxr_jupyter", "{connection_file}", "/k/kernel.log"]"#
         ));
         assert!(json.contains(r#""display_name": "Rust (strata)""#));
         assert!(json.contains(
-            r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr", "XDG_RUNTIME_DIR": "/k/runtime"}"#
+            r#""env": {"EVCXR_CONFIG_DIR": "/k/evcxr", "XDG_RUNTIME_DIR": "/k/runtime", "STRATA_KERNEL_SOURCE": "git:/src/strata"}"#
         ));
     }
 
@@ -218,6 +234,7 @@ mod tests {
             Some((Path::new("/v/bin/python"), Path::new("/k/kernel_proxy.py"))),
             Path::new("/k/evcxr"),
             Path::new("/k/runtime"),
+            &Source::Git("/src/strata".into()),
         );
         assert!(json.contains(
             r#""argv": ["/v/bin/python", "/k/kernel_proxy.py", "{connection_file}", "/k/kernel.log", "/bin/evcxr_jupyter"]"#

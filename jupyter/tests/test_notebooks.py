@@ -468,6 +468,72 @@ def test_every_new_kernel_answers():
             km.shutdown_kernel(now=True)
 
 
+def registry_versions(lock_text):
+    """{(name, version)} of the registry packages in a Cargo.lock's text."""
+    out, name = set(), None
+    for line in lock_text.splitlines():
+        if line.startswith("name = "):
+            name = line.split('"')[1]
+        elif line.startswith("version = ") and name:
+            version = line.split('"')[1]
+        elif line.startswith("source = ") and "registry+" in line and name:
+            out.add((name, version))
+    return out
+
+
+def test_kernels_started_together_all_answer():
+    """Issue 43: kernels started at the same moment (JupyterLab restoring several notebooks)
+    killed each other through evcxr's shared build cache. Start them in pairs and in fours
+    and require every one to answer a cell; and the kernel builds strata with the
+    repository's locked versions (its crate's Cargo.lock keeps them)."""
+    import subprocess
+    import threading
+    import time
+    from jupyter_client import KernelManager
+    for group in (2, 4):
+        kms = [KernelManager(kernel_name="strata") for _ in range(group)]
+        for km in kms:
+            km.start_kernel()
+        results = [None] * group
+
+        def ask(k):
+            kc = kms[k].client()
+            kc.start_channels()
+            try:
+                kc.wait_for_ready(timeout=900)
+                code = "6 * 7" if k else (
+                    'print!("{}", std::fs::read_to_string(std::path::Path::new('
+                    '&std::env::var("EVCXR_TMPDIR").unwrap()).join("Cargo.lock")).unwrap());')
+                out = []
+                reply = kc.execute_interactive(code, timeout=900, output_hook=lambda m: out.append(m))
+                text = "".join(m["content"].get("text", "") for m in out if m["msg_type"] == "stream")
+                results[k] = (reply["content"]["status"], text)
+            except Exception as e:  # a kernel that died: its log says why
+                results[k] = (f"failed: {e!r}", "")
+            finally:
+                kc.stop_channels()
+
+        t0 = time.time()
+        threads = [threading.Thread(target=ask, args=(k,)) for k in range(group)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for km in kms:
+            km.shutdown_kernel(now=True)
+        failed = [k for k, r in enumerate(results) if r is None or r[0] != "ok"]
+        assert not failed, (f"{len(failed)} of {group} kernels started together failed: "
+                            f"{[results[k] for k in failed]}; the log ends:\n{kernel_log_tail()}")
+        print(f"{group} kernels started together: all answered in {time.time() - t0:.1f} s")
+        kernel_lock = registry_versions(results[0][1])
+        head = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:Cargo.lock"],
+                              capture_output=True, text=True)
+        if head.returncode == 0:
+            repo_lock = registry_versions(head.stdout)
+            assert kernel_lock, results[0][1][:500]
+            assert kernel_lock <= repo_lock, sorted(kernel_lock - repo_lock)
+
+
 def kernel_log_tail(lines=30):
     """The end of the strata kernelspec's log (evcxr's output), for failure messages."""
     from jupyter_client.kernelspec import KernelSpecManager
