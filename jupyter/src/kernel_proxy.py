@@ -26,9 +26,15 @@ and removes it only when it exits normally; a kernel killed by its manager (Jupy
 "shut down now", a restart) left it behind, and a machine that ran many kernels filled its
 disk. Each kernel now gets its own temporary directory, `strata-kernel-<proxy pid>`, removed
 when the kernel ends, and every new kernel first removes those of kernels that no longer run.
-evcxr's crate lives in its `crate` subdirectory (EVCXR_TMPDIR), which starts with the
-repository's Cargo.lock (STRATA_KERNEL_SOURCE, `git:DIR` for its committed HEAD's or
-`path:DIR`), so cargo keeps the versions the tests ran instead of resolving the newest.
+evcxr's crate lives in its `crate` subdirectory (EVCXR_TMPDIR).
+
+The kernel builds strata with the repository's locked versions (STRATA_KERNEL_SOURCE:
+`git:DIR` for its committed HEAD's Cargo.lock, `path:DIR` for the working tree's), so notebooks
+run what the tests ran. evcxr's crate cannot simply start from that lockfile: evcxr builds an
+empty crate first (which prunes it) and resolves each `:dep` afresh, taking the newest
+versions. So the kernel depends on a "pins" crate besides strata, which requires exactly the
+locked version of every registry package in strata's build for this machine (worked out once
+per lockfile with `cargo metadata --offline`, kept under ~/.cache/strata-kernel-pins).
 
 evcxr's build cache (`:cache`, ~/.cache/evcxr) is not safe across processes: a cache hit
 rewrites the entry's `hits` file, and a kernel reading it at that moment fails to parse it and
@@ -41,6 +47,7 @@ to the shared cache when it ends (a rename: whole or not at all; a killed kernel
 next one starts), where evcxr trims the cache to its limit as before.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -149,9 +156,10 @@ def merge_build_cache(mine, shared):
             pass
 
 
-def private_config(config, own, cache):
+def private_config(config, own, cache, pins_for):
     """A copy of evcxr's configuration directory `config` in `own` whose `init.evcxr` first
-    points the builds' cache home at `cache`."""
+    points the builds' cache home at `cache`, and adds the pins crate (`pins_for(dep_spec)`)
+    before the `:dep strata` line."""
     os.makedirs(own, exist_ok=True)
     try:
         names = os.listdir(config)
@@ -166,8 +174,15 @@ def private_config(config, own, cache):
             rest = f.read()
     except OSError:
         rest = ""
+    lines = [f":build_env XDG_CACHE_HOME={cache}"]
+    for line in rest.splitlines():
+        if line.startswith(":dep strata = "):
+            pins = pins_for(line[len(":dep strata = "):])
+            if pins:
+                lines.append(f':dep strata_kernel_pins = {{ path = "{pins}" }}')
+        lines.append(line)
     with open(init, "w") as f:
-        f.write(f":build_env XDG_CACHE_HOME={cache}\n{rest}")
+        f.write("\n".join(lines) + "\n")
 
 
 def repository_lockfile(source):
@@ -185,6 +200,92 @@ def repository_lockfile(source):
     except (OSError, subprocess.SubprocessError):
         pass
     return None
+
+
+def host_triple():
+    """rustc's host target (`x86_64-unknown-linux-gnu`), or None."""
+    try:
+        out = subprocess.run(["rustc", "-vV"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.stdout.splitlines():
+        if line.startswith("host: "):
+            return line[len("host: "):].strip()
+    return None
+
+
+def locked_packages(dep_spec, lock, log):
+    """(name, version) of every registry package the kernel's build of strata (`dep_spec`:
+    the right side of its `:dep strata = …`) uses on this machine as normal dependencies, with
+    the versions of `lock`: cargo metadata on a scratch crate holding the lockfile."""
+    host = host_triple()
+    scratch = tempfile.mkdtemp(prefix="strata-kernel-resolve-")
+    try:
+        with open(os.path.join(scratch, "Cargo.toml"), "w") as f:
+            f.write('[package]\nname = "strata_kernel_resolve"\nversion = "0.0.0"\n'
+                    f'edition = "2021"\n[lib]\npath = "lib.rs"\n[dependencies]\nstrata = {dep_spec}\n')
+        open(os.path.join(scratch, "lib.rs"), "w").close()
+        with open(os.path.join(scratch, "Cargo.lock"), "wb") as f:
+            f.write(lock)
+        cmd = ["cargo", "metadata", "--format-version", "1", "--offline"]
+        if host:
+            cmd += ["--filter-platform", host]
+        out = subprocess.run(cmd, cwd=scratch, capture_output=True, timeout=300)
+        if out.returncode != 0:
+            log.write(b"strata kernel: no version pins (cargo metadata failed):\n" + out.stderr[-2000:])
+            return None
+        meta = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        log.write(f"strata kernel: no version pins: {e}\n".encode())
+        return None
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    nodes = {n["id"]: n for n in meta["resolve"]["nodes"]}
+    packages = {p["id"]: p for p in meta["packages"]}
+    def proc_macro(i):
+        return any("proc-macro" in t["kind"] for t in packages[i]["targets"])
+
+    # A proc-macro's own dependencies are built for the host only: pinning them from a
+    # library would build them a second time, for the target.
+    seen, todo = set(), [meta["resolve"]["root"]]
+    while todo:
+        at = todo.pop()
+        if at in packages and proc_macro(at):
+            continue
+        for dep in nodes[at]["deps"]:
+            normal = any(k.get("kind") is None for k in dep.get("dep_kinds", []))
+            if normal and dep["pkg"] not in seen:
+                seen.add(dep["pkg"])
+                todo.append(dep["pkg"])
+    return sorted((packages[i]["name"], packages[i]["version"]) for i in seen
+                  if (packages[i].get("source") or "").startswith("registry+"))
+
+
+def pins_crate(dep_spec, lock, home, log):
+    """The path of a crate that depends on exactly the locked version of each package strata's
+    kernel build uses (made once per lockfile and dependency line), or None."""
+    key = hashlib.sha256(lock + dep_spec.encode()).hexdigest()[:16]
+    pins = os.path.join(home, "strata-kernel-pins", key)
+    if os.path.isfile(os.path.join(pins, "Cargo.toml")):
+        return pins
+    packages = locked_packages(dep_spec, lock, log)
+    if not packages:
+        return None
+    lines = ['[package]\nname = "strata_kernel_pins"\nversion = "0.0.0"\nedition = "2021"\n'
+             '[lib]\npath = "lib.rs"\n[dependencies]']
+    for k, (name, version) in enumerate(packages):
+        lines.append(f'pin{k} = {{ package = "{name}", version = "={version}", default-features = false }}')
+    partial = f"{pins}.{os.getpid()}"
+    os.makedirs(partial, exist_ok=True)
+    with open(os.path.join(partial, "Cargo.toml"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(partial, "lib.rs"), "w") as f:
+        f.write("//! Pins the versions of strata's dependencies in the strata Jupyter kernel.\n")
+    try:
+        os.rename(partial, pins)  # whole or not at all; another kernel may have made it
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+    return pins if os.path.isfile(os.path.join(pins, "Cargo.toml")) else None
 
 
 def die_with_parent():
@@ -250,9 +351,6 @@ def main(connection_file, log_file, evcxr):
     crate = os.path.join(own_temp, "crate")
     os.makedirs(crate, exist_ok=True)
     lock = repository_lockfile(os.environ.get("STRATA_KERNEL_SOURCE", ""))
-    if lock:
-        with open(os.path.join(crate, "Cargo.lock"), "wb") as f:
-            f.write(lock)
     shared_home = cache_home()
     shared_cache = os.path.join(shared_home, "evcxr")
     remove_dead_kernels_dirs(
@@ -262,7 +360,8 @@ def main(connection_file, log_file, evcxr):
     env = dict(os.environ, TMPDIR=own_temp, EVCXR_TMPDIR=crate)
     if "EVCXR_CONFIG_DIR" in os.environ:
         env["EVCXR_CONFIG_DIR"] = os.path.join(own_temp, "config")
-        private_config(os.environ["EVCXR_CONFIG_DIR"], env["EVCXR_CONFIG_DIR"], own_cache)
+        private_config(os.environ["EVCXR_CONFIG_DIR"], env["EVCXR_CONFIG_DIR"], own_cache,
+                       lambda spec: lock and pins_crate(spec, lock, shared_home, log))
     child = subprocess.Popen(
         [evcxr, "--control_file", back_file],
         stdin=subprocess.DEVNULL,
