@@ -351,6 +351,13 @@ def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
     assert "doubled is pending: false" in broken and "kernel 1 (ran)" in broken, broken
     kept = stream(tagged(nb, "multi-output")[0], "stdout")
     assert "h pending: false, z pending: false" in kept, kept
+    # The prose says the row maximum waits on the CPU and CUDA (deferred), runs at once on wgpu,
+    # and that the sum's kernel computes it.
+    deferred = "false" if device == "wgpu" else "true"
+    m = stream(tagged(nb, "deferred-max")[0], "stdout")
+    assert f"m pending: {deferred}, e pending: true" in m, m
+    ran = stream(tagged(nb, "deferred-max-runs")[0], "stdout")
+    assert "m pending: false, e pending: true, p pending: true" in ran, ran
     assert "also out1 = in0 * in1" in kept and "(an intermediate still held)" in kept, kept
 
 
