@@ -17,7 +17,11 @@ evcxr's own: their requests and replies carry the clients' identities, whose rec
 evcxr's ROUTER handles (the newest connection of an identity wins and the old one is closed,
 so a client that shares its identity reconnects), which libzmq's ROUTER does not.
 
-The proxy forwards every message unchanged (they are signed end to end), starts evcxr with a
+The proxy forwards every message unchanged (they are signed end to end) but one: evcxr's
+error when the process that runs cells ended (an interrupt kills it; it said only
+"Subprocess terminated with status: signal: 9 (SIGKILL)", and the next cell "cannot find
+value") becomes one line that says what happened and what survives, signed again with the
+connection's key (issue 43). It starts evcxr with a
 connection file of private ports, writes evcxr's output to LOG_FILE (so `jupyter console`
 stays quiet), and exits with evcxr's exit status.
 
@@ -48,6 +52,7 @@ next one starts), where evcxr trims the cache to its limit as before.
 """
 
 import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -288,6 +293,52 @@ def pins_crate(dep_spec, lock, home, log):
     return pins if os.path.isfile(os.path.join(pins, "Cargo.toml")) else None
 
 
+TERMINATED = "Subprocess terminated with status: "
+
+
+def explain_termination(evalue):
+    """evcxr's error when the process that runs cells ended (an interrupt kills it) as one line
+    that says what happened and what survives, or None for any other error."""
+    at = evalue.find(TERMINATED)
+    if at < 0:
+        return None
+    status = evalue[at + len(TERMINATED):].strip()
+    before = evalue[:at].rstrip()
+    cause = ("Interrupted (or the system ended it, out of memory perhaps)" if "SIGKILL" in status
+             else f"The process running this notebook's code ended ({status})")
+    line = (f"{cause}: every variable is gone; functions, types, `use` lines and dependencies "
+            "are kept. Run the cells that define the values you need again.")
+    return f"{before}\n{line}" if before else line
+
+
+def rewrite_termination(frames, key, digest):
+    """An IOPub `error` message of evcxr's that reports the ended process, with its text
+    explained (explain_termination) and signed again with the connection's key; other messages
+    as they are."""
+    try:
+        at = [bytes(f) for f in frames].index(b"<IDS|MSG>")
+    except ValueError:
+        return frames
+    parts = [bytes(f) for f in frames]
+    if len(parts) < at + 6 or TERMINATED.encode() not in parts[at + 5]:
+        return frames
+    try:
+        header, content = json.loads(parts[at + 2]), json.loads(parts[at + 5])
+    except ValueError:
+        return frames
+    text = explain_termination(content.get("evalue", "")) if header.get("msg_type") == "error" else None
+    if text is None:
+        return frames
+    content["evalue"], content["traceback"] = text, text.splitlines()
+    parts[at + 5] = json.dumps(content).encode()
+    if key:
+        mac = hmac.new(key, digestmod=digest)
+        for part in parts[at + 2:at + 6]:
+            mac.update(part)
+        parts[at + 1] = mac.hexdigest().encode()
+    return parts
+
+
 def die_with_parent():
     """In the child: SIGKILL when the proxy dies, whatever kills it (Linux only)."""
     try:
@@ -301,6 +352,9 @@ def die_with_parent():
 def main(connection_file, log_file, evcxr):
     with open(connection_file) as f:
         front = json.load(f)
+    key = front.get("key", "").encode()
+    digest = {"hmac-sha256": hashlib.sha256, "hmac-sha512": hashlib.sha512}.get(
+        front.get("signature_scheme", "hmac-sha256"), hashlib.sha256)
     transport = front.get("transport", "tcp")
     if transport != "tcp":
         # Nothing to fix for other transports: run evcxr as it is.
@@ -409,6 +463,8 @@ def main(connection_file, log_file, evcxr):
                         frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
+                    if s is sub:
+                        frames = rewrite_termination(frames, key, digest)
                     pairs[s].send_multipart(frames, copy=False)
     finally:
         end_child_and_clean_up()

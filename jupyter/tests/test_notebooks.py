@@ -587,6 +587,46 @@ def test_kernels_started_together_all_answer():
             assert set(built) <= repo_lock, sorted(set(built) - repo_lock)
 
 
+def test_an_interrupt_says_what_survives():
+    """Issue 43: interrupting a cell killed evcxr's process that runs cells and said only
+    `Subprocess terminated with status: signal: 9 (SIGKILL)`; the next cell then failed with
+    "cannot find value". The message now says what happened and what survives, and it is true:
+    a function defined before still runs, a variable is gone."""
+    import threading
+    import time
+    from jupyter_client import KernelManager
+    km = KernelManager(kernel_name="strata")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=900)
+
+        def run(code):
+            out = []
+            reply = kc.execute_interactive(code, timeout=600, output_hook=out.append)
+            errors = [m["content"]["evalue"] for m in out if m["msg_type"] == "error"]
+            plain = [m["content"]["data"].get("text/plain", "") for m in out
+                     if m["msg_type"] == "execute_result"]
+            return reply["content"]["status"], errors, plain
+
+        assert run("fn seven() -> i32 { 7 }\nlet t = 1;")[0] == "ok"
+        threading.Timer(5.0, km.interrupt_kernel).start()
+        status, errors, _ = run("loop { std::thread::sleep(std::time::Duration::from_millis(50)); }")
+        assert status == "error" and errors, (status, errors)
+        text = "\n".join(errors)
+        assert "Interrupted" in text and "every variable is gone" in text, text
+        assert "functions, types, `use` lines and dependencies are kept" in text, text
+        assert "Subprocess terminated" not in text, text
+        status, _, plain = run("seven()")
+        assert status == "ok" and plain == ["7"], (status, plain)
+        status, errors, _ = run("t")
+        assert status == "error" and "cannot find value `t`" in "\n".join(errors), errors
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
 def kernel_log_tail(lines=30):
     """The end of the strata kernelspec's log (evcxr's output), for failure messages."""
     from jupyter_client.kernelspec import KernelSpecManager
