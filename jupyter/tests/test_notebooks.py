@@ -313,6 +313,17 @@ def test_two_d_floats_get_a_heatmap_that_decodes(name, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_the_tour_borrows_with_references(device):
+    """Issue 43: `let y = t + 1.0;` moves `t`; notebook 01 teaches `&t`, and its cell keeps `x`."""
+    nb = executed("01-tour", device)
+    assert "`t + 1.0` compiles too, but it *moves*" in nb.cells[0].source
+    out = stream(tagged(nb, "by-reference")[0], "stdout")
+    lines = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
+    assert set(lines) == {"x", "y", "w"}, out
+    assert "2.5" in lines["y"] and "3.0" in lines["w"] and "1.5" in lines["x"], out
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_saturating_math_clamps_at_zero(device):
     out = stream(tagged(executed("03-broadcasting-and-dtypes", device), "saturating")[0], "stdout")
     assert "wrapping   3,7,0 - 5 = [254,   2, 251]" in out, out
