@@ -47,6 +47,9 @@ NOTEBOOKS = shipped_notebooks()
 DEVICES = [d for d in os.environ.get("STRATA_NOTEBOOK_DEVICES", "cpu").split(",") if d]
 
 _executed = {}
+# Where each executed notebook ran (the kernel's working folder: a fresh one per run, so what a
+# notebook writes "beside itself" lands there and not in the repository).
+_ran_in = {}
 
 # evcxr forwards a cell's stdout and stderr from other threads than the one that reports the
 # cell done, so a line (the error `?` prints, under load) can arrive just after the cell went
@@ -77,6 +80,7 @@ def executed(name, device):
     if key not in _executed:
         path = ROOT / "notebooks" / f"{name}.ipynb"
         nb = read_shipped(path)
+        _ran_in[key] = tempfile.mkdtemp(prefix=f"strata-{name}-")
         old = os.environ.get("STRATA_DEVICE")
         os.environ["STRATA_DEVICE"] = device  # the kernel inherits it: Device::auto() obeys
         # libwayland, probed by the Vulkan driver, prints an error line without it.
@@ -92,7 +96,7 @@ def executed(name, device):
                         kernel_name="strata",
                         timeout=600,
                         startup_timeout=3600,
-                        resources={"metadata": {"path": str(path.parent)}},
+                        resources={"metadata": {"path": _ran_in[key]}},
                     ).execute()
                     break
                 except RuntimeError as e:
@@ -244,7 +248,12 @@ def test_profile_shows_two_streams_on_a_timeline(device):
     # The table has a row per record, and the plain text the same table.
     assert html.count("<tr>") >= 8, html[-2000:]
     assert "profile of" in data(cell, "text/plain")
-    assert "records written to" in stream(tagged(nb, "profile-trace")[0], "stdout")
+    written = stream(tagged(nb, "profile-trace")[0], "stdout")
+    assert "records written to" in written, written
+    # Beside the notebook (the kernel's folder), still there after the kernel ended.
+    trace = pathlib.Path(_ran_in[("04-async-streams-and-events", device)]) / "strata-04-profile.json"
+    assert str(trace) in written and trace.is_file(), (written, trace)
+    assert '"traceEvents"' in trace.read_text()
 
 
 def browser():
