@@ -4,6 +4,15 @@
 use strata::prelude::*;
 
 fn main() -> Result<()> {
+    // Looking for wgpu adapters runs Mesa's Vulkan device-select layer, which asks Wayland for
+    // a display; without XDG_RUNTIME_DIR libwayland prints an error line per try. Outside a
+    // desktop session (ssh, a container) give it a private folder, before any thread starts.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join("strata-xdg-runtime");
+        if std::fs::create_dir_all(&dir).is_ok() {
+            std::env::set_var("XDG_RUNTIME_DIR", &dir);
+        }
+    }
     let dev = Device::auto()?;
     println!("device: {dev}\n");
 
@@ -34,8 +43,11 @@ fn main() -> Result<()> {
     );
 
     let u = Tensor::from_slice(&[-1.5f32, 0.5, 300.0, f32::NAN], [4], &dev)?;
-    println!("casts follow one rule on every backend:\n  {u:?}\n  as u8 (saturating from float, NaN -> 0): {}",
-        u.to_dtype(DType::U8)?.format_values()?);
+    println!(
+        "casts follow one rule on every backend:\n  f32 {}\n  as u8 (saturating from float, NaN -> 0): {}",
+        u.format_values()?,
+        u.to_dtype(DType::U8)?.format_values()?
+    );
     let w = Tensor::from_slice(&[300i32, -1], [2], &dev)?;
     println!(
         "  i32 [300, -1] as u8 wraps: {}, saturating: {}\n",
@@ -62,6 +74,6 @@ fn main() -> Result<()> {
         big.numel(),
         start.elapsed_ms(&end)?
     );
-    println!("memory: {:?}", dev.memory_stats());
+    println!("memory: {}", dev.memory_stats());
     Ok(())
 }

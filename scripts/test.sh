@@ -99,7 +99,9 @@ if [ -n "$evcxr_found" ] && python3 -m venv --help >/dev/null 2>&1; then
     .venv/bin/pip install --quiet --disable-pip-version-check jupyter_client nbclient nbformat pytest pillow
   # A headless browser for the screenshot test, where this machine can install one.
   if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get install -y -qq chromium >/dev/null 2>&1 || echo "could not install chromium: the screenshot test will skip"
+    echo "installing chromium for the screenshot test (apt-get, about a minute)"
+    { apt-get update -qq && apt-get install -y -qq chromium; } >/dev/null 2>&1 ||
+      echo "could not install chromium: the screenshot test will be skipped (see the summary)"
   fi
 fi
 if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "import nbclient, pytest" 2>/dev/null; then
@@ -109,7 +111,8 @@ if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "impo
   if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then devices=cpu,wgpu; fi
   stage "the notebooks ($devices)"
   # -v names each test as it starts: a run stopped by a time limit says which one it was in.
-  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -v --durations=10 jupyter/tests
+  # -rs: a skipped test says why in the summary (no chromium for the screenshot test, say).
+  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -v -rs --durations=10 jupyter/tests
 elif [ -n "${STRATA_REQUIRE_NOTEBOOKS:-}" ]; then
   echo "notebook tests need evcxr_jupyter and .venv with nbclient and pytest (see .ci/run)" >&2
   exit 1

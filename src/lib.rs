@@ -27,9 +27,12 @@ pub use strata_core::*;
 /// ```
 pub mod prelude {
     pub use crate::DeviceExt;
+    // A cell ending in `t.add(1.0)` (no `?`) shows the tensor, not `Ok(Tensor { … })`.
     pub use strata_core::autograd::{self, no_grad};
     pub use strata_core::ops::Axes;
     pub use strata_core::random::Generator;
+    #[cfg(feature = "evcxr")]
+    pub use strata_core::ResultDisplay;
     pub use strata_core::{
         s, Category, DType, Device, Ellipsis, Error, Event, NewAxis, Result, Scalar, Stream,
         Tensor, Value,
@@ -127,5 +130,38 @@ impl DeviceExt for Device {
                 ))),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The tour example (built by `cargo test` beside this test) prints no library noise: no
+    /// libwayland error lines where XDG_RUNTIME_DIR is unset, no Debug dump of a struct.
+    #[test]
+    fn the_tour_example_prints_only_its_tour() {
+        let exe = std::env::current_exe().expect("the test's path");
+        let Some(tour) = exe
+            .parent()
+            .and_then(|deps| deps.parent())
+            .map(|dir| dir.join("examples").join("tour"))
+            .filter(|t| t.is_file())
+        else {
+            eprintln!("examples/tour is not built (cargo test builds it; --lib does not)");
+            return;
+        };
+        let out = std::process::Command::new(tour)
+            .env_remove("XDG_RUNTIME_DIR")
+            .env("STRATA_DEVICE", "cpu")
+            .output()
+            .expect("the tour runs");
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert_eq!(stderr, "", "the tour wrote to stderr");
+        assert!(stdout.starts_with("device: cpu"), "{stdout}");
+        assert!(!stdout.contains(" { "), "a Debug dump:\n{stdout}");
+        assert!(stdout.contains("memory: allocated"), "{stdout}");
     }
 }

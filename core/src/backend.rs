@@ -25,6 +25,21 @@ pub enum BackendKind {
     Wgpu,
 }
 
+impl std::fmt::Display for BackendKind {
+    /// The name `Device::parse` takes: `cpu`, `cuda`, `wgpu`.
+    ///
+    /// ```
+    /// assert_eq!(strata_core::BackendKind::Cpu.to_string(), "cpu");
+    /// ```
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+            BackendKind::Wgpu => "wgpu",
+        })
+    }
+}
+
 /// A stream: an ordered queue of work on one device. `StreamId(0)` is the default stream.
 ///
 /// ```

@@ -55,7 +55,8 @@ pub struct KernelReport {
     pub pending: bool,
     /// The user ops it holds, in the order they were called.
     pub ops: Vec<String>,
-    /// Where each op was called (`file:line`), beside `ops`.
+    /// Where each op was called (`file:line`), beside `ops`; empty for an op of a notebook
+    /// cell (evcxr's generated line would mislead).
     pub sources: Vec<String>,
     /// The expression per output element (`in0`, `s0`: inputs and launch scalars).
     pub expression: String,
@@ -267,18 +268,32 @@ fn fused_report(r: &RunRecord, pending: bool, source: Option<KernelSource>) -> K
     }
 }
 
-/// `file:line` of a call site.
+/// `file:line` of a call site; empty for a notebook cell's own code, whose place is a line of
+/// the crate evcxr generates (`src/lib.rs:114`), which means nothing to the reader.
 fn place(l: &std::panic::Location<'_>) -> String {
+    if l.file() == "src/lib.rs" && in_evcxr() {
+        return String::new();
+    }
     format!("{}:{}", l.file(), l.line())
 }
 
-/// The ops of `kernel` with where they were called: `mul (src/main.rs:12)`, one line each.
+/// True in the process evcxr runs notebook cells in (it sets `EVCXR_IS_RUNTIME` there).
+fn in_evcxr() -> bool {
+    static IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IN.get_or_init(|| std::env::var_os("EVCXR_IS_RUNTIME").is_some())
+}
+
+/// The ops of `kernel` with where they were called: `mul (src/main.rs:12)`, one line each
+/// (`mul` alone where the place is left out).
 fn ops_with_sources(kernel: &KernelReport) -> Vec<String> {
     kernel
         .ops
         .iter()
         .zip(&kernel.sources)
-        .map(|(op, at)| format!("{op} ({at})"))
+        .map(|(op, at)| match at.as_str() {
+            "" => op.to_string(),
+            at => format!("{op} ({at})"),
+        })
         .collect()
 }
 

@@ -218,13 +218,37 @@ pub fn run() -> Result<(), String> {
         .filter(|c| c.status == Status::Missing)
         .count();
     if missing == 0 {
-        let start = match jupyter() {
-            Some(j) => format!("`{} lab`", j.display()),
-            None => "`bash scripts/notebook.sh` (it installs JupyterLab)".into(),
-        };
-        println!("\nThe strata kernel is ready: start {start} and pick \"Rust (strata)\".");
+        println!("\nThe strata kernel is ready: {}", start_hint());
         Ok(())
     } else {
         Err(format!("{missing} thing(s) missing (see above)"))
+    }
+}
+
+/// How to start JupyterLab on the notebooks: the main job, which installs what is missing,
+/// serves `notebooks/` and passes `--allow-root` where it is needed (a bare `jupyter lab`
+/// refuses to run as root and serves the current folder).
+fn start_hint() -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(|repo| repo.join("scripts").join("notebook.sh"));
+    match script.filter(|s| s.is_file()) {
+        Some(s) => format!(
+            "run `bash {}` (JupyterLab on the notebooks) and pick \"Rust (strata)\".",
+            s.display()
+        ),
+        None => "start JupyterLab (`jupyter lab --notebook-dir=notebooks`, with --allow-root \
+                 as root) and pick \"Rust (strata)\"."
+            .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_start_hint_runs_the_main_job() {
+        let hint = super::start_hint();
+        assert!(hint.contains("scripts/notebook.sh"), "{hint}");
+        assert!(!hint.contains(".venv/bin/jupyter lab"), "{hint}");
     }
 }

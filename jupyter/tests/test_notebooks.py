@@ -326,6 +326,9 @@ def test_the_tour_borrows_with_references(device):
     """Issue 43: `let y = t + 1.0;` moves `t`; notebook 01 teaches `&t`, and its cell keeps `x`."""
     nb = executed("01-tour", device)
     assert "`t + 1.0` compiles too, but it *moves*" in nb.cells[0].source
+    # The device table names the backend as Device::parse does (`cpu`, not `Cpu`).
+    table = data(tagged(nb, "device")[0], "text/html")
+    assert f">{device}<" in table and ">Cpu<" not in table and ">Wgpu<" not in table, table
     out = stream(tagged(nb, "by-reference")[0], "stdout")
     lines = dict(line.split(" = ", 1) for line in out.splitlines() if " = " in line)
     assert set(lines) == {"x", "y", "w"}, out
@@ -360,6 +363,8 @@ def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
     nb = executed("07-fusion-and-kernels", device)
     html = data(tagged(nb, "explain-chain")[0], "text/html")
     assert "kernel 1 (pending): mul → add → relu" in html, html
+    # A cell's ops name no place: evcxr's generated `src/lib.rs:114` would mislead.
+    assert "src/lib.rs" not in html, html
     assert "relu(in0 * in1 + in2)" in html and "<details>" in html, html
     out = stream(tagged(nb, "eager-vs-fused")[0], "stdout")
     peaks = {}
@@ -458,8 +463,13 @@ def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     # evcxr's runtime, and the kernel goes on.
     nb.cells.append(nbformat.v4.new_code_cell("let v = vec![1, 2];\nv[7]"))
     nb.cells.append(nbformat.v4.new_code_cell("let w = 6 * 7;\nw"))
+    # A cell that forgot its `?` shows the tensor's values under a note (not `Ok(Tensor {…})`).
+    nb.cells.append(nbformat.v4.new_code_cell("Tensor::full([2], 1.5, DType::F32, &Device::cpu())"))
     EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600,
                         allow_errors=True).execute()
+    forgot = data(nb.cells[3], "text/plain")
+    assert forgot.startswith("Ok(…): a Result; end the line with ? to get the tensor"), forgot
+    assert "1.5000" in forgot and "<table" in data(nb.cells[3], "text/html"), forgot
     html = data(nb.cells[0], "text/html")
     assert html is not None and "<table" in html, all_text(nb.cells[0])
     text = all_text(nb.cells[1])

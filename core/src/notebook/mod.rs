@@ -112,6 +112,13 @@ impl Tensor {
     /// ```
     #[cfg(feature = "evcxr")]
     pub fn evcxr_display(&self) {
+        let (plain, html, png) = self.display_bundle();
+        emit(&plain, &html, png.as_deref());
+    }
+
+    /// What [`evcxr_display`](Tensor::evcxr_display) shows: plain text, HTML and a heatmap.
+    #[cfg(feature = "evcxr")]
+    fn display_bundle(&self) -> (String, String, Option<String>) {
         let map = if self.wants_heatmap() {
             heatmap::render(self).ok()
         } else {
@@ -126,7 +133,49 @@ impl Tensor {
             )
         });
         let png = map.map(|m| image::base64(&m.png));
-        emit(&self.to_string(), &html, png.as_deref());
+        (self.to_string(), html, png)
+    }
+}
+
+/// The display of a cell that ends in an op's `Result` without `?` (`t.add(1.0)`): the tensor
+/// as [`Tensor::evcxr_display`] shows it, under a line saying it is an `Ok` and how to get the
+/// tensor itself; an `Err` shows its message. Without it evcxr would print the `Debug` summary
+/// (`Ok(Tensor { shape: [2], … })`), which shows no values. The kernel's prelude brings it into
+/// scope (`use strata::prelude::*`).
+///
+/// ```
+/// use strata_core::{Device, DType, ResultDisplay, Tensor};
+/// let r = Tensor::ones([2], DType::F32, &Device::cpu());
+/// r.evcxr_display(); // the table, under "Ok(…): add ? …"
+/// ```
+#[cfg(feature = "evcxr")]
+pub trait ResultDisplay {
+    /// Shows the result in an evcxr notebook.
+    fn evcxr_display(&self);
+}
+
+#[cfg(feature = "evcxr")]
+impl ResultDisplay for crate::error::Result<Tensor> {
+    fn evcxr_display(&self) {
+        const NOTE: &str = "Ok(…): a Result; end the line with ? to get the tensor itself";
+        match self {
+            Ok(t) => {
+                let (plain, html, png) = t.display_bundle();
+                let html = format!(
+                    "<div style=\"font-family:monospace;color:#666\">{}</div>{html}",
+                    escape(NOTE)
+                );
+                emit(&format!("{NOTE}\n{plain}"), &html, png.as_deref());
+            }
+            Err(e) => emit(
+                &format!("Err: {e}"),
+                &format!(
+                    "<div style=\"font-family:monospace;color:#c00\">Err: {}</div>",
+                    escape(&e.to_string())
+                ),
+                None,
+            ),
+        }
     }
 }
 
@@ -233,11 +282,11 @@ impl Device {
     ///
     /// ```
     /// let html = strata_core::Device::cpu().to_html();
-    /// assert!(html.contains("Cpu") && html.contains("current stream"));
+    /// assert!(html.contains(">backend<") && html.contains(">cpu<") && html.contains("current stream"));
     /// ```
     pub fn to_html(&self) -> String {
         let mut rows = vec![
-            ("backend", format!("{:?}", self.kind())),
+            ("backend", self.kind().to_string()),
             (
                 "current stream",
                 format!("#{}", self.current_stream().id().0),
