@@ -861,3 +861,37 @@ def test_the_tests_read_the_shipped_notebooks_not_the_working_tree():
     finally:
         shipped.write_bytes(before)
         own.unlink(missing_ok=True)
+
+
+def test_the_warm_up_reports_what_it_builds(tmp_path):
+    """Issue 43: set-up said nothing for minutes while the kernel built strata. The warm-up
+    (run_cells.py, which `strata-jupyter install` runs) prints a line every 30 s with what cargo
+    is building, read from the kernel's log."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("run_cells", ROOT / "jupyter/src/run_cells.py")
+    run_cells = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run_cells)
+    assert run_cells.PROGRESS_EVERY_S <= 30
+    log = tmp_path / "kernel.log"
+    log.write_text("No configuration file found\n   Compiling naga v30.0.1\n   Compiling wgpu v30.0.1\n")
+    step = run_cells.last_build_step(str(log))
+    assert step == "Compiling wgpu v30.0.1", step
+    assert run_cells.progress_line(62.4, step) == "  ... 62 s: Compiling wgpu v30.0.1"
+    assert run_cells.last_build_step(str(tmp_path / "absent.log")) == ""
+
+
+def test_the_main_jobs_set_up_says_each_step():
+    """Issue 43: the main job's set-up was silent for minutes. scripts/notebook.sh (set-up only)
+    names each step with the time so far and how long it usually takes, and the warm-up ends
+    with the kernel's answer."""
+    import subprocess
+    env = dict(os.environ, STRATA_NOTEBOOK_SETUP_ONLY="1")
+    run = subprocess.run(["bash", str(ROOT / "scripts/notebook.sh")], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=3600)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    steps = [line for line in run.stdout.splitlines() if line.startswith("== [")]
+    assert any("building the kernel installer" in s and "minutes" in s for s in steps), steps
+    assert any("warming" in s and "minutes" in s for s in steps), steps
+    assert steps[-1].endswith("set up; not starting JupyterLab"), steps
+    assert "kernel ready after" in run.stdout and "cell answered after" in run.stdout, out[-3000:]
