@@ -2,7 +2,7 @@
 //! preloaded — and checks its set-up.
 //!
 //! ```text
-//! strata-jupyter install [--path] [--source DIR] [--no-warm] [--python PYTHON]
+//! strata-jupyter install [--path] [--source DIR] [--no-warm] [--python PYTHON] [--all-backends]
 //! strata-jupyter uninstall
 //! strata-jupyter doctor
 //! ```
@@ -19,13 +19,16 @@ use std::process::ExitCode;
 const USAGE: &str = "\
 strata-jupyter: the strata Jupyter kernel (\"Rust (strata)\")
 
-  strata-jupyter install [--path] [--source DIR] [--no-warm] [--python PYTHON]
+  strata-jupyter install [--path] [--source DIR] [--no-warm] [--python PYTHON] [--all-backends]
       Installs evcxr_jupyter when it is missing (about 15 minutes on two cores), writes the
       kernelspec `strata`, and warms evcxr's build cache by running one cell.
       --source DIR   the strata repository to load (default: the one this was built from)
       --path         load the working tree as it is (rebuilt by every new kernel, ~1 min)
                      instead of its committed HEAD through git (cached: starts in seconds)
       --no-warm      skip running the warming cell
+      --all-backends build strata with CUDA and wgpu even where this machine has no CUDA
+                     device or wgpu adapter (by default a kernel leaves those out: it
+                     starts faster and holds less memory)
       --python PY    a Python with jupyter_client: it runs the kernel's socket proxy and the
                      warming cell
   strata-jupyter uninstall
@@ -39,6 +42,7 @@ struct InstallOptions {
     path: bool,
     warm: bool,
     python: Option<PathBuf>,
+    all_backends: bool,
 }
 
 fn parse_install(args: &[String]) -> Result<InstallOptions, String> {
@@ -47,6 +51,7 @@ fn parse_install(args: &[String]) -> Result<InstallOptions, String> {
         path: false,
         warm: true,
         python: None,
+        all_backends: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -58,6 +63,7 @@ fn parse_install(args: &[String]) -> Result<InstallOptions, String> {
         match arg.as_str() {
             "--path" => opts.path = true,
             "--no-warm" => opts.warm = false,
+            "--all-backends" => opts.all_backends = true,
             "--source" => opts.source = value()?,
             "--python" => opts.python = Some(value()?),
             other => return Err(format!("unknown option {other:?} for install\n\n{USAGE}")),
@@ -100,13 +106,21 @@ fn install(opts: InstallOptions) -> Result<(), String> {
     let evcxr_path = evcxr::find_or_install()?;
     let dir = paths::kernel_dir().ok_or("no Jupyter data dir: set HOME or JUPYTER_DATA_DIR")?;
     let python = evcxr::find_python(opts.python.as_deref(), &opts.source);
-    kernelspec::write(&dir, &evcxr_path, python.as_deref(), &source)
+    let (backends, left_out) = kernel_backends(opts.all_backends);
+    kernelspec::write(&dir, &evcxr_path, python.as_deref(), &source, &backends)
         .map_err(|e| format!("writing the kernelspec to {}: {e}", dir.display()))?;
     println!(
         "Installed the kernel \"Rust (strata)\" at {}",
         dir.display()
     );
-    println!("  runs {} with {}", evcxr_path.display(), source.dep_line());
+    println!(
+        "  runs {} with {}",
+        evcxr_path.display(),
+        source.dep_line(&backends)
+    );
+    for why in left_out {
+        println!("  {why}; `install --all-backends` builds it in anyway");
+    }
     match &python {
         Some(py) => println!(
             "  behind {} (libzmq holds IOPub and the heartbeat), run by {}",
@@ -132,6 +146,27 @@ fn install(opts: InstallOptions) -> Result<(), String> {
     evcxr::run_cells(&python, paths::KERNEL_NAME, &[evcxr::WARM_CELL])?;
     println!("Ready: a new notebook's first cell now answers in seconds.");
     Ok(())
+}
+
+/// The backends the kernel builds strata with: those this machine can run (CUDA where a CUDA
+/// device opens, wgpu where there is an adapter, lavapipe included), or both with `all`; and
+/// a line for each one left out.
+fn kernel_backends(all: bool) -> (Vec<&'static str>, Vec<String>) {
+    use strata::prelude::{Device, DeviceExt};
+    if all {
+        return (vec!["cuda", "wgpu"], Vec::new());
+    }
+    let (mut backends, mut left_out) = (Vec::new(), Vec::new());
+    match Device::cuda(0) {
+        Ok(_) => backends.push("cuda"),
+        Err(e) => left_out.push(format!("left out the CUDA backend: {e}")),
+    }
+    if strata_wgpu::adapters().is_empty() {
+        left_out.push("left out the wgpu backend: no Vulkan, Metal or DX12 adapter".to_string());
+    } else {
+        backends.push("wgpu");
+    }
+    (backends, left_out)
 }
 
 fn uninstall() -> Result<(), String> {

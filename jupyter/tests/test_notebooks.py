@@ -547,6 +547,15 @@ class LogLines:
         self.lines.append(b)
 
 
+def installed_dep_spec():
+    """The right side of the installed kernel's `:dep strata = …` line (its source and
+    features)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+    init = pathlib.Path(KernelSpecManager().get_kernel_spec("strata").resource_dir) / "evcxr" / "init.evcxr"
+    line = next(l for l in init.read_text().splitlines() if l.startswith(":dep strata = "))
+    return line[len(":dep strata = "):]
+
+
 def registry_versions(lock_text):
     """{(name, version)} of the registry packages in a Cargo.lock's text."""
     out, name = set(), None
@@ -610,7 +619,7 @@ def test_kernels_started_together_all_answer():
                               capture_output=True)
         if head.returncode == 0:
             proxy = load_kernel_proxy()
-            dep = f'{{ git = "file://{ROOT}", features = ["evcxr"] }}'
+            dep = installed_dep_spec()
             built = proxy.locked_packages(dep, results[0][1].encode(), LogLines())
             assert built, "cargo metadata found nothing the kernel builds"
             repo_lock = registry_versions(head.stdout.decode())
