@@ -27,12 +27,9 @@ pub use strata_core::*;
 /// ```
 pub mod prelude {
     pub use crate::DeviceExt;
-    // A cell ending in `t.add(1.0)` (no `?`) shows the tensor, not `Ok(Tensor { … })`.
     pub use strata_core::autograd::{self, no_grad};
     pub use strata_core::ops::Axes;
     pub use strata_core::random::Generator;
-    #[cfg(feature = "evcxr")]
-    pub use strata_core::ResultDisplay;
     pub use strata_core::{
         s, Category, DType, Device, Ellipsis, Error, Event, NewAxis, Result, Scalar, Stream,
         Tensor, Value,

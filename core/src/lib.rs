@@ -56,8 +56,6 @@ pub use dtype::{Category, DType, Element, Scalar};
 pub use error::{Error, Result};
 pub use index::{Ellipsis, IndexArgs, NewAxis, SliceArg};
 pub use layout::{IntoDims, Layout};
-#[cfg(feature = "evcxr")]
-pub use notebook::ResultDisplay;
 pub use notebook::{install_notebook_panic_hook, line_plot, show_layout_pictures, Svg};
 pub use profile::{Profile, ProfileRecord, Profiler, RecordKind};
 pub use tensor::Tensor;

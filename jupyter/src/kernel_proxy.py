@@ -20,8 +20,10 @@ so a client that shares its identity reconnects), which libzmq's ROUTER does not
 The proxy forwards every message unchanged (they are signed end to end) but one: evcxr's
 error when the process that runs cells ended (an interrupt kills it; it said only
 "Subprocess terminated with status: signal: 9 (SIGKILL)", and the next cell "cannot find
-value") becomes one line that says what happened and what survives, signed again with the
-connection's key (issue 43). It starts evcxr with a
+value") becomes one line that says what happened and what survives, and a cell that ends in an
+op's Result without `?` (shown as `Ok(Tensor { … })`, no values: Debug never reads the device)
+gets a line saying to add `?`; both signed again with the connection's key (issue 43). It
+starts evcxr with a
 connection file of private ports, writes evcxr's output to LOG_FILE (so `jupyter console`
 stays quiet), and exits with evcxr's exit status.
 
@@ -311,25 +313,47 @@ def explain_termination(evalue):
     return f"{before}\n{line}" if before else line
 
 
-def rewrite_termination(frames, key, digest):
-    """An IOPub `error` message of evcxr's that reports the ended process, with its text
-    explained (explain_termination) and signed again with the connection's key; other messages
-    as they are."""
+FORGOT_QUESTION_MARK = ("\n(a Result: end the line with ? to display the tensor itself, "
+                        "with its values)")
+
+
+def explain_result(plain):
+    """The text evcxr shows for a cell ending in an op's Result without `?` (its Debug:
+    `Ok(Tensor { shape: [2], … })`, no values), with a line saying how to see the tensor."""
+    if plain.startswith("Ok(Tensor {") and FORGOT_QUESTION_MARK not in plain:
+        return plain + FORGOT_QUESTION_MARK
+    return None
+
+
+def rewrite_for_readers(frames, key, digest):
+    """evcxr's IOPub messages that deserve a line more, signed again with the connection's
+    key: an `error` that reports the ended process (explain_termination), an `execute_result`
+    that shows a tensor's Result (explain_result); other messages as they are."""
     try:
         at = [bytes(f) for f in frames].index(b"<IDS|MSG>")
     except ValueError:
         return frames
     parts = [bytes(f) for f in frames]
-    if len(parts) < at + 6 or TERMINATED.encode() not in parts[at + 5]:
+    if len(parts) < at + 6 or (TERMINATED.encode() not in parts[at + 5]
+                                and b"Ok(Tensor {" not in parts[at + 5]):
         return frames
     try:
         header, content = json.loads(parts[at + 2]), json.loads(parts[at + 5])
     except ValueError:
         return frames
-    text = explain_termination(content.get("evalue", "")) if header.get("msg_type") == "error" else None
-    if text is None:
+    kind = header.get("msg_type")
+    if kind == "error":
+        text = explain_termination(content.get("evalue", ""))
+        if text is None:
+            return frames
+        content["evalue"], content["traceback"] = text, text.splitlines()
+    elif kind == "execute_result" and isinstance(content.get("data"), dict):
+        text = explain_result(content["data"].get("text/plain", ""))
+        if text is None:
+            return frames
+        content["data"]["text/plain"] = text
+    else:
         return frames
-    content["evalue"], content["traceback"] = text, text.splitlines()
     parts[at + 5] = json.dumps(content).encode()
     if key:
         mac = hmac.new(key, digestmod=digest)
@@ -464,7 +488,7 @@ def main(connection_file, log_file, evcxr):
                     except zmq.Again:
                         break
                     if s is sub:
-                        frames = rewrite_termination(frames, key, digest)
+                        frames = rewrite_for_readers(frames, key, digest)
                     pairs[s].send_multipart(frames, copy=False)
     finally:
         end_child_and_clean_up()

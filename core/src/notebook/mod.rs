@@ -137,48 +137,6 @@ impl Tensor {
     }
 }
 
-/// The display of a cell that ends in an op's `Result` without `?` (`t.add(1.0)`): the tensor
-/// as [`Tensor::evcxr_display`] shows it, under a line saying it is an `Ok` and how to get the
-/// tensor itself; an `Err` shows its message. Without it evcxr would print the `Debug` summary
-/// (`Ok(Tensor { shape: [2], … })`), which shows no values. The kernel's prelude brings it into
-/// scope (`use strata::prelude::*`).
-///
-/// ```
-/// use strata_core::{Device, DType, ResultDisplay, Tensor};
-/// let r = Tensor::ones([2], DType::F32, &Device::cpu());
-/// r.evcxr_display(); // the table, under "Ok(…): add ? …"
-/// ```
-#[cfg(feature = "evcxr")]
-pub trait ResultDisplay {
-    /// Shows the result in an evcxr notebook.
-    fn evcxr_display(&self);
-}
-
-#[cfg(feature = "evcxr")]
-impl ResultDisplay for crate::error::Result<Tensor> {
-    fn evcxr_display(&self) {
-        const NOTE: &str = "Ok(…): a Result; end the line with ? to get the tensor itself";
-        match self {
-            Ok(t) => {
-                let (plain, html, png) = t.display_bundle();
-                let html = format!(
-                    "<div style=\"font-family:monospace;color:#666\">{}</div>{html}",
-                    escape(NOTE)
-                );
-                emit(&format!("{NOTE}\n{plain}"), &html, png.as_deref());
-            }
-            Err(e) => emit(
-                &format!("Err: {e}"),
-                &format!(
-                    "<div style=\"font-family:monospace;color:#c00\">Err: {}</div>",
-                    escape(&e.to_string())
-                ),
-                None,
-            ),
-        }
-    }
-}
-
 /// Prints one display bundle in evcxr's protocol.
 #[cfg(feature = "evcxr")]
 pub(crate) fn emit(plain: &str, html: &str, png_base64: Option<&str>) {
