@@ -289,6 +289,13 @@ fn mlp(dev: &Device, batch: usize, optimizer: &str) -> Result<()> {
         Ok(())
     };
     let ms = time(dev, 1, &mut step)?;
+    if std::env::args().any(|a| a == "--profile") {
+        // One more step under the profiler: its table (every kernel, copy and allocation with
+        // its device time) goes to stderr, beside the JSON rows on stdout.
+        dev.synchronize()?;
+        let profile = dev.profile(&mut step)?;
+        eprintln!("{profile}");
+    }
     let matmul_flops: usize = sizes.windows(2).map(|p| 2 * batch * p[0] * p[1]).sum();
     let name = if optimizer == "adamw" {
         "mlp-adamw"

@@ -240,6 +240,11 @@ run_train() {
     timeout 300 "$bin/bench_gpu" mlp --batch 8192 --optimizer $opt >> "$out/train.jsonl" 2>> "$out/train.err"
     timeout 300 python3 scripts/bench_mlp_torch.py 8192 $opt >> "$out/train.jsonl" 2>> "$out/train.err"
   done
+  # TRAIN_PROFILE=1: one AdamW step of each profiled, kernel by kernel (mlp-profile-*.txt).
+  if [ -n "${TRAIN_PROFILE:-}" ]; then
+    timeout 300 "$bin/bench_gpu" mlp --batch 8192 --optimizer adamw --profile > /dev/null 2> "$out/mlp-profile-strata.txt"
+    timeout 300 python3 scripts/profile_mlp_torch.py 8192 adamw > "$out/mlp-profile-torch.txt" 2>&1
+  fi
   python3 - "$out/train.jsonl" <<'PY' | tee -a "$summary"
 import json, sys
 rows = {}
