@@ -743,9 +743,9 @@ pub(crate) fn launch_on(
         let (out_p, also_p, ins) = (permute(&[out])?, permute(also)?, permute(inputs)?);
         let refs: Vec<&Tensor> = ins.iter().collect();
         let also_refs: Vec<&Tensor> = also_p.iter().collect();
-        return launch_ordered(kernel, &out_p[0], &also_refs, &refs, scalars, stream);
+        return launch_ordered(kernel, &out_p[0], &also_refs, &refs, scalars, stream, write);
     }
-    launch_ordered(kernel, out, also, inputs, scalars, stream)
+    launch_ordered(kernel, out, also, inputs, scalars, stream, write)
 }
 
 /// `launch` after the checks and the choice of axis order.
@@ -756,6 +756,7 @@ fn launch_ordered(
     inputs: &[&Tensor],
     scalars: Vec<Scalar>,
     stream: &Arc<StreamHandle>,
+    write: Write,
 ) -> Result<()> {
     let device = out.device();
     let mut copies = Vec::new();
@@ -800,8 +801,11 @@ fn launch_ordered(
             .collect::<Result<Vec<_>>>()?,
         scalars,
     };
+    // The user ops a fused kernel ran name it in the profile. An existing storage's record
+    // tells how it was first computed, not what writes it now (an optimizer's step into a
+    // parameter made by `randn`): such a launch goes by its kernel's name.
     device.run_kernel(&kernel, &args, stream.id, || {
-        let ran = out.storage.ran.get()?;
+        let ran = out.storage.ran.get().filter(|_| write == Write::Fresh)?;
         Some(ran.ops.iter().map(|op| op.to_string()).collect())
     })?;
     for t in &inputs {

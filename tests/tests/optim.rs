@@ -316,6 +316,34 @@ fn one_kernel_per_parameter(dev: &Device) -> Result<()> {
 }
 test_device!(a_step_is_one_kernel_per_parameter, one_kernel_per_parameter);
 
+/// The profile names a step's kernel by what it computes, not by how the parameter was first
+/// made (an existing storage's record of its creation: here `randn` and `mul`).
+fn steps_are_named_for_themselves(dev: &Device) -> Result<()> {
+    let mut g = Generator::new(4);
+    let p = Tensor::randn([64], DType::F32, &mut g, dev)?
+        .mul(0.5)?
+        .requires_grad_(true)?;
+    p.realize()?;
+    p.set_grad(Some(Tensor::ones([64], DType::F32, dev)?))?;
+    let mut opt = AdamW::new([p.clone()], 0.1)?;
+    let profile = dev.profile(|| opt.step())?;
+    for r in profile
+        .device_work()
+        .filter(|r| r.kind == RecordKind::Kernel)
+    {
+        assert!(
+            !r.ops.iter().any(|op| op == "random" || op == "randn"),
+            "the step's kernel is named after the parameter's creation: {:?}",
+            r.ops
+        );
+    }
+    Ok(())
+}
+test_device!(
+    a_steps_kernel_is_named_for_itself,
+    steps_are_named_for_themselves
+);
+
 fn steps_see_old_values(dev: &Device) -> Result<()> {
     let p = Tensor::from_slice(&[1.0f32, 2.0, 3.0], [3], dev)?.requires_grad_(true)?;
     let mut opt = Adam::new([p.clone()], 0.5)?;
