@@ -40,7 +40,8 @@ run what the tests ran. evcxr's crate cannot simply start from that lockfile: ev
 empty crate first (which prunes it) and resolves each `:dep` afresh, taking the newest
 versions. So the kernel depends on a "pins" crate besides strata, which requires exactly the
 locked version of every registry package in strata's build for this machine (worked out once
-per lockfile with `cargo metadata --offline`, kept under ~/.cache/strata-kernel-pins).
+per lockfile with `cargo metadata`, offline where it can; kept under
+~/.cache/strata-kernel-pins).
 
 evcxr's build cache (`:cache`, ~/.cache/evcxr) is not safe across processes: a cache hit
 rewrites the entry's `hits` file, and a kernel reading it at that moment fails to parse it and
@@ -234,10 +235,14 @@ def locked_packages(dep_spec, lock, log):
         open(os.path.join(scratch, "lib.rs"), "w").close()
         with open(os.path.join(scratch, "Cargo.lock"), "wb") as f:
             f.write(lock)
-        cmd = ["cargo", "metadata", "--format-version", "1", "--offline"]
+        cmd = ["cargo", "metadata", "--format-version", "1"]
         if host:
             cmd += ["--filter-platform", host]
-        out = subprocess.run(cmd, cwd=scratch, capture_output=True, timeout=300)
+        # Offline first (every package of a built strata is on disk, and it takes a fraction of
+        # a second); online where a package is missing (a machine that has not built strata).
+        out = subprocess.run(cmd + ["--offline"], cwd=scratch, capture_output=True, timeout=300)
+        if out.returncode != 0:
+            out = subprocess.run(cmd, cwd=scratch, capture_output=True, timeout=300)
         if out.returncode != 0:
             log.write(b"strata kernel: no version pins (cargo metadata failed):\n" + out.stderr[-2000:])
             return None
