@@ -180,17 +180,16 @@ impl Sgd {
         let mut buffer = None;
         let mut d = g.clone();
         if c.momentum != 0.0 {
+            let m = s.setting(c.momentum);
             let new_buffer = match &self.momentum_buffers[k] {
                 Some(b) => {
-                    let m = s.setting(c.momentum);
                     let keep = s.setting(1.0 - c.dampening);
                     let old = s.read(b);
-                    (b.clone(), add(mul(m, old), mul(keep, g.clone())))
+                    (b.clone(), add(mul(m.clone(), old), mul(keep, g.clone())))
                 }
                 None => (p.empty_like()?, g.clone()),
             };
             d = if c.nesterov {
-                let m = s.setting(c.momentum);
                 add(g, mul(m, new_buffer.1.clone()))
             } else {
                 new_buffer.1.clone()

@@ -112,13 +112,6 @@ impl Tensor {
     /// ```
     #[cfg(feature = "evcxr")]
     pub fn evcxr_display(&self) {
-        let (plain, html, png) = self.display_bundle();
-        emit(&plain, &html, png.as_deref());
-    }
-
-    /// What [`evcxr_display`](Tensor::evcxr_display) shows: plain text, HTML and a heatmap.
-    #[cfg(feature = "evcxr")]
-    fn display_bundle(&self) -> (String, String, Option<String>) {
         let map = if self.wants_heatmap() {
             heatmap::render(self).ok()
         } else {
@@ -133,7 +126,7 @@ impl Tensor {
             )
         });
         let png = map.map(|m| image::base64(&m.png));
-        (self.to_string(), html, png)
+        emit(&self.to_string(), &html, png.as_deref());
     }
 }
 
