@@ -40,6 +40,9 @@ struct DeviceInner {
     fusion: AtomicBool,
     /// Pending storages (lazy fusion) in the order they were recorded; `flush` runs them.
     pending: Mutex<PendingRegistry>,
+    /// Verdicts the device computes (a gather's index range flag), read at its next read or
+    /// synchronize, oldest first.
+    checks: Mutex<Vec<DeferredCheck>>,
     /// The profiler's recorder, when one records.
     profile: ProfileState,
     /// For a pinned host device: the device whose page-locked memory it holds.
@@ -53,6 +56,12 @@ struct DeviceInner {
 /// its flush runs. The device keeps it, as it keeps all state, but knows nothing of what is
 /// registered: fusion registers its storages and finds them again (`dyn Any`).
 pub(crate) type PendingRegistry = Vec<Weak<dyn std::any::Any + Send + Sync>>;
+
+/// A check whose verdict a kernel left on the device (a gather's index range flag), run at the
+/// device's next read or synchronize instead of waiting for the kernel where it was launched.
+/// It is handed the device: what it keeps must not hold one (a `Tensor` would, and so keep the
+/// device alive through its own list).
+pub(crate) type DeferredCheck = Box<dyn FnOnce(&Device) -> Result<()> + Send>;
 
 /// Owns one backend stream; destroys it when the last handle goes.
 pub(crate) struct StreamHandle {
@@ -107,6 +116,7 @@ impl Device {
                 allow_tf32: AtomicBool::new(false),
                 fusion: AtomicBool::new(fusion),
                 pending: Mutex::new(Vec::new()),
+                checks: Mutex::new(Vec::new()),
                 profile: ProfileState::default(),
                 pinned_for,
                 pinned_host: Mutex::new(Weak::new()),
@@ -205,6 +215,32 @@ impl Device {
         self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Keeps `check` for the next read or synchronize (see [`DeferredCheck`]).
+    pub(crate) fn defer_check(&self, check: DeferredCheck) {
+        self.inner
+            .checks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(check);
+    }
+
+    /// Runs the deferred checks (each reads its verdict back; one read waits for them all),
+    /// returning the oldest failure. Called after every read and synchronize: an out-of-range
+    /// index found by a kernel surfaces there, as CUDA's asynchronous errors do, but the device
+    /// keeps working.
+    fn run_deferred_checks(&self) -> Result<()> {
+        let checks =
+            std::mem::take(&mut *self.inner.checks.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut first = Ok(());
+        for check in checks {
+            let verdict = check(self);
+            if first.is_ok() {
+                first = verdict;
+            }
+        }
+        first
+    }
+
     /// `Backend::run`: every launch reaches the backend here (and is recorded while a profile
     /// records). `fused_ops`: the user ops a fused kernel holds, asked only while recording.
     pub(crate) fn run_kernel(
@@ -237,7 +273,7 @@ impl Device {
     }
 
     /// `Backend::download` (recorded while a profile records, which prints its table in
-    /// printing mode: a download waits for the device).
+    /// printing mode: a download waits for the device), then the deferred checks.
     pub(crate) fn download_bytes(
         &self,
         src: &dyn DeviceBuffer,
@@ -246,12 +282,14 @@ impl Device {
         stream: StreamId,
     ) -> Result<()> {
         if !self.profiling() {
-            return self.backend().download(src, byte_offset, out, stream);
+            self.backend().download(src, byte_offset, out, stream)?;
+            return self.run_deferred_checks();
         }
         let (name, bytes) = ("copy device → host", out.len());
         let download = || self.backend().download(src, byte_offset, out, stream);
         self.copy_recorded(RecordKind::Download, name, bytes, stream, download)?;
-        self.print_profile_now()
+        self.print_profile_now()?;
+        self.run_deferred_checks()
     }
 
     /// An asynchronous copy between this device and its pinned host memory (`upload`: host
@@ -287,18 +325,20 @@ impl Device {
     }
 
     /// A host wait (`what` names it), recorded while a profile records, which prints its
-    /// table in printing mode.
+    /// table in printing mode; then the deferred checks, whose verdicts the wait made ready.
     pub(crate) fn wait_recorded(
         &self,
         stream: StreamId,
         what: &str,
         wait: impl FnOnce() -> Result<()>,
     ) -> Result<()> {
-        if !self.profiling() {
-            return wait();
+        if self.profiling() {
+            self.wait_recorded_now(stream, what, wait)?;
+            self.print_profile_now()?;
+        } else {
+            wait()?;
         }
-        self.wait_recorded_now(stream, what, wait)?;
-        self.print_profile_now()
+        self.run_deferred_checks()
     }
 
     /// The allocator's statistics.

@@ -373,6 +373,30 @@ pub struct Tensor {
     pub(crate) autograd: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
+/// A tensor's memory, layout and last writer without its device handle, for what a device
+/// keeps about its own tensors (a [`Tensor`] there would keep the device alive through itself).
+pub(crate) struct DeviceFree {
+    operand: Operand,
+    writer: Arc<StreamHandle>,
+}
+
+impl DeviceFree {
+    /// The tensor again, on `device` (the one it came from), ordered after its last writer.
+    pub(crate) fn on(self, device: &Device) -> Tensor {
+        let Operand {
+            buffer,
+            layout,
+            dtype,
+        } = self.operand;
+        Tensor {
+            storage: Arc::new(Storage::new(buffer, device.clone(), self.writer)),
+            layout,
+            dtype,
+            autograd: None,
+        }
+    }
+}
+
 impl Tensor {
     /// A new tensor with unspecified contents (like `torch.empty`): do not read it before
     /// writing it. On the CPU backend the memory happens to be zeroed.
@@ -590,6 +614,15 @@ impl Tensor {
             buffer: self.realized_buffer()?,
             layout: self.layout.clone(),
             dtype: self.dtype,
+        })
+    }
+
+    /// This view's memory without its device handle (see [`DeviceFree`]); runs its pending
+    /// work first.
+    pub(crate) fn device_free(&self) -> Result<DeviceFree> {
+        Ok(DeviceFree {
+            operand: self.operand()?,
+            writer: self.storage.last_write(),
         })
     }
 

@@ -156,7 +156,11 @@ test_device!(sambatensor_examples, samba);
 
 fn errors(dev: &Device) -> Result<()> {
     let t = Tensor::zeros([2, 3], DType::F32, dev)?;
-    let msg = |r: Result<Tensor>| r.unwrap_err().to_string();
+    // An error at the op, or (a gather on a GPU) at the device's next synchronize.
+    let msg = |r: Result<Tensor>| match r {
+        Err(e) => e.to_string(),
+        Ok(_) => dev.synchronize().unwrap_err().to_string(),
+    };
     let e = msg(t.index_select(1, &Tensor::from_slice(&[0.0f32], [1], dev)?));
     assert!(e.contains("i32 or i64") && e.contains("f32"), "{e}");
     let e = msg(t.index_select(1, &Tensor::from_slice(&[3i64], [1], dev)?));
@@ -216,6 +220,65 @@ fn ops_all() -> strata::ops::Axes {
     strata::ops::Axes::All
 }
 test_device!(index_errors_name_the_values, errors);
+
+/// A gather's range check on a GPU is read at the device's next read or synchronize, not at
+/// the op (no host wait mid-step); the CPU reports it at the op. Either way the error names
+/// the value and the op, whatever is read next; once reported it is gone, and the device and
+/// other tensors keep working. Its backward (a scatter-add) does not check again, and cannot
+/// write outside the gradient.
+fn gather_range_check(dev: &Device) -> Result<()> {
+    let src = Tensor::arange(0, 6, 1, DType::F32, dev)?.reshape([2, 3])?;
+    let bad = Tensor::from_slice(&[0i64, 7], [1, 2], dev)?;
+    let other = Tensor::full([2], 5.0, DType::F32, dev)?;
+    let at_op = dev.kind() == strata::BackendKind::Cpu || dev.blocking();
+    match src.gather(1, &bad) {
+        Err(e) => assert!(at_op, "{e}"),
+        Ok(_) => {
+            assert!(!at_op);
+            // An unrelated read reports it, naming the op, the value and the caller's file.
+            let e = other.to_vec::<f32>().unwrap_err();
+            assert!(matches!(e, Error::Index(_)), "{e}");
+            let m = e.to_string();
+            assert!(m.contains("index 7") && m.contains("size 3"), "{m}");
+            assert!(
+                m.contains("gather called at") && m.contains("index_ops.rs"),
+                "{m}"
+            );
+        }
+    }
+    // Reported once: the next read succeeds.
+    assert_eq!(other.to_vec::<f32>()?, vec![5.0, 5.0]);
+    // The backward of a gather with a bad index adds nothing outside the gradient.
+    let w = Tensor::ones([2, 3], DType::F32, dev)?.requires_grad_(true)?;
+    let good = Tensor::from_slice(&[2i64, -1, 0, 1], [2, 2], dev)?;
+    let picked = w.gather(1, &good)?;
+    picked.sum(strata::ops::Axes::All, false)?.backward()?;
+    let g = w.grad().expect("a gradient");
+    assert_eq!(g.to_vec::<f32>()?, vec![0.0, 0.0, 2.0, 1.0, 1.0, 0.0]);
+    w.zero_grad();
+    let bad = Tensor::from_slice(&[2i64, 9, 0, 1], [2, 2], dev)?;
+    let r = w.gather(1, &bad).and_then(|p| {
+        p.sum(strata::ops::Axes::All, false)?.backward()?;
+        dev.synchronize().map(|_| p)
+    });
+    let e = r.map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("index 9") && e.contains("size 3"), "{e}");
+    let g = w.grad().map(|g| g.to_vec::<f32>()).transpose()?;
+    let sum: f32 = g.unwrap_or_default().iter().sum();
+    assert!(sum <= 4.0, "the clamped backward wrote {sum} in all");
+    // index_select and take report their value too.
+    let e = match src.index_select(0, &Tensor::from_slice(&[0i64, -3], [2], dev)?) {
+        Err(e) => e,
+        Ok(_) => dev.synchronize().unwrap_err(),
+    };
+    assert!(
+        e.to_string().contains("index -3") && e.to_string().contains("size 2"),
+        "{e}"
+    );
+    assert_eq!(src.sum(strata::ops::Axes::All, false)?.item::<f32>()?, 15.0);
+    Ok(())
+}
+test_device!(gather_range_reported_at_next_read, gather_range_check);
 
 /// `index_select` on layouts that take the row path of a gather (whole runs after the indexed
 /// axis, moved in vectors of 16, 8, 4 or 2 bytes) and layouts that do not (misaligned runs, a

@@ -1,11 +1,13 @@
 //! Index ops: gather, index_select, take, scatter (and add), masked_fill, masked_select,
 //! index_put and one_hot. Index tensors are i32 or i64; negative indices count from the end;
 //! an index out of range is an `Err` naming it. Gathers (gather, index_select, take) check
-//! inside their kernel, which raises a flag that is read back; the scatters check in one pass
-//! over the index before (a scatter must not write anything when a value is out of range).
-//! Either way the op reads one value back to the host.
+//! inside their kernel, which raises a flag: the CPU reads it back at once, a GPU at its next
+//! read or synchronize (no host wait mid-step). The scatters check in one pass over the index
+//! before, which reads one value back (a scatter must not write anything when a value is out
+//! of range); a gather's backward scatter-add trusts the gather's check.
 
 use crate::assign::Value;
+use crate::backend::BackendKind;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{IndexKind, Kernel};
@@ -35,14 +37,23 @@ pub(crate) fn normalized_index(index: &Tensor, size: usize, what: &str) -> Resul
 /// The `Err` for an index tensor with a value outside `-size..size`, naming one (the error
 /// path reads the extremes).
 fn out_of_range(idx: &Tensor, size: usize, what: &str) -> Result<Error> {
+    Ok(Error::Index(out_of_range_message(idx, size, what)?))
+}
+
+/// What [`out_of_range`] says: the extreme value that is outside, or (for an index written
+/// since a kernel found it out of range) that some value was.
+fn out_of_range_message(idx: &Tensor, size: usize, what: &str) -> Result<String> {
     let (lo, hi) = (
         idx.min(Axes::All, false)?.item::<i64>()?,
         idx.max(Axes::All, false)?.item::<i64>()?,
     );
-    let v = if lo < -(size as i64) { lo } else { hi };
-    Ok(Error::Index(format!(
-        "{what}: index {v} is out of range for an axis of size {size}"
-    )))
+    let n = size as i64;
+    let v = if lo < -n { lo } else { hi };
+    Ok(if v < -n || v >= n {
+        format!("{what}: index {v} is out of range for an axis of size {size}")
+    } else {
+        format!("{what}: an index was out of range for an axis of size {size} (the index tensor has been written since)")
+    })
 }
 
 /// `index` as i64 (a copy only when it is i32), after checking it is an integer tensor.
@@ -54,6 +65,16 @@ fn index_as_i64(index: &Tensor, what: &str) -> Result<Tensor> {
             "{what}: the index tensor must be i32 or i64, not {other}"
         ))),
     }
+}
+
+/// A 1-D `index` laid along `axis` and broadcast over every other axis of `shape` (a view, no
+/// copy), with the shape it has.
+fn lay_along(index: &Tensor, axis: usize, shape: &[usize]) -> Result<(Tensor, Vec<usize>)> {
+    let mut shape = shape.to_vec();
+    shape[axis] = index.numel();
+    let mut along = vec![1usize; shape.len()];
+    along[axis] = index.numel();
+    Ok((index.reshape(along)?.broadcast_to(shape.clone())?, shape))
 }
 
 impl Tensor {
@@ -68,23 +89,32 @@ impl Tensor {
     /// let i = Tensor::from_slice(&[0i64, 0, 1, 0], [2, 2], &dev).unwrap();
     /// assert_eq!(t.gather(1, &i).unwrap().to_vec::<i32>().unwrap(), vec![1, 1, 4, 3]);
     /// ```
+    #[track_caller]
     pub fn gather(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
-        let what = "gather";
+        let (what, called_at) = ("gather", std::panic::Location::caller());
         self.same_device(index, what)?;
         let a = normalize_axis(axis, self.ndim())?;
         self.check_index_shape(index, a, what)?;
         let idx = index_as_i64(index, what)?;
         if crate::autograd::needed([self]) {
-            let out = crate::autograd::no_grad(|| self.gather_in_range(a, &idx, what))?;
-            return Ok(self.record_gather("GatherBackward", a, &idx, out));
+            let out = crate::autograd::no_grad(|| self.gather_in_range(a, &idx, what, called_at))?;
+            return Ok(self.record_gather("GatherBackward", a, &idx, false, out));
         }
-        self.gather_in_range(a, &idx, what)
+        self.gather_in_range(a, &idx, what, called_at)
     }
 
     /// The gather kernel over an i64 index as the user gave it: the kernel wraps negative
-    /// values and checks the range as it reads them, raising a flag that is read back (one
-    /// value) instead of a pass of its own over the index before.
-    fn gather_in_range(&self, axis: usize, idx: &Tensor, what: &str) -> Result<Tensor> {
+    /// values and checks the range as it reads them, raising a flag instead of a pass of its
+    /// own over the index before. The CPU (and blocking mode) reads the flag at once; a GPU
+    /// leaves it to the device's next read or synchronize, so a training step's gathers do
+    /// not stop the host mid-step (see [`Device::defer_check`]).
+    fn gather_in_range(
+        &self,
+        axis: usize,
+        idx: &Tensor,
+        what: &'static str,
+        called_at: &'static std::panic::Location<'static>,
+    ) -> Result<Tensor> {
         let out = Tensor::alloc(idx.shape(), self.dtype(), self.device())?;
         if out.numel() == 0 {
             return Ok(out);
@@ -95,23 +125,58 @@ impl Tensor {
             axis,
         };
         launch_writing(gather, &out, &[&flag], &[self, idx], vec![])?;
-        if flag.item::<u32>()? != 0 {
-            return Err(out_of_range(idx, self.shape()[axis], what)?);
+        let size = self.shape()[axis];
+        let dev = self.device();
+        if dev.kind() == BackendKind::Cpu || dev.blocking() {
+            if flag.item::<u32>()? != 0 {
+                return Err(out_of_range(idx, size, what)?);
+            }
+            return Ok(out);
         }
+        let (flag, idx) = (flag.device_free()?, idx.device_free()?);
+        dev.defer_check(Box::new(move |dev| {
+            if flag.on(dev).item::<u32>()? == 0 {
+                return Ok(());
+            }
+            let why = out_of_range_message(&idx.on(dev), size, what)?;
+            Err(Error::Index(format!(
+                "{why} (the {what} called at {called_at}; found by the device, reported at the \
+                 next read)"
+            )))
+        }));
         Ok(out)
     }
 
     /// Checks that `index` has `self`'s rank and fits inside it off `axis`.
-    /// `out`, gathered from `self` along `axis` at `idx` (of `out`'s shape), with its backward
-    /// node: the gradient added back at the positions it came from (a scatter-add into
-    /// zeros, so a position gathered twice gets both shares).
-    fn record_gather(&self, name: &'static str, axis: usize, idx: &Tensor, out: Tensor) -> Tensor {
+    /// `out`, gathered from `self` along `axis` at `idx` (of `out`'s shape, or with
+    /// `along` a 1-D index laid along `axis`), with its backward node: the gradient added
+    /// back at the positions it came from (a scatter-add into zeros, so a position gathered
+    /// twice gets both shares). The gather checked the index (or will report it at the next
+    /// read), so the scatter-add does not check it again, which would read back to the host
+    /// in the middle of a backward pass; it clamps it into range so that a bad value already
+    /// reported cannot write outside the gradient.
+    fn record_gather(
+        &self,
+        name: &'static str,
+        axis: usize,
+        idx: &Tensor,
+        along: bool,
+        out: Tensor,
+    ) -> Tensor {
         let saved = crate::autograd::graph::Saved::new(idx, name);
         let described = vec![saved.describe()];
         let shape = self.shape().to_vec();
         crate::autograd::record(name, &[self], out, described, move |g| {
+            let n = shape[axis] as i64;
+            let idx = saved.get()?;
+            let wrapped = Tensor::where_cond(&idx.lt(0)?, &idx.add(n)?, idx)?.clamp(0, n - 1)?;
+            let idx = if along {
+                lay_along(&wrapped, axis, &shape)?.0
+            } else {
+                wrapped
+            };
             let gx = Tensor::zeros(shape.clone(), g.dtype(), g.device())?;
-            gx.scatter_add_(axis as isize, saved.get()?, g)?;
+            gx.scatter_in_range(axis, &idx, Value::Tensor(g.clone()), true, name)?;
             Ok(vec![Some(gx)])
         })
     }
@@ -138,7 +203,9 @@ impl Tensor {
     /// let i = Tensor::from_slice(&[2i32, -3], [2], &dev).unwrap();
     /// assert_eq!(t.index_select(1, &i).unwrap().to_vec::<i32>().unwrap(), vec![2, 0, 5, 3]);
     /// ```
+    #[track_caller]
     pub fn index_select(&self, axis: isize, index: &Tensor) -> Result<Tensor> {
+        let called_at = std::panic::Location::caller();
         let a = normalize_axis(axis, self.ndim())?;
         if index.ndim() != 1 {
             return Err(Error::Shape(format!(
@@ -148,27 +215,18 @@ impl Tensor {
         }
         let what = "index_select";
         let index = index_as_i64(index, what)?;
-        let (expanded, shape) = self.index_along(a, &index)?;
+        let (expanded, shape) = lay_along(&index, a, self.shape())?;
         if shape.contains(&0) {
             // No element to gather, so the kernel would check no value: check the index
             // itself (a `[0, 0, 1]` tensor's other axes leave nothing of its broadcast).
             normalized_index(&index, self.shape()[a], what)?;
         }
         if crate::autograd::needed([self]) {
-            let out = crate::autograd::no_grad(|| self.gather_in_range(a, &expanded, what))?;
-            return Ok(self.record_gather("IndexSelectBackward", a, &expanded, out));
+            let out =
+                crate::autograd::no_grad(|| self.gather_in_range(a, &expanded, what, called_at))?;
+            return Ok(self.record_gather("IndexSelectBackward", a, &index, true, out));
         }
-        self.gather_in_range(a, &expanded, what)
-    }
-
-    /// A 1-D `index` laid along `axis` and broadcast over every other axis of `self` (a view,
-    /// no copy), with the shape it has.
-    fn index_along(&self, axis: usize, index: &Tensor) -> Result<(Tensor, Vec<usize>)> {
-        let mut shape = self.shape().to_vec();
-        shape[axis] = index.numel();
-        let mut along = vec![1usize; self.ndim()];
-        along[axis] = index.numel();
-        Ok((index.reshape(along)?.broadcast_to(shape.clone())?, shape))
+        self.gather_in_range(a, &expanded, what, called_at)
     }
 
     /// The elements at flat (row-major) positions `index`, in `index`'s shape.
@@ -180,6 +238,7 @@ impl Tensor {
     /// let i = Tensor::from_slice(&[5i64, 0, -1, 1], [2, 2], &dev).unwrap();
     /// assert_eq!(t.take(&i).unwrap().to_vec::<i64>().unwrap(), vec![15, 10, 15, 11]);
     /// ```
+    #[track_caller]
     pub fn take(&self, index: &Tensor) -> Result<Tensor> {
         let flat_index = index.reshape([-1])?;
         self.reshape([-1])?
@@ -358,26 +417,39 @@ impl Tensor {
         let a = normalize_axis(axis, self.ndim())?;
         self.check_index_shape(index, a, what)?;
         let idx = normalized_index(index, self.shape()[a], what)?;
+        self.scatter_in_range(a, &idx, src, accumulate, what)
+    }
+
+    /// The scatter kernel along axis `a` over `idx`, an i64 index whose values lie in
+    /// `0..self.shape()[a]` and whose shape fits `self` off `a`: checked by the caller.
+    fn scatter_in_range(
+        &self,
+        a: usize,
+        idx: &Tensor,
+        src: Value,
+        accumulate: bool,
+        what: &str,
+    ) -> Result<()> {
         let src = match src {
             Value::Tensor(t) => {
                 self.same_device(&t, what)?;
-                let fits = t.ndim() == index.ndim()
-                    && t.shape().iter().zip(index.shape()).all(|(&s, &i)| s >= i);
+                let fits = t.ndim() == idx.ndim()
+                    && t.shape().iter().zip(idx.shape()).all(|(&s, &i)| s >= i);
                 if fits {
-                    // PyTorch reads src at the index's positions (src may be larger).
-                    let ranges: Vec<_> = index
+                    // PyTorch reads src at the idx's positions (src may be larger).
+                    let ranges: Vec<_> = idx
                         .shape()
                         .iter()
                         .map(|&n| crate::index::SliceArg::from(..n))
                         .collect();
                     t.slice(ranges)?
                 } else {
-                    t.broadcast_to(index.shape())
+                    t.broadcast_to(idx.shape())
                         .map_err(|e| Error::Shape(format!("{what}: src: {e}")))?
                 }
             }
             Value::Scalar(s) => Tensor::scalar(s.cast(self.dtype(), false), self.device())?
-                .broadcast_to(index.shape())?,
+                .broadcast_to(idx.shape())?,
         };
         if !crate::ops::can_cast(src.dtype(), self.dtype()) {
             return Err(Error::DType(format!(
@@ -398,7 +470,7 @@ impl Tensor {
         } else {
             IndexKind::Scatter
         };
-        launch(Kernel::Index { kind, axis: a }, self, &[&src, &idx], vec![])
+        launch(Kernel::Index { kind, axis: a }, self, &[&src, idx], vec![])
     }
 
     /// A copy of `self` with `value` where `mask` (bool, broadcast to `self`) is true.
@@ -523,7 +595,7 @@ impl Tensor {
             "index_put_"
         };
         let index = normalized_index(index, self.shape()[a], what)?;
-        let (expanded, shape) = self.index_along(a, &index)?;
+        let (expanded, shape) = lay_along(&index, a, self.shape())?;
         let values = match values.into() {
             Value::Tensor(t) => Value::Tensor(
                 t.broadcast_to(shape)
