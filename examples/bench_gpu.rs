@@ -10,7 +10,8 @@
 //! of three calls of a new kernel over 2^26 elements (`large_calls_ms`);
 //! `bench_gpu host` only the host cost of tiny ops on CUDA; `bench_gpu mlp [--batch N]
 //! [--device cuda|wgpu|cpu]` a GELU MLP's training step (`scripts/bench_mlp_torch.py` is
-//! PyTorch's side).
+//! PyTorch's side); `bench_gpu backward [--log2n N] [--device ..]` the backward of the fused
+//! chains (`scripts/bench_backward_torch.py`).
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
@@ -297,11 +298,18 @@ fn mlp(dev: &Device, batch: usize, optimizer: &str) -> Result<()> {
         eprintln!("{profile}");
     }
     let matmul_flops: usize = sizes.windows(2).map(|p| 2 * batch * p[0] * p[1]).sum();
-    let name = if optimizer == "adamw" {
+    let mut name = if optimizer == "adamw" {
         "mlp-adamw"
     } else {
         "mlp"
-    };
+    }
+    .to_string();
+    // Rows of other backends name theirs (`mlp-adamw-wgpu-step-8192`), beside CUDA's.
+    match dev.kind() {
+        strata::BackendKind::Cuda => {}
+        strata::BackendKind::Wgpu => name.push_str("-wgpu"),
+        strata::BackendKind::Cpu => name.push_str("-cpu"),
+    }
     row(
         &format!("{name}-step-{batch}"),
         ms,
@@ -313,6 +321,71 @@ fn mlp(dev: &Device, batch: usize, optimizer: &str) -> Result<()> {
         "{{\"op\": \"{name}-peak-mib-{batch}\", \"mib\": {:.1}}}",
         dev.memory_stats().peak as f64 / (1 << 20) as f64
     );
+    Ok(())
+}
+
+/// The backward of the fused-chain benchmark's chains over `n` f32 elements: build the graph,
+/// `backward()`, run the leaves' gradients, clear them (so each is written afresh). The
+/// loss is never read, so lazy fusion never runs the forward pass (the backward kernel
+/// recomputes what it needs); bytes are the floor, each leaf read once and each gradient
+/// written once (softmax's weights read too). `copy` over `n` gives the bandwidth beside them.
+fn backward_chains(dev: &Device, n: usize) -> Result<()> {
+    let mut g = strata::random::Generator::new(3);
+    let leaf = |g: &mut strata::random::Generator| -> Result<Tensor> {
+        Tensor::randn([n], DType::F32, g, dev)?.requires_grad_(true)
+    };
+    let (a, b, c) = (leaf(&mut g)?, leaf(&mut g)?, leaf(&mut g)?);
+    let side = 1usize << (n.trailing_zeros() / 2);
+    let x2 = Tensor::randn([side, side], DType::F32, &mut g, dev)?.requires_grad_(true)?;
+    let w2 = Tensor::randn([side, side], DType::F32, &mut g, dev)?;
+    dev.flush()?;
+    let ms = time(dev, 1, || keep(a.copy()))?;
+    row("copy", ms, 8.0 * n as f64, 0.0);
+    let f = 4.0 * n as f64;
+    type Chain<'a> = (
+        &'a str,
+        f64,
+        Vec<&'a Tensor>,
+        Box<dyn Fn() -> Result<Tensor> + 'a>,
+    );
+    let chains: Vec<Chain> = vec![
+        (
+            "backward relu(a*b+c).sum()",
+            6.0 * f,
+            vec![&a, &b, &c],
+            Box::new(|| (&a * &b)?.add(&c)?.relu()?.sum(Axes::All, false)),
+        ),
+        (
+            "backward gelu(a).sum()",
+            2.0 * f,
+            vec![&a],
+            Box::new(|| a.gelu()?.sum(Axes::All, false)),
+        ),
+        (
+            "backward (a*b).sum()",
+            4.0 * f,
+            vec![&a, &b],
+            Box::new(|| (&a * &b)?.sum(Axes::All, false)),
+        ),
+        (
+            "backward (softmax(x)*w).sum()",
+            3.0 * 4.0 * (side * side) as f64,
+            vec![&x2],
+            Box::new(|| x2.softmax(-1)?.mul(&w2)?.sum(Axes::All, false)),
+        ),
+    ];
+    for (name, bytes, leaves, loss) in &chains {
+        let ms = time(dev, 1, || {
+            loss()?.backward()?;
+            // One flush runs every gradient, so maps that share inputs run as one kernel.
+            dev.flush()?;
+            for t in leaves {
+                t.zero_grad();
+            }
+            Ok(())
+        })?;
+        row(name, ms, *bytes, 0.0);
+    }
     Ok(())
 }
 
@@ -407,7 +480,7 @@ fn main() -> Result<()> {
         }
         Some("first-op") => return first_op(),
         Some("host") => return host_costs(&Device::cuda(0)?),
-        Some(mode @ ("mlp" | "optim")) => {
+        Some(mode @ ("mlp" | "optim" | "backward")) => {
             let dev = match arg("--device", "cuda").as_str() {
                 "wgpu" => Device::wgpu()?,
                 "cpu" => Device::cpu(),
@@ -415,6 +488,10 @@ fn main() -> Result<()> {
             };
             if mode == "optim" {
                 return optimizer_steps(&dev);
+            }
+            if mode == "backward" {
+                let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
+                return backward_chains(&dev, 1 << log2n);
             }
             let batch: usize = arg("--batch", "8192").parse().unwrap_or(8192);
             return mlp(&dev, batch, &arg("--optimizer", "sgd"));

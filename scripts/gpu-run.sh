@@ -240,6 +240,14 @@ run_train() {
     timeout 300 "$bin/bench_gpu" mlp --batch 8192 --optimizer $opt >> "$out/train.jsonl" 2>> "$out/train.err"
     timeout 300 python3 scripts/bench_mlp_torch.py 8192 $opt >> "$out/train.jsonl" 2>> "$out/train.err"
   done
+  # The backward of the fused chains (2^28 f32), beside PyTorch eager and torch.compile.
+  timeout 300 "$bin/bench_gpu" backward >> "$out/train.jsonl" 2>> "$out/train.err"
+  timeout 300 python3 scripts/bench_backward_torch.py >> "$out/train.jsonl" 2>> "$out/train.err"
+  # The CPU backend beside PyTorch's CPU (this machine's cores; batch 256), and the step on
+  # wgpu through NVIDIA's Vulkan driver (beside strata's CUDA rows above).
+  timeout 300 "$bin/bench_gpu" mlp --device cpu --batch 256 --optimizer adamw >> "$out/train.jsonl" 2>> "$out/train.err"
+  timeout 300 python3 scripts/bench_mlp_torch.py 256 adamw cpu >> "$out/train.jsonl" 2>> "$out/train.err"
+  (setup_vulkan; timeout 300 "$bin/bench_gpu" mlp --device wgpu --batch 8192 --optimizer adamw >> "$out/train.jsonl" 2>> "$out/train.err")
   # TRAIN_PROFILE=1: one AdamW step of each profiled, kernel by kernel (mlp-profile-*.txt).
   if [ -n "${TRAIN_PROFILE:-}" ]; then
     timeout 300 "$bin/bench_gpu" mlp --batch 8192 --optimizer adamw --profile > /dev/null 2> "$out/mlp-profile-strata.txt"
@@ -253,7 +261,7 @@ for line in open(sys.argv[1]):
         r = json.loads(line)
         rows[r["op"]] = r
 for op, r in rows.items():
-    if op.startswith("torch-") or "(" in op:
+    if op.startswith("torch-") or op.endswith((" (eager)", " (compile)")):
         continue
     if "ms" not in r:
         peers = "  ".join(f"{m} {rows[f'{op} ({m})']['mib']:.1f}" for m in ("eager", "compile") if f"{op} ({m})" in rows)

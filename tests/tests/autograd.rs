@@ -171,6 +171,11 @@ fn cases() -> Vec<Case> {
         case("cat", &[(&[2, 3], S), (&[1, 3], S)], |x| {
             Tensor::cat(&[&x[0], &x[1], &x[0]], 0)
         }),
+        // Padding on both sides, cropping on one, and a pad of the last axis only.
+        case("pad", &[(&[3, 4], S)], |x| {
+            x[0].pad(&[(1, -1), (2, 1)], 0.5)?
+                .mul(&x[0].pad(&[(0, 0), (3, 0)], 0)?)
+        }),
         case("stack", &[(&[2, 3], S), (&[2, 3], S)], |x| {
             Tensor::stack(&[&x[0], &x[1]], 1)
         }),

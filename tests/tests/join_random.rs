@@ -62,6 +62,78 @@ fn joins(dev: &Device) -> Result<()> {
 }
 test_device!(joining_and_splitting, joins);
 
+/// `pad` against plain Rust: padding and cropping on each side, every dtype, a strided and a
+/// reversed source, trailing axes only, a crop to nothing; errors name the widths.
+fn pad(dev: &Device) -> Result<()> {
+    // Host reference: row-major [rows, cols] i64 values padded with `fill`.
+    let reference = |rows: i64, cols: i64, w: [(i64, i64); 2], at: &dyn Fn(i64, i64) -> i64| {
+        let (r2, c2) = (rows + w[0].0 + w[0].1, cols + w[1].0 + w[1].1);
+        let mut out = Vec::new();
+        for i in 0..r2 {
+            for j in 0..c2 {
+                let (si, sj) = (i - w[0].0, j - w[1].0);
+                let inside = (0..rows).contains(&si) && (0..cols).contains(&sj);
+                out.push(if inside { at(si, sj) } else { -3 });
+            }
+        }
+        out
+    };
+    let base = Tensor::arange(0, 12, 1, DType::I64, dev)?.reshape([3, 4])?;
+    let widths = [
+        [(1, 2), (0, 1)],
+        [(-1, 1), (2, -2)],
+        [(0, -3), (-1, -1)],
+        [(2, 0), (0, 0)],
+    ];
+    for dtype in [DType::F32, DType::F16, DType::I32, DType::U8, DType::I64] {
+        // Negative fills wrap for u8, as the cast rule says: compare through i64 from -3's cast.
+        let fill = Tensor::scalar(-3i64, dev)?
+            .to_dtype(dtype)?
+            .to_dtype(DType::I64)?
+            .item::<i64>()?;
+        let fix = |v: Vec<i64>| {
+            v.into_iter()
+                .map(|x| if x == -3 { fill } else { x })
+                .collect::<Vec<_>>()
+        };
+        let t = base.to_dtype(dtype)?;
+        for w in widths {
+            let want = fix(reference(3, 4, w, &|i, j| i * 4 + j));
+            let widths = [
+                (w[0].0 as isize, w[0].1 as isize),
+                (w[1].0 as isize, w[1].1 as isize),
+            ];
+            let got = t.pad(&widths, -3)?.to_dtype(DType::I64)?;
+            assert_eq!(got.to_vec::<i64>()?, want, "{dtype} {w:?}");
+            // The transpose and the reversed rows of the source.
+            let want_t = fix(reference(4, 3, w, &|i, j| j * 4 + i));
+            assert_eq!(
+                t.t()?
+                    .pad(&widths, -3)?
+                    .to_dtype(DType::I64)?
+                    .to_vec::<i64>()?,
+                want_t
+            );
+            let want_r = fix(reference(3, 4, w, &|i, j| (2 - i) * 4 + j));
+            let rev = t.slice(s![..;-1, ..])?.pad(&widths, -3)?;
+            assert_eq!(rev.to_dtype(DType::I64)?.to_vec::<i64>()?, want_r);
+        }
+    }
+    // Trailing axes only: a batch of two [1, 2] planes padded in their last axis.
+    let planes = Tensor::ones([2, 1, 2], DType::F32, dev)?;
+    let p = planes.pad(&[(1, 0)], 0.5)?;
+    assert_eq!(p.shape(), &[2, 1, 3]);
+    assert_eq!(p.to_vec::<f32>()?, vec![0.5, 1.0, 1.0, 0.5, 1.0, 1.0]);
+    // Cropped to nothing along one axis: an empty result of the right shape.
+    assert_eq!(base.pad(&[(0, 0), (-2, -2)], 1)?.shape(), &[3, 0]);
+    let e = base.pad(&[(0, 0), (-3, -2)], 1).unwrap_err().to_string();
+    assert!(e.contains("(-3, -2)") && e.contains("size 4"), "{e}");
+    let e = base.pad(&[(0, 0); 3], 1).unwrap_err().to_string();
+    assert!(e.contains("3 pairs") && e.contains("rank 2"), "{e}");
+    Ok(())
+}
+test_device!(pad_adds_and_crops, pad);
+
 /// `cat` along the last axis writes each part as rows of the output: whole vectors where every
 /// row starts on one (CUDA's strided-row vectors), element by element where not. Checked
 /// against the host for widths that align and widths that do not, in 1-, 2-, 4- and 8-byte

@@ -1,5 +1,5 @@
-//! Joining and splitting: cat, stack, split, chunk, flip, roll, tril, triu. Splits and flips
-//! are views; joins copy into one new tensor.
+//! Joining and splitting: cat, stack, pad, split, chunk, flip, roll, tril, triu. Splits and
+//! flips are views; joins copy into one new tensor.
 
 use super::promote::result_type;
 use crate::assign::Value;
@@ -10,6 +10,79 @@ use crate::layout::normalize_axis;
 use crate::tensor::{launch, Tensor};
 
 impl Tensor {
+    /// `self` with `value` added around its trailing axes (PyTorch's `F.pad` in constant
+    /// mode): `widths[k] = (before, after)` pads axis `ndim - widths.len() + k`, listed in axis
+    /// order (NumPy's order; `F.pad` lists the last axis first). A negative width removes
+    /// elements from that side instead. The value is cast to the tensor's dtype.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::ones([2, 2], DType::I32, &dev)?;
+    /// let p = t.pad(&[(0, 1), (1, -1)], 7)?;
+    /// assert_eq!(p.shape(), &[3, 2]);
+    /// assert_eq!(p.to_vec::<i32>()?, vec![7, 1, 7, 1, 7, 7]);
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn pad(&self, widths: &[(isize, isize)], value: impl Into<Scalar>) -> Result<Tensor> {
+        let value = value.into();
+        if widths.len() > self.ndim() {
+            return Err(Error::Shape(format!(
+                "pad: {} pairs of widths for a tensor of rank {} (shape {:?})",
+                widths.len(),
+                self.ndim(),
+                self.shape()
+            )));
+        }
+        let first = self.ndim() - widths.len();
+        let mut shape = self.shape().to_vec();
+        for (k, &(before, after)) in widths.iter().enumerate() {
+            let n = shape[first + k] as isize;
+            let padded = n + before + after;
+            if padded < 0 {
+                return Err(Error::Shape(format!(
+                    "pad: widths ({before}, {after}) leave {padded} elements on axis {} of size {n}",
+                    first + k
+                )));
+            }
+            shape[first + k] = padded as usize;
+        }
+        if crate::autograd::needed([self]) {
+            let out = crate::autograd::no_grad(|| self.pad(widths, value))?;
+            // The gradient is the padded region's: padding back by the negated widths crops
+            // what was added and puts zeros where elements were removed.
+            let back: Vec<(isize, isize)> = widths.iter().map(|&(b, a)| (-b, -a)).collect();
+            return Ok(crate::autograd::record(
+                "PadBackward",
+                &[self],
+                out,
+                Vec::new(),
+                move |g| Ok(vec![Some(g.pad(&back, 0)?)]),
+            ));
+        }
+        let out = Tensor::full(
+            shape,
+            value.cast(self.dtype(), false),
+            self.dtype(),
+            self.device(),
+        )?;
+        // The part of `self` that stays, and where it lands.
+        let (mut kept, mut placed) = (self.clone(), out.clone());
+        for (k, &(before, after)) in widths.iter().enumerate() {
+            let axis = (first + k) as isize;
+            let n = kept.shape()[first + k];
+            let (cut_front, cut_back) = ((-before).max(0) as usize, (-after).max(0) as usize);
+            let len = n.saturating_sub(cut_front + cut_back);
+            if len == 0 {
+                return Ok(out);
+            }
+            kept = kept.narrow(axis, cut_front, len)?;
+            placed = placed.narrow(axis, before.max(0) as usize, len)?;
+        }
+        placed.assign(&kept)?;
+        Ok(out)
+    }
+
     /// The tensors joined along `axis`; other axes must match. The dtype is the promoted one.
     ///
     /// ```

@@ -1,0 +1,58 @@
+"""PyTorch's side of `bench_gpu backward`: the backward of the fused-chain benchmark's chains
+over 2^N f32 elements (argv[1], default 28), eager and with torch.compile of the forward (its
+backward compiled with it), timed as strata's (median of 20, CUDA events): forward, backward,
+gradients cleared. One JSON object per line, `bytes` the same floor as strata's rows."""
+import json
+import sys
+
+import torch
+
+
+def time_ms(step):
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end))
+    runs.sort()
+    return runs[len(runs) // 2]
+
+
+def main():
+    log2n = int(sys.argv[1]) if len(sys.argv) > 1 else 28
+    n = 1 << log2n
+    side = 1 << (log2n // 2)
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(3)
+    a, b, c = (torch.randn(n, device=dev, generator=g).requires_grad_() for _ in range(3))
+    x2 = torch.randn(side, side, device=dev, generator=g).requires_grad_()
+    w2 = torch.randn(side, side, device=dev, generator=g)
+    f = 4.0 * n
+    chains = [
+        ("backward relu(a*b+c).sum()", 6 * f, [a, b, c], lambda: torch.relu(a * b + c).sum()),
+        ("backward gelu(a).sum()", 2 * f, [a], lambda: torch.nn.functional.gelu(a).sum()),
+        ("backward (a*b).sum()", 4 * f, [a, b], lambda: (a * b).sum()),
+        ("backward (softmax(x)*w).sum()", 12.0 * side * side, [x2],
+         lambda: (torch.softmax(x2, -1) * w2).sum()),
+    ]
+    for name, bytes_, leaves, loss in chains:
+        for mode in ("eager", "compile"):
+            fn = torch.compile(loss) if mode == "compile" else loss
+
+            def step():
+                fn().backward()
+                for t in leaves:
+                    t.grad = None
+
+            ms = time_ms(step)
+            print(json.dumps({"op": f"{name} ({mode})", "ms": ms, "bytes": bytes_}), flush=True)
+            torch._dynamo.reset()
+
+
+main()
