@@ -1,7 +1,8 @@
 //! The CPU `Matmul` kernel: each batch's operands are gathered into row-major matrices of the
-//! IR's accumulator dtype (f32 for f16, bf16 and f32; f64; wrapping i64 for integers),
-//! multiplied in i-k-j order with a rounding after every product and sum, and rows are split
-//! across threads.
+//! IR's accumulator dtype (f32 for f16, bf16 and f32; f64; wrapping i64 for integers). Float
+//! products run through `matrixmultiply`'s blocked, vectorized kernels (the ones ndarray's
+//! `dot` uses; their order of additions is theirs, as a BLAS's is), rows split across threads;
+//! integer products in i-k-j order.
 
 use super::block::{with_dtype, Block, Prim};
 use super::strided::{threads, View};
@@ -26,32 +27,82 @@ fn load(view: &View, layout: &Layout, dtype: DType, acc: DType) -> Block {
     block.cast(acc, false)
 }
 
-/// `α·a·b + β·c` for float accumulators, rows split across threads.
-fn float_gemm<T>(
+/// A float accumulator with a blocked matrix product.
+trait Gemm:
+    Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
+{
+    /// `c = a·b` for row-major `a` (`m × k`), `b` (`k × n`) and `c` (`m × n`), all dense.
+    fn gemm(a: &[Self], b: &[Self], c: &mut [Self], dims: (usize, usize, usize));
+}
+
+impl Gemm for f32 {
+    fn gemm(a: &[f32], b: &[f32], c: &mut [f32], (m, k, n): (usize, usize, usize)) {
+        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+        // SAFETY: the slices hold the row-major matrices the strides describe (checked above).
+        unsafe {
+            matrixmultiply::sgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            )
+        }
+    }
+}
+
+impl Gemm for f64 {
+    fn gemm(a: &[f64], b: &[f64], c: &mut [f64], (m, k, n): (usize, usize, usize)) {
+        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+        // SAFETY: the slices hold the row-major matrices the strides describe (checked above).
+        unsafe {
+            matrixmultiply::dgemm(
+                m,
+                k,
+                n,
+                1.0,
+                a.as_ptr(),
+                k as isize,
+                1,
+                b.as_ptr(),
+                n as isize,
+                1,
+                0.0,
+                c.as_mut_ptr(),
+                n as isize,
+                1,
+            )
+        }
+    }
+}
+
+/// `α·a·b + β·c` for float accumulators, blocks of rows split across threads.
+fn float_gemm<T: Gemm>(
     (x, y): (&[T], &[T]),
     (m, k, n): (usize, usize, usize),
     (alpha, beta): (T, T),
     old: Option<Vec<T>>,
-) -> Vec<T>
-where
-    T: Copy + Default + Send + Sync + std::ops::Add<Output = T> + std::ops::Mul<Output = T>,
-{
+) -> Vec<T> {
     let per = m
         .div_ceil(if m * n * k > 1 << 18 { threads() } else { 1 })
         .max(1);
-    let parts: Vec<Vec<T>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..m)
-            .step_by(per)
-            .map(|r0| {
-                let r = r0..(r0 + per).min(m);
-                s.spawn(move || product(x, y, (k, n), r, |p, q| p * q, |p, q| p + q))
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_default())
-            .collect()
+    let mut ab = vec![T::default(); m * n];
+    std::thread::scope(|s| {
+        for (block, out) in ab.chunks_mut(per * n.max(1)).enumerate() {
+            let rows = if n == 0 { 0 } else { out.len() / n };
+            let a = &x[block * per * k..];
+            s.spawn(move || T::gemm(a, y, out, (rows, k, n)));
+        }
     });
-    let ab = parts.concat();
     match old {
         Some(o) => ab
             .iter()
