@@ -9,8 +9,10 @@ use crate::backend::{
 };
 use crate::cpu::CpuBackend;
 use crate::error::{Error, Result};
+use crate::fault::Fault;
 use crate::ir::Kernel;
 use crate::profile_record::{ProfileState, RecordKind};
+use crate::sync::LockUnpoisoned;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -33,7 +35,9 @@ pub struct Device {
 
 struct DeviceInner {
     backend: Arc<dyn Backend>,
-    current: Mutex<Arc<StreamHandle>>,
+    /// Each thread's current stream where it is not the default one (PyTorch's rule: the
+    /// current stream is per thread, so threads that set their own do not trade work).
+    current: Mutex<Vec<(std::thread::ThreadId, Arc<StreamHandle>)>>,
     default: Arc<StreamHandle>,
     blocking: AtomicBool,
     allow_tf32: AtomicBool,
@@ -43,6 +47,8 @@ struct DeviceInner {
     /// Verdicts the device computes (a gather's index range flag), read at its next read or
     /// synchronize, oldest first.
     checks: Mutex<Vec<DeferredCheck>>,
+    /// Failures a test injected, taken by the next operation of their kind.
+    faults: Mutex<Vec<Fault>>,
     /// The profiler's recorder, when one records.
     profile: ProfileState,
     /// For a pinned host device: the device whose page-locked memory it holds.
@@ -110,13 +116,14 @@ impl Device {
         let device = Device {
             inner: Arc::new(DeviceInner {
                 backend,
-                current: Mutex::new(default.clone()),
+                current: Mutex::new(Vec::new()),
                 default,
                 blocking: AtomicBool::new(blocking),
                 allow_tf32: AtomicBool::new(false),
                 fusion: AtomicBool::new(fusion),
                 pending: Mutex::new(Vec::new()),
                 checks: Mutex::new(Vec::new()),
+                faults: Mutex::new(Vec::new()),
                 profile: ProfileState::default(),
                 pinned_for,
                 pinned_host: Mutex::new(Weak::new()),
@@ -212,16 +219,36 @@ impl Device {
 
     /// Lazy fusion's registry of this device's pending storages, locked.
     pub(crate) fn pending_registry(&self) -> MutexGuard<'_, PendingRegistry> {
-        self.inner.pending.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.pending.lock_unpoisoned()
+    }
+
+    /// Makes the next allocation, kernel compile or launch on this device fail with `fault`'s
+    /// error (once), for tests of the failure model.
+    ///
+    /// ```
+    /// use strata_core::{fault::Fault, Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let t = Tensor::ones([3], DType::F32, &dev)?;
+    /// dev.inject_fault(Fault::Launch);
+    /// assert!(t.exp()?.realize().is_err());
+    /// assert_eq!(t.exp()?.to_vec::<f32>()?.len(), 3);
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    #[doc(hidden)]
+    pub fn inject_fault(&self, fault: Fault) {
+        self.inner.faults.lock_unpoisoned().push(fault);
+    }
+
+    /// The injected fault among `kinds` that the next such operation takes, if any.
+    fn take_fault(&self, kinds: &[Fault]) -> Option<Fault> {
+        let mut faults = self.inner.faults.lock_unpoisoned();
+        let k = faults.iter().position(|f| kinds.contains(f))?;
+        Some(faults.remove(k))
     }
 
     /// Keeps `check` for the next read or synchronize (see [`DeferredCheck`]).
     pub(crate) fn defer_check(&self, check: DeferredCheck) {
-        self.inner
-            .checks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(check);
+        self.inner.checks.lock_unpoisoned().push(check);
     }
 
     /// Runs the deferred checks (each reads its verdict back; one read waits for them all),
@@ -229,8 +256,7 @@ impl Device {
     /// index found by a kernel surfaces there, as CUDA's asynchronous errors do, but the device
     /// keeps working.
     fn run_deferred_checks(&self) -> Result<()> {
-        let checks =
-            std::mem::take(&mut *self.inner.checks.lock().unwrap_or_else(|p| p.into_inner()));
+        let checks = std::mem::take(&mut *self.inner.checks.lock_unpoisoned());
         let mut first = Ok(());
         for check in checks {
             let verdict = check(self);
@@ -250,6 +276,9 @@ impl Device {
         stream: StreamId,
         fused_ops: impl FnOnce() -> Option<Vec<String>>,
     ) -> Result<()> {
+        if let Some(f) = self.take_fault(&[Fault::Compile, Fault::Launch]) {
+            return Err(f.error(0, kernel.kind_name()));
+        }
         if self.profiling() {
             return self.run_kernel_recorded(kernel, args, stream, fused_ops());
         }
@@ -318,6 +347,9 @@ impl Device {
         bytes: usize,
         stream: StreamId,
     ) -> Result<Arc<dyn DeviceBuffer>> {
+        if let Some(f) = self.take_fault(&[Fault::Allocation]) {
+            return Err(f.error(bytes, ""));
+        }
         if !self.profiling() {
             return self.backend().allocate(bytes, stream);
         }
@@ -453,7 +485,8 @@ impl Device {
         }
     }
 
-    /// Sends later work on this device to `stream`.
+    /// Sends later work on this device from this thread to `stream` (the current stream is per
+    /// thread, as PyTorch's: another thread's work stays on its own).
     ///
     /// ```
     /// let dev = strata_core::Device::cpu();
@@ -470,7 +503,7 @@ impl Device {
                 self.name()
             )));
         }
-        *self.lock_current() = stream.handle.clone();
+        self.set_current_handle(stream.handle.clone());
         Ok(())
     }
 
@@ -488,7 +521,7 @@ impl Device {
         let previous = self.current_handle();
         self.set_stream(stream)?;
         let result = f();
-        *self.lock_current() = previous;
+        self.set_current_handle(previous);
         Ok(result)
     }
 
@@ -509,11 +542,7 @@ impl Device {
         if self.inner.pinned_for.is_some() {
             return Ok(self.clone());
         }
-        let mut slot = self
-            .inner
-            .pinned_host
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.inner.pinned_host.lock_unpoisoned();
         if let Some(host) = Device::from_weak(&slot) {
             return Ok(host);
         }
@@ -545,15 +574,23 @@ impl Device {
     }
 
     pub(crate) fn current_handle(&self) -> Arc<StreamHandle> {
-        self.lock_current().clone()
+        let me = std::thread::current().id();
+        let current = self.inner.current.lock_unpoisoned();
+        match current.iter().find(|(t, _)| *t == me) {
+            Some((_, h)) => h.clone(),
+            None => self.inner.default.clone(),
+        }
     }
 
-    fn lock_current(&self) -> MutexGuard<'_, Arc<StreamHandle>> {
-        // A poisoned lock only means a panic elsewhere; the stream id inside is still valid.
-        self.inner
-            .current
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// Makes `handle` this thread's current stream (the default one is kept as no entry, so
+    /// a thread that ends on it leaves nothing behind).
+    fn set_current_handle(&self, handle: Arc<StreamHandle>) {
+        let me = std::thread::current().id();
+        let mut current = self.inner.current.lock_unpoisoned();
+        current.retain(|(t, _)| *t != me);
+        if !Arc::ptr_eq(&handle, &self.inner.default) {
+            current.push((me, handle));
+        }
     }
 }
 

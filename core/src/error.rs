@@ -38,12 +38,15 @@ pub enum Error {
     #[error("device mismatch: {0}")]
     DeviceMismatch(String),
     /// The device could not satisfy an allocation, even after emptying its cache.
-    #[error("out of memory: requested {requested} bytes, {free} bytes free")]
+    #[error("out of memory: requested {requested} bytes, {free} bytes free{context}")]
     OutOfMemory {
         /// Bytes requested.
         requested: usize,
         /// Bytes the device reported free.
         free: usize,
+        /// What needed the memory, when it was not the call that returned the error (`, for
+        /// …`; empty otherwise): the deferred work a read ran.
+        context: String,
     },
     /// A backend cannot run this operation or dtype; the message says what to use instead.
     #[error("unsupported: {0}")]
@@ -54,6 +57,58 @@ pub enum Error {
     /// An error reported by a backend's runtime (driver, compiler, validation).
     #[error("backend error: {0}")]
     Backend(String),
+}
+
+impl Error {
+    /// An [`Error::OutOfMemory`] for `requested` bytes with `free` bytes free.
+    ///
+    /// ```
+    /// let e = strata_core::Error::out_of_memory(1 << 40, 0);
+    /// assert_eq!(e.to_string(), "out of memory: requested 1099511627776 bytes, 0 bytes free");
+    /// ```
+    pub fn out_of_memory(requested: usize, free: usize) -> Error {
+        Error::OutOfMemory {
+            requested,
+            free,
+            context: String::new(),
+        }
+    }
+
+    /// The same error, kind and values kept, saying that it came from `what` (deferred work
+    /// that ran later than the call that recorded it): its message gains `what` in front, or
+    /// at the end for the variants whose message is made of values.
+    ///
+    /// ```
+    /// use strata_core::Error;
+    /// let e = Error::Backend("launch failed".into()).context("the fused kernel of exp");
+    /// assert_eq!(e.to_string(), "backend error: the fused kernel of exp: launch failed");
+    /// let oom = Error::out_of_memory(8, 0).context("the fused kernel of exp");
+    /// assert!(matches!(oom, Error::OutOfMemory { requested: 8, .. }));
+    /// assert!(oom.to_string().ends_with("0 bytes free, for the fused kernel of exp"));
+    /// ```
+    pub fn context(self, what: &str) -> Error {
+        let with = |m: String| format!("{what}: {m}");
+        match self {
+            Error::Shape(m) => Error::Shape(with(m)),
+            Error::Index(m) => Error::Index(with(m)),
+            Error::DType(m) => Error::DType(with(m)),
+            Error::Invalid(m) => Error::Invalid(with(m)),
+            Error::DeviceMismatch(m) => Error::DeviceMismatch(with(m)),
+            Error::Unsupported(m) => Error::Unsupported(with(m)),
+            Error::DeviceUnavailable(m) => Error::DeviceUnavailable(with(m)),
+            Error::Backend(m) => Error::Backend(with(m)),
+            Error::OutOfMemory {
+                requested,
+                free,
+                context,
+            } => Error::OutOfMemory {
+                requested,
+                free,
+                context: format!("{context}, for {what}"),
+            },
+            e @ Error::DTypeMismatch { .. } => e,
+        }
+    }
 }
 
 /// `Result` with strata's [`Error`].

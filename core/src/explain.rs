@@ -217,7 +217,7 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
             return Ok(KernelReport {
                 pending: true,
                 ops: vec![user_op.to_string()],
-                sources: vec![place(call_site)],
+                sources: vec![crate::fusion::place(call_site)],
                 expression: format!(
                     "{}(in0) over its last {reduced_axes} ax{}; a reduction of the same rows \
                      that reads it may compute it in its own kernel",
@@ -247,7 +247,11 @@ fn fused_report(r: &RunRecord, pending: bool, source: Option<KernelSource>) -> K
     KernelReport {
         pending,
         ops: r.ops.iter().map(|s| s.to_string()).collect(),
-        sources: r.call_sites.iter().map(|l| place(l)).collect(),
+        sources: r
+            .call_sites
+            .iter()
+            .map(|l| crate::fusion::place(l))
+            .collect(),
         expression: infix(&r.expr),
         inputs: r
             .inputs
@@ -266,21 +270,6 @@ fn fused_report(r: &RunRecord, pending: bool, source: Option<KernelSource>) -> K
         scalars: r.scalars,
         source,
     }
-}
-
-/// `file:line` of a call site; empty for a notebook cell's own code, whose place is a line of
-/// the crate evcxr generates (`src/lib.rs:114`), which means nothing to the reader.
-fn place(l: &std::panic::Location<'_>) -> String {
-    if l.file() == "src/lib.rs" && in_evcxr() {
-        return String::new();
-    }
-    format!("{}:{}", l.file(), l.line())
-}
-
-/// True in the process evcxr runs notebook cells in (it sets `EVCXR_IS_RUNTIME` there).
-fn in_evcxr() -> bool {
-    static IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *IN.get_or_init(|| std::env::var_os("EVCXR_IS_RUNTIME").is_some())
 }
 
 /// The ops of `kernel` with where they were called: `mul (src/main.rs:12)`, one line each

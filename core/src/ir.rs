@@ -869,6 +869,23 @@ pub enum Kernel {
 }
 
 impl Kernel {
+    /// The kind of kernel, in a word (`map`, `reduce`, `matmul`, …).
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{Expr, Kernel}};
+    /// assert_eq!(Kernel::map(Expr::input(0, DType::F32)).kind_name(), "map");
+    /// ```
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Kernel::Map { .. } => "map",
+            Kernel::Reduce { .. } => "reduce",
+            Kernel::Matmul { .. } => "matmul",
+            Kernel::Softmax { .. } => "softmax",
+            Kernel::Index { .. } => "index",
+            Kernel::Histogram { .. } => "histogram",
+        }
+    }
+
     /// A single-output map writing `expr`.
     ///
     /// ```

@@ -13,6 +13,7 @@
 //! ```
 
 use crate::error::Result;
+use crate::sync::LockUnpoisoned;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
@@ -178,6 +179,6 @@ impl<S, V: Clone> KernelCache<S, V> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Vec<(S, V)>>> {
         // A poisoned lock only means a panic elsewhere; the map is still consistent.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock_unpoisoned()
     }
 }

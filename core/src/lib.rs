@@ -28,6 +28,8 @@ pub mod dtype;
 pub mod error;
 pub mod explain;
 mod exponent_histogram;
+#[doc(hidden)]
+pub mod fault;
 pub mod fusion;
 pub mod index;
 pub mod ir;
@@ -42,6 +44,7 @@ mod profile;
 mod profile_record;
 pub mod random;
 pub mod stochastic_round;
+pub mod sync;
 pub mod target;
 mod tensor;
 mod transfer;

@@ -11,6 +11,7 @@ use crate::ir::ReduceOp;
 use crate::ir::{Expr, Kernel};
 use crate::layout::Layout;
 use crate::lower::map_plan::iteration_order;
+use crate::sync::LockUnpoisoned;
 use std::panic::Location;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -30,8 +31,13 @@ pub(crate) struct Storage {
     /// The fused kernel that computed it, for `explain` (boxed: set once a kernel runs, and
     /// a large value inline would be copied with every storage a recorded op makes).
     pub(crate) ran: OnceLock<Box<RunRecord>>,
-    /// Why the launch of its pending work failed (its buffer then holds nothing valid).
-    pub(crate) failed: OnceLock<String>,
+    /// The thread (its [`thread_token`]) recording the kernel that fills this storage, from
+    /// the moment the buffer is set until that kernel is enqueued; 0 when none. Another
+    /// thread's use waits for it, or its kernel would be enqueued before the write.
+    filling: AtomicU64,
+    /// Why the launch of its pending work failed (its buffer then holds nothing valid): the
+    /// error itself, returned again at every use.
+    pub(crate) failed: OnceLock<Error>,
     pub(crate) device: Device,
     /// Memory another library lent read-only (DLPack): no kernel may write it.
     pub(crate) read_only: bool,
@@ -45,6 +51,16 @@ pub(crate) struct Storage {
     /// The fused kernel that computed its value (stored, or spliced into that kernel and
     /// never stored): the graph picture groups the ops one kernel ran.
     pub(crate) computed_in: Arc<OnceLock<u64>>,
+}
+
+/// A number for the calling thread, unique in the process and never 0 (`ThreadId` has no
+/// stable number to store in an atomic).
+fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TOKEN.with(|t| *t)
 }
 
 impl Drop for Storage {
@@ -101,6 +117,7 @@ impl Storage {
             fenced: AtomicBool::new(false),
             version: AtomicU64::new(0),
             computed_in: Arc::new(OnceLock::new()),
+            filling: AtomicU64::new(0),
         }
     }
 
@@ -128,7 +145,7 @@ impl Storage {
     /// storage that never had any).
     pub(crate) fn pending(&self) -> MutexGuard<'_, Option<Pending>> {
         // A poisoned lock only means a panic elsewhere; the work inside is still whole.
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        self.pending.lock_unpoisoned()
     }
 
     /// The buffer, once it exists: a realized storage's, without running or waiting for
@@ -141,11 +158,10 @@ impl Storage {
     /// fills it), and waiting for an asynchronous copy in flight on it.
     pub(crate) fn realized_buffer(self: &Arc<Storage>) -> Result<Arc<dyn DeviceBuffer>> {
         if let Some(why) = self.failed.get() {
-            return Err(Error::Backend(format!(
-                "this tensor's deferred work failed when it ran: {why}"
-            )));
+            return Err(why.clone());
         }
         if let Some(b) = self.buffer.get() {
+            self.wait_until_filled();
             if self.fenced.load(Ordering::Acquire) {
                 self.wait_for_copy()?;
             }
@@ -157,9 +173,35 @@ impl Storage {
         })
     }
 
-    /// Sets the buffer of a pending storage as its work is launched.
+    /// Sets the buffer of a pending storage as its work is launched; other threads wait to use
+    /// it until [`filled`](Storage::filled) says the kernel that writes it is enqueued.
     pub(crate) fn set_buffer(&self, buffer: Arc<dyn DeviceBuffer>) {
+        self.filling.store(thread_token(), Ordering::Release);
         let _ = self.buffer.set(buffer);
+    }
+
+    /// Notes that the kernel filling this storage is enqueued (or failed): its buffer is
+    /// everyone's to use.
+    pub(crate) fn filled(&self) {
+        self.filling.store(0, Ordering::Release);
+    }
+
+    /// Waits while another thread records the kernel that fills this storage (microseconds;
+    /// a first launch's compile at most).
+    fn wait_until_filled(&self) {
+        let filler = self.filling.load(Ordering::Acquire);
+        if filler == 0 || filler == thread_token() {
+            return;
+        }
+        let mut spins = 0u32;
+        while self.filling.load(Ordering::Acquire) != 0 {
+            spins += 1;
+            if spins < 1000 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+        }
     }
 
     /// True while the storage's work is deferred.
@@ -169,7 +211,7 @@ impl Storage {
 
     /// Notes that the pending storage `reader` reads this one.
     pub(crate) fn add_reader(&self, reader: &Arc<Storage>) {
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut readers = self.readers.lock_unpoisoned();
         // Amortized pruning keeps a tensor read by many (dropped or realized) trees small.
         if readers.len() >= 16 && readers.len().is_power_of_two() {
             readers.retain(|w| w.upgrade().is_some_and(|r| r.is_pending()));
@@ -179,7 +221,7 @@ impl Storage {
 
     /// The pending trees that read this storage.
     pub(crate) fn live_readers(&self) -> Vec<Arc<Storage>> {
-        let readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        let readers = self.readers.lock_unpoisoned();
         readers
             .iter()
             .filter_map(Weak::upgrade)
@@ -202,7 +244,7 @@ impl Storage {
     }
 
     fn access(&self) -> std::sync::MutexGuard<'_, Access> {
-        self.access.lock().unwrap_or_else(|p| p.into_inner())
+        self.access.lock_unpoisoned()
     }
 
     fn last_write(&self) -> Arc<StreamHandle> {

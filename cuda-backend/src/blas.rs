@@ -6,6 +6,7 @@ use crate::driver::Raw;
 use cudarc::cublas::sys as cb;
 use cudarc::driver::sys;
 use std::sync::Mutex;
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{DType, Error, Result};
 
 /// A `cublasGemmStridedBatchedEx` call, planned: `C = α·op(X)·op(Y) + β·C` over column-major
@@ -108,7 +109,7 @@ impl Blas {
         };
         let ((px, x), (py, y), (pc, ldc, stride_c)) = (call.x, call.y, call.c);
         let (batch, m, k, n) = call.dims;
-        let handle = self.handle.lock().unwrap_or_else(|p| p.into_inner());
+        let handle = self.handle.lock_unpoisoned();
         // SAFETY: the handle is live and used under its lock; the planner checked that every
         // size fits 32 bits and that the pointers and leading dimensions describe live device
         // memory of the operands; α and β outlive the (host-pointer-mode) call.
@@ -155,7 +156,7 @@ impl Blas {
 
 impl Drop for Blas {
     fn drop(&mut self) {
-        let h = self.handle.lock().unwrap_or_else(|p| p.into_inner());
+        let h = self.handle.lock_unpoisoned();
         // SAFETY: created by create_handle, destroyed once.
         unsafe { cb::cublasDestroy_v2(h.0) };
     }

@@ -10,6 +10,7 @@ use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use std::ffi::CString;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{Error, Result};
 
 /// Compiles kernel source for one device and loads it.
@@ -248,8 +249,7 @@ impl Compiler {
     /// Keeps a loaded module alive as long as the compiler.
     fn keep(&self, module: sys::CUmodule) {
         self.modules
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .push(crate::driver::Raw(module));
     }
 }
@@ -260,12 +260,7 @@ impl Drop for Compiler {
         if gpu.synchronize().is_err() {
             return;
         }
-        for m in self
-            .modules
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for m in self.modules.lock_unpoisoned().drain(..) {
             // SAFETY: loaded by this compiler; no function of it runs after the device syncs.
             unsafe { sys::cuModuleUnload(m.0) };
         }

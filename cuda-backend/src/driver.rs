@@ -5,6 +5,7 @@ use cudarc::driver::{sys, CudaContext};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{Error, EventId, Result, StreamId};
 
 /// Turns a driver status into `Ok` or an `Err` naming the call and the CUDA error.
@@ -134,7 +135,7 @@ impl Gpu {
         if id == StreamId::DEFAULT {
             return Ok(self.default_stream.0);
         }
-        let streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let streams = self.streams.lock_unpoisoned();
         streams.get(&id).map(|s| s.0).ok_or_else(|| {
             Error::Invalid(format!(
                 "stream {} does not exist on cuda:{} (destroyed?)",
@@ -160,19 +161,12 @@ impl Gpu {
             "cuStreamCreate",
         )?;
         let id = StreamId(self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Raw(s));
+        self.streams.lock_unpoisoned().insert(id, Raw(s));
         Ok(id)
     }
 
     pub(crate) fn destroy_stream(&self, id: StreamId) {
-        let s = self
-            .streams
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        let s = self.streams.lock_unpoisoned().remove(&id);
         if let Some(s) = s {
             if self.bind().is_ok() {
                 // SAFETY: the handle came from cuStreamCreate and is removed from the table;
@@ -201,15 +195,12 @@ impl Gpu {
             }
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Raw(e));
+        self.events.lock_unpoisoned().insert(id, Raw(e));
         Ok(EventId(id))
     }
 
     fn event(&self, id: EventId) -> Result<sys::CUevent> {
-        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let events = self.events.lock_unpoisoned();
         events.get(&id.0).map(|e| e.0).ok_or_else(|| {
             Error::Invalid(format!(
                 "event {} does not exist on cuda:{}",
@@ -284,11 +275,7 @@ impl Gpu {
     }
 
     pub(crate) fn destroy_event(&self, event: EventId) {
-        let e = self
-            .events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&event.0);
+        let e = self.events.lock_unpoisoned().remove(&event.0);
         if let Some(e) = e {
             if self.bind().is_ok() {
                 // SAFETY: removed from the table; the driver frees it once it completes.
@@ -333,20 +320,10 @@ impl Drop for Gpu {
         // SAFETY: all handles came from this context and are destroyed once.
         unsafe {
             sys::cuCtxSynchronize();
-            for (_, e) in self
-                .events
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .drain()
-            {
+            for (_, e) in self.events.lock_unpoisoned().drain() {
                 sys::cuEventDestroy_v2(e.0);
             }
-            for (_, s) in self
-                .streams
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .drain()
-            {
+            for (_, s) in self.streams.lock_unpoisoned().drain() {
                 sys::cuStreamDestroy_v2(s.0);
             }
             sys::cuStreamDestroy_v2(self.default_stream.0);

@@ -10,6 +10,7 @@ use cudarc::driver::sys;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::kernel_cache::KernelCache;
+use strata_core::sync::LockUnpoisoned;
 use strata_core::Result;
 
 /// A loaded kernel and the number of argument words it takes.
@@ -122,7 +123,7 @@ impl BatchedForm {
 
     /// The loaded form, compiled now unless another thread did.
     fn load(&self, compiler: &Compiler) -> Result<sys::CUfunction> {
-        let _compiling = self.compiling.lock().unwrap_or_else(|p| p.into_inner());
+        let _compiling = self.compiling.lock_unpoisoned();
         if let Some(f) = self.loaded.get() {
             return Ok(f.0);
         }

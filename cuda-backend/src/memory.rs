@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use strata_core::backend::ForeignOwner;
 use strata_core::backend::Operand;
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{DeviceBuffer, Error, MemoryStats, Result, StreamId};
 
 /// The device's memory pool and the byte counts behind `memory_stats`.
@@ -100,10 +101,7 @@ impl Memory {
                 let (free, total) = self.gpu.mem_info();
                 let too_big = total > 0 && bytes > total;
                 if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY || too_big {
-                    return Err(Error::OutOfMemory {
-                        requested: bytes,
-                        free,
-                    });
+                    return Err(Error::out_of_memory(bytes, free));
                 }
             }
             check(status, "cuMemAllocFromPoolAsync")?;
@@ -143,7 +141,7 @@ impl Memory {
     }
 
     fn take_cached(&self, stream: StreamId, class: usize) -> Option<u64> {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.lock_unpoisoned();
         let p = cache.get_mut(&(stream, class))?.pop()?;
         self.cached_bytes.fetch_sub(class, Ordering::Relaxed);
         Some(p)
@@ -159,7 +157,7 @@ impl Memory {
             }
             return false;
         }
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.lock_unpoisoned();
         cache.entry((stream, class)).or_default().push(ptr);
         true
     }
@@ -188,12 +186,8 @@ impl Memory {
 
     /// Waits for pending frees, then returns every cached block to the driver.
     pub(crate) fn empty_cache(&self) {
-        let blocks: Vec<((StreamId, usize), Vec<u64>)> = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .collect();
+        let blocks: Vec<((StreamId, usize), Vec<u64>)> =
+            self.cache.lock_unpoisoned().drain().collect();
         if self.gpu.bind().is_ok() {
             for ((stream, class), ptrs) in blocks {
                 let s = self.gpu.stream_or_default(stream);
@@ -271,7 +265,7 @@ impl CudaBuffer {
     /// Notes that work on `stream` uses this buffer, so freeing it waits for that work.
     pub(crate) fn used_on(&self, stream: StreamId) {
         if stream != self.home {
-            let mut others = self.others.lock().unwrap_or_else(|p| p.into_inner());
+            let mut others = self.others.lock_unpoisoned();
             if !others.contains(&stream) {
                 others.push(stream);
             }

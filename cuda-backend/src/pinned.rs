@@ -38,10 +38,7 @@ impl CudaBackend {
         // SAFETY: context bound; the driver writes `host`.
         let status = unsafe { sys::cuMemHostAlloc(&mut host, bytes.max(1), 0) };
         if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            return Err(Error::OutOfMemory {
-                requested: bytes,
-                free: 0,
-            });
+            return Err(Error::out_of_memory(bytes, 0));
         }
         check(status, "cuMemHostAlloc")?;
         let block = PinnedBlock {

@@ -11,6 +11,7 @@ use crate::driver::{check, Gpu};
 use cudarc::driver::sys;
 use std::sync::{Arc, Mutex};
 use strata_core::backend::parallel_copy;
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{Error, Result};
 
 /// Copies below this size go through the driver's own path (its staging is fast for them).
@@ -81,7 +82,7 @@ impl Staging {
     /// The ring, allocated on first use; `None` when pinned memory cannot be had (the caller
     /// then takes the driver's path).
     fn with_ring<R>(&self, f: impl FnOnce(&mut [Slot]) -> Result<R>) -> Option<Result<R>> {
-        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let mut ring = self.ring.lock_unpoisoned();
         if ring.is_none() {
             *ring = Some(allocate_ring().ok()?);
         }

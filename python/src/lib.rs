@@ -12,6 +12,7 @@ use pyo3::types::PyDict;
 use std::sync::{Mutex, OnceLock};
 use strata::dlpack::{ConsumerStream, DLDevice, DLDeviceType, ExportOptions};
 use strata::prelude::*;
+use strata::sync::LockUnpoisoned;
 
 /// A strata error as the Python exception a DLPack user expects: `BufferError` where an
 /// exchange cannot be made (the protocol's choice), `TypeError` for dtypes.
@@ -35,8 +36,7 @@ fn device(spec: &str) -> PyResult<Device> {
     };
     let mut open = OPEN
         .get_or_init(|| Mutex::new(Vec::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+        .lock_unpoisoned();
     if let Some((_, d)) = open.iter().find(|(n, _)| *n == spec) {
         return Ok(d.clone());
     }

@@ -2,6 +2,7 @@
 //! [`test_device!`], which runs one test body on every backend present (after candle's idea).
 
 use strata::prelude::*;
+use strata::sync::LockUnpoisoned;
 
 /// The devices present: always the CPU, and CUDA device 0 when there is one. `STRATA_TEST_DEVICES`
 /// (comma-separated device names, e.g. `cpu,wgpu`) chooses the list instead; wgpu runs only when
@@ -61,8 +62,7 @@ fn open(name: &str) -> Result<Device> {
     static OPEN: OnceLock<Mutex<Vec<(String, Device)>>> = OnceLock::new();
     let mut open = OPEN
         .get_or_init(|| Mutex::new(Vec::new()))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+        .lock_unpoisoned();
     if let Some((_, dev)) = open.iter().find(|(n, _)| n == name) {
         return Ok(dev.clone());
     }

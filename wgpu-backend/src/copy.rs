@@ -6,6 +6,7 @@ use crate::gpu::Gpu;
 use crate::staging::{write_parallel, ReadRing, UploadRing, CHUNK, CHUNKS, STREAMED_MIN};
 use std::collections::VecDeque;
 use strata_core::backend::parallel_copy;
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{Error, Result};
 
 impl Gpu {
@@ -118,8 +119,8 @@ impl Gpu {
     /// Drops the staging chunks (256 MiB of host-visible memory once both rings exist); the
     /// next large copy makes them again. `Device::empty_cache` calls it.
     pub(crate) fn release_staging(&self) {
-        *self.uploads.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        *self.readbacks.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.uploads.lock_unpoisoned() = None;
+        *self.readbacks.lock_unpoisoned() = None;
     }
 
     /// Writes `data` at `offset` of `dst` (both 4-byte aligned) in stream order through the
@@ -132,7 +133,7 @@ impl Gpu {
         data: &[u8],
     ) -> Result<()> {
         debug_assert!(offset.is_multiple_of(4) && data.len().is_multiple_of(4));
-        let mut guard = self.uploads.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.uploads.lock_unpoisoned();
         let ring = guard.get_or_insert_with(|| UploadRing::new(&self.device));
         let streamed = self.stream_through(ring, dst, offset, data);
         if streamed.is_err() {
@@ -192,7 +193,7 @@ impl Gpu {
         out: &mut [u8],
     ) -> Result<()> {
         debug_assert!(offset.is_multiple_of(4) && out.len().is_multiple_of(4));
-        let mut guard = self.readbacks.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.readbacks.lock_unpoisoned();
         let ring = guard.get_or_insert_with(|| ReadRing::new(&self.device));
         let read = self.drain_through(ring, src, offset, out);
         if read.is_err() {

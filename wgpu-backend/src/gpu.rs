@@ -9,6 +9,7 @@ use crate::staging::{ReadRing, UploadRing};
 use std::collections::HashMap;
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{Error, Result};
 
 /// Dispatches recorded before a batch is submitted on its own.
@@ -195,9 +196,7 @@ impl Gpu {
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            sink.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(describe(&e));
+            sink.lock_unpoisoned().push(describe(&e));
         }));
         let int64 = features.contains(wgpu::Features::SHADER_INT64);
         let caps = Caps {
@@ -242,7 +241,7 @@ impl Gpu {
     }
 
     pub(crate) fn batch(&self) -> std::sync::MutexGuard<'_, Batch> {
-        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+        self.batch.lock_unpoisoned()
     }
 
     /// The bind group and pipeline layouts for kernels with `tensors` tensor bindings.
@@ -250,7 +249,7 @@ impl Gpu {
         &self,
         tensors: usize,
     ) -> Arc<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
-        let mut map = self.layouts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.layouts.lock_unpoisoned();
         map.entry(tensors)
             .or_insert_with(|| {
                 let storage =
@@ -462,7 +461,7 @@ impl Gpu {
     }
 
     fn take_uncaptured(&self) -> Result<()> {
-        let mut errs = self.uncaptured.lock().unwrap_or_else(|p| p.into_inner());
+        let mut errs = self.uncaptured.lock_unpoisoned();
         if errs.is_empty() {
             return Ok(());
         }

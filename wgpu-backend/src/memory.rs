@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{DeviceBuffer, Error, MemoryStats, Result};
 
 /// The usages every tensor buffer has.
@@ -48,7 +49,7 @@ impl Pool {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock_unpoisoned()
     }
 
     /// A buffer of at least `bytes` bytes, from the pool or new; `Err(OutOfMemory)` when the
@@ -56,10 +57,7 @@ impl Pool {
     pub(crate) fn allocate(self: &Arc<Self>, bytes: usize) -> Result<WgpuBuffer> {
         let class = size_class(bytes);
         if class > self.max_buffer {
-            return Err(Error::OutOfMemory {
-                requested: bytes,
-                free: self.max_buffer as usize,
-            });
+            return Err(Error::out_of_memory(bytes, self.max_buffer as usize));
         }
         let reused = self.lock().free.get_mut(&class).and_then(Vec::pop);
         let buffer = match reused {
@@ -68,10 +66,7 @@ impl Pool {
                 Some(b) => b,
                 None => {
                     self.empty_cache();
-                    self.create(class).ok_or(Error::OutOfMemory {
-                        requested: bytes,
-                        free: 0,
-                    })?
+                    self.create(class).ok_or(Error::out_of_memory(bytes, 0))?
                 }
             },
         };

@@ -7,6 +7,7 @@
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::sync::LockUnpoisoned;
 use crate::tensor::Tensor;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -53,7 +54,7 @@ impl AutogradMeta {
     /// The leaf's gradient slot.
     pub(crate) fn grad(&self) -> MutexGuard<'_, Option<Tensor>> {
         // A poisoned lock only means a panic elsewhere; the slot holds a whole value.
-        self.grad.lock().unwrap_or_else(|p| p.into_inner())
+        self.grad.lock_unpoisoned()
     }
 }
 
@@ -124,7 +125,7 @@ impl Node {
 
     /// Runs the backward function on `grad`; frees it afterwards unless `retain`.
     pub(crate) fn apply(&self, grad: &Tensor, retain: bool) -> Result<Vec<Option<Tensor>>> {
-        let mut slot = self.backward.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slot = self.backward.lock_unpoisoned();
         let grads = match slot.as_ref() {
             Some(f) => f(grad)?,
             None => {
@@ -152,10 +153,7 @@ impl Node {
 
     /// True while the backward function (and what it saved) is held.
     pub(crate) fn is_retained(&self) -> bool {
-        self.backward
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+        self.backward.lock_unpoisoned().is_some()
     }
 }
 

@@ -27,6 +27,7 @@ pub use mode::{is_grad_enabled, no_grad, NoGradGuard};
 
 use crate::error::{Error, Result};
 use crate::ir::Expr;
+use crate::sync::LockUnpoisoned;
 use crate::tensor::Tensor;
 use graph::{AutogradMeta, BackwardFn, Node, Saved};
 use std::sync::Arc;
@@ -341,7 +342,7 @@ pub(crate) fn backward_name(op: &'static str) -> &'static str {
     use std::collections::HashMap;
     use std::sync::Mutex;
     static NAMES: Mutex<Option<HashMap<&'static str, &'static str>>> = Mutex::new(None);
-    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut names = NAMES.lock_unpoisoned();
     names
         .get_or_insert_with(HashMap::new)
         .entry(op)

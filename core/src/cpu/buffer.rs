@@ -4,6 +4,7 @@
 
 use crate::backend::{DeviceBuffer, ForeignOwner, MemoryStats};
 use crate::error::{Error, Result};
+use crate::sync::LockUnpoisoned;
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::any::Any;
 use std::collections::HashMap;
@@ -59,10 +60,7 @@ impl Pool {
     }
 
     fn layout(class: usize) -> Result<Layout> {
-        Layout::from_size_align(class, ALIGN).map_err(|_| Error::OutOfMemory {
-            requested: class,
-            free: 0,
-        })
+        Layout::from_size_align(class, ALIGN).map_err(|_| Error::out_of_memory(class, 0))
     }
 
     fn cached_bytes(cache: &HashMap<usize, Vec<Block>>) -> usize {
@@ -78,8 +76,7 @@ impl Pool {
     ) -> Result<(NonNull<u8>, ForeignOwner)> {
         let cached = self
             .pinned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .get_mut(&class)
             .and_then(Vec::pop);
         if let Some((block, owner)) = cached {
@@ -98,7 +95,7 @@ impl Pool {
     /// Keeps a free page-locked block for the next request of its class, or frees it past
     /// the cache limit.
     fn give_back_pinned(&self, class: usize, block: (Block, ForeignOwner)) {
-        let mut cache = self.pinned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.pinned.lock_unpoisoned();
         let cached: usize = cache.iter().map(|(c, v)| c * v.len()).sum();
         if cached + class <= CACHE_LIMIT {
             cache.entry(class).or_default().push(block);
@@ -111,17 +108,12 @@ impl Pool {
 
     /// Returns every cached block to the system.
     pub(crate) fn empty_cache(&self) {
-        let pinned: Vec<_> = self
-            .pinned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain()
-            .collect();
+        let pinned: Vec<_> = self.pinned.lock_unpoisoned().drain().collect();
         for (class, blocks) in pinned {
             self.reserved
                 .fetch_sub(class * blocks.len(), Ordering::Relaxed);
         }
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.lock_unpoisoned();
         for (class, blocks) in cache.drain() {
             for b in blocks {
                 // SAFETY: allocated with this class's layout, which was valid then.
@@ -134,8 +126,7 @@ impl Pool {
     fn take(&self, class: usize) -> Result<NonNull<u8>> {
         let cached = self
             .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .get_mut(&class)
             .and_then(Vec::pop);
         if let Some(b) = cached {
@@ -150,10 +141,8 @@ impl Pool {
             None => {
                 // Out of memory: give the cache back and try once more.
                 self.empty_cache();
-                NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or(Error::OutOfMemory {
-                    requested: class,
-                    free: 0,
-                })?
+                NonNull::new(unsafe { alloc_zeroed(layout) })
+                    .ok_or(Error::out_of_memory(class, 0))?
             }
         };
         self.reserved.fetch_add(class, Ordering::Relaxed);
@@ -161,7 +150,7 @@ impl Pool {
     }
 
     fn give_back(&self, class: usize, ptr: NonNull<u8>) {
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.cache.lock_unpoisoned();
         if Self::cached_bytes(&cache) + class <= CACHE_LIMIT {
             cache.entry(class).or_default().push(Block(ptr));
             return;

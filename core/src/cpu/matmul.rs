@@ -98,7 +98,7 @@ fn float_gemm<T: Gemm>(
     let mut ab = vec![T::default(); m * n];
     std::thread::scope(|s| {
         for (block, out) in ab.chunks_mut(per * n.max(1)).enumerate() {
-            let rows = if n == 0 { 0 } else { out.len() / n };
+            let rows = out.len().checked_div(n).unwrap_or(0);
             let a = &x[block * per * k..];
             s.spawn(move || T::gemm(a, y, out, (rows, k, n)));
         }

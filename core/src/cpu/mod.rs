@@ -22,6 +22,7 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::Kernel;
 use crate::lower::program::{Lanes, Program};
+use crate::sync::LockUnpoisoned;
 use crate::target::Target;
 use buffer::Pool;
 use std::collections::HashMap;
@@ -93,8 +94,7 @@ impl CpuBackend {
 
     fn event_time(&self, e: EventId) -> Result<Instant> {
         self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .lock_unpoisoned()
             .get(&e.0)
             .copied()
             .ok_or_else(|| Error::Invalid(format!("event {} does not exist on cpu", e.0)))
@@ -318,10 +318,7 @@ impl Backend for CpuBackend {
 
     fn record_event(&self, _stream: StreamId) -> Result<EventId> {
         let id = self.fresh_id();
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, Instant::now());
+        self.events.lock_unpoisoned().insert(id, Instant::now());
         Ok(EventId(id))
     }
 
@@ -339,10 +336,7 @@ impl Backend for CpuBackend {
     }
 
     fn destroy_event(&self, event: EventId) {
-        self.events
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&event.0);
+        self.events.lock_unpoisoned().remove(&event.0);
     }
 
     fn synchronize_stream(&self, _stream: StreamId) -> Result<()> {

@@ -33,7 +33,7 @@ pub(crate) mod reduce;
 pub(crate) mod run;
 pub(crate) mod splice;
 
-pub(crate) use record::defer_or_launch;
+pub(crate) use record::{defer_or_launch, place};
 
 pub use splice::MAX_NODES;
 

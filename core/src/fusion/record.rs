@@ -126,3 +126,18 @@ fn tree_size(
     }
     Ok((nodes, leaves))
 }
+
+/// `file:line` of a call site; empty for a notebook cell's own code, whose place is a line of
+/// the crate evcxr generates (`src/lib.rs:114`), which means nothing to the reader.
+pub(crate) fn place(l: &std::panic::Location<'_>) -> String {
+    if l.file() == "src/lib.rs" && in_evcxr() {
+        return String::new();
+    }
+    format!("{}:{}", l.file(), l.line())
+}
+
+/// True in the process evcxr runs notebook cells in (it sets `EVCXR_IS_RUNTIME` there).
+fn in_evcxr() -> bool {
+    static IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *IN.get_or_init(|| std::env::var_os("EVCXR_IS_RUNTIME").is_some())
+}

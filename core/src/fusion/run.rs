@@ -4,7 +4,7 @@
 
 use super::splice::Fused;
 use crate::device::Device;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ir::{Expr, Kernel};
 use crate::tensor::{launch_on, Pending, PendingWork, Storage, Tensor, Write};
 use std::any::Any;
@@ -119,7 +119,8 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         PendingWork::Tree(tree) => tree,
         PendingWork::Reduce(d) => {
             // A deferred reduction read on its own: its plain kernel.
-            storage.set_buffer(device.allocate_buffer(storage.bytes, p.stream.id)?);
+            let buffer = device.allocate_buffer(storage.bytes, p.stream.id);
+            storage.set_buffer(buffer.map_err(|e| deferred(e, p))?);
             let out = Tensor {
                 storage: storage.clone(),
                 layout: p.layout.clone(),
@@ -142,9 +143,11 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
                 &p.stream,
                 Write::Fresh,
             );
+            let ran = ran.map_err(|e| deferred(e, p));
             if let Err(e) = &ran {
-                let _ = storage.failed.set(e.to_string());
+                let _ = storage.failed.set(e.clone());
             }
+            storage.filled();
             *guard = None;
             return ran;
         }
@@ -152,10 +155,16 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
     let mut fused = Fused::new(tree, &p.stream, max_stored);
     let expr = fused.splice(p, true)?;
     fused.fit_outputs(device.backend().target());
-    let buffer = device.allocate_buffer(storage.bytes, p.stream.id)?;
+    // Out of memory here leaves the work pending: a later read tries again.
+    let allocate = |bytes| {
+        device
+            .allocate_buffer(bytes, p.stream.id)
+            .map_err(|e| deferred(e, p))
+    };
+    let buffer = allocate(storage.bytes)?;
     let mut also_buffers = Vec::with_capacity(fused.also.len());
     for (t, _) in &fused.also {
-        also_buffers.push(device.allocate_buffer(t.storage.bytes, p.stream.id)?);
+        also_buffers.push(allocate(t.storage.bytes)?);
     }
     storage.set_buffer(buffer);
     let out = Tensor {
@@ -164,13 +173,27 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         dtype: p.dtype,
         autograd: None,
     };
-    let record = fused.record(&expr, (p.layout.clone(), p.dtype));
     // The stored intermediates have their buffers before the launch (it orders their writes
-    // like any output's); their own trees are no longer needed.
-    for ((t, _), b) in fused.also.iter().zip(also_buffers) {
+    // like any output's); their own trees are no longer needed. One that another thread ran
+    // meanwhile is left out: this kernel would write its values over whatever came after.
+    let mut stored = Vec::with_capacity(fused.also.len());
+    for ((t, e), b) in std::mem::take(&mut fused.also)
+        .into_iter()
+        .zip(also_buffers)
+    {
+        let mut pending = t.storage.pending();
+        if pending.is_none() {
+            continue;
+        }
         t.storage.set_buffer(b);
+        *pending = None;
+        drop(pending);
+        stored.push((t, e));
+    }
+    fused.also = stored;
+    let record = fused.record(&expr, (p.layout.clone(), p.dtype));
+    for (t, _) in &fused.also {
         let _ = t.storage.ran.set(Box::new(record.clone()));
-        *t.storage.pending() = None;
     }
     let _ = storage.ran.set(Box::new(record));
     let id = kernel_id();
@@ -189,15 +212,33 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         &stream,
         Write::Fresh,
     );
+    let ran = ran.map_err(|e| deferred(e, p));
     if let Err(e) = &ran {
-        let _ = storage.failed.set(e.to_string());
+        let _ = storage.failed.set(e.clone());
         for t in &also_outputs {
-            let _ = t.storage.failed.set(e.to_string());
+            let _ = t.storage.failed.set(e.clone());
         }
+    }
+    storage.filled();
+    for t in &also_outputs {
+        t.storage.filled();
     }
     // The tree (and every intermediate only it held) is released here.
     *guard = None;
     ran
+}
+
+/// `e`, from running `p`'s deferred work, saying which work that was: the op that recorded it
+/// (the last of a fused chain) and the line that called it, since the read that ran it may be
+/// far from there.
+fn deferred(e: Error, p: &Pending) -> Error {
+    let at = crate::fusion::place(p.call_site);
+    let at = if at.is_empty() {
+        String::new()
+    } else {
+        format!(" at {at}")
+    };
+    e.context(&format!("the deferred `{}` (called{at})", p.op))
 }
 
 /// A new number for a fused kernel (the graph picture groups the ops one kernel computed).

@@ -13,6 +13,7 @@ use crate::exponent_histogram::{exponent_bin, ExponentHistogram};
 use crate::ir::Expr;
 use crate::ir::Kernel;
 use crate::profile_record::{ProfileState, Recorder, Timing, DEVICE_TIMED_RECORDS};
+use crate::sync::LockUnpoisoned;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::Instant;
@@ -23,10 +24,7 @@ impl Device {
     }
 
     fn lock_recorder(&self) -> MutexGuard<'_, Option<Recorder>> {
-        self.profile_state()
-            .recorder
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.profile_state().recorder.lock_unpoisoned()
     }
 
     /// True while a profile records.

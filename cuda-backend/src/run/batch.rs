@@ -23,6 +23,7 @@ use crate::render::batch_capacity;
 use cudarc::driver::sys;
 use std::sync::{Arc, Mutex};
 use strata_core::backend::KernelArgs;
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{DeviceBuffer, Result, StreamId};
 
 /// Launches whose work is at most this many items are batched: the batch's one block of 256
@@ -132,7 +133,7 @@ impl Batches {
         };
         let words = &plan.args.0;
         let mut sent = Vec::new();
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock_unpoisoned();
         let slot = match pending.iter().position(|(id, _)| *id == stream) {
             Some(i) => i,
             None => {
@@ -163,7 +164,7 @@ impl Batches {
 
     /// Launches `stream`'s pending batch, if it has one.
     pub(crate) fn send(&self, gpu: &Gpu, stream: StreamId) -> Result<()> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock_unpoisoned();
         let Some(batch) = pending
             .iter_mut()
             .find(|(id, p)| *id == stream && p.count() > 0)
@@ -178,7 +179,7 @@ impl Batches {
 
     /// Launches every stream's pending batch (the first error is returned after all are sent).
     pub(crate) fn send_all(&self, gpu: &Gpu) -> Result<()> {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock_unpoisoned();
         if pending.iter().all(|(_, p)| p.count() == 0) {
             return Ok(());
         }
@@ -198,7 +199,7 @@ impl Batches {
 
     /// Forgets `stream`'s batch slot (the stream is being destroyed; send it first).
     pub(crate) fn remove(&self, stream: StreamId) {
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pending = self.pending.lock_unpoisoned();
         pending.retain(|(id, _)| *id != stream);
     }
 }

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::kernel_cache::KernelCache;
 use strata_core::lower::map_plan::Path;
 use strata_core::lower::program::{Lanes, Op, Program};
+use strata_core::sync::LockUnpoisoned;
 use strata_core::{DType, Result};
 
 /// The interpreter, and the maps that had their first launch.
@@ -77,7 +78,7 @@ impl FirstLaunches {
         let kept = self
             .interpreted
             .peek(sig)
-            .and_then(|slot| slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+            .and_then(|slot| slot.lock_unpoisoned().take());
         match kept {
             Some(r) => Ok(r),
             None => sig.render(),

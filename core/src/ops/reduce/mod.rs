@@ -109,7 +109,10 @@ impl Tensor {
             crate::tensor::Write::Existing,
         );
         if let (Err(e), Some(w)) = (&ran, &written) {
-            let _ = w.storage.failed.set(e.to_string());
+            let _ = w.storage.failed.set(e.clone());
+        }
+        if let Some(w) = &written {
+            w.storage.filled();
         }
         ran?;
         Ok(out)
