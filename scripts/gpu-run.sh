@@ -9,7 +9,9 @@
 # (the host cost per op), first-op (a new process's first calls, cold, beside an earlier
 # build's), random (thousands of random programs on cuda:0 and on wgpu,
 # RANDOM_PROGRAMS of them, 3000 unless set), hist (histograms and stochastic rounding beside
-# PyTorch), train (optimizer steps and the MLP's training step beside PyTorch), all.
+# PyTorch), train (optimizer steps and the MLP's training step beside PyTorch), soak (the
+# soak test's cycles on cuda:0, SOAK_CYCLES of them, 10^5 unless set, and a tenth of them on
+# wgpu), cpu-train (the MLP step on the CPU backend beside PyTorch's CPU), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -278,9 +280,26 @@ for op, r in rows.items():
 PY
 }
 
+run_soak() {
+  n="${SOAK_CYCLES:-100000}"
+  echo "== soak: $n cycles on cuda:0, $((n / 10)) on wgpu (tests/tests/soak.rs)" | tee -a "$summary"
+  STRATA_SOAK_CYCLES=$n STRATA_TEST_DEVICES=cuda:0 timeout 500 "$bin/test-soak" --nocapture > "$out/soak-cuda.log" 2>&1
+  printf 'cuda rc=%s %s\n' "$?" "$(grep -E '^soak on|test result' "$out/soak-cuda.log" | tr '\n' ' ')" | tee -a "$summary"
+  (setup_vulkan; STRATA_SOAK_CYCLES=$((n / 10)) STRATA_TEST_DEVICES=wgpu timeout 300 "$bin/test-soak" --nocapture > "$out/soak-wgpu.log" 2>&1
+   printf 'wgpu rc=%s %s\n' "$?" "$(grep -E '^soak on|test result' "$out/soak-wgpu.log" | tr '\n' ' ')" | tee -a "$summary")
+}
+
+run_cpu_train() {
+  echo "== the MLP step on the CPU backend (batch 256) beside PyTorch's CPU" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" mlp --device cpu --batch 256 --optimizer adamw 2>&1 | tee -a "$summary"
+  timeout 300 python3 scripts/bench_mlp_torch.py 256 adamw cpu 2>&1 | tee -a "$summary"
+}
+
 case "$mode" in
   hist) run_hist ;;
   train) run_train ;;
+  soak) run_soak ;;
+  cpu-train) run_cpu_train ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;

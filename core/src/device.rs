@@ -49,6 +49,8 @@ struct DeviceInner {
     checks: Mutex<Vec<DeferredCheck>>,
     /// Failures a test injected, taken by the next operation of their kind.
     faults: Mutex<Vec<Fault>>,
+    /// The most bytes live tensors may hold (`set_memory_limit`); 0 for no limit.
+    memory_limit: std::sync::atomic::AtomicUsize,
     /// The profiler's recorder, when one records.
     profile: ProfileState,
     /// For a pinned host device: the device whose page-locked memory it holds.
@@ -124,6 +126,7 @@ impl Device {
                 pending: Mutex::new(Vec::new()),
                 checks: Mutex::new(Vec::new()),
                 faults: Mutex::new(Vec::new()),
+                memory_limit: std::sync::atomic::AtomicUsize::new(0),
                 profile: ProfileState::default(),
                 pinned_for,
                 pinned_host: Mutex::new(Weak::new()),
@@ -350,6 +353,13 @@ impl Device {
         if let Some(f) = self.take_fault(&[Fault::Allocation]) {
             return Err(f.error(bytes, ""));
         }
+        let limit = self.inner.memory_limit.load(Ordering::Relaxed);
+        if limit > 0 {
+            let allocated = self.backend().memory_stats().allocated;
+            if allocated.saturating_add(bytes) > limit {
+                return Err(Error::out_of_memory(bytes, limit.saturating_sub(allocated)));
+            }
+        }
         if !self.profiling() {
             return self.backend().allocate(bytes, stream);
         }
@@ -381,6 +391,24 @@ impl Device {
     /// ```
     pub fn memory_stats(&self) -> MemoryStats {
         self.inner.backend.memory_stats()
+    }
+
+    /// Caps the bytes this device's live tensors may hold (`memory_stats().allocated`): an
+    /// allocation past it is `Err(OutOfMemory)`, as when the device is full (PyTorch's
+    /// `set_per_process_memory_fraction`, in bytes). `None` lifts the cap.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Error, Tensor};
+    /// let dev = Device::cpu();
+    /// dev.set_memory_limit(Some(1 << 20));
+    /// let e = Tensor::zeros([1 << 20], DType::F32, &dev).unwrap_err();
+    /// assert!(matches!(e, Error::OutOfMemory { requested: 4194304, .. }));
+    /// dev.set_memory_limit(None);
+    /// assert!(Tensor::zeros([1 << 20], DType::F32, &dev).is_ok());
+    /// ```
+    pub fn set_memory_limit(&self, bytes: Option<usize>) {
+        let bytes = bytes.map_or(0, |b| b.max(1));
+        self.inner.memory_limit.store(bytes, Ordering::Relaxed);
     }
 
     /// Returns cached, unused memory to the system.

@@ -66,3 +66,79 @@ fn deferred_faults(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(injected_faults_keep_their_kind, deferred_faults);
+
+/// Out of memory in the middle of work: with the device filled up to a memory limit, a fused
+/// chain, a matmul, a training step (forward, backward, AdamW) and, on CUDA, a pinned upload
+/// each give `Err(OutOfMemory)` and leave what they would have written unchanged; with the
+/// filler dropped, the same calls succeed.
+fn out_of_memory_midway(dev: &Device) -> Result<()> {
+    use strata::nn::{AdamW, Optimizer};
+    let mut g = strata::random::Generator::new(4);
+    let x = Tensor::randn([64, 32], DType::F32, &mut g, dev)?;
+    let w = Tensor::randn([32, 16], DType::F32, &mut g, dev)?.requires_grad_(true)?;
+    let w_before = w.to_vec::<f32>()?;
+    let mut opt = AdamW::new([w.clone()], 1e-2)?;
+    let host: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let pinned = match dev.pinned_host() {
+        Ok(p) => Some(Tensor::from_slice(&host, [4096], &p)?),
+        Err(_) => None,
+    };
+    dev.synchronize()?;
+    // Fill up to the limit: blocks of 64 KiB, then smaller ones, until not even 4 bytes fit.
+    dev.set_memory_limit(Some(dev.memory_stats().allocated + (4 << 20)));
+    let mut filler = Vec::new();
+    for elements in [1 << 14, 1 << 10, 64, 1] {
+        let refused = loop {
+            match Tensor::empty([elements], DType::F32, dev) {
+                Ok(t) => filler.push(t),
+                Err(e) => break e,
+            }
+            assert!(filler.len() < 1 << 14, "the memory limit never refused");
+        };
+        assert!(matches!(refused, Error::OutOfMemory { .. }), "{refused}");
+    }
+    let step = |opt: &mut AdamW| -> Result<()> {
+        let loss = x.matmul(&w)?.relu()?.sum(strata::ops::Axes::All, false)?;
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
+    };
+    let oom = |r: Result<()>, what: &str| match r {
+        Err(Error::OutOfMemory { .. }) => {}
+        other => panic!("{what}: expected OutOfMemory, got {other:?}"),
+    };
+    oom(
+        x.mul(2.0)
+            .and_then(|t| t.add(1.0))
+            .and_then(|t| t.realize()),
+        "a fused chain",
+    );
+    oom(x.matmul(&x.t()?).map(|_| ()), "a matmul");
+    oom(step(&mut opt), "a training step");
+    if let Some(p) = &pinned {
+        oom(p.to_device(dev).map(|_| ()), "a pinned upload");
+    }
+    dev.set_memory_limit(None);
+    drop(filler);
+    opt.zero_grad();
+    assert_eq!(
+        w.to_vec::<f32>()?,
+        w_before,
+        "a failed step changed the parameters"
+    );
+    assert_eq!(opt.steps(0), 0);
+    // Room again: the same calls succeed.
+    assert_eq!(x.mul(2.0)?.add(1.0)?.shape(), &[64, 32]);
+    assert_eq!(x.matmul(&x.t()?)?.shape(), &[64, 64]);
+    step(&mut opt)?;
+    assert_ne!(w.to_vec::<f32>()?, w_before);
+    if let Some(p) = &pinned {
+        assert_eq!(p.to_device(dev)?.to_vec::<f32>()?, host);
+    }
+    Ok(())
+}
+test_device!(
+    out_of_memory_midway_leaves_no_half_writes,
+    out_of_memory_midway
+);
