@@ -840,11 +840,14 @@ fn launch_ordered(
         // Reading a differently-laid-out view of a storage being written could see
         // elements this kernel already overwrote: read from a copy instead. (A map's further
         // outputs count too; a reduction's row prologue reads its own further output, the
-        // row statistic, on purpose.)
+        // row statistic, on purpose.) A matmul reads every operand element many times while
+        // writing C, so it takes a copy of an operand that shares C's storage in any layout
+        // (`gemm` into one of its operands).
         let map = matches!(kernel, Kernel::Map { .. });
+        let matmul = matches!(kernel, Kernel::Matmul { .. });
         let overwritten = std::iter::once(&out)
             .chain(also.iter().filter(|_| map))
-            .any(|o| t.shares_storage(o) && t.layout != o.layout);
+            .any(|o| t.shares_storage(o) && (t.layout != o.layout || matmul));
         if overwritten {
             copies.push(Some(t.copy()?));
         } else {

@@ -162,6 +162,19 @@ fn gemm_and_errors(dev: &Device) -> Result<()> {
         .isnan()?
         .all(0, false)?
         .item::<bool>()?);
+    // C is also an operand: the product reads the old values (the CPU's product runs on the
+    // operands' memory unless C shares it).
+    let sq = make(DType::F32, &[136, 136], 4, dev)?;
+    let (before, other) = (host(&sq)?, make(DType::F32, &[136, 136], 5, dev)?);
+    let (_, p) = reference(&sq, &other, DType::F32)?;
+    Tensor::gemm(1.0, &sq, &other, 1.0, &sq, false, false)?;
+    for (i, g) in host(&sq)?.into_iter().enumerate() {
+        let w = p[i].to_f64() + before[i].to_f64();
+        assert!(
+            (g.to_f64() - w).abs() < 1e-4 * w.abs().max(1.0),
+            "gemm into a, element {i}"
+        );
+    }
     // Half gemm (widened to f32 on wgpu): α, β, and a write through a view whose other
     // elements stay NaN. Small integers keep every result exact in f16 and bf16.
     for dtype in [DType::F16, DType::BF16] {

@@ -27,89 +27,172 @@ fn load(view: &View, layout: &Layout, dtype: DType, acc: DType) -> Block {
     block.cast(acc, false)
 }
 
+/// One strided matrix: its first element and its row and column strides, in elements.
+#[derive(Clone, Copy)]
+struct Strided<T> {
+    ptr: *const T,
+    rs: isize,
+    cs: isize,
+}
+
+// SAFETY: a matrix of a kernel's operand, only read, or for C written in disjoint row blocks;
+// the buffers outlive the scoped threads that use it.
+unsafe impl<T> Send for Strided<T> {}
+unsafe impl<T> Sync for Strided<T> {}
+
+impl<T> Strided<T> {
+    /// The same matrix from row `r` on.
+    fn from_row(self, r: usize) -> Strided<T> {
+        Strided {
+            ptr: self.ptr.wrapping_offset(r as isize * self.rs),
+            ..self
+        }
+    }
+}
+
 /// A float accumulator with a blocked matrix product.
 trait Gemm:
     Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
 {
-    /// `c = a·b` for row-major `a` (`m × k`), `b` (`k × n`) and `c` (`m × n`), all dense.
-    fn gemm(a: &[Self], b: &[Self], c: &mut [Self], dims: (usize, usize, usize));
+    /// `c = α·a·b + β·c` (`c` not read when β is 0) for `a` `m × k`, `b` `k × n`, `c` `m × n`.
+    ///
+    /// # Safety
+    /// Each matrix's strides stay inside its memory; `c` overlaps neither operand.
+    unsafe fn gemm(
+        dims: (usize, usize, usize),
+        alpha: Self,
+        a: Strided<Self>,
+        b: Strided<Self>,
+        beta: Self,
+        c: Strided<Self>,
+    );
 }
 
 impl Gemm for f32 {
-    fn gemm(a: &[f32], b: &[f32], c: &mut [f32], (m, k, n): (usize, usize, usize)) {
-        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-        // SAFETY: the slices hold the row-major matrices the strides describe (checked above).
-        unsafe {
-            matrixmultiply::sgemm(
-                m,
-                k,
-                n,
-                1.0,
-                a.as_ptr(),
-                k as isize,
-                1,
-                b.as_ptr(),
-                n as isize,
-                1,
-                0.0,
-                c.as_mut_ptr(),
-                n as isize,
-                1,
-            )
-        }
+    unsafe fn gemm(
+        (m, k, n): (usize, usize, usize),
+        alpha: f32,
+        a: Strided<f32>,
+        b: Strided<f32>,
+        beta: f32,
+        c: Strided<f32>,
+    ) {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.ptr,
+            a.rs,
+            a.cs,
+            b.ptr,
+            b.rs,
+            b.cs,
+            beta,
+            c.ptr as *mut f32,
+            c.rs,
+            c.cs,
+        )
     }
 }
 
 impl Gemm for f64 {
-    fn gemm(a: &[f64], b: &[f64], c: &mut [f64], (m, k, n): (usize, usize, usize)) {
-        assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
-        // SAFETY: the slices hold the row-major matrices the strides describe (checked above).
-        unsafe {
-            matrixmultiply::dgemm(
-                m,
-                k,
-                n,
-                1.0,
-                a.as_ptr(),
-                k as isize,
-                1,
-                b.as_ptr(),
-                n as isize,
-                1,
-                0.0,
-                c.as_mut_ptr(),
-                n as isize,
-                1,
-            )
-        }
+    unsafe fn gemm(
+        (m, k, n): (usize, usize, usize),
+        alpha: f64,
+        a: Strided<f64>,
+        b: Strided<f64>,
+        beta: f64,
+        c: Strided<f64>,
+    ) {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.ptr,
+            a.rs,
+            a.cs,
+            b.ptr,
+            b.rs,
+            b.cs,
+            beta,
+            c.ptr as *mut f64,
+            c.rs,
+            c.cs,
+        )
     }
 }
 
-/// `α·a·b + β·c` for float accumulators, blocks of rows split across threads.
+/// `c = α·a·b + β·c`, blocks of rows split across threads.
+///
+/// # Safety
+/// As [`Gemm::gemm`].
+unsafe fn threaded_gemm<T: Gemm>(
+    (m, k, n): (usize, usize, usize),
+    alpha: T,
+    a: Strided<T>,
+    b: Strided<T>,
+    beta: T,
+    c: Strided<T>,
+) {
+    let per = m
+        .div_ceil(if m * n * k > 1 << 18 { threads() } else { 1 })
+        .max(1);
+    std::thread::scope(|s| {
+        for r0 in (0..m).step_by(per) {
+            let rows = per.min(m - r0);
+            let (a, c) = (a.from_row(r0), c.from_row(r0));
+            // SAFETY: the caller's promise, for a block of rows; blocks write disjoint rows.
+            s.spawn(move || unsafe { T::gemm((rows, k, n), alpha, a, b, beta, c) });
+        }
+    });
+}
+
+/// `α·a·b + β·c` for dense row-major float matrices (a new `m × n` matrix).
 fn float_gemm<T: Gemm>(
     (x, y): (&[T], &[T]),
     (m, k, n): (usize, usize, usize),
     (alpha, beta): (T, T),
     old: Option<Vec<T>>,
 ) -> Vec<T> {
-    let per = m
-        .div_ceil(if m * n * k > 1 << 18 { threads() } else { 1 })
-        .max(1);
-    let mut ab = vec![T::default(); m * n];
-    std::thread::scope(|s| {
-        for (block, out) in ab.chunks_mut(per * n.max(1)).enumerate() {
-            let rows = out.len().checked_div(n).unwrap_or(0);
-            let a = &x[block * per * k..];
-            s.spawn(move || T::gemm(a, y, out, (rows, k, n)));
-        }
-    });
-    match old {
-        Some(o) => ab
-            .iter()
-            .zip(&o)
-            .map(|(&v, &c)| alpha * v + beta * c)
-            .collect(),
-        None => ab.iter().map(|&v| alpha * v).collect(),
+    let dense = |p: *const T, cols: usize| Strided {
+        ptr: p,
+        rs: cols as isize,
+        cs: 1,
+    };
+    assert!(x.len() >= m * k && y.len() >= k * n);
+    // β = 0: C is not read (NaN in it does not propagate).
+    let (mut out, beta) = match old {
+        Some(o) if o.len() >= m * n => (o, beta),
+        _ => (vec![T::default(); m * n], T::default()),
+    };
+    // SAFETY: the slices hold the dense matrices described (checked above).
+    unsafe {
+        threaded_gemm(
+            (m, k, n),
+            alpha,
+            dense(x.as_ptr(), k),
+            dense(y.as_ptr(), n),
+            beta,
+            dense(out.as_mut_ptr(), n),
+        )
+    };
+    out
+}
+
+/// The batch's 2-D layout as a [`Strided`] matrix over `view`'s memory: matrixmultiply's
+/// packing reads any strides (negative and zero too), so a transposed, flipped or broadcast
+/// operand needs no gathered copy.
+fn strided<T>(view: &View, layout: &Layout) -> Strided<T> {
+    let st = layout.strides();
+    let ptr = view
+        .base_ptr()
+        .wrapping_add(layout.offset() * std::mem::size_of::<T>());
+    Strided {
+        ptr: ptr as *const T,
+        rs: st[0],
+        cs: st[1],
     }
 }
 
@@ -135,6 +218,22 @@ fn product<T: Copy + Default + std::ops::Add<Output = T>>(
     out
 }
 
+/// The product on the operands' and C's own memory (see [`strided`]).
+///
+/// # Safety
+/// The views lie inside their buffers; C overlaps neither operand nor itself (core copies an
+/// operand that overlaps the output and rejects self-overlapping outputs).
+unsafe fn direct_gemm<T: Gemm>(
+    a: (&View, &Layout),
+    b: (&View, &Layout),
+    c: (&View, &Layout),
+    dims: (usize, usize, usize),
+    (alpha, beta): (T, T),
+) {
+    let (sa, sb, sc) = (strided(a.0, a.1), strided(b.0, b.1), strided(c.0, c.1));
+    threaded_gemm(dims, alpha, sa, sb, beta, sc);
+}
+
 /// Executes a `Matmul` kernel.
 pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
     let crate::lower::operands::MatmulOperands {
@@ -157,10 +256,29 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
             batch_layout(&b.layout, bi)?,
             batch_layout(&c.layout, bi)?,
         );
+        // Operands and C of the accumulator's float dtype: straight on their memory.
+        let dims = (m, k, n);
+        // (A C that shares memory with an operand, `gemm` into one of them, takes the copy.)
+        let shared = vc.base_ptr() == va.base_ptr() || vc.base_ptr() == vb.base_ptr();
+        if a.dtype == acc && b.dtype == acc && c.dtype == acc && !shared {
+            let (a, b, c) = ((&va, &la), (&vb, &lb), (&vc, &lc));
+            // SAFETY: View::new bounds-checked the operands; see direct_gemm.
+            match acc {
+                DType::F32 => unsafe {
+                    let (al, be) = (alpha.to_f64() as f32, beta.to_f64() as f32);
+                    direct_gemm::<f32>(a, b, c, dims, (al, be));
+                    continue;
+                },
+                DType::F64 => unsafe {
+                    direct_gemm::<f64>(a, b, c, dims, (alpha.to_f64(), beta.to_f64()));
+                    continue;
+                },
+                _ => {}
+            }
+        }
         let (ma, mb) = (load(&va, &la, a.dtype, acc), load(&vb, &lb, b.dtype, acc));
         // β = 0: C is not read (NaN in it does not propagate).
         let old = beta.to_bool().then(|| load(&vc, &lc, c.dtype, acc));
-        let dims = (m, k, n);
         let result = match (ma, mb, old) {
             (Block::F32(x), Block::F32(y), old) => {
                 let old = old.map(|o| match o {

@@ -69,6 +69,11 @@ impl<'a> View<'a> {
         })
     }
 
+    /// The start of the buffer (element 0 of the storage, not of the layout).
+    pub(crate) fn base_ptr(&self) -> *mut u8 {
+        self.base
+    }
+
     /// The same storage seen through another layout (positions still in elements).
     pub(crate) fn with_layout<'b>(&self, layout: &'b Layout) -> View<'b> {
         View {
