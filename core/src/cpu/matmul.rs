@@ -42,7 +42,7 @@ unsafe impl<T> Sync for Strided<T> {}
 
 impl<T> Strided<T> {
     /// The same matrix from row `r` on.
-    fn from_row(self, r: usize) -> Strided<T> {
+    fn rows_from(self, r: usize) -> Strided<T> {
         Strided {
             ptr: self.ptr.wrapping_offset(r as isize * self.rs),
             ..self
@@ -142,7 +142,7 @@ unsafe fn threaded_gemm<T: Gemm>(
     std::thread::scope(|s| {
         for r0 in (0..m).step_by(per) {
             let rows = per.min(m - r0);
-            let (a, c) = (a.from_row(r0), c.from_row(r0));
+            let (a, c) = (a.rows_from(r0), c.rows_from(r0));
             // SAFETY: the caller's promise, for a block of rows; blocks write disjoint rows.
             s.spawn(move || unsafe { T::gemm((rows, k, n), alpha, a, b, beta, c) });
         }
