@@ -67,10 +67,11 @@ fn deferred_faults(dev: &Device) -> Result<()> {
 }
 test_device!(injected_faults_keep_their_kind, deferred_faults);
 
-/// Out of memory in the middle of work: with the device filled up to a memory limit, a fused
-/// chain, a matmul, a training step (forward, backward, AdamW) and, on CUDA, a pinned upload
-/// each give `Err(OutOfMemory)` and leave what they would have written unchanged; with the
-/// filler dropped, the same calls succeed.
+/// Out of memory in the middle of work: with the device filled up to a memory limit (or, with
+/// `STRATA_TEST_FILL_DEVICE=1`, filled for real: the GPU machine's run), a fused chain, a
+/// matmul, a training step (forward, backward, AdamW) and, on CUDA, a pinned upload each give
+/// `Err(OutOfMemory)` and leave what they would have written unchanged; with the filler
+/// dropped, the same calls succeed.
 fn out_of_memory_midway(dev: &Device) -> Result<()> {
     use strata::nn::{AdamW, Optimizer};
     let mut g = strata::random::Generator::new(4);
@@ -84,10 +85,13 @@ fn out_of_memory_midway(dev: &Device) -> Result<()> {
         Err(_) => None,
     };
     dev.synchronize()?;
-    // Fill up to the limit: blocks of 64 KiB, then smaller ones, until not even 4 bytes fit.
-    dev.set_memory_limit(Some(dev.memory_stats().allocated + (4 << 20)));
+    // Fill up to the limit: large blocks, then smaller ones, until not even 4 bytes fit.
+    let for_real = std::env::var("STRATA_TEST_FILL_DEVICE").is_ok_and(|v| v == "1");
+    if !for_real {
+        dev.set_memory_limit(Some(dev.memory_stats().allocated + (4 << 20)));
+    }
     let mut filler = Vec::new();
-    for elements in [1 << 14, 1 << 10, 64, 1] {
+    for elements in [1 << 28, 1 << 20, 1 << 14, 1 << 10, 64, 1] {
         let refused = loop {
             match Tensor::empty([elements], DType::F32, dev) {
                 Ok(t) => filler.push(t),
