@@ -53,14 +53,14 @@ pub(crate) struct Storage {
     pub(crate) computed_in: Arc<OnceLock<u64>>,
 }
 
-/// A number for the calling thread, unique in the process and never 0 (`ThreadId` has no
-/// stable number to store in an atomic).
+/// A number for the calling thread, never 0: a hash of its `ThreadId`. (Not a counter of our
+/// own: a notebook kernel links a copy of strata into every cell's library, each with its own
+/// statics, while `ThreadId` comes from the one std all cells share.)
 fn thread_token() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    TOKEN.with(|t| *t)
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::thread::current().id().hash(&mut h);
+    h.finish().max(1)
 }
 
 impl Drop for Storage {
