@@ -47,8 +47,10 @@ struct DeviceInner {
     /// Verdicts the device computes (a gather's index range flag), read at its next read or
     /// synchronize, oldest first.
     checks: Mutex<Vec<DeferredCheck>>,
-    /// Failures a test injected, taken by the next operation of their kind.
+    /// Failures a test injected, taken by the next operation of their kind; `any_fault` says
+    /// whether there are any without a lock on every launch.
     faults: Mutex<Vec<Fault>>,
+    any_fault: AtomicBool,
     /// The most bytes live tensors may hold (`set_memory_limit`); 0 for no limit.
     memory_limit: std::sync::atomic::AtomicUsize,
     /// The profiler's recorder, when one records.
@@ -126,6 +128,7 @@ impl Device {
                 pending: Mutex::new(Vec::new()),
                 checks: Mutex::new(Vec::new()),
                 faults: Mutex::new(Vec::new()),
+                any_fault: AtomicBool::new(false),
                 memory_limit: std::sync::atomic::AtomicUsize::new(0),
                 profile: ProfileState::default(),
                 pinned_for,
@@ -240,13 +243,21 @@ impl Device {
     #[doc(hidden)]
     pub fn inject_fault(&self, fault: Fault) {
         self.inner.faults.lock_unpoisoned().push(fault);
+        self.inner.any_fault.store(true, Ordering::Release);
     }
 
     /// The injected fault among `kinds` that the next such operation takes, if any.
     fn take_fault(&self, kinds: &[Fault]) -> Option<Fault> {
+        if !self.inner.any_fault.load(Ordering::Acquire) {
+            return None;
+        }
         let mut faults = self.inner.faults.lock_unpoisoned();
         let k = faults.iter().position(|f| kinds.contains(f))?;
-        Some(faults.remove(k))
+        let taken = faults.remove(k);
+        self.inner
+            .any_fault
+            .store(!faults.is_empty(), Ordering::Release);
+        Some(taken)
     }
 
     /// Keeps `check` for the next read or synchronize (see [`DeferredCheck`]).
