@@ -51,9 +51,7 @@ impl<T> Strided<T> {
 }
 
 /// A float accumulator with a blocked matrix product.
-trait Gemm:
-    Copy + Default + Send + Sync + std::ops::Add<Output = Self> + std::ops::Mul<Output = Self>
-{
+trait Gemm: Copy + Default + Send + Sync {
     /// `c = α·a·b + β·c` (`c` not read when β is 0) for `a` `m × k`, `b` `k × n`, `c` `m × n`.
     ///
     /// # Safety
@@ -68,61 +66,28 @@ trait Gemm:
     );
 }
 
-impl Gemm for f32 {
-    unsafe fn gemm(
-        (m, k, n): (usize, usize, usize),
-        alpha: f32,
-        a: Strided<f32>,
-        b: Strided<f32>,
-        beta: f32,
-        c: Strided<f32>,
-    ) {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            alpha,
-            a.ptr,
-            a.rs,
-            a.cs,
-            b.ptr,
-            b.rs,
-            b.cs,
-            beta,
-            c.ptr as *mut f32,
-            c.rs,
-            c.cs,
-        )
-    }
+/// [`Gemm`] for `$t` through matrixmultiply's `$gemm`.
+macro_rules! gemm_through {
+    ($t:ty, $gemm:path) => {
+        impl Gemm for $t {
+            unsafe fn gemm(
+                (m, k, n): (usize, usize, usize),
+                alpha: $t,
+                a: Strided<$t>,
+                b: Strided<$t>,
+                beta: $t,
+                c: Strided<$t>,
+            ) {
+                let c_ptr = c.ptr as *mut $t;
+                $gemm(
+                    m, k, n, alpha, a.ptr, a.rs, a.cs, b.ptr, b.rs, b.cs, beta, c_ptr, c.rs, c.cs,
+                )
+            }
+        }
+    };
 }
-
-impl Gemm for f64 {
-    unsafe fn gemm(
-        (m, k, n): (usize, usize, usize),
-        alpha: f64,
-        a: Strided<f64>,
-        b: Strided<f64>,
-        beta: f64,
-        c: Strided<f64>,
-    ) {
-        matrixmultiply::dgemm(
-            m,
-            k,
-            n,
-            alpha,
-            a.ptr,
-            a.rs,
-            a.cs,
-            b.ptr,
-            b.rs,
-            b.cs,
-            beta,
-            c.ptr as *mut f64,
-            c.rs,
-            c.cs,
-        )
-    }
-}
+gemm_through!(f32, matrixmultiply::sgemm);
+gemm_through!(f64, matrixmultiply::dgemm);
 
 /// `c = α·a·b + β·c`, blocks of rows split across threads.
 ///
@@ -258,9 +223,8 @@ pub(crate) fn run(acc: DType, args: &KernelArgs) -> Result<()> {
         );
         // Operands and C of the accumulator's float dtype: straight on their memory.
         let dims = (m, k, n);
-        // (A C that shares memory with an operand, `gemm` into one of them, takes the copy.)
-        let shared = vc.base_ptr() == va.base_ptr() || vc.base_ptr() == vb.base_ptr();
-        if a.dtype == acc && b.dtype == acc && c.dtype == acc && !shared {
+        // (Core hands a matmul a copy of any operand that shares C's storage.)
+        if a.dtype == acc && b.dtype == acc && c.dtype == acc {
             let (a, b, c) = ((&va, &la), (&vb, &lb), (&vc, &lc));
             // SAFETY: View::new bounds-checked the operands; see direct_gemm.
             match acc {
