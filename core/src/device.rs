@@ -613,8 +613,12 @@ impl Device {
     }
 
     pub(crate) fn current_handle(&self) -> Arc<StreamHandle> {
-        let me = std::thread::current().id();
         let current = self.inner.current.lock_unpoisoned();
+        // Every op asks: where no thread set a stream, no thread id is needed.
+        if current.is_empty() {
+            return self.inner.default.clone();
+        }
+        let me = std::thread::current().id();
         match current.iter().find(|(t, _)| *t == me) {
             Some((_, h)) => h.clone(),
             None => self.inner.default.clone(),

@@ -53,14 +53,20 @@ pub(crate) struct Storage {
     pub(crate) computed_in: Arc<OnceLock<u64>>,
 }
 
-/// A number for the calling thread, never 0: a hash of its `ThreadId`. (Not a counter of our
-/// own: a notebook kernel links a copy of strata into every cell's library, each with its own
-/// statics, while `ThreadId` comes from the one std all cells share.)
+/// A number for the calling thread, never 0: a hash of its `ThreadId`, kept per thread. (Not a
+/// counter of our own: a notebook kernel links a copy of strata into every cell's library,
+/// each with its own statics, while `ThreadId` comes from the one std all cells share; each
+/// copy's cache holds the same hash.)
 fn thread_token() -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    std::thread::current().id().hash(&mut h);
-    h.finish().max(1)
+    thread_local! {
+        static TOKEN: u64 = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            std::thread::current().id().hash(&mut h);
+            h.finish().max(1)
+        };
+    }
+    TOKEN.with(|t| *t)
 }
 
 impl Drop for Storage {
