@@ -7,21 +7,7 @@ import sys
 
 import torch
 
-
-def time_ms(step):
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    runs = []
-    for _ in range(20):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        runs.append(start.elapsed_time(end))
-    runs.sort()
-    return runs[len(runs) // 2]
+from bench_torch import timed
 
 
 def main():
@@ -50,7 +36,7 @@ def main():
                 for t in leaves:
                     t.grad = None
 
-            ms = time_ms(step)
+            ms = timed(step)
             print(json.dumps({"op": f"{name} ({mode})", "ms": ms, "bytes": bytes_}), flush=True)
             torch._dynamo.reset()
 

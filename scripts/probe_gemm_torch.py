@@ -1,14 +1,11 @@
+"""Times the MLP's matmul shapes through `mm` and through `bmm` (batch 1, the call strata
+makes), TF32 on: whether cuBLAS picks the same kernels for both (median of 20, CUDA events)."""
 import torch
+
+from bench_torch import timed
+
 torch.backends.cuda.matmul.allow_tf32 = True
 d = "cuda"
-def t(f):
-    for _ in range(3): f()
-    torch.cuda.synchronize()
-    r = []
-    for _ in range(20):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record(); f(); e.record(); e.synchronize(); r.append(s.elapsed_time(e))
-    r.sort(); return r[10]
 h = torch.randn(8192, 4096, device=d); g = torch.randn(8192, 4096, device=d)
 x = torch.randn(8192, 784, device=d); g1 = torch.randn(8192, 4096, device=d)
 w = torch.randn(4096, 4096, device=d)
@@ -22,4 +19,4 @@ for name, f in [
     ("mm h@w (fwd2)", lambda: torch.mm(h, w)),
     ("bmm h@w (fwd2)", lambda: torch.bmm(h.unsqueeze(0), w.unsqueeze(0))),
 ]:
-    print(f"{name:24s} {t(f):.3f} ms")
+    print(f"{name:24s} {timed(f):.3f} ms")
