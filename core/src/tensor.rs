@@ -37,7 +37,7 @@ pub(crate) struct Storage {
     filling: AtomicU64,
     /// Why the launch of its pending work failed (its buffer then holds nothing valid): the
     /// error itself, returned again at every use.
-    pub(crate) failed: OnceLock<Error>,
+    failed: OnceLock<Error>,
     pub(crate) device: Device,
     /// Memory another library lent read-only (DLPack): no kernel may write it.
     pub(crate) read_only: bool,
@@ -186,9 +186,13 @@ impl Storage {
         let _ = self.buffer.set(buffer);
     }
 
-    /// Notes that the kernel filling this storage is enqueued (or failed): its buffer is
+    /// Notes the end of the launch that fills this storage: its error if it failed (every
+    /// later use returns it; the buffer holds nothing valid), and that the buffer is
     /// everyone's to use.
-    pub(crate) fn filled(&self) {
+    pub(crate) fn filled(&self, launch: &Result<()>) {
+        if let Err(e) = launch {
+            let _ = self.failed.set(e.clone());
+        }
         self.filling.store(0, Ordering::Release);
     }
 

@@ -144,10 +144,7 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
                 Write::Fresh,
             );
             let ran = ran.map_err(|e| deferred(e, p));
-            if let Err(e) = &ran {
-                let _ = storage.failed.set(e.clone());
-            }
-            storage.filled();
+            storage.filled(&ran);
             *guard = None;
             return ran;
         }
@@ -213,15 +210,9 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         Write::Fresh,
     );
     let ran = ran.map_err(|e| deferred(e, p));
-    if let Err(e) = &ran {
-        let _ = storage.failed.set(e.clone());
-        for t in &also_outputs {
-            let _ = t.storage.failed.set(e.clone());
-        }
-    }
-    storage.filled();
+    storage.filled(&ran);
     for t in &also_outputs {
-        t.storage.filled();
+        t.storage.filled(&ran);
     }
     // The tree (and every intermediate only it held) is released here.
     *guard = None;

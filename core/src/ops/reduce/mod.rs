@@ -108,11 +108,8 @@ impl Tensor {
             &stream,
             crate::tensor::Write::Existing,
         );
-        if let (Err(e), Some(w)) = (&ran, &written) {
-            let _ = w.storage.failed.set(e.clone());
-        }
         if let Some(w) = &written {
-            w.storage.filled();
+            w.storage.filled(&ran);
         }
         ran?;
         Ok(out)
