@@ -12,6 +12,16 @@ use std::process::Command;
 /// evcxr's build cache limit, in MiB (`:cache`). strata's dependencies take about 600 MiB.
 const CACHE_MIB: u32 = 4096;
 
+/// The package the kernel's cells link: strata built once as a shared library (`dylib`), in
+/// [`DYLIB_DIR`] of the repository. evcxr builds each cell as a library of its own and never
+/// unloads one; linked against strata's `rlib`, each cell carried its own copy of the strata
+/// code it reached (0.6–1 MB a cell, so a long session grew without end) and of strata's
+/// statics. Linked against the shared library, a cell holds only its own code.
+pub const DYLIB_PACKAGE: &str = "strata-dylib";
+
+/// Where [`DYLIB_PACKAGE`] lives in the repository.
+pub const DYLIB_DIR: &str = "jupyter/dylib";
+
 /// How the kernel's `:dep` reaches the strata sources.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -48,12 +58,12 @@ impl Source {
         );
         match self {
             Source::Git(dir) => format!(
-                ":dep strata = {{ git = {}, {features} }}",
+                ":dep strata = {{ package = \"{DYLIB_PACKAGE}\", git = {}, {features} }}",
                 toml_string(&format!("file://{}", dir.display()))
             ),
             Source::Path(dir) => format!(
-                ":dep strata = {{ path = {}, {features} }}",
-                toml_string(&dir.display().to_string())
+                ":dep strata = {{ package = \"{DYLIB_PACKAGE}\", path = {}, {features} }}",
+                toml_string(&dir.join(DYLIB_DIR).display().to_string())
             ),
         }
     }
@@ -258,12 +268,12 @@ mod tests {
         assert_eq!(lines[0], ":cache 4096");
         assert_eq!(
             lines[1],
-            r#":dep strata = { git = "file:///src/strata", default-features = false, features = ["evcxr", "cuda", "wgpu"] }"#
+            r#":dep strata = { package = "strata-dylib", git = "file:///src/strata", default-features = false, features = ["evcxr", "cuda", "wgpu"] }"#
         );
         let path = Source::Path("/src/strata".into()).dep_line(&[]);
         assert_eq!(
             path,
-            r#":dep strata = { path = "/src/strata", default-features = false, features = ["evcxr"] }"#
+            r#":dep strata = { package = "strata-dylib", path = "/src/strata/jupyter/dylib", default-features = false, features = ["evcxr"] }"#
         );
     }
 }
