@@ -94,7 +94,10 @@ fn install_doctor_uninstall_round_trip() {
     assert!(json.contains("\"display_name\": \"Rust (strata)\""));
     let init = std::fs::read_to_string(kernel.join("evcxr/init.evcxr")).unwrap();
     assert!(init.starts_with(":cache "), "{init}");
-    assert!(init.contains(":dep strata = { path = "), "{init}");
+    assert!(
+        init.contains(":dep strata = { package = \"strata-dylib\", path = "),
+        "{init}"
+    );
     let prelude = std::fs::read_to_string(kernel.join("evcxr/prelude.rs")).unwrap();
     assert!(
         prelude.starts_with("use strata::prelude::*;\n"),
@@ -107,7 +110,10 @@ fn install_doctor_uninstall_round_trip() {
     let report = text(&after);
     assert!(report.contains("ok      kernelspec"), "{report}");
     assert!(report.contains("device cpu"), "{report}");
-    assert!(report.contains(":dep strata = { path = "), "{report}");
+    assert!(
+        report.contains(":dep strata = { package = \"strata-dylib\", path = "),
+        "{report}"
+    );
 
     assert!(run(&dir, &["uninstall"]).status.success());
     assert!(!kernel.exists());
