@@ -478,6 +478,46 @@ def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     assert data(nb.cells[2], "text/plain") == "42", all_text(nb.cells[2])
 
 
+def test_cells_link_one_shared_strata():
+    """Issue 45: evcxr builds each cell as a library it loads and never unloads. Linked
+    against strata's rlib, each cell's library carried its own copy of the strata code it
+    reached (0.6-1 MB a cell: a 1,000-cell session grew by 0.75 GB) and of strata's statics.
+    The kernel links strata as one shared library: the process that runs the cells maps it
+    once, and a tensor cell's own library stays small."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "let mut g = strata::random::Generator::new(1);\n"
+        "let t = Tensor::rand([64, 64], DType::F32, &mut g, &Device::cpu())?;\n"
+        "let s = (&t * 2.0)?.relu()?.sum(-1, false)?;\ns"))
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "t.matmul(&t)?.mean(Axes::All, false)?.item::<f32>()?"))
+    # One block: its borrowed locals are not notebook variables.
+    nb.cells.append(nbformat.v4.new_code_cell(r'''{
+let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+let shared: std::collections::BTreeSet<&str> = maps.lines()
+    .filter_map(|l| l.split_whitespace().nth(5)).filter(|p| p.contains("libstrata_dylib")).collect();
+let target = std::path::Path::new(&std::env::var("EVCXR_TMPDIR").unwrap()).join("target");
+let mut cells = Vec::new();
+for triple in std::fs::read_dir(&target).unwrap().flatten() {
+    if let Ok(deps) = std::fs::read_dir(triple.path().join("debug/deps")) {
+        for f in deps.flatten() {
+            let name = f.file_name().to_string_lossy().into_owned();
+            if name.starts_with("libcode_") && name.ends_with(".so") {
+                cells.push(f.metadata().unwrap().len());
+            }
+        }
+    }
+}
+println!("shared {} cells {} largest {}", shared.len(), cells.len(), cells.iter().max().unwrap());
+}'''))
+    EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600).execute()
+    line = stream(nb.cells[2], "stdout")
+    shared, cells, largest = (int(v) for v in line.split()[1::2])
+    assert shared == 1 and cells >= 3, line
+    # The same cells linked against strata's rlib: 0.58-1.0 MB each.
+    assert largest < 200_000, line
+
+
 def test_every_new_kernel_answers():
     """Issue 18's hang (a new kernel that never answered, once in about 14 starts in a
     browser): start kernels the way JupyterLab's server does — kernel_info requests on shell
