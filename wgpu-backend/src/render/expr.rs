@@ -187,8 +187,29 @@ fn math(d: DType, caps: Caps, name: &str, args: &[&str]) -> String {
     }
 }
 
+/// `b` read so that a compiler cannot tell it is `a`'s value: a select on a condition only
+/// the running kernel knows (the `params` binding is never empty). NVIDIA's Vulkan driver
+/// folds `x - x` to 0, which IEEE 754 makes NaN for ±inf and NaN (issue 44); an operation
+/// whose two operands are one value (`x - x`, `x / x`, `x == x`) reads the second through
+/// this. `STRATA_WGPU_FOLD_GUARD=0` renders them as written, to see what a driver folds.
+fn unfoldable<'a>(a: &str, b: &'a str) -> std::borrow::Cow<'a, str> {
+    static GUARD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let guard =
+        *GUARD.get_or_init(|| std::env::var("STRATA_WGPU_FOLD_GUARD").as_deref() != Ok("0"));
+    if guard && a == b {
+        format!("select({b}, -{b}, arrayLength(&params) == 0u)").into()
+    } else {
+        b.into()
+    }
+}
+
 fn binary(op: BinaryOp, d: DType, a: &str, b: &str, caps: Caps) -> Result<String> {
     use BinaryOp::*;
+    let b = &*if d.is_float() {
+        unfoldable(a, b)
+    } else {
+        b.into()
+    };
     let cmp_operands = |x: &str| {
         if d == DType::Bool {
             format!("select(0u, 1u, {x})")
