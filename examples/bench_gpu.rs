@@ -11,7 +11,8 @@
 //! `bench_gpu host` only the host cost of tiny ops on CUDA; `bench_gpu mlp [--batch N]
 //! [--device cuda|wgpu|cpu]` a GELU MLP's training step (`scripts/bench_mlp_torch.py` is
 //! PyTorch's side); `bench_gpu backward [--log2n N] [--device ..]` the backward of the fused
-//! chains (`scripts/bench_backward_torch.py`).
+//! chains (`scripts/bench_backward_torch.py`); `bench_gpu peer [--log2n N]` copies between
+//! CUDA devices 0 and 1 (`scripts/bench_peer_torch.py`).
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
@@ -446,6 +447,52 @@ fn optimizer_steps(dev: &Device) -> Result<()> {
 /// Histograms and stochastic rounding on 2^`log2` f32 normals (issue 42's table): histc into
 /// 64 and 4096 bins, the exponent histogram (its read-back included), the stochastic and
 /// plain casts to bf16, and a copy for the bandwidth floor.
+/// Copies of `n` f32 elements between CUDA devices 0 and 1, each way and both ways at once:
+/// median wall-clock ms of 20 repetitions (each a copy and both devices synchronized; the
+/// copy is ordered on the two devices' streams, so the host clock is the fair one), as
+/// `scripts/bench_peer_torch.py` times `t.to('cuda:1')`.
+fn peer_copies(n: usize) -> Result<()> {
+    if Device::cuda_count() < 2 {
+        eprintln!("peer: one CUDA device, nothing to measure");
+        return Ok(());
+    }
+    let (d0, d1) = (Device::cuda(0)?, Device::cuda(1)?);
+    let x0 = Tensor::ones([n], DType::F32, &d0)?;
+    let x1 = Tensor::ones([n], DType::F32, &d1)?;
+    let bytes = n * 4;
+    let gib = bytes as f64 / (1u64 << 30) as f64;
+    let wall = |op: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let mut runs = Vec::new();
+        for k in 0..23 {
+            let t = Instant::now();
+            op()?;
+            d0.synchronize()?;
+            d1.synchronize()?;
+            if k >= 3 {
+                runs.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        Ok(median(runs))
+    };
+    let rows = [
+        ("cuda:0 -> cuda:1", bytes),
+        ("cuda:1 -> cuda:0", bytes),
+        ("both ways at once", 2 * bytes),
+    ];
+    for (k, (name, moved)) in rows.into_iter().enumerate() {
+        let ms = wall(&mut || {
+            match k {
+                0 => drop(x0.to_device(&d1)?),
+                1 => drop(x1.to_device(&d0)?),
+                _ => drop((x0.to_device(&d1)?, x1.to_device(&d0)?)),
+            }
+            Ok(())
+        })?;
+        println!("{{\"op\": \"peer copy {gib} GiB {name}\", \"ms\": {ms:.4}, \"bytes\": {moved}}}");
+    }
+    Ok(())
+}
+
 fn hist(dev: &Device, log2: u32) -> Result<()> {
     let n = 1usize << log2;
     let mut g = strata::random::Generator::new(3);
@@ -479,6 +526,10 @@ fn main() -> Result<()> {
             return hist(&Device::cuda(0)?, log2);
         }
         Some("first-op") => return first_op(),
+        Some("peer") => {
+            let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
+            return peer_copies(1 << log2n);
+        }
         Some("host") => return host_costs(&Device::cuda(0)?),
         Some(mode @ ("mlp" | "optim" | "backward")) => {
             let dev = match arg("--device", "cuda").as_str() {

@@ -11,7 +11,8 @@
 # RANDOM_PROGRAMS of them, 3000 unless set), hist (histograms and stochastic rounding beside
 # PyTorch), train (optimizer steps and the MLP's training step beside PyTorch), soak (the
 # soak test's cycles on cuda:0, SOAK_CYCLES of them, 10^5 unless set, and a tenth of them on
-# wgpu), cpu-train (the MLP step on the CPU backend beside PyTorch's CPU), all.
+# wgpu), cpu-train (the MLP step on the CPU backend beside PyTorch's CPU), multi (several
+# GPUs: copies between devices and the mixed-device tests, beside PyTorch), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -289,6 +290,21 @@ run_soak() {
    printf 'wgpu rc=%s %s\n' "$?" "$(grep -E '^soak on|test result' "$out/soak-wgpu.log" | tr '\n' ' ')" | tee -a "$summary")
 }
 
+# Several GPUs (the nvidia-h100-x2/-x4 kinds): the devices tests on cuda:0 with cuda:1 (peer
+# copies, mixed-device errors) and copies between them beside PyTorch's. NVLink multicast
+# stays off for anything that starts NCCL (KINDS.md).
+run_multi() {
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  echo "== several GPUs: $(nvidia-smi -L | wc -l) devices" | tee -a "$summary"
+  nvidia-smi topo -m 2>&1 | head -8 | tee -a "$summary"
+  STRATA_TEST_DEVICES=cuda:0 timeout 300 "$bin/test-devices" --test-threads=1 > "$out/devices.log" 2>&1
+  printf 'test-devices rc=%s %s\n' "$?" "$(grep -E '^test result' "$out/devices.log")" | tee -a "$summary"
+  grep -E 'panicked|one CUDA device' "$out/devices.log" | head -10 | tee -a "$summary"
+  echo "-- strata (bench_gpu peer), then PyTorch" | tee -a "$summary"
+  timeout 200 "$bin/bench_gpu" peer 2>&1 | tee -a "$summary"
+  timeout 200 python3 scripts/bench_peer_torch.py 2>&1 | tee -a "$summary"
+}
+
 run_cpu_train() {
   echo "== the MLP step on the CPU backend (batch 256) beside PyTorch's CPU" | tee -a "$summary"
   timeout 300 "$bin/bench_gpu" mlp --device cpu --batch 256 --optimizer adamw 2>&1 | tee -a "$summary"
@@ -300,6 +316,7 @@ case "$mode" in
   train) run_train ;;
   soak) run_soak ;;
   cpu-train) run_cpu_train ;;
+  multi) run_multi ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;

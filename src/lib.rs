@@ -43,6 +43,9 @@ pub mod prelude {
 /// let dev = Device::parse("cpu").unwrap();
 /// assert_eq!(dev.kind(), strata::BackendKind::Cpu);
 /// assert!(Device::parse("tpu").is_err());
+/// for i in 0..Device::cuda_count() {
+///     assert!(Device::cuda(i).is_ok());
+/// }
 /// ```
 pub trait DeviceExt: Sized {
     /// The best device present: the one `STRATA_DEVICE` names when it is set, otherwise
@@ -52,6 +55,9 @@ pub trait DeviceExt: Sized {
     fn auto() -> Result<Self>;
     /// CUDA device `ordinal`, or `Err` saying why not (no driver, no such device).
     fn cuda(ordinal: usize) -> Result<Self>;
+    /// How many CUDA devices the driver reports: 0 without a driver (or without the `cuda`
+    /// feature). `Device::cuda(i)` opens each `i` below it.
+    fn cuda_count() -> usize;
     /// The wgpu device on the preferred adapter.
     fn wgpu() -> Result<Self>;
     /// A device from a name: `cpu`, `cuda`, `cuda:N` or `wgpu`.
@@ -97,6 +103,17 @@ impl DeviceExt for Device {
                 "cuda:{ordinal}: this build of strata has no CUDA backend (feature `cuda`); \
                  use Device::cpu()"
             )))
+        }
+    }
+
+    fn cuda_count() -> usize {
+        #[cfg(feature = "cuda")]
+        {
+            strata_cuda::device_count()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            0
         }
     }
 

@@ -89,7 +89,9 @@ value_from_scalar!(
 
 impl Tensor {
     /// Writes `value` into every element of this view (through to the shared storage). A
-    /// tensor is broadcast to the view's shape; values are converted to the view's dtype.
+    /// tensor is broadcast to the view's shape; values are converted to the view's dtype. A
+    /// tensor of another device is copied over first (PyTorch's `copy_`), device to device
+    /// between two CUDA devices.
     ///
     /// ```
     /// use strata_core::{s, Device, DType, Tensor};
@@ -103,7 +105,13 @@ impl Tensor {
         match value.into() {
             Value::Scalar(s) => self.fill(s),
             Value::Tensor(src) => {
-                self.same_device(&src, "cannot assign")?;
+                // A copy is the one op that takes another device's tensor (PyTorch's `copy_`):
+                // device to device where the backends can, else through the host.
+                let src = if src.device().shares_memory_with(self.device()) {
+                    src
+                } else {
+                    src.to_device(self.device())?
+                };
                 crate::autograd::refuse_write_into(self)?;
                 crate::autograd::refuse_in_place_source(&src, "assign")?;
                 let src = src.broadcast_to(self.shape())?;

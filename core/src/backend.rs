@@ -330,6 +330,12 @@ pub trait Backend: Send + Sync + Debug {
         Err(not_shareable(&self.name(), "no DLPack export"))
     }
 
+    /// Facts about the hardware for the device's display, as (name, value) rows: on CUDA its
+    /// index, total and free memory, and the devices it reaches peer to peer. None by default.
+    fn properties(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
+
     /// This device as DLPack names it (device type and ordinal), or `None` where other
     /// libraries cannot address its memory.
     fn dlpack_device(&self) -> Option<dlpark::ffi::DLDevice> {
@@ -368,6 +374,25 @@ pub trait Backend: Send + Sync + Debug {
     fn wait_for_foreign(&self, stream: StreamId, foreign: u64) -> Result<()> {
         let _ = (stream, foreign);
         Err(not_shareable(&self.name(), "no native streams"))
+    }
+
+    /// Enqueues on `stream` a copy of `len` bytes at `src`, an address of `peer`'s memory
+    /// (another device of this backend's kind in this process, named as DLPack names it),
+    /// into `dst` at `byte_offset`: device to device without the host, peer to peer where the
+    /// pair allows it. The caller orders it after the source's writes and keeps the source
+    /// unwritten until it ends ([`foreign_waits_for`](Backend::foreign_waits_for) both ways).
+    /// `None`: this backend cannot, and core copies through the host.
+    fn copy_from_peer(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        src: u64,
+        peer: dlpark::ffi::DLDevice,
+        len: usize,
+        stream: StreamId,
+    ) -> Option<Result<()>> {
+        let _ = (dst, byte_offset, src, peer, len, stream);
+        None
     }
 
     /// Whether [`allocate_pinned`](Backend::allocate_pinned) gives page-locked host memory.

@@ -104,7 +104,9 @@ impl Tensor {
         Ok(crate::display::scalar_at(self.dtype, &bytes, 0))
     }
 
-    /// A copy on `device` (the tensor itself when it is already there).
+    /// A copy on `device` (the tensor itself when it is already there). Between two CUDA
+    /// devices it goes device to device (peer to peer where the pair allows), ordered by both
+    /// devices' streams without a host wait; otherwise through the host.
     ///
     /// ```
     /// use strata_core::{Device, DType, Tensor};
@@ -130,6 +132,9 @@ impl Tensor {
             ));
         }
         if let Some(copied) = crate::pinned::copy_async(self, device) {
+            return copied;
+        }
+        if let Some(copied) = copy_between_devices(self, device) {
             return copied;
         }
         if device.shares_memory_with(self.device()) {
@@ -244,4 +249,37 @@ impl Tensor {
             out,
         ))
     }
+}
+
+/// A copy of `t` on `device`, another device of its kind that takes it without the host (two
+/// CUDA devices: device to device, peer to peer where the pair allows), or `None` where the
+/// backends cannot. Ordered by both devices' streams, without a host wait: `device`'s current
+/// stream waits for the stream that last wrote `t`, and that stream waits for the copy, so
+/// the source's memory is neither read early nor reused before the copy has read it.
+fn copy_between_devices(t: &Tensor, device: &Device) -> Option<Result<Tensor>> {
+    let from = t.device();
+    if from.kind() != device.kind() || from.shares_memory_with(device) {
+        return None;
+    }
+    let peer = from.backend().dlpack_device()?;
+    let copied = (|| -> Result<Option<Tensor>> {
+        let src = t.contiguous()?;
+        let buffer = src.realized_buffer()?;
+        let itemsize = src.dtype.itemsize();
+        let address =
+            from.backend().buffer_address(buffer.as_ref())? + (src.offset() * itemsize) as u64;
+        let out = Tensor::alloc(src.shape(), src.dtype, device)?;
+        let (source, target) = (src.storage_last_writer(), device.current_stream().id());
+        let (sb, db) = (from.backend(), device.backend());
+        sb.foreign_waits_for(db.native_stream(target)?, source)?;
+        let len = src.numel() * itemsize;
+        let dst = out.realized_buffer()?;
+        let Some(done) = db.copy_from_peer(dst.as_ref(), 0, address, peer, len, target) else {
+            return Ok(None);
+        };
+        done?;
+        db.foreign_waits_for(sb.native_stream(source)?, target)?;
+        Ok(Some(out))
+    })();
+    copied.transpose()
 }

@@ -21,6 +21,7 @@ mod driver;
 mod function;
 mod launch;
 mod memory;
+mod peer;
 mod pinned;
 mod render;
 mod run;
@@ -84,6 +85,8 @@ pub struct CudaBackend {
     staging: staging::Staging,
     /// Plans, compiles and launches kernels.
     runner: Runner,
+    /// The other devices this one reaches directly.
+    peers: peer::Peers,
 }
 
 impl std::fmt::Debug for CudaBackend {
@@ -136,6 +139,7 @@ impl CudaBackend {
             staging: staging::Staging::new(gpu.clone()),
             gpu,
             memory,
+            peers: peer::Peers::default(),
         })
     }
 
@@ -317,6 +321,34 @@ impl Backend for CudaBackend {
         Ok(CudaBuffer::of(buffer)?.device_ptr())
     }
 
+    fn properties(&self) -> Vec<(&'static str, String)> {
+        // Unbound, the memory query answers 0 bytes.
+        let _ = self.gpu.bind();
+        let (free, total) = self.gpu.mem_info();
+        let gib = |b: usize| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64);
+        let others: Vec<usize> = (0..device_count())
+            .filter(|&o| o != self.gpu.ordinal)
+            .collect();
+        let reach: Vec<String> = others
+            .iter()
+            .filter(|&&o| peer::can_access(self.gpu.ordinal, o).unwrap_or(false))
+            .map(|o| format!("cuda:{o}"))
+            .collect();
+        let peers = match (others.is_empty(), reach.is_empty()) {
+            (true, _) => "no other CUDA device".to_string(),
+            (false, true) => "none (copies to other devices are staged by the driver)".into(),
+            (false, false) => reach.join(", "),
+        };
+        vec![
+            ("index", self.gpu.ordinal.to_string()),
+            (
+                "memory",
+                format!("{} total, {} free", gib(total), gib(free)),
+            ),
+            ("peer access", peers),
+        ]
+    }
+
     fn dlpack_device(&self) -> Option<strata_core::dlpack::DLDevice> {
         Some(strata_core::dlpack::DLDevice::cuda(self.gpu.ordinal as i32))
     }
@@ -374,6 +406,38 @@ impl Backend for CudaBackend {
             .foreign_wait_event(foreign as usize as cudarc::driver::sys::CUstream, event);
         self.gpu.destroy_event(event);
         waited
+    }
+
+    fn copy_from_peer(
+        &self,
+        dst: &dyn DeviceBuffer,
+        byte_offset: usize,
+        src: u64,
+        peer: strata_core::dlpack::DLDevice,
+        len: usize,
+        stream: StreamId,
+    ) -> Option<Result<()>> {
+        if peer.device_type != strata_core::dlpack::DLDeviceType::CUDA {
+            return None;
+        }
+        Some((|| {
+            let buf = CudaBuffer::of(dst)?;
+            buf.range_check(byte_offset, len)?;
+            if len == 0 {
+                return Ok(());
+            }
+            self.peers.reach(&self.gpu, peer.device_id.max(0) as usize);
+            self.runner.batches.send(&self.gpu, stream)?;
+            buf.used_on(stream);
+            let s = self.gpu.stream(stream)?;
+            peer::copy(
+                &self.gpu,
+                buf.device_ptr() + byte_offset as u64,
+                src,
+                len,
+                s,
+            )
+        })())
     }
 
     fn wait_for_foreign(&self, stream: StreamId, foreign: u64) -> Result<()> {

@@ -51,6 +51,8 @@ pub(crate) fn run(
             t.dtype(),
             "the gradient passed to backward",
         )?;
+        // As PyTorch: the gradient lives where the tensor does.
+        t.same_device(g, "the gradient passed to backward")?;
         match &meta.grad_fn {
             Some(node) => {
                 add_into(&mut sums, node, g.clone())?;

@@ -228,16 +228,18 @@ impl std::fmt::Display for MemoryStats {
 }
 
 impl Device {
-    /// The device as an HTML table: name, backend, current stream, blocking mode, TF32 and
-    /// memory statistics.
+    /// The device as an HTML table: name, backend, what the backend tells of its hardware
+    /// (on CUDA: index, memory, peer links), current stream, blocking mode, TF32 and memory
+    /// statistics.
     ///
     /// ```
     /// let html = strata_core::Device::cpu().to_html();
     /// assert!(html.contains(">backend<") && html.contains(">cpu<") && html.contains("current stream"));
     /// ```
     pub fn to_html(&self) -> String {
-        let mut rows = vec![
-            ("backend", self.kind().to_string()),
+        let mut rows = vec![("backend", self.kind().to_string())];
+        rows.extend(self.backend().properties());
+        rows.extend([
             (
                 "current stream",
                 format!("#{}", self.current_stream().id().0),
@@ -245,7 +247,7 @@ impl Device {
             ("blocking", self.blocking().to_string()),
             ("lazy fusion", self.fusion().to_string()),
             ("allow TF32", self.allow_tf32().to_string()),
-        ];
+        ]);
         rows.extend(self.memory_stats().rows());
         key_value_table(&format!("Device {}", self.name()), &rows)
     }
