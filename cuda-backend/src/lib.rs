@@ -420,23 +420,21 @@ impl Backend for CudaBackend {
         if peer.device_type != strata_core::dlpack::DLDeviceType::CUDA {
             return None;
         }
+        // A pair without peer access copies through the host (core's path).
+        let from = self
+            .peers
+            .reach(&self.gpu, peer.device_id.max(0) as usize)?;
         Some((|| {
             let buf = CudaBuffer::of(dst)?;
             buf.range_check(byte_offset, len)?;
             if len == 0 {
                 return Ok(());
             }
-            self.peers.reach(&self.gpu, peer.device_id.max(0) as usize);
             self.runner.batches.send(&self.gpu, stream)?;
             buf.used_on(stream);
             let s = self.gpu.stream(stream)?;
-            peer::copy(
-                &self.gpu,
-                buf.device_ptr() + byte_offset as u64,
-                src,
-                len,
-                s,
-            )
+            let at = buf.device_ptr() + byte_offset as u64;
+            peer::copy(&self.gpu, at, src, &from, len, s)
         })())
     }
 

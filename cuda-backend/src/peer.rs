@@ -1,8 +1,9 @@
-//! Copies from another CUDA device of this process without the host. Every CUDA allocation
-//! of a 64-bit process lives in one unified address space, so a copy names the source by its
-//! address and the driver moves it device to device: directly over NVLink or PCIe where the
-//! pair has peer access (enabled here once per pair, as PyTorch does), else staged by the
-//! driver itself.
+//! Copies from another CUDA device of this process without the host. strata allocates from
+//! each device's stream-ordered memory pool, whose blocks another device may read only once
+//! the pool grants it access (`cuMemPoolSetAccess`; a context's peer access does not reach
+//! pool memory). For a pair that has peer access (NVLink or PCIe), the first copy enables it
+//! both ways, context and pool, once (as PyTorch does for its pools); the copy is then one
+//! `cuMemcpyPeerAsync`, device to device. A pair without peer access copies through the host.
 
 use crate::driver::{check, Gpu};
 use cudarc::driver::{sys, CudaContext};
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use strata_core::sync::LockUnpoisoned;
 use strata_core::Result;
 
-/// Peer access this device's context has to others, by ordinal: the peer's primary context
+/// Peer access between this device and others, by ordinal: the peer's primary context
 /// (kept retained while the access is in use), or `None` where the pair cannot have it.
 #[derive(Default)]
 pub(crate) struct Peers {
@@ -19,20 +20,16 @@ pub(crate) struct Peers {
 }
 
 impl Peers {
-    /// Whether this device's kernels and copies reach `peer`'s memory directly, enabling it
-    /// on first use. A pair without peer access still copies, through the driver's staging.
-    pub(crate) fn reach(&self, gpu: &Gpu, peer: usize) -> bool {
-        if peer == gpu.ordinal {
-            return true;
-        }
+    /// The context of `peer` when this device and it reach each other's memory directly,
+    /// enabling it on first use; `None` where the pair cannot (or enabling failed).
+    pub(crate) fn reach(&self, gpu: &Gpu, peer: usize) -> Option<Arc<CudaContext>> {
         let mut enabled = self.enabled.lock_unpoisoned();
         if let Some(known) = enabled.get(&peer) {
-            return known.is_some();
+            return known.clone();
         }
         let context = enable(gpu, peer).ok().flatten();
-        let reached = context.is_some();
-        enabled.insert(peer, context);
-        reached
+        enabled.insert(peer, context.clone());
+        context
     }
 }
 
@@ -51,32 +48,88 @@ pub(crate) fn can_access(a: usize, b: usize) -> Result<bool> {
     Ok(can != 0)
 }
 
-/// Enables `gpu`'s context to reach `peer`'s memory; `None` where the pair cannot.
+/// Enables `gpu` and `peer` to reach each other's memory: each context's peer access and
+/// each device's default pool opened to the other (a copy reads one and writes the other).
+/// `None` where the pair cannot; the same device needs nothing.
 fn enable(gpu: &Gpu, peer: usize) -> Result<Option<Arc<CudaContext>>> {
-    if !can_access(gpu.ordinal, peer)? {
-        return Ok(None);
-    }
-    // The peer's primary context (the one its strata device uses); opening it binds it.
     let context = CudaContext::new(peer).map_err(|e| {
         strata_core::Error::Backend(format!("cuda:{peer}: {}", crate::driver::describe(e.0)))
     })?;
-    gpu.bind()?;
-    // SAFETY: this device's context is current; the peer's context is live (held above).
-    let status = unsafe { sys::cuCtxEnablePeerAccess(context.cu_ctx(), 0) };
-    if status != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-        check(status, "cuCtxEnablePeerAccess")?;
+    if peer == gpu.ordinal {
+        gpu.bind()?;
+        return Ok(Some(context));
     }
+    if !can_access(gpu.ordinal, peer)? || !can_access(peer, gpu.ordinal)? {
+        gpu.bind()?;
+        return Ok(None);
+    }
+    for (from, to, to_context) in [(gpu.ordinal, peer, &context), (peer, gpu.ordinal, &gpu.ctx)] {
+        from_reaches(from, to, to_context)?;
+    }
+    gpu.bind()?;
     Ok(Some(context))
 }
 
-/// Enqueues on `stream` (of `gpu`) a copy of `len` bytes from the unified address `src` to
-/// `dst`. The caller has bound nothing; ordering is the caller's.
-pub(crate) fn copy(gpu: &Gpu, dst: u64, src: u64, len: usize, stream: sys::CUstream) -> Result<()> {
+/// Lets device `from` reach device `to`'s memory: `from`'s context gets peer access to
+/// `to_context`, and `to`'s default pool grants `from` reads and writes.
+fn from_reaches(from: usize, to: usize, to_context: &CudaContext) -> Result<()> {
+    // Opening `from`'s context binds it: the calls below act for `from`.
+    let _bound = CudaContext::new(from).map_err(|e| {
+        strata_core::Error::Backend(format!("cuda:{from}: {}", crate::driver::describe(e.0)))
+    })?;
+    // SAFETY: `from`'s context is current (CudaContext::new binds it); `to_context` is live;
+    // the pool handle and the access descriptor are written and read by the driver.
+    unsafe {
+        let status = sys::cuCtxEnablePeerAccess(to_context.cu_ctx(), 0);
+        if status != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            check(status, "cuCtxEnablePeerAccess")?;
+        }
+        let (mut device, mut pool) = (0, std::ptr::null_mut());
+        check(sys::cuDeviceGet(&mut device, to as i32), "cuDeviceGet")?;
+        check(
+            sys::cuDeviceGetDefaultMemPool(&mut pool, device),
+            "cuDeviceGetDefaultMemPool",
+        )?;
+        let access = sys::CUmemAccessDesc {
+            location: sys::CUmemLocation {
+                type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE,
+                id: from as i32,
+            },
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        check(
+            sys::cuMemPoolSetAccess(pool, &access, 1),
+            "cuMemPoolSetAccess",
+        )?;
+    }
+    Ok(())
+}
+
+/// Enqueues on `stream` (of `gpu`) a copy of `len` bytes from `src`, memory of the device
+/// whose context is `src_context`, to `dst` on `gpu`. Ordering is the caller's.
+pub(crate) fn copy(
+    gpu: &Gpu,
+    dst: u64,
+    src: u64,
+    src_context: &CudaContext,
+    len: usize,
+    stream: sys::CUstream,
+) -> Result<()> {
     gpu.bind()?;
-    // SAFETY: both addresses are live device memory of this process for `len` bytes (the
-    // caller checked the destination's range and holds the source), `stream` is live.
+    // SAFETY: both addresses are live device memory of their contexts for `len` bytes (the
+    // caller checked the destination's range and holds the source), the pair reaches each
+    // other (Peers::reach), `stream` is live.
     check(
-        unsafe { sys::cuMemcpyAsync(dst, src, len, stream) },
-        "cuMemcpyAsync (from another device)",
+        unsafe {
+            sys::cuMemcpyPeerAsync(
+                dst,
+                gpu.ctx.cu_ctx(),
+                src,
+                src_context.cu_ctx(),
+                len,
+                stream,
+            )
+        },
+        "cuMemcpyPeerAsync",
     )
 }

@@ -123,7 +123,9 @@ fn copies_between_devices_keep_every_value() {
                 ("pending", base.mul(3).unwrap()),
             ];
             for (case, x) in cases {
-                let moved = x.to_device(&b).unwrap();
+                let moved = x
+                    .to_device(&b)
+                    .unwrap_or_else(|e| panic!("{}: {e}", what(case)));
                 assert_eq!(moved.device(), &b, "{}", what(case));
                 assert_eq!(moved.shape(), x.shape(), "{}", what(case));
                 assert_eq!(
@@ -165,7 +167,11 @@ fn copies_are_ordered_by_both_devices_streams() {
         let written = ones.mul(3.0).unwrap();
         written.realize().unwrap();
         // Read by a kernel on `b` right after the copy.
-        let later = written.to_device(&b).unwrap().add(1.0).unwrap();
+        let moved = written.to_device(&b);
+        let later = moved
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .add(1.0)
+            .unwrap();
         assert_eq!(
             later.sum(Axes::All, false).unwrap().item::<f32>().unwrap(),
             4.0 * n as f32,
