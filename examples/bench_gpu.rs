@@ -490,6 +490,48 @@ fn peer_copies(n: usize) -> Result<()> {
         })?;
         println!("{{\"op\": \"peer copy {gib} GiB {name}\", \"ms\": {ms:.4}, \"bytes\": {moved}}}");
     }
+    all_reduces(n)
+}
+
+/// all_reduce (sum, in place) of `n` f32 through NCCL over 2 GPUs and over all of them: median
+/// wall-clock ms of 20 repetitions, each synchronized on every device, and the bus bandwidth
+/// as nccl-tests defines it (bytes / time × 2 (devices − 1) / devices).
+fn all_reduces(n: usize) -> Result<()> {
+    let all: Vec<Device> = (0..Device::cuda_count())
+        .map(Device::cuda)
+        .collect::<Result<_>>()?;
+    let mut worlds = vec![2, all.len()];
+    worlds.dedup();
+    for world in worlds {
+        let devices = &all[..world];
+        let comm = match strata::collective::nccl(devices) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("all_reduce: {e}");
+                return Ok(());
+            }
+        };
+        let ts: Vec<Tensor> = devices
+            .iter()
+            .map(|d| Tensor::ones([n], DType::F32, d))
+            .collect::<Result<_>>()?;
+        let mut runs = Vec::new();
+        for k in 0..23 {
+            let t = Instant::now();
+            comm.all_reduce(&ts, strata::collective::ReduceOp::Sum)?;
+            for d in devices {
+                d.synchronize()?;
+            }
+            if k >= 3 {
+                runs.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let ms = median(runs);
+        let bytes = (n * 4) as f64;
+        let bus = bytes / (ms * 1e6) * 2.0 * (world - 1) as f64 / world as f64;
+        let gib = bytes / (1u64 << 30) as f64;
+        println!("{{\"op\": \"all_reduce {gib} GiB f32 on {world} GPUs\", \"ms\": {ms:.4}, \"bus_gb_s\": {bus:.1}}}");
+    }
     Ok(())
 }
 

@@ -39,5 +39,24 @@ def main():
         ms = wall(op)
         print(json.dumps({"op": f"peer copy {gib:g} GiB {name}", "ms": ms, "bytes": moved}), flush=True)
 
+    # all_reduce (sum, in place) with torch.cuda.nccl over 2 GPUs and over all of them; bus
+    # bandwidth as nccl-tests defines it.
+    count = torch.cuda.device_count()
+    for world in sorted({2, count}):
+        ts = [torch.ones(n, device=f"cuda:{k}") for k in range(world)]
+        runs = []
+        for k in range(23):
+            t = time.perf_counter()
+            torch.cuda.nccl.all_reduce(ts)
+            for d in range(world):
+                torch.cuda.synchronize(d)
+            if k >= 3:
+                runs.append((time.perf_counter() - t) * 1e3)
+        runs.sort()
+        ms = runs[len(runs) // 2]
+        bus = n * 4 / (ms * 1e6) * 2 * (world - 1) / world
+        print(json.dumps({"op": f"all_reduce {gib:g} GiB f32 on {world} GPUs", "ms": ms,
+                          "bus_gb_s": round(bus, 1)}), flush=True)
+
 
 main()

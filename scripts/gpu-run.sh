@@ -291,15 +291,23 @@ run_soak() {
 }
 
 # Several GPUs (the nvidia-h100-x2/-x4 kinds): the devices tests on cuda:0 with cuda:1 (peer
-# copies, mixed-device errors) and copies between them beside PyTorch's. NVLink multicast
-# stays off for anything that starts NCCL (KINDS.md).
+# copies, mixed-device errors), the NCCL collectives, and copies and all_reduce beside
+# PyTorch's. NVLink multicast stays off for anything that starts NCCL (KINDS.md).
 run_multi() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   echo "== several GPUs: $(nvidia-smi -L | wc -l) devices" | tee -a "$summary"
   nvidia-smi topo -m 2>&1 | head -8 | tee -a "$summary"
-  STRATA_TEST_DEVICES=cuda:0 timeout 300 "$bin/test-devices" --test-threads=1 > "$out/devices.log" 2>&1
-  printf 'test-devices rc=%s %s\n' "$?" "$(grep -E '^test result' "$out/devices.log")" | tee -a "$summary"
-  grep -E 'panicked|one CUDA device' "$out/devices.log" | head -10 | tee -a "$summary"
+  # strata loads NCCL as libnccl.so; pip's nvidia-nccl-cu13 has only libnccl.so.2.
+  nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+  if [ -n "$nccl" ] && [ -e "$nccl" ]; then
+    mkdir -p /tmp/strata-nccl && ln -sf "$nccl" /tmp/strata-nccl/libnccl.so
+    export LD_LIBRARY_PATH="/tmp/strata-nccl:$LD_LIBRARY_PATH"
+  fi
+  for t in devices collectives; do
+    STRATA_TEST_DEVICES=cuda:0 timeout 300 "$bin/test-$t" --test-threads=1 > "$out/$t.log" 2>&1
+    printf 'test-%s rc=%s %s\n' "$t" "$?" "$(grep -E '^test result' "$out/$t.log")" | tee -a "$summary"
+    grep -E 'panicked|CUDA device' "$out/$t.log" | head -10 | tee -a "$summary"
+  done
   echo "-- strata (bench_gpu peer), then PyTorch" | tee -a "$summary"
   timeout 200 "$bin/bench_gpu" peer 2>&1 | tee -a "$summary"
   timeout 200 python3 scripts/bench_peer_torch.py 2>&1 | tee -a "$summary"

@@ -36,6 +36,64 @@ pub mod prelude {
     };
 }
 
+/// Collectives over several devices of this process (issue 41): all-reduce, broadcast,
+/// reduce, all-gather and reduce-scatter, one tensor per device ([`Communicator`](
+/// collective::Communicator)), run by NCCL on CUDA devices.
+///
+/// ```
+/// use strata::prelude::*;
+/// use strata::collective::{nccl, ReduceOp};
+/// // NCCL runs on CUDA devices only.
+/// assert!(nccl(&[Device::cpu()]).is_err());
+/// if Device::cuda_count() >= 2 {
+///     let devices = [Device::cuda(0)?, Device::cuda(1)?];
+///     if let Ok(comm) = nccl(&devices) {
+///         let ts: Vec<Tensor> = devices.iter().map(|d| Tensor::ones([4], DType::F32, d)).collect::<Result<_>>()?;
+///         comm.all_reduce(&ts, ReduceOp::Sum)?;
+///         assert_eq!(ts[1].to_vec::<f32>()?, vec![2.0; 4]);
+///     }
+/// }
+/// # Ok::<(), strata::Error>(())
+/// ```
+pub mod collective {
+    pub use strata_core::collective::*;
+    use strata_core::{Device, Error, Result};
+
+    /// A communicator over the CUDA `devices` (each GPU once) whose collectives NCCL runs
+    /// (NCCL is loaded at run time: `Err` saying so where it is absent).
+    pub fn nccl(devices: &[Device]) -> Result<Communicator> {
+        let mut ordinals: Vec<usize> = Vec::with_capacity(devices.len());
+        for d in devices {
+            let ordinal = match d.backend().dlpack_device() {
+                Some(at) if d.kind() == strata_core::BackendKind::Cuda => at.device_id as usize,
+                _ => {
+                    return Err(Error::Unsupported(format!(
+                        "NCCL runs collectives on CUDA devices; {} is not one",
+                        d.name()
+                    )))
+                }
+            };
+            if ordinals.contains(&ordinal) {
+                return Err(Error::Invalid(format!(
+                    "a communicator takes each GPU once: cuda:{ordinal} is there twice"
+                )));
+            }
+            ordinals.push(ordinal);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let engine = std::sync::Arc::new(strata_cuda::Nccl::new(&ordinals)?);
+            Communicator::new(devices.to_vec(), engine)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(Error::DeviceUnavailable(
+                "this build of strata has no CUDA backend (feature `cuda`), so no NCCL".into(),
+            ))
+        }
+    }
+}
+
 /// Device discovery, added to [`Device`] by this facade (core knows no backend).
 ///
 /// ```

@@ -356,7 +356,8 @@ pub trait Backend: Send + Sync + Debug {
     }
 
     /// The native handle of `stream` (a `CUstream` on CUDA), which another library's
-    /// `__dlpack__(stream=…)` takes.
+    /// `__dlpack__(stream=…)` takes, or on which another library (NCCL) enqueues work after
+    /// what strata enqueued there so far.
     fn native_stream(&self, stream: StreamId) -> Result<u64> {
         let _ = stream;
         Err(not_shareable(&self.name(), "no native streams"))

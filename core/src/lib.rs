@@ -19,6 +19,7 @@ mod assign;
 pub mod autograd;
 pub mod backend;
 mod backward_scope;
+pub mod collective;
 pub mod cpu;
 mod creation;
 pub mod device;

@@ -274,14 +274,14 @@ impl Storage {
             .collect()
     }
 
-    fn note_read(&self, stream: &Arc<StreamHandle>) {
+    pub(crate) fn note_read(&self, stream: &Arc<StreamHandle>) {
         let mut access = self.access();
         if access.last_write.id != stream.id && !access.readers.iter().any(|r| r.id == stream.id) {
             access.readers.push(stream.clone());
         }
     }
 
-    fn note_write(&self, stream: &Arc<StreamHandle>) {
+    pub(crate) fn note_write(&self, stream: &Arc<StreamHandle>) {
         let mut access = self.access();
         access.last_write = stream.clone();
         access.readers.clear();
@@ -686,7 +686,7 @@ impl Tensor {
     /// Makes `current` wait for the work on other streams that this access must follow: the
     /// last write to the storage, and for a write also the reads since (which must not see
     /// the new values).
-    fn order_access(&self, current: &Arc<StreamHandle>, write: bool) -> Result<()> {
+    pub(crate) fn order_access(&self, current: &Arc<StreamHandle>, write: bool) -> Result<()> {
         for other in self.storage.to_wait_for(current, write) {
             let backend = self.device().backend();
             let event = backend.record_event(other.id)?;

@@ -21,6 +21,7 @@ mod driver;
 mod function;
 mod launch;
 mod memory;
+mod nccl;
 mod peer;
 mod pinned;
 mod render;
@@ -29,6 +30,7 @@ mod staging;
 
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;
+pub use nccl::Nccl;
 
 use driver::Gpu;
 use memory::Memory;
@@ -396,6 +398,8 @@ impl Backend for CudaBackend {
     }
 
     fn native_stream(&self, stream: StreamId) -> Result<u64> {
+        // Whoever enqueues on the handle comes after the work strata enqueued so far.
+        self.runner.batches.send(&self.gpu, stream)?;
         Ok(self.gpu.stream(stream)? as usize as u64)
     }
 

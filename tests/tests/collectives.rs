@@ -1,0 +1,287 @@
+//! Collectives over the devices of one process (issue 41). Everywhere: core's checks and
+//! bookkeeping through a host engine over two CPU devices (what each collective sends where,
+//! and the shapes of its results). Where there are two CUDA devices: NCCL's every collective ×
+//! dtype × op against values computed on the host, on tensors written by kernels just before.
+
+use std::sync::Arc;
+use strata::collective::{nccl, Collective, CollectiveEngine, Communicator, RankCall, ReduceOp};
+use strata::prelude::*;
+
+/// The collectives on f32 host memory, by address: what NCCL computes, for two CPU devices.
+#[derive(Debug)]
+struct HostEngine;
+
+fn combine(op: ReduceOp, values: &[f32]) -> f32 {
+    match op {
+        ReduceOp::Sum => values.iter().sum(),
+        ReduceOp::Prod => values.iter().product(),
+        ReduceOp::Max => values.iter().cloned().fold(f32::MIN, f32::max),
+        ReduceOp::Min => values.iter().cloned().fold(f32::MAX, f32::min),
+        ReduceOp::Avg => values.iter().sum::<f32>() / values.len() as f32,
+    }
+}
+
+impl CollectiveEngine for HostEngine {
+    fn check_dtype(&self, dtype: DType) -> Result<()> {
+        match dtype {
+            DType::F32 => Ok(()),
+            other => Err(Error::Unsupported(format!(
+                "the host engine moves f32, not {other}"
+            ))),
+        }
+    }
+
+    fn run(&self, collective: Collective, calls: &[RankCall], _: DType) -> Result<()> {
+        let world = calls.len();
+        // SAFETY: core passed addresses of live CPU buffers holding `count` f32 each (the
+        // send side; the receive side as the collective sizes it), and nothing else runs.
+        let read =
+            |at: u64, n: usize| unsafe { std::slice::from_raw_parts(at as *const f32, n).to_vec() };
+        let write = |at: u64, v: &[f32]| unsafe {
+            std::slice::from_raw_parts_mut(at as *mut f32, v.len()).copy_from_slice(v)
+        };
+        let n = calls[0].count;
+        let sent: Vec<Vec<f32>> = calls.iter().map(|c| read(c.send, n)).collect();
+        let reduced = |op| -> Vec<f32> {
+            (0..n)
+                .map(|i| combine(op, &sent.iter().map(|s| s[i]).collect::<Vec<_>>()))
+                .collect()
+        };
+        match collective {
+            Collective::AllReduce(op) => calls.iter().for_each(|c| write(c.recv, &reduced(op))),
+            Collective::Broadcast { root } => calls.iter().for_each(|c| write(c.recv, &sent[root])),
+            Collective::Reduce { root, op } => write(calls[root].recv, &reduced(op)),
+            Collective::AllGather => {
+                let all: Vec<f32> = sent.concat();
+                calls.iter().for_each(|c| write(c.recv, &all));
+            }
+            Collective::ReduceScatter(op) => {
+                let whole: Vec<f32> = (0..n * world)
+                    .map(|i| {
+                        combine(
+                            op,
+                            &calls
+                                .iter()
+                                .map(|c| read(c.send, n * world)[i])
+                                .collect::<Vec<_>>(),
+                        )
+                    })
+                    .collect();
+                for (k, c) in calls.iter().enumerate() {
+                    write(c.recv, &whole[k * n..(k + 1) * n]);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rank `k`'s values: 1 + k, 2 + k, … as `dtype` on `dev`, written by a kernel.
+fn rank_values(k: usize, shape: &[usize], dtype: DType, dev: &Device) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    Tensor::arange(0, n as i64, 1, DType::F64, dev)?
+        .remainder(7)?
+        .add(1.0 + k as f64)?
+        .to_dtype(dtype)?
+        .reshape(shape.to_vec())
+}
+
+/// Every collective of `comm` on f32 or `dtype` values, against the host.
+fn every_collective(comm: &Communicator, dtype: DType) -> Result<()> {
+    let devices = comm.devices();
+    let world = devices.len();
+    let host = |k: usize, n: usize| -> Vec<f64> {
+        (0..n).map(|i| (i % 7) as f64 + 1.0 + k as f64).collect()
+    };
+    let ops: &[ReduceOp] = if dtype.is_float() {
+        &[
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+        ]
+    } else {
+        &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min]
+    };
+    let fold = |op: ReduceOp, vs: Vec<f64>| -> f64 {
+        match op {
+            ReduceOp::Sum => vs.iter().sum(),
+            ReduceOp::Prod => vs.iter().product(),
+            ReduceOp::Max => vs.iter().cloned().fold(f64::MIN, f64::max),
+            ReduceOp::Min => vs.iter().cloned().fold(f64::MAX, f64::min),
+            ReduceOp::Avg => vs.iter().sum::<f64>() / vs.len() as f64,
+        }
+    };
+    let shape = [2 * world, 5];
+    let n = 10 * world;
+    let values = |t: &Tensor| -> Result<Vec<f64>> { t.to_dtype(DType::F64)?.to_vec::<f64>() };
+    let close = |got: &[f64], want: &[f64], what: &str| {
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-2 * w.abs().max(1.0),
+                "{what} {dtype} at {i}: {g} vs {w}"
+            );
+        }
+    };
+    let fresh = || -> Result<Vec<Tensor>> {
+        devices
+            .iter()
+            .enumerate()
+            .map(|(k, d)| rank_values(k, &shape, dtype, d))
+            .collect()
+    };
+    for &op in ops {
+        let want: Vec<f64> = (0..n)
+            .map(|i| fold(op, (0..world).map(|k| host(k, n)[i]).collect()))
+            .collect();
+        let ts = fresh()?;
+        comm.all_reduce(&ts, op)?;
+        for t in &ts {
+            close(&values(t)?, &want, &format!("all_reduce {op}"));
+        }
+        let ts = fresh()?;
+        comm.reduce(&ts, world - 1, op)?;
+        close(&values(&ts[world - 1])?, &want, &format!("reduce {op}"));
+        close(
+            &values(&ts[0])?,
+            &host(0, n),
+            &format!("reduce {op} (not the root)"),
+        );
+        let outs = comm.reduce_scatter(&fresh()?, op)?;
+        for (k, t) in outs.iter().enumerate() {
+            assert_eq!(t.shape(), &[2, 5]);
+            close(
+                &values(t)?,
+                &want[k * 10..(k + 1) * 10],
+                &format!("reduce_scatter {op}"),
+            );
+        }
+    }
+    let ts = fresh()?;
+    comm.broadcast(&ts, 1 % world)?;
+    for t in &ts {
+        close(&values(t)?, &host(1 % world, n), "broadcast");
+    }
+    let outs = comm.all_gather(&fresh()?)?;
+    let all: Vec<f64> = (0..world).flat_map(|k| host(k, n)).collect();
+    for t in &outs {
+        assert_eq!(t.shape(), &[world, 2 * world, 5]);
+        close(&values(t)?, &all, "all_gather");
+    }
+    Ok(())
+}
+
+#[test]
+fn core_checks_and_runs_each_collective_through_an_engine() {
+    let devices = vec![Device::cpu(), Device::cpu()];
+    let comm = Communicator::new(devices.clone(), Arc::new(HostEngine)).unwrap();
+    every_collective(&comm, DType::F32).unwrap();
+    let ones = |d: &Device, shape: &[usize]| Tensor::ones(shape.to_vec(), DType::F32, d).unwrap();
+    let (a, b) = (ones(&devices[0], &[4]), ones(&devices[1], &[4]));
+    // One tensor per device, in the communicator's order, one shape, contiguous, a dtype the
+    // engine moves, a root that exists, a first axis that splits evenly.
+    assert!(comm
+        .all_reduce(std::slice::from_ref(&a), ReduceOp::Sum)
+        .is_err());
+    assert!(matches!(
+        comm.all_reduce(&[b.clone(), a.clone()], ReduceOp::Sum),
+        Err(Error::DeviceMismatch(_))
+    ));
+    assert!(comm
+        .all_reduce(&[a.clone(), ones(&devices[1], &[5])], ReduceOp::Sum)
+        .is_err());
+    let strided = ones(&devices[1], &[8]).slice(s![..;2]).unwrap();
+    assert!(comm
+        .all_reduce(&[a.clone(), strided], ReduceOp::Sum)
+        .unwrap_err()
+        .to_string()
+        .contains("contiguous"));
+    let ints = |d: &Device| Tensor::ones([4], DType::I32, d).unwrap();
+    assert!(matches!(
+        comm.all_reduce(&[ints(&devices[0]), ints(&devices[1])], ReduceOp::Sum),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(comm.broadcast(&[a.clone(), b.clone()], 2).is_err());
+    assert!(comm
+        .reduce_scatter(
+            &[ones(&devices[0], &[3]), ones(&devices[1], &[3])],
+            ReduceOp::Sum
+        )
+        .is_err());
+    assert!(Communicator::new(
+        vec![devices[0].clone(), devices[0].clone()],
+        Arc::new(HostEngine)
+    )
+    .is_err());
+    // Nothing was written by a refused call.
+    assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0; 4]);
+}
+
+#[test]
+fn nccl_needs_cuda_devices() {
+    let err = nccl(&[Device::cpu()]).unwrap_err();
+    assert!(err.to_string().contains("CUDA"), "{err}");
+}
+
+/// NCCL over two (or all) CUDA devices: every collective × dtype × op.
+#[test]
+fn nccl_collectives_match_the_host() {
+    let gpus = Device::cuda_count();
+    if gpus < 2 {
+        eprintln!("{gpus} CUDA device(s): the NCCL collectives need two, not tested here");
+        return;
+    }
+    let devices: Vec<Device> = (0..gpus).map(|i| Device::cuda(i).unwrap()).collect();
+    let comm = nccl(&devices).unwrap();
+    assert!(matches!(
+        nccl(&[devices[0].clone(), Device::cuda(0).unwrap()]),
+        Err(Error::Invalid(_))
+    ));
+    for dtype in [
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::U32,
+        DType::I64,
+        DType::U64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ] {
+        every_collective(&comm, dtype).unwrap_or_else(|e| panic!("{dtype}: {e}"));
+    }
+    let bools: Vec<Tensor> = devices
+        .iter()
+        .map(|d| Tensor::ones([2], DType::Bool, d).unwrap())
+        .collect();
+    assert!(matches!(
+        comm.all_reduce(&bools, ReduceOp::Sum),
+        Err(Error::Unsupported(_))
+    ));
+    // On a stream of each device that is not its default, right after a kernel there.
+    let sides: Vec<Stream> = devices.iter().map(|d| d.new_stream().unwrap()).collect();
+    for (d, s) in devices.iter().zip(&sides) {
+        d.set_stream(s).unwrap();
+    }
+    let big: Vec<Tensor> = devices
+        .iter()
+        .map(|d| {
+            Tensor::ones([1 << 24], DType::F32, d)
+                .unwrap()
+                .mul(2.0)
+                .unwrap()
+        })
+        .collect();
+    comm.all_reduce(&big, ReduceOp::Sum).unwrap();
+    for d in &devices {
+        d.set_stream(&d.default_stream()).unwrap();
+    }
+    for t in &big {
+        assert_eq!(
+            t.min(Axes::All, false).unwrap().item::<f32>().unwrap(),
+            2.0 * gpus as f32
+        );
+    }
+}
