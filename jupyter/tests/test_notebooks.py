@@ -336,6 +336,19 @@ def test_the_tour_borrows_with_references(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_several_gpus_section_copies_or_says_why_not(device):
+    """Notebook 05's section on several GPUs: with two, a copy from cuda:0 to cuda:1 and the
+    error of an op given both; with fewer, what it would show, and the error between the
+    devices present (cpu and wgpu, where wgpu runs)."""
+    nb = executed("05-one-code-three-backends", device)
+    out = stream(tagged(nb, "several-gpus")[0], "stdout")
+    assert "cuda:0 -> cuda:1" in out or "CUDA device(s) here" in out, out
+    if "cuda:0 -> cuda:1" in out or "wgpu is not available" not in all_text(nb.cells[1]):
+        assert "the tensors are on different devices" in out, out
+        assert "after moving v: [2.0, 2.0]" in out, out
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_saturating_math_clamps_at_zero(device):
     out = stream(tagged(executed("03-broadcasting-and-dtypes", device), "saturating")[0], "stdout")
     assert "wrapping   3,7,0 - 5 = [254,   2, 251]" in out, out
