@@ -59,9 +59,79 @@ pub mod collective {
     pub use strata_core::collective::*;
     use strata_core::{Device, Error, Result};
 
-    /// A communicator over the CUDA `devices` (each GPU once) whose collectives NCCL runs
-    /// (NCCL is loaded at run time: `Err` saying so where it is absent).
-    pub fn nccl(devices: &[Device]) -> Result<Communicator> {
+    /// A new NCCL id, as 256 hex digits: a launcher makes one and gives it to every process
+    /// of a communicator (with `RANK` and `WORLD_SIZE`, as torchrun names them), in
+    /// `STRATA_NCCL_ID` for [`nccl_from_env`], across machines too.
+    pub fn nccl_id() -> Result<String> {
+        #[cfg(feature = "cuda")]
+        {
+            let id = strata_cuda::Nccl::unique_id()?;
+            Ok(id.iter().map(|b| format!("{b:02x}")).collect())
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            Err(no_cuda())
+        }
+    }
+
+    /// This process's part of a communicator of `world` devices across processes (one
+    /// process per GPU, the launcher pattern torchrun uses): `device` as rank `rank`, every
+    /// process given the same `id` ([`nccl_id`]). Blocks until every rank has joined.
+    pub fn nccl_rank(device: &Device, rank: usize, world: usize, id: &str) -> Result<Communicator> {
+        let bad = || {
+            Error::Invalid(format!(
+                "an NCCL id is 256 hex digits (from nccl_id), not {:?}",
+                id.chars().take(16).collect::<String>()
+            ))
+        };
+        if id.len() != 256 || !id.is_ascii() {
+            return Err(bad());
+        }
+        let mut bytes = [0u8; 128];
+        for (k, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&id[2 * k..2 * k + 2], 16).map_err(|_| bad())?;
+        }
+        let ordinal = cuda_ordinals(std::slice::from_ref(device))?[0];
+        #[cfg(feature = "cuda")]
+        {
+            let engine =
+                std::sync::Arc::new(strata_cuda::Nccl::new_rank(ordinal, rank, world, bytes)?);
+            Communicator::with_ranks(vec![device.clone()], vec![rank], world, engine)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (ordinal, rank, world, bytes);
+            Err(no_cuda())
+        }
+    }
+
+    /// [`nccl_rank`] with the rank, world size and id a launcher put in the environment:
+    /// `RANK`, `WORLD_SIZE` and `STRATA_NCCL_ID`.
+    pub fn nccl_from_env(device: &Device) -> Result<Communicator> {
+        let var = |name: &str| {
+            std::env::var(name).map_err(|_| {
+                Error::Invalid(format!(
+                    "{name} is not set: a launcher sets RANK, WORLD_SIZE and STRATA_NCCL_ID"
+                ))
+            })
+        };
+        let number = |name: &str| -> Result<usize> {
+            var(name)?
+                .trim()
+                .parse()
+                .map_err(|_| Error::Invalid(format!("{name} is not a number")))
+        };
+        nccl_rank(
+            device,
+            number("RANK")?,
+            number("WORLD_SIZE")?,
+            &var("STRATA_NCCL_ID")?,
+        )
+    }
+
+    /// The CUDA ordinal of each device (each GPU once), or `Err` naming a device that is not
+    /// CUDA or a GPU given twice.
+    fn cuda_ordinals(devices: &[Device]) -> Result<Vec<usize>> {
         let mut ordinals: Vec<usize> = Vec::with_capacity(devices.len());
         for d in devices {
             let ordinal = match d.backend().dlpack_device() {
@@ -80,6 +150,20 @@ pub mod collective {
             }
             ordinals.push(ordinal);
         }
+        Ok(ordinals)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn no_cuda() -> Error {
+        Error::DeviceUnavailable(
+            "this build of strata has no CUDA backend (feature `cuda`), so no NCCL".into(),
+        )
+    }
+
+    /// A communicator over the CUDA `devices` (each GPU once) whose collectives NCCL runs
+    /// (NCCL is loaded at run time: `Err` saying so where it is absent).
+    pub fn nccl(devices: &[Device]) -> Result<Communicator> {
+        let ordinals = cuda_ordinals(devices)?;
         #[cfg(feature = "cuda")]
         {
             let engine = std::sync::Arc::new(strata_cuda::Nccl::new(&ordinals)?);
@@ -87,9 +171,8 @@ pub mod collective {
         }
         #[cfg(not(feature = "cuda"))]
         {
-            Err(Error::DeviceUnavailable(
-                "this build of strata has no CUDA backend (feature `cuda`), so no NCCL".into(),
-            ))
+            let _ = ordinals;
+            Err(no_cuda())
         }
     }
 }

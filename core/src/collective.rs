@@ -111,42 +111,79 @@ pub struct RankCall {
 pub trait CollectiveEngine: Send + Sync + Debug {
     /// Whether the engine moves `dtype`; `Err` naming what it moves otherwise.
     fn check_dtype(&self, dtype: DType) -> Result<()>;
-    /// Enqueues `collective` over every device's `calls` (in the communicator's device order)
-    /// as one group, without waiting.
+    /// Enqueues `collective` over the `calls` of this process's devices (in the communicator's
+    /// order; a root is a rank) as one group, without waiting.
     fn run(&self, collective: Collective, calls: &[RankCall], dtype: DType) -> Result<()>;
 }
 
-/// A group of devices that run collectives together, one tensor per device in the group's
-/// order.
+/// A group of devices that run collectives together: the devices of this process, one tensor
+/// per device in the group's order, each with its rank among all the group's devices (those
+/// of other processes too, where each process holds its own part).
 #[derive(Debug, Clone)]
 pub struct Communicator {
     devices: Vec<Device>,
+    ranks: Vec<usize>,
+    world: usize,
     engine: Arc<dyn CollectiveEngine>,
 }
 
 impl Communicator {
-    /// A communicator over `devices` whose collectives `engine` runs (a backend crate makes
-    /// both: `strata::collective::nccl`). `Err` for fewer than one device or a device twice.
+    /// A communicator over `devices`, all of this process (ranks 0, 1, … in order), whose
+    /// collectives `engine` runs (a backend crate makes both: `strata::collective::nccl`).
+    /// `Err` for no device or a device twice.
     pub fn new(devices: Vec<Device>, engine: Arc<dyn CollectiveEngine>) -> Result<Communicator> {
-        if devices.is_empty() {
-            return Err(Error::Invalid(
-                "a communicator needs at least one device".into(),
-            ));
+        let n = devices.len();
+        Communicator::with_ranks(devices, (0..n).collect(), n, engine)
+    }
+
+    /// This process's part of a communicator of `world` devices: `devices` with their
+    /// `ranks` (the others are other processes'; `strata::collective::nccl_rank`). `Err` for
+    /// no device, a device or rank twice, or a rank not below `world`.
+    pub fn with_ranks(
+        devices: Vec<Device>,
+        ranks: Vec<usize>,
+        world: usize,
+        engine: Arc<dyn CollectiveEngine>,
+    ) -> Result<Communicator> {
+        if devices.is_empty() || devices.len() != ranks.len() {
+            return Err(Error::Invalid(format!(
+                "a communicator needs at least one device and one rank per device: {} devices, \
+                 {} ranks",
+                devices.len(),
+                ranks.len()
+            )));
         }
         for (k, d) in devices.iter().enumerate() {
-            if devices[..k].contains(d) {
+            if devices[..k].contains(d) || ranks[..k].contains(&ranks[k]) || ranks[k] >= world {
                 return Err(Error::Invalid(format!(
-                    "a communicator takes each device once: {} is there twice",
-                    d.name()
+                    "a communicator of {world} takes each device and rank once, ranks below \
+                     {world}: {} has rank {}, ranks {ranks:?}",
+                    d.name(),
+                    ranks[k]
                 )));
             }
         }
-        Ok(Communicator { devices, engine })
+        Ok(Communicator {
+            devices,
+            ranks,
+            world,
+            engine,
+        })
     }
 
-    /// The devices, in the order collectives take their tensors.
+    /// This process's devices, in the order collectives take their tensors.
     pub fn devices(&self) -> &[Device] {
         &self.devices
+    }
+
+    /// The rank of each of [`devices`](Self::devices) in the whole group.
+    pub fn ranks(&self) -> &[usize] {
+        &self.ranks
+    }
+
+    /// How many devices the whole group has (of all its processes).
+    pub fn world(&self) -> usize {
+        self.world
     }
 
     /// Replaces every tensor's values (in place) with the reduction `op` of all of them.
@@ -156,8 +193,7 @@ impl Communicator {
         self.launch(Collective::AllReduce(op), tensors, tensors, n)
     }
 
-    /// Copies the tensor of device `root` (an index into [`devices`](Self::devices)) into
-    /// every other device's tensor.
+    /// Copies the tensor of the device of rank `root` into every other device's tensor.
     pub fn broadcast(&self, tensors: &[Tensor], root: usize) -> Result<()> {
         self.check(tensors, "broadcast")?;
         self.check_root(root, "broadcast")?;
@@ -165,8 +201,8 @@ impl Communicator {
         self.launch(Collective::Broadcast { root }, tensors, tensors, n)
     }
 
-    /// Replaces the tensor of device `root` with the reduction `op` of all the tensors; the
-    /// others keep their values.
+    /// Replaces the tensor of the device of rank `root` with the reduction `op` of all the
+    /// tensors; the others keep their values.
     pub fn reduce(&self, tensors: &[Tensor], root: usize, op: ReduceOp) -> Result<()> {
         self.check(tensors, "reduce")?;
         self.check_root(root, "reduce")?;
@@ -174,11 +210,11 @@ impl Communicator {
         self.launch(Collective::Reduce { root, op }, tensors, tensors, n)
     }
 
-    /// Every device's tensor stacked along a new first axis, in device order, on each device:
-    /// shape `[devices, ...shape]`.
+    /// Every device's tensor stacked along a new first axis, in rank order, on each device:
+    /// shape `[world, ...shape]`.
     pub fn all_gather(&self, tensors: &[Tensor]) -> Result<Vec<Tensor>> {
         self.check(tensors, "all_gather")?;
-        let mut shape = vec![self.devices.len()];
+        let mut shape = vec![self.world];
         shape.extend_from_slice(tensors[0].shape());
         let outs = self.outputs(&shape, tensors[0].dtype())?;
         let n = tensors[0].numel();
@@ -187,11 +223,11 @@ impl Communicator {
     }
 
     /// The reduction `op` of all the tensors, split along the first axis into one block per
-    /// device: device `k` gets block `k`, of shape `[len / devices, ...rest]`. The first axis
-    /// must divide evenly.
+    /// device: the device of rank `k` gets block `k`, of shape `[len / world, ...rest]`. The
+    /// first axis must divide evenly.
     pub fn reduce_scatter(&self, tensors: &[Tensor], op: ReduceOp) -> Result<Vec<Tensor>> {
         self.check(tensors, "reduce_scatter")?;
-        let world = self.devices.len();
+        let world = self.world;
         let shape = tensors[0].shape();
         let Some((&first, rest)) = shape.split_first().filter(|(&f, _)| f % world == 0) else {
             return Err(Error::Shape(format!(
@@ -248,10 +284,10 @@ impl Communicator {
     }
 
     fn check_root(&self, root: usize, what: &str) -> Result<()> {
-        if root >= self.devices.len() {
+        if root >= self.world {
             return Err(Error::Invalid(format!(
-                "{what}: root {root} is not a device of this communicator of {}",
-                self.devices.len()
+                "{what}: root {root} is not a rank of this communicator of {}",
+                self.world
             )));
         }
         Ok(())

@@ -44,14 +44,7 @@ impl Nccl {
     /// `nvidia-nccl-cu13` installs `libnccl.so.2`, which needs a `libnccl.so` link beside it),
     /// or NCCL's own error.
     pub fn new(ordinals: &[usize]) -> Result<Nccl> {
-        // SAFETY: only asks the loader whether the library can be opened.
-        if !unsafe { sys::is_culib_present() } {
-            return Err(Error::DeviceUnavailable(
-                "NCCL not found: put libnccl.so on the library path (pip's nvidia-nccl-cu13 \
-                 installs libnccl.so.2: link it as libnccl.so)"
-                    .into(),
-            ));
-        }
+        loadable()?;
         let devices: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
         let mut comms = vec![std::ptr::null_mut(); devices.len()];
         // SAFETY: `comms` has room for one communicator per device; `devices` lists them.
@@ -64,6 +57,56 @@ impl Nccl {
         Ok(Nccl {
             comms: comms.into_iter().map(Raw).collect(),
             ordinals: ordinals.to_vec(),
+            group: Mutex::new(()),
+        })
+    }
+}
+
+/// An `Err` unless NCCL can be loaded.
+fn loadable() -> Result<()> {
+    // SAFETY: only asks the loader whether the library can be opened.
+    if !unsafe { sys::is_culib_present() } {
+        return Err(Error::DeviceUnavailable(
+            "NCCL not found: put libnccl.so on the library path (pip's nvidia-nccl-cu13 \
+             installs libnccl.so.2: link it as libnccl.so)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+impl Nccl {
+    /// A new NCCL unique id (128 bytes): what every process of a communicator is given, with
+    /// its rank and the world size, to find the others (`ncclGetUniqueId`).
+    pub fn unique_id() -> Result<[u8; 128]> {
+        loadable()?;
+        let mut id = sys::ncclUniqueId { internal: [0; 128] };
+        // SAFETY: `id` is written by NCCL.
+        check(unsafe { sys::ncclGetUniqueId(&mut id) }, "ncclGetUniqueId")?;
+        Ok(id.internal.map(|c| c as u8))
+    }
+
+    /// This process's part of a communicator of `world` ranks across processes: CUDA device
+    /// `ordinal` as rank `rank`, all ranks given the same `id` ([`Nccl::unique_id`]).
+    /// Blocks until every rank has joined (`ncclCommInitRank`).
+    pub fn new_rank(ordinal: usize, rank: usize, world: usize, id: [u8; 128]) -> Result<Nccl> {
+        loadable()?;
+        // NCCL takes the device whose context is current.
+        let _bound = cudarc::driver::CudaContext::new(ordinal).map_err(|e| {
+            Error::DeviceUnavailable(format!("cuda:{ordinal}: {}", crate::driver::describe(e.0)))
+        })?;
+        let id = sys::ncclUniqueId {
+            internal: id.map(|b| b as std::ffi::c_char),
+        };
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: `comm` is written by NCCL; the id came from ncclGetUniqueId (via the launcher).
+        check(
+            unsafe { sys::ncclCommInitRank(&mut comm, world as i32, id, rank as i32) },
+            "ncclCommInitRank",
+        )?;
+        Ok(Nccl {
+            comms: vec![Raw(comm)],
+            ordinals: vec![ordinal],
             group: Mutex::new(()),
         })
     }

@@ -1,10 +1,14 @@
-//! Collectives over the devices of one process (issue 41). Everywhere: core's checks and
-//! bookkeeping through a host engine over two CPU devices (what each collective sends where,
-//! and the shapes of its results). Where there are two CUDA devices: NCCL's every collective ×
-//! dtype × op against values computed on the host, on tensors written by kernels just before.
+//! Collectives (issue 41). Everywhere: core's checks and bookkeeping through a host engine
+//! over two CPU devices (what each collective sends where, and the shapes of its results).
+//! Where there are two CUDA devices: NCCL's every collective × dtype × op against values
+//! computed on the host, on tensors written by kernels just before, over the devices of one
+//! process and with one process per GPU (the launcher pattern).
 
 use std::sync::Arc;
-use strata::collective::{nccl, Collective, CollectiveEngine, Communicator, RankCall, ReduceOp};
+use strata::collective::{
+    nccl, nccl_from_env, nccl_id, nccl_rank, Collective, CollectiveEngine, Communicator, RankCall,
+    ReduceOp,
+};
 use strata::prelude::*;
 
 /// The collectives on f32 host memory, by address: what NCCL computes, for two CPU devices.
@@ -284,4 +288,89 @@ fn nccl_collectives_match_the_host() {
             2.0 * gpus as f32
         );
     }
+}
+
+/// One process per GPU, as a launcher (torchrun) starts them: this test starts itself once
+/// per GPU with `RANK`, `WORLD_SIZE` and `STRATA_NCCL_ID` set; each process joins with
+/// `nccl_from_env` and runs an all-reduce, an all-gather, a reduce-scatter and a broadcast
+/// on its own GPU, checks the values and says so.
+#[test]
+fn nccl_one_process_per_gpu() {
+    if std::env::var("STRATA_TEST_RANK").is_ok() {
+        return one_rank();
+    }
+    assert!(nccl_rank(&Device::cpu(), 0, 1, "00").is_err());
+    let gpus = Device::cuda_count();
+    if gpus < 2 {
+        eprintln!("{gpus} CUDA device(s): one process per GPU needs two, not tested here");
+        return;
+    }
+    let id = nccl_id().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..gpus)
+        .map(|rank| {
+            std::process::Command::new(&exe)
+                .args([
+                    "nccl_one_process_per_gpu",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("STRATA_TEST_RANK", "1")
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", gpus.to_string())
+                .env("STRATA_NCCL_ID", &id)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains(&format!("rank {rank} of {gpus}: ok")),
+            "rank {rank}: {text}"
+        );
+    }
+}
+
+/// A child of `nccl_one_process_per_gpu`: its rank's part.
+fn one_rank() {
+    let rank: usize = std::env::var("RANK").unwrap().parse().unwrap();
+    let world: usize = std::env::var("WORLD_SIZE").unwrap().parse().unwrap();
+    let dev = Device::cuda(rank).unwrap();
+    let comm = nccl_from_env(&dev).unwrap();
+    assert_eq!((comm.ranks(), comm.world()), (&[rank][..], world));
+    let mine = Tensor::full([4, 3], (rank + 1) as f64, DType::F32, &dev)
+        .unwrap()
+        .mul(1.0)
+        .unwrap();
+    let summed = mine.clone();
+    comm.all_reduce(std::slice::from_ref(&summed), ReduceOp::Sum)
+        .unwrap();
+    let total = (world * (world + 1) / 2) as f32;
+    assert_eq!(summed.to_vec::<f32>().unwrap(), vec![total; 12]);
+    let gathered = comm
+        .all_gather(&[Tensor::full([2], rank as f64, DType::I64, &dev).unwrap()])
+        .unwrap();
+    let want: Vec<i64> = (0..world as i64).flat_map(|k| [k, k]).collect();
+    assert_eq!(gathered[0].to_vec::<i64>().unwrap(), want);
+    let block = comm
+        .reduce_scatter(
+            &[Tensor::ones([2 * world], DType::F64, &dev).unwrap()],
+            ReduceOp::Sum,
+        )
+        .unwrap();
+    assert_eq!(block[0].to_vec::<f64>().unwrap(), vec![world as f64; 2]);
+    let sent = Tensor::full([3], (rank * 10) as f64, DType::BF16, &dev).unwrap();
+    comm.broadcast(std::slice::from_ref(&sent), world - 1)
+        .unwrap();
+    assert_eq!(
+        sent.to_dtype(DType::F32).unwrap().to_vec::<f32>().unwrap(),
+        vec![((world - 1) * 10) as f32; 3]
+    );
+    println!("rank {rank} of {world}: ok");
 }
