@@ -9,6 +9,7 @@ use strata::collective::{
     nccl, nccl_from_env, nccl_id, nccl_rank, Collective, CollectiveEngine, Communicator, RankCall,
     ReduceOp,
 };
+use strata::nn::{DataParallel, Optimizer, Sgd};
 use strata::prelude::*;
 
 /// The collectives on f32 host memory, by address: what NCCL computes, for two CPU devices.
@@ -373,4 +374,93 @@ fn one_rank() {
         vec![((world - 1) * 10) as f32; 3]
     );
     println!("rank {rank} of {world}: ok");
+}
+
+/// A small MLP: relu(x·w1 + b1)·w2.
+fn mlp(params: &[Tensor], x: &Tensor) -> Result<Tensor> {
+    x.matmul(&params[0])?
+        .add(&params[1])?
+        .relu()?
+        .matmul(&params[2])
+}
+
+fn mse(pred: &Tensor, y: &Tensor) -> Result<Tensor> {
+    pred.sub(y)?.square()?.mean(Axes::All, false)
+}
+
+/// Three SGD steps of the MLP data-parallel over `comm`'s devices (each device a shard of the
+/// batch, gradients averaged) against the same steps on one device with the whole batch: the
+/// parameters agree, and the replicas are identical.
+fn data_parallel_equals_one_device(comm: Communicator) -> Result<()> {
+    let devices = comm.devices().to_vec();
+    let n = devices.len();
+    let home = devices[0].clone();
+    let mut g = Generator::new(7);
+    let params = vec![
+        Tensor::randn([8, 16], DType::F32, &mut g, &home)?.mul(0.3)?,
+        Tensor::randn([16], DType::F32, &mut g, &home)?.mul(0.1)?,
+        Tensor::randn([16, 1], DType::F32, &mut g, &home)?.mul(0.3)?,
+    ];
+    let x = Tensor::randn([16 * n, 8], DType::F32, &mut g, &home)?;
+    let y = Tensor::randn([16 * n, 1], DType::F32, &mut g, &home)?;
+    let single: Vec<Tensor> = params
+        .iter()
+        .map(|p| p.detach().contiguous()?.requires_grad_(true))
+        .collect::<Result<_>>()?;
+    let mut one = Sgd::new(single.clone(), 0.05)?;
+    let dp = DataParallel::new(comm, &params)?;
+    let mut each: Vec<Sgd> = (0..n)
+        .map(|k| Sgd::new(dp.replica(k).to_vec(), 0.05))
+        .collect::<Result<_>>()?;
+    for _ in 0..3 {
+        mse(&mlp(&single, &x)?, &y)?.backward()?;
+        one.step()?;
+        one.zero_grad();
+        let (xs, ys) = (dp.scatter(&x)?, dp.scatter(&y)?);
+        for k in 0..n {
+            mse(&mlp(dp.replica(k), &xs[k])?, &ys[k])?.backward()?;
+        }
+        dp.average_gradients()?;
+        for opt in &mut each {
+            opt.step()?;
+            opt.zero_grad();
+        }
+    }
+    for (i, p) in single.iter().enumerate() {
+        let want = p.to_vec::<f32>()?;
+        let first = dp.replica(0)[i].to_vec::<f32>()?;
+        for (a, b) in first.iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                "parameter {i}: {a} vs {b}"
+            );
+        }
+        for k in 1..n {
+            assert_eq!(
+                dp.replica(k)[i].to_vec::<f32>()?,
+                first,
+                "replica {k} of parameter {i}"
+            );
+        }
+    }
+    let uneven = Tensor::ones([2 * n + 1, 3], DType::F32, &home)?;
+    assert!(dp.scatter(&uneven).is_err());
+    Ok(())
+}
+
+#[test]
+fn data_parallel_steps_equal_one_device_through_an_engine() {
+    let comm = Communicator::new(vec![Device::cpu(), Device::cpu()], Arc::new(HostEngine)).unwrap();
+    data_parallel_equals_one_device(comm).unwrap();
+}
+
+#[test]
+fn nccl_data_parallel_steps_equal_one_gpu() {
+    let gpus = Device::cuda_count();
+    if gpus < 2 {
+        eprintln!("{gpus} CUDA device(s): data-parallel training needs two, not tested here");
+        return;
+    }
+    let devices: Vec<Device> = (0..gpus).map(|i| Device::cuda(i).unwrap()).collect();
+    data_parallel_equals_one_device(nccl(&devices).unwrap()).unwrap();
 }

@@ -1,5 +1,5 @@
 //! The layer above the ops for training (re-exported as `strata::nn`): optimizers that update
-//! parameters from their gradients. Everything here is written with core's ops and launches;
+//! parameters from their gradients, and data-parallel training over several devices. Everything here is written with core's ops and launches;
 //! no backend knows about it.
 //!
 //! ```
@@ -16,9 +16,11 @@
 //! ```
 
 mod adam;
+mod data_parallel;
 mod optimizer;
 mod sgd;
 
 pub use adam::{Adam, AdamConfig, AdamW};
+pub use data_parallel::DataParallel;
 pub use optimizer::Optimizer;
 pub use sgd::{Sgd, SgdConfig};
