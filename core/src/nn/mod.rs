@@ -1,5 +1,6 @@
 //! The layer above the ops for training (re-exported as `strata::nn`): optimizers that update
-//! parameters from their gradients, and data-parallel training over several devices. Everything here is written with core's ops and launches;
+//! parameters from their gradients, losses and the small functional ops of training
+//! ([`functional`]), and data-parallel training over several devices. Everything here is written with core's ops and launches;
 //! no backend knows about it.
 //!
 //! ```
@@ -17,6 +18,7 @@
 
 mod adam;
 mod data_parallel;
+pub mod functional;
 mod optimizer;
 mod sgd;
 

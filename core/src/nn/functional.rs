@@ -1,0 +1,251 @@
+//! Losses and the small functional ops of training (issue 40), with PyTorch's names,
+//! definitions and defaults (`torch.nn.functional`): `mse_loss`, `nll_loss`, `cross_entropy`
+//! (with label smoothing, over one `log_softmax` kernel), `one_hot`, `embedding`, `dropout`.
+//! Each is written with core's public ops, so its gradient comes from theirs and its
+//! elementwise work fuses like any other.
+//!
+//! ```
+//! use strata_core::nn::functional::{mse_loss, Reduction};
+//! use strata_core::{Device, Tensor};
+//! let dev = Device::cpu();
+//! let a = Tensor::from_slice(&[1.0f32, 2.0], [2], &dev)?;
+//! let b = Tensor::from_slice(&[1.0f32, 4.0], [2], &dev)?;
+//! assert_eq!(mse_loss(&a, &b, Reduction::Mean)?.item::<f32>()?, 2.0);
+//! # Ok::<(), strata_core::Error>(())
+//! ```
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::Axes;
+use crate::random::Generator;
+use crate::tensor::Tensor;
+
+/// How a loss over many elements is combined, as PyTorch's `reduction=`.
+///
+/// ```
+/// assert_eq!(strata_core::nn::functional::Reduction::default(), strata_core::nn::functional::Reduction::Mean);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Reduction {
+    /// The mean (PyTorch's default).
+    #[default]
+    Mean,
+    /// The sum.
+    Sum,
+    /// Each element's loss, unreduced.
+    None,
+}
+
+impl Reduction {
+    fn apply(self, losses: Tensor) -> Result<Tensor> {
+        match self {
+            Reduction::Mean => losses.mean(Axes::All, false),
+            Reduction::Sum => losses.sum(Axes::All, false),
+            Reduction::None => Ok(losses),
+        }
+    }
+}
+
+/// The squared error `(input - target)²`, reduced; `target` broadcasts to `input`.
+///
+/// ```
+/// use strata_core::nn::functional::{mse_loss, Reduction};
+/// use strata_core::{Device, Tensor};
+/// let a = Tensor::from_slice(&[0.0f64, 3.0], [2], &Device::cpu())?;
+/// let b = Tensor::from_slice(&[1.0f64, 1.0], [2], &Device::cpu())?;
+/// assert_eq!(mse_loss(&a, &b, Reduction::Sum)?.item::<f64>()?, 5.0);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn mse_loss(input: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    reduction.apply(input.sub(target)?.square()?)
+}
+
+/// An `Err` unless `target` holds one integer class per row of the `[N, C]` (or `[C]`)
+/// `scores`.
+fn check_classes(scores: &Tensor, target: &Tensor, what: &str) -> Result<()> {
+    let ok_rank = match scores.ndim() {
+        2 => target.shape() == [scores.shape()[0]],
+        1 => target.ndim() == 0,
+        _ => false,
+    };
+    if !ok_rank || !target.dtype().is_int() {
+        return Err(Error::Shape(format!(
+            "{what} takes scores [N, C] (or [C]) and integer classes [N] (or one): got {:?} \
+             and {:?} {}",
+            scores.shape(),
+            target.shape(),
+            target.dtype()
+        )));
+    }
+    Ok(())
+}
+
+/// The negative log-likelihood of `target`'s classes under `log_probs` (`[N, C]`, or `[C]`
+/// with one class): `-log_probs[n, target[n]]`, reduced. A class outside `0..C` is an error
+/// (on GPUs at the next read, as a gather's).
+///
+/// ```
+/// use strata_core::nn::functional::{nll_loss, Reduction};
+/// use strata_core::{Device, Tensor};
+/// let dev = Device::cpu();
+/// let logp = Tensor::from_slice(&[-1.0f32, -2.0, -3.0, -4.0], [2, 2], &dev)?;
+/// let target = Tensor::from_slice(&[1i64, 0], [2], &dev)?;
+/// assert_eq!(nll_loss(&logp, &target, Reduction::Mean)?.item::<f32>()?, 2.5);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn nll_loss(log_probs: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    check_classes(log_probs, target, "nll_loss")?;
+    let (logp, target) = if log_probs.ndim() == 1 {
+        (log_probs.unsqueeze(0)?, target.reshape([1])?)
+    } else {
+        (log_probs.clone(), target.clone())
+    };
+    let index = target.to_dtype(DType::I64)?.unsqueeze(1)?;
+    let picked = logp.gather(1, &index)?.squeeze_axis(1)?;
+    let losses = picked.neg()?;
+    if log_probs.ndim() == 1 && reduction == Reduction::None {
+        return losses.reshape(Vec::<usize>::new());
+    }
+    reduction.apply(losses)
+}
+
+/// The cross-entropy of `logits` (`[N, C]`, or `[C]`) against integer classes `target`:
+/// `nll_loss(log_softmax(logits))`, the log-softmax one kernel where the backend has it.
+/// With `label_smoothing` ε in `[0, 1]` the target is `1 - ε` on the class and `ε / C`
+/// spread over all classes, as PyTorch defines it: `(1 - ε)·nll + ε·mean_c(-log p_c)`.
+///
+/// ```
+/// use strata_core::nn::functional::{cross_entropy, Reduction};
+/// use strata_core::{Device, Tensor};
+/// let dev = Device::cpu();
+/// let logits = Tensor::from_slice(&[0.0f64, 0.0], [1, 2], &dev)?;
+/// let target = Tensor::from_slice(&[0i64], [1], &dev)?;
+/// let loss = cross_entropy(&logits, &target, 0.0, Reduction::Mean)?.item::<f64>()?;
+/// assert!((loss - 2f64.ln()).abs() < 1e-12);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn cross_entropy(
+    logits: &Tensor,
+    target: &Tensor,
+    label_smoothing: f64,
+    reduction: Reduction,
+) -> Result<Tensor> {
+    check_classes(logits, target, "cross_entropy")?;
+    if !(0.0..=1.0).contains(&label_smoothing) {
+        return Err(Error::Invalid(format!(
+            "cross_entropy: label_smoothing is in [0, 1], got {label_smoothing}"
+        )));
+    }
+    let logp = logits.log_softmax(-1)?;
+    let nll = nll_loss(&logp, target, Reduction::None)?;
+    if label_smoothing == 0.0 {
+        return reduction.apply(nll);
+    }
+    let smooth = logp.mean(-1, false)?.neg()?;
+    let losses = nll
+        .mul(1.0 - label_smoothing)?
+        .add(&smooth.mul(label_smoothing)?)?;
+    reduction.apply(losses)
+}
+
+/// A one-hot encoding: for integer `indices` of any shape, an i64 tensor of shape
+/// `[...indices.shape, classes]` with 1 at each index and 0 elsewhere. An index outside
+/// `0..classes` is an error (checked here: it reads the indices' smallest and largest).
+///
+/// ```
+/// use strata_core::nn::functional::one_hot;
+/// use strata_core::{Device, Tensor};
+/// let i = Tensor::from_slice(&[2i64, 0], [2], &Device::cpu())?;
+/// assert_eq!(one_hot(&i, 3)?.to_vec::<i64>()?, vec![0, 0, 1, 1, 0, 0]);
+/// assert!(one_hot(&i, 2).is_err());
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn one_hot(indices: &Tensor, classes: usize) -> Result<Tensor> {
+    if !indices.dtype().is_int() {
+        return Err(Error::DType(format!(
+            "one_hot takes integer indices, not {}",
+            indices.dtype()
+        )));
+    }
+    if indices.numel() > 0 {
+        let wide = indices.to_dtype(DType::I64)?;
+        let lo = wide.min(Axes::All, false)?.item::<i64>()?;
+        let hi = wide.max(Axes::All, false)?.item::<i64>()?;
+        if lo < 0 || hi >= classes as i64 {
+            return Err(Error::Invalid(format!(
+                "one_hot: indices span {lo}..={hi}, outside 0..{classes}"
+            )));
+        }
+    }
+    let range = Tensor::arange(0, classes as i64, 1, DType::I64, indices.device())?;
+    indices
+        .to_dtype(DType::I64)?
+        .unsqueeze(-1)?
+        .eq(&range)?
+        .to_dtype(DType::I64)
+}
+
+/// The rows of `weight` (`[num, dim]`) at integer `indices` of any shape: shape
+/// `[...indices.shape, dim]`. Its gradient adds each row's gradients into `weight`'s row,
+/// repeated indices summed (an index-select's).
+///
+/// ```
+/// use strata_core::nn::functional::embedding;
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let w = Tensor::arange(0.0, 6.0, 1.0, DType::F32, &dev)?.reshape([3, 2])?;
+/// let i = Tensor::from_slice(&[2i64, 0, 2], [3], &dev)?;
+/// assert_eq!(embedding(&i, &w)?.to_vec::<f32>()?, vec![4.0, 5.0, 0.0, 1.0, 4.0, 5.0]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn embedding(indices: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    if weight.ndim() != 2 || !indices.dtype().is_int() {
+        return Err(Error::Shape(format!(
+            "embedding takes integer indices and a weight [num, dim]: got {} indices and a \
+             weight of shape {:?}",
+            indices.dtype(),
+            weight.shape()
+        )));
+    }
+    let rows = weight.index_select(0, &indices.flatten()?)?;
+    let mut shape = indices.shape().to_vec();
+    shape.push(weight.shape()[1]);
+    rows.reshape(shape)
+}
+
+/// Dropout: in training, each element zeroed with probability `p` and the others scaled by
+/// `1 / (1 - p)`, the mask drawn from `gen` (Philox: the same mask on every backend for a
+/// seed); out of training (`training == false`), `input` itself. `p` is in `[0, 1]`.
+///
+/// ```
+/// use strata_core::nn::functional::dropout;
+/// use strata_core::{random::Generator, Device, DType, Tensor};
+/// let x = Tensor::ones([1000], DType::F32, &Device::cpu())?;
+/// let y = dropout(&x, 0.5, true, &mut Generator::new(0))?.to_vec::<f32>()?;
+/// assert!(y.iter().all(|&v| v == 0.0 || v == 2.0));
+/// assert_eq!(dropout(&x, 0.5, false, &mut Generator::new(0))?.to_vec::<f32>()?, vec![1.0; 1000]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn dropout(input: &Tensor, p: f64, training: bool, gen: &mut Generator) -> Result<Tensor> {
+    if !(0.0..=1.0).contains(&p) {
+        return Err(Error::Invalid(format!(
+            "dropout: the probability is in [0, 1], got {p}"
+        )));
+    }
+    if !input.dtype().is_float() {
+        return Err(Error::DType(format!(
+            "dropout takes a float tensor, not {}",
+            input.dtype()
+        )));
+    }
+    if !training || p == 0.0 {
+        return Ok(input.clone());
+    }
+    if p == 1.0 {
+        return input.mul(0.0);
+    }
+    let keep = Tensor::rand(input.shape(), DType::F32, gen, input.device())?.ge(p)?;
+    input
+        .mul(&keep.to_dtype(input.dtype())?)?
+        .mul(1.0 / (1.0 - p))
+}
