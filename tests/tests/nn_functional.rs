@@ -1,10 +1,12 @@
-//! Losses and the small functional ops of training (issue 40) on every device, against
-//! their definitions computed here on the host (PyTorch's, from first principles), with
-//! their gradients: mse_loss, nll_loss, cross_entropy (with label smoothing), one_hot,
-//! embedding, dropout (the same mask as the CPU's for a seed).
+//! Losses and the functional ops of training (issue 40) on every device, against their
+//! definitions computed here on the host (PyTorch's, from first principles), with their
+//! gradients: mse_loss, nll_loss, cross_entropy (with label smoothing), one_hot, embedding,
+//! dropout (the same mask as the CPU's for a seed), and linear, layer_norm, group_norm and
+//! batch_norm (gradients checked against f64 finite differences).
 
 use strata::nn::functional::{
-    cross_entropy, dropout, embedding, mse_loss, nll_loss, one_hot, Reduction,
+    batch_norm, cross_entropy, dropout, embedding, group_norm, layer_norm, linear, mse_loss,
+    nll_loss, one_hot, Reduction, RunningStats,
 };
 use strata::prelude::*;
 use strata_tests::test_device;
@@ -253,3 +255,183 @@ fn dropouts(dev: &Device) -> Result<()> {
 test_device!(losses_and_their_gradients_match_their_definitions, losses);
 test_device!(one_hot_and_embedding_with_gradients, encodings);
 test_device!(dropout_masks_match_the_cpu_and_scale, dropouts);
+
+/// Host values of `n` elements: a ramp folded so that neighbours differ.
+fn ramp(n: usize, seed: usize) -> Vec<f64> {
+    (0..n)
+        .map(|i| (((i + seed) * 7919) % 23) as f64 / 7.0 - 1.5)
+        .collect()
+}
+
+/// Checks the gradients autograd gives `f`'s inputs against central differences (f64): the
+/// loss is `Σ f(inputs) · r`, `r` fixed, so every output element matters.
+fn gradcheck(
+    dev: &Device,
+    shapes: &[Vec<usize>],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+    what: &str,
+) -> Result<()> {
+    let host: Vec<Vec<f64>> = shapes
+        .iter()
+        .enumerate()
+        .map(|(k, s)| ramp(s.iter().product(), 3 * k + 1))
+        .collect();
+    let make = |vals: &[Vec<f64>], grad: bool| -> Result<Vec<Tensor>> {
+        vals.iter()
+            .zip(shapes)
+            .map(|(v, s)| {
+                let t = Tensor::from_slice(v, s.clone(), dev)?;
+                if grad {
+                    t.requires_grad_(true)
+                } else {
+                    Ok(t)
+                }
+            })
+            .collect()
+    };
+    let weights = |out: &Tensor| -> Result<Tensor> {
+        let n = out.numel();
+        Tensor::from_slice(&ramp(n, 5), out.shape().to_vec(), dev)
+    };
+    let loss = |ts: &[Tensor]| -> Result<f64> {
+        let out = f(ts)?;
+        out.mul(&weights(&out)?)?
+            .sum(Axes::All, false)?
+            .item::<f64>()
+    };
+    let inputs = make(&host, true)?;
+    let out = f(&inputs)?;
+    out.mul(&weights(&out)?)?
+        .sum(Axes::All, false)?
+        .backward()?;
+    let h = 1e-6;
+    for (k, input) in inputs.iter().enumerate() {
+        let analytic = values(&input.grad().unwrap())?;
+        for i in 0..host[k].len() {
+            let mut up = host.clone();
+            up[k][i] += h;
+            let mut down = host.clone();
+            down[k][i] -= h;
+            let numeric = (loss(&make(&up, false)?)? - loss(&make(&down, false)?)?) / (2.0 * h);
+            assert!(
+                (numeric - analytic[i]).abs() <= 1e-5 * numeric.abs().max(1.0),
+                "{what}: input {k} element {i}: autograd {} vs finite difference {numeric}",
+                analytic[i]
+            );
+        }
+    }
+    Ok(())
+}
+
+fn norms(dev: &Device) -> Result<()> {
+    // Values against the definitions: layer_norm over the last axis.
+    let (rows, cols) = (3usize, 5usize);
+    let raw = ramp(rows * cols, 0);
+    let x = Tensor::from_slice(&raw, [rows, cols], dev)?;
+    let y = values(&layer_norm(&x, 1, None, None, 1e-5)?)?;
+    for r in 0..rows {
+        let row = &raw[r * cols..(r + 1) * cols];
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+        let want: Vec<f64> = row
+            .iter()
+            .map(|v| (v - mean) / (var + 1e-5).sqrt())
+            .collect();
+        close(&y[r * cols..(r + 1) * cols], &want, 1e-12, "layer_norm");
+    }
+    // batch_norm: training statistics per channel, the running ones updated, evaluation with
+    // them; group_norm with one group per channel is instance normalization.
+    let (n, c, l) = (4usize, 3usize, 2usize);
+    let raw = ramp(n * c * l, 2);
+    let x = Tensor::from_slice(&raw, [n, c, l], dev)?;
+    let running = RunningStats {
+        mean: Tensor::zeros([c], DType::F64, dev)?,
+        var: Tensor::ones([c], DType::F64, dev)?,
+        momentum: 0.1,
+    };
+    let y = values(&batch_norm(&x, Some(&running), None, None, true, 0.0)?)?;
+    let (rm, rv) = (values(&running.mean)?, values(&running.var)?);
+    for ch in 0..c {
+        let at: Vec<usize> = (0..n)
+            .flat_map(|s| (0..l).map(move |p| (s * c + ch) * l + p))
+            .collect();
+        let vals: Vec<f64> = at.iter().map(|&i| raw[i]).collect();
+        let mean = vals.iter().sum::<f64>() / vals.len() as f64;
+        let var = vals.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / vals.len() as f64;
+        for &i in &at {
+            close(
+                &[y[i]],
+                &[(raw[i] - mean) / var.sqrt()],
+                1e-12,
+                "batch_norm",
+            );
+        }
+        close(&[rm[ch]], &[0.1 * mean], 1e-12, "running mean");
+        let unbiased = var * vals.len() as f64 / (vals.len() - 1) as f64;
+        close(&[rv[ch]], &[0.9 + 0.1 * unbiased], 1e-12, "running var");
+    }
+    let eval = values(&batch_norm(&x, Some(&running), None, None, false, 0.0)?)?;
+    for (i, v) in raw.iter().enumerate() {
+        let ch = (i / l) % c;
+        close(
+            &[eval[i]],
+            &[(v - rm[ch]) / rv[ch].sqrt()],
+            1e-12,
+            "batch_norm eval",
+        );
+    }
+    assert!(batch_norm(&x, None, None, None, false, 0.0).is_err());
+    let inst = values(&group_norm(&x, c, None, None, 0.0)?)?;
+    for s in 0..n {
+        for ch in 0..c {
+            let at = (s * c + ch) * l;
+            let (a, b) = (raw[at], raw[at + 1]);
+            let want = if a == b {
+                [0.0, 0.0]
+            } else {
+                [(a - b).signum(), (b - a).signum()]
+            };
+            close(&inst[at..at + 2], &want, 1e-9, "group_norm (instance)");
+        }
+    }
+    assert!(group_norm(&x, 2, None, None, 0.0).is_err());
+
+    // Gradients against finite differences, with affine parameters and odd sizes.
+    gradcheck(
+        dev,
+        &[vec![2, 3, 5], vec![5], vec![5]],
+        &|t| layer_norm(&t[0], 1, Some(&t[1]), Some(&t[2]), 1e-5),
+        "layer_norm",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![2, 3, 5], vec![3, 5]],
+        &|t| layer_norm(&t[0], 2, Some(&t[1]), None, 1e-5),
+        "layer_norm over two axes",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![2, 4, 3], vec![4], vec![4]],
+        &|t| group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5),
+        "group_norm",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![3, 2, 3], vec![2], vec![2]],
+        &|t| batch_norm(&t[0], None, Some(&t[1]), Some(&t[2]), true, 1e-5),
+        "batch_norm",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![2, 3, 4], vec![5, 4], vec![5]],
+        &|t| linear(&t[0], &t[1], Some(&t[2]))?.relu(),
+        "linear + relu",
+    )?;
+    assert!(linear(&x, &Tensor::zeros([2, 3], DType::F64, dev)?, None).is_err());
+    Ok(())
+}
+
+test_device!(
+    norms_and_linear_match_definitions_and_finite_differences,
+    norms
+);

@@ -1,6 +1,7 @@
-//! Losses and the small functional ops of training (issue 40), with PyTorch's names,
-//! definitions and defaults (`torch.nn.functional`): `mse_loss`, `nll_loss`, `cross_entropy`
-//! (with label smoothing, over one `log_softmax` kernel), `one_hot`, `embedding`, `dropout`.
+//! Losses and the functional ops of training (issue 40), with PyTorch's names, definitions
+//! and defaults (`torch.nn.functional`): `mse_loss`, `nll_loss`, `cross_entropy` (with label
+//! smoothing, over one `log_softmax` kernel), `one_hot`, `embedding`, `dropout`, `linear`,
+//! `layer_norm`, `group_norm`, `batch_norm` (with running statistics).
 //! Each is written with core's public ops, so its gradient comes from theirs and its
 //! elementwise work fuses like any other.
 //!
@@ -248,4 +249,221 @@ pub fn dropout(input: &Tensor, p: f64, training: bool, gen: &mut Generator) -> R
     input
         .mul(&keep.to_dtype(input.dtype())?)?
         .mul(1.0 / (1.0 - p))
+}
+
+/// `x · weightᵀ + bias`: `x` of shape `[..., in]`, `weight` `[out, in]`, `bias` `[out]`
+/// (PyTorch's `linear`). The bias add is lazy elementwise work, so an activation after it
+/// fuses with it into one kernel after the matmul.
+///
+/// ```
+/// use strata_core::nn::functional::linear;
+/// use strata_core::{Device, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::from_slice(&[1.0f32, 2.0], [1, 2], &dev)?;
+/// let w = Tensor::from_slice(&[1.0f32, 0.0, 0.0, 1.0, 1.0, 1.0], [3, 2], &dev)?;
+/// let b = Tensor::from_slice(&[0.5f32, 0.5, 0.5], [3], &dev)?;
+/// assert_eq!(linear(&x, &w, Some(&b))?.to_vec::<f32>()?, vec![1.5, 2.5, 3.5]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    if weight.ndim() != 2 || x.shape().last() != weight.shape().get(1) {
+        return Err(Error::Shape(format!(
+            "linear takes x [..., in] and a weight [out, in]: got {:?} and {:?}",
+            x.shape(),
+            weight.shape()
+        )));
+    }
+    let y = x.matmul(&weight.t()?)?;
+    match bias {
+        Some(b) => y.add(b),
+        None => Ok(y),
+    }
+}
+
+/// `(x - mean) / sqrt(var + eps)` over the last `normalized` axes, the variance biased (as
+/// PyTorch normalizes), then scaled by `weight` and shifted by `bias` (each of the normalized
+/// axes' shape) where given: PyTorch's `layer_norm` with `normalized_shape` = the last
+/// `normalized` axes.
+///
+/// ```
+/// use strata_core::nn::functional::layer_norm;
+/// use strata_core::{Device, Tensor};
+/// let x = Tensor::from_slice(&[1.0f64, 3.0], [1, 2], &Device::cpu())?;
+/// assert_eq!(layer_norm(&x, 1, None, None, 0.0)?.to_vec::<f64>()?, vec![-1.0, 1.0]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn layer_norm(
+    x: &Tensor,
+    normalized: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let nd = x.ndim();
+    if normalized == 0 || normalized > nd || !x.dtype().is_float() {
+        return Err(Error::Shape(format!(
+            "layer_norm normalizes the last 1..={nd} axes of a float tensor: got {normalized} \
+             axes of a {} tensor of shape {:?}",
+            x.dtype(),
+            x.shape()
+        )));
+    }
+    let axes: Vec<isize> = (nd - normalized..nd).map(|a| a as isize).collect();
+    normalize(x, axes, weight, bias, eps)
+}
+
+/// `x` normalized over `axes` (biased variance), then `weight` and `bias` applied where given.
+fn normalize(
+    x: &Tensor,
+    axes: Vec<isize>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let mean = x.mean(axes.clone(), true)?;
+    let var = x.var(axes, 0, true)?;
+    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(w)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(b)?;
+    }
+    Ok(y)
+}
+
+/// Per-channel affine parameters `[C]` shaped to broadcast against `[N, C, ...]` of rank `nd`.
+fn per_channel(t: &Tensor, nd: usize) -> Result<Tensor> {
+    let mut shape = vec![t.numel()];
+    shape.extend(std::iter::repeat_n(1, nd.saturating_sub(2)));
+    t.reshape(shape)
+}
+
+/// Group normalization of `x` (`[N, C, ...]`): the channels split into `groups` groups, each
+/// sample's group normalized over its channels and positions (biased variance), then the
+/// per-channel `weight` and `bias` (`[C]`) applied where given (PyTorch's `group_norm`).
+///
+/// ```
+/// use strata_core::nn::functional::group_norm;
+/// use strata_core::{Device, Tensor};
+/// let x = Tensor::from_slice(&[1.0f64, 3.0, 10.0, 30.0], [1, 2, 2], &Device::cpu())?;
+/// let y = group_norm(&x, 2, None, None, 0.0)?.to_vec::<f64>()?;
+/// assert_eq!(y, vec![-1.0, 1.0, -1.0, 1.0]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn group_norm(
+    x: &Tensor,
+    groups: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    let shape = x.shape().to_vec();
+    if shape.len() < 2 || groups == 0 || !shape[1].is_multiple_of(groups) || !x.dtype().is_float() {
+        return Err(Error::Shape(format!(
+            "group_norm takes a float [N, C, ...] whose C splits into {groups} groups: got a {} \
+             tensor of shape {shape:?}",
+            x.dtype()
+        )));
+    }
+    let grouped = x.reshape([shape[0], groups, x.numel() / (shape[0].max(1) * groups)])?;
+    let y = normalize(&grouped, vec![2], None, None, eps)?.reshape(shape.clone())?;
+    let weight = weight.map(|w| per_channel(w, shape.len())).transpose()?;
+    let bias = bias.map(|b| per_channel(b, shape.len())).transpose()?;
+    let y = match weight {
+        Some(w) => y.mul(&w)?,
+        None => y,
+    };
+    match bias {
+        Some(b) => y.add(&b),
+        None => Ok(y),
+    }
+}
+
+/// The running statistics of [`batch_norm`], updated in place while training.
+#[derive(Debug, Clone)]
+pub struct RunningStats {
+    /// The running mean of each channel (`[C]`).
+    pub mean: Tensor,
+    /// The running (unbiased) variance of each channel (`[C]`).
+    pub var: Tensor,
+    /// How much of each batch's statistic enters the running one (PyTorch's 0.1).
+    pub momentum: f64,
+}
+
+/// Batch normalization of `x` (`[N, C, ...]`) per channel, as PyTorch's `batch_norm`: in
+/// training, over the batch's samples and positions (biased variance), and `running` (where
+/// given) updated in place, `r ← (1 − momentum)·r + momentum·statistic` with the unbiased
+/// variance; out of training, with `running`'s statistics (required then). Then the
+/// per-channel `weight` and `bias` (`[C]`) where given.
+///
+/// ```
+/// use strata_core::nn::functional::{batch_norm, RunningStats};
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::from_slice(&[1.0f64, 3.0], [2, 1], &dev)?;
+/// let running = RunningStats {
+///     mean: Tensor::zeros([1], DType::F64, &dev)?,
+///     var: Tensor::ones([1], DType::F64, &dev)?,
+///     momentum: 0.1,
+/// };
+/// let y = batch_norm(&x, Some(&running), None, None, true, 0.0)?;
+/// assert_eq!(y.to_vec::<f64>()?, vec![-1.0, 1.0]);
+/// assert_eq!(running.mean.to_vec::<f64>()?, vec![0.2]); // 0.9·0 + 0.1·2
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn batch_norm(
+    x: &Tensor,
+    running: Option<&RunningStats>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    training: bool,
+    eps: f64,
+) -> Result<Tensor> {
+    let shape = x.shape().to_vec();
+    if shape.len() < 2 || !x.dtype().is_float() {
+        return Err(Error::Shape(format!(
+            "batch_norm takes a float [N, C, ...]: got a {} tensor of shape {shape:?}",
+            x.dtype()
+        )));
+    }
+    let nd = shape.len();
+    let axes: Vec<isize> = (0..nd as isize).filter(|&a| a != 1).collect();
+    let (mean, var) = if training {
+        let count = x.numel() / shape[1].max(1);
+        if count < 2 {
+            return Err(Error::Invalid(format!(
+                "batch_norm in training needs more than one value per channel: shape {shape:?}"
+            )));
+        }
+        let mean = x.mean(axes.clone(), true)?;
+        let var = x.var(axes.clone(), 0, true)?;
+        if let Some(r) = running {
+            crate::autograd::no_grad(|| -> Result<()> {
+                let m = r.momentum;
+                let batch_mean = mean.detach().reshape([shape[1]])?;
+                let unbiased = var
+                    .detach()
+                    .reshape([shape[1]])?
+                    .mul(count as f64 / (count - 1) as f64)?;
+                r.mean
+                    .assign(r.mean.mul(1.0 - m)?.add(&batch_mean.mul(m)?)?)?;
+                r.var.assign(r.var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?)
+            })?;
+        }
+        (mean, var)
+    } else {
+        let r = running.ok_or_else(|| {
+            Error::Invalid("batch_norm out of training needs the running statistics".into())
+        })?;
+        (per_channel(&r.mean, nd)?, per_channel(&r.var, nd)?)
+    };
+    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
+    if let Some(w) = weight {
+        y = y.mul(&per_channel(w, nd)?)?;
+    }
+    if let Some(b) = bias {
+        y = y.add(&per_channel(b, nd)?)?;
+    }
+    Ok(y)
 }
