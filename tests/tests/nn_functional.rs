@@ -5,8 +5,9 @@
 //! batch_norm (gradients checked against f64 finite differences).
 
 use strata::nn::functional::{
-    batch_norm, cross_entropy, dropout, embedding, group_norm, layer_norm, linear, mse_loss,
-    nll_loss, one_hot, Reduction, RunningStats,
+    adaptive_avg_pool2d, avg_pool2d, batch_norm, conv2d, cross_entropy, dropout, embedding,
+    group_norm, layer_norm, linear, max_pool2d, mse_loss, nll_loss, one_hot, Reduction,
+    RunningStats,
 };
 use strata::prelude::*;
 use strata_tests::test_device;
@@ -434,4 +435,194 @@ fn norms(dev: &Device) -> Result<()> {
 test_device!(
     norms_and_linear_match_definitions_and_finite_differences,
     norms
+);
+
+/// conv2d on the host: direct loops over every output, channel and kernel offset.
+#[allow(clippy::too_many_arguments)]
+fn host_conv(
+    x: &[f64],
+    [n, c, h, w]: [usize; 4],
+    k: &[f64],
+    [o, cg, kh, kw]: [usize; 4],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dil: [usize; 2],
+    groups: usize,
+) -> (Vec<f64>, [usize; 2]) {
+    let oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / stride[0] + 1;
+    let ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) / stride[1] + 1;
+    let og = o / groups;
+    let mut y = vec![0.0; n * o * oh * ow];
+    for s in 0..n {
+        for oc in 0..o {
+            let g = oc / og;
+            for a in 0..oh {
+                for b in 0..ow {
+                    let mut acc = 0.0;
+                    for ci in 0..cg {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let hh = (a * stride[0] + i * dil[0]) as isize - pad[0] as isize;
+                                let ww = (b * stride[1] + j * dil[1]) as isize - pad[1] as isize;
+                                if hh < 0 || ww < 0 || hh >= h as isize || ww >= w as isize {
+                                    continue;
+                                }
+                                let xi =
+                                    ((s * c + g * cg + ci) * h + hh as usize) * w + ww as usize;
+                                acc += x[xi] * k[((oc * cg + ci) * kh + i) * kw + j];
+                            }
+                        }
+                    }
+                    y[((s * o + oc) * oh + a) * ow + b] = acc;
+                }
+            }
+        }
+    }
+    (y, [oh, ow])
+}
+
+fn windows(dev: &Device) -> Result<()> {
+    // conv2d against the host loops: stride, padding, dilation, groups, odd sizes.
+    for (shape, kshape, stride, pad, dil, groups) in [
+        ([2, 3, 7, 6], [4, 3, 3, 3], [1, 1], [1, 1], [1, 1], 1),
+        ([1, 4, 9, 8], [6, 2, 3, 2], [2, 3], [2, 1], [1, 2], 2),
+        ([2, 2, 5, 5], [2, 1, 1, 1], [2, 2], [0, 0], [1, 1], 2),
+    ] {
+        let xs = ramp(shape.iter().product(), 1);
+        let ks = ramp(kshape.iter().product(), 4);
+        let x = Tensor::from_slice(&xs, shape.to_vec(), dev)?;
+        let k = Tensor::from_slice(&ks, kshape.to_vec(), dev)?;
+        let b = Tensor::from_slice(&ramp(kshape[0], 9), [kshape[0]], dev)?;
+        let (want, [oh, ow]) = host_conv(&xs, shape, &ks, kshape, stride, pad, dil, groups);
+        let y = conv2d(&x, &k, None, stride, pad, dil, groups)?;
+        assert_eq!(y.shape(), &[shape[0], kshape[0], oh, ow]);
+        close(&values(&y)?, &want, 1e-12, "conv2d");
+        let with_bias = values(&conv2d(&x, &k, Some(&b), stride, pad, dil, groups)?)?;
+        let bv = values(&b)?;
+        let plane = oh * ow;
+        let shifted: Vec<f64> = want
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + bv[(i / plane) % kshape[0]])
+            .collect();
+        close(&with_bias, &shifted, 1e-12, "conv2d bias");
+    }
+    assert!(conv2d(
+        &Tensor::zeros([1, 3, 4, 4], DType::F64, dev)?,
+        &Tensor::zeros([2, 2, 3, 3], DType::F64, dev)?,
+        None,
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        1
+    )
+    .is_err());
+    assert!(conv2d(
+        &Tensor::zeros([1, 1, 2, 2], DType::F64, dev)?,
+        &Tensor::zeros([1, 1, 3, 3], DType::F64, dev)?,
+        None,
+        [1, 1],
+        [0, 0],
+        [1, 1],
+        1
+    )
+    .is_err());
+
+    // Pooling against the host: max (first of ties, its index), average, adaptive.
+    let shape = [2usize, 2, 5, 6];
+    let xs: Vec<f64> = (0..shape.iter().product::<usize>())
+        .map(|i| ((i * 7919) % 13) as f64)
+        .collect();
+    let x = Tensor::from_slice(&xs, shape.to_vec(), dev)?;
+    let (kernel, stride, pad) = ([3usize, 2usize], [2usize, 2usize], [1usize, 1usize]);
+    let (v, idx) = max_pool2d(&x, kernel, stride, pad)?;
+    let (oh, ow) = ((5 + 2 - 3) / 2 + 1, (6 + 2 - 2) / 2 + 1);
+    assert_eq!(v.shape(), &[2, 2, oh, ow]);
+    let (vv, iv) = (values(&v)?, idx.to_vec::<i64>()?);
+    let avg = values(&avg_pool2d(&x, kernel, stride, pad)?)?;
+    for p in 0..4 {
+        for a in 0..oh {
+            for b in 0..ow {
+                let (mut best, mut at, mut sum) = (f64::NEG_INFINITY, -1i64, 0.0);
+                for i in 0..3 {
+                    for j in 0..2 {
+                        let (hh, ww) = ((a * 2 + i) as isize - 1, (b * 2 + j) as isize - 1);
+                        if hh < 0 || ww < 0 || hh >= 5 || ww >= 6 {
+                            continue;
+                        }
+                        let val = xs[p * 30 + hh as usize * 6 + ww as usize];
+                        sum += val;
+                        if val > best {
+                            (best, at) = (val, hh as i64 * 6 + ww as i64);
+                        }
+                    }
+                }
+                let o = (p * oh + a) * ow + b;
+                assert_eq!(
+                    (vv[o], iv[o]),
+                    (best, at),
+                    "max_pool2d at plane {p} ({a}, {b})"
+                );
+                close(&[avg[o]], &[sum / 6.0], 1e-12, "avg_pool2d");
+            }
+        }
+    }
+    let ad = values(&adaptive_avg_pool2d(&x, [2, 4])?)?;
+    for p in 0..4 {
+        for a in 0..2 {
+            for b in 0..4 {
+                let (r0, r1) = (a * 5 / 2, ((a + 1) * 5usize).div_ceil(2));
+                let (c0, c1) = (b * 6 / 4, ((b + 1) * 6usize).div_ceil(4));
+                let cells: Vec<f64> = (r0..r1)
+                    .flat_map(|r| (c0..c1).map(move |c| (r, c)))
+                    .map(|(r, c)| xs[p * 30 + r * 6 + c])
+                    .collect();
+                close(
+                    &[ad[(p * 2 + a) * 4 + b]],
+                    &[cells.iter().sum::<f64>() / cells.len() as f64],
+                    1e-12,
+                    "adaptive_avg_pool2d",
+                );
+            }
+        }
+    }
+    assert!(max_pool2d(&x, [2, 2], [1, 1], [2, 2]).is_err());
+
+    // Gradients against finite differences (distinct values, so the max is unique).
+    gradcheck(
+        dev,
+        &[vec![1, 2, 5, 4], vec![3, 2, 2, 3], vec![3]],
+        &|t| conv2d(&t[0], &t[1], Some(&t[2]), [2, 1], [1, 2], [2, 1], 1),
+        "conv2d",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![1, 4, 4, 3], vec![2, 2, 3, 3]],
+        &|t| conv2d(&t[0], &t[1], None, [1, 1], [1, 1], [1, 1], 2),
+        "conv2d groups",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![1, 2, 5, 4]],
+        &|t| Ok(max_pool2d(&t[0], [2, 3], [2, 1], [1, 1])?.0),
+        "max_pool2d",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![1, 2, 5, 4]],
+        &|t| avg_pool2d(&t[0], [3, 2], [1, 2], [1, 0]),
+        "avg_pool2d",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![1, 2, 5, 4]],
+        &|t| adaptive_avg_pool2d(&t[0], [3, 3]),
+        "adaptive_avg_pool2d",
+    )?;
+    Ok(())
+}
+
+test_device!(
+    convolution_and_pooling_match_loops_and_finite_differences,
+    windows
 );

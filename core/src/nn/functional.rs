@@ -1,7 +1,8 @@
 //! Losses and the functional ops of training (issue 40), with PyTorch's names, definitions
 //! and defaults (`torch.nn.functional`): `mse_loss`, `nll_loss`, `cross_entropy` (with label
 //! smoothing, over one `log_softmax` kernel), `one_hot`, `embedding`, `dropout`, `linear`,
-//! `layer_norm`, `group_norm`, `batch_norm` (with running statistics).
+//! `layer_norm`, `group_norm`, `batch_norm` (with running statistics), and over sliding
+//! windows `conv2d`, `max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`.
 //! Each is written with core's public ops, so its gradient comes from theirs and its
 //! elementwise work fuses like any other.
 //!
@@ -15,6 +16,7 @@
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
+pub use super::windows::{adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d, Pair};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Axes;

@@ -21,6 +21,7 @@ mod data_parallel;
 pub mod functional;
 mod optimizer;
 mod sgd;
+mod windows;
 
 pub use adam::{Adam, AdamConfig, AdamW};
 pub use data_parallel::DataParallel;

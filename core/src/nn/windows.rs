@@ -1,0 +1,287 @@
+//! Ops over sliding windows of `[N, C, H, W]` tensors (issue 40): `conv2d` (stride, padding,
+//! dilation, groups), `max_pool2d` (with PyTorch's indices), `avg_pool2d` and
+//! `adaptive_avg_pool2d`, re-exported in [`functional`](super::functional). Each is written
+//! with core's public ops over strided views: the view of the input that one kernel offset
+//! `(i, j)` sees is a slice with the stride as its step, so no im2col buffer is made. A
+//! convolution is a sum over the kernel's offsets of one matmul each (the view's channels
+//! against the weight's), a pooling an elementwise max or sum over the offsets (one fused
+//! kernel). Gradients come from those ops; they are the plain, obviously right versions, not
+//! yet the fast kernels (cuDNN, implicit GEMM) issue 40 asks for.
+
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops::Axes;
+use crate::s;
+use crate::tensor::Tensor;
+
+/// A pair of sizes along (height, width).
+pub type Pair = [usize; 2];
+
+/// The four sizes of an `[N, C, H, W]` tensor, or `Err` naming `what`.
+fn nchw(t: &Tensor, what: &str) -> Result<[usize; 4]> {
+    match *t.shape() {
+        [n, c, h, w] => Ok([n, c, h, w]),
+        _ => Err(Error::Shape(format!(
+            "{what} takes a 4-D [N, C, H, W] tensor, got shape {:?}",
+            t.shape()
+        ))),
+    }
+}
+
+/// Output length of a window walk: `(len + 2·pad − dil·(k − 1) − 1) / stride + 1`, or `Err`.
+fn out_len(
+    len: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    dil: usize,
+    what: &str,
+) -> Result<usize> {
+    let span = dil * (k.max(1) - 1) + 1;
+    if k == 0 || stride == 0 || dil == 0 || len + 2 * pad < span {
+        return Err(Error::Shape(format!(
+            "{what}: a window of {k} (dilation {dil}, stride {stride}) does not fit a length of \
+             {len} padded by {pad} on each side"
+        )));
+    }
+    Ok((len + 2 * pad - span) / stride + 1)
+}
+
+/// The view of `padded` (`[N, C, Hp, Wp]`) that kernel offset `(i, j)` reads for each of the
+/// `out` positions: a strided slice, shape `[N, C, out_h, out_w]`.
+fn offset_view(
+    padded: &Tensor,
+    (i, j): (usize, usize),
+    stride: Pair,
+    dil: Pair,
+    out: Pair,
+) -> Result<Tensor> {
+    let (h0, w0) = (i * dil[0], j * dil[1]);
+    let (h1, w1) = (
+        h0 + stride[0] * (out[0] - 1) + 1,
+        w0 + stride[1] * (out[1] - 1) + 1,
+    );
+    padded.slice(s![.., .., h0..h1; stride[0], w0..w1; stride[1]])
+}
+
+/// 2-D convolution (PyTorch's `conv2d`, a cross-correlation): `input` `[N, C, H, W]`,
+/// `weight` `[O, C / groups, kH, kW]`, optional `bias` `[O]`; zero padding.
+///
+/// ```
+/// use strata_core::nn::functional::conv2d;
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::arange(0.0, 9.0, 1.0, DType::F32, &dev)?.reshape([1, 1, 3, 3])?;
+/// let k = Tensor::ones([1, 1, 2, 2], DType::F32, &dev)?;
+/// let y = conv2d(&x, &k, None, [1, 1], [0, 0], [1, 1], 1)?;
+/// assert_eq!(y.to_vec::<f32>()?, vec![8.0, 12.0, 20.0, 24.0]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn conv2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: Pair,
+    padding: Pair,
+    dilation: Pair,
+    groups: usize,
+) -> Result<Tensor> {
+    let [_, c, h, w] = nchw(input, "conv2d")?;
+    let [o, cg, kh, kw] = nchw(weight, "conv2d's weight")?;
+    if groups == 0 || cg * groups != c || o % groups != 0 {
+        return Err(Error::Shape(format!(
+            "conv2d: {c} input channels and a weight of shape {:?} do not make {groups} groups \
+             (the weight is [out, in / groups, kH, kW], out divisible by groups)",
+            weight.shape()
+        )));
+    }
+    let out = [
+        out_len(h, kh, stride[0], padding[0], dilation[0], "conv2d")?,
+        out_len(w, kw, stride[1], padding[1], dilation[1], "conv2d")?,
+    ];
+    let padded = input.pad(
+        &[
+            (padding[0] as isize, padding[0] as isize),
+            (padding[1] as isize, padding[1] as isize),
+        ],
+        0,
+    )?;
+    let og = o / groups;
+    let mut per_group = Vec::with_capacity(groups);
+    for g in 0..groups {
+        let xg = padded.narrow(1, g * cg, cg)?;
+        let wg = weight.narrow(0, g * og, og)?;
+        let mut acc: Option<Tensor> = None;
+        for i in 0..kh {
+            for j in 0..kw {
+                // [N, OH, OW, C/g] · [C/g, O/g] → [N, OH, OW, O/g]
+                let view =
+                    offset_view(&xg, (i, j), stride, dilation, out)?.permute([0, 2, 3, 1])?;
+                let term = view.matmul(&wg.slice(s![.., .., i, j])?.t()?)?;
+                acc = Some(match acc {
+                    Some(a) => a.add(&term)?,
+                    None => term,
+                });
+            }
+        }
+        let acc = acc.ok_or_else(|| Error::Shape("conv2d: an empty kernel".into()))?;
+        per_group.push(acc.permute([0, 3, 1, 2])?);
+    }
+    let y = if groups == 1 {
+        per_group.remove(0)
+    } else {
+        let parts: Vec<&Tensor> = per_group.iter().collect();
+        Tensor::cat(&parts, 1)?
+    };
+    match bias {
+        Some(b) => y.add(&b.reshape([o, 1, 1])?),
+        None => Ok(y),
+    }
+}
+
+/// Checks a pooling's window against PyTorch's rule (padding at most half the kernel).
+fn pool_out(input: &Tensor, kernel: Pair, stride: Pair, padding: Pair, what: &str) -> Result<Pair> {
+    let [_, _, h, w] = nchw(input, what)?;
+    if padding[0] * 2 > kernel[0] || padding[1] * 2 > kernel[1] {
+        return Err(Error::Shape(format!(
+            "{what}: padding {padding:?} is more than half the kernel {kernel:?}"
+        )));
+    }
+    Ok([
+        out_len(h, kernel[0], stride[0], padding[0], 1, what)?,
+        out_len(w, kernel[1], stride[1], padding[1], 1, what)?,
+    ])
+}
+
+/// Max pooling (PyTorch's `max_pool2d` with `return_indices`): the largest value of each
+/// window (implicit `-inf` padding; NaN wins, as PyTorch's), and its position, as an i64
+/// index `h·W + w` into its input plane. Ties go to the first position in the window, which
+/// also gets the gradient.
+///
+/// ```
+/// use strata_core::nn::functional::max_pool2d;
+/// use strata_core::{Device, Tensor};
+/// let x = Tensor::from_slice(&[1.0f32, 5.0, 3.0, 2.0], [1, 1, 2, 2], &Device::cpu())?;
+/// let (v, i) = max_pool2d(&x, [2, 2], [2, 2], [0, 0])?;
+/// assert_eq!((v.to_vec::<f32>()?, i.to_vec::<i64>()?), (vec![5.0], vec![1]));
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn max_pool2d(
+    input: &Tensor,
+    kernel: Pair,
+    stride: Pair,
+    padding: Pair,
+) -> Result<(Tensor, Tensor)> {
+    let out = pool_out(input, kernel, stride, padding, "max_pool2d")?;
+    if !input.dtype().is_float() {
+        return Err(Error::DType(format!(
+            "max_pool2d takes a float tensor, not {}",
+            input.dtype()
+        )));
+    }
+    let [_, _, _, w] = nchw(input, "max_pool2d")?;
+    let pads = [
+        (padding[0] as isize, padding[0] as isize),
+        (padding[1] as isize, padding[1] as isize),
+    ];
+    let padded = input.pad(&pads, f64::NEG_INFINITY)?;
+    let dev = input.device();
+    // Each output position's window corner in the unpadded plane (may be negative).
+    let rows = Tensor::arange(0, out[0] as i64, 1, DType::I64, dev)?
+        .mul(stride[0] as i64)?
+        .sub(padding[0] as i64)?
+        .reshape([out[0], 1])?;
+    let cols = Tensor::arange(0, out[1] as i64, 1, DType::I64, dev)?
+        .mul(stride[1] as i64)?
+        .sub(padding[1] as i64)?
+        .reshape([1, out[1]])?;
+    let corner = rows.mul(w as i64)?.add(&cols)?;
+    let mut best: Option<(Tensor, Tensor)> = None;
+    for i in 0..kernel[0] {
+        for j in 0..kernel[1] {
+            let v = offset_view(&padded, (i, j), stride, [1, 1], out)?;
+            let at = corner.add((i * w + j) as i64)?;
+            best = Some(match best {
+                None => {
+                    let at = at.expand(v.shape().to_vec())?;
+                    (v, at)
+                }
+                Some((b, bi)) => {
+                    let better = v.gt(&b)?.logical_or(&v.isnan()?)?;
+                    (
+                        Tensor::where_cond(&better, &v, &b)?,
+                        Tensor::where_cond(&better, &at, &bi)?,
+                    )
+                }
+            });
+        }
+    }
+    let (values, index) = best.ok_or_else(|| Error::Shape("max_pool2d: an empty kernel".into()))?;
+    Ok((values, index.contiguous()?))
+}
+
+/// Average pooling (PyTorch's `avg_pool2d` with `count_include_pad=True`): each window's
+/// sum divided by the kernel's size, zero padding counted.
+///
+/// ```
+/// use strata_core::nn::functional::avg_pool2d;
+/// use strata_core::{Device, Tensor};
+/// let x = Tensor::from_slice(&[1.0f32, 5.0, 3.0, 3.0], [1, 1, 2, 2], &Device::cpu())?;
+/// assert_eq!(avg_pool2d(&x, [2, 2], [2, 2], [0, 0])?.to_vec::<f32>()?, vec![3.0]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn avg_pool2d(input: &Tensor, kernel: Pair, stride: Pair, padding: Pair) -> Result<Tensor> {
+    let out = pool_out(input, kernel, stride, padding, "avg_pool2d")?;
+    let pads = [
+        (padding[0] as isize, padding[0] as isize),
+        (padding[1] as isize, padding[1] as isize),
+    ];
+    let padded = input.pad(&pads, 0)?;
+    let mut sum: Option<Tensor> = None;
+    for i in 0..kernel[0] {
+        for j in 0..kernel[1] {
+            let v = offset_view(&padded, (i, j), stride, [1, 1], out)?;
+            sum = Some(match sum {
+                Some(s) => s.add(&v)?,
+                None => v,
+            });
+        }
+    }
+    let sum = sum.ok_or_else(|| Error::Shape("avg_pool2d: an empty kernel".into()))?;
+    sum.div((kernel[0] * kernel[1]) as f64)
+}
+
+/// Adaptive average pooling (PyTorch's `adaptive_avg_pool2d`): output cell `(a, b)` is the
+/// mean of rows `⌊a·H/oH⌋ .. ⌈(a+1)·H/oH⌉` and the same for columns, so any output size fits
+/// any input (`[1, 1]`: the global mean of each plane).
+///
+/// ```
+/// use strata_core::nn::functional::adaptive_avg_pool2d;
+/// use strata_core::{Device, DType, Tensor};
+/// let x = Tensor::arange(0.0, 6.0, 1.0, DType::F32, &Device::cpu())?.reshape([1, 1, 2, 3])?;
+/// assert_eq!(adaptive_avg_pool2d(&x, [1, 1])?.to_vec::<f32>()?, vec![2.5]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn adaptive_avg_pool2d(input: &Tensor, output: Pair) -> Result<Tensor> {
+    let [_, _, h, w] = nchw(input, "adaptive_avg_pool2d")?;
+    if output[0] == 0 || output[1] == 0 {
+        return Err(Error::Shape(format!(
+            "adaptive_avg_pool2d: an output size of {output:?}"
+        )));
+    }
+    let span = |k: usize, len: usize, n: usize| (k * len / n, ((k + 1) * len).div_ceil(n));
+    let mut rows = Vec::with_capacity(output[0]);
+    for a in 0..output[0] {
+        let (r0, r1) = span(a, h, output[0]);
+        let mut cells = Vec::with_capacity(output[1]);
+        for b in 0..output[1] {
+            let (c0, c1) = span(b, w, output[1]);
+            let cell = input.slice(s![.., .., r0..r1, c0..c1])?;
+            cells.push(cell.mean(Axes::from(vec![2isize, 3]), true)?);
+        }
+        let refs: Vec<&Tensor> = cells.iter().collect();
+        rows.push(Tensor::cat(&refs, 3)?);
+    }
+    let refs: Vec<&Tensor> = rows.iter().collect();
+    Tensor::cat(&refs, 2)
+}
