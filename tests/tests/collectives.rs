@@ -109,10 +109,21 @@ fn every_collective(comm: &Communicator, dtype: DType) -> Result<()> {
     } else {
         &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min]
     };
+    // Integer products wrap at the dtype's width, as NCCL's (4 devices overflow an i8).
+    let wrap = |v: f64| -> f64 {
+        let i = v as i128;
+        match dtype {
+            DType::I8 => i as i8 as f64,
+            DType::U8 => i as u8 as f64,
+            DType::I32 => i as i32 as f64,
+            DType::U32 => i as u32 as f64,
+            _ => v,
+        }
+    };
     let fold = |op: ReduceOp, vs: Vec<f64>| -> f64 {
         match op {
             ReduceOp::Sum => vs.iter().sum(),
-            ReduceOp::Prod => vs.iter().product(),
+            ReduceOp::Prod => wrap(vs.iter().product()),
             ReduceOp::Max => vs.iter().cloned().fold(f64::MIN, f64::max),
             ReduceOp::Min => vs.iter().cloned().fold(f64::MAX, f64::min),
             ReduceOp::Avg => vs.iter().sum::<f64>() / vs.len() as f64,

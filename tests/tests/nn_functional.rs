@@ -626,3 +626,72 @@ test_device!(
     convolution_and_pooling_match_loops_and_finite_differences,
     windows
 );
+
+/// A small CNN built from the layers (convolution, batch norm, relu, pooling, dropout,
+/// linear) learns a task it can only solve from its inputs' layout: whether a bright pixel is
+/// in the left or the right half of a 6×6 image. AdamW, cross-entropy, 20 steps.
+fn small_cnn_learns(dev: &Device) -> Result<()> {
+    use strata::nn::functional::max_pool2d;
+    use strata::nn::{
+        AdamW, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, Module, Optimizer, Relu, Sequential,
+    };
+
+    struct Pool;
+    impl Module for Pool {
+        fn forward(&self, x: &Tensor) -> Result<Tensor> {
+            Ok(max_pool2d(x, [2, 2], [2, 2], [0, 0])?.0)
+        }
+    }
+    let mut g = Generator::new(5);
+    let mut net = Sequential::new()
+        .layer(Conv2d::new(
+            1,
+            4,
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            DType::F32,
+            &mut g,
+            dev,
+        )?)
+        .layer(BatchNorm2d::new(4, DType::F32, dev)?)
+        .layer(Relu)
+        .layer(Pool)
+        .layer(Flatten)
+        .layer(Dropout::new(0.1, Generator::new(9)))
+        .layer(Linear::new(4 * 3 * 3, 2, true, DType::F32, &mut g, dev)?);
+    assert_eq!(net.parameters().len(), 6);
+    let mut opt = AdamW::new(net.parameters(), 0.1)?;
+    // 64 images, one bright pixel each; class 1 when it is in the right half.
+    let batch = 32;
+    let mut images = vec![0.0f32; batch * 36];
+    let mut labels = vec![0i64; batch];
+    for b in 0..batch {
+        let at = (b * 17 + 5) % 36;
+        images[b * 36 + at] = 1.0;
+        labels[b] = i64::from(at % 6 >= 3);
+    }
+    let x = Tensor::from_slice(&images, [batch, 1, 6, 6], dev)?;
+    let y = Tensor::from_slice(&labels, [batch], dev)?;
+    let mut first = None;
+    for _ in 0..20 {
+        let loss = cross_entropy(&net.forward(&x)?, &y, 0.0, Reduction::Mean)?;
+        first.get_or_insert(loss.item::<f32>()?);
+        loss.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+    }
+    net.train(false);
+    let scores = net.forward(&x)?.to_vec::<f32>()?;
+    let right = (0..batch)
+        .filter(|&b| i64::from(scores[2 * b + 1] > scores[2 * b]) == labels[b])
+        .count();
+    let last = cross_entropy(&net.forward(&x)?, &y, 0.0, Reduction::Mean)?.item::<f32>()?;
+    assert!(
+        right * 10 >= batch * 9,
+        "{right} of {batch} right (loss {first:?} → {last})"
+    );
+    Ok(())
+}
+
+test_device!(a_small_cnn_from_the_layers_learns, small_cnn_learns);

@@ -1,6 +1,7 @@
 //! The layer above the ops for training (re-exported as `strata::nn`): optimizers that update
-//! parameters from their gradients, losses and the small functional ops of training
-//! ([`functional`]), and data-parallel training over several devices. Everything here is written with core's ops and launches;
+//! parameters from their gradients, losses and the functional ops of training
+//! ([`functional`]), a small layer API over them ([`Module`], [`Sequential`], …), and
+//! data-parallel training over several devices. Everything here is written with core's ops and launches;
 //! no backend knows about it.
 //!
 //! ```
@@ -19,11 +20,15 @@
 mod adam;
 mod data_parallel;
 pub mod functional;
+mod layers;
 mod optimizer;
 mod sgd;
 mod windows;
 
 pub use adam::{Adam, AdamConfig, AdamW};
 pub use data_parallel::DataParallel;
+pub use layers::{
+    BatchNorm2d, Conv2d, Dropout, Flatten, LayerNorm, Linear, Module, Relu, Sequential,
+};
 pub use optimizer::Optimizer;
 pub use sgd::{Sgd, SgdConfig};
