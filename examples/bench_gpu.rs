@@ -12,7 +12,8 @@
 //! [--device cuda|wgpu|cpu]` a GELU MLP's training step (`scripts/bench_mlp_torch.py` is
 //! PyTorch's side); `bench_gpu backward [--log2n N] [--device ..]` the backward of the fused
 //! chains (`scripts/bench_backward_torch.py`); `bench_gpu peer [--log2n N]` copies between
-//! CUDA devices 0 and 1 (`scripts/bench_peer_torch.py`).
+//! CUDA devices 0 and 1 (`scripts/bench_peer_torch.py`); `bench_gpu conv` conv2d on ResNet-50
+//! shapes (`scripts/bench_conv_torch.py`).
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
@@ -447,6 +448,40 @@ fn optimizer_steps(dev: &Device) -> Result<()> {
 /// Histograms and stochastic rounding on 2^`log2` f32 normals (issue 42's table): histc into
 /// 64 and 4096 bins, the exponent histogram (its read-back included), the stochastic and
 /// plain casts to bf16, and a copy for the bandwidth floor.
+/// `conv2d` (strata's composition over strided views: one matmul per kernel offset) on three
+/// of ResNet-50's shapes, batch 64, f32 (TF32 off), forward and forward + backward
+/// (`scripts/bench_conv_torch.py` is PyTorch's side, cuDNN).
+fn convolutions(dev: &Device) -> Result<()> {
+    use strata::nn::functional::conv2d;
+    let mut g = strata::random::Generator::new(1);
+    for (c, o, k, hw, stride, pad) in [
+        (64usize, 64usize, 3usize, 56usize, 1usize, 1usize),
+        (256, 64, 1, 56, 1, 0),
+        (128, 128, 3, 28, 1, 1),
+    ] {
+        let x = Tensor::randn([64, c, hw, hw], DType::F32, &mut g, dev)?.requires_grad_(true)?;
+        let w = Tensor::randn([o, c, k, k], DType::F32, &mut g, dev)?.requires_grad_(true)?;
+        let flops = 2.0 * (64 * o * hw * hw * c * k * k) as f64;
+        let name = format!("conv2d c{c}->{o} {k}x{k} {hw}^2");
+        let fwd = time(dev, 1, || {
+            keep(strata::autograd::no_grad(|| {
+                conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)
+            }))
+        })?;
+        row(&format!("{name} forward"), fwd, 0.0, flops);
+        let both = time(dev, 1, || {
+            conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)?
+                .sum(Axes::All, false)?
+                .backward()?;
+            x.zero_grad();
+            w.zero_grad();
+            Ok(())
+        })?;
+        row(&format!("{name} forward+backward"), both, 0.0, 3.0 * flops);
+    }
+    Ok(())
+}
+
 /// Copies of `n` f32 elements between CUDA devices 0 and 1, each way and both ways at once:
 /// median wall-clock ms of 20 repetitions (each a copy and both devices synchronized; the
 /// copy is ordered on the two devices' streams, so the host clock is the fair one), as
@@ -568,6 +603,7 @@ fn main() -> Result<()> {
             return hist(&Device::cuda(0)?, log2);
         }
         Some("first-op") => return first_op(),
+        Some("conv") => return convolutions(&Device::cuda(0)?),
         Some("peer") => {
             let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
             return peer_copies(1 << log2n);

@@ -308,6 +308,9 @@ run_multi() {
     printf 'test-%s rc=%s %s\n' "$t" "$?" "$(grep -E '^test result' "$out/$t.log")" | tee -a "$summary"
     grep -E 'panicked|CUDA device' "$out/$t.log" | head -10 | tee -a "$summary"
   done
+  echo "-- conv2d: strata (bench_gpu conv), then PyTorch (cuDNN)" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" conv 2>&1 | tee -a "$summary"
+  timeout 200 python3 scripts/bench_conv_torch.py 2>&1 | tee -a "$summary"
   echo "-- strata (bench_gpu peer), then PyTorch" | tee -a "$summary"
   timeout 200 "$bin/bench_gpu" peer 2>&1 | tee -a "$summary"
   timeout 200 python3 scripts/bench_peer_torch.py 2>&1 | tee -a "$summary"
