@@ -695,3 +695,89 @@ fn small_cnn_learns(dev: &Device) -> Result<()> {
 }
 
 test_device!(a_small_cnn_from_the_layers_learns, small_cnn_learns);
+
+/// Tensors of every dtype through a safetensors file and back; a network's parameters saved
+/// and loaded into another of the same layers (then both compute the same), and refused by a
+/// network of other shapes.
+fn safetensors_round_trip(dev: &Device) -> Result<()> {
+    use strata::nn::{
+        load_parameters, load_tensors, save_parameters, save_tensors, Linear, Module, Relu,
+        Sequential,
+    };
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(
+        "strata-test-{}-{}.safetensors",
+        std::process::id(),
+        dev.name().len()
+    ));
+    let tensors: Vec<(String, Tensor)> = strata_tests::dtypes()
+        .into_iter()
+        .filter(|&d| dev.backend().check_dtype(d).is_ok())
+        .map(|d| {
+            let t = Tensor::arange(0, 6, 1, DType::I64, dev)?
+                .to_dtype(d)?
+                .reshape([3, 2])?;
+            Ok((d.to_string(), t.t()?)) // a transposed view: written as its values
+        })
+        .collect::<Result<_>>()?;
+    let named: Vec<(&str, &Tensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    save_tensors(&path, &named)?;
+    let loaded = load_tensors(&path, dev)?;
+    assert_eq!(loaded.len(), tensors.len());
+    for (name, t) in &tensors {
+        let (_, back) = loaded
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("every name comes back");
+        assert_eq!(
+            (back.shape(), back.dtype()),
+            (t.shape(), t.dtype()),
+            "{name}"
+        );
+        assert_eq!(values(back)?, values(t)?, "{name}");
+    }
+    assert!(save_tensors(&path, &[("a", &tensors[0].1), ("a", &tensors[0].1)]).is_err());
+
+    let net = |seed| -> Result<Sequential> {
+        let mut g = Generator::new(seed);
+        Ok(Sequential::new()
+            .layer(Linear::new(3, 4, true, DType::F32, &mut g, dev)?)
+            .layer(Relu)
+            .layer(Linear::new(4, 2, false, DType::F32, &mut g, dev)?))
+    };
+    let (a, b) = (net(1)?, net(2)?);
+    let x = Tensor::randn([5, 3], DType::F32, &mut Generator::new(3), dev)?;
+    assert_ne!(
+        a.forward(&x)?.to_vec::<f32>()?,
+        b.forward(&x)?.to_vec::<f32>()?
+    );
+    save_parameters(&a, &path)?;
+    load_parameters(&b, &path)?;
+    assert_eq!(
+        a.forward(&x)?.to_vec::<f32>()?,
+        b.forward(&x)?.to_vec::<f32>()?
+    );
+    let other = Sequential::new().layer(Linear::new(
+        3,
+        5,
+        true,
+        DType::F32,
+        &mut Generator::new(4),
+        dev,
+    )?);
+    let before = other.parameters()[0].to_vec::<f32>()?;
+    assert!(load_parameters(&other, &path).is_err());
+    assert_eq!(
+        other.parameters()[0].to_vec::<f32>()?,
+        before,
+        "a refused load writes nothing"
+    );
+    std::fs::remove_file(&path).ok();
+    assert!(load_tensors(&path, dev).is_err());
+    Ok(())
+}
+
+test_device!(
+    safetensors_files_round_trip_tensors_and_parameters,
+    safetensors_round_trip
+);

@@ -22,6 +22,7 @@ mod data_parallel;
 pub mod functional;
 mod layers;
 mod optimizer;
+mod saving;
 mod sgd;
 mod windows;
 
@@ -31,4 +32,5 @@ pub use layers::{
     BatchNorm2d, Conv2d, Dropout, Flatten, LayerNorm, Linear, Module, Relu, Sequential,
 };
 pub use optimizer::Optimizer;
+pub use saving::{load_parameters, load_tensors, save_parameters, save_tensors};
 pub use sgd::{Sgd, SgdConfig};
