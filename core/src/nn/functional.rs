@@ -275,11 +275,7 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
             weight.shape()
         )));
     }
-    let y = x.matmul(&weight.t()?)?;
-    match bias {
-        Some(b) => y.add(b),
-        None => Ok(y),
-    }
+    affine(x.matmul(&weight.t()?)?, None, bias)
 }
 
 /// `(x - mean) / sqrt(var + eps)` over the last `normalized` axes, the variance biased (as
@@ -324,14 +320,24 @@ fn normalize(
 ) -> Result<Tensor> {
     let mean = x.mean(axes.clone(), true)?;
     let var = x.var(axes, 0, true)?;
-    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
-    if let Some(w) = weight {
-        y = y.mul(w)?;
+    affine(standardize(x, &mean, &var, eps)?, weight, bias)
+}
+
+/// `(x - mean) / sqrt(var + eps)`.
+fn standardize(x: &Tensor, mean: &Tensor, var: &Tensor, eps: f64) -> Result<Tensor> {
+    x.sub(mean)?.mul(&var.add(eps)?.rsqrt()?)
+}
+
+/// `y · weight + bias`, each where given (shaped to broadcast against `y`).
+fn affine(y: Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>) -> Result<Tensor> {
+    let y = match weight {
+        Some(w) => y.mul(w)?,
+        None => y,
+    };
+    match bias {
+        Some(b) => y.add(b),
+        None => Ok(y),
     }
-    if let Some(b) = bias {
-        y = y.add(b)?;
-    }
-    Ok(y)
 }
 
 /// Per-channel affine parameters `[C]` shaped to broadcast against `[N, C, ...]` of rank `nd`.
@@ -372,14 +378,7 @@ pub fn group_norm(
     let y = normalize(&grouped, vec![2], None, None, eps)?.reshape(shape.clone())?;
     let weight = weight.map(|w| per_channel(w, shape.len())).transpose()?;
     let bias = bias.map(|b| per_channel(b, shape.len())).transpose()?;
-    let y = match weight {
-        Some(w) => y.mul(&w)?,
-        None => y,
-    };
-    match bias {
-        Some(b) => y.add(&b),
-        None => Ok(y),
-    }
+    affine(y, weight.as_ref(), bias.as_ref())
 }
 
 /// The running statistics of [`batch_norm`], updated in place while training.
@@ -460,12 +459,11 @@ pub fn batch_norm(
         })?;
         (per_channel(&r.mean, nd)?, per_channel(&r.var, nd)?)
     };
-    let mut y = x.sub(&mean)?.mul(&var.add(eps)?.rsqrt()?)?;
-    if let Some(w) = weight {
-        y = y.mul(&per_channel(w, nd)?)?;
-    }
-    if let Some(b) = bias {
-        y = y.add(&per_channel(b, nd)?)?;
-    }
-    Ok(y)
+    let weight = weight.map(|w| per_channel(w, nd)).transpose()?;
+    let bias = bias.map(|b| per_channel(b, nd)).transpose()?;
+    affine(
+        standardize(x, &mean, &var, eps)?,
+        weight.as_ref(),
+        bias.as_ref(),
+    )
 }
