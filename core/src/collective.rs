@@ -103,7 +103,7 @@ pub struct RankCall {
     pub recv: u64,
     /// Elements per the collective's count (see above).
     pub count: usize,
-    /// The device's native stream (a `CUstream`; 0 on a device without native streams).
+    /// The device's native stream (a `CUstream`; 0 on the CPU, which has none).
     pub stream: u64,
 }
 
@@ -324,8 +324,13 @@ impl Communicator {
             let current = device.current_handle();
             input.order_access(&current, false)?;
             output.order_access(&current, true)?;
-            // 0 on a device without native streams (the CPU, which runs in order).
-            let stream = device.backend().native_stream(current.id).unwrap_or(0);
+            // 0 on the CPU, which has no native streams and runs in order; elsewhere a
+            // failure to hand the stream over is the caller's error, not the legacy stream.
+            let stream = match device.backend().native_stream(current.id) {
+                Ok(s) => s,
+                Err(_) if device.kind() == crate::backend::BackendKind::Cpu => 0,
+                Err(e) => return Err(e),
+            };
             calls.push(RankCall {
                 send,
                 recv,
