@@ -104,6 +104,12 @@ unsafe fn threaded_gemm<T: Gemm>(
     let per = m
         .div_ceil(if m * n * k > 1 << 18 { threads() } else { 1 })
         .max(1);
+    if per >= m {
+        // One block: no thread to start (a batch of small products, a convolution's, would
+        // otherwise start one thread per product).
+        // SAFETY: the caller's promise.
+        return unsafe { T::gemm((m, k, n), alpha, a, b, beta, c) };
+    }
     std::thread::scope(|s| {
         for r0 in (0..m).step_by(per) {
             let rows = per.min(m - r0);
