@@ -436,9 +436,14 @@ fn plan_piece(
     };
     if any_strided {
         // A vector must not cross a row: a splat takes one value per row, a row operand's
-        // next row starts elsewhere.
+        // next row starts elsewhere. A target whose vectors hold a fixed count of elements
+        // (WGSL's four) has no narrower vector to fall back to.
         while vector > 1 && inner % vector != 0 {
-            vector /= 2;
+            vector = if target.vector_lanes > 0 {
+                1
+            } else {
+                vector / 2
+            };
         }
     }
     if target.vector_tail {
@@ -567,6 +572,20 @@ mod tests {
         assert_eq!(p.pieces[0].vector, 4);
         assert_eq!(p.pieces[0].operands[2].path, Path::Strided);
         assert!(p.pieces[0].operands[2].window.is_some());
+        // Rows of 10 split a vector of four: no vectors there (WGSL has no vector of two), two
+        // a vector where the target's vectors follow the bytes.
+        let x10 = Tensor::zeros([64, 10], DType::F32, &dev).unwrap();
+        let m10 = Tensor::zeros([64, 1], DType::F32, &dev).unwrap();
+        let a10 = args(&x10, &[&x10, &m10.broadcast_to([64, 10]).unwrap()]);
+        let sub = Expr::binary(
+            crate::ir::BinaryOp::Sub,
+            Expr::input(0, DType::F32),
+            Expr::input(1, DType::F32),
+        );
+        let ops = MapOperands::of(&sub, &a10).unwrap();
+        let vector = |t: &Target| plan(&ops, false, &BufferInfo::of_operands(&a10), t).unwrap();
+        assert_eq!(vector(&windowed).pieces[0].vector, 1);
+        assert_eq!(vector(&splat).pieces[0].vector, 2);
     }
 
     #[test]
