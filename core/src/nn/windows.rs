@@ -107,6 +107,8 @@ pub fn conv2d(
         0,
     )?;
     let og = o / groups;
+    let n = input.shape()[0];
+    let positions = n * out[0] * out[1];
     let mut per_group = Vec::with_capacity(groups);
     for g in 0..groups {
         let xg = padded.narrow(1, g * cg, cg)?;
@@ -114,9 +116,12 @@ pub fn conv2d(
         let mut acc: Option<Tensor> = None;
         for i in 0..kh {
             for j in 0..kw {
-                // [N, OH, OW, C/g] · [C/g, O/g] → [N, OH, OW, O/g]
-                let view =
-                    offset_view(&xg, (i, j), stride, dilation, out)?.permute([0, 2, 3, 1])?;
+                // [N·OH·OW, C/g] · [C/g, O/g]: the view gathered into rows (one copy the size
+                // of the output's positions), so the product is one 2-D matmul, not N·OH small
+                // ones of OW rows each.
+                let view = offset_view(&xg, (i, j), stride, dilation, out)?
+                    .permute([0, 2, 3, 1])?
+                    .reshape([positions, cg])?;
                 let term = view.matmul(&wg.slice(s![.., .., i, j])?.t()?)?;
                 acc = Some(match acc {
                     Some(a) => a.add(&term)?,
@@ -125,7 +130,7 @@ pub fn conv2d(
             }
         }
         let acc = acc.ok_or_else(|| Error::Shape("conv2d: an empty kernel".into()))?;
-        per_group.push(acc.permute([0, 3, 1, 2])?);
+        per_group.push(acc.reshape([n, out[0], out[1], og])?.permute([0, 3, 1, 2])?);
     }
     let y = if groups == 1 {
         per_group.remove(0)
