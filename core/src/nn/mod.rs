@@ -1,6 +1,7 @@
 //! The layer above the ops for training (re-exported as `strata::nn`): optimizers that update
 //! parameters from their gradients, losses and the functional ops of training
-//! ([`functional`]), a small layer API over them ([`Module`], [`Sequential`], …), and
+//! ([`functional`]), a small layer API over them ([`Module`], [`Sequential`], …), data to
+//! train on ([`data`]: the UCI digits, a seeded split and batch iterator), and
 //! data-parallel training over several devices. Everything here is written with core's ops and launches;
 //! no backend knows about it.
 //!
@@ -18,6 +19,7 @@
 //! ```
 
 mod adam;
+pub mod data;
 mod data_parallel;
 pub mod functional;
 mod layers;
