@@ -467,6 +467,36 @@ def test_autograd_notebook_gets_the_gradients_and_fits(device):
     assert "MulBackward" in all_text(fused), all_text(fused)
 
 
+def test_training_notebook_learns_the_digits_on_every_device(device):
+    nb = executed("10-training", device)
+    shown = all_text(tagged(nb, "data")[0])
+    assert "1797 images [1797, 1, 8, 8]" in shown and "train [1497, 1, 8, 8], held out [300, 1, 8, 8]" in shown, shown
+    assert data(tagged(nb, "data")[0], "image/png") is not None
+    conv = tagged(nb, "conv-picture")[0]
+    pictures = [o for o in conv.outputs if "image/png" in o.get("data", {})]
+    assert len(pictures) == 3, all_text(conv)  # input, kernel, output
+    assert "-> output [1, 1, 8, 8]" in all_text(conv)
+    assert "10 parameter tensors, 1946 numbers" in stream(tagged(nb, "model")[0], "stdout")
+    lines = [l for l in stream(tagged(nb, "train")[0], "stdout").splitlines() if l.startswith("epoch ")]
+    assert len(lines) == 6, lines
+    accuracy = [float(l.split("held-out accuracy ")[1].split(" %")[0]) for l in lines]
+    loss = [float(l.split("mean loss ")[1].split(",")[0]) for l in lines]
+    # The prose promises at least 95% on held-out digits and a falling loss.
+    assert accuracy[-1] >= 95.0 and loss[-1] < loss[0] / 5, lines
+    for tag in ("loss-plot", "accuracy-plot"):
+        assert "<polyline" in data(tagged(nb, tag)[0], "image/svg+xml"), tag
+    step = tagged(nb, "step-profile")[0]
+    counts = stream(step, "stdout")
+    forward, rest = counts.split("forward ")[1].split(" kernels, backward ")
+    backward, update = rest.split(", AdamW ")
+    assert int(forward) > 0 and int(backward) > int(forward) and int(update.split()[0]) > 0, counts
+    assert "<svg" in all_text(step), "the step's timeline"
+    table = stream(tagged(nb, "every-device")[0], "stdout").splitlines()[1:]
+    assert table and table[0].startswith("cpu"), table
+    for row in table:
+        assert float(row.split()[-1]) >= 90.0, row
+
+
 def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     """The first cell of a new kernel that ends in `expr?` returns the HTML table, not the
     one-line Debug summary (the kernel's prelude uses `?` once; see jupyter/src/kernelspec.rs)."""
