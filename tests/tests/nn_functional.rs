@@ -5,9 +5,9 @@
 //! batch_norm (gradients checked against f64 finite differences).
 
 use strata::nn::functional::{
-    adaptive_avg_pool2d, avg_pool2d, batch_norm, conv2d, cross_entropy, dropout, embedding,
-    group_norm, layer_norm, linear, max_pool2d, mse_loss, nll_loss, one_hot, Reduction,
-    RunningStats,
+    adaptive_avg_pool2d, avg_pool2d, batch_norm, conv2d, conv_transpose2d, cross_entropy,
+    cross_entropy_with, dropout, embedding, group_norm, layer_norm, linear, max_pool2d, mse_loss,
+    nll_loss, nll_loss_with, one_hot, ClassLoss, Reduction, RunningStats,
 };
 use strata::prelude::*;
 use strata_tests::test_device;
@@ -254,6 +254,103 @@ fn dropouts(dev: &Device) -> Result<()> {
 }
 
 test_device!(losses_and_their_gradients_match_their_definitions, losses);
+/// Class weights and an ignored class (PyTorch's `weight=` and `ignore_index=`), alone, together
+/// and with label smoothing, every reduction: against the definitions on the host, and the
+/// gradients against finite differences.
+fn weighted_losses(dev: &Device) -> Result<()> {
+    let (n, c) = (6usize, 3usize);
+    let raw: Vec<f64> = (0..n * c)
+        .map(|i| ((i * 29) % 13) as f64 / 4.0 - 1.5)
+        .collect();
+    let classes: Vec<i64> = vec![2, -100, 0, 1, 2, -100];
+    let weight_values = [0.5f64, 2.0, 1.25];
+    let target = Tensor::from_slice(&classes, [n], dev)?;
+    let weight = Tensor::from_slice(&weight_values, [c], dev)?;
+    for (weighted, ignore, eps) in [
+        (true, false, 0.0),
+        (false, true, 0.0),
+        (true, true, 0.0),
+        (true, true, 0.2),
+        (false, true, 0.3),
+    ] {
+        // With no ignored class the -100 rows would be out of range: those cases use class 1.
+        let rows: Vec<i64> = classes
+            .iter()
+            .map(|&t| if t < 0 && !ignore { 1 } else { t })
+            .collect();
+        let target = if ignore {
+            target.clone()
+        } else {
+            Tensor::from_slice(&rows, [n], dev)?
+        };
+        let (mut per_row, mut divisor) = (Vec::new(), 0.0);
+        for r in 0..n {
+            if ignore && rows[r] == -100 {
+                per_row.push(0.0);
+                continue;
+            }
+            let x = &raw[r * c..(r + 1) * c];
+            let m = x.iter().cloned().fold(f64::MIN, f64::max);
+            let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            let w = |k: usize| if weighted { weight_values[k] } else { 1.0 };
+            let t = rows[r] as usize;
+            let nll = -w(t) * (x[t] - lse);
+            let smooth = -(0..c).map(|k| w(k) * (x[k] - lse)).sum::<f64>() / c as f64;
+            per_row.push((1.0 - eps) * nll + eps * smooth);
+            divisor += w(t);
+        }
+        let opts = |reduction| ClassLoss {
+            weight: weighted.then_some(&weight),
+            ignore_index: ignore.then_some(-100),
+            label_smoothing: eps,
+            reduction,
+        };
+        let logits = Tensor::from_slice(&raw, [n, c], dev)?;
+        let what = format!("weighted {weighted}, ignore {ignore}, smoothing {eps}");
+        let total: f64 = per_row.iter().sum();
+        let got =
+            |r| -> Result<Vec<f64>> { values(&cross_entropy_with(&logits, &target, &opts(r))?) };
+        close(&got(Reduction::None)?, &per_row, 1e-12, &what);
+        close(&got(Reduction::Sum)?, &[total], 1e-12, &what);
+        close(&got(Reduction::Mean)?, &[total / divisor], 1e-12, &what);
+        if eps == 0.0 {
+            let nll = nll_loss_with(&logits.log_softmax(-1)?, &target, &opts(Reduction::Mean))?;
+            close(
+                &values(&nll)?,
+                &[total / divisor],
+                1e-12,
+                &format!("nll {what}"),
+            );
+        }
+        gradcheck(
+            dev,
+            &[vec![n, c]],
+            &|t| cross_entropy_with(&t[0], &target, &opts(Reduction::Mean)),
+            &what,
+        )?;
+    }
+    // Weights of the wrong length or dtype, and smoothing in nll_loss, are errors.
+    let logits = Tensor::from_slice(&raw, [n, c], dev)?;
+    let valid = Tensor::from_slice(&[2i64, 1, 0, 1, 2, 1], [n], dev)?;
+    let short = Tensor::ones([2], DType::F64, dev)?;
+    let opts = ClassLoss {
+        weight: Some(&short),
+        ..ClassLoss::default()
+    };
+    assert!(cross_entropy_with(&logits, &valid, &opts).is_err());
+    let smoothed = ClassLoss {
+        label_smoothing: 0.1,
+        ..ClassLoss::default()
+    };
+    assert!(nll_loss_with(&logits, &valid, &smoothed).is_err());
+    Ok(())
+}
+
+test_device!(
+    class_weights_and_ignored_classes_match_pytorchs_definitions,
+    weighted_losses
+);
+
 test_device!(one_hot_and_embedding_with_gradients, encodings);
 test_device!(dropout_masks_match_the_cpu_and_scale, dropouts);
 
@@ -625,6 +722,164 @@ fn windows(dev: &Device) -> Result<()> {
 test_device!(
     convolution_and_pooling_match_loops_and_finite_differences,
     windows
+);
+
+/// conv_transpose2d on the host, from its definition: each input pixel adds the kernel,
+/// scaled by the pixel, into the output at stride·position − padding (+ dilation·offset).
+#[allow(clippy::too_many_arguments)]
+fn host_conv_transpose(
+    x: &[f64],
+    [n, c, h, w]: [usize; 4],
+    k: &[f64],
+    [_, og, kh, kw]: [usize; 4],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    out_pad: [usize; 2],
+    dil: [usize; 2],
+    groups: usize,
+) -> (Vec<f64>, [usize; 2]) {
+    let oh = (h - 1) * stride[0] + dil[0] * (kh - 1) + out_pad[0] + 1 - 2 * pad[0];
+    let ow = (w - 1) * stride[1] + dil[1] * (kw - 1) + out_pad[1] + 1 - 2 * pad[1];
+    let (cg, o) = (c / groups, og * groups);
+    let mut y = vec![0.0; n * o * oh * ow];
+    for s in 0..n {
+        for ci in 0..c {
+            let g = ci / cg;
+            for a in 0..h {
+                for b in 0..w {
+                    let v = x[((s * c + ci) * h + a) * w + b];
+                    for oc in 0..og {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let hh = (a * stride[0] + i * dil[0]) as isize - pad[0] as isize;
+                                let ww = (b * stride[1] + j * dil[1]) as isize - pad[1] as isize;
+                                if hh < 0 || ww < 0 || hh >= oh as isize || ww >= ow as isize {
+                                    continue;
+                                }
+                                let yi =
+                                    ((s * o + g * og + oc) * oh + hh as usize) * ow + ww as usize;
+                                y[yi] += v * k[((ci * og + oc) * kh + i) * kw + j];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (y, [oh, ow])
+}
+
+/// conv_transpose2d against its definition (stride, padding larger than the kernel's half,
+/// output padding, dilation, groups, odd sizes), with a bias, its gradients against finite
+/// differences, and the errors.
+fn transposed_convolution(dev: &Device) -> Result<()> {
+    type Case = (
+        [usize; 4],
+        [usize; 4],
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        usize,
+    );
+    let cases: [Case; 4] = [
+        (
+            [2, 3, 4, 5],
+            [3, 2, 3, 3],
+            [1, 1],
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        ),
+        (
+            [1, 4, 3, 3],
+            [4, 3, 3, 2],
+            [2, 3],
+            [1, 0],
+            [1, 2],
+            [1, 1],
+            2,
+        ),
+        (
+            [1, 2, 3, 4],
+            [2, 1, 2, 3],
+            [2, 2],
+            [2, 1],
+            [0, 1],
+            [2, 1],
+            2,
+        ),
+        (
+            [2, 1, 2, 2],
+            [1, 2, 1, 1],
+            [3, 2],
+            [0, 0],
+            [2, 1],
+            [1, 1],
+            1,
+        ),
+    ];
+    for (shape, kshape, stride, pad, out_pad, dil, groups) in cases {
+        let xs = ramp(shape.iter().product(), 2);
+        let ks = ramp(kshape.iter().product(), 6);
+        let x = Tensor::from_slice(&xs, shape.to_vec(), dev)?;
+        let k = Tensor::from_slice(&ks, kshape.to_vec(), dev)?;
+        let (want, [oh, ow]) =
+            host_conv_transpose(&xs, shape, &ks, kshape, stride, pad, out_pad, dil, groups);
+        let o = kshape[1] * groups;
+        let y = conv_transpose2d(&x, &k, None, stride, pad, out_pad, dil, groups)?;
+        assert_eq!(y.shape(), &[shape[0], o, oh, ow], "{shape:?} {kshape:?}");
+        close(&values(&y)?, &want, 1e-12, "conv_transpose2d");
+        let b = Tensor::from_slice(&ramp(o, 3), [o], dev)?;
+        let with_bias = values(&conv_transpose2d(
+            &x,
+            &k,
+            Some(&b),
+            stride,
+            pad,
+            out_pad,
+            dil,
+            groups,
+        )?)?;
+        let bv = values(&b)?;
+        let shifted: Vec<f64> = want
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v + bv[(i / (oh * ow)) % o])
+            .collect();
+        close(&with_bias, &shifted, 1e-12, "conv_transpose2d bias");
+        gradcheck(
+            dev,
+            &[shape.to_vec(), kshape.to_vec(), vec![o]],
+            &|t| conv_transpose2d(&t[0], &t[1], Some(&t[2]), stride, pad, out_pad, dil, groups),
+            "conv_transpose2d",
+        )?;
+    }
+    let x = Tensor::zeros([1, 2, 3, 3], DType::F64, dev)?;
+    let bad =
+        |k: [usize; 4], stride: [usize; 2], out_pad: [usize; 2], groups: usize| -> Result<bool> {
+            let k = Tensor::zeros(k.to_vec(), DType::F64, dev)?;
+            Ok(conv_transpose2d(&x, &k, None, stride, [0, 0], out_pad, [1, 1], groups).is_err())
+        };
+    assert!(
+        bad([3, 1, 2, 2], [1, 1], [0, 0], 1)?,
+        "weight's in-channels differ"
+    );
+    assert!(
+        bad([2, 1, 2, 2], [2, 2], [2, 0], 1)?,
+        "output_padding not below the stride"
+    );
+    assert!(
+        bad([2, 1, 2, 2], [1, 1], [0, 0], 3)?,
+        "groups that do not divide"
+    );
+    Ok(())
+}
+
+test_device!(
+    transposed_convolution_matches_its_definition_and_finite_differences,
+    transposed_convolution
 );
 
 /// A small CNN built from the layers (convolution, batch norm, relu, pooling, dropout,

@@ -2,7 +2,7 @@
 //! and defaults (`torch.nn.functional`): `mse_loss`, `nll_loss`, `cross_entropy` (with label
 //! smoothing, over one `log_softmax` kernel), `one_hot`, `embedding`, `dropout`, `linear`,
 //! `layer_norm`, `group_norm`, `batch_norm` (with running statistics), and over sliding
-//! windows `conv2d`, `max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`.
+//! windows `conv2d`, `conv_transpose2d`, `max_pool2d`, `avg_pool2d`, `adaptive_avg_pool2d`.
 //! Each is written with core's public ops, so its gradient comes from theirs and its
 //! elementwise work fuses like any other.
 //!
@@ -16,7 +16,9 @@
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
-pub use super::windows::{adaptive_avg_pool2d, avg_pool2d, conv2d, max_pool2d, Pair};
+pub use super::windows::{
+    adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, max_pool2d, Pair,
+};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Axes;
@@ -83,6 +85,100 @@ fn check_classes(scores: &Tensor, target: &Tensor, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// The settings of [`nll_loss_with`] and [`cross_entropy_with`] beyond the common case,
+/// PyTorch's keyword arguments: `default()` is `nll_loss` / `cross_entropy` with the mean.
+///
+/// ```
+/// use strata_core::nn::functional::{ClassLoss, Reduction};
+/// let opts = ClassLoss { ignore_index: Some(-100), ..ClassLoss::default() };
+/// assert_eq!((opts.reduction, opts.label_smoothing), (Reduction::Mean, 0.0));
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClassLoss<'a> {
+    /// A weight per class, `[C]` of the scores' dtype (`weight=`): each row's loss is scaled
+    /// by its target class's weight, and the mean divides by the sum of those weights.
+    pub weight: Option<&'a Tensor>,
+    /// Rows whose target is this value count for nothing, in the sum and in the mean's
+    /// divisor (`ignore_index=`; PyTorch's -100 is its usual value).
+    pub ignore_index: Option<i64>,
+    /// Label smoothing ε in `[0, 1]` (cross-entropy only).
+    pub label_smoothing: f64,
+    /// How the rows' losses are combined.
+    pub reduction: Reduction,
+}
+
+/// Each row's negative log-likelihood `-w[t]·logp[n, t]` (0 for ignored rows) and, where
+/// weights or an ignored class are set, each row's weight (0 for ignored rows): the mean's
+/// divisor is their sum. `logp` is `[N, C]`, `target` `[N]`.
+fn class_rows(
+    logp: &Tensor,
+    target: &Tensor,
+    opts: &ClassLoss,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let classes = logp.shape()[1];
+    let target = target.to_dtype(DType::I64)?;
+    let ignored = opts.ignore_index.map(|i| target.eq(i)).transpose()?;
+    // An ignored row's target may lie outside 0..C (-100): it reads class 0 instead.
+    let index = match &ignored {
+        Some(mask) => target.masked_fill(mask, 0)?,
+        None => target,
+    };
+    let picked = logp.gather(1, &index.unsqueeze(1)?)?.squeeze_axis(1)?;
+    let mut row_weight = match opts.weight {
+        Some(w) => {
+            if w.shape() != [classes] || w.dtype() != logp.dtype() {
+                return Err(Error::Shape(format!(
+                    "class weights are [{classes}] {}, one per class: got {:?} {}",
+                    logp.dtype(),
+                    w.shape(),
+                    w.dtype()
+                )));
+            }
+            Some(w.index_select(0, &index)?)
+        }
+        None => None,
+    };
+    if let Some(mask) = &ignored {
+        let kept = match row_weight {
+            Some(w) => w,
+            None => Tensor::ones(index.shape().to_vec(), logp.dtype(), logp.device())?,
+        };
+        row_weight = Some(kept.masked_fill(mask, 0.0)?);
+    }
+    let losses = match &row_weight {
+        Some(w) => picked.mul(w)?.neg()?,
+        None => picked.neg()?,
+    };
+    Ok((losses, row_weight))
+}
+
+/// Combines rows' losses: the mean divides by the rows' weights where there are some.
+fn reduce_rows(losses: Tensor, row_weight: Option<Tensor>, reduction: Reduction) -> Result<Tensor> {
+    match (reduction, row_weight) {
+        (Reduction::Mean, Some(w)) => losses.sum(Axes::All, false)?.div(&w.sum(Axes::All, false)?),
+        (r, _) => r.apply(losses),
+    }
+}
+
+/// `[N, C]` scores and `[N]` classes from `[N, C]` / `[C]` and `[N]` / `[]`, checked.
+fn as_rows(scores: &Tensor, target: &Tensor, what: &str) -> Result<(Tensor, Tensor)> {
+    check_classes(scores, target, what)?;
+    if scores.ndim() == 1 {
+        Ok((scores.unsqueeze(0)?, target.reshape([1])?))
+    } else {
+        Ok((scores.clone(), target.clone()))
+    }
+}
+
+/// One row's unreduced loss back to a scalar for `[C]` scores.
+fn unrow(losses: Tensor, scores: &Tensor, reduction: Reduction) -> Result<Tensor> {
+    if scores.ndim() == 1 && reduction == Reduction::None {
+        losses.reshape(Vec::<usize>::new())
+    } else {
+        Ok(losses)
+    }
+}
+
 /// The negative log-likelihood of `target`'s classes under `log_probs` (`[N, C]`, or `[C]`
 /// with one class): `-log_probs[n, target[n]]`, reduced. A class outside `0..C` is an error
 /// (on GPUs at the next read, as a gather's).
@@ -97,19 +193,45 @@ fn check_classes(scores: &Tensor, target: &Tensor, what: &str) -> Result<()> {
 /// # Ok::<(), strata_core::Error>(())
 /// ```
 pub fn nll_loss(log_probs: &Tensor, target: &Tensor, reduction: Reduction) -> Result<Tensor> {
-    check_classes(log_probs, target, "nll_loss")?;
-    let (logp, target) = if log_probs.ndim() == 1 {
-        (log_probs.unsqueeze(0)?, target.reshape([1])?)
-    } else {
-        (log_probs.clone(), target.clone())
-    };
-    let index = target.to_dtype(DType::I64)?.unsqueeze(1)?;
-    let picked = logp.gather(1, &index)?.squeeze_axis(1)?;
-    let losses = picked.neg()?;
-    if log_probs.ndim() == 1 && reduction == Reduction::None {
-        return losses.reshape(Vec::<usize>::new());
+    nll_loss_with(
+        log_probs,
+        target,
+        &ClassLoss {
+            reduction,
+            ..ClassLoss::default()
+        },
+    )
+}
+
+/// [`nll_loss`] with class weights and an ignored class ([`ClassLoss`]; its label smoothing
+/// must be 0 here), as PyTorch's `nll_loss(weight=, ignore_index=)`.
+///
+/// ```
+/// use strata_core::nn::functional::{nll_loss_with, ClassLoss};
+/// use strata_core::{Device, Tensor};
+/// let dev = Device::cpu();
+/// let logp = Tensor::from_slice(&[-1.0f64, -2.0, -3.0, -4.0, -5.0, -6.0], [3, 2], &dev)?;
+/// let target = Tensor::from_slice(&[1i64, 0, -100], [3], &dev)?;
+/// let w = Tensor::from_slice(&[1.0f64, 3.0], [2], &dev)?;
+/// let opts = ClassLoss { weight: Some(&w), ignore_index: Some(-100), ..ClassLoss::default() };
+/// // (3·2 + 1·3) / (3 + 1); the third row is ignored.
+/// assert_eq!(nll_loss_with(&logp, &target, &opts)?.item::<f64>()?, 2.25);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn nll_loss_with(log_probs: &Tensor, target: &Tensor, opts: &ClassLoss) -> Result<Tensor> {
+    if opts.label_smoothing != 0.0 {
+        return Err(Error::Invalid(format!(
+            "nll_loss has no label smoothing (cross_entropy has): got {}",
+            opts.label_smoothing
+        )));
     }
-    reduction.apply(losses)
+    let (logp, rows) = as_rows(log_probs, target, "nll_loss")?;
+    let (losses, row_weight) = class_rows(&logp, &rows, opts)?;
+    unrow(
+        reduce_rows(losses, row_weight, opts.reduction)?,
+        log_probs,
+        opts.reduction,
+    )
 }
 
 /// The cross-entropy of `logits` (`[N, C]`, or `[C]`) against integer classes `target`:
@@ -133,22 +255,61 @@ pub fn cross_entropy(
     label_smoothing: f64,
     reduction: Reduction,
 ) -> Result<Tensor> {
-    check_classes(logits, target, "cross_entropy")?;
-    if !(0.0..=1.0).contains(&label_smoothing) {
+    cross_entropy_with(
+        logits,
+        target,
+        &ClassLoss {
+            label_smoothing,
+            reduction,
+            ..ClassLoss::default()
+        },
+    )
+}
+
+/// [`cross_entropy`] with class weights and an ignored class ([`ClassLoss`]), as PyTorch's
+/// `cross_entropy(weight=, ignore_index=, label_smoothing=)`: the smoothing term of a row is
+/// `-Σ_c w_c·log p_c / C`, and the mean divides both terms by the counted rows' weights.
+///
+/// ```
+/// use strata_core::nn::functional::{cross_entropy_with, ClassLoss};
+/// use strata_core::{Device, Tensor};
+/// let dev = Device::cpu();
+/// let logits = Tensor::from_slice(&[0.0f64, 0.0, 5.0, -5.0], [2, 2], &dev)?;
+/// let target = Tensor::from_slice(&[0i64, -1], [2], &dev)?;
+/// let opts = ClassLoss { ignore_index: Some(-1), ..ClassLoss::default() };
+/// let loss = cross_entropy_with(&logits, &target, &opts)?.item::<f64>()?;
+/// assert!((loss - 2f64.ln()).abs() < 1e-12); // only the first row counts
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub fn cross_entropy_with(logits: &Tensor, target: &Tensor, opts: &ClassLoss) -> Result<Tensor> {
+    let eps = opts.label_smoothing;
+    if !(0.0..=1.0).contains(&eps) {
         return Err(Error::Invalid(format!(
-            "cross_entropy: label_smoothing is in [0, 1], got {label_smoothing}"
+            "cross_entropy: label_smoothing is in [0, 1], got {eps}"
         )));
     }
-    let logp = logits.log_softmax(-1)?;
-    let nll = nll_loss(&logp, target, Reduction::None)?;
-    if label_smoothing == 0.0 {
-        return reduction.apply(nll);
-    }
-    let smooth = logp.mean(-1, false)?.neg()?;
-    let losses = nll
-        .mul(1.0 - label_smoothing)?
-        .add(&smooth.mul(label_smoothing)?)?;
-    reduction.apply(losses)
+    let (scores, rows) = as_rows(logits, target, "cross_entropy")?;
+    let logp = scores.log_softmax(-1)?;
+    let (nll, row_weight) = class_rows(&logp, &rows, opts)?;
+    let losses = if eps == 0.0 {
+        nll
+    } else {
+        let classes = scores.shape()[1] as f64;
+        let weighted = match opts.weight {
+            Some(w) => logp.mul(w)?,
+            None => logp.clone(),
+        };
+        let mut smooth = weighted.sum(-1, false)?.neg()?;
+        if let Some(i) = opts.ignore_index {
+            smooth = smooth.masked_fill(&rows.to_dtype(DType::I64)?.eq(i)?, 0.0)?;
+        }
+        nll.mul(1.0 - eps)?.add(&smooth.mul(eps / classes)?)?
+    };
+    unrow(
+        reduce_rows(losses, row_weight, opts.reduction)?,
+        logits,
+        opts.reduction,
+    )
 }
 
 /// A one-hot encoding: for integer `indices` of any shape, an i64 tensor of shape

@@ -1,5 +1,5 @@
 //! Ops over sliding windows of `[N, C, H, W]` tensors (issue 40): `conv2d` (stride, padding,
-//! dilation, groups), `max_pool2d` (with PyTorch's indices), `avg_pool2d` and
+//! dilation, groups) and `conv_transpose2d`, `max_pool2d` (with PyTorch's indices), `avg_pool2d` and
 //! `adaptive_avg_pool2d`, re-exported in [`functional`](super::functional). Each is written
 //! with core's public ops over strided views: the view of the input that one kernel offset
 //! `(i, j)` sees is a slice with the stride as its step, so no im2col buffer is made. A
@@ -130,7 +130,10 @@ pub fn conv2d(
             }
         }
         let acc = acc.ok_or_else(|| Error::Shape("conv2d: an empty kernel".into()))?;
-        per_group.push(acc.reshape([n, out[0], out[1], og])?.permute([0, 3, 1, 2])?);
+        per_group.push(
+            acc.reshape([n, out[0], out[1], og])?
+                .permute([0, 3, 1, 2])?,
+        );
     }
     let y = if groups == 1 {
         per_group.remove(0)
@@ -142,6 +145,113 @@ pub fn conv2d(
         Some(b) => y.add(&b.reshape([o, 1, 1])?),
         None => Ok(y),
     }
+}
+
+/// `x` with `stride - 1` zeros between neighbours along `axis`: length `(len - 1)·stride + 1`.
+fn spread(x: &Tensor, axis: usize, stride: usize) -> Result<Tensor> {
+    let len = x.shape()[axis];
+    if stride == 1 || len == 0 {
+        return Ok(x.clone());
+    }
+    let mut gap = x.shape().to_vec();
+    gap.insert(axis + 1, stride - 1);
+    let zeros = Tensor::zeros(gap, x.dtype(), x.device())?;
+    let mut merged = x.shape().to_vec();
+    merged[axis] = len * stride;
+    Tensor::cat(
+        &[&x.unsqueeze(axis as isize + 1)?, &zeros],
+        axis as isize + 1,
+    )?
+    .reshape(merged)?
+    .narrow(axis as isize, 0, (len - 1) * stride + 1)
+}
+
+/// Transposed 2-D convolution (PyTorch's `conv_transpose2d`, the gradient of `conv2d` with
+/// respect to its input): `input` `[N, C, H, W]`, `weight` `[C, O / groups, kH, kW]`, optional
+/// `bias` `[O]`. Each input pixel adds the kernel, scaled by it, into the output at
+/// `stride`·position − `padding`; the output is
+/// `(H − 1)·stride − 2·padding + dilation·(kH − 1) + output_padding + 1` high (so wide).
+/// Written as a `conv2d` of the input spread out by the stride (zeros between pixels) with the
+/// kernel flipped and its channel axes swapped.
+///
+/// ```
+/// use strata_core::nn::functional::conv_transpose2d;
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::from_slice(&[1.0f32, 2.0], [1, 1, 1, 2], &dev)?;
+/// let k = Tensor::ones([1, 1, 2, 2], DType::F32, &dev)?;
+/// // stride 2: each pixel stamps its own 2×2 block.
+/// let y = conv_transpose2d(&x, &k, None, [2, 2], [0, 0], [0, 0], [1, 1], 1)?;
+/// assert_eq!(y.shape(), &[1, 1, 2, 4]);
+/// assert_eq!(y.to_vec::<f32>()?, vec![1.0, 1.0, 2.0, 2.0, 1.0, 1.0, 2.0, 2.0]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[allow(clippy::too_many_arguments)]
+pub fn conv_transpose2d(
+    input: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    stride: Pair,
+    padding: Pair,
+    output_padding: Pair,
+    dilation: Pair,
+    groups: usize,
+) -> Result<Tensor> {
+    let [_, c, h, w] = nchw(input, "conv_transpose2d")?;
+    let [wc, _, kh, kw] = nchw(weight, "conv_transpose2d's weight")?;
+    if groups == 0 || wc != c || c % groups != 0 {
+        return Err(Error::Shape(format!(
+            "conv_transpose2d: {c} input channels and a weight of shape {:?} do not make \
+             {groups} groups (the weight is [in, out / groups, kH, kW], in divisible by groups)",
+            weight.shape()
+        )));
+    }
+    let sizes = [(h, kh), (w, kw)];
+    for a in 0..2 {
+        let (len, k) = sizes[a];
+        let span = dilation[a] * (k.max(1) - 1) + 1;
+        let fits = (len.max(1) - 1) * stride[a] + span + output_padding[a] > 2 * padding[a];
+        if k == 0 || len == 0 || stride[a] == 0 || dilation[a] == 0 || !fits {
+            return Err(Error::Shape(format!(
+                "conv_transpose2d: a window of {k} (dilation {}, stride {}, padding {}) over a \
+                 length of {len} leaves no output",
+                dilation[a], stride[a], padding[a]
+            )));
+        }
+        if output_padding[a] >= stride[a].max(dilation[a]) {
+            return Err(Error::Shape(format!(
+                "conv_transpose2d: output_padding {output_padding:?} must be smaller than the \
+                 stride {stride:?} or the dilation {dilation:?}"
+            )));
+        }
+    }
+    let spread_input = spread(&spread(input, 2, stride[0])?, 3, stride[1])?;
+    let edge = |a: usize, k: usize| (dilation[a] * (k - 1)) as isize - padding[a] as isize;
+    let (eh, ew) = (edge(0, kh), edge(1, kw));
+    let padded = spread_input.pad(
+        &[
+            (eh, eh + output_padding[0] as isize),
+            (ew, ew + output_padding[1] as isize),
+        ],
+        0,
+    )?;
+    // [C, O/g, kH, kW] → [O, C/g, kH, kW], each group's channel axes swapped, kernel flipped.
+    let cg = c / groups;
+    let mut parts = Vec::with_capacity(groups);
+    for g in 0..groups {
+        parts.push(
+            weight
+                .narrow(0, g * cg, cg)?
+                .transpose(0, 1)?
+                .flip(&[2, 3])?,
+        );
+    }
+    let flipped = if groups == 1 {
+        parts.remove(0)
+    } else {
+        Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?
+    };
+    conv2d(&padded, &flipped, bias, [1, 1], [0, 0], dilation, groups)
 }
 
 /// Checks a pooling's window against PyTorch's rule (padding at most half the kernel).
