@@ -467,6 +467,7 @@ def test_autograd_notebook_gets_the_gradients_and_fits(device):
     assert "MulBackward" in all_text(fused), all_text(fused)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 def test_training_notebook_learns_the_digits_on_every_device(device):
     nb = executed("10-training", device)
     shown = all_text(tagged(nb, "data")[0])
