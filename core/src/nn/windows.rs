@@ -108,7 +108,7 @@ pub fn conv2d(
     )?;
     let og = o / groups;
     let n = input.shape()[0];
-    let positions = n * out[0] * out[1];
+    let positions = out[0] * out[1];
     let mut per_group = Vec::with_capacity(groups);
     for g in 0..groups {
         let xg = padded.narrow(1, g * cg, cg)?;
@@ -116,12 +116,14 @@ pub fn conv2d(
         let mut acc: Option<Tensor> = None;
         for i in 0..kh {
             for j in 0..kw {
-                // [N·OH·OW, C/g] · [C/g, O/g]: the view gathered into rows (one copy the size
-                // of the output's positions), so the product is one 2-D matmul, not N·OH small
-                // ones of OW rows each.
+                // [N, OH·OW, C/g] · [C/g, O/g]: the view gathered into rows (one copy the size
+                // of the output's positions), so the product is N matmuls of OH·OW rows, not
+                // N·OH of OW rows (mostly idle tiles). Not one [N·OH·OW, C/g] product: the
+                // weight's gradient would then be one product with N·OH·OW terms per element,
+                // which a matmul without split-K runs on one block (7× slower on an H200).
                 let view = offset_view(&xg, (i, j), stride, dilation, out)?
                     .permute([0, 2, 3, 1])?
-                    .reshape([positions, cg])?;
+                    .reshape([n, positions, cg])?;
                 let term = view.matmul(&wg.slice(s![.., .., i, j])?.t()?)?;
                 acc = Some(match acc {
                     Some(a) => a.add(&term)?,
