@@ -441,6 +441,10 @@ def main(connection_file, log_file, evcxr):
     own_cache = os.path.join(shared_home, f"{TEMP_PREFIX}{os.getpid()}")
     private_build_cache(shared_cache, os.path.join(own_cache, "evcxr"))
     env = dict(os.environ, TMPDIR=own_temp, EVCXR_TMPDIR=crate)
+    # evcxr's build cache takes a crate built without incremental compilation for a downloaded
+    # one and caches it: with CARGO_INCREMENTAL=0 (CI sets it) every cell's crate would be
+    # served from the cache, stale, and the kernel dies loading it (exit status 99).
+    env.pop("CARGO_INCREMENTAL", None)
     if "EVCXR_CONFIG_DIR" in os.environ:
         env["EVCXR_CONFIG_DIR"] = os.path.join(own_temp, "config")
         private_config(os.environ["EVCXR_CONFIG_DIR"], env["EVCXR_CONFIG_DIR"], own_cache,

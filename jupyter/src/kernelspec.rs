@@ -148,7 +148,8 @@ pub fn kernel_json(
         ),
         None => format!(
             "\"/bin/sh\", \"-c\", {}, {}, \"{{connection_file}}\", {}",
-            json_string(r#"exec "$0" --control_file "$1" >>"$2" 2>&1"#),
+            // Without incremental compilation evcxr's cache serves stale cells (see the proxy).
+            json_string(r#"unset CARGO_INCREMENTAL; exec "$0" --control_file "$1" >>"$2" 2>&1"#),
             path(evcxr),
             path(&log)
         ),
@@ -238,7 +239,7 @@ mod tests {
             &Source::Git("/src/strata".into()),
         );
         assert!(json.contains(
-            r#""argv": ["/bin/sh", "-c", "exec \"$0\" --control_file \"$1\" >>\"$2\" 2>&1", "/opt/my \"bin\"/evcxr_jupyter", "{connection_file}", "/k/kernel.log"]"#
+            r#""argv": ["/bin/sh", "-c", "unset CARGO_INCREMENTAL; exec \"$0\" --control_file \"$1\" >>\"$2\" 2>&1", "/opt/my \"bin\"/evcxr_jupyter", "{connection_file}", "/k/kernel.log"]"#
         ));
         assert!(json.contains(r#""display_name": "Rust (strata)""#));
         assert!(json.contains(
