@@ -3,9 +3,9 @@
 //! trained on the digits reaching at least 95% accuracy on held-out images.
 
 use strata::nn::data::{digits, permutation, split, Batches};
-use strata::nn::functional::{cross_entropy, max_pool2d, Reduction};
+use strata::nn::functional::{cross_entropy, Reduction};
 use strata::nn::{
-    AdamW, BatchNorm2d, Conv2d, Flatten, Linear, Module, Optimizer, Relu, Sequential,
+    AdamW, BatchNorm2d, Conv2d, Flatten, Linear, MaxPool2d, Module, Optimizer, Relu, Sequential,
 };
 use strata::prelude::*;
 use strata_tests::test_device;
@@ -87,15 +87,6 @@ test_device!(
     splits_and_batches
 );
 
-/// Max pooling as a layer (a `Module` over `max_pool2d`'s values).
-struct MaxPool2;
-
-impl Module for MaxPool2 {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(max_pool2d(x, [2, 2], [2, 2], [0, 0])?.0)
-    }
-}
-
 /// The fraction of `images` whose largest score is their label.
 fn accuracy(net: &Sequential, images: &Tensor, labels: &Tensor) -> Result<f64> {
     let predicted = no_grad(|| net.forward(images))?.argmax(Some(-1), false)?;
@@ -125,7 +116,7 @@ fn cnn_on_digits(dev: &Device) -> Result<()> {
         )?)
         .layer(BatchNorm2d::new(8, DType::F32, dev)?)
         .layer(Relu)
-        .layer(MaxPool2)
+        .layer(MaxPool2d::new([2, 2]))
         .layer(Conv2d::new(
             8,
             16,
@@ -138,7 +129,7 @@ fn cnn_on_digits(dev: &Device) -> Result<()> {
         )?)
         .layer(BatchNorm2d::new(16, DType::F32, dev)?)
         .layer(Relu)
-        .layer(MaxPool2)
+        .layer(MaxPool2d::new([2, 2]))
         .layer(Flatten)
         .layer(Linear::new(16 * 2 * 2, 10, true, DType::F32, &mut g, dev)?);
     let mut opt = AdamW::new(net.parameters(), 0.01)?;

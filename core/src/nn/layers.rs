@@ -1,7 +1,7 @@
 //! A small layer API over [`functional`](super::functional) (issue 40; candle-nn's size, not
 //! PyTorch's): the [`Module`] trait (`forward`, `parameters`, `train`), [`Linear`],
-//! [`Conv2d`], [`BatchNorm2d`], [`LayerNorm`], [`Dropout`], [`Relu`], [`Flatten`] and
-//! [`Sequential`], with PyTorch's default initializations drawn from a seeded
+//! [`Conv2d`], [`BatchNorm2d`], [`LayerNorm`], [`Dropout`], [`Relu`], [`MaxPool2d`],
+//! [`AvgPool2d`], [`Flatten`] and [`Sequential`], with PyTorch's default initializations drawn from a seeded
 //! [`Generator`]. Parameters are leaves that require a gradient; give `parameters()` to an
 //! optimizer.
 //!
@@ -361,6 +361,94 @@ impl Module for Flatten {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let n = x.shape().first().copied().unwrap_or(1);
         x.reshape([n, x.numel() / n.max(1)])
+    }
+}
+
+/// Max pooling (PyTorch's `nn.MaxPool2d`): the largest value of each `kernel` window, the
+/// windows `stride` apart, with `padding` (implicit `-inf`); the values of
+/// [`functional::max_pool2d`](super::functional::max_pool2d).
+///
+/// ```
+/// use strata_core::nn::{MaxPool2d, Module};
+/// use strata_core::{Device, DType, Tensor};
+/// let x = Tensor::arange(0.0, 16.0, 1.0, DType::F32, &Device::cpu())?.reshape([1, 1, 4, 4])?;
+/// assert_eq!(MaxPool2d::new([2, 2]).forward(&x)?.to_vec::<f32>()?, vec![5.0, 7.0, 13.0, 15.0]);
+/// let overlapping = MaxPool2d { stride: [1, 1], ..MaxPool2d::new([3, 3]) };
+/// assert_eq!(overlapping.forward(&x)?.shape(), &[1, 1, 2, 2]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxPool2d {
+    /// The window's (height, width).
+    pub kernel: Pair,
+    /// The distance between windows.
+    pub stride: Pair,
+    /// Added on each side, at most half the kernel.
+    pub padding: Pair,
+}
+
+impl MaxPool2d {
+    /// Windows of `kernel`, as far apart as they are large, no padding (PyTorch's defaults).
+    ///
+    /// ```
+    /// let p = strata_core::nn::MaxPool2d::new([2, 3]);
+    /// assert_eq!((p.stride, p.padding), ([2, 3], [0, 0]));
+    /// ```
+    pub fn new(kernel: Pair) -> MaxPool2d {
+        MaxPool2d {
+            kernel,
+            stride: kernel,
+            padding: [0, 0],
+        }
+    }
+}
+
+impl Module for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(functional::max_pool2d(x, self.kernel, self.stride, self.padding)?.0)
+    }
+}
+
+/// Average pooling (PyTorch's `nn.AvgPool2d`, padding counted in the mean): the mean of each
+/// `kernel` window, the windows `stride` apart, with zero `padding`;
+/// [`functional::avg_pool2d`](super::functional::avg_pool2d).
+///
+/// ```
+/// use strata_core::nn::{AvgPool2d, Module};
+/// use strata_core::{Device, DType, Tensor};
+/// let x = Tensor::arange(0.0, 16.0, 1.0, DType::F32, &Device::cpu())?.reshape([1, 1, 4, 4])?;
+/// assert_eq!(AvgPool2d::new([2, 2]).forward(&x)?.to_vec::<f32>()?, vec![2.5, 4.5, 10.5, 12.5]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AvgPool2d {
+    /// The window's (height, width).
+    pub kernel: Pair,
+    /// The distance between windows.
+    pub stride: Pair,
+    /// Zeros added on each side, at most half the kernel.
+    pub padding: Pair,
+}
+
+impl AvgPool2d {
+    /// Windows of `kernel`, as far apart as they are large, no padding (PyTorch's defaults).
+    ///
+    /// ```
+    /// let p = strata_core::nn::AvgPool2d::new([2, 2]);
+    /// assert_eq!((p.stride, p.padding), ([2, 2], [0, 0]));
+    /// ```
+    pub fn new(kernel: Pair) -> AvgPool2d {
+        AvgPool2d {
+            kernel,
+            stride: kernel,
+            padding: [0, 0],
+        }
+    }
+}
+
+impl Module for AvgPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        functional::avg_pool2d(x, self.kernel, self.stride, self.padding)
     }
 }
 

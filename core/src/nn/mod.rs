@@ -31,7 +31,8 @@ mod windows;
 pub use adam::{Adam, AdamConfig, AdamW};
 pub use data_parallel::DataParallel;
 pub use layers::{
-    BatchNorm2d, Conv2d, Dropout, Flatten, LayerNorm, Linear, Module, Relu, Sequential,
+    AvgPool2d, BatchNorm2d, Conv2d, Dropout, Flatten, LayerNorm, Linear, MaxPool2d, Module, Relu,
+    Sequential,
 };
 pub use optimizer::Optimizer;
 pub use saving::{load_parameters, load_tensors, save_parameters, save_tensors};
