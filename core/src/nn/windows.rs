@@ -1,6 +1,6 @@
 //! Ops over sliding windows of `[N, C, H, W]` tensors (issue 40): `conv2d` (stride, padding,
-//! dilation, groups) and `conv_transpose2d`, `max_pool2d` (with PyTorch's indices), `avg_pool2d` and
-//! `adaptive_avg_pool2d`, re-exported in [`functional`](super::functional). Each is written
+//! dilation, groups) and `conv_transpose2d`, `max_pool2d` (with PyTorch's indices),
+//! `avg_pool2d` and `adaptive_avg_pool2d`, re-exported in [`functional`](super::functional). Each is written
 //! with core's public ops over strided views: the view of the input that one kernel offset
 //! `(i, j)` sees is a slice with the stride as its step, so no im2col buffer is made. A
 //! convolution is a sum over the kernel's offsets of one matmul each (the view's channels
