@@ -886,17 +886,11 @@ test_device!(
 /// linear) learns a task it can only solve from its inputs' layout: whether a bright pixel is
 /// in the left or the right half of a 6×6 image. AdamW, cross-entropy, 20 steps.
 fn small_cnn_learns(dev: &Device) -> Result<()> {
-    use strata::nn::functional::max_pool2d;
     use strata::nn::{
-        AdamW, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, Module, Optimizer, Relu, Sequential,
+        AdamW, BatchNorm2d, Conv2d, Dropout, Flatten, Linear, MaxPool2d, Module, Optimizer, Relu,
+        Sequential,
     };
 
-    struct Pool;
-    impl Module for Pool {
-        fn forward(&self, x: &Tensor) -> Result<Tensor> {
-            Ok(max_pool2d(x, [2, 2], [2, 2], [0, 0])?.0)
-        }
-    }
     let mut g = Generator::new(5);
     let mut net = Sequential::new()
         .layer(Conv2d::new(
@@ -911,7 +905,7 @@ fn small_cnn_learns(dev: &Device) -> Result<()> {
         )?)
         .layer(BatchNorm2d::new(4, DType::F32, dev)?)
         .layer(Relu)
-        .layer(Pool)
+        .layer(MaxPool2d::new([2, 2]))
         .layer(Flatten)
         .layer(Dropout::new(0.1, Generator::new(9)))
         .layer(Linear::new(4 * 3 * 3, 2, true, DType::F32, &mut g, dev)?);

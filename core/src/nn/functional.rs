@@ -107,14 +107,20 @@ pub struct ClassLoss<'a> {
     pub reduction: Reduction,
 }
 
+/// What [`class_rows`] finds for `[N]` rows.
+struct ClassRows {
+    /// Each row's loss, 0 where ignored.
+    losses: Tensor,
+    /// Each row's weight (0 where ignored), where weights or an ignored class are set.
+    row_weight: Option<Tensor>,
+    /// The rows whose target is the ignored class (bool), where one is set.
+    ignored: Option<Tensor>,
+}
+
 /// Each row's negative log-likelihood `-w[t]·logp[n, t]` (0 for ignored rows) and, where
 /// weights or an ignored class are set, each row's weight (0 for ignored rows): the mean's
 /// divisor is their sum. `logp` is `[N, C]`, `target` `[N]`.
-fn class_rows(
-    logp: &Tensor,
-    target: &Tensor,
-    opts: &ClassLoss,
-) -> Result<(Tensor, Option<Tensor>)> {
+fn class_rows(logp: &Tensor, target: &Tensor, opts: &ClassLoss) -> Result<ClassRows> {
     let classes = logp.shape()[1];
     let target = target.to_dtype(DType::I64)?;
     let ignored = opts.ignore_index.map(|i| target.eq(i)).transpose()?;
@@ -149,7 +155,11 @@ fn class_rows(
         Some(w) => picked.mul(w)?.neg()?,
         None => picked.neg()?,
     };
-    Ok((losses, row_weight))
+    Ok(ClassRows {
+        losses,
+        row_weight,
+        ignored,
+    })
 }
 
 /// Combines rows' losses: the mean divides by the rows' weights where there are some.
@@ -226,9 +236,9 @@ pub fn nll_loss_with(log_probs: &Tensor, target: &Tensor, opts: &ClassLoss) -> R
         )));
     }
     let (logp, rows) = as_rows(log_probs, target, "nll_loss")?;
-    let (losses, row_weight) = class_rows(&logp, &rows, opts)?;
+    let r = class_rows(&logp, &rows, opts)?;
     unrow(
-        reduce_rows(losses, row_weight, opts.reduction)?,
+        reduce_rows(r.losses, r.row_weight, opts.reduction)?,
         log_probs,
         opts.reduction,
     )
@@ -290,9 +300,9 @@ pub fn cross_entropy_with(logits: &Tensor, target: &Tensor, opts: &ClassLoss) ->
     }
     let (scores, rows) = as_rows(logits, target, "cross_entropy")?;
     let logp = scores.log_softmax(-1)?;
-    let (nll, row_weight) = class_rows(&logp, &rows, opts)?;
+    let r = class_rows(&logp, &rows, opts)?;
     let losses = if eps == 0.0 {
-        nll
+        r.losses
     } else {
         let classes = scores.shape()[1] as f64;
         let weighted = match opts.weight {
@@ -300,13 +310,13 @@ pub fn cross_entropy_with(logits: &Tensor, target: &Tensor, opts: &ClassLoss) ->
             None => logp.clone(),
         };
         let mut smooth = weighted.sum(-1, false)?.neg()?;
-        if let Some(i) = opts.ignore_index {
-            smooth = smooth.masked_fill(&rows.to_dtype(DType::I64)?.eq(i)?, 0.0)?;
+        if let Some(mask) = &r.ignored {
+            smooth = smooth.masked_fill(mask, 0.0)?;
         }
-        nll.mul(1.0 - eps)?.add(&smooth.mul(eps / classes)?)?
+        r.losses.mul(1.0 - eps)?.add(&smooth.mul(eps / classes)?)?
     };
     unrow(
-        reduce_rows(losses, row_weight, opts.reduction)?,
+        reduce_rows(losses, r.row_weight, opts.reduction)?,
         logits,
         opts.reduction,
     )

@@ -64,6 +64,14 @@ fn offset_view(
     padded.slice(s![.., .., h0..h1; stride[0], w0..w1; stride[1]])
 }
 
+/// The groups' parts joined along `axis`; one part as it is (no copy).
+fn join_groups(mut parts: Vec<Tensor>, axis: isize) -> Result<Tensor> {
+    match parts.len() {
+        1 => Ok(parts.remove(0)),
+        _ => Tensor::cat(&parts.iter().collect::<Vec<_>>(), axis),
+    }
+}
+
 /// 2-D convolution (PyTorch's `conv2d`, a cross-correlation): `input` `[N, C, H, W]`,
 /// `weight` `[O, C / groups, kH, kW]`, optional `bias` `[O]`; zero padding.
 ///
@@ -137,12 +145,7 @@ pub fn conv2d(
                 .permute([0, 3, 1, 2])?,
         );
     }
-    let y = if groups == 1 {
-        per_group.remove(0)
-    } else {
-        let parts: Vec<&Tensor> = per_group.iter().collect();
-        Tensor::cat(&parts, 1)?
-    };
+    let y = join_groups(per_group, 1)?;
     match bias {
         Some(b) => y.add(&b.reshape([o, 1, 1])?),
         None => Ok(y),
@@ -248,11 +251,7 @@ pub fn conv_transpose2d(
                 .flip(&[2, 3])?,
         );
     }
-    let flipped = if groups == 1 {
-        parts.remove(0)
-    } else {
-        Tensor::cat(&parts.iter().collect::<Vec<_>>(), 0)?
-    };
+    let flipped = join_groups(parts, 0)?;
     conv2d(&padded, &flipped, bias, [1, 1], [0, 0], dilation, groups)
 }
 
