@@ -1,4 +1,5 @@
-//! Text display: PyTorch-like `Display` (reads the values) and a cheap `Debug` (never does).
+//! Text display: PyTorch-like `Display` (values, then a footer) and `Debug` (a summary, then
+//! the values on one line, like PyTorch's `repr`). Both read the values from the device.
 
 use crate::dtype::{DType, Element, Scalar};
 use crate::error::Result;
@@ -248,19 +249,23 @@ impl fmt::Display for Tensor {
     }
 }
 
-/// A one-line summary that never touches device memory.
+/// A one-line summary with the values, as PyTorch's `repr` shows them: shape, layout, dtype,
+/// device, then the values on one line (summarized past 1000 elements like `Display`). It
+/// waits for the work this tensor needs and reads it from the device, so that a notebook cell
+/// ending in an op's `Result` without `?` (shown through `Debug` as `Ok(Tensor { … })`) still
+/// shows the numbers.
 ///
 /// ```
 /// use strata_core::{Device, DType, Tensor};
-/// let t = Tensor::zeros([2, 3], DType::F32, &Device::cpu()).unwrap();
-/// assert_eq!(format!("{t:?}"),
-///     "Tensor { shape: [2, 3], strides: [3, 1], offset: 0, dtype: f32, device: cpu }");
+/// let t = Tensor::eye(2, DType::I32, &Device::cpu()).unwrap();
+/// assert_eq!(format!("{t:?}"), "Tensor { shape: [2, 2], strides: [2, 1], offset: 0, \
+///     dtype: i32, device: cpu, values: [[1, 0], [0, 1]] }");
 /// ```
 impl fmt::Debug for Tensor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "Tensor {{ shape: {:?}, strides: {:?}, offset: {}, dtype: {}, device: {}{} }}",
+            "Tensor {{ shape: {:?}, strides: {:?}, offset: {}, dtype: {}, device: {}{}",
             self.shape(),
             self.strides(),
             self.offset(),
@@ -268,6 +273,20 @@ impl fmt::Debug for Tensor {
             self.device().name(),
             self.autograd_note()
                 .map_or(String::new(), |n| format!(", {}", n.replace('=', ": ")))
-        )
+        )?;
+        match self.format_values() {
+            Ok(values) => write!(f, ", values: {} }}", one_line(&values)),
+            Err(e) => write!(f, ", values: <unavailable: {e}> }}"),
+        }
     }
+}
+
+/// `Display`'s rows joined on one line (its indentation and blank lines dropped).
+fn one_line(values: &str) -> String {
+    let lines: Vec<&str> = values
+        .lines()
+        .map(str::trim_start)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join(" ")
 }

@@ -232,13 +232,18 @@ fn display(dev: &Device) -> Result<()> {
     )));
     let long = Tensor::arange(0, 40, 1, DType::I64, dev)?;
     assert!(long.format_values()?.contains(",\n "), "long rows wrap");
-    // Debug never reads the device.
-    assert_eq!(
-        format!("{:?}", big.slice(s![1..;2, ..;-1])?),
-        format!(
-            "Tensor {{ shape: [20, 50], strides: [100, -1], offset: 99, dtype: i32, device: {} }}",
-            dev.name()
-        )
+    // Debug: the layout, then the values on one line (PyTorch's repr), read from the device.
+    let debug = format!("{:?}", big.slice(s![1..;2, ..;-1])?);
+    let head = format!(
+        "Tensor {{ shape: [20, 50], strides: [100, -1], offset: 99, dtype: i32, device: {}, \
+         values: [[  99,   98,",
+        dev.name()
+    );
+    assert!(debug.starts_with(&head), "{debug}");
+    assert!(debug.contains("  50], [ 199,"), "{debug}");
+    assert!(
+        debug.ends_with("1951, 1950]] }") && !debug.contains('\n'),
+        "{debug}"
     );
     Ok(())
 }
