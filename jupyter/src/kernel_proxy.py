@@ -12,19 +12,20 @@ behaviours hang or half-kill a kernel (issue 18, both reproduced with jupyter_cl
 libzmq, which every Jupyter client uses, drops IOPub messages for a subscriber that lags past
 its queue instead of waiting, and serves heartbeats per connection. So libzmq binds the IOPub
 and heartbeat ports the frontend knows, and evcxr publishes and answers heartbeats through one
-private connection each, which this proxy always reads at once. Shell, control and stdin stay
-evcxr's own: their requests and replies carry the clients' identities, whose reconnects
-evcxr's ROUTER handles (the newest connection of an identity wins and the old one is closed,
-so a client that shares its identity reconnects), which libzmq's ROUTER does not.
+private connection each, which this proxy always reads at once. Shell and stdin pass through
+the proxy too (to renumber execution counts), on a ROUTER of its own (zmtp_router.py): their
+clients' identities are shared and reused, and only evcxr's rule for that (the newest
+connection of an identity wins, the old one is closed and reconnects) keeps every client
+talking; libzmq's ROUTER cannot do it. Control stays evcxr's own.
 
-The proxy forwards every message unchanged (they are signed end to end) but one: evcxr's
-error when the process that runs cells ended (an interrupt kills it; it said only
-"Subprocess terminated with status: signal: 9 (SIGKILL)", and the next cell "cannot find
-value") becomes one line that says what happened and what survives, and a cell that ends in an
-op's Result without `?` (shown as `Ok(Tensor { … })`, no values: Debug never reads the device)
-gets a line saying to add `?`; both signed again with the connection's key (issue 43). It
-starts evcxr with a
-connection file of private ports, writes evcxr's output to LOG_FILE (so `jupyter console`
+The proxy forwards every message unchanged (they are signed end to end) but these, signed
+again with the connection's key (issue 43): every message about a cell carries the proxy's
+execution count (evcxr 0.22 numbered a kernel's first cell 2 and counted silent cells;
+ExecutionCounts); evcxr's error when the process that runs cells ended (an interrupt kills
+it; it said only "Subprocess terminated with status: signal: 9 (SIGKILL)", and the next cell
+"cannot find value") becomes one line that says what happened and what survives; and a cell
+that ends in an op's Result without `?` (shown through Debug as `Ok(Tensor { … })`) gets a
+line saying to add `?`. It starts evcxr with a connection file of private ports, writes evcxr's output to LOG_FILE (so `jupyter console`
 stays quiet), and exits with evcxr's exit status.
 
 evcxr builds each kernel's crates in a fresh temporary directory (about 400 MB with strata)
@@ -66,6 +67,8 @@ import sys
 import tempfile
 
 import zmq
+
+from zmtp_router import Router
 
 
 def free_ports(ip, count):
@@ -319,46 +322,65 @@ def explain_termination(evalue):
 
 
 FORGOT_QUESTION_MARK = ("\n(a Result: end the line with ? to display the tensor itself, "
-                        "with its values)")
+                        "as a table)")
 
 
 def explain_result(plain):
     """The text evcxr shows for a cell ending in an op's Result without `?` (its Debug:
-    `Ok(Tensor { shape: [2], … })`, no values), with a line saying how to see the tensor."""
+    `Ok(Tensor { shape: [2], …, values: [..] })`), with a line saying how to see the table."""
     if plain.startswith("Ok(Tensor {") and FORGOT_QUESTION_MARK not in plain:
         return plain + FORGOT_QUESTION_MARK
     return None
 
 
-def rewrite_for_readers(frames, key, digest):
-    """evcxr's IOPub messages that deserve a line more, signed again with the connection's
-    key: an `error` that reports the ended process (explain_termination), an `execute_result`
-    that shows a tensor's Result (explain_result); other messages as they are."""
-    try:
-        at = [bytes(f) for f in frames].index(b"<IDS|MSG>")
-    except ValueError:
-        return frames
+class ExecutionCounts:
+    """The execution counts the frontends see, numbered by the proxy from 1.
+
+    evcxr 0.22 starts its counter at 1 and adds one before each cell, so a notebook's first
+    cell showed `[2]`; it also counts cells run with `store_history` off. The proxy sees every
+    request on its way to evcxr: it numbers the ones that count (as Jupyter's protocol says)
+    and writes that number into each message evcxr sends about the request (execute_input,
+    execute_result, error, execute_reply), found by the request's id."""
+
+    KEPT = 1000  # requests remembered (their late IOPub messages still find their number)
+
+    def __init__(self):
+        self.count = 0
+        self.by_request = {}
+
+    def request(self, header, content):
+        """Numbers an execute_request arriving from a client."""
+        if header.get("msg_type") != "execute_request":
+            return
+        if content.get("store_history", True) and not content.get("silent", False):
+            self.count += 1
+        self.by_request[header.get("msg_id")] = self.count
+        if len(self.by_request) > self.KEPT:
+            del self.by_request[next(iter(self.by_request))]
+
+    def number(self, parent, content):
+        """Writes the proxy's number into a message evcxr sent about a request; True when it
+        changed the content."""
+        ours = self.by_request.get(parent.get("msg_id"))
+        if ours is None or content.get("execution_count") in (None, ours):
+            return False
+        content["execution_count"] = ours
+        return True
+
+
+def split_message(frames):
+    """(parts, at): a Jupyter message's frames as bytes and the index of its delimiter, or
+    (None, None) when the frames are not one."""
     parts = [bytes(f) for f in frames]
-    if len(parts) < at + 6 or (TERMINATED.encode() not in parts[at + 5]
-                                and b"Ok(Tensor {" not in parts[at + 5]):
-        return frames
     try:
-        header, content = json.loads(parts[at + 2]), json.loads(parts[at + 5])
+        at = parts.index(b"<IDS|MSG>")
     except ValueError:
-        return frames
-    kind = header.get("msg_type")
-    if kind == "error":
-        text = explain_termination(content.get("evalue", ""))
-        if text is None:
-            return frames
-        content["evalue"], content["traceback"] = text, text.splitlines()
-    elif kind == "execute_result" and isinstance(content.get("data"), dict):
-        text = explain_result(content["data"].get("text/plain", ""))
-        if text is None:
-            return frames
-        content["data"]["text/plain"] = text
-    else:
-        return frames
+        return None, None
+    return (parts, at) if len(parts) >= at + 6 else (None, None)
+
+
+def signed(parts, at, content, key, digest):
+    """The message with `content` in place of its own, signed again with the connection's key."""
     parts[at + 5] = json.dumps(content).encode()
     if key:
         mac = hmac.new(key, digestmod=digest)
@@ -366,6 +388,46 @@ def rewrite_for_readers(frames, key, digest):
             mac.update(part)
         parts[at + 1] = mac.hexdigest().encode()
     return parts
+
+
+def note_request(frames, counts):
+    """Lets `counts` number a request on its way from a client to evcxr (passed unchanged)."""
+    parts, at = split_message(frames)
+    if parts is not None and b"execute_request" in parts[at + 2]:
+        try:
+            counts.request(json.loads(parts[at + 2]), json.loads(parts[at + 5]))
+        except ValueError:
+            pass
+    return frames
+
+
+def rewrite_for_readers(frames, key, digest, counts):
+    """A message from evcxr as the frontends should read it, signed again with the connection's
+    key when it changed: the proxy's execution count (ExecutionCounts), an `error` that reports
+    the ended process explained (explain_termination), an `execute_result` that shows a
+    tensor's Result with a line more (explain_result); other messages as they are."""
+    parts, at = split_message(frames)
+    if parts is None or b"execution_count" not in parts[at + 5] and (
+            TERMINATED.encode() not in parts[at + 5]):
+        return frames
+    try:
+        header, parent = json.loads(parts[at + 2]), json.loads(parts[at + 3])
+        content = json.loads(parts[at + 5])
+    except ValueError:
+        return frames
+    changed = counts.number(parent, content)
+    kind = header.get("msg_type")
+    if kind == "error":
+        text = explain_termination(content.get("evalue", ""))
+        if text is not None:
+            content["evalue"], content["traceback"] = text, text.splitlines()
+            changed = True
+    elif kind == "execute_result" and isinstance(content.get("data"), dict):
+        text = explain_result(content["data"].get("text/plain", ""))
+        if text is not None:
+            content["data"]["text/plain"] = text
+            changed = True
+    return signed(parts, at, content, key, digest) if changed else frames
 
 
 def die_with_parent():
@@ -392,10 +454,11 @@ def main(connection_file, log_file, evcxr):
         os.dup2(log, 2)
         os.execv(evcxr, [evcxr, "--control_file", connection_file])
 
-    # evcxr binds shell, control and stdin where the frontend expects them; IOPub and the
+    # evcxr binds control where the frontend expects it; shell, stdin, IOPub and the
     # heartbeat move to private ports behind this proxy.
     back = dict(front)
-    back["iopub_port"], back["hb_port"] = free_ports(front["ip"], 2)
+    back["iopub_port"], back["hb_port"], back["shell_port"], back["stdin_port"] = free_ports(
+        front["ip"], 4)
     back_file = f"{connection_file}.evcxr-{os.getpid()}.json"
     with open(back_file, "w") as f:
         json.dump(back, f)
@@ -423,6 +486,20 @@ def main(connection_file, log_file, evcxr):
     sub.setsockopt(zmq.RCVHWM, 0)
     sub.setsockopt(zmq.LINGER, 0)
     sub.connect(url(back, "iopub"))
+    # Shell and stdin: clients' DEALERs → a ROUTER of the proxy's own (zmtp_router: the
+    # newest connection of an identity takes it over, as evcxr's does) → one DEALER each →
+    # evcxr's ROUTER, which answers with the client's identity after the DEALER's. evcxr sends
+    # an input request to the identities of the shell request it serves, so both DEALERs carry
+    # one routing id: the request for input reaches the stdin DEALER.
+    fronts, backs = {}, {}
+    for name in ("shell", "stdin"):
+        fronts[name] = Router(front["ip"], front[f"{name}_port"])
+        backs[name] = ctx.socket(zmq.DEALER)
+        backs[name].setsockopt(zmq.LINGER, 0)
+        backs[name].setsockopt(zmq.SNDHWM, 0)
+        backs[name].setsockopt(zmq.ROUTING_ID, b"strata-kernel-proxy")
+        backs[name].connect(url(back, name))
+    counts = ExecutionCounts()
 
     # Interrupts arrive as messages (interrupt_mode "message"); a terminal's Ctrl-C on the
     # whole process group must not stop the proxy.
@@ -484,21 +561,42 @@ def main(connection_file, log_file, evcxr):
     signal.signal(signal.SIGTERM, stop)
 
     pairs = {hb_front: hb_back, hb_back: hb_front, sub: pub}
-    poller = zmq.Poller()
-    for s in pairs:
-        poller.register(s, zmq.POLLIN)
+    routers = {backs[name]: fronts[name] for name in fronts}
     try:
         while child.poll() is None:
-            for s, _ in poller.poll(200):
+            poller = zmq.Poller()
+            for s in (*pairs, *routers):
+                poller.register(s, zmq.POLLIN)
+            for router in fronts.values():
+                writers = router.writers()
+                for fd in router.fds():
+                    poller.register(fd, zmq.POLLIN | (zmq.POLLOUT if fd in writers else 0))
+            for s, events in poller.poll(200):
+                if isinstance(s, int):  # a client's connection to the shell or stdin port
+                    for name, router in fronts.items():
+                        if s in router.by_fd or s == router.listener.fileno():
+                            if events & zmq.POLLOUT:
+                                router.writable(s)
+                            if events & zmq.POLLIN:
+                                for identity, frames in router.readable(s):
+                                    if name == "shell":
+                                        note_request(frames, counts)
+                                    backs[name].send_multipart([identity, *frames])
+                            break
+                    continue
                 # Everything waiting on this socket, without blocking.
                 while True:
                     try:
                         frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
-                    if s is sub:
-                        frames = rewrite_for_readers(frames, key, digest)
-                    pairs[s].send_multipart(frames, copy=False)
+                    if s is sub or s is backs["shell"]:
+                        frames = rewrite_for_readers(frames, key, digest, counts)
+                    if s in routers:
+                        # evcxr's answer: the client's identity, then the message.
+                        routers[s].send(bytes(frames[0]), [bytes(f) for f in frames[1:]])
+                    else:
+                        pairs[s].send_multipart(frames, copy=False)
     finally:
         end_child_and_clean_up()
     return child.returncode

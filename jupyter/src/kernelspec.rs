@@ -118,6 +118,12 @@ pub const PROXY_FILE: &str = "kernel_proxy.py";
 /// its heartbeat when one client goes away (issue 18; the file's docstring says how).
 pub const PROXY: &str = include_str!("kernel_proxy.py");
 
+/// The ROUTER socket the proxy holds the shell and stdin ports with (beside [`PROXY_FILE`]).
+pub const ROUTER_FILE: &str = "zmtp_router.py";
+
+/// [`ROUTER_FILE`]'s text: ZMTP 3.0 with evcxr's rule for a reused client identity.
+pub const ROUTER: &str = include_str!("zmtp_router.py");
+
 /// `kernel.json` for `evcxr` with its configuration in `config_dir`. With `proxy` (a Python
 /// that has pyzmq, and the proxy script), the kernel starts behind the proxy; without, evcxr
 /// binds Jupyter's ports itself.
@@ -197,12 +203,15 @@ pub fn write(
     let runtime = kernel_dir.join("runtime");
     make_runtime_dir(&runtime)?;
     let script = kernel_dir.join(PROXY_FILE);
-    match python {
-        Some(_) => fs::write(&script, PROXY)?,
-        None => match fs::remove_file(&script) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        },
+    for (file, text) in [(PROXY_FILE, PROXY), (ROUTER_FILE, ROUTER)] {
+        let path = kernel_dir.join(file);
+        match python {
+            Some(_) => fs::write(&path, text)?,
+            None => match fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            },
+        }
     }
     fs::write(
         kernel_dir.join("kernel.json"),

@@ -13,6 +13,7 @@ import pathlib
 import queue
 import struct
 import subprocess
+import sys
 import tempfile
 import zlib
 
@@ -506,13 +507,15 @@ def test_a_fresh_kernels_first_question_mark_cell_shows_the_table():
     # evcxr's runtime, and the kernel goes on.
     nb.cells.append(nbformat.v4.new_code_cell("let v = vec![1, 2];\nv[7]"))
     nb.cells.append(nbformat.v4.new_code_cell("let w = 6 * 7;\nw"))
-    # A cell that forgot its `?` shows `Ok(Tensor {…})` (Debug: no values) and how to see them.
+    # A cell that forgot its `?` shows `Ok(Tensor {…})` (Debug, with the values) and how to
+    # see the table.
     nb.cells.append(nbformat.v4.new_code_cell("Tensor::full([2], 1.5, DType::F32, &Device::cpu())"))
     EvcxrNotebookClient(nb, kernel_name="strata", timeout=600, startup_timeout=3600,
                         allow_errors=True).execute()
     forgot = data(nb.cells[3], "text/plain")
     assert forgot.startswith("Ok(Tensor { shape: [2]"), forgot
-    assert forgot.endswith("(a Result: end the line with ? to display the tensor itself, with its values)"), forgot
+    assert "values: [1.5000, 1.5000] })" in forgot, forgot
+    assert forgot.endswith("(a Result: end the line with ? to display the tensor itself, as a table)"), forgot
     html = data(nb.cells[0], "text/html")
     assert html is not None and "<table" in html, all_text(nb.cells[0])
     text = all_text(nb.cells[1])
@@ -614,6 +617,7 @@ def test_every_new_kernel_answers():
 def load_kernel_proxy():
     """jupyter/src/kernel_proxy.py as a module (its helpers, without running it)."""
     import importlib.util
+    sys.path.insert(0, str(ROOT / "jupyter/src"))  # its zmtp_router beside it
     spec = importlib.util.spec_from_file_location("kernel_proxy", ROOT / "jupyter/src/kernel_proxy.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -744,6 +748,47 @@ def test_an_interrupt_says_what_survives():
         assert status == "ok" and plain == ["7"], (status, plain)
         status, errors, _ = run("t")
         assert status == "error" and "cannot find value `t`" in "\n".join(errors), errors
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def test_execution_counts_start_at_one_and_input_reaches_the_cell():
+    """Issue 43: evcxr numbers a kernel's first cell 2 (its counter starts at 1 and grows
+    before each cell) and counts silent cells; the proxy renumbers them as Jupyter's protocol
+    says, in every message about a cell (JupyterLab takes the number from the shell reply,
+    nbclient from IOPub). Shell and stdin pass through the proxy for that, so a cell that asks
+    for input must still get it."""
+    from jupyter_client import KernelManager
+    km = KernelManager(kernel_name="strata")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=900)
+
+        def counts(code, **kw):
+            out = []
+            reply = kc.execute_interactive(code, timeout=600, output_hook=out.append, **kw)
+            assert reply["content"]["status"] == "ok", (code, reply, out)
+            seen = {m["msg_type"]: m["content"].get("execution_count") for m in out
+                    if m["msg_type"] in ("execute_input", "execute_result")}
+            return reply["content"]["execution_count"], seen, out
+
+        assert counts("6 * 7")[:2] == (1, {"execute_input": 1, "execute_result": 1})
+        assert counts("let hidden = 1;", silent=True)[0] == 1
+        assert counts("let shown = 2;", store_history=False)[0] == 1
+        assert counts("6 * 8")[:2] == (2, {"execute_input": 2, "execute_result": 2})
+        counts(":dep evcxr_input = \"1.0\"")
+
+        def answer(msg):
+            assert msg["content"]["prompt"] == "name? ", msg
+            kc.input("strata")
+        count, _, out = counts('evcxr_input::get_string("name? ").len()', allow_stdin=True,
+                               stdin_hook=answer)
+        plain = [m["content"]["data"].get("text/plain") for m in out
+                 if m["msg_type"] == "execute_result"]
+        assert plain == ["6"] and count == 4, (plain, count)
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
