@@ -47,6 +47,16 @@ if torch is not None and torch.cuda.is_available():
     rows.append(("torch → strata (cuda)", per_call_us(lambda: strata.from_dlpack(x))))
     rows.append(("strata → torch (cuda)", per_call_us(lambda: torch.from_dlpack(s))))
     rows.append(("torch → torch (cuda, reference)", per_call_us(lambda: torch.from_dlpack(x.__dlpack__()))))
+    # Where an exchange's time goes: the producer's export alone (a capsule made on the
+    # consumer's stream, then dropped unused), and the device query PyTorch asks first.
+    ts = torch.cuda.current_stream().cuda_stream or 1  # DLPack names the legacy default 1
+    rows.append(("strata export alone (`__dlpack__`, cuda)", per_call_us(lambda: s.__dlpack__(stream=ts))))
+    rows.append(("torch export alone (`__dlpack__`, cuda, reference)", per_call_us(lambda: x.__dlpack__(stream=ts))))
+    rows.append(("strata `__dlpack_device__` (cuda)", per_call_us(lambda: s.__dlpack_device__())))
+    # The two ways into torch.from_dlpack: a capsule (what the torch → torch row passes) or
+    # an object with `__dlpack__` (PyTorch first asks for its current stream and the device).
+    rows.append(("strata → torch, a capsule (cuda)", per_call_us(lambda: torch.from_dlpack(s.__dlpack__(stream=ts)))))
+    rows.append(("torch → torch, the object (cuda, reference)", per_call_us(lambda: torch.from_dlpack(x))))
     if cupy is not None:
         c = cupy.arange(1024, dtype=cupy.float32)
         rows.append(("torch → cupy (cuda, reference)", per_call_us(lambda: cupy.from_dlpack(x))))

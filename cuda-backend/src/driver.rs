@@ -51,6 +51,11 @@ pub(crate) struct Gpu {
     pub default_stream: Raw<sys::CUstream>,
     streams: Mutex<HashMap<StreamId, Raw<sys::CUstream>>>,
     events: Mutex<HashMap<u64, Raw<sys::CUevent>>>,
+    /// The event that hands work over between one of strata's streams and another library's
+    /// (DLPack): recorded and waited for under its lock, created once without timing. A wait
+    /// takes the record made just before it, so reusing the event is safe, and an exchange
+    /// saves creating and destroying one.
+    handoff: Mutex<Option<Raw<sys::CUevent>>>,
     next_id: AtomicU64,
 }
 
@@ -119,6 +124,7 @@ impl Gpu {
             default_stream: Raw(stream),
             streams: Mutex::new(HashMap::new()),
             events: Mutex::new(HashMap::new()),
+            handoff: Mutex::new(None),
             next_id: AtomicU64::new(1),
         })
     }
@@ -219,36 +225,47 @@ impl Gpu {
         )
     }
 
-    /// Makes `foreign`, another library's stream in this context, wait for `event`.
-    pub(crate) fn foreign_wait_event(&self, foreign: sys::CUstream, event: EventId) -> Result<()> {
-        self.bind()?;
-        let e = self.event(event)?;
-        // SAFETY: the event is live; the caller vouches for the foreign handle (DLPack's
-        // consumer passed it; 1 and 2 are the driver's legacy and per-thread default streams).
-        check(
-            unsafe { sys::cuStreamWaitEvent(foreign, e, 0) },
-            "cuStreamWaitEvent (a foreign stream)",
-        )
+    /// Makes `foreign`, another library's stream in this context, wait for the work enqueued
+    /// so far on `stream`.
+    pub(crate) fn foreign_waits_for(&self, foreign: sys::CUstream, stream: StreamId) -> Result<()> {
+        let s = self.stream(stream)?;
+        self.hand_over(s, foreign)
     }
 
     /// Makes `stream` wait for the work enqueued so far on `foreign`, another library's
     /// stream in this context.
     pub(crate) fn wait_foreign(&self, stream: StreamId, foreign: sys::CUstream) -> Result<()> {
-        self.bind()?;
         let s = self.stream(stream)?;
-        let mut e = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: context bound; the event is created, recorded on the foreign stream (the
-        // caller vouches for the handle), waited for on a live stream, then released.
+        self.hand_over(foreign, s)
+    }
+
+    /// `to` waits for the work enqueued so far on `from` (one of them another library's: the
+    /// caller vouches for its handle), through the shared hand-over event.
+    fn hand_over(&self, from: sys::CUstream, to: sys::CUstream) -> Result<()> {
+        self.bind()?;
+        let mut slot = self.handoff.lock_unpoisoned();
+        let e = match *slot {
+            Some(Raw(e)) => e,
+            None => {
+                let mut e = std::ptr::null_mut();
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                // SAFETY: context bound; `e` is written.
+                check(
+                    unsafe { sys::cuEventCreate(&mut e, flags) },
+                    "cuEventCreate",
+                )?;
+                *slot = Some(Raw(e));
+                e
+            }
+        };
+        // SAFETY: a live event, recorded then waited for while its lock is held, so no other
+        // hand-over records it in between; both streams are live in this context.
         unsafe {
-            check(sys::cuEventCreate(&mut e, flags), "cuEventCreate")?;
-            let done = check(
-                sys::cuEventRecord(e, foreign),
-                "cuEventRecord (a foreign stream)",
+            check(sys::cuEventRecord(e, from), "cuEventRecord (hand-over)")?;
+            check(
+                sys::cuStreamWaitEvent(to, e, 0),
+                "cuStreamWaitEvent (hand-over)",
             )
-            .and_then(|_| check(sys::cuStreamWaitEvent(s, e, 0), "cuStreamWaitEvent"));
-            sys::cuEventDestroy_v2(e);
-            done
         }
     }
 
@@ -321,6 +338,9 @@ impl Drop for Gpu {
         unsafe {
             sys::cuCtxSynchronize();
             for (_, e) in self.events.lock_unpoisoned().drain() {
+                sys::cuEventDestroy_v2(e.0);
+            }
+            if let Some(e) = self.handoff.lock_unpoisoned().take() {
                 sys::cuEventDestroy_v2(e.0);
             }
             for (_, s) in self.streams.lock_unpoisoned().drain() {

@@ -404,12 +404,9 @@ impl Backend for CudaBackend {
     }
 
     fn foreign_waits_for(&self, foreign: u64, stream: StreamId) -> Result<()> {
-        let event = self.record_event(stream)?;
-        let waited = self
-            .gpu
-            .foreign_wait_event(foreign as usize as cudarc::driver::sys::CUstream, event);
-        self.gpu.destroy_event(event);
-        waited
+        self.runner.batches.send(&self.gpu, stream)?;
+        self.gpu
+            .foreign_waits_for(foreign as usize as cudarc::driver::sys::CUstream, stream)
     }
 
     fn copy_from_peer(
