@@ -378,13 +378,10 @@ fn names_what_ran(dev: &Device) -> Result<()> {
         by_kind(&["strata_index"], &["strata_index"], &["gather"])
     );
     let (softmax, _) = kernels(&mut || x.softmax(-1)?.realize())?;
-    match dev.kind() {
-        // wgpu composes softmax: its maximum, a fused exp-sum and a map.
-        strata::BackendKind::Wgpu => {
-            assert!(softmax.len() > 1 && softmax.iter().all(|n| n.starts_with("strata_")))
-        }
-        _ => assert_eq!(softmax, by_kind(&["strata_softmax"], &[], &["softmax"])),
-    }
+    assert_eq!(
+        softmax,
+        by_kind(&["strata_softmax"], &["strata_softmax"], &["softmax"])
+    );
     Ok(())
 }
 test_device!(

@@ -82,6 +82,7 @@ pub struct WgpuBackend {
     indexing: PipelineCache<index::IndexSig>,
     matmuls: PipelineCache<matmul::MatmulSig>,
     histograms: PipelineCache<render::histogram::HistogramSig>,
+    softmaxes: PipelineCache<render::softmax::SoftmaxSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
     /// The next stream id (one queue runs them all; ids only name them).
@@ -146,7 +147,8 @@ impl WgpuBackend {
             parallel_slots: 1 << 18,
             items_per_thread: 8,
             group_sizes: &[1, 256],
-            row_groups: &[1],
+            // Softmax: one invocation a short row, else a workgroup.
+            row_groups: &[1, 256],
             row_stage_bytes: 0,
             row_stage_group: 1,
             reduce_vectors: false,
@@ -159,8 +161,8 @@ impl WgpuBackend {
             fuses_map_into_reduce: true,
             // One pass per reduction: a row prologue would run as two launches anyway.
             fuses_row_prologue: false,
-            // Core composes softmax from a max, a fused sum and a map.
-            runs_softmax: false,
+            // One launch: each row read once, written once (render::softmax).
+            runs_softmax: true,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
@@ -178,6 +180,7 @@ impl WgpuBackend {
             indexing: PipelineCache::default(),
             matmuls: PipelineCache::default(),
             histograms: PipelineCache::default(),
+            softmaxes: PipelineCache::default(),
         })
     }
 
@@ -228,6 +231,7 @@ impl WgpuBackend {
             + self.indexing.len()
             + self.matmuls.len()
             + self.histograms.len()
+            + self.softmaxes.len()
     }
 
     /// The most bytes one binding spans (the target's binding limit).

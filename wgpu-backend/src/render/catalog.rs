@@ -9,7 +9,7 @@
 //! are left out there: the backend refuses f64 on such adapters before generating anything
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
-use super::{index, map, matmul, reduce, Caps};
+use super::{index, map, matmul, reduce, softmax, Caps};
 use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, fma_defined, unary_rule};
@@ -363,6 +363,28 @@ fn every_reduce_variant_validates() {
                     for (caps, targets) in caps_for(&[d, acc]) {
                         check(&reduce::source(&sig, caps).unwrap(), targets);
                     }
+                }
+            }
+        }
+    }
+}
+
+/// Softmax and log-softmax on every float dtype: a row per invocation and per workgroup, kept
+/// in registers or read in each pass.
+#[test]
+fn every_softmax_variant_validates() {
+    for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for log in [false, true] {
+            for (group, cached) in [(1, 1), (1, 16), (256, 1), (256, 64), (256, 0)] {
+                let sig = softmax::SoftmaxSig {
+                    dtype: d,
+                    log,
+                    outer_rank: 2,
+                    group,
+                    cached,
+                };
+                for (caps, targets) in caps_for(&[d, d.accumulator()]) {
+                    check(&softmax::source(&sig, caps).unwrap(), targets);
                 }
             }
         }

@@ -23,6 +23,7 @@ pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod prelude;
 pub(crate) mod reduce;
+pub(crate) mod softmax;
 
 use strata_core::{DType, Error};
 

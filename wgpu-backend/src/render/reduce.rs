@@ -154,7 +154,7 @@ fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
 /// `shape` on), innermost first, and adds each coordinate times its stride to every
 /// `(offset var, first stride word)` target. The outermost coordinate is what remains: no
 /// division for it (one per element would bound a rank-1 reduction by division throughput).
-fn decode(
+pub(crate) fn decode(
     src: &mut String,
     indent: &str,
     count: &str,

@@ -9,9 +9,11 @@ mod index;
 mod map;
 mod matmul;
 mod reduce;
+mod softmax;
 
 use crate::launch::{operand_info, raw, Binding};
 use crate::render::histogram::HistogramSig;
+use crate::render::softmax::SoftmaxSig;
 use crate::render::{self, prelude};
 use crate::render::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::ReduceSig};
 use crate::WgpuBackend;
@@ -63,6 +65,7 @@ pub(crate) enum Sig<'k> {
     Index(IndexSig),
     Matmul(MatmulSig),
     Histogram(HistogramSig),
+    Softmax(SoftmaxSig),
 }
 
 impl Sig<'_> {
@@ -74,6 +77,7 @@ impl Sig<'_> {
             Sig::Index(_) => "strata_index",
             Sig::Matmul(_) => "strata_matmul",
             Sig::Histogram(_) => "strata_histogram",
+            Sig::Softmax(_) => "strata_softmax",
         }
     }
 }
@@ -134,10 +138,7 @@ impl WgpuBackend {
             } => self.reduce_steps(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.matmul_steps(*acc, args),
             Kernel::Index { kind, axis } => self.index_steps(*kind, *axis, args),
-            // `runs_softmax` is false: core composes softmax from maps and reductions here.
-            Kernel::Softmax { .. } => Err(Error::Unsupported(
-                "the wgpu backend has no one-kernel softmax; core composes it".into(),
-            )),
+            Kernel::Softmax { log } => self.softmax_steps(*log, args),
             Kernel::Histogram {
                 bins,
                 bin,
@@ -201,6 +202,9 @@ impl WgpuBackend {
             }),
             Sig::Matmul(sig) => self.matmuls.get(sig, |sig| {
                 self.gpu.pipeline(&render::matmul::source(sig, caps), 3)
+            }),
+            Sig::Softmax(sig) => self.softmaxes.get(sig, |sig| {
+                self.gpu.pipeline(&render::softmax::source(sig, caps)?, 2)
             }),
             Sig::Histogram(sig) => self.histograms.get(sig, |sig| {
                 let mut used = std::collections::BTreeSet::new();

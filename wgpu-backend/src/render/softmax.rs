@@ -1,0 +1,263 @@
+//! `Softmax` kernels (core's [`softmax_plan`](strata_core::lower::softmax_plan)): a row's
+//! maximum, the sum of its terms and the output in one launch, so memory sees the row read
+//! once and written once. A short row (up to 16 elements) is one invocation's; a longer one is
+//! a workgroup's, its 256 invocations combining their maxima and sums through workgroup
+//! memory. Each invocation keeps its elements of the row in registers — up to [`MAX_CACHED`],
+//! written out as separate variables (a private array indexed in a loop may be placed in
+//! memory by the driver) — and softmax keeps its terms there too (one `exp` per element).
+//! A longer row is read from memory in each pass. The terms and the output are core's
+//! expressions, emitted like a map's, so the numbers are the composition's.
+
+use super::prelude::helpers;
+use super::reduce::decode;
+use super::{binding, cast, compute_type, load, round_to, store, Caps, ENTRY};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::lower::softmax_plan::{softmax_from_term, softmax_output, softmax_term};
+use strata_core::{DType, Result};
+
+/// The structure of a softmax launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SoftmaxSig {
+    pub dtype: DType,
+    pub log: bool,
+    /// Leading axes decoded per row.
+    pub outer_rank: usize,
+    /// Invocations per row: 1 or 256 (a workgroup).
+    pub group: usize,
+    /// Elements each invocation keeps in registers (a power of two, its share rounded up);
+    /// 0: the row is read from memory in each pass.
+    pub cached: usize,
+}
+
+impl strata_core::kernel_cache::Owned for SoftmaxSig {}
+
+/// The most elements an invocation keeps in registers: a row of 16,384 in a workgroup.
+pub(crate) const MAX_CACHED: usize = 64;
+
+/// Slots in `params`: [0] rows, [1] elements per row, the outer shape, then for the input and
+/// the output each: the first element (within its binding), the outer strides, the row stride.
+pub(crate) struct Slots {
+    pub outer_shape: usize,
+    pub input: usize,
+    pub output: usize,
+    pub len: usize,
+}
+
+pub(crate) fn slots(outer_rank: usize) -> Slots {
+    let outer_shape = 2;
+    let input = outer_shape + outer_rank;
+    let output = input + outer_rank + 2;
+    Slots {
+        outer_shape,
+        input,
+        output,
+        len: output + outer_rank + 2,
+    }
+}
+
+/// The WGSL source of a softmax launch.
+pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
+    let (d, g, k) = (sig.dtype, sig.group, sig.cached);
+    let acc = d.accumulator();
+    let (ct, at) = (compute_type(d), compute_type(acc));
+    let w = slots(sig.outer_rank);
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, d, true, caps));
+    src.push_str(&binding(1, d, false, caps));
+    src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    if g > 1 {
+        let _ = writeln!(
+            src,
+            "var<workgroup> shm: array<{ct}, {g}>;\nvar<workgroup> shs: array<{at}, {g}>;"
+        );
+    }
+    src.push_str(ENTRY);
+    src.push_str("  let rows = params[0];\n  let n = params[1];\n");
+    if g == 1 {
+        src.push_str("  let lane = 0u;\n  let row = gid;\n  if (row < rows) {\n");
+    } else {
+        // The row loop is uniform across the workgroup (its barriers need that).
+        src.push_str(
+            "  let lane = lid;\n  for (var row = wg.y * nwg.x + wg.x; row < rows; row = row + nwg.x * nwg.y) {\n",
+        );
+    }
+    // The row's first element in the input (ib) and the output (ob).
+    let _ = writeln!(
+        src,
+        "    var ib = i32(params[{}]);\n    var ob = i32(params[{}]);\n    var rem = row;",
+        w.input, w.output
+    );
+    decode(
+        &mut src,
+        "    ",
+        "rem",
+        sig.outer_rank,
+        w.outer_shape,
+        &[("ib", w.input + 1), ("ob", w.output + 1)],
+    );
+    let _ = writeln!(
+        src,
+        "    let ins = bitcast<i32>(params[{}]);\n    let outs = bitcast<i32>(params[{}]);",
+        w.input + 1 + sig.outer_rank,
+        w.output + 1 + sig.outer_rank
+    );
+    let x_at = |r: &str| load(d, "b1", &format!("u32(ib + i32({r}) * ins)"), caps);
+    // Visits the invocation's elements: `body` sees the element (or its kept term) as `x0`;
+    // `load`: this pass reads memory. Cached elements live in `e{j}`, position `r{j}`.
+    let visit = |src: &mut String, body: &str, load: bool| {
+        if k > 0 {
+            for j in 0..k {
+                let _ = writeln!(src, "    if (r{j} < n) {{");
+                if load {
+                    let _ = writeln!(src, "      e{j} = {};", x_at(&format!("r{j}")));
+                }
+                let _ = writeln!(
+                    src,
+                    "      let x0 = e{j};\n{}\n    }}",
+                    body.replace("$E", &format!("e{j}"))
+                        .replace("$R", &format!("r{j}"))
+                );
+            }
+        } else {
+            let _ = writeln!(
+                src,
+                "    for (var r = lane; r < n; r = r + {g}u) {{\n      let x0 = {};\n{}\n    }}",
+                x_at("r"),
+                body.replace("$R", "r")
+            );
+        }
+    };
+    for j in 0..k {
+        let _ = writeln!(
+            src,
+            "    let r{j} = lane + {j}u * {g}u;\n    var e{j}: {ct};"
+        );
+    }
+    // Combines every invocation's `name` over the workgroup with `op(a, b)`: a tree in
+    // workgroup memory `sh`; every invocation ends with the result.
+    let combine = |src: &mut String, name: &str, sh: &str, op: &dyn Fn(&str, &str) -> String| {
+        if g == 1 {
+            return;
+        }
+        let _ = writeln!(
+            src,
+            "    {sh}[lane] = {name};\n    workgroupBarrier();\n    \
+             for (var s = {}u; s > 0u; s = s >> 1u) {{\n      \
+             if (lane < s) {{ {sh}[lane] = {}; }}\n      workgroupBarrier();\n    }}\n    \
+             {name} = {sh}[0];\n    workgroupBarrier();",
+            g / 2,
+            op(&format!("{sh}[lane]"), &format!("{sh}[lane + s]"))
+        );
+    };
+    // Pass 1: the maximum, by the reduction's rule (NaN wins, -0 below +0).
+    let neg_inf = if ct == "f64" {
+        "bitcast<f64>(0xfff0000000000000lu)"
+    } else {
+        "bitcast<f32>(0xff800000u)"
+    };
+    let max = |a: &str, b: &str| format!("fmax_{ct}({a}, {b})");
+    let _ = writeln!(src, "    var m: {ct} = {neg_inf};");
+    visit(&mut src, &format!("      m = {};", max("m", "x0")), true);
+    combine(&mut src, "m", "shm", &max);
+    // Pass 2: the sum of the terms, each rounded to the dtype, in the accumulator.
+    let keep_terms = k > 0 && !sig.log;
+    let _ = writeln!(
+        src,
+        "    let x1 = m;\n    var sum: {at} = {};",
+        super::literal(acc, 0)
+    );
+    let mut next = 0;
+    let mut term = String::new();
+    let t = super::expr::emit_tree(&softmax_term(d), &mut term, &mut next, caps)?;
+    let _ = write!(
+        term,
+        "      sum = {};",
+        round_to(acc, format!("sum + {}", cast(&t, d, acc, false)))
+    );
+    if keep_terms {
+        let _ = write!(term, "\n      $E = {t};");
+    }
+    visit(&mut src, &indent(&term), k == 0);
+    let add = |a: &str, b: &str| round_to(acc, format!("{a} + {b}"));
+    combine(&mut src, "sum", "shs", &add);
+    // Pass 3: the output over the element (or its term), the maximum and the sum rounded to
+    // the dtype.
+    let _ = writeln!(src, "    let x2 = {};", cast("sum", acc, d, false));
+    let output = if keep_terms {
+        softmax_from_term(d)
+    } else {
+        softmax_output(d, sig.log)
+    };
+    let mut body = String::new();
+    let y = super::expr::emit_tree(&output, &mut body, &mut next, caps)?;
+    let _ = write!(
+        body,
+        "      {}",
+        store(d, "b0", "u32(ob + i32($R) * outs)", &y, caps)
+    );
+    visit(&mut src, &indent(&body), k == 0);
+    src.push_str("  }\n}\n");
+    Ok(src)
+}
+
+/// `text`'s lines indented by six spaces where they are not already.
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            if l.starts_with("      ") {
+                l.to_string()
+            } else {
+                format!("      {}", l.trim_start())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sig(dtype: DType, group: usize, cached: usize) -> SoftmaxSig {
+        SoftmaxSig {
+            dtype,
+            log: false,
+            outer_rank: 1,
+            group,
+            cached,
+        }
+    }
+
+    #[test]
+    fn a_cached_row_is_read_once_and_keeps_its_terms() {
+        let src = source(&sig(DType::F32, 256, 4), Caps::default()).unwrap();
+        let kernel = &src[src.find("@compute").unwrap()..];
+        // One load per kept element (pass 1), one exp per element (pass 2).
+        assert_eq!(kernel.matches("bitcast<f32>(b1[").count(), 4, "{kernel}");
+        assert_eq!(kernel.matches("exp").count(), 4, "{kernel}");
+        assert!(
+            src.contains("var<workgroup> shm: array<f32, 256>;"),
+            "{src}"
+        );
+        let log = source(
+            &SoftmaxSig {
+                log: true,
+                ..sig(DType::F32, 256, 4)
+            },
+            Caps::default(),
+        )
+        .unwrap();
+        assert_eq!(log.matches("bitcast<f32>(b1[").count(), 4, "{log}");
+    }
+
+    #[test]
+    fn a_long_row_is_read_in_each_pass_and_a_short_one_by_one_invocation() {
+        let src = source(&sig(DType::F32, 256, 0), Caps::default()).unwrap();
+        assert_eq!(src.matches("bitcast<f32>(b1[").count(), 3, "{src}");
+        let short = source(&sig(DType::F16, 1, 8), Caps::default()).unwrap();
+        assert!(!short.contains("workgroupBarrier"), "{short}");
+        assert!(short.contains("var sum: f32"), "{short}");
+        assert!(short.contains("atomicOr(&b0"), "{short}");
+    }
+}
