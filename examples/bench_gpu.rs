@@ -244,6 +244,8 @@ fn fusion_rows(dev: &Device, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<()> {
         row(&format!("softmax-primitives {mode}"), ms, sm_bytes, 0.0);
         let ms = time(dev, 1, || keep(x2.softmax(-1)))?;
         row(&format!("softmax {mode}"), ms, sm_bytes, 0.0);
+        let ms = time(dev, 1, || keep(x2.log_softmax(-1)))?;
+        row(&format!("log_softmax {mode}"), ms, sm_bytes, 0.0);
     }
     dev.set_fusion(true)
 }

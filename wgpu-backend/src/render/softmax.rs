@@ -103,20 +103,17 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
         w.output + 1 + sig.outer_rank
     );
     let x_at = |r: &str| load(d, "b1", &format!("u32(ib + i32({r}) * ins)"), caps);
-    // Visits the invocation's elements: `body` sees the element (or its kept term) as `x0`;
-    // `load`: this pass reads memory. Cached elements live in `e{j}`, position `r{j}`.
-    let visit = |src: &mut String, body: &str, load: bool| {
+    // Visits the invocation's elements: `body` sees the element (or its kept term) as `x0`.
+    // Cached elements live in `e{j}`, at position `lane + j·group`, loaded in pass 1; an
+    // uncached row is read from memory in each pass.
+    let visit = |src: &mut String, body: &str| {
         if k > 0 {
             for j in 0..k {
-                let _ = writeln!(src, "    if (r{j} < n) {{");
-                if load {
-                    let _ = writeln!(src, "      e{j} = {};", x_at(&format!("r{j}")));
-                }
+                let r = format!("(lane + {j}u * {g}u)");
                 let _ = writeln!(
                     src,
-                    "      let x0 = e{j};\n{}\n    }}",
-                    body.replace("$E", &format!("e{j}"))
-                        .replace("$R", &format!("r{j}"))
+                    "    if ({r} < n) {{\n      let x0 = e{j};\n{}\n    }}",
+                    body.replace("$E", &format!("e{j}")).replace("$R", &r)
                 );
             }
         } else {
@@ -128,12 +125,6 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
             );
         }
     };
-    for j in 0..k {
-        let _ = writeln!(
-            src,
-            "    let r{j} = lane + {j}u * {g}u;\n    var e{j}: {ct};"
-        );
-    }
     // Combines every invocation's `name` over the workgroup with `op(a, b)`: a tree in
     // workgroup memory `sh`; every invocation ends with the result.
     let combine = |src: &mut String, name: &str, sh: &str, op: &dyn Fn(&str, &str) -> String| {
@@ -158,7 +149,20 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     };
     let max = |a: &str, b: &str| format!("fmax_{ct}({a}, {b})");
     let _ = writeln!(src, "    var m: {ct} = {neg_inf};");
-    visit(&mut src, &format!("      m = {};", max("m", "x0")), true);
+    if k > 0 {
+        // Every load first, none behind a branch (past the row's end: its last element, taken
+        // as -inf), so they are all in flight together; then the maximum over them.
+        for j in 0..k {
+            let r = format!("(lane + {j}u * {g}u)");
+            let x = x_at(&format!("min({r}, n - 1u)"));
+            let _ = writeln!(src, "    var e{j}: {ct} = select({neg_inf}, {x}, {r} < n);");
+        }
+        for j in 0..k {
+            let _ = writeln!(src, "    m = {};", max("m", &format!("e{j}")));
+        }
+    } else {
+        visit(&mut src, &format!("      m = {};", max("m", "x0")));
+    }
     combine(&mut src, "m", "shm", &max);
     // Pass 2: the sum of the terms, each rounded to the dtype, in the accumulator.
     let keep_terms = k > 0 && !sig.log;
@@ -178,25 +182,37 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     if keep_terms {
         let _ = write!(term, "\n      $E = {t};");
     }
-    visit(&mut src, &indent(&term), k == 0);
+    visit(&mut src, &indent(&term));
     let add = |a: &str, b: &str| round_to(acc, format!("{a} + {b}"));
     combine(&mut src, "sum", "shs", &add);
     // Pass 3: the output over the element (or its term), the maximum and the sum rounded to
     // the dtype.
     let _ = writeln!(src, "    let x2 = {};", cast("sum", acc, d, false));
-    let output = if keep_terms {
-        softmax_from_term(d)
-    } else {
-        softmax_output(d, sig.log)
-    };
     let mut body = String::new();
-    let y = super::expr::emit_tree(&output, &mut body, &mut next, caps)?;
+    let y = if keep_terms && ct == "f32" && caps.fused_fma && caps.f64 {
+        // `t / s` for every term of the row: the correctly rounded quotient from the row's
+        // correctly rounded reciprocal, without a division per element (which is done in f64
+        // here). Markstein's theorem: with `r` within half an ulp of 1/s and `q0 = x·r`
+        // within one ulp of x/s, `q0 + (x − s·q0)·r` through fused multiply-adds rounds to
+        // x/s (1 ≤ s ≤ 16,384 for a row kept in registers, so no overflow; results below
+        // f32's normal range are flushed on drivers that flush them, as the division's are).
+        let _ = writeln!(src, "    let rs = div_f32(1.0f, x2);");
+        body.push_str("      let q0 = x0 * rs;\n");
+        round_to(d, "fma(fma(-q0, x2, x0), rs, q0)".to_string())
+    } else {
+        let output = if keep_terms {
+            softmax_from_term(d)
+        } else {
+            softmax_output(d, sig.log)
+        };
+        super::expr::emit_tree(&output, &mut body, &mut next, caps)?
+    };
     let _ = write!(
         body,
         "      {}",
         store(d, "b0", "u32(ob + i32($R) * outs)", &y, caps)
     );
-    visit(&mut src, &indent(&body), k == 0);
+    visit(&mut src, &indent(&body));
     src.push_str("  }\n}\n");
     Ok(src)
 }
@@ -249,6 +265,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(log.matches("bitcast<f32>(b1[").count(), 4, "{log}");
+    }
+
+    #[test]
+    fn with_a_fused_fma_a_row_divides_once() {
+        let caps = Caps {
+            fused_fma: true,
+            f64: true,
+            ..Caps::default()
+        };
+        let src = source(&sig(DType::BF16, 256, 4), caps).unwrap();
+        let kernel = &src[src.find("@compute").unwrap()..];
+        assert_eq!(kernel.matches("div_f32(").count(), 1, "{kernel}");
+        assert!(
+            kernel.contains("round_bf16(fma(fma(-q0, x2, x0), rs, q0))"),
+            "{kernel}"
+        );
+        // Without a fused fma, or for log-softmax, core's expression as it is.
+        let plain = source(&sig(DType::F32, 256, 4), Caps::default()).unwrap();
+        assert!(!plain.contains("fma(fma("), "{plain}");
     }
 
     #[test]
