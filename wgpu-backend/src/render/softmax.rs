@@ -6,7 +6,9 @@
 //! written out as separate variables (a private array indexed in a loop may be placed in
 //! memory by the driver) — and softmax keeps its terms there too (one `exp` per element).
 //! A longer row is read from memory in each pass. The terms and the output are core's
-//! expressions, emitted like a map's, so the numbers are the composition's.
+//! expressions, emitted like a map's, so the numbers are the composition's; where the
+//! adapter's `fma` is fused, a kept row divides once (its sum's reciprocal) and corrects each
+//! quotient to the correctly rounded one (Markstein), instead of an f64 division an element.
 
 use super::prelude::helpers;
 use super::reduce::decode;
