@@ -92,13 +92,36 @@ pub fn softmax_term(dtype: DType) -> Expr {
 /// assert_eq!(softmax_output(DType::F32, true).max_input(), Some(2));
 /// ```
 pub fn softmax_output(dtype: DType, log: bool) -> Expr {
-    let s = Expr::input(2, dtype);
     if log {
         let shifted = Expr::binary(BinaryOp::Sub, Expr::input(0, dtype), Expr::input(1, dtype));
-        Expr::binary(BinaryOp::Sub, shifted, Expr::unary(UnaryOp::Log, s))
+        Expr::binary(BinaryOp::Sub, shifted, log_of_sum(dtype))
     } else {
-        Expr::binary(BinaryOp::Div, softmax_term(dtype), s)
+        Expr::binary(BinaryOp::Div, softmax_term(dtype), Expr::input(2, dtype))
     }
+}
+
+/// Log-softmax's `log(s)` over input 2 (the row's sum rounded to `dtype`): the part of
+/// [`softmax_output`] that is one value a row, so a backend can compute it once a row and
+/// finish each element with [`log_softmax_from_log_sum`] (the same numbers).
+///
+/// ```
+/// use strata_core::{lower::softmax_plan::log_of_sum, DType};
+/// assert_eq!(log_of_sum(DType::F32).max_input(), Some(2));
+/// ```
+pub fn log_of_sum(dtype: DType) -> Expr {
+    Expr::unary(UnaryOp::Log, Expr::input(2, dtype))
+}
+
+/// [`softmax_output`] for log-softmax with the row's [`log_of_sum`] given as input 3:
+/// `(x - m) - l`.
+///
+/// ```
+/// use strata_core::{lower::softmax_plan::log_softmax_from_log_sum, DType};
+/// assert_eq!(log_softmax_from_log_sum(DType::F16).max_input(), Some(3));
+/// ```
+pub fn log_softmax_from_log_sum(dtype: DType) -> Expr {
+    let shifted = Expr::binary(BinaryOp::Sub, Expr::input(0, dtype), Expr::input(1, dtype));
+    Expr::binary(BinaryOp::Sub, shifted, Expr::input(3, dtype))
 }
 
 /// [`softmax_output`] (not log) over a row whose terms are already computed: input 0 is the

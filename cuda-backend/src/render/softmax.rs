@@ -17,7 +17,9 @@ use super::{
 };
 use super::{Generated, Rendered};
 use std::fmt::Write;
-use strata_core::lower::softmax_plan::{softmax_from_term, softmax_output, softmax_term};
+use strata_core::lower::softmax_plan::{
+    log_of_sum, log_softmax_from_log_sum, softmax_from_term, softmax_output, softmax_term,
+};
 use strata_core::{DType, Result};
 
 /// The structure of a softmax launch.
@@ -276,8 +278,13 @@ pub(crate) fn source(sig: &SoftmaxSig) -> Result<String> {
     let mut body = String::new();
     let output = if keep_terms {
         softmax_from_term(d)
+    } else if sig.log {
+        // log(s) once a row (`x3`), then `(x - m) - x3` an element.
+        let l = emit_tree(&log_of_sum(d), &mut s, "    ", &mut next)?;
+        let _ = writeln!(s, "    const {ct} x3 = {l};");
+        log_softmax_from_log_sum(d)
     } else {
-        softmax_output(d, sig.log)
+        softmax_output(d, false)
     };
     let y = emit_tree(&output, &mut body, "      ", &mut next)?;
     let _ = write!(body, "      const {ct} y = {y};");
@@ -353,6 +360,8 @@ mod tests {
         s.log = true;
         let src = source(&s).unwrap();
         assert_eq!(src.matches("rowbuf[r / 4] = u.v;").count(), 1, "{src}");
+        // Its log(s) once a row.
+        assert_eq!(src.matches("const float x3 = ").count(), 1, "{src}");
     }
 
     #[test]

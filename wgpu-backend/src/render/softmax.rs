@@ -15,7 +15,9 @@ use super::reduce::decode;
 use super::{binding, cast, compute_type, load, round_to, store, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
-use strata_core::lower::softmax_plan::{softmax_from_term, softmax_output, softmax_term};
+use strata_core::lower::softmax_plan::{
+    log_of_sum, log_softmax_from_log_sum, softmax_from_term, softmax_output, softmax_term,
+};
 use strata_core::{DType, Result};
 
 /// The structure of a softmax launch.
@@ -201,11 +203,20 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
         let _ = writeln!(src, "    let rs = div_f32(1.0f, x2);");
         body.push_str("      let q0 = x0 * rs;\n");
         round_to(d, "fma(fma(-q0, x2, x0), rs, q0)".to_string())
+    } else if sig.log {
+        // log(s) once a row (`x3`), then `(x - m) - x3` an element.
+        let mut row = String::new();
+        let l = super::expr::emit_tree(&log_of_sum(d), &mut row, &mut next, caps)?;
+        for line in row.lines() {
+            let _ = writeln!(src, "    {}", line.trim_start());
+        }
+        let _ = writeln!(src, "    let x3 = {l};");
+        super::expr::emit_tree(&log_softmax_from_log_sum(d), &mut body, &mut next, caps)?
     } else {
         let output = if keep_terms {
             softmax_from_term(d)
         } else {
-            softmax_output(d, sig.log)
+            softmax_output(d, false)
         };
         super::expr::emit_tree(&output, &mut body, &mut next, caps)?
     };
@@ -267,6 +278,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(log.matches("bitcast<f32>(b1[").count(), 4, "{log}");
+        // Its log(s) once a row.
+        assert_eq!(log.matches("let x3 = ").count(), 1, "{log}");
     }
 
     #[test]
