@@ -25,8 +25,9 @@ ExecutionCounts); evcxr's error when the process that runs cells ended (an inter
 it; it said only "Subprocess terminated with status: signal: 9 (SIGKILL)", and the next cell
 "cannot find value") becomes one line that says what happened and what survives; and a cell
 that ends in an op's Result without `?` (shown through Debug as `Ok(Tensor { … })`) gets a
-line saying to add `?`. It starts evcxr with a connection file of private ports, writes evcxr's output to LOG_FILE (so `jupyter console`
-stays quiet), and exits with evcxr's exit status.
+line saying to add `?`. It starts evcxr with a connection file of private ports, writes
+evcxr's output to LOG_FILE (so `jupyter console` stays quiet), and exits with evcxr's exit
+status.
 
 evcxr builds each kernel's crates in a fresh temporary directory (about 400 MB with strata)
 and removes it only when it exits normally; a kernel killed by its manager (Jupyter's
