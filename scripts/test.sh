@@ -40,6 +40,9 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # Histograms whose values and bins span many bindings: a dispatch per piece and bin range.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test histogram -- bincount between_edges --test-threads=1
+  # Softmax rows in pieces of rows, and rows past a binding through the composition.
+  STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test reduce softmax_rows_in_pieces -- --test-threads=1
   # Map→reduce fusion where a fused map's inputs exceed one binding: core runs the map first.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1

@@ -414,3 +414,35 @@ test_device!(
     softmax_in_one_kernel_matches_its_composition,
     softmax_matches_its_composition
 );
+
+/// Softmax over many short rows and over rows longer than a small storage binding (CI runs it
+/// under wgpu's 128-byte cap: short rows go in pieces of rows, each piece a dispatch; longer
+/// ones take the composition, whose reductions split rows), against the CPU's numbers.
+fn softmax_rows_in_pieces(dev: &Device) -> Result<()> {
+    let cpu = Device::cpu();
+    for (rows, n) in [(40usize, 3usize), (40, 7), (12, 100)] {
+        let vals: Vec<f32> = (0..rows * n)
+            .map(|i| ((i * 37) % 23) as f32 / 4.0 - 2.0)
+            .collect();
+        for log in [false, true] {
+            let run = |d: &Device| -> Result<Vec<f32>> {
+                let x = Tensor::from_slice(&vals, [rows, n], d)?;
+                let y = if log {
+                    x.log_softmax(-1)?
+                } else {
+                    x.softmax(-1)?
+                };
+                y.to_vec::<f32>()
+            };
+            let (got, want) = (run(dev)?, run(&cpu)?);
+            for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= 1e-5 * b.abs().max(1.0),
+                    "rows={rows} n={n} log={log} at {k}: {a} vs {b}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(softmax_rows_in_pieces_or_composed, softmax_rows_in_pieces);

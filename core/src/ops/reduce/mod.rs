@@ -523,10 +523,18 @@ impl Tensor {
     /// `None` for the composition. The kernel computes the composition's numbers.
     fn softmax_kernel(&self, axis: isize, log: bool) -> Result<Option<Tensor>> {
         let last = self.ndim().checked_sub(1);
-        if !self.device().backend().target().runs_softmax
-            || last != Some(normalize_axis(axis, self.ndim().max(1))?)
-        {
+        let target = self.device().backend().target();
+        if !target.runs_softmax || last != Some(normalize_axis(axis, self.ndim().max(1))?) {
             return Ok(None);
+        }
+        // A backend that binds windows of its buffers (wgpu) binds a whole row at once: a row
+        // longer than a binding takes the composition, whose reductions split rows.
+        if let (Some(limit), Some(&n)) = (target.binding_limit, self.shape().last()) {
+            let stride = self.strides().last().map_or(1, |s| s.unsigned_abs());
+            let span = (n.saturating_sub(1) * stride + 1).max(n) * self.dtype.itemsize();
+            if span as u64 + target.offset_align + 16 > limit {
+                return Ok(None);
+            }
         }
         let out = Tensor::empty(self.shape(), self.dtype, self.device())?;
         crate::tensor::launch(Kernel::Softmax { log }, &out, &[self], vec![])?;
