@@ -392,14 +392,14 @@ def signed(parts, at, content, key, digest):
 
 
 def note_request(frames, counts):
-    """Lets `counts` number a request on its way from a client to evcxr (passed unchanged)."""
+    """Lets `counts` number a request on its way from a client to evcxr (which gets it
+    unchanged)."""
     parts, at = split_message(frames)
     if parts is not None and b"execute_request" in parts[at + 2]:
         try:
             counts.request(json.loads(parts[at + 2]), json.loads(parts[at + 5]))
         except ValueError:
             pass
-    return frames
 
 
 def rewrite_for_readers(frames, key, digest, counts):

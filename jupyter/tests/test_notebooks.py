@@ -8,6 +8,7 @@ startup timeout.
 
 import asyncio
 import base64
+import contextlib
 import os
 import pathlib
 import queue
@@ -719,14 +720,7 @@ def test_an_interrupt_says_what_survives():
     "cannot find value". The message now says what happened and what survives, and it is true:
     a function defined before still runs, a variable is gone."""
     import threading
-    import time
-    from jupyter_client import KernelManager
-    km = KernelManager(kernel_name="strata")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=900)
+    with ready_kernel() as (km, kc):
 
         def run(code):
             out = []
@@ -748,9 +742,6 @@ def test_an_interrupt_says_what_survives():
         assert status == "ok" and plain == ["7"], (status, plain)
         status, errors, _ = run("t")
         assert status == "error" and "cannot find value `t`" in "\n".join(errors), errors
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def test_execution_counts_start_at_one_and_input_reaches_the_cell():
@@ -759,13 +750,7 @@ def test_execution_counts_start_at_one_and_input_reaches_the_cell():
     says, in every message about a cell (JupyterLab takes the number from the shell reply,
     nbclient from IOPub). Shell and stdin pass through the proxy for that, so a cell that asks
     for input must still get it."""
-    from jupyter_client import KernelManager
-    km = KernelManager(kernel_name="strata")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=900)
+    with ready_kernel() as (_, kc):
 
         def counts(code, **kw):
             out = []
@@ -789,6 +774,20 @@ def test_execution_counts_start_at_one_and_input_reaches_the_cell():
         plain = [m["content"]["data"].get("text/plain") for m in out
                  if m["msg_type"] == "execute_result"]
         assert plain == ["6"] and count == 4, (plain, count)
+
+
+@contextlib.contextmanager
+def ready_kernel():
+    """A started strata kernel and a client whose channels run, once the kernel answers;
+    both shut down after."""
+    from jupyter_client import KernelManager
+    km = KernelManager(kernel_name="strata")
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=900)
+        yield km, kc
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
