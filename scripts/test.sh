@@ -34,7 +34,8 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test elementwise row_and_column -- --test-threads=1
   # Random draws split into pieces: each piece's vectors know their positions (PositionKind::Aligned)
-  # and take the counters of their own elements.
+  # and take the counters of their own elements; cat's parts as rows (whole vec4 words at
+  # decoded offsets) inside windows.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test join_random -- --test-threads=1
   # Histograms whose values and bins span many bindings: a dispatch per piece and bin range.

@@ -48,7 +48,7 @@ pub struct Target {
     /// A vectorized map may take inputs constant along the innermost axis (stride 0 there: a
     /// row broadcast such as softmax's `[n, 1]` values) when whole vectors fit in a row, one
     /// value per vector read at the offset decoded for the vector's first element. Implied by
-    /// `vector_rows`; a target that binds windows may have it without `vector_rows`.
+    /// `vector_rows`.
     pub vector_splats: bool,
     /// 64-bit index arithmetic is available (else every offset and count of a launch must
     /// fit 32 bits, which the binding limit guarantees for offsets).

@@ -283,7 +283,7 @@ fn gather_range_check(dev: &Device) -> Result<()> {
 test_device!(gather_range_reported_at_next_read, gather_range_check);
 
 /// `index_select` on layouts that take the row path of a gather (whole runs after the indexed
-/// axis, moved in vectors of 16, 8, 4 or 2 bytes) and layouts that do not (misaligned runs, a
+/// axis, moved in vectors of 16, 8, 4 or 2 bytes on CUDA, of four elements on wgpu) and layouts that do not (misaligned runs, a
 /// flipped or transposed source, runs shorter than 4), checked element by element against
 /// the host. Indices repeat and count from the end.
 fn index_select_rows(dev: &Device) -> Result<()> {

@@ -135,7 +135,7 @@ fn pad(dev: &Device) -> Result<()> {
 test_device!(pad_adds_and_crops, pad);
 
 /// `cat` along the last axis writes each part as rows of the output: whole vectors where every
-/// row starts on one (CUDA's strided-row vectors), element by element where not. Checked
+/// row starts on one (strided-row vectors on CUDA and wgpu), element by element where not. Checked
 /// against the host for widths that align and widths that do not, in 1-, 2-, 4- and 8-byte
 /// dtypes; then reading such rows back (`split` parts made contiguous).
 fn cat_rows(dev: &Device) -> Result<()> {

@@ -138,8 +138,9 @@ impl WgpuBackend {
             vector_tail: false,
             tile_32bit_only: true,
             tile_reads_position: false,
-            vector_rows: false,
-            // Row-broadcast inputs (softmax's [n, 1] values) read once per vec4.
+            // Operands strided between rows (parts of a `cat`, slices of rows) in whole
+            // vec4 words; row-broadcast inputs (softmax's [n, 1] values) read once per vec4.
+            vector_rows: true,
             vector_splats: true,
             wide_index: false,
             // wgpu tells nothing of the device's size: enough threads for a large GPU (2,048

@@ -377,7 +377,7 @@ fn plan_piece(
     // splats read once per vector) and operands contiguous along it (stride 1, whole-vector
     // accesses at the decoded offset).
     let inner = p.len.last().copied().unwrap_or(1);
-    let by_rows = target.vector_rows && target.binding_limit.is_none();
+    let by_rows = target.vector_rows;
     let splats = by_rows || target.vector_splats;
     let splat = |k: usize, o: &PlannedOperand| {
         splats && k >= outputs && o.path == Path::Strided && o.strides.last() == Some(&0)
@@ -618,8 +618,24 @@ mod tests {
         assert_eq!(vector_of(&buf.narrow(1, 1, 16).unwrap(), &rows), 1);
         let b18 = Tensor::zeros([4, 18], DType::F32, &dev).unwrap();
         assert_eq!(vector_of(&b18.narrow(1, 0, 16).unwrap(), &rows), 2);
-        // Targets without strided vectors (wgpu) keep one element per work item.
+        // Targets without strided vectors keep one element per work item.
         assert_eq!(vector_of(&buf.narrow(1, 16, 16).unwrap(), &gpu(None)), 1);
+        // A target that binds windows (wgpu: four lanes) reaches the rows in its window.
+        let windowed = Target {
+            vector_lanes: 4,
+            draw_vector_bytes: 0,
+            vector_tail: false,
+            vector_rows: true,
+            ..gpu(Some(1 << 20))
+        };
+        let a = args(&part, &[&x]);
+        let ops = MapOperands::of(&e, &a).unwrap();
+        let p = plan(&ops, false, &BufferInfo::of_operands(&a), &windowed).unwrap();
+        assert_eq!(p.pieces[0].vector, 4);
+        assert_eq!(p.pieces[0].operands[0].path, Path::Rows);
+        assert!(p.pieces[0].operands[0].window.is_some());
+        let b6 = Tensor::zeros([4, 22], DType::F32, &dev).unwrap();
+        assert_eq!(vector_of(&b6.narrow(1, 6, 16).unwrap(), &windowed), 1);
     }
 
     #[test]

@@ -129,6 +129,7 @@ fn map_sig(
     };
     map::MapSig {
         contiguous: vec![contiguous; dtypes.len()],
+        rows: vec![false; dtypes.len()],
         tiled: vec![false; dtypes.len().saturating_sub(1)],
         dtypes,
         position,
@@ -262,6 +263,17 @@ fn every_map_variant_validates() {
                 let mut sig = map_sig(e.clone(), dtypes.clone(), true, 4);
                 sig.contiguous[2] = false;
                 sig.contiguous[1] = n % 2 == 0;
+                for (caps, targets) in caps_for(&dtypes) {
+                    let src = map::source(&sig, caps)
+                        .unwrap_or_else(|err| panic!("{err}: {:?} on {d}", e.node));
+                    check(&src, targets);
+                    n += 1;
+                }
+                // And with operands strided between rows (a part of a `cat`): the output and
+                // the first input in whole words at decoded offsets.
+                let mut sig = map_sig(e.clone(), dtypes.clone(), true, 4);
+                sig.contiguous[..2].fill(false);
+                sig.rows[..2].fill(true);
                 for (caps, targets) in caps_for(&dtypes) {
                     let src = map::source(&sig, caps)
                         .unwrap_or_else(|err| panic!("{err}: {:?} on {d}", e.node));
@@ -458,18 +470,25 @@ fn matmul_and_index_variants_validate() {
                 targets,
             );
         }
-        for (kind, flagged) in [
-            (IndexKind::Gather, false),
-            (IndexKind::Gather, true),
-            (IndexKind::Scatter, false),
-            (IndexKind::ScatterAdd, false),
+        for (kind, flagged, rows) in [
+            (IndexKind::Gather, false, false),
+            (IndexKind::Gather, true, false),
+            (IndexKind::Gather, false, true),
+            (IndexKind::Gather, true, true),
+            (IndexKind::Scatter, false, false),
+            (IndexKind::ScatterAdd, false, false),
         ] {
+            // The row path moves word groups of four elements of at most 32 bits.
+            if rows && d.itemsize() > 4 {
+                continue;
+            }
             let sig = index::IndexSig {
                 dtype: d,
                 rank: 3,
                 axis: 1,
                 kind,
                 flagged,
+                rows,
             };
             for (caps, targets) in caps_for(&[d]) {
                 check(&index::source(&sig, caps), targets);

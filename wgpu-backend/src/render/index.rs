@@ -1,7 +1,11 @@
-//! `Gather` and `Scatter`. A gather runs an invocation per output element. A scatter runs an
-//! invocation per position of the other axes and walks the indexed axis in order, so two
-//! invocations never write the same element (no atomics, and a repeated index keeps its last
-//! write) and accumulation is deterministic.
+//! `Gather` and `Scatter`. A gather runs an invocation per output element, or, where every
+//! index value selects a whole contiguous run (core's
+//! [`index_plan::rows`](strata_core::lower::index_plan::rows): `index_select` along an outer
+//! axis), an invocation per four elements of a run, moved as one word group (`vec4<u32>` for
+//! 32-bit dtypes) with the run's index value read once. A scatter runs an invocation per
+//! position of the other axes and walks the indexed axis in order, so two invocations never
+//! write the same element (no atomics, and a repeated index keeps its last write) and
+//! accumulation is deterministic.
 
 use super::prelude::helpers;
 use super::{binding, compute_type, load, load_from, round_to, store, wrap, Caps, ENTRY};
@@ -21,6 +25,9 @@ pub(crate) struct IndexSig {
     /// A gather with a range flag: negative index values count from the end of the source's
     /// axis (its extent in word 1), and one still outside it sets the flag.
     pub flagged: bool,
+    /// The row path: a gather of whole runs, four elements (of at most 32 bits) a work item;
+    /// `rank` is then unused. Words: see [`row_slots`].
+    pub rows: bool,
 }
 
 impl strata_core::kernel_cache::Owned for IndexSig {}
@@ -35,8 +42,75 @@ pub(crate) fn slots(rank: usize) -> (usize, [usize; 3], usize) {
     (shape, [s, s + rank, s + 2 * rank], s + 3 * rank)
 }
 
+/// Word positions of the row path after the five shared ones ([0] work items, [1] the flagged
+/// gather's extent, [2..5] offsets of output, index and source): runs along the axis, vectors
+/// per run, then the outer and along-axis strides of the source, the index and the output.
+/// Returns (count, vectors per run, strides of source, index, output, words).
+pub(crate) fn row_slots() -> (usize, usize, [usize; 3], usize) {
+    (5, 6, [7, 9, 11], 13)
+}
+
+/// The WGSL source of a row gather: work item `gid` copies four elements of run
+/// `gid / per_run` (outer position `o`, position `j` along the axis).
+fn rows_source(sig: &IndexSig, caps: Caps) -> String {
+    let d = sig.dtype;
+    let (count, per_run, [s, i, o], _) = row_slots();
+    let word = match d.itemsize() {
+        4 => "vec4<u32>",
+        2 => "vec2<u32>",
+        _ => "u32",
+    };
+    let mut src = super::header(caps);
+    let _ = writeln!(
+        src,
+        "@group(0) @binding(1) var<storage, read_write> b0: array<{word}>;"
+    );
+    src.push_str(&binding(1, DType::I64, false, caps));
+    let _ = writeln!(
+        src,
+        "@group(0) @binding(3) var<storage, read_write> b2: array<{word}>;"
+    );
+    if sig.flagged {
+        src.push_str("@group(0) @binding(4) var<storage, read_write> b3: array<atomic<u32>>;\n");
+    }
+    src.push_str(ENTRY);
+    let stride = |k: usize| format!("bitcast<i32>(params[{k}])");
+    let _ = writeln!(
+        src,
+        "  if (gid >= params[0]) {{ return; }}\n  \
+         let run = gid / params[{per_run}]; let e = i32((gid % params[{per_run}]) * 4u);\n  \
+         let j = i32(run % params[{count}]); let o = i32(run / params[{count}]);\n  \
+         let io = i32(params[3]) + o * {} + j * {};",
+        stride(i),
+        stride(i + 1)
+    );
+    let read = if sig.flagged {
+        "var v = b1[u32(io)];\n  let extent = i64(params[1]);\n  \
+         if (v < 0li) { v = v + extent; }\n  \
+         if (v < 0li || v >= extent) { atomicStore(&b3[0], 1u); return; }\n  \
+         let at = i32(v);"
+    } else {
+        "let at = i32(b1[u32(io)]);"
+    };
+    let _ = writeln!(
+        src,
+        "  {read}\n  \
+         let so = i32(params[4]) + o * {} + at * {} + e;\n  \
+         let oo = i32(params[2]) + o * {} + j * {} + e;\n  \
+         b0[u32(oo) >> 2u] = b2[u32(so) >> 2u];\n}}",
+        stride(s),
+        stride(s + 1),
+        stride(o),
+        stride(o + 1)
+    );
+    src
+}
+
 /// The WGSL source of an index launch.
 pub(crate) fn source(sig: &IndexSig, caps: Caps) -> String {
+    if sig.rows {
+        return rows_source(sig, caps);
+    }
     let (shape, strides, _) = slots(sig.rank);
     let d = sig.dtype;
     let mut src = super::header(caps);

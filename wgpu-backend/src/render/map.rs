@@ -1,7 +1,8 @@
 //! `Map` kernels: one expression tree per output element. Four access paths, planned per piece
-//! by core (`lower::map_plan`): vectorized (every operand a contiguous 32-bit dtype, aligned: one `vec4<u32>` load
-//! and store per operand for four elements; an input constant along the rows, a splat, is
-//! one word per vector at its decoded offset), contiguous (offset = index), strided (a
+//! by core (`lower::map_plan`): vectorized (four elements of dtypes up to 32 bits a work item,
+//! each operand moved in whole `u32` words: contiguous ones at the work item's index, ones
+//! strided between rows but contiguous along them at the offset decoded for the vector, and
+//! an input constant along the rows, a splat, one element there), contiguous (offset = index), strided (a
 //! rank-specialized decode of the index into each operand's offset) and tiled (a 2-D map of
 //! 32-bit dtypes whose output runs along the rows while an input runs down the columns: each
 //! workgroup passes a 32×32 tile of that input through workgroup memory, so both sides read
@@ -33,6 +34,9 @@ pub(crate) struct MapSig<'e> {
     pub rank: usize,
     /// Elements per invocation: 4 through `vec4<u32>` words, or 1.
     pub vector: usize,
+    /// Per operand (outputs first), on the vector path: strided between rows but contiguous
+    /// along them, whole vectors at the offset decoded for each vector's first element.
+    pub rows: Vec<bool>,
     /// Per input: read through a workgroup-memory tile (the tiled path; rank 2).
     pub tiled: Vec<bool>,
 }
@@ -44,6 +48,7 @@ strata_core::signature_with_trees!(MapSig {
     scalars,
     rank,
     vector,
+    rows,
     tiled
 });
 
@@ -69,6 +74,11 @@ impl<'e> MapSig<'e> {
             scalars,
             rank: piece.shape.len(),
             vector: piece.vector,
+            rows: piece
+                .operands
+                .iter()
+                .map(|o| o.path == Path::Rows)
+                .collect(),
             tiled: piece.operands[1 + also.len()..]
                 .iter()
                 .map(|o| o.path == Path::Tiled)
@@ -174,9 +184,10 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
         if sig.vector == 4 {
-            // Contiguous operands move a vector's four elements in `u32` words; a splat (an
-            // input constant along the rows) is one value per vector, at any element offset.
-            let word = if sig.contiguous[k] {
+            // Contiguous and row operands move a vector's four elements in `u32` words; a
+            // splat (an input constant along the rows) is one value per vector, at any
+            // element offset.
+            let word = if sig.contiguous[k] || sig.rows[k] {
                 vector_word(d)
             } else {
                 "u32"
@@ -285,7 +296,7 @@ fn lanes(
         Op::Input { input, lane } => {
             let k = n_out + input;
             let d = sig.dtypes[k];
-            let bits = if sig.contiguous[k] {
+            let bits = if sig.contiguous[k] || sig.rows[k] {
                 lane_bits(d, &format!("w{k}"), lane)
             } else {
                 format!("sp{k}")
@@ -529,24 +540,29 @@ fn decode(
 
 /// Four lanes of the tree on the `u32` words that hold four elements of each operand (see
 /// [`vector_word`]); the output's words are written whole, so narrow outputs need no atomics.
-/// An input that is not contiguous is a splat (core's plan: constant along the rows, which
-/// vectors do not cross): one value, at the offset decoded for the vector's first element.
+/// An operand strided between rows (core's `Rows` path: a part of a `cat`, a slice of rows) is
+/// reached in whole words at the offset decoded for the vector's first element, which core
+/// aligned to four elements. Any other input is a splat (core's plan: constant along the
+/// rows, which vectors do not cross): one value, at the offset decoded for that element.
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
     let n_out = sig.trees.outputs();
-    let splats: Vec<usize> = (n_out..sig.dtypes.len())
+    let decoded: Vec<usize> = (0..sig.dtypes.len())
         .filter(|&k| !sig.contiguous[k])
         .collect();
     for k in (0..sig.dtypes.len()).filter(|&k| sig.contiguous[k]) {
         let _ = writeln!(src, "  let q{k} = (params[{}] >> 2u) + gid;", w.offset[k]);
     }
-    if !splats.is_empty() {
-        for &k in &splats {
+    if !decoded.is_empty() {
+        for &k in &decoded {
             let _ = writeln!(src, "  var o{k} = i32(params[{}]);", w.offset[k]);
         }
-        decode(sig, w, &splats, "gid * 4u", src, |_, _, _| {});
+        decode(sig, w, &decoded, "gid * 4u", src, |_, _, _| {});
+        for k in decoded.iter().copied().filter(|&k| sig.rows[k]) {
+            let _ = writeln!(src, "  let q{k} = u32(o{k}) >> 2u;");
+        }
     }
     for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
-        if sig.contiguous[k] {
+        if sig.contiguous[k] || sig.rows[k] {
             let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
         } else {
             let bits = element_bits(d, &format!("b{k}"), &format!("o{k}"));
@@ -629,6 +645,7 @@ mod tests {
             scalars: vec![],
             rank: 1,
             vector: 4,
+            rows: vec![false; 2],
             tiled: vec![false],
         };
         source(&sig, Caps::default()).unwrap()
@@ -644,6 +661,7 @@ mod tests {
             scalars: strata_core::random::randn_f32_scalar_dtypes(),
             rank: 1,
             vector: 4,
+            rows: vec![false],
             tiled: vec![false],
         };
         let caps = Caps {

@@ -5,10 +5,13 @@ use super::{access, Bind, Dispatch, Sig, Step};
 use crate::render::index;
 use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
+use strata_core::backend::Operand;
 use strata_core::ir::IndexKind;
+use strata_core::lower::index_plan::{self, IndexRows};
 use strata_core::lower::operands::IndexOperands;
-use strata_core::lower::pieces::{split_by, window, Piece};
+use strata_core::lower::pieces::{split_by, window, Piece, Window};
 use strata_core::Backend;
+use strata_core::Layout;
 use strata_core::{DType, Error, Result};
 
 impl WgpuBackend {
@@ -73,6 +76,7 @@ impl WgpuBackend {
             axis,
             kind,
             flagged: checked.flag.is_some(),
+            rows: false,
         };
         let flag = match checked.flag {
             Some(f) => Some(access(f, f.layout.strides().to_vec())?),
@@ -82,6 +86,55 @@ impl WgpuBackend {
         let (sw, st, len) = index::slots(rank);
         for piece in &pieces {
             let wins = windows(piece);
+            let rows = if scatter || out.dtype.itemsize() > 4 {
+                None
+            } else {
+                row_plan(args, &checked, piece, &wins, axis)?
+            };
+            let mut binds = numbers
+                .into_iter()
+                .zip(wins)
+                .map(|(operand, window)| Bind::Operand { operand, window })
+                .collect::<Vec<_>>();
+            if let Some(a) = &flag {
+                // The flag's one word, at its offset (a fresh tensor: offset 0).
+                let one = Piece::whole(&[1]);
+                binds.push(Bind::Operand {
+                    operand: 1,
+                    window: window(a, &one, align),
+                });
+            }
+            if let Some(r) = rows {
+                let (count, per_run, strides, words) = index::row_slots();
+                let mut params = vec![0u32; words];
+                params[0] = (r.outer * r.count * r.inner / 4) as u32;
+                params[1] = src.layout.shape()[axis] as u32;
+                for (k, w) in wins.iter().enumerate() {
+                    params[2 + k] = w.rel_offset as u32;
+                }
+                params[count] = r.count as u32;
+                params[per_run] = (r.inner / 4) as u32;
+                for (at, st) in
+                    strides
+                        .into_iter()
+                        .zip([r.src_strides, r.index_strides, r.out_strides])
+                {
+                    params[at] = st[0] as i32 as u32;
+                    params[at + 1] = st[1] as i32 as u32;
+                }
+                steps.push(Step::Dispatch(Dispatch {
+                    threads: params[0] as usize,
+                    sig: Sig::Index(index::IndexSig {
+                        rank: 0,
+                        axis: 0,
+                        rows: true,
+                        ..sig.clone()
+                    }),
+                    params,
+                    binds,
+                }));
+                continue;
+            }
             let mut params = vec![0u32; len];
             params[0] = piece.numel() as u32;
             params[1] = if sig.flagged {
@@ -98,19 +151,6 @@ impl WgpuBackend {
                     params[st[k] + d] = o.layout.strides()[d] as i32 as u32;
                 }
             }
-            let mut binds = numbers
-                .into_iter()
-                .zip(wins)
-                .map(|(operand, window)| Bind::Operand { operand, window })
-                .collect::<Vec<_>>();
-            if let Some(a) = &flag {
-                // The flag's one word, at its offset (a fresh tensor: offset 0).
-                let one = Piece::whole(&[1]);
-                binds.push(Bind::Operand {
-                    operand: 1,
-                    window: window(a, &one, align),
-                });
-            }
             steps.push(Step::Dispatch(Dispatch {
                 threads: params[0] as usize,
                 sig: Sig::Index(sig.clone()),
@@ -120,4 +160,42 @@ impl WgpuBackend {
         }
         Ok(steps)
     }
+}
+
+/// The row plan of one piece of a gather ([`index_plan::rows`]) over its windows, when it moves
+/// runs in vectors of four elements (WGSL's word groups); `None`: the element path.
+fn row_plan(
+    args: &KernelArgs,
+    checked: &IndexOperands,
+    piece: &Piece,
+    wins: &[Window; 3],
+    axis: usize,
+) -> Result<Option<IndexRows>> {
+    // The piece's operands as views of their windows: alignment counts from a binding's start.
+    let view = |op: &Operand, len: &[usize], w: &Window| -> Result<Operand> {
+        Ok(Operand {
+            buffer: op.buffer.clone(),
+            layout: Layout::new(len.to_vec(), op.layout.strides().to_vec(), w.rel_offset)?,
+            dtype: op.dtype,
+        })
+    };
+    let (out, index, src) = (checked.out, checked.index, checked.src);
+    let src_len = piece.whole_along(axis, src.layout.shape()[axis]).len;
+    let piece_args = KernelArgs {
+        outputs: std::iter::once(view(out, &piece.len, &wins[0]))
+            .chain(args.outputs[1..].iter().cloned().map(Ok))
+            .collect::<Result<_>>()?,
+        inputs: vec![
+            view(src, &src_len, &wins[2])?,
+            view(index, &piece.len, &wins[1])?,
+        ],
+        scalars: vec![],
+    };
+    let ops = IndexOperands::of(IndexKind::Gather, axis, &piece_args)?;
+    let itemsize = out.dtype.itemsize() as u64;
+    let addresses = [
+        wins[2].rel_offset as u64 * itemsize,
+        wins[0].rel_offset as u64 * itemsize,
+    ];
+    Ok(index_plan::rows(&ops, addresses, 4 * itemsize as usize).filter(|r| r.vector == 4))
 }
