@@ -319,6 +319,36 @@ fn random(dev: &Device) -> Result<()> {
         assert_eq!(v, -7 + (w as u64 % 1007) as i64, "randint element {i}");
     }
     assert_eq!(g3.state(), (5, 6));
+    // The same in a multiple of four (wgpu: four i64 lanes a work item, one Philox call), and
+    // over a 64-bit range: two words an element (the first the high half), two a counter.
+    let r = Tensor::randint(-7, 1000, [64], DType::I64, &mut Generator::new(5), dev)?;
+    for (i, &v) in r.to_vec::<i64>()?.iter().enumerate() {
+        let w = words(5, 0, i as u64 / 4)[i % 4];
+        assert_eq!(
+            v,
+            -7 + (w as u64 % 1007) as i64,
+            "randint of 64, element {i}"
+        );
+    }
+    let span = 1u64 << 40;
+    let r = Tensor::randint(
+        3,
+        3 + span as i64,
+        [16],
+        DType::I64,
+        &mut Generator::new(6),
+        dev,
+    )?;
+    for (i, &v) in r.to_vec::<i64>()?.iter().enumerate() {
+        let w = words(6, 0, i as u64 / 2);
+        let k = 2 * (i % 2);
+        let word = ((w[k] as u64) << 32) | w[k + 1] as u64;
+        assert_eq!(
+            v,
+            3 + (word % span) as i64,
+            "randint over 2^40, element {i}"
+        );
+    }
     // 16-bit floats: as many random bits as they hold, so never 1.0.
     for dt in [DType::F16, DType::BF16] {
         let h = Tensor::rand([4096], dt, &mut g2, dev)?.to_dtype(DType::F64)?;

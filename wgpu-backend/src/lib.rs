@@ -134,7 +134,8 @@ impl WgpuBackend {
             // WGSL moves four elements in `u32` words (dtypes up to 32 bits), whole vectors;
             // tiles of 32-bit dtypes.
             vector_lanes: 4,
-            draw_vector_bytes: 0,
+            // Four 64-bit lanes that draw (randint as i64): one Philox call serves them.
+            draw_vector_bytes: 32,
             vector_tail: false,
             tile_32bit_only: true,
             tile_reads_position: false,

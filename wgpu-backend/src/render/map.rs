@@ -183,7 +183,7 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     used.extend(sig.scalars.iter().copied());
     let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
-        if sig.vector == 4 {
+        if sig.vector == 4 && d.itemsize() < 8 {
             // Contiguous and row operands move a vector's four elements in `u32` words; a
             // splat (an input constant along the rows) is one value per vector, at any
             // element offset.
@@ -296,6 +296,11 @@ fn lanes(
         Op::Input { input, lane } => {
             let k = n_out + input;
             let d = sig.dtypes[k];
+            if d.itemsize() == 8 {
+                // 64-bit lanes (a draw's, core's plan: contiguous) are read whole.
+                let at = format!("q{k} * 4u + {lane}u");
+                return Some(load(d, &format!("b{k}"), &at, caps));
+            }
             let bits = if sig.contiguous[k] || sig.rows[k] {
                 lane_bits(d, &format!("w{k}"), lane)
             } else {
@@ -330,7 +335,12 @@ fn lanes(
     let values = emit(program, src, 0, caps, &leaves)?;
     for (lane, outputs) in program.outputs.iter().enumerate() {
         for (k, &v) in outputs.iter().enumerate() {
-            let bits = super::bits_of(sig.dtypes[k], &values[v]);
+            let d = sig.dtypes[k];
+            let bits = if d.itemsize() == 8 {
+                values[v].clone()
+            } else {
+                super::bits_of(d, &values[v])
+            };
             let _ = writeln!(src, "  {} = {bits};", lane_bits_of(k, lane));
         }
     }
@@ -544,6 +554,8 @@ fn decode(
 /// reached in whole words at the offset decoded for the vector's first element, which core
 /// aligned to four elements. Any other input is a splat (core's plan: constant along the
 /// rows, which vectors do not cross): one value, at the offset decoded for that element.
+/// 64-bit operands (core gives them vectors only in a contiguous map that draws, so that one
+/// Philox call serves the four lanes) are read and written whole, lane by lane.
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
     let n_out = sig.trees.outputs();
     let decoded: Vec<usize> = (0..sig.dtypes.len())
@@ -562,7 +574,9 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         }
     }
     for (k, &d) in sig.dtypes.iter().enumerate().skip(n_out) {
-        if sig.contiguous[k] || sig.rows[k] {
+        if d.itemsize() == 8 {
+            // Read whole, lane by lane (see `lanes`).
+        } else if sig.contiguous[k] || sig.rows[k] {
             let _ = writeln!(src, "  let w{k} = b{k}[q{k}];");
         } else {
             let bits = element_bits(d, &format!("b{k}"), &format!("o{k}"));
@@ -570,8 +584,13 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         }
     }
     for k in 0..n_out {
+        // The lanes' bits in `u32` words, or a 64-bit lane's value.
+        let ty = match sig.dtypes[k].itemsize() {
+            8 => compute_type(sig.dtypes[k]),
+            _ => "u32",
+        };
         let names: Vec<String> = (0..4).map(|lane| lane_bits_of(k, lane)).collect();
-        let _ = writeln!(src, "  var {}: u32;", names.join(": u32; var "));
+        let _ = writeln!(src, "  var {}: {ty};", names.join(&format!(": {ty}; var ")));
     }
     // Lanes at a position that is a multiple of four (every launch in practice) know their
     // position modulo 4 at compile time: each picks its Philox word by constant, and a
@@ -626,7 +645,14 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     }
     lanes(sig, caps, &program, aligned, src)?;
     for k in 0..n_out {
-        let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
+        if sig.dtypes[k].itemsize() == 8 {
+            for lane in 0..4 {
+                let l = lane_bits_of(k, lane);
+                let _ = writeln!(src, "  b{k}[q{k} * 4u + {lane}u] = {l};");
+            }
+        } else {
+            let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
+        }
     }
     Ok(())
 }
