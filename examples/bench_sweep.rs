@@ -145,6 +145,7 @@ fn main() -> Result<()> {
     row("sum axis -1", time(&dev, || keep(m.sum(-1, false))));
     row("sum axis 0", time(&dev, || keep(m.sum(0, false))));
     row("max axis 0", time(&dev, || keep(m.max(0, false))));
+    row("max axis -1", time(&dev, || keep(m.max(-1, false))));
     row("mean axis -1", time(&dev, || keep(m.mean(-1, false))));
     row(
         "argmax axis -1",

@@ -84,6 +84,7 @@ def main():
     row("sum axis -1", timed(lambda: m.sum(-1)))
     row("sum axis 0", timed(lambda: m.sum(0)))
     row("max axis 0", timed(lambda: m.amax(0)))
+    row("max axis -1", timed(lambda: m.amax(-1)))
     row("mean axis -1", timed(lambda: m.mean(-1)))
     row("argmax axis -1", timed(lambda: m.argmax(-1)))
     row("transpose contiguous", timed(lambda: m.t().contiguous()))

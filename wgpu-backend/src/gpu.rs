@@ -293,12 +293,25 @@ impl Gpu {
         dump(source);
         let layout = self.layout(tensors);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: None,
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+        let descriptor = wgpu::ShaderModuleDescriptor {
+            label: None,
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        let module = if shader_checks() {
+            self.device.create_shader_module(descriptor)
+        } else {
+            // SAFETY: the source is strata's own generated WGSL (never user text). Its loops
+            // run to counts read from the launch's parameters, so every one ends (the promise
+            // `force_loop_bounding: false` asks for); its indices stay within the windows core
+            // planned and bound, and where the platform bounds buffer accesses itself
+            // (Vulkan's robustBufferAccess, which wgpu enables) that still holds.
+            unsafe {
+                self.device.create_shader_module_trusted(
+                    descriptor,
+                    wgpu::ShaderRuntimeChecks::unchecked(),
+                )
+            }
+        };
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -520,4 +533,12 @@ fn dump(source: &str) {
             source,
         );
     }
+}
+
+/// True when wgpu's runtime checks stay in the shaders (`STRATA_WGPU_SHADER_CHECKS=1`): a
+/// clamp on every index and a counter on every loop, which cost the tiled and looping kernels
+/// time; off by default, on to tell a strata indexing bug from a driver's.
+fn shader_checks() -> bool {
+    static CHECKS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHECKS.get_or_init(|| std::env::var("STRATA_WGPU_SHADER_CHECKS").is_ok_and(|v| v == "1"))
 }
