@@ -211,21 +211,54 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
             output,
             user_op,
             call_site,
+            map,
+            epilogue,
         } => {
-            // A deferred reduction: its own kernel when read, or the first pass of a later
-            // reduction's kernel over the same rows.
+            // A deferred reduction: its own kernel when read, the first pass of a later
+            // reduction's kernel over the same rows, or (of a tree) the kernel of the
+            // elementwise work over its rows that reads it.
+            let axes = format!(
+                "over its last {reduced_axes} ax{}",
+                if reduced_axes == 1 { "is" } else { "es" }
+            );
+            let mut expression = if map {
+                format!(
+                    "{}(the pending tree's elements, computed in the kernel) {axes}; a deferred \
+                     maximum or minimum they read is computed first in the same kernel",
+                    op.name()
+                )
+            } else {
+                format!(
+                    "{}(in0) {axes}; a reduction of the same rows that reads it may compute it \
+                     in its own kernel",
+                    op.name()
+                )
+            };
+            let mut ops = vec![user_op.to_string()];
+            let mut sources = vec![crate::fusion::place(call_site)];
+            let mut out = OperandReport::of(&output.0, output.1);
+            if let Some(r) = &epilogue {
+                expression.push_str(&format!(
+                    "; then, in the same kernel, each element of the rows: {} (a row epilogue: \
+                     each row read once, written once where it stages)",
+                    infix(&r.expr)
+                ));
+                ops.extend(r.ops.iter().map(|s| s.to_string()));
+                sources.extend(r.call_sites.iter().map(|l| crate::fusion::place(l)));
+                out = OperandReport::of(&r.output.0, r.output.1);
+            } else if map {
+                expression.push_str(
+                    "; elementwise work over the same rows that reads it may run last in its \
+                     kernel",
+                );
+            }
             return Ok(KernelReport {
                 pending: true,
-                ops: vec![user_op.to_string()],
-                sources: vec![crate::fusion::place(call_site)],
-                expression: format!(
-                    "{}(in0) over its last {reduced_axes} ax{}; a reduction of the same rows \
-                     that reads it may compute it in its own kernel",
-                    op.name(),
-                    if reduced_axes == 1 { "is" } else { "es" }
-                ),
+                ops,
+                sources,
+                expression,
                 inputs: vec![OperandReport::of(&source.0, source.1)],
-                output: OperandReport::of(&output.0, output.1),
+                output: out,
                 also: Vec::new(),
                 scalars: 0,
                 source: None,

@@ -683,6 +683,17 @@ impl Expr {
         self.any_node(|n| matches!(n, Node::Philox(_)))
     }
 
+    /// True when the tree reads input `k`.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{BinaryOp, Expr}};
+    /// let e = Expr::binary(BinaryOp::Add, Expr::input(0, DType::F32), Expr::input(2, DType::F32));
+    /// assert!(e.reads_input(2) && !e.reads_input(1));
+    /// ```
+    pub fn reads_input(&self, k: usize) -> bool {
+        self.any_node(|n| matches!(n, Node::Input(i) if *i == k))
+    }
+
     /// The highest input index the tree reads, if any.
     ///
     /// ```
@@ -813,6 +824,10 @@ pub enum Kernel {
         /// Only with a map, and only on backends whose
         /// [`fuses_row_prologue`](crate::target::Target::fuses_row_prologue) is true.
         prologue: Option<RowPrologue>,
+        /// Elementwise work over the rows that reads this reduction's result, run in the same
+        /// kernel after it: see [`RowEpilogue`]. Only on backends whose
+        /// [`fuses_row_epilogue`](crate::target::Target::fuses_row_epilogue) is true.
+        epilogue: Option<RowEpilogue>,
     },
     /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
     /// `[batch, m, n]`, all of one dtype and any strides (a batch stride may be 0). Scalars:
@@ -947,6 +962,32 @@ pub struct RowPrologue {
     /// The input it reads, element by element.
     pub source: usize,
     /// The input through which the map reads its result (output 1's buffer).
+    pub result: usize,
+}
+
+/// Elementwise work that reads a reduction's result, computed by the same kernel after it
+/// (`e / e.sum(-1, true)` after `e = (x - x.max(-1, true)).exp()`: softmax from its
+/// primitives, each row read once). Its output is the reduction's last output, laid out over
+/// input 0's shape (the kept axes, then the reduced ones); each element is `expr` over the
+/// reduction's inputs at that position and the launch scalars, where input `result` is a
+/// view of output 0's buffer holding one value per output: the reduction's result as
+/// stored. Its numbers are those of the reduction followed by a map of `expr`
+/// ([`lower::prologue::split`](crate::lower::prologue::split) runs them so), so a backend
+/// may run it in one pass or in two.
+///
+/// ```
+/// use strata_core::ir::{BinaryOp, Expr, RowEpilogue};
+/// use strata_core::DType;
+/// // Each element over its row's sum (input 1).
+/// let expr = Expr::binary(BinaryOp::Div, Expr::input(0, DType::F32), Expr::input(1, DType::F32));
+/// let e = RowEpilogue { expr, result: 1 };
+/// assert_eq!(e.result, 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowEpilogue {
+    /// The value of each output element. It never reads the linear index.
+    pub expr: Expr,
+    /// The input through which it reads the reduction's result (output 0's buffer).
     pub result: usize,
 }
 

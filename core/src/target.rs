@@ -93,6 +93,12 @@ pub struct Target {
     /// [`lower::prologue::split`](crate::lower::prologue::split)'s two launches; core then
     /// defers maxima and minima so a following reduction of the same rows can take them in.
     pub fuses_row_prologue: bool,
+    /// Runs a `Reduce` with a row epilogue (`epilogue: Some`, see
+    /// [`RowEpilogue`](crate::ir::RowEpilogue)), in one pass or as
+    /// [`lower::prologue::split`](crate::lower::prologue::split)'s launches; core then
+    /// defers a fused reduction whose rows it stages with a prologue, so elementwise work over
+    /// the same rows that reads its result (softmax from its primitives) joins its kernel.
+    pub fuses_row_epilogue: bool,
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
@@ -138,6 +144,7 @@ impl Target {
             max_map_outputs: 8,
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
+            fuses_row_epilogue: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: false,

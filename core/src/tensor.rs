@@ -311,9 +311,10 @@ pub(crate) struct Pending {
 pub(crate) enum PendingWork {
     /// An elementwise tree: spliced into the trees that read it, run as one map kernel.
     Tree(Tree),
-    /// A reduction (a maximum or minimum): it never splices into a tree; it runs when read,
-    /// or inside the kernel of a later reduction that reads it
-    /// (`fusion::reduce::row_prologue_of`).
+    /// A reduction: it never splices into a tree; it runs when read, inside the kernel of a
+    /// later reduction that reads it (a maximum or minimum: `fusion::reduce::row_prologue_of`),
+    /// or with elementwise work over its rows that reads it (a reduction of a pending tree:
+    /// `fusion::reduce::epilogue_of`).
     Reduce(DeferredReduce),
 }
 
@@ -345,13 +346,18 @@ impl Pending {
 
 /// A reduction whose launch waits for its first use: a later reduction over the same rows
 /// that reads it one value per output computes both in one kernel
-/// ([`RowPrologue`](crate::ir::RowPrologue)), reading the rows once.
+/// ([`RowPrologue`](crate::ir::RowPrologue)), and elementwise work over the rows that reads
+/// it runs in its kernel ([`RowEpilogue`](crate::ir::RowEpilogue)), reading the rows once.
 pub(crate) struct DeferredReduce {
-    /// What it combines (an order-free op: the fused kernel computes the eager value).
+    /// What it combines: an order-free op over a realized `source` (the fused kernel computes
+    /// the eager value), or any but an arg op over a pending tree (`defer_map_reduce`).
     pub(crate) op: ReduceOp,
-    /// Trailing axes of `source` reduced (it accumulates in its own dtype, the result's).
+    /// Trailing axes of `source` reduced.
     pub(crate) reduced_axes: usize,
-    /// The input, its axes permuted as the reduction reads them (kept, then reduced).
+    /// The accumulation dtype.
+    pub(crate) acc: DType,
+    /// The input, its axes permuted as the reduction reads them (kept, then reduced); a
+    /// pending tree (its axes in order) is read by the kernel directly (map→reduce).
     pub(crate) source: Tensor,
 }
 
@@ -845,7 +851,14 @@ fn launch_ordered(
 ) -> Result<()> {
     let device = out.device();
     let mut copies = Vec::new();
-    for t in inputs {
+    // A reduction's row epilogue reads the reduction's own result on purpose.
+    let reads_result = match &kernel {
+        Kernel::Reduce {
+            epilogue: Some(e), ..
+        } => Some(e.result),
+        _ => None,
+    };
+    for (k, t) in inputs.iter().enumerate() {
         out.same_device(t, "cannot combine tensors")?;
         // Reading a differently-laid-out view of a storage being written could see
         // elements this kernel already overwrote: read from a copy instead. (A map's further
@@ -855,9 +868,10 @@ fn launch_ordered(
         // (`gemm` into one of its operands).
         let map = matches!(kernel, Kernel::Map { .. });
         let matmul = matches!(kernel, Kernel::Matmul { .. });
-        let overwritten = std::iter::once(&out)
-            .chain(also.iter().filter(|_| map))
-            .any(|o| t.shares_storage(o) && (t.layout != o.layout || matmul));
+        let overwritten = reads_result != Some(k)
+            && std::iter::once(&out)
+                .chain(also.iter().filter(|_| map))
+                .any(|o| t.shares_storage(o) && (t.layout != o.layout || matmul));
         if overwritten {
             copies.push(Some(t.copy()?));
         } else {

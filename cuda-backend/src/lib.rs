@@ -132,6 +132,8 @@ impl CudaBackend {
             max_map_outputs: 8,
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
+            // Staged rows: the epilogue reads them again from L2 and writes once.
+            fuses_row_epilogue: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: false,
@@ -263,6 +265,20 @@ impl Backend for CudaBackend {
         self.gpu.bind()?;
         let s = self.gpu.stream(stream)?;
         self.note_use(args, stream)?;
+        // A row epilogue whose rows do not stage runs as core's launches, each its own run.
+        if matches!(
+            kernel,
+            Kernel::Reduce {
+                epilogue: Some(_),
+                ..
+            }
+        ) && !run::reduce::stages(kernel, args, &self.runner.target)?
+        {
+            for (k, a) in strata_core::lower::prologue::split(kernel, args)? {
+                self.run(&k, &a, stream)?;
+            }
+            return Ok(());
+        }
         let steps = self.runner.steps(kernel, args)?;
         // A map may join its stream's batch; anything else runs after the batch.
         if !matches!(steps.as_slice(), [Step::Map { .. }]) {

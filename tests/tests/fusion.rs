@@ -959,7 +959,10 @@ fn prior_reductions(dev: &Device) -> Result<()> {
     let (one, two) = (fuses as usize, fusing(dev) as usize);
     assert_eq!(n, 4 - 2 * two - one, "kernels of max, then exp-sum");
     let (n, _) = kernels_of(dev, || softmax(x)?.realize())?;
-    assert_eq!(n, 5 - 2 * two - one, "softmax kernels");
+    // (With a row epilogue the divide joins the sum's kernel: see `row_epilogues`.)
+    let epilogue = fuses && dev.backend().target().fuses_row_epilogue;
+    let want = if epilogue { 1 } else { 5 - 2 * two - one };
+    assert_eq!(n, want, "softmax kernels");
 
     // A deferred maximum is pending until read, runs before a write to its input, and shows
     // in `explain`.
@@ -994,3 +997,144 @@ test_device!(
     prior_reductions_run_in_the_reduction_that_reads_them,
     prior_reductions
 );
+
+/// Row epilogues: where the backend fuses them (CPU, CUDA), a sum of a tree that takes in a
+/// deferred maximum stays pending too, and elementwise work over the same rows that reads it
+/// (`e / e.sum(-1, true)`: softmax from its primitives; a further input laid out like the
+/// rows) runs in its kernel last: one kernel, each row read once on CUDA where it
+/// stages. Results equal eager ones bit for bit (CPU, CUDA), the intermediates the user keeps
+/// read right afterwards, a write into the input after the work was recorded does not reach
+/// it, and work the epilogue cannot take (a weight broadcast along the rows, another stream)
+/// runs as before.
+fn row_epilogues(dev: &Device) -> Result<()> {
+    let bits = |t: &Tensor| -> Result<Vec<u64>> {
+        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        Ok(v.iter()
+            .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
+            .collect())
+    };
+    let mut g = Generator::new(23);
+    let mut cases = Vec::new();
+    for (shape, dtype) in [
+        (vec![5, 40], DType::F32),
+        (vec![3, 4096], DType::F32),  // staged on CUDA
+        (vec![2, 20000], DType::F32), // too long to stage: core's launches
+        (vec![4, 512], DType::F64),
+        (vec![3, 256], DType::F16),
+        (vec![2, 3, 64], DType::F32),
+    ] {
+        let x = Tensor::randn(shape.clone(), DType::F32, &mut g, dev)?
+            .mul(4.0)?
+            .to_dtype(dtype)?;
+        let z = Tensor::randn(shape, DType::F32, &mut g, dev)?.to_dtype(dtype)?;
+        cases.push((x, z));
+    }
+    dev.flush()?;
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut out = Vec::new();
+        for (x, z) in &cases {
+            // Softmax from its primitives, the intermediates kept and read after.
+            let m = x.max(-1, true)?;
+            let e = (x - &m)?.exp()?;
+            let s = e.sum(-1, true)?;
+            let y = (&e / &s)?;
+            out.push(bits(&y)?);
+            out.push(bits(&s)?);
+            out.push(bits(&m)?);
+            out.push(bits(&e)?);
+            // Log-softmax from its primitives; a further input laid out like the rows.
+            let shifted = (x - &x.max(-1, true)?)?;
+            let ls = (&shifted - &shifted.exp()?.sum(-1, true)?.log()?)?;
+            out.push(bits(&ls)?);
+            let m = x.max(-1, true)?;
+            let e = (x - &m)?.exp()?;
+            let w = (&(&e / &e.sum(-1, true)?)? * z)?;
+            out.push(bits(&w)?);
+            // A weight broadcast along the rows (not laid out like them): the map runs alone.
+            let row = z.narrow(0, 0, 1)?;
+            let e = (x - &x.max(-1, true)?)?.exp()?;
+            out.push(bits(&((&e / &e.sum(-1, true)?)? * &row)?)?);
+        }
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
+        if dev.kind() == strata::BackendKind::Wgpu {
+            for (&f, &e) in f.iter().zip(e) {
+                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
+                assert!(
+                    (f - e).abs() <= 1e-5 * e.abs().max(1.0) || f == e,
+                    "result {k}"
+                );
+            }
+        } else {
+            assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
+        }
+    }
+    let epilogue = fusing(dev) && dev.backend().target().fuses_row_epilogue;
+    let x = &cases[1].0;
+    // One kernel for softmax and log-softmax from their primitives.
+    let (n, written) = kernels_of(dev, || {
+        let e = (x - &x.max(-1, true)?)?.exp()?;
+        (&e / &e.sum(-1, true)?)?.realize()
+    })?;
+    if epilogue {
+        assert_eq!(n, 1, "softmax from primitives: one kernel");
+        // The output, the sums and the maxima; nothing else.
+        assert_eq!(written, (x.numel() + 2 * 3) as u64 * 4, "bytes written");
+    }
+    if epilogue {
+        // (Log-softmax from its primitives reads `log(s)`, a tree of its own over the rows'
+        // sums, through a broadcast: it runs before the difference, as without epilogues.)
+        // A sum read on its own runs as the fused reduction it was (max, then sum).
+        let (n, _) = kernels_of(dev, || {
+            let s = (x - &x.max(-1, true)?)?.exp()?.sum(-1, true)?;
+            assert!(s.is_pending());
+            s.realize()
+        })?;
+        assert_eq!(n, 1, "the deferred sum alone");
+    }
+    // `explain` shows the one kernel without running anything.
+    let e = (x - &x.max(-1, true)?)?.exp()?;
+    let y = (&e / &e.sum(-1, true)?)?;
+    let allocated = dev.memory_stats().allocated;
+    let report = y.explain()?;
+    assert_eq!(dev.memory_stats().allocated, allocated, "explain allocated");
+    assert!(y.is_pending() || !fusing(dev));
+    if epilogue {
+        assert_eq!(report.kernels.len(), 1, "{report}");
+        let k = &report.kernels[0];
+        assert_eq!(k.ops.first().map(String::as_str), Some("sum"), "{report}");
+        assert!(k.ops.iter().any(|o| o == "div"), "{report}");
+        assert!(k.expression.contains("row epilogue"), "{report}");
+        assert_eq!(k.output.shape, x.shape().to_vec(), "{report}");
+    }
+    drop((e, y));
+    // A write into the input after the work was recorded: the work sees the old values.
+    let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0, 0.0], [2, 4], dev)?;
+    let e = (&a - &a.max(-1, true)?)?.exp()?;
+    let y = (&e / &e.sum(-1, true)?)?;
+    a.mul_(0.0)?;
+    let got = y.to_vec::<f32>()?;
+    let z: f32 = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .map(|v| (v - 4.0).exp())
+        .sum();
+    for (k, v) in [1.0f32, 2.0, 3.0, 4.0].iter().enumerate() {
+        assert!((got[k] - (v - 4.0).exp() / z).abs() < 1e-6, "{got:?}");
+    }
+    assert_eq!(&got[4..], &[0.25; 4]);
+    // The divide recorded on another stream: ordered by events, the same numbers.
+    let s1 = dev.new_stream()?;
+    let b = Tensor::from_slice(&[0.0f32, 1.0, 2.0, 3.0], [1, 4], dev)?;
+    let e = (&b - &b.max(-1, true)?)?.exp()?;
+    let s = e.sum(-1, true)?;
+    let y = dev.with_stream(&s1, || &e / &s)??;
+    let sum: f32 = y.to_vec::<f32>()?.iter().sum();
+    assert!((sum - 1.0).abs() < 1e-6, "{sum}");
+    Ok(())
+}
+test_device!(row_epilogues_run_in_the_reduction_they_read, row_epilogues);

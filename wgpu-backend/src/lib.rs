@@ -163,6 +163,7 @@ impl WgpuBackend {
             fuses_map_into_reduce: true,
             // One pass per reduction: a row prologue would run as two launches anyway.
             fuses_row_prologue: false,
+            fuses_row_epilogue: false,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.

@@ -199,8 +199,12 @@ impl Backend for CpuBackend {
             Kernel::Map { expr, also } => map::run(expr, also, args),
             Kernel::Reduce {
                 prologue: Some(_), ..
+            }
+            | Kernel::Reduce {
+                epilogue: Some(_), ..
             } => {
-                // The reference runs the definition: the prologue, then the main reduction.
+                // The reference runs the definition: the prologue, the main reduction, the
+                // epilogue.
                 for (kernel, args) in crate::lower::prologue::split(kernel, args)? {
                     self.run(&kernel, &args, StreamId::DEFAULT)?;
                 }

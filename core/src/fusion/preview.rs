@@ -11,7 +11,7 @@ use crate::error::Result;
 use crate::ir::ReduceOp;
 use crate::layout::Layout;
 use crate::lower::map_plan::iteration_order;
-use crate::tensor::{PendingWork, RunRecord, Tensor};
+use crate::tensor::{Pending, PendingWork, RunRecord, Tensor};
 use std::panic::Location;
 use std::sync::Arc;
 
@@ -19,7 +19,7 @@ use std::sync::Arc;
 pub(crate) enum Preview {
     /// A fused map.
     Map(MapPreview),
-    /// A deferred reduction run on its own.
+    /// A deferred reduction: run on its own, or with the tree being read as its epilogue.
     Reduce {
         op: ReduceOp,
         reduced_axes: usize,
@@ -27,6 +27,11 @@ pub(crate) enum Preview {
         output: (Layout, DType),
         user_op: &'static str,
         call_site: &'static Location<'static>,
+        /// It reduces a fused map of a pending tree (taking in the deferred maxima or minima
+        /// that tree reads as its prologue).
+        map: bool,
+        /// The tree being read, run last in its kernel (a row epilogue).
+        epilogue: Option<Box<RunRecord>>,
     },
 }
 
@@ -59,15 +64,8 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
     };
     let tree = match &p.work {
         PendingWork::Tree(tree) => tree,
-        PendingWork::Reduce(d) => {
-            kernels.push(Preview::Reduce {
-                op: d.op,
-                reduced_axes: d.reduced_axes,
-                source: (d.source.layout.clone(), d.source.dtype),
-                output: (p.layout.clone(), p.dtype),
-                user_op: p.op,
-                call_site: p.call_site,
-            });
+        PendingWork::Reduce(_) => {
+            kernels.push(reduce_preview(p, seen, None)?);
             return Ok(());
         }
     };
@@ -75,6 +73,36 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
     let expr = fused.splice(p, false)?;
     let (layout, dtype) = (p.layout.clone(), p.dtype);
     drop(guard);
+    // A deferred reduction of a tree among the leaves that would take this tree as its
+    // epilogue: one kernel, after what its other leaves need.
+    if t.device().backend().target().fuses_row_epilogue {
+        let work_out = t.with_layout(layout.clone());
+        for k in 0..fused.inputs.len() {
+            let leaf = fused.inputs[k].clone();
+            let guard = leaf.storage.pending();
+            let Some(lp) = guard.as_ref() else {
+                continue;
+            };
+            let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending());
+            let fits = of_tree
+                && Arc::ptr_eq(&lp.stream, &p_stream(t))
+                && super::reduce::epilogue_would_fit(&expr, &fused.inputs, k, &work_out, lp)?;
+            if !fits {
+                continue;
+            }
+            seen.push(address(&leaf.storage));
+            let record = fused.record(&expr, (layout.clone(), dtype));
+            let report = reduce_preview(lp, seen, Some(Box::new(record)))?;
+            drop(guard);
+            for (j, input) in fused.inputs.iter().enumerate() {
+                if j != k {
+                    preview_into(input, kernels, seen)?;
+                }
+            }
+            kernels.push(report);
+            return Ok(());
+        }
+    }
     // What this kernel reads that is pending runs first, as its own kernels.
     for input in &fused.inputs {
         preview_into(input, kernels, seen)?;
@@ -108,4 +136,58 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
     };
     kernels.push(Preview::Map(MapPreview { record, args }));
     Ok(())
+}
+
+/// The stream `t`'s pending work was issued on (the current one if it has none).
+fn p_stream(t: &Tensor) -> Arc<crate::device::StreamHandle> {
+    match t.storage.pending().as_ref() {
+        Some(p) => p.stream.clone(),
+        None => t.device().current_handle(),
+    }
+}
+
+/// The preview of the deferred reduction `p` (its pending work), with `epilogue` run last
+/// in its kernel. A reduction of a tree takes in the deferred maxima and minima that tree
+/// reads (its prologue): they are marked `seen`, not listed on their own.
+fn reduce_preview(
+    p: &Pending,
+    seen: &mut Vec<usize>,
+    epilogue: Option<Box<RunRecord>>,
+) -> Result<Preview> {
+    let PendingWork::Reduce(d) = &p.work else {
+        return Err(crate::error::Error::Invalid(
+            "internal error: a deferred reduction was expected".into(),
+        ));
+    };
+    let map = d.source.is_pending();
+    if map {
+        mark_prologues(&d.source, seen, 0);
+    }
+    Ok(Preview::Reduce {
+        op: d.op,
+        reduced_axes: d.reduced_axes,
+        source: (d.source.layout.clone(), d.source.dtype),
+        output: (p.layout.clone(), p.dtype),
+        user_op: p.op,
+        call_site: p.call_site,
+        map,
+        epilogue,
+    })
+}
+
+/// Marks `seen` the deferred reductions the pending tree `t` reads (through pending trees).
+fn mark_prologues(t: &Tensor, seen: &mut Vec<usize>, depth: usize) {
+    let guard = t.storage.pending();
+    let Some(p) = guard.as_ref() else {
+        return;
+    };
+    match &p.work {
+        PendingWork::Reduce(_) => seen.push(address(&t.storage)),
+        PendingWork::Tree(tree) if depth < super::splice::MAX_NODES => {
+            for u in &tree.inputs {
+                mark_prologues(u, seen, depth + 1);
+            }
+        }
+        PendingWork::Tree(_) => {}
+    }
 }

@@ -2,11 +2,14 @@
 //! directly ([`reduce_map_of`]). Row prologues: a maximum or minimum of a realized tensor is
 //! kept pending ([`defer_reduce`]), so that a later reduction of the same rows that reads it
 //! (`(x - x.max(-1, true)).exp().sum(-1)`) computes both in one kernel ([`row_prologue_of`]).
+//! Row epilogues: that later reduction is kept pending too ([`defer_map_reduce`]), so that
+//! elementwise work over the same rows that reads its result (`e / s`, softmax from its
+//! primitives) runs in its kernel last ([`epilogue_of`]): each row read once, written once.
 
-use super::splice::{renumber_inputs, Fused};
+use super::splice::{renumber_inputs, substitute, Fused};
 use crate::dtype::{DType, Scalar};
 use crate::error::Result;
-use crate::ir::{Expr, ReduceOp, RowPrologue};
+use crate::ir::{Expr, ReduceOp, RowEpilogue, RowPrologue};
 use crate::layout::Layout;
 use crate::lower::operands::per_output_layout;
 use crate::tensor::{DeferredReduce, Pending, PendingWork, Storage, Tensor};
@@ -43,6 +46,7 @@ pub(crate) fn defer_reduce(
         work: PendingWork::Reduce(DeferredReduce {
             op,
             reduced_axes,
+            acc,
             source,
         }),
         layout: layout.clone(),
@@ -61,6 +65,95 @@ pub(crate) fn defer_reduce(
         dtype: out_dtype,
         autograd: None,
     }))
+}
+
+/// The reduction `op` of the pending tree `t`'s last `reduced_axes` axes into a new tensor of
+/// `out_shape`, kept pending so that elementwise work over the same rows that reads its result
+/// may run in its kernel ([`epilogue_of`]): where the backend fuses row epilogues, `t` is a
+/// tree read whole on the current stream and its map reads a deferred maximum or minimum (the
+/// reduction would stage its rows with that prologue). `None`: the reduction runs now.
+#[track_caller]
+pub(crate) fn defer_map_reduce(
+    op: ReduceOp,
+    t: &Tensor,
+    reduced_axes: usize,
+    out_shape: &[usize],
+    (acc, out_dtype): (DType, DType),
+) -> Result<Option<Tensor>> {
+    let device = t.device();
+    let target = device.backend().target();
+    let defer = device.defers()
+        && target.fuses_row_epilogue
+        && target.fuses_map_into_reduce
+        && target.fuses_row_prologue
+        && !op.returns_index()
+        && reads_deferred_reduction(t, &device.current_handle(), 0);
+    if !defer {
+        return Ok(None);
+    }
+    let layout = Layout::contiguous(out_shape)?;
+    let bytes = layout.numel() * out_dtype.itemsize();
+    let pending = Pending {
+        work: PendingWork::Reduce(DeferredReduce {
+            op,
+            reduced_axes,
+            acc,
+            source: t.clone(),
+        }),
+        layout: layout.clone(),
+        dtype: out_dtype,
+        stream: device.current_handle(),
+        op: op_name(op),
+        call_site: std::panic::Location::caller(),
+    };
+    let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
+    t.storage.add_reader(&storage);
+    super::run::register(device, &storage);
+    Ok(Some(Tensor {
+        storage,
+        layout,
+        dtype: out_dtype,
+        autograd: None,
+    }))
+}
+
+/// The user-facing name of a reduction op (what `explain` and the profile show).
+fn op_name(op: ReduceOp) -> &'static str {
+    match op {
+        ReduceOp::Sum => "sum",
+        ReduceOp::Prod => "prod",
+        ReduceOp::Max => "max",
+        ReduceOp::Min => "min",
+        ReduceOp::Any => "any",
+        ReduceOp::All => "all",
+        ReduceOp::ArgMax => "argmax",
+        ReduceOp::ArgMin => "argmin",
+    }
+}
+
+/// True when `t` is a pending tree (read whole, issued on `stream`) whose expression reads,
+/// through pending trees, a deferred maximum or minimum.
+fn reads_deferred_reduction(
+    t: &Tensor,
+    stream: &Arc<crate::device::StreamHandle>,
+    depth: usize,
+) -> bool {
+    let guard = t.storage.pending();
+    let Some(p) = guard.as_ref() else {
+        return false;
+    };
+    match &p.work {
+        PendingWork::Reduce(d) => !d.source.is_pending(),
+        PendingWork::Tree(tree) => {
+            depth < super::splice::MAX_NODES
+                && p.layout == t.layout
+                && Arc::ptr_eq(&p.stream, stream)
+                && tree
+                    .inputs
+                    .iter()
+                    .any(|u| reads_deferred_reduction(u, stream, depth + 1))
+        }
+    }
 }
 
 /// Row-prologue fusion: among the inputs of a fused reduction into `out` (arranged for
@@ -219,4 +312,141 @@ fn arrange_reduce_inputs(
     }
     let dtypes: Vec<DType> = leaves.iter().map(|t| t.dtype()).collect();
     Ok(Some((renumber_inputs(expr, &to, &dtypes), arranged)))
+}
+
+/// Elementwise work over the rows of a deferred reduction that reads its result: a pending
+/// tree being realized (see `fusion::run`), as its spliced expression, leaves and scalars.
+pub(crate) struct EpilogueRequest {
+    /// The value of each element, over `leaves` and `scalars`.
+    pub(crate) expr: Expr,
+    /// The tree's leaves; leaf `result` reads the reduction's output.
+    pub(crate) leaves: Vec<Tensor>,
+    /// The launch scalars of `expr`.
+    pub(crate) scalars: Vec<Scalar>,
+    /// The leaf that reads the reduction's output (one value per row).
+    pub(crate) result: usize,
+    /// The tensor the work writes, laid out over the rows: pending, its buffer allocated
+    /// when a reduction takes the work.
+    pub(crate) out: Tensor,
+}
+
+/// Row-epilogue fusion: `req`'s work as the epilogue of the reduction into `out` whose
+/// inputs (arranged for `Kernel::Reduce { map }`) are `inputs` and whose map has `map_scalars`
+/// scalars: the epilogue (its expression over the kernel's inputs, its scalars after the
+/// map's) and the further inputs it needs (its own leaves laid out like input 0 or holding
+/// one value per output, then the view of the result). `None` when the work does not run
+/// over the rows of input 0 (axes reduced last), reads the position or an operand laid out
+/// otherwise, or the kernel would exceed the target's bindings.
+pub(crate) fn epilogue_of(
+    req: &EpilogueRequest,
+    inputs: &[Tensor],
+    map_scalars: usize,
+    out: &Tensor,
+) -> Result<Option<(RowEpilogue, Vec<Tensor>)>> {
+    let Some((to, extra)) = match_leaves(&req.expr, &req.leaves, req.result, &req.out, inputs, out)
+    else {
+        return Ok(None);
+    };
+    let result = to[req.result];
+    let mut leaves: Vec<(Expr, usize)> = req
+        .leaves
+        .iter()
+        .zip(&to)
+        .map(|(u, &k)| (Expr::input(k, u.dtype), usize::MAX))
+        .collect();
+    let expr = substitute(&req.expr, &mut leaves, map_scalars);
+    Ok(Some((RowEpilogue { expr, result }, extra)))
+}
+
+/// How the leaves of elementwise work (`expr`, writing `work_out`, its leaf `result` reading
+/// the reduction's output `out`) map onto a reduction's `inputs` as its epilogue: per leaf its
+/// input number (the reduction's own, or one of the further inputs, numbered after them), and
+/// those further inputs. `None` where it cannot be its epilogue (see [`epilogue_of`]).
+fn match_leaves(
+    expr: &Expr,
+    leaves: &[Tensor],
+    result: usize,
+    work_out: &Tensor,
+    inputs: &[Tensor],
+    out: &Tensor,
+) -> Option<(Vec<usize>, Vec<Tensor>)> {
+    let kept = out.ndim();
+    let rows = &inputs.first()?.layout;
+    let fits = work_out.layout.shape() == rows.shape()
+        && !expr.reads_linear_index()
+        && leaves[result].shares_storage(out)
+        && per_output_layout(&leaves[result].layout, &out.layout, kept);
+    if !fits {
+        return None;
+    }
+    let same =
+        |u: &Tensor, v: &Tensor| u.shares_storage(v) && u.layout == v.layout && u.dtype == v.dtype;
+    let mut extra: Vec<Tensor> = Vec::new();
+    let mut to = Vec::with_capacity(leaves.len());
+    for (k, u) in leaves.iter().enumerate() {
+        // (Only the result's own leaf reads the output: the kernel writes it last.)
+        if k != result && u.shares_storage(out) {
+            return None;
+        }
+        let own = (k != result)
+            .then(|| inputs.iter().position(|v| same(u, v)))
+            .flatten();
+        let at = match own {
+            Some(at) => at,
+            None => {
+                let rowwise = u.layout == *rows && u.dtype.itemsize() == inputs[0].dtype.itemsize();
+                if k != result && !rowwise && !per_output_layout(&u.layout, &out.layout, kept) {
+                    return None;
+                }
+                extra.push(u.clone());
+                inputs.len() + extra.len() - 1
+            }
+        };
+        to.push(at);
+    }
+    let target = out.device().backend().target();
+    let bytes: Vec<usize> = inputs
+        .iter()
+        .chain(&extra)
+        .chain([work_out])
+        .map(|t| t.storage.bytes)
+        .collect();
+    target.binds_reduce(&bytes).then_some((to, extra))
+}
+
+/// For `explain`, without running anything: true when the tree `expr` over `leaves` (writing
+/// `work_out`) would run as the epilogue of the deferred reduction its leaf `result` reads
+/// (pending work `p` of that leaf's storage): the same checks as [`epilogue_of`], over the
+/// reduction's inputs as its map would arrange them.
+pub(crate) fn epilogue_would_fit(
+    expr: &Expr,
+    leaves: &[Tensor],
+    result: usize,
+    work_out: &Tensor,
+    p: &Pending,
+) -> Result<bool> {
+    let PendingWork::Reduce(d) = &p.work else {
+        return Ok(false);
+    };
+    let guard = d.source.storage.pending();
+    let Some(sp) = guard.as_ref() else {
+        return Ok(false);
+    };
+    let PendingWork::Tree(tree) = &sp.work else {
+        return Ok(false);
+    };
+    let mut fused = Fused::new(tree, &sp.stream, 0);
+    let map = fused.splice(sp, false)?;
+    drop(guard);
+    let out = Tensor {
+        storage: leaves[result].storage.clone(),
+        layout: p.layout.clone(),
+        dtype: p.dtype,
+        autograd: None,
+    };
+    let order: Vec<usize> = (0..d.source.ndim()).collect();
+    let Some((_, inputs)) = arrange_reduce_inputs(&map, &fused.inputs, &order, &out)? else {
+        return Ok(false);
+    };
+    Ok(match_leaves(expr, leaves, result, work_out, &inputs, &out).is_some())
 }

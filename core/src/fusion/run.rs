@@ -117,41 +117,38 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
     let device = &storage.device;
     let tree = match &p.work {
         PendingWork::Tree(tree) => tree,
-        PendingWork::Reduce(d) => {
-            // A deferred reduction read on its own: its plain kernel.
-            let buffer = device.allocate_buffer(storage.bytes, p.stream.id);
-            storage.set_buffer(buffer.map_err(|e| deferred(e, p))?);
-            let out = Tensor {
-                storage: storage.clone(),
-                layout: p.layout.clone(),
-                dtype: p.dtype,
-                autograd: None,
-            };
-            let kernel = Kernel::Reduce {
-                op: d.op,
-                reduced_axes: d.reduced_axes,
-                acc: p.dtype,
-                map: None,
-                prologue: None,
-            };
-            let ran = launch_on(
-                kernel,
-                &out,
-                &[],
-                &[&d.source],
-                vec![],
-                &p.stream,
-                Write::Fresh,
-            );
-            let ran = ran.map_err(|e| deferred(e, p));
-            storage.filled(&ran);
+        PendingWork::Reduce(_) => {
+            // A deferred reduction read on its own: its kernel (with its prologue, if any).
+            let ran = run_deferred_reduce(storage, p, None).map(|_| ());
             *guard = None;
             return ran;
         }
     };
+    let target = device.backend().target();
     let mut fused = Fused::new(tree, &p.stream, max_stored);
+    // Deferred reductions among the leaves stay pending: one may take this tree as its
+    // epilogue.
+    fused.keep_reductions = target.fuses_row_epilogue;
     let expr = fused.splice(p, true)?;
-    fused.fit_outputs(device.backend().target());
+    fused.fit_outputs(target);
+    if target.fuses_row_epilogue && fused.also.is_empty() {
+        if let Some(ran) = run_as_epilogue(storage, p, &expr, &mut fused)? {
+            *guard = None;
+            return ran;
+        }
+    }
+    // A deferred reduction of a tree among the leaves runs now, before the leaves it takes
+    // in as a prologue and before this kernel stores a tree it reads (an intermediate someone
+    // holds): it computes that tree itself.
+    for t in &fused.inputs {
+        let reduction =
+            t.storage.pending().as_ref().is_some_and(
+                |c| matches!(&c.work, PendingWork::Reduce(d) if d.source.is_pending()),
+            );
+        if reduction {
+            t.realize()?;
+        }
+    }
     // Out of memory here leaves the work pending: a later read tries again.
     let allocate = |bytes| {
         device
@@ -217,6 +214,98 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
     // The tree (and every intermediate only it held) is released here.
     *guard = None;
     ran
+}
+
+/// Runs the deferred reduction `storage` holds (`p`, its pending work, whose lock the caller
+/// holds), with `epilogue`'s work in its kernel where it fits: true when it did.
+fn run_deferred_reduce(
+    storage: &Arc<Storage>,
+    p: &Pending,
+    epilogue: Option<&crate::fusion::reduce::EpilogueRequest>,
+) -> Result<bool> {
+    let PendingWork::Reduce(d) = &p.work else {
+        return Err(Error::Invalid(
+            "internal error: a deferred reduction was expected".into(),
+        ));
+    };
+    let buffer = storage.device.allocate_buffer(storage.bytes, p.stream.id);
+    storage.set_buffer(buffer.map_err(|e| deferred(e, p))?);
+    let out = Tensor {
+        storage: storage.clone(),
+        layout: p.layout.clone(),
+        dtype: p.dtype,
+        autograd: None,
+    };
+    // A maximum's source arrived permuted; a tree's axes are in order (trailing reduced).
+    let order: Vec<usize> = (0..d.source.ndim()).collect();
+    let how = (d.op, d.reduced_axes, d.acc);
+    let ran = crate::ops::reduce::launch_reduce(
+        &d.source,
+        how,
+        &order,
+        &out,
+        &p.stream,
+        Write::Fresh,
+        epilogue,
+    )
+    .map_err(|e| deferred(e, p));
+    storage.filled(&ran.as_ref().map(|_| ()).map_err(Clone::clone));
+    ran
+}
+
+/// Runs the tree `p` (held by `storage`, spliced into `expr` over `fused`'s leaves) as the
+/// epilogue of a deferred reduction of a tree among its leaves, whose result it reads one
+/// value per row (`e / e.sum(-1, true)`): `None` when no such reduction takes it (the tree
+/// then runs as a map), else the launch's result.
+fn run_as_epilogue(
+    storage: &Arc<Storage>,
+    p: &Pending,
+    expr: &Expr,
+    fused: &mut Fused,
+) -> Result<Option<Result<()>>> {
+    for k in 0..fused.inputs.len() {
+        let leaf = fused.inputs[k].clone();
+        let mut guard = leaf.storage.pending();
+        let Some(lp) = guard.as_ref() else {
+            continue;
+        };
+        let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending());
+        if !of_tree || !Arc::ptr_eq(&lp.stream, &p.stream) {
+            continue;
+        }
+        // (Its buffer is allocated where the reduction takes it: `launch_reduce`.)
+        let req = crate::fusion::reduce::EpilogueRequest {
+            expr: expr.clone(),
+            leaves: fused.inputs.clone(),
+            scalars: fused.scalars.clone(),
+            result: k,
+            out: Tensor {
+                storage: storage.clone(),
+                layout: p.layout.clone(),
+                dtype: p.dtype,
+                autograd: None,
+            },
+        };
+        let ran = run_deferred_reduce(&leaf.storage, lp, Some(&req));
+        *guard = None;
+        return match ran {
+            Ok(true) => {
+                let record = fused.record(expr, (p.layout.clone(), p.dtype));
+                let _ = storage.ran.set(Box::new(record));
+                let id = kernel_id();
+                mark_computed(id, [storage, &leaf.storage], &fused.computed);
+                storage.filled(&Ok(()));
+                Ok(Some(Ok(())))
+            }
+            // The reduction ran alone: the tree runs as its map.
+            Ok(false) => Ok(None),
+            Err(e) => {
+                storage.filled(&Err(e.clone()));
+                Ok(Some(Err(e)))
+            }
+        };
+    }
+    Ok(None)
 }
 
 /// `e`, from running `p`'s deferred work, saying which work that was: the op that recorded it

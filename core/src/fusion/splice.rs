@@ -280,7 +280,7 @@ fn count_uses(e: &Expr, uses: &mut [usize]) {
 /// `e` with input `k` replaced by `inputs[k].0` and scalar indices shifted by `base`;
 /// `inputs[k].1` counts the reads of input `k` still to come: the last one takes the
 /// expression, the others copy it.
-fn substitute(e: &Expr, inputs: &mut [(Expr, usize)], base: usize) -> Expr {
+pub(super) fn substitute(e: &Expr, inputs: &mut [(Expr, usize)], base: usize) -> Expr {
     let node = match &e.node {
         Node::Input(k) => {
             let (expr, left) = &mut inputs[*k];

@@ -7,7 +7,7 @@ mod index;
 mod join;
 mod matmul;
 mod promote;
-mod reduce;
+pub(crate) mod reduce;
 
 pub use crate::exponent_histogram::ExponentHistogram;
 pub use promote::{can_cast, promote_types, result_type, DEFAULT_FLOAT};

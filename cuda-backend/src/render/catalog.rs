@@ -236,6 +236,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     combine,
                     map: None,
                     prologue: None,
+                    epilogue: None,
                 });
             }
         }
@@ -311,6 +312,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     scalars: scalars.clone(),
                 }),
                 prologue: None,
+                epilogue: None,
             });
         }
     }
@@ -342,6 +344,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     result: 1,
                     out: d,
                 }),
+                epilogue: None,
             });
         }
     }

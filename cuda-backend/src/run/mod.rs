@@ -10,7 +10,7 @@ mod histogram;
 mod index;
 pub(crate) mod map;
 pub(crate) mod matmul;
-mod reduce;
+pub(crate) mod reduce;
 mod softmax;
 mod step;
 

@@ -4,11 +4,11 @@
 
 use super::step::{chain, Sig, Step};
 use crate::launch::{Args, Grid, Launch};
-use crate::render::reduce::StagedPrologue;
 use crate::render::reduce::{repr, ReduceSig, Words};
+use crate::render::reduce::{StagedEpilogue, StagedPrologue};
 use crate::render::softmax::STAGE_GROUP;
 use strata_core::backend::KernelArgs;
-use strata_core::ir::{Expr, Kernel, ReduceOp, RowPrologue};
+use strata_core::ir::{Expr, Kernel, ReduceOp, RowEpilogue, RowPrologue};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::BufferInfo;
 use strata_core::lower::reduce_plan::{self, ReducePlan};
@@ -27,6 +27,7 @@ pub(crate) fn steps(
         acc,
         ref map,
         prologue,
+        ref epilogue,
     } = kernel
     else {
         return Err(Error::Backend(
@@ -34,11 +35,15 @@ pub(crate) fn steps(
         ));
     };
     let Some(prologue) = prologue else {
+        if epilogue.is_some() {
+            return Err(unstaged_epilogue());
+        }
         return plain(op, reduced_axes, acc, map.as_ref(), args, target);
     };
-    // One pass over each row where it fits shared memory, else core's two launches.
+    // One pass over each row where it fits shared memory, else core's launches.
     if let Some(map) = map {
-        let staged = staged_kernel((op, reduced_axes, acc), map, prologue, args, target)?;
+        let how = (op, reduced_axes, acc);
+        let staged = staged_kernel(how, map, prologue, epilogue.as_ref(), args, target)?;
         if let Some((sig, launch)) = staged {
             return Ok(vec![Step::Kernel {
                 sig: Sig::Reduce(sig),
@@ -46,8 +51,43 @@ pub(crate) fn steps(
             }]);
         }
     }
-    let [(k1, a1), (k2, a2)] = strata_core::lower::prologue::split(kernel, args)?;
-    Ok(chain(steps(&k1, &a1, target)?, steps(&k2, &a2, target)?))
+    if epilogue.is_some() {
+        return Err(unstaged_epilogue());
+    }
+    let launches = strata_core::lower::prologue::split(kernel, args)?;
+    let [(k1, a1), (k2, a2)] = &launches[..] else {
+        return Err(Error::Backend(
+            "internal error: a row prologue splits into two reductions".into(),
+        ));
+    };
+    Ok(chain(steps(k1, a1, target)?, steps(k2, a2, target)?))
+}
+
+/// A row epilogue that does not stage runs as core's launches, each its own `run` (a map
+/// among them binds its own arguments): [`stages`] says which, before the steps are asked.
+fn unstaged_epilogue() -> Error {
+    Error::Backend(
+        "internal error: a row epilogue that does not stage runs as core's launches".into(),
+    )
+}
+
+/// True when `kernel` (a `Reduce`) runs as one staged launch; false for a reduction with a row
+/// epilogue that does not fit one, which then runs as
+/// [`split`](strata_core::lower::prologue::split)'s launches.
+pub(crate) fn stages(kernel: &Kernel, args: &KernelArgs, target: &Target) -> Result<bool> {
+    let Kernel::Reduce {
+        op,
+        reduced_axes,
+        acc,
+        map: Some(map),
+        prologue: Some(prologue),
+        epilogue,
+    } = kernel
+    else {
+        return Ok(false);
+    };
+    let how = (*op, *reduced_axes, *acc);
+    Ok(staged_kernel(how, map, *prologue, epilogue.as_ref(), args, target)?.is_some())
 }
 
 /// A reduction planned by core, with its first launch's structure.
@@ -93,6 +133,7 @@ fn reduction(
         combine: false,
         map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
         prologue: None,
+        epilogue: None,
     };
     let mut map_words = Vec::new();
     if map.is_some() {
@@ -223,18 +264,24 @@ impl Reduction {
     }
 }
 
-/// Plans `Reduce { op, map, prologue }` over `args` as one staged launch (`reduce_prologue`'s
-/// kernel), or `None` when the reduction does not take that shape.
+/// Plans `Reduce { op, map, prologue, epilogue }` over `args` as one staged launch
+/// (`reduce_prologue`'s kernel), or `None` when the reduction does not take that shape.
 fn staged_kernel(
     (op, reduced_axes, acc): (ReduceOp, usize, DType),
     map: &Expr,
     prologue: RowPrologue,
+    epilogue: Option<&RowEpilogue>,
     args: &KernelArgs,
     target: &Target,
 ) -> Result<Option<(ReduceSig, Launch)>> {
-    let ([out, prologue_out], 0) = (args.outputs.as_slice(), prologue.source) else {
-        return Ok(None);
+    let (out, prologue_out, epilogue_out) = match (args.outputs.as_slice(), epilogue) {
+        ([out, p], None) => (out, p, None),
+        ([out, p, e], Some(_)) => (out, p, Some(e)),
+        _ => return Ok(None),
     };
+    if prologue.source != 0 {
+        return Ok(None);
+    }
     let main = KernelArgs {
         outputs: vec![out.clone()],
         inputs: args.inputs.clone(),
@@ -250,12 +297,32 @@ fn staged_kernel(
     // the partials in order), where that combine is one thread's.
     // Output 1 is written during the kernel: no other input may read its buffer.
     let prologue_buffer = crate::memory::buffer_info(prologue_out)?.address;
+    let out_buffer = crate::memory::buffer_info(out)?.address;
     let aliased = args.inputs.iter().enumerate().any(|(k, o)| {
-        k != prologue.result
-            && crate::memory::buffer_info(o).is_ok_and(|b| b.address == prologue_buffer)
+        let at = crate::memory::buffer_info(o).map(|b| b.address);
+        (k != prologue.result && at.as_ref().is_ok_and(|&a| a == prologue_buffer))
+            || (epilogue.is_some_and(|e| e.result != k) && at.is_ok_and(|a| a == out_buffer))
     });
+    // The epilogue's output is laid out like input 0 (it is written at the row's offsets),
+    // and its result input holds one value per output.
+    let epilogue_fits = match (epilogue, epilogue_out) {
+        (Some(e), Some(o)) => {
+            let x = &args.inputs[0];
+            let vector_bytes = (red.plan.vector * o.dtype.itemsize()) as u64;
+            o.layout.shape() == x.layout.shape()
+                && o.layout.strides() == x.layout.strides()
+                && crate::memory::element_address(o)? % vector_bytes == 0
+                && red
+                    .sig
+                    .map
+                    .as_ref()
+                    .is_some_and(|m| e.result < m.per_output.len() && m.per_output[e.result])
+        }
+        _ => true,
+    };
     let fits = p.combine_group == 1
         && !aliased
+        && epilogue_fits
         && prologue.op.is_order_free()
         && prologue_out.layout == out.layout
         && !op.returns_index()
@@ -283,6 +350,11 @@ fn staged_kernel(
             result: prologue.result,
             out: prologue_out.dtype,
         }),
+        epilogue: epilogue.zip(epilogue_out).map(|(e, o)| StagedEpilogue {
+            expr: e.expr.clone(),
+            result: e.result,
+            out: o.dtype,
+        }),
         ..red.sig.clone()
     };
     let mut launch = red.first();
@@ -291,6 +363,9 @@ fn staged_kernel(
     launch
         .args
         .push(crate::memory::element_address(prologue_out)?);
+    if let Some(o) = epilogue_out {
+        launch.args.push(crate::memory::element_address(o)?);
+    }
     let rows = p.outputs.min(1 << 20) as u32;
     launch.grid = Grid::Fixed {
         grid: (rows, 1, 1),

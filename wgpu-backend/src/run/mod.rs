@@ -110,11 +110,23 @@ impl WgpuBackend {
     pub(crate) fn steps<'k>(&self, kernel: &'k Kernel, args: &KernelArgs) -> Result<Vec<Step<'k>>> {
         match kernel {
             Kernel::Map { expr, also } => self.map_steps(expr, also, args),
+            // (`fuses_row_epilogue` is false: core sends none; a map launch would borrow the
+            // kernel this call makes.)
+            Kernel::Reduce {
+                epilogue: Some(_), ..
+            } => Err(Error::Backend(
+                "internal error: wgpu runs no row epilogue (fuses_row_epilogue is false)".into(),
+            )),
             // (`fuses_row_prologue` is false: core sends none, but its two launches are exact.)
             Kernel::Reduce {
                 prologue: Some(_), ..
             } => {
-                let [(k1, a1), (k2, a2)] = strata_core::lower::prologue::split(kernel, args)?;
+                let launches = strata_core::lower::prologue::split(kernel, args)?;
+                let [(k1, a1), (k2, a2)] = &launches[..] else {
+                    return Err(Error::Backend(
+                        "internal error: a row prologue splits into two reductions".into(),
+                    ));
+                };
                 let reduce = |k: &Kernel, a: &KernelArgs| match k {
                     Kernel::Reduce {
                         op,
@@ -127,7 +139,7 @@ impl WgpuBackend {
                         "internal error: a row prologue splits into reductions".into(),
                     )),
                 };
-                Ok(chain(reduce(&k1, &a1)?, reduce(&k2, &a2)?))
+                Ok(chain(reduce(k1, a1)?, reduce(k2, a2)?))
             }
             Kernel::Reduce {
                 op,
@@ -135,6 +147,7 @@ impl WgpuBackend {
                 acc,
                 map,
                 prologue: None,
+                epilogue: None,
             } => self.reduce_steps(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.matmul_steps(*acc, args),
             Kernel::Index { kind, axis } => self.index_steps(*kind, *axis, args),

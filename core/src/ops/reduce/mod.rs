@@ -8,7 +8,7 @@ use crate::dtype::{DType, Scalar};
 use crate::error::{Error, Result};
 use crate::ir::{Kernel, ReduceOp};
 use crate::layout::normalize_axis;
-use crate::tensor::Tensor;
+use crate::tensor::{Tensor, Write};
 
 /// Which axes a reduction runs over: all of them, or a list (negative counts from the end).
 ///
@@ -70,48 +70,9 @@ impl Tensor {
         out_dtype: DType,
     ) -> Result<Tensor> {
         let out = Tensor::alloc(out_shape, out_dtype, self.device())?;
-        // A pending elementwise input is read by the reduction directly (map→reduce fusion):
-        // its leaves, permuted like the input, and its expression per element.
-        let (map, inputs, scalars) = match crate::fusion::reduce::reduce_map_of(self, order, &out)?
-        {
-            Some(m) => (Some(m.expr), m.inputs, m.scalars),
-            None => (
-                None,
-                vec![self.with_layout(self.layout.permuted(order)?)],
-                vec![],
-            ),
-        };
-        // A deferred reduction of the same rows that the map reads runs in this kernel first.
-        let prologue = match &map {
-            Some(_) if self.device().backend().target().fuses_row_prologue => {
-                crate::fusion::reduce::row_prologue_of(&inputs, &out, reduced.len())?
-            }
-            _ => None,
-        };
-        let refs: Vec<&Tensor> = inputs.iter().collect();
-        let (prologue, written) = prologue.map_or((None, None), |(p, w)| (Some(p), Some(w)));
-        let also: Vec<&Tensor> = written.iter().collect();
-        let kernel = Kernel::Reduce {
-            op,
-            reduced_axes: reduced.len(),
-            acc,
-            map,
-            prologue,
-        };
         let stream = self.device().current_handle();
-        let ran = crate::tensor::launch_on(
-            kernel,
-            &out,
-            &also,
-            &refs,
-            scalars,
-            &stream,
-            crate::tensor::Write::Existing,
-        );
-        if let Some(w) = &written {
-            w.storage.filled(&ran);
-        }
-        ran?;
+        let how = (op, reduced.len(), acc);
+        launch_reduce(self, how, order, &out, &stream, Write::Existing, None)?;
         Ok(out)
     }
 
@@ -173,6 +134,19 @@ impl Tensor {
             &out_shape,
             (acc, out_dtype),
         )?;
+        // A reduction of a pending tree over the last axes, kept for an epilogue.
+        let trailing = order.iter().enumerate().all(|(k, &a)| k == a);
+        let deferred = match deferred {
+            Some(pending) => Some(pending),
+            None if trailing => crate::fusion::reduce::defer_map_reduce(
+                op,
+                self,
+                reduced.len(),
+                &out_shape,
+                (acc, out_dtype),
+            )?,
+            None => None,
+        };
         let out = match deferred {
             Some(pending) => pending,
             None => self.reduce_now(op, &reduced, &order, &out_shape, acc, out_dtype)?,
@@ -202,6 +176,7 @@ impl Tensor {
     /// assert_eq!((s.dtype(), s.to_vec::<i64>().unwrap()), (DType::I64, vec![600, 600]));
     /// assert_eq!(t.sum(Axes::All, true).unwrap().shape(), &[1, 1]);
     /// ```
+    #[track_caller]
     pub fn sum(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
         let acc = self.dtype.accumulator();
         let out = if self.dtype.is_float() {
@@ -220,6 +195,7 @@ impl Tensor {
     /// let s = t.sum_upcast(0, false).unwrap();
     /// assert_eq!((s.dtype(), s.item::<f32>().unwrap()), (DType::F32, 3000.0));
     /// ```
+    #[track_caller]
     pub fn sum_upcast(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
         let acc = self.dtype.accumulator();
         self.reduce_raw(ReduceOp::Sum, &axes.into(), keepdim, acc, acc)
@@ -232,6 +208,7 @@ impl Tensor {
     /// let t = Tensor::full([4], 100, DType::U8, &Device::cpu()).unwrap();
     /// assert_eq!(t.sum_as(0, false, DType::U8).unwrap().item::<u8>().unwrap(), 144); // wraps
     /// ```
+    #[track_caller]
     pub fn sum_as(&self, axes: impl Into<Axes>, keepdim: bool, dtype: DType) -> Result<Tensor> {
         self.reduce_raw(ReduceOp::Sum, &axes.into(), keepdim, dtype, dtype)
     }
@@ -243,6 +220,7 @@ impl Tensor {
     /// let t = Tensor::arange(1, 6, 1, DType::I32, &Device::cpu()).unwrap();
     /// assert_eq!(t.prod(0, false).unwrap().item::<i64>().unwrap(), 120);
     /// ```
+    #[track_caller]
     pub fn prod(&self, axes: impl Into<Axes>, keepdim: bool) -> Result<Tensor> {
         let acc = self.dtype.accumulator();
         let out = if self.dtype.is_float() {
@@ -564,4 +542,76 @@ impl Tensor {
         let lse = shifted.exp()?.sum(axis, true)?.log()?;
         shifted.sub(&lse)
     }
+}
+
+/// Launches the reduction `(op, reduced_axes, acc)` of `source` (its axes read in `order`:
+/// kept, then the last `reduced_axes`) into `out` (which has its buffer) on `stream`. A
+/// pending elementwise `source` is read directly (map→reduce fusion), a deferred reduction of
+/// the same rows that its map reads runs in the same kernel first (a row prologue), and
+/// `epilogue`'s elementwise work over the rows joins it where it fits (a row epilogue): true
+/// when it did, its output written.
+pub(crate) fn launch_reduce(
+    source: &Tensor,
+    (op, reduced_axes, acc): (ReduceOp, usize, DType),
+    order: &[usize],
+    out: &Tensor,
+    stream: &std::sync::Arc<crate::device::StreamHandle>,
+    write: Write,
+    epilogue: Option<&crate::fusion::reduce::EpilogueRequest>,
+) -> Result<bool> {
+    use crate::fusion::reduce::{epilogue_of, reduce_map_of, row_prologue_of};
+    let target = source.device().backend().target();
+    // A pending elementwise input is read by the reduction directly (map→reduce fusion):
+    // its leaves, permuted like the input, and its expression per element.
+    let (map, mut inputs, mut scalars) = match reduce_map_of(source, order, out)? {
+        Some(m) => (Some(m.expr), m.inputs, m.scalars),
+        None => (
+            None,
+            vec![source.with_layout(source.layout.permuted(order)?)],
+            vec![],
+        ),
+    };
+    // A deferred reduction of the same rows that the map reads runs in this kernel first.
+    let prologue = match &map {
+        Some(_) if target.fuses_row_prologue => row_prologue_of(&inputs, out, reduced_axes)?,
+        _ => None,
+    };
+    let (prologue, written) = prologue.map_or((None, None), |(p, w)| (Some(p), Some(w)));
+    let mut also: Vec<&Tensor> = written.iter().collect();
+    // Elementwise work over the same rows that reads the result runs in it last.
+    let epilogue = match (&map, epilogue) {
+        (Some(_), Some(req)) if target.fuses_row_epilogue => {
+            epilogue_of(req, &inputs, scalars.len(), out)?.map(|(e, extra)| (e, extra, req))
+        }
+        _ => None,
+    };
+    let epilogue = match epilogue {
+        Some((e, extra, req)) => {
+            let buffer = out
+                .device()
+                .allocate_buffer(req.out.storage.bytes, stream.id)?;
+            req.out.storage.set_buffer(buffer);
+            inputs.extend(extra);
+            scalars.extend(req.scalars.iter().cloned());
+            also.push(&req.out);
+            Some(e)
+        }
+        None => None,
+    };
+    let fused = epilogue.is_some();
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let kernel = Kernel::Reduce {
+        op,
+        reduced_axes,
+        acc,
+        map,
+        prologue,
+        epilogue,
+    };
+    let ran = crate::tensor::launch_on(kernel, out, &also, &refs, scalars, stream, write);
+    for t in &also {
+        t.storage.filled(&ran);
+    }
+    ran?;
+    Ok(fused)
 }

@@ -43,6 +43,9 @@ pub(crate) struct ReduceSig {
     /// A row prologue computed first with each row kept in shared memory (a block of
     /// [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads a row): see `staged`.
     pub prologue: Option<StagedPrologue>,
+    /// With a prologue, elementwise work over the staged row that reads the result, run
+    /// last: see `staged`.
+    pub epilogue: Option<StagedEpilogue>,
 }
 
 impl strata_core::kernel_cache::Owned for ReduceSig {}
@@ -53,6 +56,16 @@ pub(crate) struct StagedPrologue {
     pub op: ReduceOp,
     pub result: usize,
     /// The dtype it is written in (output 1's).
+    pub out: DType,
+}
+
+/// The epilogue of a staged reduction ([`RowEpilogue`](strata_core::ir::RowEpilogue)): its
+/// expression over the reduction's inputs, the input that reads the result, and the dtype it
+/// writes (the last output, laid out like input 0).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct StagedEpilogue {
+    pub expr: strata_core::ir::Expr,
+    pub result: usize,
     pub out: DType,
 }
 

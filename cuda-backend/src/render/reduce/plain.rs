@@ -214,6 +214,7 @@ mod tests {
             combine: false,
             map: None,
             prologue: None,
+            epilogue: None,
         }
     }
 

@@ -36,9 +36,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let pr = repr(prologue.op, prologue.out);
     let (acc_t, pr_t, in_t) = (compute_type(r), compute_type(pr), storage_type(sig.input));
     let vt = vector_type(v * sig.input.itemsize());
-    // The eager launch's words, then output 1's pointer.
+    // The eager launch's words, then output 1's pointer (and an epilogue's output's).
     let w = Words::of(sig);
-    let (prologue_ptr, total) = (w.total, w.total + 1);
+    let epilogue_ptr = w.total + 1;
+    let (prologue_ptr, total) = (w.total, epilogue_ptr + usize::from(sig.epilogue.is_some()));
     let warps = STAGE_GROUP / 32;
 
     let mut s = String::new();
@@ -59,6 +60,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         s,
         "  {prologue_st}* prologue_out = ({prologue_st}*)p.w[{prologue_ptr}];"
     );
+    if let Some(e) = &sig.epilogue {
+        let t = storage_type(e.out);
+        let _ = writeln!(s, "  {t}* epilogue_out = ({t}*)p.w[{epilogue_ptr}];");
+    }
     // The row, then (in place, as wide) the terms the eager kernel adds.
     let _ = writeln!(s, "  extern __shared__ {vt} rowbuf[];");
     // (`sh_part`: a range's partial; the eager plan splits into fewer than 64, as its
@@ -75,6 +80,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     decode_output(&mut s, idx, ro, &w);
     // 1. The row into shared memory, its loads in flight together, each thread folding the
     // prologue over its vectors as they arrive (in any order: the op is order-free).
+    let _ = writeln!(s, "    {prologue_st} kept;");
     let _ = writeln!(s, "    {{");
     let _ = writeln!(
         s,
@@ -107,7 +113,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         update(prologue.op, pr, "v", "0")
     );
     let stored = to_storage(prologue.out, &cast("acc", pr, prologue.out, false));
-    let _ = writeln!(s, "      const {prologue_st} stored = {stored};");
+    let _ = writeln!(
+        s,
+        "      const {prologue_st} stored = {stored}; kept = stored;"
+    );
     let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
     // 3. Each element's term, as the eager kernel computes it (the prologue read back as stored).
     let res = prologue.result;
@@ -133,7 +142,8 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     for (k, &d) in m.inputs.iter().enumerate() {
         let at = match k {
             0 => "u.e[l]".to_string(),
-            _ if k == res => continue,
+            // (Inputs only the epilogue reads are not loaded here.)
+            _ if k == res || !m.expr.reads_input(k) => continue,
             _ if m.per_output[k] => format!("in{k}[ob]"),
             _ => format!("in{k}[ib + r + l]"),
         };
@@ -215,12 +225,117 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let result = cast("comb", r, sig.out, false);
     let _ = writeln!(
         s,
-        "    if (threadIdx.x == 0) out[ob] = {};",
+        "    const {out_t} result = {};\n    if (threadIdx.x == 0) out[ob] = result;",
         to_storage(sig.out, &result)
     );
+    if let Some(e) = &sig.epilogue {
+        epilogue(&mut s, sig, e, idx, m)?;
+    }
     // The next row overwrites the stage.
     let _ = writeln!(s, "    __syncthreads();\n  }}\n}}");
     Ok(s)
+}
+
+/// Step 5, the epilogue: each element of the row once more, with the prologue's and the
+/// reduction's results as stored, in registers; each thread its own vectors, written whole
+/// (core's plan aligned the output's rows). Where the epilogue reads the map's value itself
+/// (`exp(x - m) / s` holds `exp(x - m)`), that value is the stage's term (the map's value as
+/// the accumulator holds it, of the same width: exact), read from shared memory; the row is
+/// read again (from L2) only where the epilogue still reads input 0 outside it.
+fn epilogue(
+    s: &mut String,
+    sig: &ReduceSig,
+    e: &super::StagedEpilogue,
+    idx: &str,
+    m: &strata_core::lower::operands::ReduceMap,
+) -> Result<()> {
+    let Some(prologue) = sig.prologue else {
+        return Err(strata_core::Error::Backend(
+            "internal error: a staged epilogue follows a prologue".into(),
+        ));
+    };
+    let v = sig.vector;
+    let in_t = storage_type(sig.input);
+    let vt = vector_type(v * sig.input.itemsize());
+    let (res, pres) = (e.result, prologue.result);
+    // The map's value, wherever the epilogue computes it, is the term (input `term`) where the
+    // accumulator holds it in its own dtype.
+    let term = m.inputs.len();
+    let expr = if m.expr.dtype == repr(sig.op, sig.acc) {
+        with_term(&e.expr, &m.expr, term)
+    } else {
+        e.expr.clone()
+    };
+    let _ = writeln!(
+        s,
+        "    const {} x{res} = {};\n    const {} x{pres} = {};",
+        compute_type(sig.out),
+        from_storage(sig.out, "result"),
+        compute_type(prologue.out),
+        from_storage(prologue.out, "kept")
+    );
+    let out_st = storage_type(e.out);
+    let _ = writeln!(
+        s,
+        "    for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
+    );
+    if expr.reads_input(0) {
+        let _ = writeln!(
+            s,
+            "      union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in0 + ib + r);"
+        );
+    }
+    if expr.reads_input(term) {
+        let acc_t = compute_type(repr(sig.op, sig.acc));
+        let _ = writeln!(
+            s,
+            "      union {{ {vt} v; {acc_t} e[{v}]; }} t; t.v = rowbuf[r / {v}];"
+        );
+    }
+    let ovt = vector_type(v * e.out.itemsize());
+    let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
+    let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
+    for (k, &d) in m.inputs.iter().enumerate() {
+        let at = match k {
+            _ if k == res || k == pres || !expr.reads_input(k) => continue,
+            0 => "u.e[l]".to_string(),
+            _ if m.per_output[k] => format!("in{k}[ob]"),
+            _ => format!("in{k}[ib + r + l]"),
+        };
+        let _ = writeln!(
+            s,
+            "        const {} x{k} = {};",
+            compute_type(d),
+            from_storage(d, &at)
+        );
+    }
+    if expr.reads_input(term) {
+        let _ = writeln!(
+            s,
+            "        const {} x{term} = t.e[l];",
+            compute_type(m.expr.dtype)
+        );
+    }
+    let mut next = 0;
+    let name = crate::render::expr::emit_tree(&expr, s, "        ", &mut next)?;
+    let value = to_storage(e.out, &name);
+    let _ = writeln!(
+        s,
+        "        y.e[l] = {value};\n      }}\n      *({ovt}*)(epilogue_out + ib + r) = y.v;\n    }}"
+    );
+    Ok(())
+}
+
+/// `e` with every subtree equal to `map` read as input `term` instead.
+fn with_term(
+    e: &strata_core::ir::Expr,
+    map: &strata_core::ir::Expr,
+    term: usize,
+) -> strata_core::ir::Expr {
+    if e == map {
+        return strata_core::ir::Expr::input(term, map.dtype);
+    }
+    e.map_children(|c| with_term(c, map, term))
 }
 
 #[cfg(test)]
@@ -258,6 +373,7 @@ mod tests {
                 result: 1,
                 out: DType::F32,
             }),
+            epilogue: None,
         }
     }
 
@@ -274,5 +390,50 @@ mod tests {
         assert!(!src.contains("sh_v[threadIdx.x >> 5] = acc"), "{src}");
         let block = source(&sig(256)).unwrap();
         assert!(block.contains("sh_v[threadIdx.x >> 5] = acc"), "{block}");
+    }
+
+    #[test]
+    fn an_epilogue_reads_the_row_again_with_both_results_in_registers() {
+        // Softmax from its primitives: `exp(x - m) / s`, the sum read through input 2.
+        let x = |k| Expr::input(k, DType::F32);
+        let mut sig = sig(256);
+        if let Some(m) = sig.map.as_mut() {
+            m.inputs.push(DType::F32);
+            m.per_output.push(true);
+        }
+        let term = Expr::unary(UnaryOp::Exp, Expr::binary(BinaryOp::Sub, x(0), x(1)));
+        sig.epilogue = Some(super::super::StagedEpilogue {
+            expr: Expr::binary(BinaryOp::Div, term, x(2)),
+            result: 2,
+            out: DType::F32,
+        });
+        let src = source(&sig).unwrap();
+        let tail = &src[src.find("const float x2 = result;").expect(&src)..];
+        // The maximum and the sum as stored, never read from their buffers; the terms read
+        // from the stage (the row is not read again) and the output written whole.
+        assert!(tail.contains("const float x1 = kept;"), "{tail}");
+        assert!(!src.contains("in1[") && !src.contains("in2["), "{src}");
+        assert!(tail.contains("t.v = rowbuf[r / 4];"), "{tail}");
+        assert!(!tail.contains("in0 + ib + r"), "{tail}");
+        assert!(
+            tail.contains("*(uint4*)(epilogue_out + ib + r) = y.v;"),
+            "{tail}"
+        );
+        // An epilogue that reads the row outside the term reads it again.
+        if let Some(e) = sig.epilogue.as_mut() {
+            e.expr = Expr::binary(BinaryOp::Mul, e.expr.clone(), x(0));
+        }
+        let src = source(&sig).unwrap();
+        let tail = &src[src.find("const float x2 = result;").expect(&src)..];
+        assert!(
+            tail.contains("u.v = *(const uint4*)(in0 + ib + r);"),
+            "{tail}"
+        );
+        // Its output pointer follows the prologue's.
+        let w = Words::of(&sig);
+        assert!(
+            src.contains(&format!("epilogue_out = (float*)p.w[{}];", w.total + 1)),
+            "{src}"
+        );
     }
 }
