@@ -84,11 +84,12 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
                 continue;
             };
             let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending());
-            let fits = of_tree
-                && Arc::ptr_eq(&lp.stream, &p_stream(t))
-                && super::reduce::epilogue_would_fit(&expr, &fused.inputs, k, &work_out, lp)?;
-            if !fits {
+            if !of_tree || !Arc::ptr_eq(&lp.stream, &p_stream(t)) {
                 continue;
+            }
+            // (The first such reduction is the one a read offers the tree to, as `run` does.)
+            if !super::reduce::epilogue_would_fit(&expr, &fused.inputs, k, &work_out, lp)? {
+                break;
             }
             seen.push(address(&leaf.storage));
             let record = fused.record(&expr, (layout.clone(), dtype));

@@ -120,7 +120,11 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         PendingWork::Reduce(_) => {
             // A deferred reduction read on its own: its kernel (with its prologue, if any).
             let ran = run_deferred_reduce(storage, p, None).map(|_| ());
-            *guard = None;
+            // (Out of memory before the launch leaves the work pending: a later read tries
+            // again.)
+            if storage.buffer_if_realized().is_some() {
+                *guard = None;
+            }
             return ran;
         }
     };
@@ -287,7 +291,9 @@ fn run_as_epilogue(
             },
         };
         let ran = run_deferred_reduce(&leaf.storage, lp, Some(&req));
-        *guard = None;
+        if leaf.storage.buffer_if_realized().is_some() {
+            *guard = None;
+        }
         return match ran {
             Ok(true) => {
                 let record = fused.record(expr, (p.layout.clone(), p.dtype));
@@ -299,10 +305,13 @@ fn run_as_epilogue(
             }
             // The reduction ran alone: the tree runs as its map.
             Ok(false) => Ok(None),
-            Err(e) => {
+            // A launch that failed with the tree's buffer given fails the tree too; one that
+            // failed before (out of memory) leaves the tree pending, for a later read.
+            Err(e) if storage.buffer_if_realized().is_some() => {
                 storage.filled(&Err(e.clone()));
                 Ok(Some(Err(e)))
             }
+            Err(e) => Err(e),
         };
     }
     Ok(None)

@@ -587,14 +587,21 @@ pub(crate) fn launch_reduce(
     };
     let epilogue = match epilogue {
         Some((e, extra, req)) => {
-            let buffer = out
+            match out
                 .device()
-                .allocate_buffer(req.out.storage.bytes, stream.id)?;
-            req.out.storage.set_buffer(buffer);
-            inputs.extend(extra);
-            scalars.extend(req.scalars.iter().cloned());
-            also.push(&req.out);
-            Some(e)
+                .allocate_buffer(req.out.storage.bytes, stream.id)
+            {
+                Ok(buffer) => {
+                    req.out.storage.set_buffer(buffer);
+                    inputs.extend(extra);
+                    scalars.extend(req.scalars.iter().cloned());
+                    also.push(&req.out);
+                    Some(e)
+                }
+                // No room for the work's output: the reduction runs alone (the prologue it
+                // took over is written), and the work tries again as its own map.
+                Err(_) => None,
+            }
         }
         None => None,
     };
