@@ -39,32 +39,13 @@ pub(crate) fn defer_reduce(
         return Ok(None);
     }
     let source = t.with_layout(t.layout.permuted(order)?);
-    let layout = Layout::contiguous(out_shape)?;
-    let bytes = layout.numel() * out_dtype.itemsize();
-    let stored = source.storage.clone();
-    let pending = Pending {
-        work: PendingWork::Reduce(DeferredReduce {
-            op,
-            reduced_axes,
-            acc,
-            source,
-        }),
-        layout: layout.clone(),
-        dtype: out_dtype,
-        stream: device.current_handle(),
-        op: if op == ReduceOp::Max { "max" } else { "min" },
-        call_site: std::panic::Location::caller(),
+    let work = DeferredReduce {
+        op,
+        reduced_axes,
+        acc,
+        source,
     };
-    let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
-    // A write into the source runs it first, like any pending reader.
-    stored.add_reader(&storage);
-    super::run::register(device, &storage);
-    Ok(Some(Tensor {
-        storage,
-        layout,
-        dtype: out_dtype,
-        autograd: None,
-    }))
+    pending_reduction(work, out_shape, out_dtype).map(Some)
 }
 
 /// The reduction `op` of the pending tree `t`'s last `reduced_axes` axes into a new tensor of
@@ -91,30 +72,44 @@ pub(crate) fn defer_map_reduce(
     if !defer {
         return Ok(None);
     }
+    let work = DeferredReduce {
+        op,
+        reduced_axes,
+        acc,
+        source: t.clone(),
+    };
+    pending_reduction(work, out_shape, out_dtype).map(Some)
+}
+
+/// A new tensor of `out_shape` and `out_dtype` whose value is the deferred reduction `work`,
+/// registered for the flush; a write into its source runs it first, like any pending reader.
+#[track_caller]
+fn pending_reduction(
+    work: DeferredReduce,
+    out_shape: &[usize],
+    out_dtype: DType,
+) -> Result<Tensor> {
+    let device = work.source.device().clone();
     let layout = Layout::contiguous(out_shape)?;
     let bytes = layout.numel() * out_dtype.itemsize();
+    let source = work.source.storage.clone();
     let pending = Pending {
-        work: PendingWork::Reduce(DeferredReduce {
-            op,
-            reduced_axes,
-            acc,
-            source: t.clone(),
-        }),
+        op: op_name(work.op),
+        work: PendingWork::Reduce(work),
         layout: layout.clone(),
         dtype: out_dtype,
         stream: device.current_handle(),
-        op: op_name(op),
         call_site: std::panic::Location::caller(),
     };
     let storage = Arc::new(Storage::new_pending(pending, bytes, device.clone()));
-    t.storage.add_reader(&storage);
-    super::run::register(device, &storage);
-    Ok(Some(Tensor {
+    source.add_reader(&storage);
+    super::run::register(&device, &storage);
+    Ok(Tensor {
         storage,
         layout,
         dtype: out_dtype,
         autograd: None,
-    }))
+    })
 }
 
 /// The user-facing name of a reduction op (what `explain` and the profile show).
