@@ -162,7 +162,7 @@ fn reduce_preview(
     };
     let map = d.source.is_pending();
     if map {
-        mark_prologues(&d.source, seen, 0);
+        mark_prologues(&d.source, seen, &mut Vec::new());
     }
     Ok(Preview::Reduce {
         op: d.op,
@@ -177,18 +177,23 @@ fn reduce_preview(
 }
 
 /// Marks `seen` the deferred reductions the pending tree `t` reads (through pending trees).
-fn mark_prologues(t: &Tensor, seen: &mut Vec<usize>, depth: usize) {
+fn mark_prologues(t: &Tensor, seen: &mut Vec<usize>, visited: &mut Vec<usize>) {
+    // Each storage once (a tree reading one input twice a step is a chain, not 2^depth paths).
+    let at = address(&t.storage);
+    if visited.contains(&at) || visited.len() > super::splice::MAX_NODES {
+        return;
+    }
+    visited.push(at);
     let guard = t.storage.pending();
     let Some(p) = guard.as_ref() else {
         return;
     };
     match &p.work {
-        PendingWork::Reduce(_) => seen.push(address(&t.storage)),
-        PendingWork::Tree(tree) if depth < super::splice::MAX_NODES => {
+        PendingWork::Reduce(_) => seen.push(at),
+        PendingWork::Tree(tree) => {
             for u in &tree.inputs {
-                mark_prologues(u, seen, depth + 1);
+                mark_prologues(u, seen, visited);
             }
         }
-        PendingWork::Tree(_) => {}
     }
 }

@@ -68,7 +68,7 @@ pub(crate) fn defer_map_reduce(
         && target.fuses_map_into_reduce
         && target.fuses_row_prologue
         && !op.returns_index()
-        && reads_deferred_reduction(t, &device.current_handle(), 0);
+        && reads_deferred_reduction(t, &device.current_handle(), &mut Vec::new());
     if !defer {
         return Ok(None);
     }
@@ -131,8 +131,15 @@ fn op_name(op: ReduceOp) -> &'static str {
 fn reads_deferred_reduction(
     t: &Tensor,
     stream: &Arc<crate::device::StreamHandle>,
-    depth: usize,
+    visited: &mut Vec<usize>,
 ) -> bool {
+    // Each storage once: a tree that reads one input twice at every step is a chain, not
+    // 2^depth paths.
+    let at = super::splice::address(&t.storage);
+    if visited.contains(&at) || visited.len() > super::splice::MAX_NODES {
+        return false;
+    }
+    visited.push(at);
     let guard = t.storage.pending();
     let Some(p) = guard.as_ref() else {
         return false;
@@ -140,13 +147,12 @@ fn reads_deferred_reduction(
     match &p.work {
         PendingWork::Reduce(d) => !d.source.is_pending(),
         PendingWork::Tree(tree) => {
-            depth < super::splice::MAX_NODES
-                && p.layout == t.layout
+            p.layout == t.layout
                 && Arc::ptr_eq(&p.stream, stream)
                 && tree
                     .inputs
                     .iter()
-                    .any(|u| reads_deferred_reduction(u, stream, depth + 1))
+                    .any(|u| reads_deferred_reduction(u, stream, visited))
         }
     }
 }
