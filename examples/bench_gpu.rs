@@ -189,10 +189,12 @@ fn first_op() -> Result<()> {
         dev.synchronize()?;
         *ms = t.elapsed().as_secs_f64() * 1e3;
     }
+    let kinds = first_calls_by_kind(&dev)?;
     println!(
         "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \
          \"first_fused_ms\": {:.1}, \"second_fused_ms\": {second_ms:.1}, \
-         \"second_fused_compile_ms\": {compile_ms:.1}, \"large_calls_ms\": [{:.2}, {:.2}, {:.2}]}}",
+         \"second_fused_compile_ms\": {compile_ms:.1}, \"large_calls_ms\": [{:.2}, {:.2}, {:.2}], \
+         \"kinds\": {{{kinds}}}}}",
         (t1 - t0).as_secs_f64() * 1e3,
         (t2 - t1).as_secs_f64() * 1e3,
         (t3 - t2).as_secs_f64() * 1e3,
@@ -201,6 +203,57 @@ fn first_op() -> Result<()> {
         large[2]
     );
     Ok(())
+}
+
+/// The first call of each kernel kind the map interpreter does not run (reductions, softmax,
+/// index, casts, half-precision maps, random draws), on small tensors: each kind's first,
+/// second and (after 300 ms, for a background compile to end) third call in ms, as JSON
+/// members `"kind": [first, second, third]`.
+fn first_calls_by_kind(dev: &Device) -> Result<String> {
+    let x = Tensor::arange(0.0, 256.0 * 1000.0, 1.0, DType::F32, dev)?
+        .reshape([256, 1000])?
+        .mul(1e-3)?;
+    let rows = Tensor::from_slice(&[3i64, 0, 255, 7], [4], dev)?;
+    let h = x.to_dtype(DType::F16)?;
+    dev.synchronize()?;
+    type Kind<'a> = (&'static str, Box<dyn Fn() -> Result<Tensor> + 'a>);
+    let kinds: Vec<Kind> = vec![
+        ("sum axis 0", Box::new(|| x.sum(0, false))),
+        ("max axis -1", Box::new(|| x.max(-1, false))),
+        ("argmax axis -1", Box::new(|| x.argmax(Some(-1), false))),
+        ("softmax", Box::new(|| x.softmax(-1))),
+        ("log_softmax", Box::new(|| x.log_softmax(-1))),
+        ("softmax from primitives", Box::new(|| softmax(&x))),
+        ("index_select axis 0", Box::new(|| x.index_select(0, &rows))),
+        ("cast f32 to bf16", Box::new(|| x.to_dtype(DType::BF16))),
+        ("f16 a*b+a", Box::new(|| (&h * &h)?.add(&h))),
+        (
+            "randn",
+            Box::new(|| {
+                let mut g = strata::random::Generator::new(3);
+                Tensor::randn([256, 1000], DType::F32, &mut g, dev)
+            }),
+        ),
+    ];
+    let mut members = Vec::new();
+    for (name, f) in &kinds {
+        let mut ms = [0.0f64; 3];
+        for (call, m) in ms.iter_mut().enumerate() {
+            if call == 2 {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+            }
+            dev.synchronize()?;
+            let t = Instant::now();
+            f()?.realize()?;
+            dev.synchronize()?;
+            *m = t.elapsed().as_secs_f64() * 1e3;
+        }
+        members.push(format!(
+            "\"{name}\": [{:.2}, {:.2}, {:.2}]",
+            ms[0], ms[1], ms[2]
+        ));
+    }
+    Ok(members.join(", "))
 }
 
 /// tanh-GELU written with primitives: `0.5·x·(1 + tanh(0.7978845608·(x + 0.044715·x³)))`.

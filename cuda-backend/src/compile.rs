@@ -1,8 +1,11 @@
 //! CUDA C → machine code (CUBIN) with NVRTC, an on-disk cache shared by processes (a new
 //! notebook reuses what an earlier one compiled), and loading it into the device's context.
 //! NVRTC emits the device's own SASS, so loading a module copies it instead of running the
-//! driver's JIT over PTX.
+//! driver's JIT over PTX. A compile can also be left to a background thread
+//! ([`Compiler::compile_later`]): a new kernel's first launches run a quickly compiled form
+//! while its own one compiles there.
 
+use crate::background::{Background, Job};
 use crate::driver::{check, Gpu};
 use crate::render::Optimization;
 use cudarc::driver::sys;
@@ -24,6 +27,11 @@ pub(crate) struct Compiler {
     /// NVRTC's `--Ofast-compile` level for [`Optimization::FastCompile`] kernels (`None`:
     /// they are fully optimized too).
     fast_compile: Option<String>,
+    /// Whether kernels compiled [`Optimization::Full`] first compile
+    /// [`Optimization::Quick`] (false: every kernel compiles at its own level at once).
+    quick: bool,
+    /// The thread [`Compiler::compile_later`] leaves compiles to.
+    background: Background,
 }
 
 /// The CUDA version whose NVRTC first takes `--Ofast-compile`.
@@ -40,6 +48,13 @@ fn fast_compile_level(setting: Option<&str>, version: (i32, i32)) -> Option<Stri
         Some(level @ ("mid" | "max")) => Some(level.into()),
         _ => Some("min".into()),
     }
+}
+
+/// Whether a fully optimized kernel's first launches run a quick compile of it
+/// (`--Ofast-compile=min`) while its own compile runs in the background: on unless
+/// `STRATA_CUDA_QUICK_COMPILE=0`, with an NVRTC that has the option.
+fn quick_compile(setting: Option<&str>, version: (i32, i32)) -> bool {
+    version >= FAST_COMPILE_SINCE && setting != Some("0")
 }
 
 /// The NVRTC version, or `Err` saying what to install when the library is missing.
@@ -109,14 +124,16 @@ impl Compiler {
     /// A compiler for `gpu`'s architecture (`None`: compile only, for tests without a GPU).
     pub(crate) fn new(gpu: Option<Arc<Gpu>>, arch: (i32, i32)) -> Compiler {
         let setting = std::env::var("STRATA_CUDA_FAST_COMPILE").ok();
+        let quick = std::env::var("STRATA_CUDA_QUICK_COMPILE").ok();
+        let version = nvrtc_version().ok();
         Compiler {
             gpu,
             arch,
             cache_dir: ptx_cache_dir(),
             modules: Mutex::new(Vec::new()),
-            fast_compile: nvrtc_version()
-                .ok()
-                .and_then(|v| fast_compile_level(setting.as_deref(), v)),
+            fast_compile: version.and_then(|v| fast_compile_level(setting.as_deref(), v)),
+            quick: version.is_some_and(|v| quick_compile(quick.as_deref(), v)),
+            background: Background::default(),
         }
     }
 
@@ -133,10 +150,63 @@ impl Compiler {
         if nvrtc_version()? >= (12, 4) {
             options.push("-minimal".to_string());
         }
-        if let (Optimization::FastCompile, Some(level)) = (optimization, &self.fast_compile) {
+        let min = "min".to_string();
+        let level = match optimization {
+            Optimization::Full => None,
+            Optimization::FastCompile => self.fast_compile.as_ref(),
+            // `min`, as maps: `max` changed values (an interpreted `relu` of a NaN, H200).
+            Optimization::Quick => Some(&min),
+        };
+        if let Some(level) = level {
             options.push(format!("--Ofast-compile={level}"));
         }
         Ok(options)
+    }
+
+    /// Whether a kernel of `body` at `optimization` should first be compiled
+    /// [`Optimization::Quick`] (its own level then compiled by [`Compiler::compile_later`]):
+    /// there is a device, a quick level that differs from `optimization`'s, and the disk
+    /// cache does not hold the kernel at its own level.
+    pub(crate) fn quick_first(&self, body: &str, optimization: Optimization) -> bool {
+        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
+        let differs = match (
+            self.options(&arch, Optimization::Quick),
+            self.options(&arch, optimization),
+        ) {
+            (Ok(quick), Ok(own)) => quick != own,
+            _ => false,
+        };
+        self.gpu.is_some() && self.quick && differs && !self.has_cached(body, optimization)
+    }
+
+    /// Compiles and loads the kernel `name` of `body` at `optimization` on the background
+    /// thread (one per compiler, started now if it is not running), then calls `then` with the
+    /// function there; false (and `then` dropped uncalled) when the thread cannot start.
+    pub(crate) fn compile_later(
+        &self,
+        body: String,
+        name: String,
+        optimization: Optimization,
+        then: Box<dyn FnOnce(Result<sys::CUfunction>) + Send>,
+    ) -> bool {
+        // The thread's own compiler: the same device, cache and levels; the modules it loads
+        // stay loaded until the thread ends, after this compiler is dropped.
+        let worker = || Compiler {
+            gpu: self.gpu.clone(),
+            arch: self.arch,
+            cache_dir: self.cache_dir.clone(),
+            modules: Mutex::new(Vec::new()),
+            fast_compile: self.fast_compile.clone(),
+            quick: false,
+            background: Background::default(),
+        };
+        let job = Job {
+            body,
+            name,
+            optimization,
+            then,
+        };
+        self.background.submit(worker, job)
     }
 
     /// The full source, options and disk-cache file of `body`'s machine code.
@@ -442,6 +512,26 @@ mod tests {
             assert_eq!(&image[..4], b"\x7fELF", "{optimization:?}");
             assert!(image.windows(12).any(|w| w == b"strata_probe"));
         }
+    }
+
+    #[test]
+    fn a_first_compile_is_quick_unless_turned_off() {
+        assert!(quick_compile(None, (13, 0)));
+        assert!(!quick_compile(Some("0"), (13, 0)));
+        assert!(!quick_compile(None, (12, 6)));
+        let Ok(version) = nvrtc_version() else { return };
+        let mut compiler = Compiler::new(None, (9, 0));
+        compiler.cache_dir = None;
+        let quick = compiler.options("sm_90", Optimization::Quick).unwrap();
+        assert_eq!(
+            quick.iter().any(|o| o == "--Ofast-compile=min"),
+            version >= FAST_COMPILE_SINCE
+        );
+        // No device to load on: every kernel compiles at its own level.
+        assert!(!compiler.quick_first("", Optimization::Full));
+        let body = "extern \"C\" __global__ void strata_probe(float* p) { p[0] = expf(p[1]); }";
+        let image = compiler.cubin(body, Optimization::Quick).unwrap();
+        assert_eq!(&image[..4], b"\x7fELF");
     }
 
     #[test]

@@ -2,13 +2,19 @@
 //! kernel structure to function (core's `KernelCache`), and the batched form a small launch
 //! compiles when it first needs it. `compile` makes machine code; this file keeps what it
 //! loaded.
+//!
+//! A fully optimized kernel the disk cache does not hold is compiled twice: quickly at once
+//! ([`Optimization::Quick`]), so its first launch waits for `--Ofast-compile=min` rather than
+//! NVRTC's full optimization (a staged softmax's 0.3–0.5 s), and at its own level on the
+//! compiler's background thread, whose function replaces the quick one when it is loaded.
+//! Both give the same bits (`--fmad=false` decides rounding; `first_launch.rs` checks it).
 
 use crate::compile::{argument_words, Compiler};
 use crate::driver::Raw;
 use crate::render::{Generated, Optimization, Rendered};
 use cudarc::driver::sys;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use strata_core::kernel_cache::KernelCache;
 use strata_core::sync::LockUnpoisoned;
 use strata_core::Result;
@@ -16,30 +22,91 @@ use strata_core::Result;
 /// A loaded kernel and the number of argument words it takes.
 #[derive(Clone, Debug)]
 pub(crate) struct Function {
-    pub f: sys::CUfunction,
+    /// The function launches use: the quick form until the kernel's own one replaces it.
+    handle: Arc<Handle>,
     pub words: usize,
     /// Its batched form (`<name>_batch`, see [`BatchedForm`]) when the source has one,
     /// compiled when first needed.
     pub batch: Option<Arc<BatchedForm>>,
 }
 
-// SAFETY: a CUfunction is a handle the driver lets any thread use with its context current.
-unsafe impl Send for Function {}
-unsafe impl Sync for Function {}
+/// A kernel's loaded function, which its background compile replaces once.
+#[derive(Debug)]
+struct Handle {
+    f: AtomicPtr<sys::CUfunc_st>,
+    /// True while the kernel's own compile is queued or running.
+    compiling: Mutex<bool>,
+    compiled: Condvar,
+}
 
 impl Function {
-    /// Compiles (or reads from the cache) and loads the kernel `name` of `rendered`; its
-    /// batched form, where it has one, is compiled when a launch first needs it
-    /// ([`BatchedForm`]): one NVRTC program took about as long as two, and two at once longer
-    /// than one (NVRTC 13 on an H100 host).
+    /// The function to launch now.
+    pub(crate) fn f(&self) -> sys::CUfunction {
+        self.handle.f.load(Ordering::Acquire)
+    }
+
+    /// Waits until the kernel's own compile, if one is running in the background, has
+    /// replaced its quick form (the profiler times the kernel users will run); true when it
+    /// waited.
+    pub(crate) fn settle(&self) -> bool {
+        let mut compiling = self.handle.compiling.lock_unpoisoned();
+        let waited = *compiling;
+        while *compiling {
+            compiling = self
+                .handle
+                .compiled
+                .wait(compiling)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        waited
+    }
+
+    /// Compiles (or reads from the cache) and loads the kernel `name` of `rendered`: quickly
+    /// now and at `optimization` in the background when the disk cache does not hold it
+    /// (`Compiler::quick_first`), else at `optimization` now. Its batched form, where it has
+    /// one, is compiled when a launch first needs it ([`BatchedForm`]): one NVRTC program took
+    /// about as long as two, and two at once longer than one (NVRTC 13 on an H100 host).
     pub(crate) fn load(
         compiler: &Compiler,
         rendered: Rendered,
         name: &str,
         optimization: Optimization,
     ) -> Result<Function> {
+        let quick = compiler.quick_first(&rendered.source, optimization);
+        let first = if quick {
+            Optimization::Quick
+        } else {
+            optimization
+        };
+        let handle = Arc::new(Handle {
+            f: AtomicPtr::new(compiler.load_function(&rendered.source, name, first)?),
+            compiling: Mutex::new(quick),
+            compiled: Condvar::new(),
+        });
+        if quick {
+            let done = handle.clone();
+            let queued = compiler.compile_later(
+                rendered.source.clone(),
+                name.to_string(),
+                optimization,
+                Box::new(move |f| {
+                    // Should the full compile fail, the quick form stays (same values).
+                    if let Ok(f) = f {
+                        done.f.store(f, Ordering::Release);
+                    }
+                    *done.compiling.lock_unpoisoned() = false;
+                    done.compiled.notify_all();
+                }),
+            );
+            if !queued {
+                // No background thread: the kernel's own level now.
+                let own = compiler.load_function(&rendered.source, name, optimization)?;
+                handle.f.store(own, Ordering::Release);
+                *handle.compiling.lock_unpoisoned() = false;
+            }
+        }
         Ok(Function {
-            f: compiler.load_function(&rendered.source, name, optimization)?,
+            handle,
             words: argument_words(&rendered.source)?,
             batch: rendered.batched.map(|source| {
                 Arc::new(BatchedForm::new(

@@ -149,7 +149,7 @@ pub(crate) fn launch(gpu: &Gpu, f: &Function, plan: &Launch, stream: sys::CUstre
         check(
             unsafe {
                 sys::cuFuncSetAttribute(
-                    f.f,
+                    f.f(),
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     shared as i32,
                 )
@@ -163,7 +163,7 @@ pub(crate) fn launch(gpu: &Gpu, f: &Function, plan: &Launch, stream: sys::CUstre
     check(
         unsafe {
             sys::cuLaunchKernel(
-                f.f,
+                f.f(),
                 grid.0,
                 grid.1,
                 grid.2,

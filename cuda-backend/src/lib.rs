@@ -15,6 +15,7 @@
 //! ```
 #![warn(missing_docs)]
 
+mod background;
 mod blas;
 mod compile;
 mod driver;

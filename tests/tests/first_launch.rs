@@ -1,6 +1,7 @@
 //! On CUDA a map kernel's first launch runs through an interpreter and the later launches
-//! through the compiled kernel (cuda-backend's `first_launch.rs`): both must give the same
-//! bits. The file holds one test, which points the kernel cache at a fresh directory before
+//! through the compiled kernel (cuda-backend's `first_launch.rs`), and other kernels run a
+//! quickly compiled form until their own one is compiled in the background: all must give the
+//! same bits. The file holds one test, which points the kernel cache at a fresh directory before
 //! any device opens, so that no kernel is found compiled on disk.
 
 use strata::prelude::*;
@@ -173,12 +174,76 @@ fn check_shapes(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// Kernels the interpreter does not run: on CUDA each is compiled quickly for its first
+/// launches and at its own level in the background (cuda-backend's `function.rs`); the
+/// profiler waits for that compile, so a profiled call runs the kernel's own form. Every call
+/// must give the same bits.
+fn check_kinds(dev: &Device) -> Result<()> {
+    let (rows, cols) = (37, 300);
+    let x = Tensor::from_slice(&values(rows * cols), [rows, cols], dev)?;
+    let x = Tensor::where_cond(&x.isfinite()?, &x, 0.5)?;
+    x.realize()?;
+    let index = Tensor::from_slice(&[3i64, 0, 36, 3, 11], [5], dev)?;
+    let half = x.to_dtype(DType::F16)?;
+    type Kind = (
+        &'static str,
+        fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    );
+    let kinds: [Kind; 11] = [
+        ("sum over axis 0", |x, _, _| x.sum(0, false)),
+        ("sum in f64", |x, _, _| {
+            x.to_dtype(DType::F64)?.sum(-1, true)
+        }),
+        ("max over axis 1", |x, _, _| x.max(1, true)),
+        ("argmax", |x, _, _| x.argmax(Some(-1), false)),
+        ("softmax", |x, _, _| x.softmax(-1)),
+        ("log_softmax", |x, _, _| x.log_softmax(-1)),
+        ("softmax from primitives", |x, _, _| {
+            let e = (x - &x.max(-1, true)?)?.exp()?;
+            &e / &e.sum(-1, true)?
+        }),
+        ("index_select", |x, i, _| x.index_select(0, i)),
+        ("cast to bf16", |x, _, _| x.to_dtype(DType::BF16)),
+        ("f16 h*h + h", |_, _, h| (h * h)?.add(h)),
+        ("randn", |x, _, _| {
+            let mut g = strata::random::Generator::new(11);
+            Tensor::randn([300], DType::F32, &mut g, x.device())
+        }),
+    ];
+    let bits = |t: Tensor| -> Result<Vec<u64>> {
+        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        Ok(v.iter().map(|v| v.to_bits()).collect())
+    };
+    for (name, f) in kinds {
+        let first = bits(f(&x, &index, &half)?)?;
+        let second = bits(f(&x, &index, &half)?)?;
+        let mut profiled = None;
+        dev.profile(|| {
+            let t = f(&x, &index, &half)?;
+            t.realize()?;
+            profiled = Some(t);
+            Ok(())
+        })?;
+        let profiled = bits(profiled.expect("the profiled call ran"))?;
+        let after = bits(f(&x, &index, &half)?)?;
+        assert!(
+            first == second && second == profiled && profiled == after,
+            "{name} on {}: the first, second, profiled and later calls differ",
+            dev.name()
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn a_maps_first_launch_equals_its_compiled_launches_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("strata-first-launch-{}", std::process::id()));
     std::env::set_var("STRATA_CACHE_DIR", &dir);
     for dev in strata_tests::devices() {
-        if let Err(e) = check(&dev).and_then(|_| check_shapes(&dev)) {
+        if let Err(e) = check(&dev)
+            .and_then(|_| check_shapes(&dev))
+            .and_then(|_| check_kinds(&dev))
+        {
             panic!("on {}: {e}", dev.name());
         }
     }

@@ -65,14 +65,21 @@ impl Rendered {
 /// kernel's first call takes a third less; reductions, softmax, index and matmul kernels
 /// (unrolled loops), tiled maps and maps with random draws stay fully optimized
 /// (`MapSig`'s [`Generated::optimization`]). `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully
-/// too (`mid`, `max`: those levels, which compile faster still but ran copies 3× slower). No
-/// level changes a value: rounding is decided by `--fmad=false`, which all use.
+/// too (`mid`, `max`: those levels, which compile faster still but ran copies 3× slower).
+/// `min` changes no value (rounding is decided by `--fmad=false`, which all use); `max` did:
+/// `relu` of a NaN came out another NaN (H200, NVRTC 13).
+///
+/// A `Full` kernel the disk cache does not hold is first compiled [`Optimization::Quick`]
+/// and runs so while its own level compiles on a background thread (`function::Function::load`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Optimization {
     /// NVRTC's defaults (`-O3`).
     Full,
     /// `--Ofast-compile` at the compiler's level.
     FastCompile,
+    /// `--Ofast-compile=min` whatever the maps' level: a [`Optimization::Full`] kernel's
+    /// first launches, until its own compile is done (`STRATA_CUDA_QUICK_COMPILE=0`: none).
+    Quick,
 }
 
 /// CUDA's limit on a launch's argument bytes.

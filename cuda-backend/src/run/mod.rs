@@ -265,9 +265,10 @@ impl Runner {
         })
     }
 
-    /// Compiles (or loads from the disk cache) every kernel `steps` launch, so that the
-    /// profiler's events around the launch time the kernel, not NVRTC; true when something was
-    /// compiled or loaded.
+    /// Compiles (or loads from the disk cache) every kernel `steps` launch at its own level
+    /// (waiting for a background compile under way), so that the profiler's events around the
+    /// launch time the kernel users run, not NVRTC; true when something was compiled or
+    /// loaded.
     pub(crate) fn compile_ahead(&self, steps: &[Step]) -> Result<bool> {
         let mut compiled = false;
         for step in steps {
@@ -278,6 +279,7 @@ impl Runner {
                         let rendered = self.first_launches.rendered(k)?;
                         Function::load(&self.compiler, rendered, MapSig::NAME, k.optimization())
                     })?;
+                    compiled |= f.settle();
                     if let Some(form) = self.batches.form(&f, &launch.launch) {
                         compiled |= form.prepare(&self.compiler)?;
                     }
@@ -290,10 +292,7 @@ impl Runner {
                         Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
                         Sig::Histogram(k) => self.histograms.peek(k).is_some(),
                     };
-                    if !cached {
-                        self.function(sig)?;
-                        compiled = true;
-                    }
+                    compiled |= self.function(sig)?.settle() || !cached;
                 }
                 Step::Scratch { .. } | Step::Gemm(_) => {}
             }
