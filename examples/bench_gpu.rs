@@ -33,6 +33,9 @@ fn time(dev: &Device, inner: usize, mut op: impl FnMut() -> Result<()>) -> Resul
     for _ in 0..3 {
         op()?;
     }
+    // Under the profiler every kernel is compiled at its own level first (on CUDA a new kernel
+    // runs interpreted or quickly compiled while that compile is in the background).
+    dev.profile(&mut op)?;
     dev.synchronize()?;
     let s = dev.current_stream();
     let mut runs = Vec::new();
@@ -82,6 +85,13 @@ fn host_costs(dev: &Device) -> Result<()> {
     for _ in 0..1000 {
         keep(&one + &one)?;
     }
+    keep(&one * &one)?;
+    keep(&one * &one)?;
+    // The profiler compiles the kernels' batched forms (else compiled in the background).
+    dev.profile(|| {
+        keep(&one + &one)?;
+        keep(&one * &one)
+    })?;
     dev.synchronize()?;
     // Each add realized at once: recording, then its own one-op kernel.
     let us = burst_us(dev, || keep(&one + &one))?;
@@ -178,11 +188,15 @@ fn first_op() -> Result<()> {
         .filter(|r| r.kind == strata::RecordKind::Compile)
         .map(|r| (r.host_end_us - r.host_start_us) / 1e3)
         .sum();
-    // A new kernel over 2^26 elements, three calls: on CUDA the first runs through the
-    // interpreter, the second compiles, the third runs compiled.
+    // A new kernel over 2^26 elements, three calls: on CUDA the first two run through the
+    // interpreter (the second leaves the kernel's compile to the background thread), the
+    // third, 300 ms later, compiled.
     let big = Tensor::ones([1usize << 26], DType::F32, &dev)?;
     let mut large = [0.0f64; 3];
-    for ms in &mut large {
+    for (call, ms) in large.iter_mut().enumerate() {
+        if call == 2 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
         dev.synchronize()?;
         let t = Instant::now();
         (&big * 2.0)?.sin()?.add(&big)?.sigmoid()?.realize()?;

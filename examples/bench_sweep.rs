@@ -22,6 +22,9 @@ fn time(dev: &Device, mut op: impl FnMut() -> Result<()>) -> Result<f64> {
     for _ in 0..2 {
         op()?;
     }
+    // Under the profiler every kernel is compiled at its own level first (on CUDA a new kernel
+    // runs interpreted or quickly compiled while that compile is in the background).
+    dev.profile(&mut op)?;
     dev.synchronize()?;
     let s = dev.current_stream();
     let mut runs = Vec::new();

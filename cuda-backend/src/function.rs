@@ -105,6 +105,31 @@ impl Function {
                 *handle.compiling.lock_unpoisoned() = false;
             }
         }
+        Function::with_handle(handle, rendered, name, optimization)
+    }
+
+    /// The function of `rendered`'s kernel `name`, `f`, loaded at `optimization` (on the
+    /// background thread: `run::first_launch`).
+    pub(crate) fn loaded(
+        f: sys::CUfunction,
+        rendered: Rendered,
+        name: &str,
+        optimization: Optimization,
+    ) -> Result<Function> {
+        let handle = Arc::new(Handle {
+            f: AtomicPtr::new(f),
+            compiling: Mutex::new(false),
+            compiled: Condvar::new(),
+        });
+        Function::with_handle(handle, rendered, name, optimization)
+    }
+
+    fn with_handle(
+        handle: Arc<Handle>,
+        rendered: Rendered,
+        name: &str,
+        optimization: Optimization,
+    ) -> Result<Function> {
         Ok(Function {
             handle,
             words: argument_words(&rendered.source)?,
@@ -133,17 +158,20 @@ pub(crate) fn function<K: Generated>(
     })
 }
 
-/// A kernel's batched form (`<name>_batch`): its program's source, compiled and loaded at the
-/// kernel's second launch small enough for a batch. The first such launch runs alone, so a new
-/// kernel's first call waits for one NVRTC program; a kernel launched small again (a loop over
-/// tiny tensors, where batching pays) compiles its batched form then, once.
+/// A kernel's batched form (`<name>_batch`): its program's source, compiled and loaded on the
+/// compiler's background thread from the kernel's second launch small enough for a batch.
+/// Small launches run alone until it is loaded, so a new kernel's first calls wait for one
+/// NVRTC program at most; a kernel launched small again (a loop over tiny tensors, where
+/// batching pays) is batched once its form is loaded.
 pub(crate) struct BatchedForm {
     /// The program: the helpers before the kernel, then `<name>_batch` (no prelude).
     source: String,
     name: String,
     optimization: Optimization,
-    /// A small launch has run (alone): the next one compiles the form.
+    /// A small launch has run (alone): the next one has the form compiled.
     used: AtomicBool,
+    /// The form's compile has been left to the background thread.
+    queued: AtomicBool,
     /// The loaded form: read without a lock by every later small launch.
     loaded: OnceLock<Raw<sys::CUfunction>>,
     /// Held while compiling, so two threads do not compile it twice.
@@ -157,23 +185,40 @@ impl BatchedForm {
             name,
             optimization,
             used: AtomicBool::new(false),
+            queued: AtomicBool::new(false),
             loaded: OnceLock::new(),
             compiling: Mutex::new(()),
         }
     }
 
-    /// Whether the next small launch runs in a batch (the form is loaded, or compiled then).
+    /// Whether the form is compiled or being compiled for the next small launches (the
+    /// profiler's `prepare` compiles it before a launch it times).
     pub(crate) fn is_due(&self) -> bool {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// For a small launch: the batched function, compiled at the kernel's second small
-    /// launch; `None` at its first, which runs alone.
-    pub(crate) fn for_launch(&self, compiler: &Compiler) -> Result<Option<sys::CUfunction>> {
+    /// For a small launch: the batched function once loaded; `None` (the launch runs alone)
+    /// before. The kernel's second small launch leaves the form's compile to the background
+    /// thread (or compiles it now when the thread cannot start).
+    pub(crate) fn for_launch(
+        self: &Arc<Self>,
+        compiler: &Compiler,
+    ) -> Result<Option<sys::CUfunction>> {
         if let Some(f) = self.loaded.get() {
             return Ok(Some(f.0));
         }
-        if !self.used.swap(true, Ordering::Relaxed) {
+        if !self.used.swap(true, Ordering::Relaxed) || self.queued.swap(true, Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let form = self.clone();
+        let then = Box::new(move |f: Result<sys::CUfunction>| {
+            // A failed compile leaves the launches alone; `prepare` would say why.
+            if let Ok(f) = f {
+                form.loaded.get_or_init(|| Raw(f));
+            }
+        });
+        let (source, name) = (self.source.clone(), self.name.clone());
+        if compiler.compile_later(source, name, self.optimization, then) {
             return Ok(None);
         }
         self.load(compiler).map(Some)

@@ -1,7 +1,7 @@
-//! On CUDA a map kernel's first launch runs through an interpreter and the later launches
-//! through the compiled kernel (cuda-backend's `first_launch.rs`), and other kernels run a
-//! quickly compiled form until their own one is compiled in the background: all must give the
-//! same bits. The file holds one test, which points the kernel cache at a fresh directory before
+//! On CUDA a map kernel's first launches run through an interpreter and the later ones (and
+//! those under the profiler) through the compiled kernel (cuda-backend's `first_launch.rs`),
+//! and other kernels run a quickly compiled form until their own one is compiled in the
+//! background: all must give the same bits. The file holds one test, which points the kernel cache at a fresh directory before
 //! any device opens, so that no kernel is found compiled on disk.
 
 use strata::prelude::*;
@@ -116,7 +116,12 @@ fn check(dev: &Device) -> Result<()> {
     for (name, f) in CASES {
         let first = f(&x, &y)?.to_vec::<f32>()?;
         let second = f(&x, &y)?.to_vec::<f32>()?;
-        let third = f(&x, &y)?.to_vec::<f32>()?;
+        // Under the profiler the kernel is compiled (or taken from the background) first.
+        let mut third = Vec::new();
+        dev.profile(|| {
+            third = f(&x, &y)?.to_vec::<f32>()?;
+            Ok(())
+        })?;
         for (i, ((a, b), c)) in first.iter().zip(&second).zip(&third).enumerate() {
             assert!(
                 a.to_bits() == b.to_bits() && b.to_bits() == c.to_bits(),
@@ -130,15 +135,24 @@ fn check(dev: &Device) -> Result<()> {
     Ok(())
 }
 
-/// Bits of every result `f` gives, on three runs of it.
-fn three_runs(f: impl Fn() -> Result<Vec<Tensor>>) -> Result<[Vec<Vec<u32>>; 3]> {
+/// Bits of every result `f` gives, on three runs of it and one under the profiler, which
+/// compiles the kernel first (the first runs are interpreted while it compiles in the
+/// background).
+fn three_runs(dev: &Device, f: impl Fn() -> Result<Vec<Tensor>>) -> Result<[Vec<Vec<u32>>; 4]> {
     let run = || -> Result<Vec<Vec<u32>>> {
         let outs = f()?;
         outs.iter()
             .map(|t| Ok(t.to_vec::<f32>()?.iter().map(|v| v.to_bits()).collect()))
             .collect()
     };
-    Ok([run()?, run()?, run()?])
+    let runs = [run()?, run()?, run()?];
+    let mut profiled = Vec::new();
+    dev.profile(|| {
+        profiled = run()?;
+        Ok(())
+    })?;
+    let [a, b, c] = runs;
+    Ok([a, b, c, profiled])
 }
 
 /// Broadcast inputs (strided operands) and a kept intermediate (a second output).
@@ -164,9 +178,9 @@ fn check_shapes(dev: &Device) -> Result<()> {
         }),
     ];
     for (name, f) in cases {
-        let [a, b, c] = three_runs(|| f(&x, &row, &col))?;
+        let [a, b, c, compiled] = three_runs(dev, || f(&x, &row, &col))?;
         assert!(
-            a == b && b == c,
+            a == b && b == c && c == compiled,
             "{name} on {}: launches differ",
             dev.name()
         );

@@ -1,7 +1,7 @@
 //! The map interpreter: one kernel, compiled once per device, that evaluates a map's tree from
 //! a list of instructions in its arguments. A map's first launch runs here instead of waiting
 //! for NVRTC (35–75 ms for a new kernel on the GPU hosts, see BENCHMARKS.md); its own kernel is
-//! compiled at its second launch. Each instruction's operation is the C that `expr.rs` emits
+//! compiled from its second launch on. Each instruction's operation is the C that `expr.rs` emits
 //! for that op in f32, so an interpreted launch computes the same bits as the compiled kernel.
 //!
 //! Interpreted: maps whose operands are all f32, contiguous or strided (broadcast inputs,

@@ -11,9 +11,9 @@
 //! alive, so no buffer is freed or reused before the ops that use it have run.
 //! `STRATA_CUDA_BATCH=0` turns batching off.
 //!
-//! A kernel's batched form is a program of its own, compiled at the kernel's second launch
-//! small enough for a batch ([`BatchedForm`]): the first runs alone, so a new kernel's first
-//! call waits for one NVRTC program, not two.
+//! A kernel's batched form is a program of its own, compiled on the compiler's background
+//! thread from the kernel's second launch small enough for a batch ([`BatchedForm`]): small
+//! launches run alone until it is loaded, so no call waits for it.
 
 use crate::compile::Compiler;
 use crate::driver::{check, Gpu, Raw};
@@ -105,9 +105,9 @@ impl Batches {
     }
 
     /// `f`'s batched form when a launch with `plan` is small enough for a batch.
-    pub(crate) fn form<'f>(&self, f: &'f Function, plan: &Launch) -> Option<&'f BatchedForm> {
+    pub(crate) fn form<'f>(&self, f: &'f Function, plan: &Launch) -> Option<&'f Arc<BatchedForm>> {
         let small = matches!(plan.grid, Grid::Linear { work, .. } if work <= MAX_BATCHED_WORK);
-        let form = f.batch.as_deref()?;
+        let form = f.batch.as_ref()?;
         (self.enabled && small && plan.args.0.len() == f.words).then_some(form)
     }
 

@@ -1,9 +1,11 @@
 //! A map kernel's first launch runs through the interpreter (`render::interpreter`) when its
 //! own kernel would have to be compiled: a new fused kernel's first call waits for a launch,
-//! not for NVRTC. The kernel is compiled at its second launch, so a loop pays its compile once
-//! as before and a one-off expression (a notebook cell run once) never does. The map's program
-//! is rendered once, at the first launch (its disk-cache lookup needs it), and kept for the
-//! compile at the second. `STRATA_CUDA_INTERPRET=0` compiles every kernel at its first launch.
+//! not for NVRTC. Its second launch leaves the kernel's compile to the compiler's background
+//! thread and is interpreted too, as are the launches after it until the kernel is loaded: a
+//! loop pays its compile once, off its path, and a one-off expression (a notebook cell run
+//! once) never does. The map's program is rendered once, at the first launch (its disk-cache
+//! lookup needs it), and kept for the compile. `STRATA_CUDA_INTERPRET=0` compiles every kernel
+//! at its first launch.
 
 use super::step::MapLaunch;
 use crate::compile::Compiler;
@@ -12,6 +14,7 @@ use crate::launch::{Args, Launch};
 use crate::render::interpreter::{interpreted_op, InterpretSig, OPS, REGISTERS, WORDS};
 use crate::render::map::MapSig;
 use crate::render::{Generated, Rendered};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::kernel_cache::KernelCache;
 use strata_core::lower::map_plan::Path;
@@ -19,11 +22,21 @@ use strata_core::lower::program::{Lanes, Op, Program};
 use strata_core::sync::LockUnpoisoned;
 use strata_core::{DType, Result};
 
+/// A map interpreted at its first launch.
+struct Interpreted {
+    /// Its program, until its compile takes it.
+    rendered: Mutex<Option<Rendered>>,
+    /// Its compile has been left to the background thread (at the second launch).
+    queued: AtomicBool,
+    /// Its kernel, once the background thread has loaded it.
+    compiled: OnceLock<Function>,
+}
+
 /// The interpreter, and the maps that had their first launch.
 pub(crate) struct FirstLaunches {
     enabled: bool,
-    /// Each map interpreted once, with its program until its compile takes it.
-    interpreted: KernelCache<MapSig<'static>, Arc<Mutex<Option<Rendered>>>>,
+    /// Each map interpreted at its first launch.
+    interpreted: KernelCache<MapSig<'static>, Arc<Interpreted>>,
     /// The interpreter once compiled or loaded; `None` when that failed (then every map
     /// compiles at its first launch, and the compile is not tried again for each new map).
     interpreter: OnceLock<Option<Function>>,
@@ -39,16 +52,21 @@ impl FirstLaunches {
     }
 
     /// The interpreter and its launch for the map `sig` (planned as `map`), whose kernel is
-    /// not loaded: `None` when this is not the map's first launch, the disk cache holds its
-    /// kernel, or the interpreter does not run such maps. Marks the first launch as taken.
+    /// not in the function cache: at its first launch, and at later ones while its compile
+    /// runs in the background (queued at the second). `None` when the kernel is to be compiled
+    /// or taken from the background thread now ([`FirstLaunches::function`]): the disk cache
+    /// holds it, the interpreter does not run such maps, or its compile is done.
     pub(crate) fn interpret(
         &self,
         sig: &MapSig,
         map: &MapLaunch,
         compiler: &Compiler,
     ) -> Result<Option<(Function, Launch)>> {
-        if !self.enabled || self.interpreted.peek(sig).is_some() {
+        if !self.enabled {
             return Ok(None);
+        }
+        if let Some(slot) = self.interpreted.peek(sig) {
+            return Ok(self.again(&slot, sig, map, compiler));
         }
         let Some(launch) = encode(sig, map) else {
             return Ok(None);
@@ -67,22 +85,63 @@ impl FirstLaunches {
         let Some(f) = interpreter.clone() else {
             return Ok(None);
         };
-        self.interpreted
-            .get(sig, |_| Ok(Arc::new(Mutex::new(Some(rendered)))))?;
+        self.interpreted.get(sig, |_| {
+            Ok(Arc::new(Interpreted {
+                rendered: Mutex::new(Some(rendered)),
+                queued: AtomicBool::new(false),
+                compiled: OnceLock::new(),
+            }))
+        })?;
         Ok(Some((f, launch)))
     }
 
-    /// The program of `sig`, rendered at its interpreted first launch (taken: it is compiled
-    /// once), else rendered now.
-    pub(crate) fn rendered(&self, sig: &MapSig) -> Result<Rendered> {
-        let kept = self
-            .interpreted
-            .peek(sig)
-            .and_then(|slot| slot.lock_unpoisoned().take());
-        match kept {
-            Some(r) => Ok(r),
-            None => sig.render(),
+    /// A later launch of the interpreted map `slot`: interpreted while its compile is under
+    /// way (queued now, at the second launch); `None` once it is done, or where the
+    /// background thread cannot take it (the caller then compiles it).
+    fn again(
+        &self,
+        slot: &Arc<Interpreted>,
+        sig: &MapSig,
+        map: &MapLaunch,
+        compiler: &Compiler,
+    ) -> Option<(Function, Launch)> {
+        if slot.compiled.get().is_some() {
+            return None;
         }
+        if !slot.queued.swap(true, Ordering::Relaxed) {
+            let rendered = slot.rendered.lock_unpoisoned().clone()?;
+            let optimization = sig.optimization();
+            let done = slot.clone();
+            let source = rendered.source.clone();
+            let then = Box::new(move |f: Result<_>| {
+                if let Ok(f) =
+                    f.and_then(|f| Function::loaded(f, rendered, MapSig::NAME, optimization))
+                {
+                    let _ = done.compiled.set(f);
+                    done.rendered.lock_unpoisoned().take();
+                }
+            });
+            if !compiler.compile_later(source, MapSig::NAME.into(), optimization, then) {
+                return None;
+            }
+        }
+        let f = self.interpreter.get().cloned().flatten()?;
+        Some((f, encode(sig, map)?))
+    }
+
+    /// The kernel of `sig`: the one the background thread compiled, else compiled now from
+    /// the program its first launch rendered (taken: it is compiled once) or from a new one.
+    pub(crate) fn function(&self, sig: &MapSig, compiler: &Compiler) -> Result<Function> {
+        let slot = self.interpreted.peek(sig);
+        if let Some(f) = slot.as_ref().and_then(|s| s.compiled.get()) {
+            return Ok(f.clone());
+        }
+        let kept = slot.and_then(|s| s.rendered.lock_unpoisoned().take());
+        let rendered = match kept {
+            Some(r) => r,
+            None => sig.render()?,
+        };
+        Function::load(compiler, rendered, MapSig::NAME, sig.optimization())
     }
 }
 

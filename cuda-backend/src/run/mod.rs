@@ -183,10 +183,8 @@ impl Runner {
                     self.batches.send(&self.gpu, stream)?;
                     return launch::launch(&self.gpu, &f, &launch, s);
                 }
-                self.maps.get(sig, |k| {
-                    let rendered = self.first_launches.rendered(k)?;
-                    Function::load(&self.compiler, rendered, MapSig::NAME, k.optimization())
-                })?
+                self.maps
+                    .get(sig, |k| self.first_launches.function(k, &self.compiler))?
             }
         };
         let launch = &map.launch;
@@ -223,7 +221,8 @@ impl Runner {
                 Step::Scratch { .. } => continue,
                 Step::Map { sig, launch } => {
                     // A launch small enough is appended to its stream's batch once the
-                    // kernel's batched form is due (run::batch): from its second small launch.
+                    // kernel's batched form is due (run::batch): from its second small launch
+                    // (the profiler compiles it before the launch it times).
                     let batched = self.maps.peek(sig).is_some_and(|f| {
                         self.batches
                             .form(&f, &launch.launch)
@@ -276,8 +275,7 @@ impl Runner {
                 Step::Map { sig, launch } => {
                     let f = self.maps.get(sig, |k| {
                         compiled = true;
-                        let rendered = self.first_launches.rendered(k)?;
-                        Function::load(&self.compiler, rendered, MapSig::NAME, k.optimization())
+                        self.first_launches.function(k, &self.compiler)
                     })?;
                     compiled |= f.settle();
                     if let Some(form) = self.batches.form(&f, &launch.launch) {
