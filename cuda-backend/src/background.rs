@@ -1,40 +1,38 @@
-//! The compiler's background thread: compiles left to it run there one at a time, in the
-//! order given (`Compiler::compile_later`). At process exit the thread stops before NVRTC
+//! The compiler's background thread: jobs left to it (`Compiler::compile_later`'s compiles)
+//! run there one at a time, in the order given, with the thread's own state (its compiler,
+//! made when the thread starts). At process exit the thread stops before NVRTC
 //! and the driver unload: an exit handler lets the compile under way finish (a process that
 //! exited during one crashed in the driver's teardown) and drops the ones still queued, which
 //! the next process compiles again if it needs them.
 
-use crate::compile::Compiler;
-use crate::render::Optimization;
-use cudarc::driver::sys;
 use std::sync::{mpsc, Condvar, Mutex, Once, OnceLock};
 use std::time::Duration;
 use strata_core::sync::LockUnpoisoned;
-use strata_core::Result;
 
-/// A compile left to the background thread: the kernel `name` of `body` at `optimization`,
-/// and what to do with the loaded function (or the error).
-pub(crate) struct Job {
-    pub body: String,
-    pub name: String,
-    pub optimization: Optimization,
-    pub then: Box<dyn FnOnce(Result<sys::CUfunction>) + Send>,
-}
+/// A job for the background thread, given the thread's state.
+pub(crate) type Job<W> = Box<dyn FnOnce(&W) + Send>;
 
-/// One compiler's background thread, started with its first job.
-#[derive(Default)]
-pub(crate) struct Background {
+/// A background thread whose state is a `W`, started with its first job.
+pub(crate) struct Background<W> {
     /// The thread's queue (`None` inside: the thread could not start).
-    queue: OnceLock<Option<mpsc::Sender<Job>>>,
+    queue: OnceLock<Option<mpsc::Sender<Job<W>>>>,
 }
 
-impl Background {
-    /// Queues `job`, starting the thread with `worker` (the compiler it compiles with) when it
-    /// is not running; false, with the job dropped, when the thread cannot start.
-    pub(crate) fn submit(&self, worker: impl FnOnce() -> Compiler, job: Job) -> bool {
+impl<W> Default for Background<W> {
+    fn default() -> Self {
+        Background {
+            queue: OnceLock::new(),
+        }
+    }
+}
+
+impl<W: Send + 'static> Background<W> {
+    /// Queues `job`, starting the thread with the state `worker` makes when it is not
+    /// running; false, with the job dropped, when the thread cannot start.
+    pub(crate) fn submit(&self, worker: impl FnOnce() -> W, job: Job<W>) -> bool {
         let queue = self.queue.get_or_init(|| {
             let worker = worker();
-            let (send, receive) = mpsc::channel::<Job>();
+            let (send, receive) = mpsc::channel::<Job<W>>();
             WAIT_AT_EXIT.call_once(|| {
                 // SAFETY: registers a plain `extern "C"` function with the C library.
                 unsafe { atexit(wait_for_compiles) };
@@ -44,13 +42,12 @@ impl Background {
                 .spawn(move || {
                     for job in receive {
                         if !STATE.start() {
-                            // Exiting: unloading the worker's modules now would race the
-                            // driver's own teardown.
+                            // Exiting: dropping the state now (a compiler unloads its
+                            // modules) would race the driver's own teardown.
                             std::mem::forget(worker);
                             return;
                         }
-                        let f = worker.load_function(&job.body, &job.name, job.optimization);
-                        (job.then)(f);
+                        job(&worker);
                         STATE.end();
                     }
                 })

@@ -5,7 +5,7 @@
 //! ([`Compiler::compile_later`]): a new kernel's first launches run a quickly compiled form
 //! while its own one compiles there.
 
-use crate::background::{Background, Job};
+use crate::background::Background;
 use crate::driver::{check, Gpu};
 use crate::render::Optimization;
 use cudarc::driver::sys;
@@ -30,8 +30,8 @@ pub(crate) struct Compiler {
     /// Whether kernels compiled [`Optimization::Full`] first compile
     /// [`Optimization::Quick`] (false: every kernel compiles at its own level at once).
     quick: bool,
-    /// The thread [`Compiler::compile_later`] leaves compiles to.
-    background: Background,
+    /// The thread [`Compiler::compile_later`] leaves compiles to, with its own compiler.
+    background: Background<Compiler>,
 }
 
 /// The CUDA version whose NVRTC first takes `--Ofast-compile`.
@@ -200,12 +200,9 @@ impl Compiler {
             quick: false,
             background: Background::default(),
         };
-        let job = Job {
-            body,
-            name,
-            optimization,
-            then,
-        };
+        let job = Box::new(move |worker: &Compiler| {
+            then(worker.load_function(&body, &name, optimization));
+        });
         self.background.submit(worker, job)
     }
 
