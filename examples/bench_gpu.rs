@@ -192,17 +192,7 @@ fn first_op() -> Result<()> {
     // interpreter (the second leaves the kernel's compile to the background thread), the
     // third, 300 ms later, compiled.
     let big = Tensor::ones([1usize << 26], DType::F32, &dev)?;
-    let mut large = [0.0f64; 3];
-    for (call, ms) in large.iter_mut().enumerate() {
-        if call == 2 {
-            std::thread::sleep(std::time::Duration::from_millis(300));
-        }
-        dev.synchronize()?;
-        let t = Instant::now();
-        (&big * 2.0)?.sin()?.add(&big)?.sigmoid()?.realize()?;
-        dev.synchronize()?;
-        *ms = t.elapsed().as_secs_f64() * 1e3;
-    }
+    let large = three_calls(&dev, || (&big * 2.0)?.sin()?.add(&big)?.sigmoid())?;
     let kinds = first_calls_by_kind(&dev)?;
     println!(
         "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \
@@ -251,23 +241,30 @@ fn first_calls_by_kind(dev: &Device) -> Result<String> {
     ];
     let mut members = Vec::new();
     for (name, f) in &kinds {
-        let mut ms = [0.0f64; 3];
-        for (call, m) in ms.iter_mut().enumerate() {
-            if call == 2 {
-                std::thread::sleep(std::time::Duration::from_millis(300));
-            }
-            dev.synchronize()?;
-            let t = Instant::now();
-            f()?.realize()?;
-            dev.synchronize()?;
-            *m = t.elapsed().as_secs_f64() * 1e3;
-        }
+        let ms = three_calls(dev, f)?;
         members.push(format!(
             "\"{name}\": [{:.2}, {:.2}, {:.2}]",
             ms[0], ms[1], ms[2]
         ));
     }
     Ok(members.join(", "))
+}
+
+/// Wall-clock ms of three synchronized calls of `f`, the third 300 ms after the second (time
+/// for a background compile to end).
+fn three_calls(dev: &Device, f: impl Fn() -> Result<Tensor>) -> Result<[f64; 3]> {
+    let mut ms = [0.0f64; 3];
+    for (call, m) in ms.iter_mut().enumerate() {
+        if call == 2 {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        dev.synchronize()?;
+        let t = Instant::now();
+        f()?.realize()?;
+        dev.synchronize()?;
+        *m = t.elapsed().as_secs_f64() * 1e3;
+    }
+    Ok(ms)
 }
 
 /// tanh-GELU written with primitives: `0.5·x·(1 + tanh(0.7978845608·(x + 0.044715·x³)))`.

@@ -39,6 +39,16 @@ struct Handle {
     compiled: Condvar,
 }
 
+impl Handle {
+    fn new(f: sys::CUfunction, compiling: bool) -> Arc<Handle> {
+        Arc::new(Handle {
+            f: AtomicPtr::new(f),
+            compiling: Mutex::new(compiling),
+            compiled: Condvar::new(),
+        })
+    }
+}
+
 impl Function {
     /// The function to launch now.
     pub(crate) fn f(&self) -> sys::CUfunction {
@@ -78,11 +88,8 @@ impl Function {
         } else {
             optimization
         };
-        let handle = Arc::new(Handle {
-            f: AtomicPtr::new(compiler.load_function(&rendered.source, name, first)?),
-            compiling: Mutex::new(quick),
-            compiled: Condvar::new(),
-        });
+        let f = compiler.load_function(&rendered.source, name, first)?;
+        let handle = Handle::new(f, quick);
         if quick {
             let done = handle.clone();
             let queued = compiler.compile_later(
@@ -116,12 +123,7 @@ impl Function {
         name: &str,
         optimization: Optimization,
     ) -> Result<Function> {
-        let handle = Arc::new(Handle {
-            f: AtomicPtr::new(f),
-            compiling: Mutex::new(false),
-            compiled: Condvar::new(),
-        });
-        Function::with_handle(handle, rendered, name, optimization)
+        Function::with_handle(Handle::new(f, false), rendered, name, optimization)
     }
 
     fn with_handle(
