@@ -3,11 +3,18 @@
 //! made when the thread starts). At process exit the thread stops before NVRTC
 //! and the driver unload: an exit handler lets the compile under way finish (a process that
 //! exited during one crashed in the driver's teardown) and drops the ones still queued, which
-//! the next process compiles again if it needs them.
+//! the next process compiles again if it needs them. Exit handlers run last registered first,
+//! and NVRTC registers the teardown of state it sets up lazily during a compile, so the
+//! handler is registered again after every job (an exit during a job's compile otherwise
+//! tore NVRTC down under it: SIGSEGV in its front end, H200, one process in three).
 
 use std::sync::{mpsc, Condvar, Mutex, Once, OnceLock};
 use std::time::Duration;
 use strata_core::sync::LockUnpoisoned;
+
+/// The background thread's stack: a main thread's 8 MiB, twice over (pages are only
+/// committed when touched).
+const NVRTC_STACK: usize = 16 << 20;
 
 /// A job for the background thread, given the thread's state.
 pub(crate) type Job<W> = Box<dyn FnOnce(&W) + Send>;
@@ -26,6 +33,13 @@ impl<W> Default for Background<W> {
     }
 }
 
+impl<W> Background<W> {
+    /// True once the thread has been started (or failed to start).
+    pub(crate) fn started(&self) -> bool {
+        self.queue.get().is_some()
+    }
+}
+
 impl<W: Send + 'static> Background<W> {
     /// Queues `job`, starting the thread with the state `worker` makes when it is not
     /// running; false, with the job dropped, when the thread cannot start.
@@ -33,12 +47,12 @@ impl<W: Send + 'static> Background<W> {
         let queue = self.queue.get_or_init(|| {
             let worker = worker();
             let (send, receive) = mpsc::channel::<Job<W>>();
-            WAIT_AT_EXIT.call_once(|| {
-                // SAFETY: registers a plain `extern "C"` function with the C library.
-                unsafe { atexit(wait_for_compiles) };
-            });
+            WAIT_AT_EXIT.call_once(register_exit_wait);
             std::thread::Builder::new()
                 .name("strata-nvrtc".into())
+                // NVRTC's optimizing compile outgrew a spawned thread's default 2 MiB stack
+                // (SIGSEGV in its front end's setjmp, H200, about one process in three).
+                .stack_size(NVRTC_STACK)
                 .spawn(move || {
                     for job in receive {
                         if !STATE.start() {
@@ -49,6 +63,9 @@ impl<W: Send + 'static> Background<W> {
                         }
                         job(&worker);
                         STATE.end();
+                        // The job may have set up state (NVRTC's, lazily) whose teardown it
+                        // registered at exit: registered again now, the wait runs before it.
+                        register_exit_wait();
                     }
                 })
                 .ok()
@@ -91,6 +108,13 @@ static WAIT_AT_EXIT: Once = Once::new();
 
 extern "C" {
     fn atexit(f: extern "C" fn()) -> std::ffi::c_int;
+}
+
+/// Registers [`wait_for_compiles`] to run at exit, before every exit handler registered
+/// earlier (the C library runs them last registered first).
+fn register_exit_wait() {
+    // SAFETY: registers a plain `extern "C"` function with the C library.
+    unsafe { atexit(wait_for_compiles) };
 }
 
 /// At exit: no compile starts any more; the ones running get up to ten seconds to finish.

@@ -200,6 +200,13 @@ impl Compiler {
             quick: false,
             background: Background::default(),
         };
+        if !self.background.started() {
+            // A new thread's first job: a tiny kernel at the optimizing level, so that NVRTC
+            // sets up (and registers the exit teardown of) its optimizer's state before any
+            // compile a process may exit during (see `background`).
+            let warm = Box::new(|worker: &Compiler| worker.warm_up());
+            self.background.submit(worker, warm);
+        }
         let job = Box::new(move |worker: &Compiler| {
             then(worker.load_function(&body, &name, optimization));
         });
@@ -258,6 +265,15 @@ impl Compiler {
             }
         }
         Ok(image)
+    }
+
+    /// Compiles a tiny kernel to machine code at the optimizing level, past the disk cache
+    /// (so every process does), and drops it: NVRTC's state for such compiles is set up.
+    fn warm_up(&self) {
+        let body = "extern \"C\" __global__ void strata_warm_up(float* x) { x[0] = 1.0f; }";
+        if let Ok((source, options, _)) = self.program(body, Optimization::Full) {
+            let _ = compile(&source, &options, Output::Cubin);
+        }
     }
 
     /// PTX for `body`, compiled now for the virtual architecture (tests that check the

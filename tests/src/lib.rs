@@ -4,6 +4,8 @@
 use strata::prelude::*;
 use strata::sync::LockUnpoisoned;
 
+pub mod crash_trace;
+
 /// The devices present: always the CPU, and CUDA device 0 when there is one. `STRATA_TEST_DEVICES`
 /// (comma-separated device names, e.g. `cpu,wgpu`) chooses the list instead; wgpu runs only when
 /// named there, since a software Vulkan (lavapipe, CI's) makes the suite several times slower
@@ -13,6 +15,7 @@ use strata::sync::LockUnpoisoned;
 /// assert!(!strata_tests::devices().is_empty());
 /// ```
 pub fn devices() -> Vec<Device> {
+    crash_trace::install();
     let wanted = std::env::var("STRATA_TEST_DEVICES").ok();
     let explicit = wanted.is_some();
     let names: Vec<String> = match wanted {
