@@ -12,7 +12,8 @@
 # PyTorch), train (optimizer steps and the MLP's training step beside PyTorch), soak (the
 # soak test's cycles on cuda:0, SOAK_CYCLES of them, 10^5 unless set, and a tenth of them on
 # wgpu), cpu-train (the MLP step on the CPU backend beside PyTorch's CPU), multi (several
-# GPUs: copies between devices and the mixed-device tests, beside PyTorch), all.
+# GPUs: copies between devices and the mixed-device tests, beside PyTorch), conv (the
+# convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,9 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
   [ -d "$d" ] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$d"
 done
 export LD_LIBRARY_PATH
+# A test process that crashes prints the faulting thread's stack (tests/src/crash_trace.rs;
+# resolve its offsets with addr2line against the unstripped binary in target/release/deps).
+export STRATA_CRASH_TRACE="${STRATA_CRASH_TRACE:-1}"
 # Outside .gpu, so carrying fresh binaries keeps the compiled kernels of earlier runs.
 export STRATA_CACHE_DIR="${STRATA_CACHE_DIR:-/tmp/strata-cache}"
 summary="$out/summary.txt"
@@ -316,6 +320,24 @@ run_multi() {
   timeout 200 python3 scripts/bench_peer_torch.py 2>&1 | tee -a "$summary"
 }
 
+# Convolutions through cuDNN (loaded from the pip nvidia-cudnn package) and, with
+# STRATA_CUDNN=0, composed from matmuls as without cuDNN: the tests that convolve, then
+# `bench_gpu conv` both ways beside PyTorch's F.conv2d.
+run_conv() {
+  echo "== convolutions: cuDNN on, then off (STRATA_CUDNN=0)" | tee -a "$summary"
+  for cudnn in 1 0; do
+    for t in nn_functional training; do
+      STRATA_CUDNN=$cudnn STRATA_TEST_DEVICES=cuda:0 timeout 300 "$bin/test-$t" --test-threads=1 > "$out/$t-cudnn$cudnn.log" 2>&1
+      printf 'test-%s (STRATA_CUDNN=%s) rc=%s %s\n' "$t" "$cudnn" "$?" "$(grep -E '^test result' "$out/$t-cudnn$cudnn.log")" | tee -a "$summary"
+      grep -E 'panicked' -A2 "$out/$t-cudnn$cudnn.log" | head -10 | tee -a "$summary"
+    done
+  done
+  echo "-- conv2d: strata with cuDNN, strata composed (STRATA_CUDNN=0), PyTorch (cuDNN)" | tee -a "$summary"
+  timeout 200 "$bin/bench_gpu" conv 2>&1 | tee -a "$summary"
+  STRATA_CUDNN=0 timeout 200 "$bin/bench_gpu" conv 2>&1 | sed 's/"op": "/"op": "composed /' | tee -a "$summary"
+  timeout 200 python3 scripts/bench_conv_torch.py 2>&1 | tee -a "$summary"
+}
+
 run_cpu_train() {
   echo "== the MLP step on the CPU backend (batch 256) beside PyTorch's CPU" | tee -a "$summary"
   timeout 300 "$bin/bench_gpu" mlp --device cpu --batch 256 --optimizer adamw 2>&1 | tee -a "$summary"
@@ -328,6 +350,7 @@ case "$mode" in
   soak) run_soak ;;
   cpu-train) run_cpu_train ;;
   multi) run_multi ;;
+  conv) run_conv ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;

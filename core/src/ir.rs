@@ -867,6 +867,22 @@ pub enum Kernel {
         /// The axis the index values select along.
         axis: usize,
     },
+    /// A 2-D convolution pass over contiguous `[N, C, H, W]` operands of one float dtype
+    /// (cross-correlation, zero padding, `groups` channel groups), accumulating in f32 for
+    /// 16-bit floats: `Forward` reads `[x, w]` and writes `y`, `BackwardData` reads `[dy, w]`
+    /// and writes `dx`, `BackwardFilter` reads `[x, dy]` and writes `dw`; the weight is
+    /// `[O, C / groups, kH, kW]`. Each output is written whole (β = 0). The sum's order is the
+    /// backend's. Only backends whose
+    /// [`runs_convolution`](crate::target::Target::runs_convolution) is true get one; core
+    /// composes `conv2d` from matmuls elsewhere.
+    Convolution {
+        /// Which of the three products.
+        pass: ConvPass,
+        /// Stride, padding, dilation and groups.
+        geometry: ConvGeometry,
+        /// f32 products may use TF32 (the device opted in with `set_allow_tf32`).
+        tf32: bool,
+    },
     /// A histogram: for each element `i` of input 0 (contiguous from offset 0, any shape), the
     /// bin `bin(x_i)`; output 0 (`[bins]`, contiguous, of dtype `u32`, `u64`, `f32` or `f64`,
     /// holding earlier counts) gets `+= 1` at that bin, or `+=` input 1's element `i` (laid out
@@ -898,6 +914,7 @@ impl Kernel {
             Kernel::Softmax { .. } => "softmax",
             Kernel::Index { .. } => "index",
             Kernel::Histogram { .. } => "histogram",
+            Kernel::Convolution { .. } => "convolution",
         }
     }
 
@@ -913,6 +930,67 @@ impl Kernel {
             expr,
             also: Vec::new(),
         }
+    }
+}
+
+/// Which product a [`Kernel::Convolution`] computes: the convolution, or one of its two
+/// gradients (each the other two's transpose, so each pass's gradient is the other passes).
+///
+/// ```
+/// use strata_core::ir::ConvPass;
+/// assert_eq!(ConvPass::BackwardFilter.name(), "conv2d backward filter");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConvPass {
+    /// `y = conv(x, w)`.
+    Forward,
+    /// The input's gradient `dx` from `dy` and `w`.
+    BackwardData,
+    /// The weight's gradient `dw` from `x` and `dy`.
+    BackwardFilter,
+}
+
+impl ConvPass {
+    /// The pass as the profiler and `explain` name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvPass::Forward => "conv2d",
+            ConvPass::BackwardData => "conv2d backward data",
+            ConvPass::BackwardFilter => "conv2d backward filter",
+        }
+    }
+}
+
+/// A 2-D convolution's stride, zero padding and dilation along (height, width), and its
+/// channel groups.
+///
+/// ```
+/// use strata_core::ir::ConvGeometry;
+/// let g = ConvGeometry { stride: [2, 2], padding: [1, 1], dilation: [1, 1], groups: 1 };
+/// assert_eq!(g.out_len(0, 7, 3), 4);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConvGeometry {
+    /// Step between windows.
+    pub stride: [usize; 2],
+    /// Zeros added on each side.
+    pub padding: [usize; 2],
+    /// Step between a window's taps.
+    pub dilation: [usize; 2],
+    /// Channel groups (input and output channels divide into them).
+    pub groups: usize,
+}
+
+impl ConvGeometry {
+    /// Output length along `axis` (0: height, 1: width) of an input of length `len` and a
+    /// kernel of `k` taps; 0 when the window does not fit.
+    pub fn out_len(&self, axis: usize, len: usize, k: usize) -> usize {
+        let span = self.dilation[axis] * (k.max(1) - 1) + 1;
+        let padded = len + 2 * self.padding[axis];
+        if k == 0 || padded < span || self.stride[axis] == 0 {
+            return 0;
+        }
+        (padded - span) / self.stride[axis] + 1
     }
 }
 

@@ -724,6 +724,216 @@ test_device!(
     windows
 );
 
+/// `conv2d`'s output and both gradients of `Σ y · r` on the host, from the definition: each
+/// term `x · k` of an output adds `r · k` to `x`'s gradient and `r · x` to `k`'s.
+#[allow(clippy::too_many_arguments)]
+fn host_conv_grads(
+    x: &[f64],
+    [n, c, h, w]: [usize; 4],
+    k: &[f64],
+    [o, cg, kh, kw]: [usize; 4],
+    r: &[f64],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dil: [usize; 2],
+    groups: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / stride[0] + 1;
+    let ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) / stride[1] + 1;
+    let og = o / groups;
+    let (mut gx, mut gk) = (vec![0.0; x.len()], vec![0.0; k.len()]);
+    for s in 0..n {
+        for oc in 0..o {
+            for a in 0..oh {
+                for b in 0..ow {
+                    let rv = r[((s * o + oc) * oh + a) * ow + b];
+                    for ci in 0..cg {
+                        for i in 0..kh {
+                            for j in 0..kw {
+                                let hh = (a * stride[0] + i * dil[0]) as isize - pad[0] as isize;
+                                let ww = (b * stride[1] + j * dil[1]) as isize - pad[1] as isize;
+                                if hh < 0 || ww < 0 || hh >= h as isize || ww >= w as isize {
+                                    continue;
+                                }
+                                let xi = ((s * c + (oc / og) * cg + ci) * h + hh as usize) * w
+                                    + ww as usize;
+                                let ki = ((oc * cg + ci) * kh + i) * kw + j;
+                                gx[xi] += rv * k[ki];
+                                gk[ki] += rv * x[xi];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (gx, gk)
+}
+
+/// conv2d and conv_transpose2d in every float dtype the device has (the dtypes cuDNN runs:
+/// f32, f16, bf16 accumulating in f32, f64), values and both gradients against the host on
+/// the dtype's rounded inputs; empty operands give zeros.
+fn convolution_dtypes(dev: &Device) -> Result<()> {
+    let (shape, kshape) = ([3usize, 8, 11, 9], [12usize, 4, 3, 3]);
+    let (stride, pad, dil, groups) = ([2, 1], [1, 1], [1, 2], 2);
+    for (dtype, tol) in [
+        (DType::F64, 1e-12),
+        (DType::F32, 1e-5),
+        (DType::F16, 1.5e-2),
+        (DType::BF16, 1e-1),
+    ] {
+        if dev.backend().check_dtype(dtype).is_err() {
+            continue;
+        }
+        // A 1×1 window stepping one pixel (a matmul per sample where the backend runs
+        // convolution kernels) and its transpose.
+        let (ps, pk) = ([3usize, 8, 5, 7], [6usize, 8, 1, 1]);
+        let x = Tensor::from_slice(&ramp(ps.iter().product(), 2), ps.to_vec(), dev)?
+            .to_dtype(dtype)?
+            .requires_grad_(true)?;
+        let k = Tensor::from_slice(&ramp(pk.iter().product(), 3), pk.to_vec(), dev)?
+            .to_dtype(dtype)?
+            .requires_grad_(true)?;
+        let (xs, ks) = (values(&x)?, values(&k)?);
+        let one = [1, 1];
+        let (want, _) = host_conv(&xs, ps, &ks, pk, one, [0, 0], one, 1);
+        let y = conv2d(&x, &k, None, one, [0, 0], one, 1)?;
+        assert_eq!(y.shape(), &[3, 6, 5, 7]);
+        let what = |op: &str| format!("1×1 {op} in {dtype} on {}", dev.name());
+        close(&values(&y)?, &want, tol, &what("conv2d"));
+        let r =
+            Tensor::from_slice(&ramp(y.numel(), 5), y.shape().to_vec(), dev)?.to_dtype(dtype)?;
+        y.mul(&r)?.sum(Axes::All, false)?.backward()?;
+        let (gx, gk) = host_conv_grads(&xs, ps, &ks, pk, &values(&r)?, one, [0, 0], one, 1);
+        close(
+            &values(&x.grad().unwrap())?,
+            &gx,
+            4.0 * tol,
+            &what("input gradient"),
+        );
+        close(
+            &values(&k.grad().unwrap())?,
+            &gk,
+            4.0 * tol,
+            &what("weight gradient"),
+        );
+        let kt = Tensor::from_slice(&ramp(6 * 8, 6), [6, 8, 1, 1], dev)?.to_dtype(dtype)?;
+        let t = conv_transpose2d(&y.detach(), &kt, None, one, [0, 0], [0, 0], one, 1)?;
+        let (want, _) = host_conv_transpose(
+            &values(&y)?,
+            [3, 6, 5, 7],
+            &values(&kt)?,
+            [6, 8, 1, 1],
+            one,
+            [0, 0],
+            [0, 0],
+            one,
+            1,
+        );
+        assert_eq!(t.shape(), &[3, 8, 5, 7]);
+        close(&values(&t)?, &want, tol, &what("conv_transpose2d"));
+    }
+    for (dtype, tol) in [
+        (DType::F64, 1e-12),
+        (DType::F32, 1e-5),
+        // 16-bit: composed on wgpu, each kernel offset's partial sum is rounded to the dtype.
+        (DType::F16, 1.5e-2),
+        (DType::BF16, 1e-1),
+    ] {
+        if dev.backend().check_dtype(dtype).is_err() {
+            continue;
+        }
+        let what = |op: &str| format!("{op} in {dtype} on {}", dev.name());
+        let x = Tensor::from_slice(&ramp(shape.iter().product(), 1), shape.to_vec(), dev)?
+            .to_dtype(dtype)?
+            .requires_grad_(true)?;
+        let k = Tensor::from_slice(&ramp(kshape.iter().product(), 4), kshape.to_vec(), dev)?
+            .to_dtype(dtype)?
+            .requires_grad_(true)?;
+        let (xs, ks) = (values(&x)?, values(&k)?);
+        let (want, [oh, ow]) = host_conv(&xs, shape, &ks, kshape, stride, pad, dil, groups);
+        let y = conv2d(&x, &k, None, stride, pad, dil, groups)?;
+        assert_eq!(y.dtype(), dtype);
+        close(&values(&y)?, &want, tol, &what("conv2d"));
+        let r =
+            Tensor::from_slice(&ramp(y.numel(), 5), y.shape().to_vec(), dev)?.to_dtype(dtype)?;
+        y.mul(&r)?.sum(Axes::All, false)?.backward()?;
+        let (gx, gk) = host_conv_grads(
+            &xs,
+            shape,
+            &ks,
+            kshape,
+            &values(&r)?,
+            stride,
+            pad,
+            dil,
+            groups,
+        );
+        // The gradients sum more terms (up to N·OH·OW for the weight's): a looser bound.
+        close(
+            &values(&x.grad().unwrap())?,
+            &gx,
+            4.0 * tol,
+            &what("conv2d's input gradient"),
+        );
+        close(
+            &values(&k.grad().unwrap())?,
+            &gk,
+            4.0 * tol,
+            &what("conv2d's weight gradient"),
+        );
+
+        // conv_transpose2d of y's shape back to x's (its weight is [C_in, O/g, kH, kW]).
+        let yv = Tensor::from_slice(&ramp(3 * 12 * oh * ow, 2), [3, 12, oh, ow], dev)?
+            .to_dtype(dtype)?;
+        let kt = Tensor::from_slice(&ramp(12 * 4 * 9, 6), [12, 4, 3, 3], dev)?.to_dtype(dtype)?;
+        let out_pad = [(11 + 2 - 2 * 2 - 1) % 2, 0];
+        let t = conv_transpose2d(&yv, &kt, None, stride, pad, out_pad, dil, groups)?;
+        let (want, [th, tw]) = host_conv_transpose(
+            &values(&yv)?,
+            [3, 12, oh, ow],
+            &values(&kt)?,
+            [12, 4, 3, 3],
+            stride,
+            pad,
+            out_pad,
+            dil,
+            groups,
+        );
+        assert_eq!(t.shape(), &[3, 8, th, tw]);
+        close(&values(&t)?, &want, tol, &what("conv_transpose2d"));
+
+        // Empty operands: no terms, zeros of the output's shape.
+        let none = conv2d(
+            &Tensor::zeros([2, 0, 5, 5], dtype, dev)?,
+            &Tensor::zeros([3, 0, 3, 3], dtype, dev)?,
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        )?;
+        assert_eq!(none.shape(), &[2, 3, 3, 3]);
+        assert!(values(&none)?.iter().all(|&v| v == 0.0));
+        let no_batch = conv2d(
+            &Tensor::zeros([0, 4, 5, 5], dtype, dev)?,
+            &Tensor::zeros([3, 4, 3, 3], dtype, dev)?,
+            None,
+            [1, 1],
+            [0, 0],
+            [1, 1],
+            1,
+        )?;
+        assert_eq!(no_batch.shape(), &[0, 3, 3, 3]);
+    }
+    Ok(())
+}
+
+test_device!(
+    convolutions_in_every_float_dtype_match_the_host_with_gradients,
+    convolution_dtypes
+);
+
 /// conv_transpose2d on the host, from its definition: each input pixel adds the kernel,
 /// scaled by the pixel, into the output at stride·position − padding (+ dilation·offset).
 #[allow(clippy::too_many_arguments)]

@@ -4,6 +4,7 @@
 
 mod block;
 mod buffer;
+mod convolution;
 mod histogram;
 mod index;
 mod map;
@@ -258,6 +259,7 @@ impl Backend for CpuBackend {
                 bin,
                 weighted,
             } => histogram::run(*bins, bin, *weighted, args, &self.pool),
+            Kernel::Convolution { pass, geometry, .. } => convolution::run(*pass, geometry, args),
         }
     }
 

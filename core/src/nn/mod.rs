@@ -2,8 +2,8 @@
 //! parameters from their gradients, losses and the functional ops of training
 //! ([`functional`]), a small layer API over them ([`Module`], [`Sequential`], …), data to
 //! train on ([`data`]: the UCI digits, a seeded split and batch iterator), and
-//! data-parallel training over several devices. Everything here is written with core's ops and launches;
-//! no backend knows about it.
+//! data-parallel training over several devices. Everything here is written with core's ops and
+//! launches; the backends know only the convolution kernel `conv2d` launches where they run one.
 //!
 //! ```
 //! use strata_core::nn::{Optimizer, Sgd};
@@ -19,6 +19,7 @@
 //! ```
 
 mod adam;
+mod convolution;
 pub mod data;
 mod data_parallel;
 pub mod functional;

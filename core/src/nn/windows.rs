@@ -5,8 +5,9 @@
 //! `(i, j)` sees is a slice with the stride as its step, so no im2col buffer is made. A
 //! convolution is a sum over the kernel's offsets of one matmul each (the view's channels
 //! against the weight's), a pooling an elementwise max or sum over the offsets (one fused
-//! kernel). Gradients come from those ops; they are the plain, obviously right versions, not
-//! yet the fast kernels (cuDNN, implicit GEMM) issue 40 asks for.
+//! kernel). Gradients come from those ops. Where the backend runs a convolution kernel (cuDNN
+//! on CUDA, direct loops on the CPU) `conv2d` is one kernel per pass instead
+//! ([`convolution`](super::convolution)); wgpu, and CUDA without cuDNN, compose it.
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -64,6 +65,14 @@ fn offset_view(
     padded.slice(s![.., .., h0..h1; stride[0], w0..w1; stride[1]])
 }
 
+/// `t` in `dtype`: itself when it has it, else a converted copy.
+fn as_dtype(t: &Tensor, dtype: DType) -> Result<Tensor> {
+    match t.dtype() == dtype {
+        true => Ok(t.clone()),
+        false => t.to_dtype(dtype),
+    }
+}
+
 /// The groups' parts joined along `axis`; one part as it is (no copy).
 fn join_groups(mut parts: Vec<Tensor>, axis: isize) -> Result<Tensor> {
     match parts.len() {
@@ -107,6 +116,40 @@ pub fn conv2d(
         out_len(h, kh, stride[0], padding[0], dilation[0], "conv2d")?,
         out_len(w, kw, stride[1], padding[1], dilation[1], "conv2d")?,
     ];
+    let n = input.shape()[0];
+    let with_bias = |y: Tensor| match bias {
+        Some(b) => y.add(&b.reshape([o, 1, 1])?),
+        None => Ok(y),
+    };
+    let dtype = crate::ops::promote_types(input.dtype(), weight.dtype());
+    let runs_kernel = super::convolution::runs_on(input, dtype);
+    // Without a convolution kernel, a 1×1 window that steps one pixel is one matmul of the
+    // weight by each sample's [C, H·W] pixels (no copy of a contiguous input), its gradients
+    // matmuls too; with one, the kernel path runs that forward as a matmul itself.
+    if !runs_kernel && [kh, kw] == [1, 1] && stride == [1, 1] && padding == [0, 0] && groups == 1 {
+        let y = weight
+            .reshape([o, c])?
+            .matmul(&input.reshape([n, c, h * w])?)?
+            .reshape([n, o, h, w])?;
+        return with_bias(y);
+    }
+    if runs_kernel {
+        let geometry = crate::ir::ConvGeometry {
+            stride,
+            padding,
+            dilation,
+            groups,
+        };
+        let (x, k) = (as_dtype(input, dtype)?, as_dtype(weight, dtype)?);
+        let y = super::convolution::run_pass(
+            crate::ir::ConvPass::Forward,
+            geometry,
+            &x,
+            &k,
+            [n, o, out[0], out[1]],
+        )?;
+        return with_bias(y);
+    }
     let padded = input.pad(
         &[
             (padding[0] as isize, padding[0] as isize),
@@ -115,7 +158,6 @@ pub fn conv2d(
         0,
     )?;
     let og = o / groups;
-    let n = input.shape()[0];
     let positions = out[0] * out[1];
     let mut per_group = Vec::with_capacity(groups);
     for g in 0..groups {
@@ -145,11 +187,7 @@ pub fn conv2d(
                 .permute([0, 3, 1, 2])?,
         );
     }
-    let y = join_groups(per_group, 1)?;
-    match bias {
-        Some(b) => y.add(&b.reshape([o, 1, 1])?),
-        None => Ok(y),
-    }
+    with_bias(join_groups(per_group, 1)?)
 }
 
 /// `x` with `stride - 1` zeros between neighbours along `axis`: length `(len - 1)·stride + 1`.
@@ -229,6 +267,37 @@ pub fn conv_transpose2d(
                  stride {stride:?} or the dilation {dilation:?}"
             )));
         }
+    }
+    // Where the backend runs convolutions: the gradient pass it is (cuDNN's and PyTorch's
+    // way), when that pass's forward maps the output back to the input's size (an
+    // output_padding past the stride, possible with a dilation, does not).
+    let dtype = crate::ops::promote_types(input.dtype(), weight.dtype());
+    let geometry = crate::ir::ConvGeometry {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let out = [0, 1].map(|a| {
+        let (len, k) = sizes[a];
+        (len - 1) * stride[a] + dilation[a] * (k - 1) + output_padding[a] + 1 - 2 * padding[a]
+    });
+    if super::convolution::runs_on(input, dtype)
+        && geometry.out_len(0, out[0], kh) == h
+        && geometry.out_len(1, out[1], kw) == w
+    {
+        let o = weight.shape()[1] * groups;
+        let y = super::convolution::run_pass(
+            crate::ir::ConvPass::BackwardData,
+            geometry,
+            &as_dtype(input, dtype)?,
+            &as_dtype(weight, dtype)?,
+            [input.shape()[0], o, out[0], out[1]],
+        )?;
+        return match bias {
+            Some(b) => y.add(&b.reshape([o, 1, 1])?),
+            None => Ok(y),
+        };
     }
     let spread_input = spread(&spread(input, 2, stride[0])?, 3, stride[1])?;
     let edge = |a: usize, k: usize| (dilation[a] * (k - 1)) as isize - padding[a] as isize;

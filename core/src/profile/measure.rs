@@ -4,7 +4,7 @@
 use super::{ProfileRecord, RecordKind};
 use crate::backend::{KernelArgs, Operand};
 use crate::backend::{LaunchDescription, StreamId};
-use crate::ir::{Expr, IndexKind, Kernel, Node};
+use crate::ir::{ConvPass, Expr, IndexKind, Kernel, Node};
 
 /// The record of one launch of `kernel` (times filled in by the recorder).
 pub(super) fn kernel_record(
@@ -48,6 +48,14 @@ pub(super) fn kernel_record(
             };
             (name, vec![name.to_string()], 0)
         }
+        Kernel::Convolution { pass, .. } => {
+            let name = pass.name();
+            (
+                "convolution",
+                vec![name.to_string()],
+                conv_flops(*pass, args),
+            )
+        }
         Kernel::Histogram { bin, .. } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
             let mut ops = map_ops(bin);
@@ -84,6 +92,19 @@ fn distinct_bytes(o: &Operand) -> u64 {
         .map(|(&d, &s)| if s == 0 && d > 0 { 1 } else { d as u64 })
         .product();
     elements * o.dtype.itemsize() as u64
+}
+
+/// A convolution pass's operations: two per multiply-add, `y`'s elements times a weight's
+/// filter (`w`'s elements over its output channels), whichever pass.
+fn conv_flops(pass: ConvPass, args: &KernelArgs) -> u64 {
+    let shape = |o: Option<&Operand>| o.map(|o| o.layout.shape().to_vec()).unwrap_or_default();
+    let (y, w) = match pass {
+        ConvPass::Forward => (shape(args.outputs.first()), shape(args.inputs.get(1))),
+        ConvPass::BackwardData => (shape(args.inputs.first()), shape(args.inputs.get(1))),
+        ConvPass::BackwardFilter => (shape(args.inputs.get(1)), shape(args.outputs.first())),
+    };
+    let filter: usize = w.iter().skip(1).product();
+    2 * (y.iter().product::<usize>() * filter) as u64
 }
 
 /// Bytes of every element of a view (each is touched once).

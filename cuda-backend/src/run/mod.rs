@@ -5,6 +5,7 @@
 //! planner file here and a renderer in `crate::render`, nothing else.
 
 pub(crate) mod batch;
+mod convolution;
 pub(crate) mod first_launch;
 mod histogram;
 mod index;
@@ -52,6 +53,8 @@ pub(crate) struct Runner {
     /// Maps' first launches through the interpreter.
     first_launches: first_launch::FirstLaunches,
     pub blas: Option<Blas>,
+    /// cuDNN, when core sends convolutions here (the target's `runs_convolution`).
+    dnn: Option<crate::dnn::Dnn>,
     maps: FunctionCache<MapSig<'static>>,
     reductions: FunctionCache<ReduceSig>,
     indexing: FunctionCache<IndexSig>,
@@ -72,6 +75,7 @@ impl Runner {
             batches: batch::Batches::new(),
             first_launches: first_launch::FirstLaunches::new(),
             blas: Blas::new(),
+            dnn: target.runs_convolution.then(crate::dnn::Dnn::new),
             maps: FunctionCache::default(),
             reductions: FunctionCache::default(),
             indexing: FunctionCache::default(),
@@ -108,6 +112,11 @@ impl Runner {
                 bin,
                 weighted,
             } => histogram::steps(*bins, bin, *weighted, args, &self.target),
+            Kernel::Convolution {
+                pass,
+                geometry,
+                tf32,
+            } => convolution::steps(*pass, *geometry, *tf32, args, self.dnn.as_ref()),
         }
     }
 
@@ -159,6 +168,20 @@ impl Runner {
                         ))
                     }
                 },
+                Step::Conv(call) => {
+                    let workspace = match call.workspace {
+                        Some(i) => scratch.get(i).map_or(0, |b| b.device_ptr()),
+                        None => 0,
+                    };
+                    match &self.dnn {
+                        Some(dnn) => dnn.run(call, workspace, s)?,
+                        None => {
+                            return Err(strata_core::Error::Backend(
+                                "internal error: a cuDNN call planned without cuDNN".into(),
+                            ))
+                        }
+                    }
+                }
             }
         }
         Ok(())
@@ -247,6 +270,17 @@ impl Runner {
                     };
                     (sig.name().to_string(), shape)
                 }
+                Step::Conv(call) => {
+                    let [n, c, h, w] = call.plan.x_shape;
+                    let [o, _, kh, kw] = call.plan.w_shape;
+                    (
+                        format!("cuDNN {}", call.plan.pass.name()),
+                        format!(
+                            "x [{n}, {c}, {h}, {w}], w [{o}, {c}/g, {kh}, {kw}], {}, workspace {} B",
+                            call.plan.algo_name, call.plan.workspace
+                        ),
+                    )
+                }
                 Step::Gemm(call) => {
                     let (batch, m, k, n) = call.dims;
                     (
@@ -292,7 +326,7 @@ impl Runner {
                     };
                     compiled |= self.function(sig)?.settle() || !cached;
                 }
-                Step::Scratch { .. } | Step::Gemm(_) => {}
+                Step::Scratch { .. } | Step::Gemm(_) | Step::Conv(_) => {}
             }
         }
         Ok(compiled)

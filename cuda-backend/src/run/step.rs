@@ -2,6 +2,7 @@
 //! `Runner` executes, describes and compiles ahead.
 
 use crate::blas::GemmCall;
+use crate::dnn::ConvCall;
 use crate::launch::Launch;
 use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
@@ -25,6 +26,8 @@ pub(crate) enum Step<'k> {
     Kernel { sig: Sig, launch: Launch },
     /// A cuBLAS call.
     Gemm(GemmCall),
+    /// A cuDNN convolution.
+    Conv(ConvCall),
 }
 
 /// The signature of a generated kernel other than a map.

@@ -157,6 +157,11 @@ impl WgpuBackend {
                 bin,
                 weighted,
             } => self.histogram_steps(*bins, bin, *weighted, args),
+            // Core composes conv2d from matmuls here (`runs_convolution` is false).
+            Kernel::Convolution { pass, .. } => Err(Error::Backend(format!(
+                "internal error: a {} kernel planned for wgpu, which composes convolutions",
+                pass.name()
+            ))),
         }
     }
 
