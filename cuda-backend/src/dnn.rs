@@ -266,7 +266,13 @@ impl Dnn {
                 dn::cudnnSetConvolutionMathType(plan.conv, math),
                 "cudnnSetConvolutionMathType",
             )?;
-            let (algo, math, workspace) = choose(h, &plan, key.pass, fma_only)?;
+            // Timing needs memory of cuDNN's own: where it fails, the heuristics choose.
+            let chosen = match benchmarks() {
+                true => choose(h, &plan, key.pass, fma_only, true)
+                    .or_else(|_| choose(h, &plan, key.pass, fma_only, false)),
+                false => choose(h, &plan, key.pass, fma_only, false),
+            };
+            let (algo, math, workspace) = chosen?;
             plan.algo_name = format!("{algo:?}, {math:?}");
             plan.algo = algo;
             plan.workspace = workspace;
@@ -374,8 +380,8 @@ fn benchmarks() -> bool {
 /// How many ranked algorithms to ask cuDNN for.
 const RANKED: usize = 16;
 
-/// The first algorithm cuDNN ranks for `pass` (by timing them, or by its heuristics: see
-/// [`benchmarks`]) whose status is success and whose
+/// The first algorithm cuDNN ranks for `pass` (by timing them when `timed`, else by its
+/// heuristics) whose status is success and whose
 /// workspace fits [`MAX_WORKSPACE`]: `(algo, its math type, workspace bytes)`, with the
 /// convolution descriptor left at that math type (FMAs only when `fma_only`).
 ///
@@ -386,10 +392,14 @@ unsafe fn choose(
     p: &ConvPlan,
     pass: ConvPass,
     fma_only: bool,
+    timed: bool,
 ) -> Result<(Algo, dn::cudnnMathType_t, usize)> {
     let mut count = 0i32;
     let ok = dn::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    let timed = benchmarks();
+    let ranking = match timed {
+        true => "timing (cudnnFindConvolution…Algorithm)",
+        false => "ranking (cudnnGetConvolution…Algorithm_v7)",
+    };
     let mut ranked: Vec<(Algo, dn::cudnnMathType_t)> = Vec::new();
     match pass {
         ConvPass::Forward => {
@@ -409,7 +419,7 @@ unsafe fn choose(
                     &mut count,
                     perf.as_mut_ptr(),
                 ),
-                "cudnnGetConvolutionForwardAlgorithm_v7",
+                ranking,
             )?;
             for r in perf.iter().take(count.max(0) as usize) {
                 if r.status == ok {
@@ -434,7 +444,7 @@ unsafe fn choose(
                     &mut count,
                     perf.as_mut_ptr(),
                 ),
-                "cudnnGetConvolutionBackwardDataAlgorithm_v7",
+                ranking,
             )?;
             for r in perf.iter().take(count.max(0) as usize) {
                 if r.status == ok {
@@ -459,7 +469,7 @@ unsafe fn choose(
                     &mut count,
                     perf.as_mut_ptr(),
                 ),
-                "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+                ranking,
             )?;
             for r in perf.iter().take(count.max(0) as usize) {
                 if r.status == ok {
