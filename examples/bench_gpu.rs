@@ -520,31 +520,50 @@ fn optimizer_steps(dev: &Device) -> Result<()> {
 fn convolutions(dev: &Device) -> Result<()> {
     use strata::nn::functional::conv2d;
     let mut g = strata::random::Generator::new(1);
-    for (c, o, k, hw, stride, pad) in [
+    // (channels in, out, kernel, size, stride, padding): ResNet-50's shapes, issue 40's list.
+    let shapes = [
         (64usize, 64usize, 3usize, 56usize, 1usize, 1usize),
         (256, 64, 1, 56, 1, 0),
         (128, 128, 3, 28, 1, 1),
+        (256, 256, 3, 14, 1, 1),
+        (512, 512, 3, 7, 1, 1),
+        (3, 64, 7, 224, 2, 3),
+    ];
+    // f32 without TF32 first (the names without a suffix), then with it, then bf16.
+    for (dtype, tf32, suffix) in [
+        (DType::F32, false, ""),
+        (DType::F32, true, " tf32"),
+        (DType::BF16, false, " bf16"),
     ] {
-        let x = Tensor::randn([64, c, hw, hw], DType::F32, &mut g, dev)?.requires_grad_(true)?;
-        let w = Tensor::randn([o, c, k, k], DType::F32, &mut g, dev)?.requires_grad_(true)?;
-        let flops = 2.0 * (64 * o * hw * hw * c * k * k) as f64;
-        let name = format!("conv2d c{c}->{o} {k}x{k} {hw}^2");
-        let fwd = time(dev, 1, || {
-            keep(strata::autograd::no_grad(|| {
-                conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)
-            }))
-        })?;
-        row(&format!("{name} forward"), fwd, 0.0, flops);
-        let both = time(dev, 1, || {
-            conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)?
-                .sum(Axes::All, false)?
-                .backward()?;
-            x.zero_grad();
-            w.zero_grad();
-            Ok(())
-        })?;
-        row(&format!("{name} forward+backward"), both, 0.0, 3.0 * flops);
+        dev.set_allow_tf32(tf32);
+        for (c, o, k, hw, stride, pad) in shapes {
+            let x = Tensor::randn([64, c, hw, hw], DType::F32, &mut g, dev)?
+                .to_dtype(dtype)?
+                .requires_grad_(true)?;
+            let w = Tensor::randn([o, c, k, k], DType::F32, &mut g, dev)?
+                .to_dtype(dtype)?
+                .requires_grad_(true)?;
+            let out = (hw + 2 * pad - k) / stride + 1;
+            let flops = 2.0 * (64 * o * out * out * c * k * k) as f64;
+            let name = format!("conv2d c{c}->{o} {k}x{k} {hw}^2{suffix}");
+            let fwd = time(dev, 1, || {
+                keep(strata::autograd::no_grad(|| {
+                    conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)
+                }))
+            })?;
+            row(&format!("{name} forward"), fwd, 0.0, flops);
+            let both = time(dev, 1, || {
+                conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)?
+                    .sum(Axes::All, false)?
+                    .backward()?;
+                x.zero_grad();
+                w.zero_grad();
+                Ok(())
+            })?;
+            row(&format!("{name} forward+backward"), both, 0.0, 3.0 * flops);
+        }
     }
+    dev.set_allow_tf32(false);
     Ok(())
 }
 
