@@ -54,11 +54,8 @@ pub(crate) struct ConvPlan {
     pub workspace: usize,
     /// The algorithm and math type, for the profiler.
     pub algo_name: String,
-    /// The pass and the input's and weight's sizes, for the profiler.
-    pub pass: ConvPass,
-    pub x_shape: [usize; 4],
-    pub w_shape: [usize; 4],
-    double: bool,
+    /// The shape it was made for.
+    pub key: ConvKey,
 }
 
 // SAFETY: descriptors are host objects that cuDNN only reads during a call; every call runs
@@ -190,10 +187,7 @@ impl Dnn {
             algo: Algo::Forward(dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
             workspace: 0,
             algo_name: String::new(),
-            pass: key.pass,
-            x_shape: key.x,
-            w_shape: key.w,
-            double: key.dtype == DType::F64,
+            key: *key,
         };
         let h = handle.0;
         // SAFETY: each descriptor is created before it is set, and destroyed by the plan's
@@ -287,7 +281,7 @@ impl Dnn {
         let handle = self.handle()?.lock_unpoisoned();
         let p = &call.plan;
         let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
-        let (alpha, beta) = if p.double {
+        let (alpha, beta) = if p.key.dtype == DType::F64 {
             (
                 &one64 as *const f64 as *const std::ffi::c_void,
                 &zero64 as *const f64 as *const std::ffi::c_void,
@@ -402,84 +396,49 @@ unsafe fn choose(
         true => "timing (cudnnFindConvolution…Algorithm)",
         false => "ranking (cudnnGetConvolution…Algorithm_v7)",
     };
-    let mut ranked: Vec<(Algo, dn::cudnnMathType_t)> = Vec::new();
-    match pass {
-        ConvPass::Forward => {
-            let mut perf = [std::mem::zeroed::<dn::cudnnConvolutionFwdAlgoPerf_t>(); RANKED];
-            check(
-                (if timed {
-                    dn::cudnnFindConvolutionForwardAlgorithm
-                } else {
-                    dn::cudnnGetConvolutionForwardAlgorithm_v7
-                })(
-                    h,
-                    p.x,
-                    p.w,
-                    p.conv,
-                    p.y,
-                    RANKED as i32,
-                    &mut count,
-                    perf.as_mut_ptr(),
-                ),
-                ranking,
-            )?;
-            for r in perf.iter().take(count.max(0) as usize) {
-                if r.status == ok {
-                    ranked.push((Algo::Forward(r.algo), r.mathType));
-                }
-            }
-        }
-        ConvPass::BackwardData => {
-            let mut perf = [std::mem::zeroed::<dn::cudnnConvolutionBwdDataAlgoPerf_t>(); RANKED];
-            check(
-                (if timed {
-                    dn::cudnnFindConvolutionBackwardDataAlgorithm
-                } else {
-                    dn::cudnnGetConvolutionBackwardDataAlgorithm_v7
-                })(
-                    h,
-                    p.w,
-                    p.y,
-                    p.conv,
-                    p.x,
-                    RANKED as i32,
-                    &mut count,
-                    perf.as_mut_ptr(),
-                ),
-                ranking,
-            )?;
-            for r in perf.iter().take(count.max(0) as usize) {
-                if r.status == ok {
-                    ranked.push((Algo::BackwardData(r.algo), r.mathType));
-                }
-            }
-        }
-        ConvPass::BackwardFilter => {
-            let mut perf = [std::mem::zeroed::<dn::cudnnConvolutionBwdFilterAlgoPerf_t>(); RANKED];
-            check(
-                (if timed {
-                    dn::cudnnFindConvolutionBackwardFilterAlgorithm
-                } else {
-                    dn::cudnnGetConvolutionBackwardFilterAlgorithm_v7
-                })(
-                    h,
-                    p.x,
-                    p.y,
-                    p.conv,
-                    p.w,
-                    RANKED as i32,
-                    &mut count,
-                    perf.as_mut_ptr(),
-                ),
-                ranking,
-            )?;
-            for r in perf.iter().take(count.max(0) as usize) {
-                if r.status == ok {
-                    ranked.push((Algo::BackwardFilter(r.algo), r.mathType));
-                }
-            }
-        }
+    // One pass's ranking call over its descriptors in cuDNN's order: the successful entries.
+    macro_rules! rank {
+        ($algo:ident, $perf:ty, $find:path, $get:path, $d0:expr, $d1:expr, $d2:expr) => {{
+            let mut perf = [std::mem::zeroed::<$perf>(); RANKED];
+            let call = if timed { $find } else { $get };
+            let (n, out) = (RANKED as i32, perf.as_mut_ptr());
+            check(call(h, $d0, $d1, p.conv, $d2, n, &mut count, out), ranking)?;
+            let found = perf.iter().take(count.max(0) as usize);
+            found
+                .filter(|r| r.status == ok)
+                .map(|r| (Algo::$algo(r.algo), r.mathType))
+                .collect::<Vec<_>>()
+        }};
     }
+    let ranked = match pass {
+        ConvPass::Forward => rank!(
+            Forward,
+            dn::cudnnConvolutionFwdAlgoPerf_t,
+            dn::cudnnFindConvolutionForwardAlgorithm,
+            dn::cudnnGetConvolutionForwardAlgorithm_v7,
+            p.x,
+            p.w,
+            p.y
+        ),
+        ConvPass::BackwardData => rank!(
+            BackwardData,
+            dn::cudnnConvolutionBwdDataAlgoPerf_t,
+            dn::cudnnFindConvolutionBackwardDataAlgorithm,
+            dn::cudnnGetConvolutionBackwardDataAlgorithm_v7,
+            p.w,
+            p.y,
+            p.x
+        ),
+        ConvPass::BackwardFilter => rank!(
+            BackwardFilter,
+            dn::cudnnConvolutionBwdFilterAlgoPerf_t,
+            dn::cudnnFindConvolutionBackwardFilterAlgorithm,
+            dn::cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+            p.x,
+            p.y,
+            p.w
+        ),
+    };
     for (algo, math) in ranked {
         let math = match fma_only {
             true => dn::cudnnMathType_t::CUDNN_FMA_MATH,

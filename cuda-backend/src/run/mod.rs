@@ -271,10 +271,10 @@ impl Runner {
                     (sig.name().to_string(), shape)
                 }
                 Step::Conv(call) => {
-                    let [n, c, h, w] = call.plan.x_shape;
-                    let [o, _, kh, kw] = call.plan.w_shape;
+                    let [n, c, h, w] = call.plan.key.x;
+                    let [o, _, kh, kw] = call.plan.key.w;
                     (
-                        format!("cuDNN {}", call.plan.pass.name()),
+                        format!("cuDNN {}", call.plan.key.pass.name()),
                         format!(
                             "x [{n}, {c}, {h}, {w}], w [{o}, {c}/g, {kh}, {kw}], {}, workspace {} B",
                             call.plan.algo_name, call.plan.workspace
