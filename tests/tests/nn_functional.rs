@@ -534,28 +534,27 @@ test_device!(
     norms
 );
 
-/// conv2d on the host: direct loops over every output, channel and kernel offset.
+/// Visits every term of `conv2d` on the host, from its definition: for each output element,
+/// channel and kernel offset inside the input, `term(y index, x index, k index)`, an output's
+/// terms one after another.
 #[allow(clippy::too_many_arguments)]
-fn host_conv(
-    x: &[f64],
+fn conv_terms(
     [n, c, h, w]: [usize; 4],
-    k: &[f64],
     [o, cg, kh, kw]: [usize; 4],
     stride: [usize; 2],
     pad: [usize; 2],
     dil: [usize; 2],
     groups: usize,
-) -> (Vec<f64>, [usize; 2]) {
-    let oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / stride[0] + 1;
-    let ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) / stride[1] + 1;
+    mut term: impl FnMut(usize, usize, usize),
+) {
+    let [oh, ow] = conv_out([h, w], [kh, kw], stride, pad, dil);
     let og = o / groups;
-    let mut y = vec![0.0; n * o * oh * ow];
     for s in 0..n {
         for oc in 0..o {
             let g = oc / og;
             for a in 0..oh {
                 for b in 0..ow {
-                    let mut acc = 0.0;
+                    let yi = ((s * o + oc) * oh + a) * ow + b;
                     for ci in 0..cg {
                         for i in 0..kh {
                             for j in 0..kw {
@@ -566,15 +565,53 @@ fn host_conv(
                                 }
                                 let xi =
                                     ((s * c + g * cg + ci) * h + hh as usize) * w + ww as usize;
-                                acc += x[xi] * k[((oc * cg + ci) * kh + i) * kw + j];
+                                term(yi, xi, ((oc * cg + ci) * kh + i) * kw + j);
                             }
                         }
                     }
-                    y[((s * o + oc) * oh + a) * ow + b] = acc;
                 }
             }
         }
     }
+}
+
+/// conv2d's output (height, width) for an input and kernel of these sizes.
+fn conv_out(
+    [h, w]: [usize; 2],
+    [kh, kw]: [usize; 2],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dil: [usize; 2],
+) -> [usize; 2] {
+    [
+        (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / stride[0] + 1,
+        (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) / stride[1] + 1,
+    ]
+}
+
+/// conv2d on the host: the sum of each output's terms.
+#[allow(clippy::too_many_arguments)]
+fn host_conv(
+    x: &[f64],
+    shape: [usize; 4],
+    k: &[f64],
+    kshape: [usize; 4],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dil: [usize; 2],
+    groups: usize,
+) -> (Vec<f64>, [usize; 2]) {
+    let [oh, ow] = conv_out(
+        [shape[2], shape[3]],
+        [kshape[2], kshape[3]],
+        stride,
+        pad,
+        dil,
+    );
+    let mut y = vec![0.0; shape[0] * kshape[0] * oh * ow];
+    conv_terms(shape, kshape, stride, pad, dil, groups, |yi, xi, ki| {
+        y[yi] += x[xi] * k[ki]
+    });
     (y, [oh, ow])
 }
 
@@ -724,49 +761,25 @@ test_device!(
     windows
 );
 
-/// `conv2d`'s output and both gradients of `Σ y · r` on the host, from the definition: each
-/// term `x · k` of an output adds `r · k` to `x`'s gradient and `r · x` to `k`'s.
+/// Both gradients of `Σ conv2d(x, k) · r` on the host: each term `x · k` of an output adds
+/// `r · k` to `x`'s gradient and `r · x` to `k`'s.
 #[allow(clippy::too_many_arguments)]
 fn host_conv_grads(
     x: &[f64],
-    [n, c, h, w]: [usize; 4],
+    shape: [usize; 4],
     k: &[f64],
-    [o, cg, kh, kw]: [usize; 4],
+    kshape: [usize; 4],
     r: &[f64],
     stride: [usize; 2],
     pad: [usize; 2],
     dil: [usize; 2],
     groups: usize,
 ) -> (Vec<f64>, Vec<f64>) {
-    let oh = (h + 2 * pad[0] - dil[0] * (kh - 1) - 1) / stride[0] + 1;
-    let ow = (w + 2 * pad[1] - dil[1] * (kw - 1) - 1) / stride[1] + 1;
-    let og = o / groups;
     let (mut gx, mut gk) = (vec![0.0; x.len()], vec![0.0; k.len()]);
-    for s in 0..n {
-        for oc in 0..o {
-            for a in 0..oh {
-                for b in 0..ow {
-                    let rv = r[((s * o + oc) * oh + a) * ow + b];
-                    for ci in 0..cg {
-                        for i in 0..kh {
-                            for j in 0..kw {
-                                let hh = (a * stride[0] + i * dil[0]) as isize - pad[0] as isize;
-                                let ww = (b * stride[1] + j * dil[1]) as isize - pad[1] as isize;
-                                if hh < 0 || ww < 0 || hh >= h as isize || ww >= w as isize {
-                                    continue;
-                                }
-                                let xi = ((s * c + (oc / og) * cg + ci) * h + hh as usize) * w
-                                    + ww as usize;
-                                let ki = ((oc * cg + ci) * kh + i) * kw + j;
-                                gx[xi] += rv * k[ki];
-                                gk[ki] += rv * x[xi];
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
+    conv_terms(shape, kshape, stride, pad, dil, groups, |yi, xi, ki| {
+        gx[xi] += r[yi] * k[ki];
+        gk[ki] += r[yi] * x[xi];
+    });
     (gx, gk)
 }
 

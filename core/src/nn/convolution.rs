@@ -62,8 +62,9 @@ pub(super) fn run_pass(
 /// forward pass is the weight `[O, C]` times each sample's `[C, H·W]` pixels and its
 /// backward-data pass the weight's transpose times each sample's `[O, H·W]` gradient, one
 /// batched matmul each (cuBLAS on CUDA, measured faster than cuDNN's forward on an H200).
-/// `None` for other shapes and the backward-filter pass.
-fn pointwise(
+/// `None` for other shapes and the backward-filter pass. Matmul promotes mixed dtypes and
+/// records its own gradients.
+pub(super) fn pointwise(
     pass: ConvPass,
     g: &ConvGeometry,
     a: &Tensor,

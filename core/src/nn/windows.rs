@@ -122,32 +122,22 @@ pub fn conv2d(
         None => Ok(y),
     };
     let dtype = crate::ops::promote_types(input.dtype(), weight.dtype());
-    let runs_kernel = super::convolution::runs_on(input, dtype);
-    // Without a convolution kernel, a 1×1 window that steps one pixel is one matmul of the
-    // weight by each sample's [C, H·W] pixels (no copy of a contiguous input), its gradients
-    // matmuls too; with one, the kernel path runs that forward as a matmul itself.
-    if !runs_kernel && [kh, kw] == [1, 1] && stride == [1, 1] && padding == [0, 0] && groups == 1 {
-        let y = weight
-            .reshape([o, c])?
-            .matmul(&input.reshape([n, c, h * w])?)?
-            .reshape([n, o, h, w])?;
+    let geometry = crate::ir::ConvGeometry {
+        stride,
+        padding,
+        dilation,
+        groups,
+    };
+    let forward = crate::ir::ConvPass::Forward;
+    let shape = [n, o, out[0], out[1]];
+    if super::convolution::runs_on(input, dtype) {
+        let (x, k) = (as_dtype(input, dtype)?, as_dtype(weight, dtype)?);
+        let y = super::convolution::run_pass(forward, geometry, &x, &k, shape)?;
         return with_bias(y);
     }
-    if runs_kernel {
-        let geometry = crate::ir::ConvGeometry {
-            stride,
-            padding,
-            dilation,
-            groups,
-        };
-        let (x, k) = (as_dtype(input, dtype)?, as_dtype(weight, dtype)?);
-        let y = super::convolution::run_pass(
-            crate::ir::ConvPass::Forward,
-            geometry,
-            &x,
-            &k,
-            [n, o, out[0], out[1]],
-        )?;
+    // Without a convolution kernel a 1×1 unit-stride window is still a matmul per sample
+    // (its gradients matmuls too).
+    if let Some(y) = super::convolution::pointwise(forward, &geometry, input, weight, shape)? {
         return with_bias(y);
     }
     let padded = input.pad(
