@@ -12,8 +12,10 @@
 # PyTorch), train (optimizer steps and the MLP's training step beside PyTorch), soak (the
 # soak test's cycles on cuda:0, SOAK_CYCLES of them, 10^5 unless set, and a tenth of them on
 # wgpu), cpu-train (the MLP step on the CPU backend beside PyTorch's CPU), multi (several
-# GPUs: copies between devices and the mixed-device tests, beside PyTorch), conv (the
-# convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN), all.
+# GPUs: copies between devices, collectives and the mixed-device tests, beside PyTorch, and
+# the CNN's step data-parallel; dp that step alone), conv (the
+# convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN), cnn (a small
+# CNN's training step beside PyTorch eager and compiled, and on wgpu), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -297,16 +299,27 @@ run_soak() {
 # Several GPUs (the nvidia-h100-x2/-x4 kinds): the devices tests on cuda:0 with cuda:1 (peer
 # copies, mixed-device errors), the NCCL collectives, and copies and all_reduce beside
 # PyTorch's. NVLink multicast stays off for anything that starts NCCL (KINDS.md).
-run_multi() {
+# NCCL without NVLink multicast (KINDS.md), where strata loads it.
+setup_nccl() {
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  echo "== several GPUs: $(nvidia-smi -L | wc -l) devices" | tee -a "$summary"
-  nvidia-smi topo -m 2>&1 | head -8 | tee -a "$summary"
   # strata loads NCCL as libnccl.so; pip's nvidia-nccl-cu13 has only libnccl.so.2.
   nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], "lib", "libnccl.so.2"))' 2>/dev/null)
   if [ -n "$nccl" ] && [ -e "$nccl" ]; then
     mkdir -p /tmp/strata-nccl && ln -sf "$nccl" /tmp/strata-nccl/libnccl.so
     export LD_LIBRARY_PATH="/tmp/strata-nccl:$LD_LIBRARY_PATH"
   fi
+}
+
+run_dp() {
+  setup_nccl
+  echo "-- the CNN's training step data-parallel (bench_gpu dp), 256 images per GPU" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" dp 2>&1 | tee -a "$summary"
+}
+
+run_multi() {
+  setup_nccl
+  echo "== several GPUs: $(nvidia-smi -L | wc -l) devices" | tee -a "$summary"
+  nvidia-smi topo -m 2>&1 | head -8 | tee -a "$summary"
   for t in devices collectives; do
     STRATA_TEST_DEVICES=cuda:0 timeout 300 "$bin/test-$t" --test-threads=1 > "$out/$t.log" 2>&1
     printf 'test-%s rc=%s %s\n' "$t" "$?" "$(grep -E '^test result' "$out/$t.log")" | tee -a "$summary"
@@ -318,6 +331,7 @@ run_multi() {
   echo "-- strata (bench_gpu peer), then PyTorch" | tee -a "$summary"
   timeout 200 "$bin/bench_gpu" peer 2>&1 | tee -a "$summary"
   timeout 200 python3 scripts/bench_peer_torch.py 2>&1 | tee -a "$summary"
+  run_dp
 }
 
 # Convolutions through cuDNN (loaded from the pip nvidia-cudnn package) and, with
@@ -338,6 +352,13 @@ run_conv() {
   timeout 200 python3 scripts/bench_conv_torch.py 2>&1 | tee -a "$summary"
 }
 
+run_cnn() {
+  echo "== the small CNN's AdamW step, batch 256: strata (bench_gpu cnn), PyTorch eager and compiled" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" cnn --profile 2> "$out/cnn-profile-strata.txt" | tee -a "$summary"
+  timeout 400 python3 scripts/bench_cnn_torch.py 256 2>&1 | tee -a "$summary"
+  (setup_vulkan; timeout 300 "$bin/bench_gpu" cnn --device wgpu --batch 256 2>&1 | tee -a "$summary")
+}
+
 run_cpu_train() {
   echo "== the MLP step on the CPU backend (batch 256) beside PyTorch's CPU" | tee -a "$summary"
   timeout 300 "$bin/bench_gpu" mlp --device cpu --batch 256 --optimizer adamw 2>&1 | tee -a "$summary"
@@ -351,6 +372,8 @@ case "$mode" in
   cpu-train) run_cpu_train ;;
   multi) run_multi ;;
   conv) run_conv ;;
+  cnn) run_cnn ;;
+  dp) run_dp ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;
   bench) run_bench ;;

@@ -13,14 +13,18 @@
 //! PyTorch's side); `bench_gpu backward [--log2n N] [--device ..]` the backward of the fused
 //! chains (`scripts/bench_backward_torch.py`); `bench_gpu peer [--log2n N]` copies between
 //! CUDA devices 0 and 1 (`scripts/bench_peer_torch.py`); `bench_gpu conv` conv2d on ResNet-50
-//! shapes (`scripts/bench_conv_torch.py`).
+//! shapes (`scripts/bench_conv_torch.py`); `bench_gpu cnn [--batch N] [--device ..]` a small
+//! ResNet-style CNN's AdamW training step (`cnn.rs`; `scripts/bench_cnn_torch.py`);
+//! `bench_gpu dp [--batch N]` that step data-parallel over 1, 2 and every CUDA device.
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
 //! kernels it names. Rows marked `fused` run with fusion on (the default), rows marked `eager`
 //! with `Device::set_fusion(false)`.
 
+#[path = "../bench_common/mod.rs"]
 mod bench_common;
+mod cnn;
 
 use bench_common::{arg, median};
 use std::time::Instant;
@@ -567,6 +571,163 @@ fn convolutions(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// One training step of the small CNN ([`cnn::Cnn`]: forward, cross-entropy, backward,
+/// AdamW, `zero_grad`) over a batch of `batch` 32×32 images, f32 with TF32 convolutions and
+/// matmuls (as `scripts/bench_cnn_torch.py` sets PyTorch), and the peak memory of the run.
+fn cnn_step(dev: &Device, batch: usize) -> Result<()> {
+    dev.set_allow_tf32(true);
+    let model = cnn::Cnn::new(7, dev)?;
+    let mut g = strata::random::Generator::new(8);
+    let x = Tensor::randn([batch, 3, 32, 32], DType::F32, &mut g, dev)?;
+    let y = Tensor::randint(0, 10, [batch], DType::I64, &mut g, dev)?;
+    let mut opt = AdamW::new(model.parameters(), 1e-3)?;
+    dev.synchronize()?;
+    let mut step = || -> Result<()> {
+        model.loss(&x, &y)?.backward()?;
+        opt.step()?;
+        opt.zero_grad();
+        Ok(())
+    };
+    let first = Instant::now();
+    step()?;
+    dev.synchronize()?;
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    let ms = time(dev, 1, &mut step)?;
+    if std::env::args().any(|a| a == "--profile") {
+        dev.synchronize()?;
+        eprintln!("{}", dev.profile(&mut step)?);
+    }
+    // The host's share: wall-clock ms until each phase returns (nothing waited for), the
+    // device idle at the start of each step.
+    let mut phases = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..10 {
+        dev.synchronize()?;
+        let t = Instant::now();
+        let loss = model.loss(&x, &y)?;
+        let forward = t.elapsed();
+        loss.backward()?;
+        let backward = t.elapsed();
+        opt.step()?;
+        opt.zero_grad();
+        let all = t.elapsed();
+        for (v, d) in phases
+            .iter_mut()
+            .zip([forward, backward - forward, all - backward])
+        {
+            v.push(d.as_secs_f64() * 1e3);
+        }
+    }
+    let [f, b, o] = phases.map(median);
+    println!("{{\"op\": \"cnn-host-ms-{batch}\", \"forward\": {f:.3}, \"backward\": {b:.3}, \"optimizer\": {o:.3}}}");
+    let mut name = "cnn".to_string();
+    match dev.kind() {
+        strata::BackendKind::Cuda => {}
+        strata::BackendKind::Wgpu => name.push_str("-wgpu"),
+        strata::BackendKind::Cpu => name.push_str("-cpu"),
+    }
+    row(
+        &format!("{name}-step-{batch}"),
+        ms,
+        0.0,
+        3.0 * cnn::Cnn::forward_flops(batch),
+    );
+    dev.synchronize()?;
+    println!(
+        "{{\"op\": \"{name}-peak-mib-{batch}\", \"mib\": {:.1}}}",
+        dev.memory_stats().peak as f64 / (1 << 20) as f64
+    );
+    println!("{{\"op\": \"{name}-first-step-{batch}\", \"ms\": {first_ms:.1}}}");
+    Ok(())
+}
+
+/// The CNN's training step data-parallel over 1, 2 and every CUDA device
+/// ([`strata::nn::DataParallel`], gradients averaged through NCCL): `per_gpu` images on each
+/// device (the global batch grows with the devices, as DistributedDataParallel is used), so
+/// the speed-up over one GPU is `world · t₁ / t_world` images per second. `threads`: each
+/// device's forward and backward issued from a thread of its own, else all from this one.
+/// Median wall-clock ms of 20 steps, each ending with every device synchronized.
+fn data_parallel(per_gpu: usize, threads: bool) -> Result<()> {
+    use strata::nn::DataParallel;
+    let count = Device::cuda_count();
+    let mut worlds = vec![1, 2, count];
+    worlds.retain(|&w| w <= count);
+    worlds.dedup();
+    let mut one_gpu_ms = None;
+    for world in worlds {
+        let devices: Vec<Device> = (0..world).map(Device::cuda).collect::<Result<_>>()?;
+        for d in &devices {
+            d.set_allow_tf32(true);
+        }
+        let comm = strata::collective::nccl(&devices)?;
+        let reference = cnn::Cnn::new(7, &devices[0])?;
+        let dp = DataParallel::new(comm, &reference.parameters())?;
+        drop(reference);
+        let models = devices
+            .iter()
+            .enumerate()
+            .map(|(k, d)| cnn::Cnn::new(7, d)?.with_parameters(dp.replica(k)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut opts = (0..world)
+            .map(|k| AdamW::new(dp.replica(k).to_vec(), 1e-3))
+            .collect::<Result<Vec<_>>>()?;
+        let mut g = strata::random::Generator::new(8);
+        let x = Tensor::randn(
+            [per_gpu * world, 3, 32, 32],
+            DType::F32,
+            &mut g,
+            &devices[0],
+        )?;
+        let y = Tensor::randint(0, 10, [per_gpu * world], DType::I64, &mut g, &devices[0])?;
+        let (xs, ys) = (dp.scatter(&x)?, dp.scatter(&y)?);
+        let mut step = || -> Result<()> {
+            let backward = |k: usize| -> Result<()> { models[k].loss(&xs[k], &ys[k])?.backward() };
+            if threads && world > 1 {
+                std::thread::scope(|s| {
+                    let handles: Vec<_> =
+                        (0..world).map(|k| s.spawn(move || backward(k))).collect();
+                    handles
+                        .into_iter()
+                        .map(|h| h.join().expect("a device's backward thread panicked"))
+                        .collect::<Result<Vec<()>>>()
+                })?;
+            } else {
+                (0..world).try_for_each(backward)?;
+            }
+            if world > 1 {
+                dp.average_gradients()?;
+            }
+            for opt in &mut opts {
+                opt.step()?;
+                opt.zero_grad();
+            }
+            Ok(())
+        };
+        let mut runs = Vec::new();
+        for k in 0..23 {
+            let t = Instant::now();
+            step()?;
+            for d in &devices {
+                d.synchronize()?;
+            }
+            if k >= 3 {
+                runs.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        let ms = median(runs);
+        let one = *one_gpu_ms.get_or_insert(ms);
+        let speedup = world as f64 * one / ms;
+        let how = if threads {
+            "thread per GPU"
+        } else {
+            "one thread"
+        };
+        println!(
+            "{{\"op\": \"dp-cnn-step {per_gpu}/GPU on {world} GPUs ({how})\", \"ms\": {ms:.3}, \"speedup\": {speedup:.2}}}"
+        );
+    }
+    Ok(())
+}
+
 /// Copies of `n` f32 elements between CUDA devices 0 and 1, each way and both ways at once:
 /// median wall-clock ms of 20 repetitions (each a copy and both devices synchronized; the
 /// copy is ordered on the two devices' streams, so the host clock is the fair one), as
@@ -689,12 +850,17 @@ fn main() -> Result<()> {
         }
         Some("first-op") => return first_op(),
         Some("conv") => return convolutions(&Device::cuda(0)?),
+        Some("dp") => {
+            let per_gpu: usize = arg("--batch", "256").parse().unwrap_or(256);
+            data_parallel(per_gpu, false)?;
+            return data_parallel(per_gpu, true);
+        }
         Some("peer") => {
             let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
             return peer_copies(1 << log2n);
         }
         Some("host") => return host_costs(&Device::cuda(0)?),
-        Some(mode @ ("mlp" | "optim" | "backward")) => {
+        Some(mode @ ("mlp" | "optim" | "backward" | "cnn")) => {
             let dev = match arg("--device", "cuda").as_str() {
                 "wgpu" => Device::wgpu()?,
                 "cpu" => Device::cpu(),
@@ -702,6 +868,10 @@ fn main() -> Result<()> {
             };
             if mode == "optim" {
                 return optimizer_steps(&dev);
+            }
+            if mode == "cnn" {
+                let batch: usize = arg("--batch", "256").parse().unwrap_or(256);
+                return cnn_step(&dev, batch);
             }
             if mode == "backward" {
                 let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
