@@ -497,6 +497,41 @@ mod tests {
     }
 
     #[test]
+    fn reductions_over_rows_of_several_reduced_axes_compile() {
+        use crate::render::reduce::ReduceSig;
+        use crate::render::Generated;
+        use strata_core::ir::ReduceOp;
+        use strata_core::DType;
+        let Ok(_) = nvrtc_version() else { return };
+        let mut compiler = Compiler::new(None, (9, 0));
+        compiler.cache_dir = None;
+        for (op, rank, vector) in [(ReduceOp::Sum, 2, 4), (ReduceOp::ArgMax, 3, 1)] {
+            let sig = ReduceSig {
+                op,
+                input: DType::F32,
+                acc: DType::F32,
+                out: if op == ReduceOp::Sum {
+                    DType::F32
+                } else {
+                    DType::I64
+                },
+                outer_rank: 1,
+                reduced_rank: rank,
+                group: 32,
+                vector,
+                wide: false,
+                combine: false,
+                map: None,
+                prologue: None,
+                epilogue: None,
+            };
+            let src = sig.render().unwrap().source;
+            assert!(src.contains("row < r1 / inner"), "{src}");
+            compiler.cubin(&src, Optimization::FastCompile).unwrap();
+        }
+    }
+
+    #[test]
     fn maps_compile_fast_where_nvrtc_can() {
         assert_eq!(fast_compile_level(None, (13, 0)).as_deref(), Some("min"));
         assert_eq!(

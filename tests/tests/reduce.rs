@@ -446,3 +446,66 @@ fn softmax_rows_in_pieces(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(softmax_rows_in_pieces_or_composed, softmax_rows_in_pieces);
+
+/// Per-channel statistics of `[N, C, H, W]` (a batch norm's: N, H and W reduced), whose rows
+/// along W are long enough for a group of threads to read together (CUDA's row loop): sum,
+/// max, min, mean and var against host folds, in f32, f64 and i32, for a contiguous tensor, a
+/// sliced one (an odd offset and rows of 33) and one with a strided innermost axis.
+fn per_channel_statistics(dev: &Device) -> Result<()> {
+    let (n, c, h, w) = (3usize, 5usize, 4usize, 40usize);
+    let host: Vec<f64> = (0..n * c * h * w)
+        .map(|i| ((i * 7919) % 101) as f64 / 8.0 - 6.0)
+        .collect();
+    for dtype in [DType::F32, DType::F64, DType::I32] {
+        let full = Tensor::from_slice(&host, [n, c, h, w], dev)?.to_dtype(dtype)?;
+        let cases = [
+            ("contiguous", full.clone()),
+            ("sliced", full.slice(s![.., .., 1.., 3..36])?),
+            ("strided rows", full.slice(s![.., .., .., ..;2])?),
+        ];
+        for (layout, t) in cases {
+            let [tn, tc, th, tw] = t.shape()[..] else {
+                unreachable!()
+            };
+            let vals = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+            let channel = |k: usize| -> Vec<f64> {
+                (0..tn * th * tw)
+                    .map(|i| {
+                        let (b, rest) = (i / (th * tw), i % (th * tw));
+                        vals[(b * tc + k) * th * tw + rest]
+                    })
+                    .collect()
+            };
+            for name in ["sum", "max", "min", "mean", "var"] {
+                if matches!(name, "mean" | "var") && !dtype.is_float() {
+                    continue;
+                }
+                let got = run(&t, name, Axes::from([0, 2, 3]), false)?
+                    .to_dtype(DType::F64)?
+                    .to_vec::<f64>()?;
+                for (k, g) in got.iter().enumerate() {
+                    let v = channel(k);
+                    let mean = v.iter().sum::<f64>() / v.len() as f64;
+                    let want = match name {
+                        "sum" => v.iter().sum(),
+                        "max" => v.iter().copied().fold(f64::MIN, f64::max),
+                        "min" => v.iter().copied().fold(f64::MAX, f64::min),
+                        "mean" => mean,
+                        _ => {
+                            v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+                        }
+                    };
+                    assert!(
+                        (g - want).abs() <= 1e-5 * want.abs().max(1.0),
+                        "{name} of channel {k} on {dtype} ({layout}): got {g}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+test_device!(
+    per_channel_statistics_over_long_rows,
+    per_channel_statistics
+);

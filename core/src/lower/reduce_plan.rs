@@ -61,9 +61,12 @@ pub struct ReducePlan {
     pub outputs: usize,
     /// Elements reduced into each.
     pub extent: usize,
-    /// Threads that reduce one output (or one range of it) together.
+    /// Threads that reduce one output (or one range of it) together. With more than one
+    /// reduced axis, a group above 1 promises that the innermost reduced axis is contiguous and
+    /// that every range holds whole rows of it (its `chunk` a multiple of the row).
     pub group: usize,
-    /// Elements per vector load of the reduced axis (1: none).
+    /// Elements per vector load of the reduced axis (1: none); with several reduced axes,
+    /// every reduced stride but the innermost's is a multiple of it.
     pub vector: usize,
     /// Offsets or counts need 64-bit index arithmetic.
     pub wide: bool,
@@ -107,10 +110,10 @@ fn split_count(
         .max(1)
 }
 
-/// `(chunk, splits)` for `extent` positions in about `splits` ranges: chunks a multiple of the
-/// vector width, and no empty range.
-fn chunks(extent: usize, splits: usize, vector: usize) -> (usize, usize) {
-    let chunk = extent.div_ceil(splits).div_ceil(vector) * vector;
+/// `(chunk, splits)` for `extent` positions in about `splits` ranges: chunks a multiple of
+/// `unit` (the vector width, or a row's length), and no empty range.
+fn chunks(extent: usize, splits: usize, unit: usize) -> (usize, usize) {
+    let chunk = extent.div_ceil(splits).div_ceil(unit) * unit;
     if chunk == 0 {
         return (1, 1);
     }
@@ -153,27 +156,41 @@ pub fn plan(ops: &ReduceOperands, buffers: &[BufferInfo], target: &Target) -> Re
     // A group of threads per output pays when they read along a contiguous reduced axis;
     // strided reductions run a thread per output, so neighbouring threads read neighbours.
     let contiguous = reduced_shape.len() == 1 && in_reduced[0] == 1;
+    // Several reduced axes whose innermost is contiguous and long (a batch norm's statistics:
+    // `[N, C, H, W]` over N, H and W): a group reads each row of that axis together, and
+    // every range holds whole rows, so the group's reads stay neighbours in memory.
+    let inner = *reduced_shape.last().unwrap_or(&1);
+    let rows = reduced_shape.len() > 1 && in_reduced.last() == Some(&1) && inner >= 32;
     let group = if contiguous && extent >= 64 {
         if extent >= 1024 && outputs * 32 < target.parallel_slots {
             target.group_of(usize::MAX)
         } else {
             target.group_of(32)
         }
+    } else if rows {
+        target.group_of(32)
     } else {
         1
     };
-    let mut vector = if contiguous && target.reduce_vectors && target.vector_bytes > 0 {
+    let mut vector = if (contiguous || rows) && target.reduce_vectors && target.vector_bytes > 0 {
         (target.vector_bytes / item).max(1)
     } else {
         1
     };
     let first = address + (input.layout.offset() * item) as u64;
+    let row_strides = &in_reduced[..in_reduced.len() - 1];
     while vector > 1
         && (!first.is_multiple_of((vector * item) as u64)
-            || in_outer.iter().any(|&s| s.rem_euclid(vector as isize) != 0))
+            || in_outer.iter().any(|&s| s.rem_euclid(vector as isize) != 0)
+            || (rows
+                && row_strides
+                    .iter()
+                    .any(|&s| s.rem_euclid(vector as isize) != 0)))
     {
         vector /= 2;
     }
+    // Ranges are cut at multiples of this many positions.
+    let unit = if rows { inner } else { vector };
     let (ro, mut full) = (outer_shape.len(), outer_shape.clone());
     full.extend(&reduced_shape);
     let in_access = Access {
@@ -204,7 +221,7 @@ pub fn plan(ops: &ReduceOperands, buffers: &[BufferInfo], target: &Target) -> Re
     let mut row = 0;
     loop {
         let n = rows.min(reduced_shape[0] - row);
-        let (chunk, s) = chunks(n * rest, ranges, vector);
+        let (chunk, s) = chunks(n * rest, ranges, unit);
         window_splits.push((row, n, first_split, s, chunk));
         first_split += s;
         row += n;
@@ -374,6 +391,27 @@ mod tests {
         assert_eq!((cols.group, cols.vector), (1, 1));
         assert!(cols.splits > 1, "few outputs for the device: split");
         assert_eq!(cols.combine_group, 1);
+    }
+
+    #[test]
+    fn per_channel_statistics_read_rows_with_a_group_in_whole_row_ranges() {
+        let dev = Device::cpu();
+        // A batch norm's mean over N, H and W of [N, C, H, W]: C kept, N and H·W reduced.
+        let x = Tensor::zeros([16, 8, 12, 12], DType::F32, &dev).unwrap();
+        let p = plan_of(&x.permute([1, 0, 2, 3]).unwrap(), &[8], &gpu(None));
+        assert_eq!(
+            (&p.reduced_shape[..], &p.in_reduced[..]),
+            (&[16, 144][..], &[1152, 1][..])
+        );
+        assert_eq!((p.group, p.vector), (32, 4));
+        assert!(p.splits > 1);
+        assert_eq!(p.launches[0].chunk % 144, 0, "ranges of whole rows");
+        // A row too short for a group, or a strided innermost axis: a thread per output.
+        let short = Tensor::zeros([16, 8, 4, 4], DType::F32, &dev).unwrap();
+        let p = plan_of(&short.permute([1, 0, 2, 3]).unwrap(), &[8], &gpu(None));
+        assert_eq!((p.group, p.vector), (1, 1));
+        let p = plan_of(&x.permute([1, 3, 2, 0]).unwrap(), &[8], &gpu(None));
+        assert_eq!(p.group, 1);
     }
 
     #[test]

@@ -96,35 +96,94 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         Ok::<(), strata_core::Error>(())
     };
     let inputs = sig.map.as_ref().map_or(1, |m| m.inputs.len());
-    if v > 1 {
+    let name = |k: usize| {
+        if sig.map.is_some() {
+            format!("in{k}")
+        } else {
+            "in".into()
+        }
+    };
+    // Vector loads of every input (but those with one value per output) at `base`.
+    let vector_loads = |s: &mut String, indent: &str, base: &str| {
         let vt = vector_type(v * sig.input.itemsize());
+        for k in 0..inputs {
+            let t = match &sig.map {
+                Some(m) if m.per_output[k] => continue,
+                Some(m) => storage_type(m.inputs[k]),
+                None => in_t,
+            };
+            let _ = writeln!(
+                s,
+                "{indent}union {{ {vt} v; {t} e[{v}]; }} u{k}; u{k}.v = *(const {vt}*)({} + {base});",
+                name(k)
+            );
+        }
+    };
+    if rr > 1 && g > 1 {
+        // Rows (the plan's promise for a group over several reduced axes): the innermost
+        // reduced axis is contiguous and the range holds whole rows of it, so the group reads
+        // each row together, `v` elements a load, and finds a row's offset once.
+        let _ = writeln!(
+            s,
+            "    const {idx} inner = ({idx})p.w[{}];",
+            red_shape + rr - 1
+        );
+        let _ = writeln!(
+            s,
+            "    for ({idx} row = r0 / inner; row < r1 / inner; row++) {{"
+        );
+        let _ = writeln!(s, "      {idx} off = ib, rr = row;");
+        for d in (1..rr - 1).rev() {
+            let _ = writeln!(
+                s,
+                "      {{ const {idx} c = rr % ({idx})p.w[{}]; rr /= ({idx})p.w[{}]; off += c * ({idx})(i64)p.w[{}]; }}",
+                red_shape + d,
+                red_shape + d,
+                in_red + d
+            );
+        }
+        let _ = writeln!(s, "      off += rr * ({idx})(i64)p.w[{in_red}];");
+        let _ = writeln!(s, "      const {idx} at = row * inner;");
+        let mut tail = "0".to_string();
+        if v > 1 {
+            let _ = writeln!(s, "      const {idx} cv = (inner / {v}) * {v};");
+            let _ = writeln!(
+                s,
+                "      for ({idx} c = lane * {v}; c < cv; c += {g} * {v}) {{"
+            );
+            vector_loads(&mut s, "        ", "off + c");
+            let _ = writeln!(s, "#pragma unroll\n        for (int l = 0; l < {v}; l++)");
+            step(
+                &mut s,
+                "        ",
+                &|k| format!("u{k}.e[l]"),
+                "(i64)(at + c + l)",
+            )?;
+            let _ = writeln!(s, "      }}");
+            tail = "cv".into();
+        }
+        let _ = writeln!(
+            s,
+            "      for ({idx} c = {tail} + lane; c < inner; c += {g})"
+        );
+        step(
+            &mut s,
+            "        ",
+            &|k| format!("{}[off + c]", name(k)),
+            "(i64)(at + c)",
+        )?;
+        let _ = writeln!(s, "    }}");
+    } else if v > 1 {
         let _ = writeln!(s, "    const {idx} rv = r0 + ((r1 - r0) / {v}) * {v};");
         let _ = writeln!(
             s,
             "    for ({idx} r = r0 + lane * {v}; r < rv; r += {g} * {v}) {{"
         );
-        for k in 0..inputs {
-            let (name, t) = match &sig.map {
-                Some(m) if m.per_output[k] => continue,
-                Some(m) => (format!("in{k}"), storage_type(m.inputs[k])),
-                None => ("in".to_string(), in_t),
-            };
-            let _ = writeln!(
-                s,
-                "      union {{ {vt} v; {t} e[{v}]; }} u{k}; u{k}.v = *(const {vt}*)({name} + ib + r);"
-            );
-        }
+        vector_loads(&mut s, "      ", "ib + r");
         let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++)");
         step(&mut s, "      ", &|k| format!("u{k}.e[l]"), "(i64)(r + l)")?;
         let _ = writeln!(s, "    }}");
         let _ = writeln!(s, "    for ({idx} r = rv + lane; r < r1; r += {g})");
-        let name = |k: usize| {
-            if sig.map.is_some() {
-                format!("in{k}")
-            } else {
-                "in".into()
-            }
-        };
         step(
             &mut s,
             "      ",
@@ -147,13 +206,6 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         // a single strided axis (a sum along axis 0) reads without one per element.
         let _ = writeln!(s, "      off += rr * ({idx})(i64)p.w[{in_red}];");
         let i = if sig.combine { "in_idx[off]" } else { "(i64)r" };
-        let name = |k: usize| {
-            if sig.map.is_some() {
-                format!("in{k}")
-            } else {
-                "in".into()
-            }
-        };
         step(&mut s, "      ", &|k| format!("{}[off]", name(k)), i)?;
         let _ = writeln!(s, "    }}");
     }
@@ -250,6 +302,25 @@ mod tests {
         let inner = inner.split("in[off]").next().unwrap();
         assert!(!inner.contains('%') && !inner.contains("/="), "{src}");
         assert!(inner.contains("off += rr * (i32)(i64)p.w[8];"), "{src}");
+    }
+
+    #[test]
+    fn a_group_over_several_reduced_axes_reads_rows_with_vectors() {
+        let mut s = sig(ReduceOp::Sum, 32, 4);
+        s.reduced_rank = 2;
+        let src = source(&s).unwrap();
+        assert!(
+            src.contains("for (i32 row = r0 / inner; row < r1 / inner; row++)"),
+            "{src}"
+        );
+        assert!(
+            src.contains("u0.v = *(const uint4*)(in + off + c);"),
+            "{src}"
+        );
+        assert!(
+            src.contains("for (i32 c = cv + lane; c < inner; c += 32)"),
+            "{src}"
+        );
     }
 
     #[test]
