@@ -5,7 +5,8 @@
 //! `(i, j)` sees is a slice with the stride as its step, so no im2col buffer is made. A
 //! convolution is a sum over the kernel's offsets of one matmul each (the view's channels
 //! against the weight's), a pooling an elementwise max or sum over the offsets (one fused
-//! kernel). Gradients come from those ops. Where the backend runs a convolution kernel (cuDNN
+//! kernel). Gradients come from those ops (max pooling's scatters to the indices its forward
+//! pass found). Where the backend runs a convolution kernel (cuDNN
 //! on CUDA, direct loops on the CPU) `conv2d` is one kernel per pass instead
 //! ([`convolution`](super::convolution)); wgpu, and CUDA without cuDNN, compose it.
 
@@ -342,6 +343,31 @@ fn pool_out(input: &Tensor, kernel: Pair, stride: Pair, padding: Pair, what: &st
 /// # Ok::<(), strata_core::Error>(())
 /// ```
 pub fn max_pool2d(
+    input: &Tensor,
+    kernel: Pair,
+    stride: Pair,
+    padding: Pair,
+) -> Result<(Tensor, Tensor)> {
+    let (values, index) = crate::autograd::no_grad(|| max_windows(input, kernel, stride, padding))?;
+    if !crate::autograd::needed([input]) {
+        return Ok((values, index));
+    }
+    // The gradient goes where the indices say: each output's gradient added at its window's
+    // chosen position (one scatter, instead of differentiating the comparisons and views).
+    let [n, c, h, w] = nchw(input, "max_pool2d")?;
+    let cells = index.numel() / (n * c).max(1);
+    let at = index.reshape([n, c, cells])?;
+    let saved = vec![(index.shape().to_vec(), DType::I64)];
+    let values = crate::autograd::record("MaxPool2dBackward", &[input], values, saved, move |g| {
+        let grad = Tensor::zeros([n, c, h * w], g.dtype(), g.device())?;
+        grad.scatter_add_(2, &at, g.reshape([n, c, cells])?)?;
+        Ok(vec![Some(grad.reshape([n, c, h, w])?)])
+    });
+    Ok((values, index))
+}
+
+/// [`max_pool2d`]'s values and indices: an elementwise max over the windows' strided views.
+fn max_windows(
     input: &Tensor,
     kernel: Pair,
     stride: Pair,
