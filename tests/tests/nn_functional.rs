@@ -521,6 +521,18 @@ fn norms(dev: &Device) -> Result<()> {
     )?;
     gradcheck(
         dev,
+        &[vec![2, 3, 2, 3], vec![3]],
+        &|t| batch_norm(&t[0], None, Some(&t[1]), None, true, 1e-5),
+        "batch_norm with a weight only",
+    )?;
+    gradcheck(
+        dev,
+        &[vec![3, 2, 1, 3]],
+        &|t| batch_norm(&t[0], None, None, None, true, 1e-5),
+        "batch_norm without affine parameters",
+    )?;
+    gradcheck(
+        dev,
         &[vec![2, 3, 4], vec![5, 4], vec![5]],
         &|t| linear(&t[0], &t[1], Some(&t[2]))?.relu(),
         "linear + relu",

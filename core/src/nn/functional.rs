@@ -601,35 +601,13 @@ pub fn batch_norm(
     }
     let nd = shape.len();
     let axes: Vec<isize> = (0..nd as isize).filter(|&a| a != 1).collect();
-    let (mean, var) = if training {
-        let count = x.numel() / shape[1].max(1);
-        if count < 2 {
-            return Err(Error::Invalid(format!(
-                "batch_norm in training needs more than one value per channel: shape {shape:?}"
-            )));
-        }
-        let mean = x.mean(axes.clone(), true)?;
-        let var = x.var(axes.clone(), 0, true)?;
-        if let Some(r) = running {
-            crate::autograd::no_grad(|| -> Result<()> {
-                let m = r.momentum;
-                let batch_mean = mean.detach().reshape([shape[1]])?;
-                let unbiased = var
-                    .detach()
-                    .reshape([shape[1]])?
-                    .mul(count as f64 / (count - 1) as f64)?;
-                r.mean
-                    .assign(r.mean.mul(1.0 - m)?.add(&batch_mean.mul(m)?)?)?;
-                r.var.assign(r.var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?)
-            })?;
-        }
-        (mean, var)
-    } else {
-        let r = running.ok_or_else(|| {
-            Error::Invalid("batch_norm out of training needs the running statistics".into())
-        })?;
-        (per_channel(&r.mean, nd)?, per_channel(&r.var, nd)?)
-    };
+    if training {
+        return batch_norm_training(x, running, weight, bias, eps, &axes);
+    }
+    let r = running.ok_or_else(|| {
+        Error::Invalid("batch_norm out of training needs the running statistics".into())
+    })?;
+    let (mean, var) = (per_channel(&r.mean, nd)?, per_channel(&r.var, nd)?);
     let weight = weight.map(|w| per_channel(w, nd)).transpose()?;
     let bias = bias.map(|b| per_channel(b, nd)).transpose()?;
     affine(
@@ -637,4 +615,95 @@ pub fn batch_norm(
         weight.as_ref(),
         bias.as_ref(),
     )
+}
+
+/// [`batch_norm`] in training: the batch's statistics (the mean, then the biased variance
+/// around it: two per-channel reductions), `running` updated, and one node whose backward is
+/// batch normalization's closed form — with `x̂ = (x − mean)·rstd`, `dβ = Σg`, `dγ = Σg·x̂`
+/// and `dx = γ·rstd·(g − Σg/n − x̂·Σg·x̂/n)`, two per-channel reductions and one elementwise
+/// kernel, where differentiating the composition took a dozen kernels.
+fn batch_norm_training(
+    x: &Tensor,
+    running: Option<&RunningStats>,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    axes: &[isize],
+) -> Result<Tensor> {
+    let shape = x.shape().to_vec();
+    let nd = shape.len();
+    let count = x.numel() / shape[1].max(1);
+    if count < 2 {
+        return Err(Error::Invalid(format!(
+            "batch_norm in training needs more than one value per channel: shape {shape:?}"
+        )));
+    }
+    let weight4 = weight.map(|w| per_channel(w, nd)).transpose()?;
+    let bias4 = bias.map(|b| per_channel(b, nd)).transpose()?;
+    let x = x.clone();
+    let (mean, rstd, y) = crate::autograd::no_grad(|| -> Result<_> {
+        let mean = x.mean(axes.to_vec(), true)?;
+        let centered = x.sub(&mean)?;
+        let var = centered.mul(&centered)?.mean(axes.to_vec(), true)?;
+        if let Some(r) = running {
+            let m = r.momentum;
+            let batch_mean = mean.reshape([shape[1]])?;
+            let unbiased = var
+                .reshape([shape[1]])?
+                .mul(count as f64 / (count - 1) as f64)?;
+            r.mean
+                .assign(r.mean.mul(1.0 - m)?.add(&batch_mean.mul(m)?)?)?;
+            r.var.assign(r.var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?)?;
+        }
+        let rstd = var.add(eps)?.rsqrt()?;
+        let y = affine(centered.mul(&rstd)?, weight4.as_ref(), bias4.as_ref())?;
+        Ok((mean, rstd, y))
+    })?;
+    let mut inputs = vec![&x];
+    inputs.extend(weight);
+    inputs.extend(bias);
+    if !crate::autograd::needed(inputs.iter().copied()) {
+        return Ok(y);
+    }
+    let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
+    let saved = vec![(shape.clone(), x.dtype())];
+    let (has_weight, has_bias) = (weight.is_some(), bias.is_some());
+    let axes = axes.to_vec();
+    let channels = shape[1];
+    let node_x = x.detach();
+    Ok(crate::autograd::record(
+        "NativeBatchNormBackward",
+        &inputs,
+        y,
+        saved,
+        move |g| {
+            let xhat = node_x.sub(&mean)?.mul(&rstd)?;
+            let sum_g = g.sum(axes.clone(), true)?;
+            let sum_gx = g.mul(&xhat)?.sum(axes.clone(), true)?;
+            let mut grads = Vec::with_capacity(3);
+            grads.push(match wants[0] {
+                true => {
+                    let n = count as f64;
+                    let scale = match &weight4 {
+                        Some(w) => rstd.mul(&w.detach())?,
+                        None => rstd.clone(),
+                    };
+                    let dx = g
+                        .sub(&sum_g.div(n)?)?
+                        .sub(&xhat.mul(&sum_gx.div(n)?)?)?
+                        .mul(&scale)?;
+                    Some(dx)
+                }
+                false => None,
+            });
+            if has_weight {
+                grads.push(wants[1].then(|| sum_gx.reshape([channels])).transpose()?);
+            }
+            if has_bias {
+                let k = 1 + has_weight as usize;
+                grads.push(wants[k].then(|| sum_g.reshape([channels])).transpose()?);
+            }
+            Ok(grads)
+        },
+    ))
 }
