@@ -112,3 +112,73 @@ impl Cnn {
         (n * (conv + 2 * 256 * 10)) as f64
     }
 }
+
+/// Host microseconds of the pieces of one conv-BN-ReLU block at the second stage's shapes
+/// (`[batch, 64, 32, 32]` in, 128 channels out), each realized, with gradients recorded:
+/// where the step's host time goes. Each the median of 20, the device idle at the start.
+pub fn host_breakdown(dev: &Device, batch: usize) -> Result<Vec<(&'static str, f64)>> {
+    use std::time::Instant;
+    use strata::nn::functional::max_pool2d;
+    let g = &mut Generator::new(3);
+    let block = ConvBnRelu::new(64, 128, g, dev)?;
+    let x = Tensor::randn([batch, 64, 32, 32], DType::F32, g, dev)?.requires_grad_(true)?;
+    let y = block.conv.forward(&x)?;
+    y.realize()?;
+    let mut rows = Vec::new();
+    let mut measure = |name: &'static str, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        let mut runs = Vec::new();
+        for k in 0..23 {
+            dev.synchronize()?;
+            let t = Instant::now();
+            f()?;
+            if k >= 3 {
+                runs.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        dev.synchronize()?;
+        rows.push((name, crate::median(runs)));
+        Ok(())
+    };
+    measure("conv2d forward", &mut || block.conv.forward(&x)?.realize())?;
+    measure("batch_norm forward", &mut || {
+        block.bn.forward(&y)?.realize()
+    })?;
+    measure("relu", &mut || y.relu()?.realize())?;
+    measure("max_pool2d forward", &mut || {
+        max_pool2d(&y, [2, 2], [2, 2], [0, 0])?.0.realize()
+    })?;
+    measure("block forward", &mut || block.forward(&x)?.realize())?;
+    measure("block forward + backward", &mut || {
+        block
+            .forward(&x)?
+            .sum(strata::ops::Axes::All, false)?
+            .backward()?;
+        x.zero_grad();
+        for p in block.parameters() {
+            p.zero_grad();
+        }
+        Ok(())
+    })?;
+    measure("conv2d forward + backward", &mut || {
+        block
+            .conv
+            .forward(&x)?
+            .sum(strata::ops::Axes::All, false)?
+            .backward()?;
+        x.zero_grad();
+        block.conv.weight.zero_grad();
+        Ok(())
+    })?;
+    measure("batch_norm forward + backward", &mut || {
+        let y = y.detach().requires_grad_(true)?;
+        block
+            .bn
+            .forward(&y)?
+            .sum(strata::ops::Axes::All, false)?
+            .backward()?;
+        block.bn.weight.zero_grad();
+        block.bn.bias.zero_grad();
+        Ok(())
+    })?;
+    Ok(rows)
+}

@@ -618,6 +618,9 @@ fn cnn_step(dev: &Device, batch: usize) -> Result<()> {
         }
     }
     let [f, b, o] = phases.map(median);
+    for (piece, us) in cnn::host_breakdown(dev, batch)? {
+        println!("{{\"op\": \"cnn-host-us {piece}\", \"us\": {us:.1}}}");
+    }
     println!("{{\"op\": \"cnn-host-ms-{batch}\", \"forward\": {f:.3}, \"backward\": {b:.3}, \"optimizer\": {o:.3}}}");
     let mut name = "cnn".to_string();
     match dev.kind() {

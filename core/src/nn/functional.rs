@@ -685,7 +685,7 @@ fn batch_norm_training(
                 true => {
                     let n = count as f64;
                     let scale = match &weight4 {
-                        Some(w) => rstd.mul(&w.detach())?,
+                        Some(w) => rstd.mul(w)?,
                         None => rstd.clone(),
                     };
                     let dx = g
