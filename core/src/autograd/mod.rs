@@ -441,6 +441,26 @@ pub(crate) fn record_elementwise(
     })
 }
 
+/// ReLU's node (`expr` is `relu(input 0)`): its gradient, `g` where the value is positive,
+/// reads the output instead of the input, as PyTorch's `threshold_backward` does — the two
+/// are positive at the same places — so a lazily fused input (a batch norm's output, say) is
+/// not stored a second time for the backward pass.
+pub(crate) fn record_relu(expr: &Expr, input: &Tensor, output: Tensor) -> Tensor {
+    if !needed([input]) || !output.dtype.is_float() {
+        return output;
+    }
+    let Some(Some(grad)) = derivative::vjp(expr, &[true]).into_iter().next() else {
+        return output;
+    };
+    let kept = output.detach();
+    let saved = vec![(kept.shape().to_vec(), kept.dtype())];
+    let shape = output.shape().to_vec();
+    record("ReluBackward", &[input], output, saved, move |g| {
+        let values = [g.clone(), kept.clone()];
+        Ok(vec![Some(map_over(&grad, &shape, &values, &[])?)])
+    })
+}
+
 /// A new tensor of `shape` computing `expr` over those of `values` it reads (views of
 /// `shape`) and `scalars`: recorded for fusion like any elementwise op.
 fn map_over(

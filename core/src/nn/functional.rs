@@ -643,8 +643,11 @@ fn batch_norm_training(
     let x = x.clone();
     let (mean, rstd, y) = crate::autograd::no_grad(|| -> Result<_> {
         let mean = x.mean(axes.to_vec(), true)?;
+        // `x − mean` written twice, not shared: each use fuses into its own kernel (the
+        // variance's reduction, the output's map) instead of being stored between them.
         let centered = x.sub(&mean)?;
         let var = centered.mul(&centered)?.mean(axes.to_vec(), true)?;
+        let centered = x.sub(&mean)?;
         if let Some(r) = running {
             let m = r.momentum;
             let batch_mean = mean.reshape([shape[1]])?;

@@ -122,6 +122,13 @@ impl OpOperands {
                 what,
             )?;
             let name = crate::autograd::backward_name(what);
+            if what == "relu" {
+                return Ok(crate::autograd::record_relu(
+                    &expr,
+                    &self.tensors[0],
+                    result,
+                ));
+            }
             return Ok(crate::autograd::record_elementwise(
                 name,
                 &expr,
