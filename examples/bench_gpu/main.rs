@@ -377,11 +377,7 @@ fn mlp(dev: &Device, batch: usize, optimizer: &str) -> Result<()> {
     }
     .to_string();
     // Rows of other backends name theirs (`mlp-adamw-wgpu-step-8192`), beside CUDA's.
-    match dev.kind() {
-        strata::BackendKind::Cuda => {}
-        strata::BackendKind::Wgpu => name.push_str("-wgpu"),
-        strata::BackendKind::Cpu => name.push_str("-cpu"),
-    }
+    name.push_str(backend_suffix(dev));
     row(
         &format!("{name}-step-{batch}"),
         ms,
@@ -571,6 +567,15 @@ fn convolutions(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// What a row's name gets for a backend other than CUDA (`-wgpu`, `-cpu`).
+fn backend_suffix(dev: &Device) -> &'static str {
+    match dev.kind() {
+        strata::BackendKind::Cuda => "",
+        strata::BackendKind::Wgpu => "-wgpu",
+        strata::BackendKind::Cpu => "-cpu",
+    }
+}
+
 /// One training step of the small CNN ([`cnn::Cnn`]: forward, cross-entropy, backward,
 /// AdamW, `zero_grad`) over a batch of `batch` 32×32 images, f32 with TF32 convolutions and
 /// matmuls (as `scripts/bench_cnn_torch.py` sets PyTorch), and the peak memory of the run.
@@ -622,12 +627,7 @@ fn cnn_step(dev: &Device, batch: usize) -> Result<()> {
         println!("{{\"op\": \"cnn-host-us {piece}\", \"us\": {us:.1}}}");
     }
     println!("{{\"op\": \"cnn-host-ms-{batch}\", \"forward\": {f:.3}, \"backward\": {b:.3}, \"optimizer\": {o:.3}}}");
-    let mut name = "cnn".to_string();
-    match dev.kind() {
-        strata::BackendKind::Cuda => {}
-        strata::BackendKind::Wgpu => name.push_str("-wgpu"),
-        strata::BackendKind::Cpu => name.push_str("-cpu"),
-    }
+    let name = format!("cnn{}", backend_suffix(dev));
     row(
         &format!("{name}-step-{batch}"),
         ms,

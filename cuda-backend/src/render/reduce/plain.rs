@@ -132,17 +132,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             s,
             "    for ({idx} row = r0 / inner; row < r1 / inner; row++) {{"
         );
-        let _ = writeln!(s, "      {idx} off = ib, rr = row;");
-        for d in (1..rr - 1).rev() {
-            let _ = writeln!(
-                s,
-                "      {{ const {idx} c = rr % ({idx})p.w[{}]; rr /= ({idx})p.w[{}]; off += c * ({idx})(i64)p.w[{}]; }}",
-                red_shape + d,
-                red_shape + d,
-                in_red + d
-            );
-        }
-        let _ = writeln!(s, "      off += rr * ({idx})(i64)p.w[{in_red}];");
+        reduced_offset(&mut s, idx, "row", rr - 1, red_shape, in_red);
         let _ = writeln!(s, "      const {idx} at = row * inner;");
         let mut tail = "0".to_string();
         if v > 1 {
@@ -192,19 +182,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         )?;
     } else {
         let _ = writeln!(s, "    for ({idx} r = r0 + lane; r < r1; r += {g}) {{");
-        let _ = writeln!(s, "      {idx} off = ib, rr = r;");
-        for d in (1..rr).rev() {
-            let _ = writeln!(
-                s,
-                "      {{ const {idx} c = rr % ({idx})p.w[{}]; rr /= ({idx})p.w[{}]; off += c * ({idx})(i64)p.w[{}]; }}",
-                red_shape + d,
-                red_shape + d,
-                in_red + d
-            );
-        }
-        // What is left is below the outermost reduced extent (r < R): no division for it, so
-        // a single strided axis (a sum along axis 0) reads without one per element.
-        let _ = writeln!(s, "      off += rr * ({idx})(i64)p.w[{in_red}];");
+        reduced_offset(&mut s, idx, "r", rr, red_shape, in_red);
         let i = if sig.combine { "in_idx[off]" } else { "(i64)r" };
         step(&mut s, "      ", &|k| format!("{}[off]", name(k)), i)?;
         let _ = writeln!(s, "    }}");
@@ -243,6 +221,31 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     }
     let _ = writeln!(s, "  }}\n}}");
     Ok(s)
+}
+
+/// `off`: the input offset (from `ib`) of position `pos` over the first `axes` reduced axes,
+/// whose extents and strides are argument words from `red_shape` and `in_red`. What is left
+/// after the inner axes is below the outermost extent: no division for it, so a single strided
+/// axis (a sum along axis 0) reads without one per element.
+fn reduced_offset(
+    s: &mut String,
+    idx: &str,
+    pos: &str,
+    axes: usize,
+    red_shape: usize,
+    in_red: usize,
+) {
+    let _ = writeln!(s, "      {idx} off = ib, rr = {pos};");
+    for d in (1..axes).rev() {
+        let _ = writeln!(
+            s,
+            "      {{ const {idx} c = rr % ({idx})p.w[{}]; rr /= ({idx})p.w[{}]; off += c * ({idx})(i64)p.w[{}]; }}",
+            red_shape + d,
+            red_shape + d,
+            in_red + d
+        );
+    }
+    let _ = writeln!(s, "      off += rr * ({idx})(i64)p.w[{in_red}];");
 }
 
 #[cfg(test)]
