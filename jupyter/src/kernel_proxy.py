@@ -25,9 +25,11 @@ ExecutionCounts); evcxr's error when the process that runs cells ended (an inter
 it; it said only "Subprocess terminated with status: signal: 9 (SIGKILL)", and the next cell
 "cannot find value") becomes one line that says what happened and what survives; and a cell
 that ends in an op's Result without `?` (shown through Debug as `Ok(Tensor { … })`) gets a
-line saying to add `?`. It starts evcxr with a connection file of private ports, writes
-evcxr's output to LOG_FILE (so `jupyter console` stays quiet), and exits with evcxr's exit
-status.
+line saying to add `?`. It starts evcxr with a connection file of private ports (outside the
+range Jupyter draws a kernel's ports from, so kernels started together never take each other's;
+started again on others if one was taken anyway), writes evcxr's output to LOG_FILE (so
+`jupyter console` stays quiet; the proxy's own failure goes there too), and exits with evcxr's
+exit status.
 
 evcxr builds each kernel's crates in a fresh temporary directory (about 400 MB with strata)
 and removes it only when it exits normally; a kernel killed by its manager (Jupyter's
@@ -72,17 +74,66 @@ import zmq
 from zmtp_router import Router
 
 
-def free_ports(ip, count):
-    """`count` TCP ports free on `ip` right now (evcxr binds them a moment later)."""
+def ephemeral_range():
+    """The ports the system hands out for a bind to port 0 (Linux's setting; 32768-65535,
+    which covers Linux's, macOS's and Windows's defaults, elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 65535
+
+
+def free_ports(ip, count, attempts=2000):
+    """`count` TCP ports free on `ip` right now (evcxr binds them a moment later), chosen
+    outside the ephemeral range.
+
+    Jupyter picks a kernel's ports by binding port 0 and closing the socket, so until the
+    kernel binds them they look free. Ports taken the same way here could be those of a kernel
+    started at the same moment (four kernels started together lost one: the ports another
+    proxy gave its evcxr were the ones Jupyter had just picked for it). Ports below the
+    ephemeral range are never handed out by a bind to port 0."""
+    import random
+
+    low, high = ephemeral_range()
+    below = (max(1024, low - 16384), low) if low - 1024 >= 4096 else None
+    above = (high + 1, 65536) if 65535 - high >= 4096 else None
+    window = below or above
     holders, ports = [], []
-    for _ in range(count):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind((ip, 0))
-        holders.append(s)
-        ports.append(s.getsockname()[1])
-    for s in holders:
-        s.close()
+    pick = random.SystemRandom()
+    try:
+        for _ in range(attempts if window else 0):
+            if len(ports) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind((ip, pick.randrange(*window)))
+            except OSError:
+                s.close()
+                continue
+            holders.append(s)
+            ports.append(s.getsockname()[1])
+        while len(ports) < count:  # no room outside the ephemeral range: any free port
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((ip, 0))
+            holders.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in holders:
+            s.close()
     return ports
+
+
+def could_not_bind(log_file, since):
+    """True when what evcxr wrote to `log_file` after byte `since` says a port was taken."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(since)
+            text = f.read()
+    except OSError:
+        return False
+    return b"Address already in use" in text or b"AddrInUse" in text
 
 
 TEMP_PREFIX = "strata-kernel-"
@@ -458,11 +509,15 @@ def main(connection_file, log_file, evcxr):
     # evcxr binds control where the frontend expects it; shell, stdin, IOPub and the
     # heartbeat move to private ports behind this proxy.
     back = dict(front)
-    back["iopub_port"], back["hb_port"], back["shell_port"], back["stdin_port"] = free_ports(
-        front["ip"], 4)
     back_file = f"{connection_file}.evcxr-{os.getpid()}.json"
-    with open(back_file, "w") as f:
-        json.dump(back, f)
+
+    def choose_back_ports():
+        back["iopub_port"], back["hb_port"], back["shell_port"], back["stdin_port"] = (
+            free_ports(front["ip"], 4))
+        with open(back_file, "w") as f:
+            json.dump(back, f)
+
+    choose_back_ports()
 
     ctx = zmq.Context()
 
@@ -477,7 +532,6 @@ def main(connection_file, log_file, evcxr):
     hb_back = ctx.socket(zmq.DEALER)
     hb_back.setsockopt(zmq.LINGER, 0)
     hb_back.setsockopt(zmq.SNDHWM, 0)
-    hb_back.connect(url(back, "hb"))
     # IOPub: evcxr's PUB → this SUB (always read) → a libzmq PUB that drops for laggards.
     pub = ctx.socket(zmq.PUB)
     pub.setsockopt(zmq.LINGER, 0)
@@ -486,7 +540,6 @@ def main(connection_file, log_file, evcxr):
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVHWM, 0)
     sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(url(back, "iopub"))
     # Shell and stdin: clients' DEALERs → a ROUTER of the proxy's own (zmtp_router: the
     # newest connection of an identity takes it over, as evcxr's does) → one DEALER each →
     # evcxr's ROUTER, which answers with the client's identity after the DEALER's. evcxr sends
@@ -499,7 +552,11 @@ def main(connection_file, log_file, evcxr):
         backs[name].setsockopt(zmq.LINGER, 0)
         backs[name].setsockopt(zmq.SNDHWM, 0)
         backs[name].setsockopt(zmq.ROUTING_ID, b"strata-kernel-proxy")
-        backs[name].connect(url(back, name))
+    # The proxy's connections to evcxr's private ports (made again when evcxr is started
+    # again on other ports).
+    links = [(hb_back, "hb"), (sub, "iopub"), (backs["shell"], "shell"), (backs["stdin"], "stdin")]
+    for s, name in links:
+        s.connect(url(back, name))
     counts = ExecutionCounts()
 
     # Interrupts arrive as messages (interrupt_mode "message"); a terminal's Ctrl-C on the
@@ -527,14 +584,23 @@ def main(connection_file, log_file, evcxr):
         env["EVCXR_CONFIG_DIR"] = os.path.join(own_temp, "config")
         private_config(os.environ["EVCXR_CONFIG_DIR"], env["EVCXR_CONFIG_DIR"], own_cache,
                        lambda spec: lock and pins_crate(spec, lock, shared_home, log))
-    child = subprocess.Popen(
-        [evcxr, "--control_file", back_file],
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=log,
-        env=env,
-        preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
-    )
+
+    def launch():
+        """Starts evcxr; (the process, the log's length before it wrote anything)."""
+        log.flush()
+        start = os.path.getsize(log_file) if os.path.exists(log_file) else 0
+        return subprocess.Popen(
+            [evcxr, "--control_file", back_file],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            env=env,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
+        ), start
+
+    child, launched_at = launch()
+    heard = False  # whether evcxr has sent anything yet
+    relaunches = 0
 
     def end_child_and_clean_up():
         """Stops evcxr if it still runs (SIGTERM, then SIGKILL after 5 s), passes what it
@@ -564,7 +630,22 @@ def main(connection_file, log_file, evcxr):
     pairs = {hb_front: hb_back, hb_back: hb_front, sub: pub}
     routers = {backs[name]: fronts[name] for name in fronts}
     try:
-        while child.poll() is None:
+        while True:
+            if child.poll() is not None:
+                # A port of evcxr's taken between free_ports and its bind (another program
+                # took it): start it again on others, before any client could notice.
+                if (heard or child.returncode == 0 or relaunches == 3
+                        or not could_not_bind(log_file, launched_at)):
+                    break
+                relaunches += 1
+                log.write(b"strata kernel: a port was taken; starting evcxr on other ports\n")
+                for s, name in links:
+                    s.disconnect(url(back, name))
+                choose_back_ports()
+                for s, name in links:
+                    s.connect(url(back, name))
+                child, launched_at = launch()
+                continue
             poller = zmq.Poller()
             for s in (*pairs, *routers):
                 poller.register(s, zmq.POLLIN)
@@ -591,6 +672,7 @@ def main(connection_file, log_file, evcxr):
                         frames = s.recv_multipart(zmq.NOBLOCK, copy=False)
                     except zmq.Again:
                         break
+                    heard = True
                     if s is sub or s is backs["shell"]:
                         frames = rewrite_for_readers(frames, key, digest, counts)
                     if s in routers:
@@ -606,4 +688,13 @@ def main(connection_file, log_file, evcxr):
 if __name__ == "__main__":
     if len(sys.argv) != 4:
         sys.exit(__doc__)
-    sys.exit(main(*sys.argv[1:]))
+    try:
+        sys.exit(main(*sys.argv[1:]))
+    except Exception:
+        # The proxy's own failure (a port Jupyter chose is taken, say) goes to the kernel's
+        # log beside evcxr's output, where `strata-jupyter doctor` and the tests look.
+        import traceback
+
+        with open(sys.argv[2], "a") as f:
+            f.write("strata kernel proxy failed:\n" + traceback.format_exc())
+        raise

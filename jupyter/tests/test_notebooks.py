@@ -900,6 +900,119 @@ def test_killed_kernels_leave_no_build_directory_behind():
     assert not os.path.exists(second)
 
 
+FAKE_EVCXR = """#!{python}
+import json, os, sys, time
+runs = os.environ["FAKE_EVCXR_RUNS"]
+with open(sys.argv[2]) as f:
+    info = json.load(f)
+ports = [info[k] for k in ("iopub_port", "hb_port", "shell_port", "stdin_port")]
+with open(runs, "a") as f:
+    f.write(json.dumps(ports) + "\\n")
+with open(runs) as f:
+    first = len(f.readlines()) == 1
+if first:
+    sys.stderr.write('Error: Os {{ code: 98, kind: AddrInUse, message: "Address already in use" }}\\n')
+    sys.exit(1)
+time.sleep(120)
+"""
+
+
+def run_proxy(tmp_path, connection, evcxr):
+    """kernel_proxy.py on connection info `connection` and the program `evcxr`, with its
+    temporary and cache directories under `tmp_path`; (the process, its log file)."""
+    conn = tmp_path / "kernel.json"
+    conn.write_text(__import__("json").dumps(connection))
+    log = tmp_path / "kernel.log"
+    env = dict(os.environ, TMPDIR=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               FAKE_EVCXR_RUNS=str(tmp_path / "runs"))
+    env.pop("EVCXR_CONFIG_DIR", None)
+    env.pop("STRATA_KERNEL_SOURCE", None)
+    proxy = subprocess.Popen([sys.executable, str(ROOT / "jupyter/src/kernel_proxy.py"), str(conn),
+                              str(log), str(evcxr)], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    return proxy, log
+
+
+def connection_info(ports):
+    return {"ip": "127.0.0.1", "transport": "tcp", "key": "k", "signature_scheme": "hmac-sha256",
+            **{f"{name}_port": p for name, p in zip(
+                ("control", "shell", "stdin", "iopub", "hb"), ports)}}
+
+
+def ports_picked_like_jupyter(count):
+    """Ports as jupyter_client picks them: bound to port 0, then released."""
+    import socket
+
+    held = [socket.socket() for _ in range(count)]
+    for s in held:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in held]
+    for s in held:
+        s.close()
+    return ports
+
+
+def test_evcxr_gets_ports_jupyter_never_picks():
+    """Four kernels started together lost one (CI): the ports a proxy chose for its evcxr by
+    binding port 0 were ones Jupyter had just picked, the same way, for another kernel. The
+    proxy's ports lie outside the range a bind to port 0 draws from, differ, and are free."""
+    import socket
+
+    proxy = load_kernel_proxy()
+    low, high = proxy.ephemeral_range()
+    for _ in range(20):
+        ports = proxy.free_ports("127.0.0.1", 4)
+        assert len(set(ports)) == 4, ports
+        assert all(not low <= p <= high for p in ports), (ports, low, high)
+        for p in ports:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p))
+
+
+def test_a_taken_port_starts_evcxr_again_on_others(tmp_path):
+    """When evcxr cannot bind a port the proxy gave it (another program took it in between),
+    the proxy starts it again on other ports instead of ending the kernel."""
+    import json
+    import time
+
+    fake = tmp_path / "evcxr"
+    fake.write_text(FAKE_EVCXR.format(python=sys.executable))
+    fake.chmod(0o755)
+    proxy, log = run_proxy(tmp_path, connection_info(ports_picked_like_jupyter(5)), fake)
+    try:
+        runs = tmp_path / "runs"
+        deadline = time.time() + 60
+        while not (runs.exists() and len(runs.read_text().splitlines()) == 2):
+            assert proxy.poll() is None, f"the proxy ended: {log.read_text(errors='replace')}"
+            assert time.time() < deadline, "evcxr was not started again"
+            time.sleep(0.1)
+        first, second = (json.loads(line) for line in runs.read_text().splitlines())
+        assert first != second
+        time.sleep(0.5)
+        assert proxy.poll() is None, log.read_text(errors="replace")
+        assert "starting evcxr on other ports" in log.read_text()
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=30)
+
+
+def test_a_proxy_that_cannot_start_says_why_in_the_log(tmp_path):
+    """A port Jupyter chose for the kernel is taken: the proxy's traceback goes to the
+    kernel's log (where the tests and `strata-jupyter doctor` read), not only to a stderr
+    nobody sees."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        ports = ports_picked_like_jupyter(4)
+        proxy, log = run_proxy(tmp_path, connection_info([*ports, taken.getsockname()[1]]),
+                               tmp_path / "no-evcxr")
+        assert proxy.wait(timeout=60) != 0
+    text = log.read_text(errors="replace")
+    assert "strata kernel proxy failed" in text and "Address already in use" in text, text
+
+
 def test_the_heartbeat_outlives_clients_that_go_away():
     """evcxr_jupyter's heartbeat loop ends at the first client that disconnects before its
     reply (stock evcxr answered 2 of the 20 pings below); behind the proxy every ping is
