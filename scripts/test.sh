@@ -44,6 +44,10 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # Softmax rows in pieces of rows, and rows past a binding through the composition.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test reduce softmax_rows_in_pieces -- --test-threads=1
+  # Convolutions in pieces of one sample (implicit GEMM), backward filter adding each piece
+  # to a partial product that spans several.
+  STRATA_WGPU_MAX_BINDING=1536 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test nn_functional one_kernel -- --test-threads=1
   # Map→reduce fusion where a fused map's inputs exceed one binding: core runs the map first.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1
@@ -59,6 +63,8 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # the run above stores f16 natively): the every-dtype tests for f16 alone.
   STRATA_WGPU_F16=packed STRATA_TEST_DTYPES=f16 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test elementwise --test index_ops --test matmul --test reduce --test stochastic_round --test histogram -- --test-threads=1
+  STRATA_WGPU_F16=packed STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+    --test nn_functional conv -- --test-threads=1
 fi
 
 # Lazy fusion off (every elementwise op launched at once, as before fusion): the differential

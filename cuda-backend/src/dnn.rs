@@ -1,7 +1,7 @@
 //! cuDNN for convolutions: the library loaded at run time (like cuBLAS), one handle per device
 //! made at the first convolution, and one plan per convolution shape (descriptors, the
 //! algorithm chosen by the rules below, its workspace size), kept for the device's life. `STRATA_CUDNN=0` turns cuDNN off: core then
-//! composes `conv2d` from matmuls, as on wgpu.
+//! composes `conv2d` from matmuls.
 //!
 //! f32 runs without TF32 unless the device opted in (`set_allow_tf32`), 16-bit floats
 //! accumulate in f32 on tensor cores, f64 in f64; the algorithm is the fastest of cuDNN's

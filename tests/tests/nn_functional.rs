@@ -773,6 +773,76 @@ test_device!(
     windows
 );
 
+/// Where the backend runs convolution kernels (cuDNN on CUDA, wgpu's implicit GEMM, the CPU's
+/// loops), each pass is one kernel, gathering its taps as it goes (no im2col copy, no matmul
+/// per tap); values and both gradients against the host. Under a small binding cap
+/// (`STRATA_WGPU_MAX_BINDING=1536`, scripts/test.sh) wgpu runs it in pieces of one sample,
+/// backward filter adding each piece to a partial product that spans several.
+fn convolution_kernels(dev: &Device) -> Result<()> {
+    let (shape, kshape) = ([6usize, 4, 8, 8], [4usize, 4, 3, 3]);
+    let one = [1, 1];
+    let x = Tensor::from_slice(&ramp(shape.iter().product(), 2), shape.to_vec(), dev)?
+        .to_dtype(DType::F32)?
+        .requires_grad_(true)?;
+    let k = Tensor::from_slice(&ramp(kshape.iter().product(), 3), kshape.to_vec(), dev)?
+        .to_dtype(DType::F32)?
+        .requires_grad_(true)?;
+    let r = Tensor::from_slice(&ramp(6 * 4 * 64, 5), [6, 4, 8, 8], dev)?.to_dtype(DType::F32)?;
+    for t in [&x, &k, &r] {
+        t.realize()?;
+    }
+    dev.synchronize()?;
+    let mut y = None;
+    let forward = dev.profile(|| {
+        y = Some(conv2d(&x, &k, None, one, one, one, 1)?);
+        dev.flush()
+    })?;
+    let y = y.expect("set by the profiled closure");
+    let backward = dev.profile(|| {
+        y.mul(&r)?.sum(Axes::All, false)?.backward()?;
+        dev.flush()
+    })?;
+    let kernels = |p: &strata::Profile| {
+        p.device_work()
+            .filter(|r| r.kind == strata::RecordKind::Kernel)
+            .count()
+    };
+    // CUDA has them where cuDNN loads; the CPU and wgpu always.
+    let runs = dev.backend().target().runs_convolution;
+    assert!(
+        runs || dev.kind() == strata::BackendKind::Cuda,
+        "{}",
+        dev.name()
+    );
+    if runs {
+        assert_eq!(kernels(&forward), 1, "conv2d forward:\n{forward}");
+        // The product with r and its sum's gradient, then the two convolution passes.
+        assert!(kernels(&backward) <= 5, "conv2d backward:\n{backward}");
+    }
+    let (xs, ks, rs) = (values(&x)?, values(&k)?, values(&r)?);
+    let (want, _) = host_conv(&xs, shape, &ks, kshape, one, one, one, 1);
+    close(&values(&y)?, &want, 1e-5, "conv2d");
+    let (gx, gk) = host_conv_grads(&xs, shape, &ks, kshape, &rs, one, one, one, 1);
+    close(
+        &values(&x.grad().unwrap())?,
+        &gx,
+        1e-5,
+        "conv2d input gradient",
+    );
+    close(
+        &values(&k.grad().unwrap())?,
+        &gk,
+        1e-5,
+        "conv2d weight gradient",
+    );
+    Ok(())
+}
+
+test_device!(
+    each_convolution_pass_is_one_kernel_where_the_backend_has_them,
+    convolution_kernels
+);
+
 /// Both gradients of `Σ conv2d(x, k) · r` on the host: each term `x · k` of an output adds
 /// `r · k` to `x`'s gradient and `r · x` to `k`'s.
 #[allow(clippy::too_many_arguments)]
@@ -861,7 +931,7 @@ fn convolution_dtypes(dev: &Device) -> Result<()> {
     for (dtype, tol) in [
         (DType::F64, 1e-12),
         (DType::F32, 1e-5),
-        // 16-bit: composed on wgpu, each kernel offset's partial sum is rounded to the dtype.
+        // 16-bit: accumulated in f32 everywhere, rounded once; the bound is the dtype's.
         (DType::F16, 1.5e-2),
         (DType::BF16, 1e-1),
     ] {

@@ -33,7 +33,7 @@ pub use wgpu::DeviceType;
 use gpu::Gpu;
 use launch::PipelineCache;
 use memory::Pool;
-use render::{index, map, matmul, reduce, Caps};
+use render::{conv, index, map, matmul, reduce, Caps};
 use std::sync::Arc;
 use strata_core::backend::KernelArgs;
 use strata_core::ir::Kernel;
@@ -81,6 +81,7 @@ pub struct WgpuBackend {
     reductions: PipelineCache<reduce::ReduceSig>,
     indexing: PipelineCache<index::IndexSig>,
     matmuls: PipelineCache<matmul::MatmulSig>,
+    convolutions: PipelineCache<conv::ConvSig>,
     histograms: PipelineCache<render::histogram::HistogramSig>,
     softmaxes: PipelineCache<render::softmax::SoftmaxSig>,
     /// What core's planners and fusion know of this adapter.
@@ -166,8 +167,8 @@ impl WgpuBackend {
             fuses_row_epilogue: false,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
-            // No convolution kernel yet: core composes conv2d from matmuls.
-            runs_convolution: false,
+            // Implicit GEMM (render::conv): no im2col buffer.
+            runs_convolution: true,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
@@ -184,6 +185,7 @@ impl WgpuBackend {
             reductions: PipelineCache::default(),
             indexing: PipelineCache::default(),
             matmuls: PipelineCache::default(),
+            convolutions: PipelineCache::default(),
             histograms: PipelineCache::default(),
             softmaxes: PipelineCache::default(),
         })
@@ -235,6 +237,7 @@ impl WgpuBackend {
             + self.reductions.len()
             + self.indexing.len()
             + self.matmuls.len()
+            + self.convolutions.len()
             + self.histograms.len()
             + self.softmaxes.len()
     }

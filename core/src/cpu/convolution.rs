@@ -8,6 +8,7 @@ use crate::backend::{KernelArgs, Operand};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{ConvGeometry, ConvPass};
+use crate::lower::conv_plan::ConvDims;
 
 /// A contiguous operand's values as f64, with its four sizes.
 fn load(op: &Operand) -> Result<(Vec<f64>, [usize; 4])> {
@@ -44,26 +45,17 @@ pub(crate) fn run(pass: ConvPass, g: &ConvGeometry, args: &KernelArgs) -> Result
     };
     let (va, sa) = load(a)?;
     let (vb, sb) = load(b)?;
-    let [n, c, h, w, o, kh, kw, oh, ow] = match pass {
-        ConvPass::Forward => {
-            let [n, c, h, w] = sa;
-            let [o, _, kh, kw] = sb;
-            let os = out.layout.shape();
-            [n, c, h, w, o, kh, kw, os[2], os[3]]
-        }
-        ConvPass::BackwardData => {
-            let [n, o, oh, ow] = sa;
-            let [_, _, kh, kw] = sb;
-            let os = out.layout.shape();
-            [n, os[1], os[2], os[3], o, kh, kw, oh, ow]
-        }
-        ConvPass::BackwardFilter => {
-            let [n, c, h, w] = sa;
-            let [_, o, oh, ow] = sb;
-            let os = out.layout.shape();
-            [n, c, h, w, o, os[2], os[3], oh, ow]
-        }
-    };
+    let ConvDims {
+        n,
+        c,
+        h,
+        w,
+        o,
+        kh,
+        kw,
+        oh,
+        ow,
+    } = ConvDims::of(pass, &sa, &sb, out.layout.shape())?;
     let groups = g.groups.max(1);
     let (cg, og) = (c / groups, o / groups);
     let x_at = |ni: usize, ci: usize, hi: usize, wi: usize| ((ni * c + ci) * h + hi) * w + wi;

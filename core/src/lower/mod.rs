@@ -14,6 +14,7 @@
 //! assert_eq!(binary_rule(BinaryOp::Mul, DType::Bool), Rule::Binary(BinaryOp::BitAnd));
 //! ```
 
+pub mod conv_plan;
 pub mod histogram_plan;
 pub mod index_plan;
 pub mod legal;

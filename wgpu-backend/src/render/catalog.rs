@@ -9,7 +9,8 @@
 //! are left out there: the backend refuses f64 on such adapters before generating anything
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
-use super::{index, map, matmul, reduce, softmax, Caps};
+use super::{conv, index, map, matmul, reduce, softmax, Caps};
+use strata_core::ir::ConvPass;
 use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
 use strata_core::lower::legal::{binary_rule, fma_defined, unary_rule};
@@ -554,6 +555,30 @@ fn histogram_variants_validate() {
             for (caps, targets) in caps_for(&[values, acc]) {
                 let src = source(&sig, caps).unwrap_or_else(|e| panic!("{e}: {sig:?}"));
                 check(&src, targets);
+            }
+        }
+    }
+}
+
+#[test]
+fn convolution_variants_validate() {
+    for d in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let acc = if d == DType::F64 { d } else { DType::F32 };
+        for pass in [
+            ConvPass::Forward,
+            ConvPass::BackwardData,
+            ConvPass::BackwardFilter,
+        ] {
+            for sum_partials in [false, true] {
+                let sig = conv::ConvSig {
+                    pass,
+                    dtype: d,
+                    acc,
+                    sum_partials,
+                };
+                for (caps, targets) in caps_for(&[d]) {
+                    check(&conv::source(&sig, caps), targets);
+                }
             }
         }
     }

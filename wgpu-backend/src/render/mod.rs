@@ -16,6 +16,7 @@
 
 #[cfg(test)]
 mod catalog;
+pub(crate) mod conv;
 pub(crate) mod expr;
 pub(crate) mod histogram;
 pub(crate) mod index;

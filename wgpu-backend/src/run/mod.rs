@@ -4,6 +4,7 @@
 //! invocations. `run` executes them, the profiler names them and `explain` renders the first
 //! map's. A new kernel kind is a planner here and a renderer in `crate::render`.
 
+mod conv;
 mod histogram;
 mod index;
 mod map;
@@ -12,6 +13,7 @@ mod reduce;
 mod softmax;
 
 use crate::launch::{operand_info, raw, Binding};
+use crate::render::conv::ConvSig;
 use crate::render::histogram::HistogramSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::{self, prelude};
@@ -66,6 +68,7 @@ pub(crate) enum Sig<'k> {
     Matmul(MatmulSig),
     Histogram(HistogramSig),
     Softmax(SoftmaxSig),
+    Conv(ConvSig),
 }
 
 impl Sig<'_> {
@@ -78,6 +81,10 @@ impl Sig<'_> {
             Sig::Matmul(_) => "strata_matmul",
             Sig::Histogram(_) => "strata_histogram",
             Sig::Softmax(_) => "strata_softmax",
+            Sig::Conv(ConvSig {
+                sum_partials: true, ..
+            }) => "strata_conv_sum",
+            Sig::Conv(_) => "strata_conv",
         }
     }
 }
@@ -157,11 +164,7 @@ impl WgpuBackend {
                 bin,
                 weighted,
             } => self.histogram_steps(*bins, bin, *weighted, args),
-            // Core composes conv2d from matmuls here (`runs_convolution` is false).
-            Kernel::Convolution { pass, .. } => Err(Error::Backend(format!(
-                "internal error: a {} kernel planned for wgpu, which composes convolutions",
-                pass.name()
-            ))),
+            Kernel::Convolution { pass, geometry, .. } => self.conv_steps(*pass, geometry, args),
         }
     }
 
@@ -223,6 +226,11 @@ impl WgpuBackend {
             }),
             Sig::Softmax(sig) => self.softmaxes.get(sig, |sig| {
                 self.gpu.pipeline(&render::softmax::source(sig, caps)?, 2)
+            }),
+            Sig::Conv(sig) => self.convolutions.get(sig, |sig| {
+                let bindings = if sig.sum_partials { 2 } else { 3 };
+                self.gpu
+                    .pipeline(&render::conv::source(sig, caps), bindings)
             }),
             Sig::Histogram(sig) => self.histograms.get(sig, |sig| {
                 let mut used = std::collections::BTreeSet::new();

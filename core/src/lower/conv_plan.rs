@@ -1,0 +1,324 @@
+//! A convolution pass as an implicit GEMM: one product per channel group whose operands are
+//! read straight from the tensors (no im2col buffer: each tile of the product gathers its
+//! values as it loads them, zero in the padding). A backend without a convolution library
+//! (wgpu) renders this plan; the CPU runs direct loops, CUDA cuDNN.
+//!
+//! | pass | rows | columns | depth | A (gathered) | B |
+//! |---|---|---|---|---|---|
+//! | forward | samples·OH·OW | O/g | C/g·kH·kW | `x` at each tap | `w` |
+//! | backward data | samples·H·W | C/g | O/g·kH·kW | `dy` where the stride lands | `w` |
+//! | backward filter | O/g | C/g·kH·kW | samples·OH·OW | `dy` | `x` at each tap |
+//!
+//! The batch splits into pieces whose operands fit one binding (`Target::binding_limit`).
+//! Backward filter's depth runs over the samples, so its product has few outputs and a long
+//! sum: it splits the samples further into ranges ([`ConvPlan::per_split`] samples each) that
+//! write partial products, summed in a second pass — enough ranges to keep the device busy.
+//!
+//! ```
+//! use strata_core::ir::{ConvGeometry, ConvPass};
+//! use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
+//! use strata_core::target::Target;
+//! let g = ConvGeometry { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 };
+//! // x [64, 64, 56, 56], w [64, 64, 3, 3] → dw: 64 rows, 576 columns, 64·56² deep.
+//! let d = ConvDims::of(ConvPass::BackwardFilter, &[64, 64, 56, 56], &[64, 64, 56, 56], &[64, 64, 3, 3])?;
+//! assert_eq!(d.gemm(ConvPass::BackwardFilter, 1, 64), [64, 576, 64 * 56 * 56]);
+//! let plan = ConvPlan::of(ConvPass::BackwardFilter, &g, d, &Target::cpu(8), 4, [4; 3])?;
+//! assert!(plan.partials > 1 && plan.pieces.len() == 1);
+//! # Ok::<(), strata_core::Error>(())
+//! ```
+
+use crate::error::{Error, Result};
+use crate::ir::{ConvGeometry, ConvPass};
+use crate::target::Target;
+
+/// The side of a tile of the product (rows and columns) a workgroup computes.
+pub const TILE: usize = 64;
+
+/// The sizes of a convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`, output
+/// `[n, o, oh, ow]`, whichever pass reads or writes them.
+///
+/// ```
+/// use strata_core::{ir::ConvPass, lower::conv_plan::ConvDims};
+/// // backward data: dy [2, 8, 4, 4] and w [8, 3, 3, 3] → dx [2, 3, 6, 6].
+/// let d = ConvDims::of(ConvPass::BackwardData, &[2, 8, 4, 4], &[8, 3, 3, 3], &[2, 3, 6, 6])?;
+/// assert_eq!((d.n, d.c, d.h, d.o, d.kh, d.oh), (2, 3, 6, 8, 3, 4));
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvDims {
+    /// Samples.
+    pub n: usize,
+    /// Input channels.
+    pub c: usize,
+    /// Input height.
+    pub h: usize,
+    /// Input width.
+    pub w: usize,
+    /// Output channels.
+    pub o: usize,
+    /// Kernel height.
+    pub kh: usize,
+    /// Kernel width.
+    pub kw: usize,
+    /// Output height.
+    pub oh: usize,
+    /// Output width.
+    pub ow: usize,
+}
+
+impl ConvDims {
+    /// The sizes of `pass` from its operands' shapes: its two inputs `a`, `b` (`[x, w]`,
+    /// `[dy, w]` or `[x, dy]`) and its output `out`.
+    pub fn of(pass: ConvPass, a: &[usize], b: &[usize], out: &[usize]) -> Result<ConvDims> {
+        let (&[a0, a1, a2, a3], &[b0, b1, b2, b3], &[_, o1, o2, o3]) = (a, b, out) else {
+            return Err(Error::Backend(format!(
+                "internal error: a {} of shapes {a:?}, {b:?} into {out:?} (4-D expected)",
+                pass.name()
+            )));
+        };
+        let [n, c, h, w, o, kh, kw, oh, ow] = match pass {
+            ConvPass::Forward => [a0, a1, a2, a3, b0, b2, b3, o2, o3],
+            ConvPass::BackwardData => [a0, o1, o2, o3, a1, b2, b3, a2, a3],
+            ConvPass::BackwardFilter => [a0, a1, a2, a3, b1, o2, o3, b2, b3],
+        };
+        Ok(ConvDims {
+            n,
+            c,
+            h,
+            w,
+            o,
+            kh,
+            kw,
+            oh,
+            ow,
+        })
+    }
+
+    /// Rows, columns and depth of one group's product over `samples` samples (see the module's
+    /// table).
+    pub fn gemm(&self, pass: ConvPass, groups: usize, samples: usize) -> [usize; 3] {
+        let (cg, og, taps) = (self.c / groups, self.o / groups, self.kh * self.kw);
+        match pass {
+            ConvPass::Forward => [samples * self.oh * self.ow, og, cg * taps],
+            ConvPass::BackwardData => [samples * self.h * self.w, cg, og * taps],
+            ConvPass::BackwardFilter => [og, cg * taps, samples * self.oh * self.ow],
+        }
+    }
+
+    /// Elements one sample holds in the input (`x` or `dx`) and in the output (`y` or `dy`).
+    fn per_sample(&self) -> [usize; 2] {
+        [self.c * self.h * self.w, self.o * self.oh * self.ow]
+    }
+}
+
+/// A range of samples that one launch of the product covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvPiece {
+    /// The first sample.
+    pub first: usize,
+    /// How many.
+    pub samples: usize,
+    /// Backward filter: the ranges of [`ConvPlan::per_split`] samples (the last shorter) whose
+    /// partial products this launch writes, from partial `first / per_split` on; 1 for the
+    /// other passes.
+    pub splits: usize,
+    /// Backward filter: the piece continues a range an earlier piece began (a range longer
+    /// than a binding holds), so it adds to that partial instead of writing it.
+    pub accumulate: bool,
+}
+
+/// How a convolution pass runs as implicit GEMMs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvPlan {
+    /// The sizes.
+    pub dims: ConvDims,
+    /// The launches of the product, in order.
+    pub pieces: Vec<ConvPiece>,
+    /// Backward filter: samples per partial product (the whole batch for the other passes).
+    pub per_split: usize,
+    /// Backward filter: the partial products (`[partials, O, C/g, kH, kW]` in the accumulator's
+    /// dtype) summed into the output afterwards; 0 for the other passes, which write the
+    /// output directly.
+    pub partials: usize,
+}
+
+impl ConvPlan {
+    /// The plan of `pass` over operands of sizes `dims` on `target`, accumulating in
+    /// `acc_bytes`-byte values; `itemsizes` are the bytes per element of the output and the
+    /// two inputs. An `Err` when one sample or the weight exceeds a binding.
+    pub fn of(
+        pass: ConvPass,
+        geometry: &ConvGeometry,
+        dims: ConvDims,
+        target: &Target,
+        acc_bytes: usize,
+        itemsizes: [usize; 3],
+    ) -> Result<ConvPlan> {
+        let groups = geometry.groups.max(1);
+        let limit = target.binding_limit.unwrap_or(u64::MAX);
+        // A window may start up to one alignment before its first element.
+        let room = limit.saturating_sub(target.offset_align) as u128;
+        let item = *itemsizes.iter().max().unwrap_or(&4) as u128;
+        let [input, output] = dims.per_sample();
+        let weight = (dims.o * (dims.c / groups) * dims.kh * dims.kw) as u128;
+        let too_big = |what: &str, elements: u128| {
+            Error::Unsupported(format!(
+                "wgpu: {what} of a {} ({elements} elements) exceeds the adapter's {limit}-byte \
+                 storage binding; use the CPU or CUDA backend",
+                pass.name()
+            ))
+        };
+        if weight * item > room {
+            return Err(too_big("the weight", weight));
+        }
+        let sample = input.max(output) as u128 * item;
+        if sample > room {
+            return Err(too_big("one sample", input.max(output) as u128));
+        }
+        let per_piece = ((room / sample.max(1)) as usize).clamp(1, dims.n.max(1));
+        if pass != ConvPass::BackwardFilter {
+            // (Ranges of the whole batch: one range, never accumulated.)
+            let mut all = pieces(dims.n, per_piece, dims.n.max(1));
+            for p in &mut all {
+                p.accumulate = false;
+            }
+            return Ok(ConvPlan {
+                dims,
+                pieces: all,
+                per_split: dims.n,
+                partials: 0,
+            });
+        }
+        // Enough sample ranges that the product's tiles fill the device (each range's sum is
+        // still at least a tile's worth of terms), and partials that fit one binding.
+        let [rows, cols, _] = dims.gemm(pass, groups, 1);
+        let tiles = rows.div_ceil(TILE) * cols.div_ceil(TILE) * groups;
+        let wanted = (target.parallel_slots / 256).div_ceil(tiles.max(1)).max(1);
+        let depth = dims.oh * dims.ow;
+        let mut per_split = dims.n.div_ceil(wanted).max(TILE.div_ceil(depth.max(1)));
+        let most = (room / (weight * acc_bytes as u128).max(1)) as usize;
+        if most == 0 {
+            return Err(too_big("one partial product", weight));
+        }
+        per_split = per_split.max(dims.n.div_ceil(most)).min(dims.n).max(1);
+        Ok(ConvPlan {
+            dims,
+            pieces: pieces(dims.n, per_piece, per_split),
+            per_split,
+            partials: dims.n.div_ceil(per_split),
+        })
+    }
+}
+
+/// `n` samples in pieces of at most `per_piece` that never straddle a range of `per_split`:
+/// whole ranges together where a piece holds one, else each range in several pieces.
+fn pieces(n: usize, per_piece: usize, per_split: usize) -> Vec<ConvPiece> {
+    let mut out = Vec::new();
+    let ranges = per_piece / per_split;
+    let mut first = 0;
+    while first < n {
+        let (samples, splits) = if ranges > 0 {
+            let samples = (ranges * per_split).min(n - first);
+            (samples, samples.div_ceil(per_split))
+        } else {
+            let end = ((first / per_split + 1) * per_split).min(n);
+            (per_piece.min(end - first), 1)
+        };
+        out.push(ConvPiece {
+            first,
+            samples,
+            splits,
+            accumulate: first % per_split != 0,
+        });
+        first += samples;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry() -> ConvGeometry {
+        ConvGeometry {
+            stride: [1, 1],
+            padding: [1, 1],
+            dilation: [1, 1],
+            groups: 1,
+        }
+    }
+
+    #[test]
+    fn pieces_fit_the_binding_and_cover_the_batch() {
+        // x [10, 4, 8, 8] f32: 1 KiB a sample; a 4 KiB binding (less 256 of alignment) holds
+        // three samples.
+        let mut t = Target::cpu(1);
+        t.binding_limit = Some(4096);
+        t.offset_align = 256;
+        let d = ConvDims::of(
+            ConvPass::Forward,
+            &[10, 4, 8, 8],
+            &[4, 4, 3, 3],
+            &[10, 4, 8, 8],
+        )
+        .unwrap();
+        let plan = ConvPlan::of(ConvPass::Forward, &geometry(), d, &t, 4, [4; 3]).unwrap();
+        let firsts: Vec<_> = plan.pieces.iter().map(|p| (p.first, p.samples)).collect();
+        assert_eq!(firsts, [(0, 3), (3, 3), (6, 3), (9, 1)]);
+        assert_eq!(plan.partials, 0);
+        assert!(plan.pieces.iter().all(|p| p.splits == 1 && !p.accumulate));
+        // One sample too big for the binding: an error that says so.
+        t.binding_limit = Some(900);
+        let e = ConvPlan::of(ConvPass::Forward, &geometry(), d, &t, 4, [4; 3]).unwrap_err();
+        assert!(e.to_string().contains("one sample"), "{e}");
+    }
+
+    #[test]
+    fn backward_filter_splits_its_sum_over_the_samples() {
+        let mut t = Target::cpu(1);
+        t.parallel_slots = 64 * 256;
+        let d = ConvDims::of(
+            ConvPass::BackwardFilter,
+            &[32, 16, 8, 8],
+            &[32, 16, 8, 8],
+            &[16, 16, 3, 3],
+        )
+        .unwrap();
+        // 16 rows × 144 columns: 3 tiles; 64 workgroups wanted → 22 ranges wanted, so of 2
+        // samples each (and 64 terms a range at least: one sample has 64).
+        let plan = ConvPlan::of(ConvPass::BackwardFilter, &geometry(), d, &t, 4, [4; 3]).unwrap();
+        assert_eq!((plan.per_split, plan.partials), (2, 16));
+        let whole = ConvPiece {
+            first: 0,
+            samples: 32,
+            splits: 16,
+            accumulate: false,
+        };
+        assert_eq!(plan.pieces, [whole]);
+        // A binding of 3 samples' 4 KiB (and the alignment) holds one weight-sized partial:
+        // ranges of all 32 samples, each piece of 3 adding to the one partial after the first.
+        t.binding_limit = Some(3 * 4096 + 256);
+        t.offset_align = 256;
+        let plan = ConvPlan::of(ConvPass::BackwardFilter, &geometry(), d, &t, 4, [4; 3]).unwrap();
+        assert_eq!((plan.per_split, plan.partials), (32, 1));
+        let spans: Vec<_> = plan.pieces.iter().map(|p| (p.first, p.samples)).collect();
+        assert_eq!(spans.len(), 11);
+        assert_eq!((spans[0], spans[10]), ((0, 3), (30, 2)));
+        assert!(plan
+            .pieces
+            .iter()
+            .all(|p| p.splits == 1 && p.accumulate == (p.first > 0)));
+        // With a smaller weight, pieces of whole ranges: 1 KiB partials, 12 fit → ranges of 3
+        // samples, one per piece.
+        let d = ConvDims::of(
+            ConvPass::BackwardFilter,
+            &[32, 16, 8, 8],
+            &[32, 4, 8, 8],
+            &[4, 16, 2, 2],
+        )
+        .unwrap();
+        let plan = ConvPlan::of(ConvPass::BackwardFilter, &geometry(), d, &t, 4, [4; 3]).unwrap();
+        assert_eq!((plan.per_split, plan.partials), (3, 11));
+        assert!(plan.pieces.iter().all(|p| p.splits == 1 && !p.accumulate));
+    }
+}

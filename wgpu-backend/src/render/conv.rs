@@ -1,0 +1,342 @@
+//! `Convolution`: core's implicit GEMM ([`conv_plan`](strata_core::lower::conv_plan)) as a
+//! tiled product whose slices of A and B are gathered from the tensors as they are staged (no
+//! im2col buffer). A workgroup computes a 64×64 tile of one group's product, each invocation a
+//! 4×4 block (rows `tr + 16i`, columns `tc + 16j`) from 16-deep slices in workgroup memory;
+//! an invocation stages four values of A (four rows, one depth) and four of B (one column,
+//! four depths), so what it decodes of a row or a column (a pixel, a channel and tap) it
+//! decodes once, and of a depth once per slice. Backward filter writes partial products over
+//! ranges of samples (the plan's splits), which a second kernel sums into the weight's
+//! gradient. Accumulates in f32 for 16-bit floats, in the dtype otherwise.
+
+use super::prelude::helpers;
+use super::{binding, cast, compute_type, literal, load, store, Caps, ENTRY};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::ir::ConvPass;
+use strata_core::lower::conv_plan::TILE;
+use strata_core::DType;
+
+/// The depth of the staged slices.
+const DEPTH: usize = 16;
+
+/// The structure of a convolution dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ConvSig {
+    pub pass: ConvPass,
+    /// The operands' dtype.
+    pub dtype: DType,
+    /// The accumulator's (and backward filter's partial products').
+    pub acc: DType,
+    /// The kernel that sums backward filter's partial products into the output.
+    pub sum_partials: bool,
+}
+
+impl strata_core::kernel_cache::Owned for ConvSig {}
+
+/// Words: [0] rows, [1] columns, [2] depth (one group's product, this piece), [3] samples in
+/// the piece, [4..12] C, H, W, O, kH, kW, OH, OW, [12] groups, [13..19] stride, padding and
+/// dilation (height, width), [19..22] offsets of the output and of inputs A and B,
+/// [22] ranges (backward filter; else 1), [23] samples a range, [24] the first range's
+/// partial, [25] 1: add to the partials.
+/// Summing partials: [0] elements of the output, [1] partials, [2] output offset.
+pub(crate) const PARAM_WORDS: usize = 26;
+
+/// The WGSL source of a convolution dispatch (bindings: 0 the output or the partials, 1 A,
+/// 2 B; summing: 0 the output, 1 the partials).
+pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
+    if sig.sum_partials {
+        return sum_source(sig, caps);
+    }
+    let (d, acc) = (sig.dtype, sig.acc);
+    let at = compute_type(acc);
+    let zero = literal(acc, 0);
+    let filter = sig.pass == ConvPass::BackwardFilter;
+    let out_d = if filter { acc } else { d };
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, out_d, true, caps));
+    src.push_str(&binding(1, d, false, caps));
+    src.push_str(&binding(2, d, false, caps));
+    src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    // A's rows are one longer than the tile: its stores (16 depths of one row per half warp)
+    // then fall in different banks.
+    let row_a = TILE + 1;
+    let _ = writeln!(
+        src,
+        "var<workgroup> ta: array<{at}, {}>;\nvar<workgroup> tb: array<{at}, {}>;",
+        DEPTH * row_a,
+        DEPTH * TILE
+    );
+    src.push_str(ENTRY);
+    let _ = writeln!(
+        src,
+        "  let m = params[0]; let ncols = params[1]; let kdim = params[2]; let samples = params[3];
+  let C = params[4]; let H = params[5]; let W = params[6]; let O = params[7];
+  let KH = params[8]; let KW = params[9]; let OH = params[10]; let OW = params[11];
+  let groups = params[12];
+  let s0 = i32(params[13]); let s1 = i32(params[14]); let p0 = i32(params[15]);
+  let p1 = i32(params[16]); let d0 = i32(params[17]); let d1 = i32(params[18]);
+  let off_o = params[19]; let off_a = params[20]; let off_b = params[21];
+  let KK = KH * KW; let HW = H * W; let OHW = OH * OW;
+  let cg = C / groups; let og = O / groups;
+  let g = wg.y * nwg.x + wg.x;
+  let tiles_n = (ncols + {t1}u) / {t}u; let tiles_m = (m + {t1}u) / {t}u;
+  let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let rest = g / (tiles_n * tiles_m);
+  let grp = rest % groups; let split = rest / groups;
+  if (split >= params[22]) {{ return; }}
+  let tr = lid / 16u; let tc = lid % 16u;
+  let akk = lid % {DEPTH}u; let arow0 = by * {t}u + lid / {DEPTH}u;
+  let bcol = bx * {t}u + lid % {t}u; let bkb = lid / {t}u;",
+        t = TILE,
+        t1 = TILE - 1,
+    );
+    // The depth range: backward filter's split covers its samples' pixels.
+    if filter {
+        let _ = writeln!(
+            src,
+            "  let r0 = split * params[23]; let r1 = min(r0 + params[23], samples);
+  let k_lo = r0 * OHW; let k_hi = r1 * OHW;"
+        );
+    } else {
+        src.push_str("  let k_lo = 0u; let k_hi = kdim;\n");
+    }
+    // Per staged row of A (four per invocation) and per staged column of B (one), what the
+    // loads need, decoded once.
+    for q in 0..4 {
+        let r = format!("arow0 + {}u", 16 * q);
+        let _ = match sig.pass {
+            // A row is an output pixel (n, p, q): where its window starts.
+            ConvPass::Forward => writeln!(
+                src,
+                "  let ar{q} = {r}; let av{q} = ar{q} < m;
+  let an{q} = ar{q} / OHW; let apq{q} = ar{q} % OHW;
+  let abase{q} = (an{q} * C + grp * cg) * HW;
+  let ah{q} = i32(apq{q} / OW) * s0 - p0; let aw{q} = i32(apq{q} % OW) * s1 - p1;"
+            ),
+            // A row is an input pixel (n, h, w): the output pixels whose windows reach it.
+            ConvPass::BackwardData => writeln!(
+                src,
+                "  let ar{q} = {r}; let av{q} = ar{q} < m;
+  let an{q} = ar{q} / HW; let ahw{q} = ar{q} % HW;
+  let abase{q} = (an{q} * O + grp * og) * OHW;
+  let ah{q} = i32(ahw{q} / W) + p0; let aw{q} = i32(ahw{q} % W) + p1;"
+            ),
+            // A row is an output channel of the group.
+            ConvPass::BackwardFilter => writeln!(
+                src,
+                "  let ar{q} = {r}; let av{q} = ar{q} < m;
+  let abase{q} = (grp * og + ar{q}) * OHW;"
+            ),
+        };
+    }
+    if filter {
+        // B's column is (channel, tap): where its tap sits relative to the output pixel.
+        src.push_str(
+            "  let bv = bcol < ncols; let bc = bcol / KK; let btap = bcol % KK;
+  let bdh = i32(btap / KW) * d0 - p0; let bdw = i32(btap % KW) * d1 - p1;
+  let bbase = (grp * cg + bc) * HW;\n",
+        );
+    } else {
+        src.push_str("  let bv = bcol < ncols;\n");
+    }
+    for i in 0..4 {
+        let line: Vec<String> = (0..4)
+            .map(|j| format!("var c{i}_{j}: {at} = {zero};"))
+            .collect();
+        let _ = writeln!(src, "  {}", line.join(" "));
+    }
+    let _ = writeln!(
+        src,
+        "  var ra0: {at}; var ra1: {at}; var ra2: {at}; var ra3: {at};
+  var rb0: {at}; var rb1: {at}; var rb2: {at}; var rb3: {at};
+  for (var k0 = k_lo; k0 < k_hi; k0 = k0 + {DEPTH}u) {{
+    let ka = k0 + akk; let kin = ka < k_hi;"
+    );
+    let a_value = |idx: &str| cast(&load(d, "b1", idx, caps), d, acc, false);
+    // A's depth, decoded once a slice; then its four rows.
+    match sig.pass {
+        ConvPass::Forward => {
+            src.push_str(
+                "    let kc = ka / KK; let ktap = ka % KK;
+    let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
+            );
+            for q in 0..4 {
+                let _ = writeln!(
+                    src,
+                    "    {{ let hi = ah{q} + kdh; let wi = aw{q} + kdw; ra{q} = {zero};
+      if (av{q} && kin && hi >= 0 && hi < i32(H) && wi >= 0 && wi < i32(W)) {{
+        ra{q} = {}; }} }}",
+                    a_value(&format!(
+                        "off_a + abase{q} + kc * HW + u32(hi) * W + u32(wi)"
+                    ))
+                );
+            }
+        }
+        ConvPass::BackwardData => {
+            src.push_str(
+                "    let ko = ka / KK; let ktap = ka % KK;
+    let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
+            );
+            for q in 0..4 {
+                let _ = writeln!(
+                    src,
+                    "    {{ let th = ah{q} - kdh; let tw = aw{q} - kdw; ra{q} = {zero};
+      if (av{q} && kin && th >= 0 && tw >= 0 && th % s0 == 0 && tw % s1 == 0
+          && u32(th / s0) < OH && u32(tw / s1) < OW) {{
+        ra{q} = {}; }} }}",
+                    a_value(&format!(
+                        "off_a + abase{q} + ko * OHW + u32(th / s0) * OW + u32(tw / s1)"
+                    ))
+                );
+            }
+        }
+        ConvPass::BackwardFilter => {
+            src.push_str("    let kn = ka / OHW; let kpq = ka % OHW;\n");
+            for q in 0..4 {
+                let _ = writeln!(
+                    src,
+                    "    ra{q} = {zero}; if (av{q} && kin) {{ ra{q} = {}; }}",
+                    a_value(&format!("off_a + kn * O * OHW + abase{q} + kpq"))
+                );
+            }
+        }
+    }
+    // B: four depths of one column.
+    let b_value = |idx: &str| cast(&load(d, "b2", idx, caps), d, acc, false);
+    for q in 0..4 {
+        let _ = writeln!(
+            src,
+            "    {{ let kb = k0 + bkb + {}u; rb{q} = {zero};",
+            4 * q
+        );
+        let _ = match sig.pass {
+            ConvPass::Forward => writeln!(
+                src,
+                "      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
+                b_value("off_b + (grp * og + bcol) * kdim + kb")
+            ),
+            ConvPass::BackwardData => writeln!(
+                src,
+                "      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
+                b_value("off_b + ((grp * og + kb / KK) * cg + bcol) * KK + kb % KK")
+            ),
+            ConvPass::BackwardFilter => writeln!(
+                src,
+                "      let bn = kb / OHW; let bpq = kb % OHW;
+      let hi = i32(bpq / OW) * s0 + bdh; let wi = i32(bpq % OW) * s1 + bdw;
+      if (bv && kb < k_hi && hi >= 0 && hi < i32(H) && wi >= 0 && wi < i32(W)) {{
+        rb{q} = {}; }} }}",
+                b_value("off_b + bn * C * HW + bbase + u32(hi) * W + u32(wi)")
+            ),
+        };
+    }
+    // Loads first (in flight together), then the stores into the slices.
+    for q in 0..4 {
+        let _ = writeln!(
+            src,
+            "    ta[akk * {row_a}u + lid / {DEPTH}u + {}u] = ra{q}; tb[(bkb + {}u) * {TILE}u + lid % {TILE}u] = rb{q};",
+            16 * q,
+            4 * q
+        );
+    }
+    src.push_str("    workgroupBarrier();\n");
+    let _ = writeln!(
+        src,
+        "    for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{
+      let a0 = ta[kk * {row_a}u + tr]; let a1 = ta[kk * {row_a}u + tr + 16u];
+      let a2 = ta[kk * {row_a}u + tr + 32u]; let a3 = ta[kk * {row_a}u + tr + 48u];
+      let b0 = tb[kk * {TILE}u + tc]; let b1 = tb[kk * {TILE}u + tc + 16u];
+      let b2 = tb[kk * {TILE}u + tc + 32u]; let b3 = tb[kk * {TILE}u + tc + 48u];"
+    );
+    for i in 0..4 {
+        let line: Vec<String> = (0..4)
+            .map(|j| {
+                let c = format!("c{i}_{j}");
+                format!(
+                    "{c} = {};",
+                    madd(acc, &c, &format!("a{i}"), &format!("b{j}"))
+                )
+            })
+            .collect();
+        let _ = writeln!(src, "      {}", line.join(" "));
+    }
+    src.push_str("    }\n    workgroupBarrier();\n  }\n");
+    // The tile's outputs.
+    for i in 0..4 {
+        let _ = writeln!(
+            src,
+            "  {{ let r = by * {TILE}u + tr + {}u;\n    if (r < m) {{",
+            16 * i
+        );
+        let _ = match sig.pass {
+            ConvPass::Forward => writeln!(
+                src,
+                "      let rbase = off_o + ((r / OHW) * O + grp * og) * OHW + r % OHW;"
+            ),
+            ConvPass::BackwardData => writeln!(
+                src,
+                "      let rbase = off_o + ((r / HW) * C + grp * cg) * HW + r % HW;"
+            ),
+            ConvPass::BackwardFilter => writeln!(
+                src,
+                "      let rbase = ((params[24] + split) * O + grp * og + r) * ncols;"
+            ),
+        };
+        for j in 0..4 {
+            let c = format!("c{i}_{j}");
+            let (idx, value) = match sig.pass {
+                ConvPass::Forward => ("rbase + col * OHW", cast(&c, acc, d, false)),
+                ConvPass::BackwardData => ("rbase + col * HW", cast(&c, acc, d, false)),
+                ConvPass::BackwardFilter => (
+                    "rbase + col",
+                    format!(
+                        "select({c}, {} + {c}, params[25] != 0u)",
+                        load(acc, "b0", "rbase + col", caps)
+                    ),
+                ),
+            };
+            let _ = writeln!(
+                src,
+                "      {{ let col = bx * {TILE}u + tc + {}u; if (col < ncols) {{ {} }} }}",
+                16 * j,
+                store(out_d, "b0", idx, &value, caps)
+            );
+        }
+        src.push_str("    }\n  }\n");
+    }
+    src.push_str("}\n");
+    src
+}
+
+/// The kernel summing backward filter's partial products (`[partials, elements]`, in the
+/// accumulator's dtype) into the output, an element an invocation.
+fn sum_source(sig: &ConvSig, caps: Caps) -> String {
+    let (d, acc) = (sig.dtype, sig.acc);
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, d, true, caps));
+    src.push_str(&binding(1, acc, false, caps));
+    src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    src.push_str(ENTRY);
+    let _ = writeln!(
+        src,
+        "  let n = params[0];
+  if (gid >= n) {{ return; }}
+  var s: {at} = {zero};
+  for (var p = 0u; p < params[1]; p = p + 1u) {{ s = s + {part}; }}
+  {put}
+}}",
+        at = compute_type(acc),
+        zero = literal(acc, 0),
+        part = load(acc, "b1", "p * n + gid", caps),
+        put = store(d, "b0", "params[2] + gid", &cast("s", acc, d, false), caps),
+    );
+    src
+}
+
+/// `x + a·b` in a float accumulator: one fused multiply-add in f32.
+fn madd(acc: DType, x: &str, a: &str, b: &str) -> String {
+    if compute_type(acc) == "f32" {
+        format!("fma({a}, {b}, {x})")
+    } else {
+        format!("({x} + {a} * {b})")
+    }
+}
