@@ -335,8 +335,9 @@ run_multi() {
 }
 
 # Convolutions through cuDNN (loaded from the pip nvidia-cudnn package) and, with
-# STRATA_CUDNN=0, composed from matmuls as without cuDNN: the tests that convolve, then
-# `bench_gpu conv` both ways beside PyTorch's F.conv2d.
+# STRATA_CUDNN=0, strata's own implicit-GEMM kernels as without cuDNN: the tests that
+# convolve, then `bench_gpu conv` both ways and on wgpu (NVIDIA's Vulkan) beside PyTorch's
+# F.conv2d.
 run_conv() {
   echo "== convolutions: cuDNN on, then off (STRATA_CUDNN=0)" | tee -a "$summary"
   for cudnn in 1 0; do
@@ -346,10 +347,11 @@ run_conv() {
       grep -E 'panicked' -A2 "$out/$t-cudnn$cudnn.log" | head -10 | tee -a "$summary"
     done
   done
-  echo "-- conv2d: strata with cuDNN, strata composed (STRATA_CUDNN=0), PyTorch (cuDNN)" | tee -a "$summary"
+  echo "-- conv2d: strata with cuDNN, strata's own kernels (STRATA_CUDNN=0), PyTorch (cuDNN), wgpu" | tee -a "$summary"
   timeout 200 "$bin/bench_gpu" conv 2>&1 | tee -a "$summary"
-  STRATA_CUDNN=0 timeout 200 "$bin/bench_gpu" conv 2>&1 | sed 's/"op": "/"op": "composed /' | tee -a "$summary"
+  STRATA_CUDNN=0 timeout 200 "$bin/bench_gpu" conv 2>&1 | sed 's/"op": "/"op": "own /' | tee -a "$summary"
   timeout 200 python3 scripts/bench_conv_torch.py 2>&1 | tee -a "$summary"
+  (setup_vulkan; timeout 200 "$bin/bench_gpu" conv --device wgpu 2>&1 | tee -a "$summary")
 }
 
 run_cnn() {

@@ -872,9 +872,8 @@ pub enum Kernel {
     /// 16-bit floats: `Forward` reads `[x, w]` and writes `y`, `BackwardData` reads `[dy, w]`
     /// and writes `dx`, `BackwardFilter` reads `[x, dy]` and writes `dw`; the weight is
     /// `[O, C / groups, kH, kW]`. Each output is written whole (β = 0). The sum's order is the
-    /// backend's. Only backends whose
-    /// [`runs_convolution`](crate::target::Target::runs_convolution) is true get one; core
-    /// composes `conv2d` from matmuls elsewhere.
+    /// backend's (core's [`conv_plan`](crate::lower::conv_plan) is the implicit GEMM a backend
+    /// without a convolution library renders).
     Convolution {
         /// Which of the three products.
         pass: ConvPass,

@@ -102,9 +102,6 @@ pub struct Target {
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
-    /// Runs [`Kernel::Convolution`](crate::ir::Kernel::Convolution); otherwise core composes
-    /// `conv2d` and its gradients from strided views and matmuls.
-    pub runs_convolution: bool,
     /// The output dtypes this backend runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram)
     /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
     /// work: right, but slow for many bins).
@@ -149,7 +146,6 @@ impl Target {
             fuses_row_prologue: true,
             fuses_row_epilogue: true,
             runs_softmax: true,
-            runs_convolution: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: false,
         }

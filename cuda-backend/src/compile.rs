@@ -532,6 +532,34 @@ mod tests {
     }
 
     #[test]
+    fn own_convolution_kernels_compile_for_every_pass_and_float_dtype() {
+        use crate::render::conv::{ConvSig, ConvSumSig};
+        use crate::render::Generated;
+        use strata_core::ir::ConvPass;
+        use strata_core::DType;
+        let Ok(_) = nvrtc_version() else { return };
+        let mut compiler = Compiler::new(None, (9, 0));
+        compiler.cache_dir = None;
+        for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+            for pass in [
+                ConvPass::Forward,
+                ConvPass::BackwardData,
+                ConvPass::BackwardFilter,
+            ] {
+                let src = ConvSig { pass, dtype }.render().unwrap().source;
+                let image = compiler
+                    .cubin(&src, Optimization::Full)
+                    .unwrap_or_else(|e| {
+                        panic!("{pass:?} {dtype}: {e}\n{src}");
+                    });
+                assert!(image.windows(11).any(|w| w == b"strata_conv"));
+            }
+            let src = ConvSumSig { dtype }.render().unwrap().source;
+            compiler.cubin(&src, Optimization::Full).unwrap();
+        }
+    }
+
+    #[test]
     fn maps_compile_fast_where_nvrtc_can() {
         assert_eq!(fast_compile_level(None, (13, 0)).as_deref(), Some("min"));
         assert_eq!(

@@ -137,7 +137,6 @@ impl CudaBackend {
             // Staged rows: the epilogue reads them again from L2 and writes once.
             fuses_row_epilogue: true,
             runs_softmax: true,
-            runs_convolution: dnn::Dnn::available(),
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: false,
         };

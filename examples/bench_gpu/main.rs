@@ -514,9 +514,10 @@ fn optimizer_steps(dev: &Device) -> Result<()> {
 /// Histograms and stochastic rounding on 2^`log2` f32 normals (issue 42's table): histc into
 /// 64 and 4096 bins, the exponent histogram (its read-back included), the stochastic and
 /// plain casts to bf16, and a copy for the bandwidth floor.
-/// `conv2d` (strata's composition over strided views: one matmul per kernel offset) on three
-/// of ResNet-50's shapes, batch 64, f32 (TF32 off), forward and forward + backward
-/// (`scripts/bench_conv_torch.py` is PyTorch's side, cuDNN).
+/// `conv2d` on ResNet-50's shapes, batch 64, forward and forward + backward, in f32 (TF32
+/// off), f32 with TF32 and bf16 (`scripts/bench_conv_torch.py` is PyTorch's side, cuDNN): on
+/// CUDA through cuDNN, or strata's own implicit GEMM with `STRATA_CUDNN=0`; with
+/// `--device wgpu` wgpu's implicit GEMM, f32 only (its rows named `-wgpu`).
 fn convolutions(dev: &Device) -> Result<()> {
     use strata::nn::functional::conv2d;
     let mut g = strata::random::Generator::new(1);
@@ -530,11 +531,13 @@ fn convolutions(dev: &Device) -> Result<()> {
         (3, 64, 7, 224, 2, 3),
     ];
     // f32 without TF32 first (the names without a suffix), then with it, then bf16.
-    for (dtype, tf32, suffix) in [
+    let kinds = [
         (DType::F32, false, ""),
         (DType::F32, true, " tf32"),
         (DType::BF16, false, " bf16"),
-    ] {
+    ];
+    let cuda = dev.kind() == strata::BackendKind::Cuda;
+    for (dtype, tf32, suffix) in kinds.into_iter().take(if cuda { 3 } else { 1 }) {
         dev.set_allow_tf32(tf32);
         for (c, o, k, hw, stride, pad) in shapes {
             let x = Tensor::randn([64, c, hw, hw], DType::F32, &mut g, dev)?
@@ -545,7 +548,10 @@ fn convolutions(dev: &Device) -> Result<()> {
                 .requires_grad_(true)?;
             let out = (hw + 2 * pad - k) / stride + 1;
             let flops = 2.0 * (64 * o * out * out * c * k * k) as f64;
-            let name = format!("conv2d c{c}->{o} {k}x{k} {hw}^2{suffix}");
+            let name = format!(
+                "conv2d{} c{c}->{o} {k}x{k} {hw}^2{suffix}",
+                backend_suffix(dev)
+            );
             let fwd = time(dev, 1, || {
                 keep(strata::autograd::no_grad(|| {
                     conv2d(&x, &w, None, [stride; 2], [pad; 2], [1, 1], 1)
@@ -852,7 +858,12 @@ fn main() -> Result<()> {
             return hist(&Device::cuda(0)?, log2);
         }
         Some("first-op") => return first_op(),
-        Some("conv") => return convolutions(&Device::cuda(0)?),
+        Some("conv") => {
+            return match arg("--device", "cuda").as_str() {
+                "wgpu" => convolutions(&Device::wgpu()?),
+                _ => convolutions(&Device::cuda(0)?),
+            }
+        }
         Some("dp") => {
             let per_gpu: usize = arg("--batch", "256").parse().unwrap_or(256);
             data_parallel(per_gpu, false)?;

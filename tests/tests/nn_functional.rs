@@ -773,9 +773,9 @@ test_device!(
     windows
 );
 
-/// Where the backend runs convolution kernels (cuDNN on CUDA, wgpu's implicit GEMM, the CPU's
-/// loops), each pass is one kernel, gathering its taps as it goes (no im2col copy, no matmul
-/// per tap); values and both gradients against the host. Under a small binding cap
+/// Each convolution pass is one kernel (cuDNN on CUDA, or strata's own implicit GEMM without
+/// it, `STRATA_CUDNN=0`; implicit GEMM on wgpu; the CPU's loops), gathering its taps as it goes
+/// (no im2col copy, no matmul per tap); values and both gradients against the host. Under a small binding cap
 /// (`STRATA_WGPU_MAX_BINDING=1536`, scripts/test.sh) wgpu runs it in pieces of one sample,
 /// backward filter adding each piece to a partial product that spans several.
 fn convolution_kernels(dev: &Device) -> Result<()> {
@@ -807,18 +807,9 @@ fn convolution_kernels(dev: &Device) -> Result<()> {
             .filter(|r| r.kind == strata::RecordKind::Kernel)
             .count()
     };
-    // CUDA has them where cuDNN loads; the CPU and wgpu always.
-    let runs = dev.backend().target().runs_convolution;
-    assert!(
-        runs || dev.kind() == strata::BackendKind::Cuda,
-        "{}",
-        dev.name()
-    );
-    if runs {
-        assert_eq!(kernels(&forward), 1, "conv2d forward:\n{forward}");
-        // The product with r and its sum's gradient, then the two convolution passes.
-        assert!(kernels(&backward) <= 5, "conv2d backward:\n{backward}");
-    }
+    assert_eq!(kernels(&forward), 1, "conv2d forward:\n{forward}");
+    // The product with r and its sum's gradient, then the two convolution passes.
+    assert!(kernels(&backward) <= 5, "conv2d backward:\n{backward}");
     let (xs, ks, rs) = (values(&x)?, values(&k)?, values(&r)?);
     let (want, _) = host_conv(&xs, shape, &ks, kshape, one, one, one, 1);
     close(&values(&y)?, &want, 1e-5, "conv2d");
@@ -835,6 +826,13 @@ fn convolution_kernels(dev: &Device) -> Result<()> {
         1e-5,
         "conv2d weight gradient",
     );
+    // No integer convolution (nor in PyTorch): an error naming the dtypes.
+    let xi = Tensor::zeros([1, 4, 3, 3], DType::I32, dev)?;
+    let ki = Tensor::zeros([2, 4, 3, 3], DType::I64, dev)?;
+    let e = conv2d(&xi, &ki, None, one, one, one, 1).unwrap_err();
+    assert!(e.to_string().contains("i32 and i64"), "{e}");
+    let e = conv_transpose2d(&xi, &ki.transpose(0, 1)?, None, one, one, [0, 0], one, 1);
+    assert!(e.is_err());
     Ok(())
 }
 
@@ -880,8 +878,7 @@ fn convolution_dtypes(dev: &Device) -> Result<()> {
         if dev.backend().check_dtype(dtype).is_err() {
             continue;
         }
-        // A 1×1 window stepping one pixel (a matmul per sample where the backend runs
-        // convolution kernels) and its transpose.
+        // A 1×1 window stepping one pixel (a matmul per sample) and its transpose.
         let (ps, pk) = ([3usize, 8, 5, 7], [6usize, 8, 1, 1]);
         let x = Tensor::from_slice(&ramp(ps.iter().product(), 2), ps.to_vec(), dev)?
             .to_dtype(dtype)?

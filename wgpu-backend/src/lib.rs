@@ -167,8 +167,6 @@ impl WgpuBackend {
             fuses_row_epilogue: false,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
-            // Implicit GEMM (render::conv): no im2col buffer.
-            runs_convolution: true,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half

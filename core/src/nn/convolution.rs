@@ -1,7 +1,7 @@
-//! `conv2d` as one [`Kernel::Convolution`] per pass, on backends that run one
-//! ([`runs_convolution`](crate::target::Target::runs_convolution): cuDNN on CUDA, direct loops
-//! on the CPU). `conv_transpose2d` is the backward-data pass. The three passes are bilinear
-//! and each one's gradients are the other two:
+//! `conv2d` as one [`Kernel::Convolution`] per pass (cuDNN on CUDA, or strata's own
+//! implicit-GEMM kernel where cuDNN is absent; implicit GEMM on wgpu; direct loops on the CPU).
+//! `conv_transpose2d` is the backward-data pass. The three passes are bilinear and each one's
+//! gradients are the other two:
 //!
 //! | pass (inputs → output) | gradient of its first input | of its second |
 //! |---|---|---|
@@ -12,11 +12,6 @@
 use crate::error::{Error, Result};
 use crate::ir::{ConvGeometry, ConvPass, Kernel};
 use crate::tensor::{launch, Tensor};
-
-/// True when `device`'s backend runs convolution kernels for `dtype`.
-pub(super) fn runs_on(t: &Tensor, dtype: crate::dtype::DType) -> bool {
-    dtype.is_float() && t.device().backend().target().runs_convolution
-}
 
 /// `pass` over `a` and `b` (one float dtype, `[N, C, H, W]`-shaped, any strides) into a new
 /// tensor of shape `out`, with its backward node when either input requires a gradient.

@@ -1,14 +1,13 @@
 //! Ops over sliding windows of `[N, C, H, W]` tensors (issue 40): `conv2d` (stride, padding,
 //! dilation, groups) and `conv_transpose2d`, `max_pool2d` (with PyTorch's indices),
 //! `avg_pool2d` and `adaptive_avg_pool2d`, re-exported in [`functional`](super::functional). Each is written
-//! with core's public ops over strided views: the view of the input that one kernel offset
-//! `(i, j)` sees is a slice with the stride as its step, so no im2col buffer is made. A
-//! convolution is a sum over the kernel's offsets of one matmul each (the view's channels
-//! against the weight's), a pooling an elementwise max or sum over the offsets (one fused
-//! kernel). Gradients come from those ops (max pooling's scatters to the indices its forward
-//! pass found). Where the backend runs a convolution kernel (cuDNN
-//! on CUDA, direct loops on the CPU) `conv2d` is one kernel per pass instead
-//! ([`convolution`](super::convolution)); wgpu, and CUDA without cuDNN, compose it.
+//! `conv2d` is one [`Kernel::Convolution`](crate::ir::Kernel::Convolution) per pass
+//! ([`convolution`](super::convolution)); `conv_transpose2d` its backward-data pass, or a
+//! `conv2d` of the input spread by the stride where that pass cannot give its output size. The
+//! poolings are written with core's public ops over strided views: the view of the input that
+//! one kernel offset `(i, j)` sees is a slice with the stride as its step (no im2col buffer),
+//! a pooling an elementwise max or sum over the offsets (one fused kernel); their gradients
+//! come from those ops (max pooling's is one scatter to the indices its forward pass found).
 
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -122,63 +121,36 @@ pub fn conv2d(
         Some(b) => y.add(&b.reshape([o, 1, 1])?),
         None => Ok(y),
     };
-    let dtype = crate::ops::promote_types(input.dtype(), weight.dtype());
+    let dtype = float_dtype(input, weight, "conv2d")?;
     let geometry = crate::ir::ConvGeometry {
         stride,
         padding,
         dilation,
         groups,
     };
-    let forward = crate::ir::ConvPass::Forward;
-    let shape = [n, o, out[0], out[1]];
-    if super::convolution::runs_on(input, dtype) {
-        let (x, k) = (as_dtype(input, dtype)?, as_dtype(weight, dtype)?);
-        let y = super::convolution::run_pass(forward, geometry, &x, &k, shape)?;
-        return with_bias(y);
-    }
-    // Without a convolution kernel a 1×1 unit-stride window is still a matmul per sample
-    // (its gradients matmuls too).
-    if let Some(y) = super::convolution::pointwise(forward, &geometry, input, weight, shape)? {
-        return with_bias(y);
-    }
-    let padded = input.pad(
-        &[
-            (padding[0] as isize, padding[0] as isize),
-            (padding[1] as isize, padding[1] as isize),
-        ],
-        0,
+    let (x, k) = (as_dtype(input, dtype)?, as_dtype(weight, dtype)?);
+    let y = super::convolution::run_pass(
+        crate::ir::ConvPass::Forward,
+        geometry,
+        &x,
+        &k,
+        [n, o, out[0], out[1]],
     )?;
-    let og = o / groups;
-    let positions = out[0] * out[1];
-    let mut per_group = Vec::with_capacity(groups);
-    for g in 0..groups {
-        let xg = padded.narrow(1, g * cg, cg)?;
-        let wg = weight.narrow(0, g * og, og)?;
-        let mut acc: Option<Tensor> = None;
-        for i in 0..kh {
-            for j in 0..kw {
-                // [N, OH·OW, C/g] · [C/g, O/g]: the view gathered into rows (one copy the size
-                // of the output's positions), so the product is N matmuls of OH·OW rows, not
-                // N·OH of OW rows (mostly idle tiles). Not one [N·OH·OW, C/g] product: the
-                // weight's gradient would then be one product with N·OH·OW terms per element,
-                // which a matmul without split-K runs on one block (7× slower on an H200).
-                let view = offset_view(&xg, (i, j), stride, dilation, out)?
-                    .permute([0, 2, 3, 1])?
-                    .reshape([n, positions, cg])?;
-                let term = view.matmul(&wg.slice(s![.., .., i, j])?.t()?)?;
-                acc = Some(match acc {
-                    Some(a) => a.add(&term)?,
-                    None => term,
-                });
-            }
-        }
-        let acc = acc.ok_or_else(|| Error::Shape("conv2d: an empty kernel".into()))?;
-        per_group.push(
-            acc.reshape([n, out[0], out[1], og])?
-                .permute([0, 3, 1, 2])?,
-        );
+    with_bias(y)
+}
+
+/// The dtype a convolution of `a` and `b` computes in (PyTorch's promotion), which must be a
+/// float one (PyTorch has no integer convolution either).
+fn float_dtype(a: &Tensor, b: &Tensor, what: &str) -> Result<DType> {
+    let dtype = crate::ops::promote_types(a.dtype(), b.dtype());
+    if !dtype.is_float() {
+        return Err(Error::DType(format!(
+            "{what} takes float tensors: got {} and {} (convert with to_dtype)",
+            a.dtype(),
+            b.dtype()
+        )));
     }
-    with_bias(join_groups(per_group, 1)?)
+    Ok(dtype)
 }
 
 /// `x` with `stride - 1` zeros between neighbours along `axis`: length `(len - 1)·stride + 1`.
@@ -259,10 +231,10 @@ pub fn conv_transpose2d(
             )));
         }
     }
-    // Where the backend runs convolutions: the gradient pass it is (cuDNN's and PyTorch's
-    // way), when that pass's forward maps the output back to the input's size (an
-    // output_padding past the stride, possible with a dilation, does not).
-    let dtype = crate::ops::promote_types(input.dtype(), weight.dtype());
+    // The gradient pass it is (cuDNN's and PyTorch's way), when that pass's forward maps the
+    // output back to the input's size (an output_padding past the stride, possible with a
+    // dilation, does not).
+    let dtype = float_dtype(input, weight, "conv_transpose2d")?;
     let geometry = crate::ir::ConvGeometry {
         stride,
         padding,
@@ -273,10 +245,7 @@ pub fn conv_transpose2d(
         let (len, k) = sizes[a];
         (len - 1) * stride[a] + dilation[a] * (k - 1) + output_padding[a] + 1 - 2 * padding[a]
     });
-    if super::convolution::runs_on(input, dtype)
-        && geometry.out_len(0, out[0], kh) == h
-        && geometry.out_len(1, out[1], kw) == w
-    {
+    if geometry.out_len(0, out[0], kh) == h && geometry.out_len(1, out[1], kw) == w {
         let o = weight.shape()[1] * groups;
         let y = super::convolution::run_pass(
             crate::ir::ConvPass::BackwardData,

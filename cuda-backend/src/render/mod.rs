@@ -10,6 +10,7 @@
 
 #[cfg(test)]
 mod catalog;
+pub(crate) mod conv;
 pub(crate) mod expr;
 pub(crate) mod histogram;
 pub(crate) mod index;

@@ -1,10 +1,16 @@
-//! A convolution's launch: one cuDNN call (core sends a `Convolution` kernel only when cuDNN
-//! is loaded), after a scratch buffer for its algorithm's workspace.
+//! A convolution's launch: one cuDNN call after a scratch buffer for its algorithm's
+//! workspace; without cuDNN (absent, or `STRATA_CUDNN=0`), strata's own implicit-GEMM kernel
+//! (`render::conv`, core's `conv_plan`), backward filter's partial products in a scratch
+//! buffer summed by a second kernel.
 
-use super::step::Step;
+use super::step::{Sig, Step};
 use crate::dnn::{ConvCall, ConvKey, Dnn};
+use crate::launch::{Args, Launch};
+use crate::render::conv::{acc_of, ConvSig, ConvSumSig};
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
+use strata_core::lower::conv_plan::{ConvDims, ConvPlan, TILE};
+use strata_core::target::Target;
 use strata_core::{Error, Result};
 
 /// An operand's address and its four sizes, checked contiguous (core makes it so).
@@ -30,19 +36,18 @@ pub(crate) fn steps(
     tf32: bool,
     args: &KernelArgs,
     dnn: Option<&Dnn>,
+    target: &Target,
 ) -> Result<Vec<Step<'static>>> {
-    let Some(dnn) = dnn else {
-        return Err(Error::Backend(format!(
-            "internal error: a {} kernel planned without cuDNN",
-            pass.name()
-        )));
-    };
     let (Some(out), [a, b]) = (args.outputs.first(), args.inputs.as_slice()) else {
         return Err(Error::Backend(
             "internal error: a convolution takes two inputs and one output".into(),
         ));
     };
     let (out, a, b) = (operand(out)?, operand(a)?, operand(b)?);
+    let Some(dnn) = dnn else {
+        let dtype = args.outputs[0].dtype;
+        return implicit_gemm(pass, &geometry, dtype, [out, a, b], target);
+    };
     // (x, w, y): which operand plays which part in this pass.
     let (x, w, y) = match pass {
         ConvPass::Forward => (a, b, out),
@@ -73,5 +78,115 @@ pub(crate) fn steps(
         y: y.0,
         workspace,
     }));
+    Ok(steps)
+}
+
+/// The launches of strata's own kernel for `pass` over `[out, a, b]` (address and shape
+/// each): one per piece of core's plan (a single one here, where nothing limits a binding),
+/// and for backward filter the sum of its partial products.
+fn implicit_gemm(
+    pass: ConvPass,
+    geometry: &ConvGeometry,
+    dtype: strata_core::DType,
+    [out, a, b]: [(u64, [usize; 4]); 3],
+    target: &Target,
+) -> Result<Vec<Step<'static>>> {
+    let acc = acc_of(dtype);
+    let dims = ConvDims::of(pass, &a.1, &b.1, &out.1)?;
+    let item = dtype.itemsize();
+    let plan = ConvPlan::of(pass, geometry, dims, target, acc.itemsize(), [item; 3])?;
+    let groups = geometry.groups.max(1);
+    let filter = pass == ConvPass::BackwardFilter;
+    // A is the gathered operand: x, dy, dy; B the other.
+    let (pa, pb) = match pass {
+        ConvPass::BackwardFilter => (b.0, a.0),
+        _ => (a.0, b.0),
+    };
+    // Bytes a sample holds in operand A (0), B (1) or the output (2).
+    let per_sample = |k: usize| -> u64 {
+        let input = dims.c * dims.h * dims.w;
+        let output = dims.o * dims.oh * dims.ow;
+        let elements = match (pass, k) {
+            (ConvPass::Forward, 0) | (ConvPass::BackwardFilter, 1) => input,
+            (ConvPass::Forward, 2)
+            | (ConvPass::BackwardData, 0)
+            | (ConvPass::BackwardFilter, 0) => output,
+            (ConvPass::BackwardData, 2) => input,
+            _ => 0,
+        };
+        (elements * item) as u64
+    };
+    let weight = dims.o * (dims.c / groups) * dims.kh * dims.kw;
+    let mut steps = Vec::with_capacity(plan.pieces.len() + 2);
+    if filter {
+        steps.push(Step::Scratch {
+            bytes: plan.partials * weight * acc.itemsize(),
+        });
+    }
+    let g = geometry;
+    for piece in &plan.pieces {
+        let [m, n, k] = dims.gemm(pass, groups, piece.samples);
+        let at = |base: u64, k: usize| base + piece.first as u64 * per_sample(k);
+        let mut words = Args::new();
+        for v in [
+            m,
+            n,
+            k,
+            piece.samples,
+            dims.c,
+            dims.h,
+            dims.w,
+            dims.o,
+            dims.kh,
+            dims.kw,
+            dims.oh,
+            dims.ow,
+            groups,
+            g.stride[0],
+            g.stride[1],
+            g.padding[0],
+            g.padding[1],
+            g.dilation[0],
+            g.dilation[1],
+        ] {
+            words.push(v as u64);
+        }
+        // The output (backward filter: the partials, an offset into scratch buffer 0).
+        words.push(if filter { 0 } else { at(out.0, 2) });
+        words.push(at(pa, 0));
+        words.push(if filter { at(pb, 1) } else { pb });
+        words.push(piece.splits as u64);
+        words.push(plan.per_split as u64);
+        words.push((piece.first / plan.per_split) as u64);
+        words.push(u64::from(piece.accumulate));
+        let blocks = m.div_ceil(TILE) * n.div_ceil(TILE) * groups * piece.splits;
+        let blocks = u32::try_from(blocks).map_err(|_| {
+            Error::Unsupported(format!(
+                "a {} of {blocks} tiles (over 32 bits)",
+                pass.name()
+            ))
+        })?;
+        let mut launch = Launch::fixed(words, (blocks, 1, 1), (256, 1, 1), 0);
+        if filter {
+            launch.scratch = vec![(19, 0)];
+        }
+        steps.push(Step::Kernel {
+            sig: Sig::Conv(ConvSig { pass, dtype }),
+            launch,
+        });
+    }
+    if filter {
+        let mut words = Args::new();
+        words.push(weight as u64);
+        words.push(plan.partials as u64);
+        words.push(out.0);
+        words.push(0);
+        let mut launch = Launch::linear(words, weight);
+        launch.scratch = vec![(3, 0)];
+        steps.push(Step::Kernel {
+            sig: Sig::ConvSum(ConvSumSig { dtype }),
+            launch,
+        });
+    }
     Ok(steps)
 }

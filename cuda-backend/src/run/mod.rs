@@ -22,6 +22,7 @@ use crate::function::FunctionCache;
 use crate::function::{function, Function};
 use crate::launch::{self, dims, Launch};
 use crate::memory::Memory;
+use crate::render::conv::{ConvSig, ConvSumSig};
 use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
 use crate::render::map::MapSig;
@@ -53,7 +54,8 @@ pub(crate) struct Runner {
     /// Maps' first launches through the interpreter.
     first_launches: first_launch::FirstLaunches,
     pub blas: Option<Blas>,
-    /// cuDNN, when core sends convolutions here (the target's `runs_convolution`).
+    /// cuDNN where it loads (and `STRATA_CUDNN` is not 0); strata's own convolution kernels
+    /// otherwise.
     dnn: Option<crate::dnn::Dnn>,
     maps: FunctionCache<MapSig<'static>>,
     reductions: FunctionCache<ReduceSig>,
@@ -61,6 +63,8 @@ pub(crate) struct Runner {
     matmuls: FunctionCache<MatmulSig>,
     softmaxes: FunctionCache<SoftmaxSig>,
     histograms: FunctionCache<HistogramSig>,
+    convolutions: FunctionCache<ConvSig>,
+    conv_sums: FunctionCache<ConvSumSig>,
     /// What core's planners know of this device.
     pub target: Target,
 }
@@ -75,13 +79,15 @@ impl Runner {
             batches: batch::Batches::new(),
             first_launches: first_launch::FirstLaunches::new(),
             blas: Blas::new(),
-            dnn: target.runs_convolution.then(crate::dnn::Dnn::new),
+            dnn: crate::dnn::Dnn::available().then(crate::dnn::Dnn::new),
             maps: FunctionCache::default(),
             reductions: FunctionCache::default(),
             indexing: FunctionCache::default(),
             matmuls: FunctionCache::default(),
             softmaxes: FunctionCache::default(),
             histograms: FunctionCache::default(),
+            convolutions: FunctionCache::default(),
+            conv_sums: FunctionCache::default(),
             target,
         }
     }
@@ -94,6 +100,8 @@ impl Runner {
             + self.matmuls.len()
             + self.softmaxes.len()
             + self.histograms.len()
+            + self.convolutions.len()
+            + self.conv_sums.len()
     }
 
     /// The steps `kernel` over `args` takes on this device: the one place each kernel kind's
@@ -116,7 +124,14 @@ impl Runner {
                 pass,
                 geometry,
                 tf32,
-            } => convolution::steps(*pass, *geometry, *tf32, args, self.dnn.as_ref()),
+            } => convolution::steps(
+                *pass,
+                *geometry,
+                *tf32,
+                args,
+                self.dnn.as_ref(),
+                &self.target,
+            ),
         }
     }
 
@@ -229,6 +244,8 @@ impl Runner {
             Sig::Matmul(k) => function(&self.matmuls, k, &self.compiler),
             Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
             Sig::Histogram(k) => function(&self.histograms, k, &self.compiler),
+            Sig::Conv(k) => function(&self.convolutions, k, &self.compiler),
+            Sig::ConvSum(k) => function(&self.conv_sums, k, &self.compiler),
         }
     }
 
@@ -323,6 +340,8 @@ impl Runner {
                         Sig::Matmul(k) => self.matmuls.peek(k).is_some(),
                         Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
                         Sig::Histogram(k) => self.histograms.peek(k).is_some(),
+                        Sig::Conv(k) => self.convolutions.peek(k).is_some(),
+                        Sig::ConvSum(k) => self.conv_sums.peek(k).is_some(),
                     };
                     compiled |= self.function(sig)?.settle() || !cached;
                 }

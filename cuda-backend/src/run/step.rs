@@ -4,6 +4,7 @@
 use crate::blas::GemmCall;
 use crate::dnn::ConvCall;
 use crate::launch::Launch;
+use crate::render::conv::{ConvSig, ConvSumSig};
 use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
 use crate::render::map::MapSig;
@@ -38,6 +39,8 @@ pub(crate) enum Sig {
     Matmul(MatmulSig),
     Softmax(SoftmaxSig),
     Histogram(HistogramSig),
+    Conv(ConvSig),
+    ConvSum(ConvSumSig),
 }
 
 /// `first`'s steps, then `then`'s, whose scratch buffers are numbered after `first`'s.
@@ -84,6 +87,8 @@ impl Sig {
             Sig::Matmul(_) => MatmulSig::NAME,
             Sig::Softmax(_) => SoftmaxSig::NAME,
             Sig::Histogram(_) => HistogramSig::NAME,
+            Sig::Conv(_) => ConvSig::NAME,
+            Sig::ConvSum(_) => ConvSumSig::NAME,
         }
     }
 }
