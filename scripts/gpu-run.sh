@@ -14,7 +14,8 @@
 # wgpu), cpu-train (the MLP step on the CPU backend beside PyTorch's CPU), multi (several
 # GPUs: copies between devices, collectives and the mixed-device tests, beside PyTorch, and
 # the CNN's step data-parallel; dp that step alone), conv (the
-# convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN), cnn (a small
+# convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN; conv-own the
+# own-kernel half of it in one short call), cnn (a small
 # CNN's training step beside PyTorch eager and compiled, and on wgpu), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -354,6 +355,25 @@ run_conv() {
   (setup_vulkan; timeout 200 "$bin/bench_gpu" conv --device wgpu 2>&1 | tee -a "$summary")
 }
 
+# The own-kernel half of run_conv in one short call: the convolution tests and the CNN's
+# training on the digits with STRATA_CUDNN=0, conv2d with strata's own kernels beside PyTorch,
+# and on wgpu; last, the one-kernel-a-pass test through cuDNN.
+run_conv_own() {
+  echo "== convolutions: strata's own kernels (STRATA_CUDNN=0)" | tee -a "$summary"
+  for t in nn_functional training; do
+    STRATA_CUDNN=0 STRATA_TEST_DEVICES=cuda:0 timeout 120 "$bin/test-$t" --test-threads=1 > "$out/$t-own.log" 2>&1
+    printf 'test-%s (STRATA_CUDNN=0) rc=%s %s\n' "$t" "$?" "$(grep -E '^test result' "$out/$t-own.log")" | tee -a "$summary"
+    grep -E 'panicked' -A2 "$out/$t-own.log" | head -10 | tee -a "$summary"
+  done
+  echo "-- conv2d: strata's own kernels (STRATA_CUDNN=0), PyTorch (cuDNN), wgpu" | tee -a "$summary"
+  STRATA_CUDNN=0 timeout 120 "$bin/bench_gpu" conv 2>&1 | sed 's/"op": "/"op": "own /' | tee -a "$summary"
+  timeout 90 python3 scripts/bench_conv_torch.py 2>&1 | tee -a "$summary"
+  (setup_vulkan; timeout 90 "$bin/bench_gpu" conv --device wgpu 2>&1 | tee -a "$summary")
+  STRATA_TEST_DEVICES=cuda:0 timeout 60 "$bin/test-nn_functional" one_kernel --test-threads=1 > "$out/one-kernel-cudnn.log" 2>&1
+  printf 'test-nn_functional one_kernel (cuDNN) rc=%s %s\n' "$?" "$(grep -E '^test result' "$out/one-kernel-cudnn.log")" | tee -a "$summary"
+  grep -E 'panicked' -A4 "$out/one-kernel-cudnn.log" | head -12 | tee -a "$summary"
+}
+
 run_cnn() {
   echo "== the small CNN's AdamW step, batch 256: strata (bench_gpu cnn), PyTorch eager and compiled" | tee -a "$summary"
   timeout 300 "$bin/bench_gpu" cnn --profile 2> "$out/cnn-profile-strata.txt" | tee -a "$summary"
@@ -374,6 +394,7 @@ case "$mode" in
   cpu-train) run_cpu_train ;;
   multi) run_multi ;;
   conv) run_conv ;;
+  conv-own) run_conv_own ;;
   cnn) run_cnn ;;
   dp) run_dp ;;
   tests) run_tests ;;

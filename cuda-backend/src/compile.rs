@@ -546,13 +546,13 @@ mod tests {
                 ConvPass::BackwardData,
                 ConvPass::BackwardFilter,
             ] {
-                let src = ConvSig { pass, dtype }.render().unwrap().source;
-                let image = compiler
-                    .cubin(&src, Optimization::Full)
-                    .unwrap_or_else(|e| {
-                        panic!("{pass:?} {dtype}: {e}\n{src}");
-                    });
-                assert!(image.windows(11).any(|w| w == b"strata_conv"));
+                for tile in strata_core::lower::conv_plan::TILES {
+                    let src = ConvSig { pass, dtype, tile }.render().unwrap().source;
+                    let image = compiler
+                        .cubin(&src, Optimization::Full)
+                        .unwrap_or_else(|e| panic!("{pass:?} {dtype} {tile:?}: {e}\n{src}"));
+                    assert!(image.windows(11).any(|w| w == b"strata_conv"));
+                }
             }
             let src = ConvSumSig { dtype }.render().unwrap().source;
             compiler.cubin(&src, Optimization::Full).unwrap();

@@ -779,7 +779,30 @@ test_device!(
 /// (`STRATA_WGPU_MAX_BINDING=1536`, scripts/test.sh) wgpu runs it in pieces of one sample,
 /// backward filter adding each piece to a partial product that spans several.
 fn convolution_kernels(dev: &Device) -> Result<()> {
-    let (shape, kshape) = ([6usize, 4, 8, 8], [4usize, 4, 3, 3]);
+    // Products of many columns (64×64 tiles), of 4 columns (backward data into 4 channels:
+    // 256×16 tiles) and, unless a binding cap is set (the weight would not fit), of 8 rows
+    // (backward filter of 8 output channels over 32·9 columns: 16×256 tiles).
+    let mut cases = vec![([6usize, 4, 8, 8], [4usize, 4, 3, 3])];
+    if std::env::var_os("STRATA_WGPU_MAX_BINDING").is_none() {
+        cases.push(([2, 32, 5, 4], [8, 32, 3, 3]));
+    }
+    for (shape, kshape) in cases {
+        one_kernel_a_pass(dev, shape, kshape)?;
+    }
+    let one = [1, 1];
+    // No integer convolution (nor in PyTorch): an error naming the dtypes.
+    let xi = Tensor::zeros([1, 4, 3, 3], DType::I32, dev)?;
+    let ki = Tensor::zeros([2, 4, 3, 3], DType::I64, dev)?;
+    let e = conv2d(&xi, &ki, None, one, one, one, 1).unwrap_err();
+    assert!(e.to_string().contains("i32 and i64"), "{e}");
+    let e = conv_transpose2d(&xi, &ki.transpose(0, 1)?, None, one, one, [0, 0], one, 1);
+    assert!(e.is_err());
+    Ok(())
+}
+
+/// conv2d of `shape` by `kshape` (padding 1) and both its gradients: one kernel a pass, and
+/// the values of the host's loops.
+fn one_kernel_a_pass(dev: &Device, shape: [usize; 4], kshape: [usize; 4]) -> Result<()> {
     let one = [1, 1];
     let x = Tensor::from_slice(&ramp(shape.iter().product(), 2), shape.to_vec(), dev)?
         .to_dtype(DType::F32)?
@@ -787,7 +810,11 @@ fn convolution_kernels(dev: &Device) -> Result<()> {
     let k = Tensor::from_slice(&ramp(kshape.iter().product(), 3), kshape.to_vec(), dev)?
         .to_dtype(DType::F32)?
         .requires_grad_(true)?;
-    let r = Tensor::from_slice(&ramp(6 * 4 * 64, 5), [6, 4, 8, 8], dev)?.to_dtype(DType::F32)?;
+    let (xs, ks) = (values(&x)?, values(&k)?);
+    let (want, [oh, ow]) = host_conv(&xs, shape, &ks, kshape, one, one, one, 1);
+    let out = [shape[0], kshape[0], oh, ow];
+    let r = Tensor::from_slice(&ramp(out.iter().product(), 5), out.to_vec(), dev)?
+        .to_dtype(DType::F32)?;
     for t in [&x, &k, &r] {
         t.realize()?;
     }
@@ -807,32 +834,27 @@ fn convolution_kernels(dev: &Device) -> Result<()> {
             .filter(|r| r.kind == strata::RecordKind::Kernel)
             .count()
     };
-    assert_eq!(kernels(&forward), 1, "conv2d forward:\n{forward}");
+    let what = format!("x {shape:?}, w {kshape:?} on {}", dev.name());
+    assert_eq!(kernels(&forward), 1, "conv2d forward of {what}:\n{forward}");
     // The product with r and its sum's gradient, then the two convolution passes.
-    assert!(kernels(&backward) <= 5, "conv2d backward:\n{backward}");
-    let (xs, ks, rs) = (values(&x)?, values(&k)?, values(&r)?);
-    let (want, _) = host_conv(&xs, shape, &ks, kshape, one, one, one, 1);
-    close(&values(&y)?, &want, 1e-5, "conv2d");
-    let (gx, gk) = host_conv_grads(&xs, shape, &ks, kshape, &rs, one, one, one, 1);
+    assert!(
+        kernels(&backward) <= 5,
+        "conv2d backward of {what}:\n{backward}"
+    );
+    close(&values(&y)?, &want, 1e-5, &format!("conv2d of {what}"));
+    let (gx, gk) = host_conv_grads(&xs, shape, &ks, kshape, &values(&r)?, one, one, one, 1);
     close(
         &values(&x.grad().unwrap())?,
         &gx,
         1e-5,
-        "conv2d input gradient",
+        &format!("input gradient of {what}"),
     );
     close(
         &values(&k.grad().unwrap())?,
         &gk,
         1e-5,
-        "conv2d weight gradient",
+        &format!("weight gradient of {what}"),
     );
-    // No integer convolution (nor in PyTorch): an error naming the dtypes.
-    let xi = Tensor::zeros([1, 4, 3, 3], DType::I32, dev)?;
-    let ki = Tensor::zeros([2, 4, 3, 3], DType::I64, dev)?;
-    let e = conv2d(&xi, &ki, None, one, one, one, 1).unwrap_err();
-    assert!(e.to_string().contains("i32 and i64"), "{e}");
-    let e = conv_transpose2d(&xi, &ki.transpose(0, 1)?, None, one, one, [0, 0], one, 1);
-    assert!(e.is_err());
     Ok(())
 }
 

@@ -31,8 +31,26 @@ use crate::error::{Error, Result};
 use crate::ir::{ConvGeometry, ConvPass};
 use crate::target::Target;
 
-/// The side of a tile of the product (rows and columns) a workgroup computes.
-pub const TILE: usize = 64;
+/// The tiles of the product (rows, columns) a workgroup of 256 threads may compute, 4×4 a
+/// thread: square, tall (few columns: a backward-data pass into 3 channels) and wide (few rows).
+pub const TILES: [[usize; 2]; 3] = [[64, 64], [256, 16], [16, 256]];
+
+/// The tile of [`TILES`] that covers a `rows` × `cols` product with the least padding (the
+/// square one on a tie).
+///
+/// ```
+/// use strata_core::lower::conv_plan::tile_for;
+/// assert_eq!(tile_for(64, 576), [64, 64]);
+/// assert_eq!(tile_for(3_211_264, 3), [256, 16]);
+/// assert_eq!(tile_for(8, 4096), [16, 256]);
+/// ```
+pub fn tile_for(rows: usize, cols: usize) -> [usize; 2] {
+    let padded = |[tm, tn]: [usize; 2]| rows.div_ceil(tm) * tm * cols.div_ceil(tn) * tn;
+    TILES
+        .into_iter()
+        .min_by_key(|&t| padded(t))
+        .unwrap_or(TILES[0])
+}
 
 /// The sizes of a convolution: input `[n, c, h, w]`, weight `[o, c / groups, kh, kw]`, output
 /// `[n, o, oh, ow]`, whichever pass reads or writes them.
@@ -134,6 +152,8 @@ pub struct ConvPlan {
     pub dims: ConvDims,
     /// The launches of the product, in order.
     pub pieces: Vec<ConvPiece>,
+    /// The tile a workgroup computes (rows, columns; one of [`TILES`]).
+    pub tile: [usize; 2],
     /// Backward filter: samples per partial product (the whole batch for the other passes).
     pub per_split: usize,
     /// Backward filter: the partial products (`[partials, O, C/g, kH, kW]` in the accumulator's
@@ -176,6 +196,8 @@ impl ConvPlan {
             return Err(too_big("one sample", input.max(output) as u128));
         }
         let per_piece = ((room / sample.max(1)) as usize).clamp(1, dims.n.max(1));
+        let [rows, cols, _] = dims.gemm(pass, groups, dims.n);
+        let tile = tile_for(rows, cols);
         if pass != ConvPass::BackwardFilter {
             // (Ranges of the whole batch: one range, never accumulated.)
             let mut all = pieces(dims.n, per_piece, dims.n.max(1));
@@ -185,17 +207,17 @@ impl ConvPlan {
             return Ok(ConvPlan {
                 dims,
                 pieces: all,
+                tile,
                 per_split: dims.n,
                 partials: 0,
             });
         }
         // Enough sample ranges that the product's tiles fill the device (each range's sum is
         // still at least a tile's worth of terms), and partials that fit one binding.
-        let [rows, cols, _] = dims.gemm(pass, groups, 1);
-        let tiles = rows.div_ceil(TILE) * cols.div_ceil(TILE) * groups;
+        let tiles = rows.div_ceil(tile[0]) * cols.div_ceil(tile[1]) * groups;
         let wanted = (target.parallel_slots / 256).div_ceil(tiles.max(1)).max(1);
         let depth = dims.oh * dims.ow;
-        let mut per_split = dims.n.div_ceil(wanted).max(TILE.div_ceil(depth.max(1)));
+        let mut per_split = dims.n.div_ceil(wanted).max(64usize.div_ceil(depth.max(1)));
         let most = (room / (weight * acc_bytes as u128).max(1)) as usize;
         if most == 0 {
             return Err(too_big("one partial product", weight));
@@ -204,6 +226,7 @@ impl ConvPlan {
         Ok(ConvPlan {
             dims,
             pieces: pieces(dims.n, per_piece, per_split),
+            tile,
             per_split,
             partials: dims.n.div_ceil(per_split),
         })
@@ -284,14 +307,15 @@ mod tests {
             &[16, 16, 3, 3],
         )
         .unwrap();
-        // 16 rows × 144 columns: 3 tiles; 64 workgroups wanted → 22 ranges wanted, so of 2
-        // samples each (and 64 terms a range at least: one sample has 64).
+        // 16 rows × 144 columns: one wide tile (16 × 256); 64 workgroups wanted → a range a
+        // sample (64 terms a range at least: one sample has 64).
         let plan = ConvPlan::of(ConvPass::BackwardFilter, &geometry(), d, &t, 4, [4; 3]).unwrap();
-        assert_eq!((plan.per_split, plan.partials), (2, 16));
+        assert_eq!(plan.tile, [16, 256]);
+        assert_eq!((plan.per_split, plan.partials), (1, 32));
         let whole = ConvPiece {
             first: 0,
             samples: 32,
-            splits: 16,
+            splits: 32,
             accumulate: false,
         };
         assert_eq!(plan.pieces, [whole]);

@@ -1,10 +1,11 @@
 //! strata's own `Convolution` kernels, for a device without cuDNN: core's implicit GEMM
 //! ([`conv_plan`](strata_core::lower::conv_plan)) as a tiled product whose slices of A and B
 //! are gathered from the tensors as they are staged (no im2col buffer), the WGSL kernel's
-//! structure (`strata-wgpu`'s `render::conv`): a block of 256 threads computes a 64×64 tile of
-//! one group's product, each thread a 4×4 block (rows `tr + 16i`, columns `tc + 16j`) from
-//! 16-deep slices in shared memory; a thread stages four values of A (four rows, one depth)
-//! and four of B (one column, four depths), so it decodes a row's pixel or a column's channel
+//! structure (`strata-wgpu`'s `render::conv`): a block of 256 threads computes a TM×TN tile
+//! of one group's product (the plan's: 64×64, or 256×16 and 16×256 for products of few columns
+//! or rows), each thread a 4×4 block (rows `tr + TM/4·i`, columns `tc + TN/4·j`) from 16-deep
+//! slices in shared memory; a thread stages TM/16 values of A (that many rows, one depth) and
+//! TN/16 of B (one column, as many depths), so it decodes a row's pixel or a column's channel
 //! and tap once, and a depth once a slice. Backward filter writes partial products over
 //! ranges of samples that `strata_conv_sum` adds into the weight's gradient. Accumulates in
 //! f32 (exact f32 products, no TF32) for 16-bit floats and f32, in f64 for f64.
@@ -13,7 +14,6 @@ use super::{cast, compute_type, from_storage, storage_type, to_storage};
 use super::{Generated, Rendered};
 use std::fmt::Write;
 use strata_core::ir::ConvPass;
-use strata_core::lower::conv_plan::TILE;
 use strata_core::{DType, Result};
 
 /// The depth of the staged slices.
@@ -25,6 +25,8 @@ pub(crate) struct ConvSig {
     pub pass: ConvPass,
     /// The operands' dtype.
     pub dtype: DType,
+    /// The tile (rows, columns) of the plan.
+    pub tile: [usize; 2],
 }
 
 impl strata_core::kernel_cache::Owned for ConvSig {}
@@ -75,6 +77,8 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     let filter = sig.pass == ConvPass::BackwardFilter;
     let ot = if filter { compute_type(acc) } else { st };
     let load = |p: &str, i: &str| cast(&from_storage(d, &format!("{p}[{i}]")), d, acc, false);
+    let [tm, tn] = sig.tile;
+    let (qa, qb) = (tm / 16, tn / 16);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -87,19 +91,20 @@ pub(crate) fn source(sig: &ConvSig) -> String {
   const {st}* A = (const {st}*)p.w[20];
   const {st}* B = (const {st}*)p.w[21];
   const i64 KK = KH * KW, HW = H * W, OHW = OH * OW, cg = C / groups, og = O / groups;
-  const i64 tiles_n = (ncols + {t1}) / {t}, tiles_m = (m + {t1}) / {t};
+  const i64 tiles_n = (ncols + {tn1}) / {tn}, tiles_m = (m + {tm1}) / {tm};
   const i64 g = blockIdx.x;
   const i64 bx = g % tiles_n, by = (g / tiles_n) % tiles_m, rest = g / (tiles_n * tiles_m);
   const i64 grp = rest % groups, split = rest / groups;
   if (split >= (i64)p.w[22]) return;
-  const int lid = threadIdx.x, tr = lid / 16, tc = lid % 16;
-  const i64 akk = lid % {DEPTH}, arow0 = by * {t} + lid / {DEPTH};
-  const i64 bcol = bx * {t} + lid % {t}, bkb = lid / {t};
+  const int lid = threadIdx.x, tr = lid / {tc4}, tc = lid % {tc4};
+  const i64 akk = lid % {DEPTH}, arow0 = by * {tm} + lid / {DEPTH};
+  const i64 bcol = bx * {tn} + lid % {tn}, bkb = lid / {tn};
   __shared__ {at} ta[{DEPTH}][{row_a}];
-  __shared__ {at} tb[{DEPTH}][{t}];",
-        t = TILE,
-        t1 = TILE - 1,
-        row_a = TILE + 1,
+  __shared__ {at} tb[{DEPTH}][{tn}];",
+        tm1 = tm - 1,
+        tn1 = tn - 1,
+        tc4 = tn / 4,
+        row_a = tm + 1,
     );
     if filter {
         s.push_str(
@@ -112,9 +117,9 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     }
     let _ = writeln!(
         s,
-        "  i64 abase[4], ah[4], aw[4]; bool av[4];
+        "  i64 abase[{qa}], ah[{qa}], aw[{qa}]; bool av[{qa}];
 #pragma unroll
-  for (int q = 0; q < 4; q++) {{
+  for (int q = 0; q < {qa}; q++) {{
     const i64 r = arow0 + 16 * q; av[q] = r < m;"
     );
     let _ = match sig.pass {
@@ -153,7 +158,7 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     for (int j = 0; j < 4; j++) c[i][j] = 0;
   for (i64 k0 = k_lo; k0 < k_hi; k0 += {DEPTH}) {{
     const i64 ka = k0 + akk; const bool kin = ka < k_hi;
-    {at} ra[4], rb[4];"
+    {at} ra[{qa}], rb[{qb}];"
     );
     match sig.pass {
         ConvPass::Forward => {
@@ -161,7 +166,7 @@ pub(crate) fn source(sig: &ConvSig) -> String {
                 s,
                 "    const i64 kc = ka / KK, ktap = ka % KK, kdh = (ktap / KW) * d0, kdw = (ktap % KW) * d1;
 #pragma unroll
-    for (int q = 0; q < 4; q++) {{
+    for (int q = 0; q < {qa}; q++) {{
       const i64 hi = ah[q] + kdh, wi = aw[q] + kdw;
       ra[q] = (av[q] && kin && hi >= 0 && hi < H && wi >= 0 && wi < W) ? {} : ({at})0;
     }}",
@@ -173,7 +178,7 @@ pub(crate) fn source(sig: &ConvSig) -> String {
                 s,
                 "    const i64 ko = ka / KK, ktap = ka % KK, kdh = (ktap / KW) * d0, kdw = (ktap % KW) * d1;
 #pragma unroll
-    for (int q = 0; q < 4; q++) {{
+    for (int q = 0; q < {qa}; q++) {{
       const i64 th = ah[q] - kdh, tw = aw[q] - kdw;
       const bool in = av[q] && kin && th >= 0 && tw >= 0 && th % s0 == 0 && tw % s1 == 0
         && th / s0 < OH && tw / s1 < OW;
@@ -187,14 +192,15 @@ pub(crate) fn source(sig: &ConvSig) -> String {
                 s,
                 "    const i64 kn = ka / OHW, kpq = ka % OHW;
 #pragma unroll
-    for (int q = 0; q < 4; q++) ra[q] = (av[q] && kin) ? {} : ({at})0;",
+    for (int q = 0; q < {qa}; q++) ra[q] = (av[q] && kin) ? {} : ({at})0;",
                 load("A", "kn * O * OHW + abase[q] + kpq")
             );
         }
     }
     let _ = writeln!(
         s,
-        "#pragma unroll\n    for (int q = 0; q < 4; q++) {{\n      const i64 kb = k0 + bkb + 4 * q;"
+        "#pragma unroll\n    for (int q = 0; q < {qb}; q++) {{\n      const i64 kb = k0 + bkb + {} * q;",
+        256 / tn
     );
     let _ = match sig.pass {
         ConvPass::Forward => writeln!(
@@ -219,24 +225,30 @@ pub(crate) fn source(sig: &ConvSig) -> String {
         s,
         "    }}
 #pragma unroll
-    for (int q = 0; q < 4; q++) {{ ta[akk][lid / {DEPTH} + 16 * q] = ra[q]; tb[bkb + 4 * q][lid % {TILE}] = rb[q]; }}
+    for (int q = 0; q < {qa}; q++) ta[akk][lid / {DEPTH} + 16 * q] = ra[q];
+#pragma unroll
+    for (int q = 0; q < {qb}; q++) tb[bkb + {bstep} * q][lid % {tn}] = rb[q];
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < {DEPTH}; kk++) {{
       {at} a[4], b[4];
 #pragma unroll
-      for (int i = 0; i < 4; i++) {{ a[i] = ta[kk][tr + 16 * i]; b[i] = tb[kk][tc + 16 * i]; }}
+      for (int i = 0; i < 4; i++) {{ a[i] = ta[kk][tr + {ra} * i]; b[i] = tb[kk][tc + {rb} * i]; }}
 #pragma unroll
       for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) c[i][j] = fma(a[i], b[j], c[i][j]);
     }}
     __syncthreads();
-  }}"
+  }}",
+        bstep = 256 / tn,
+        ra = tm / 4,
+        rb = tn / 4,
     );
     let _ = writeln!(
         s,
-        "#pragma unroll\n  for (int i = 0; i < 4; i++) {{\n    const i64 r = by * {TILE} + tr + 16 * i;\n    if (r >= m) continue;"
+        "#pragma unroll\n  for (int i = 0; i < 4; i++) {{\n    const i64 r = by * {tm} + tr + {} * i;\n    if (r >= m) continue;",
+        tm / 4
     );
     let (rbase, step) = match sig.pass {
         ConvPass::Forward => ("((r / OHW) * O + grp * og) * OHW + r % OHW", "OHW"),
@@ -253,11 +265,12 @@ pub(crate) fn source(sig: &ConvSig) -> String {
         "    const i64 rbase = {rbase};
 #pragma unroll
     for (int j = 0; j < 4; j++) {{
-      const i64 col = bx * {TILE} + tc + 16 * j;
+      const i64 col = bx * {tn} + tc + {} * j;
       if (col < ncols) {{ const i64 at = rbase + col * {step}; out[at] = {value}; }}
     }}
   }}
-}}"
+}}",
+        tn / 4
     );
     s
 }

@@ -9,7 +9,7 @@ use crate::launch::{Args, Launch};
 use crate::render::conv::{acc_of, ConvSig, ConvSumSig};
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{ConvDims, ConvPlan, TILE};
+use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
 use strata_core::target::Target;
 use strata_core::{Error, Result};
 
@@ -159,7 +159,8 @@ fn implicit_gemm(
         words.push(plan.per_split as u64);
         words.push((piece.first / plan.per_split) as u64);
         words.push(u64::from(piece.accumulate));
-        let blocks = m.div_ceil(TILE) * n.div_ceil(TILE) * groups * piece.splits;
+        let [tm, tn] = plan.tile;
+        let blocks = m.div_ceil(tm) * n.div_ceil(tn) * groups * piece.splits;
         let blocks = u32::try_from(blocks).map_err(|_| {
             Error::Unsupported(format!(
                 "a {} of {blocks} tiles (over 32 bits)",
@@ -171,7 +172,11 @@ fn implicit_gemm(
             launch.scratch = vec![(19, 0)];
         }
         steps.push(Step::Kernel {
-            sig: Sig::Conv(ConvSig { pass, dtype }),
+            sig: Sig::Conv(ConvSig {
+                pass,
+                dtype,
+                tile: plan.tile,
+            }),
             launch,
         });
     }

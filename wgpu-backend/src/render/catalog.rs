@@ -569,15 +569,18 @@ fn convolution_variants_validate() {
             ConvPass::BackwardData,
             ConvPass::BackwardFilter,
         ] {
-            for sum_partials in [false, true] {
-                let sig = conv::ConvSig {
-                    pass,
-                    dtype: d,
-                    acc,
-                    sum_partials,
-                };
-                for (caps, targets) in caps_for(&[d]) {
-                    check(&conv::source(&sig, caps), targets);
+            for tile in strata_core::lower::conv_plan::TILES {
+                for sum_partials in [false, true] {
+                    let sig = conv::ConvSig {
+                        pass,
+                        dtype: d,
+                        acc,
+                        tile,
+                        sum_partials,
+                    };
+                    for (caps, targets) in caps_for(&[d]) {
+                        check(&conv::source(&sig, caps), targets);
+                    }
                 }
             }
         }

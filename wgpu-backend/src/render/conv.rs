@@ -1,9 +1,10 @@
 //! `Convolution`: core's implicit GEMM ([`conv_plan`](strata_core::lower::conv_plan)) as a
 //! tiled product whose slices of A and B are gathered from the tensors as they are staged (no
-//! im2col buffer). A workgroup computes a 64×64 tile of one group's product, each invocation a
-//! 4×4 block (rows `tr + 16i`, columns `tc + 16j`) from 16-deep slices in workgroup memory;
-//! an invocation stages four values of A (four rows, one depth) and four of B (one column,
-//! four depths), so what it decodes of a row or a column (a pixel, a channel and tap) it
+//! im2col buffer). A workgroup computes a TM×TN tile of one group's product (the plan's: 64×64,
+//! or 256×16 and 16×256 for products of few columns or rows), each invocation a 4×4 block
+//! (rows `tr + TM/4·i`, columns `tc + TN/4·j`) from 16-deep slices in workgroup memory; an
+//! invocation stages TM/16 values of A (that many rows, one depth) and TN/16 of B (one column,
+//! as many depths), so what it decodes of a row or a column (a pixel, a channel and tap) it
 //! decodes once, and of a depth once per slice. Backward filter writes partial products over
 //! ranges of samples (the plan's splits), which a second kernel sums into the weight's
 //! gradient. Accumulates in f32 for 16-bit floats, in the dtype otherwise.
@@ -13,7 +14,6 @@ use super::{binding, cast, compute_type, literal, load, store, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::ConvPass;
-use strata_core::lower::conv_plan::TILE;
 use strata_core::DType;
 
 /// The depth of the staged slices.
@@ -27,6 +27,8 @@ pub(crate) struct ConvSig {
     pub dtype: DType,
     /// The accumulator's (and backward filter's partial products').
     pub acc: DType,
+    /// The tile (rows, columns) of the plan.
+    pub tile: [usize; 2],
     /// The kernel that sums backward filter's partial products into the output.
     pub sum_partials: bool,
 }
@@ -57,14 +59,16 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     src.push_str(&binding(1, d, false, caps));
     src.push_str(&binding(2, d, false, caps));
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    let [tm, tn] = sig.tile;
+    let (qa, qb) = (tm / 16, tn / 16);
     // A's rows are one longer than the tile: its stores (16 depths of one row per half warp)
     // then fall in different banks.
-    let row_a = TILE + 1;
+    let row_a = tm + 1;
     let _ = writeln!(
         src,
         "var<workgroup> ta: array<{at}, {}>;\nvar<workgroup> tb: array<{at}, {}>;",
         DEPTH * row_a,
-        DEPTH * TILE
+        DEPTH * tn
     );
     src.push_str(ENTRY);
     let _ = writeln!(
@@ -79,15 +83,16 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
   let KK = KH * KW; let HW = H * W; let OHW = OH * OW;
   let cg = C / groups; let og = O / groups;
   let g = wg.y * nwg.x + wg.x;
-  let tiles_n = (ncols + {t1}u) / {t}u; let tiles_m = (m + {t1}u) / {t}u;
+  let tiles_n = (ncols + {tn1}u) / {tn}u; let tiles_m = (m + {tm1}u) / {tm}u;
   let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let rest = g / (tiles_n * tiles_m);
   let grp = rest % groups; let split = rest / groups;
   if (split >= params[22]) {{ return; }}
-  let tr = lid / 16u; let tc = lid % 16u;
-  let akk = lid % {DEPTH}u; let arow0 = by * {t}u + lid / {DEPTH}u;
-  let bcol = bx * {t}u + lid % {t}u; let bkb = lid / {t}u;",
-        t = TILE,
-        t1 = TILE - 1,
+  let tr = lid / {tc4}u; let tc = lid % {tc4}u;
+  let akk = lid % {DEPTH}u; let arow0 = by * {tm}u + lid / {DEPTH}u;
+  let bcol = bx * {tn}u + lid % {tn}u; let bkb = lid / {tn}u;",
+        tm1 = tm - 1,
+        tn1 = tn - 1,
+        tc4 = tn / 4,
     );
     // The depth range: backward filter's split covers its samples' pixels.
     if filter {
@@ -99,9 +104,9 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     } else {
         src.push_str("  let k_lo = 0u; let k_hi = kdim;\n");
     }
-    // Per staged row of A (four per invocation) and per staged column of B (one), what the
+    // Per staged row of A (TM/16 per invocation) and per staged column of B (one), what the
     // loads need, decoded once.
-    for q in 0..4 {
+    for q in 0..qa {
         let r = format!("arow0 + {}u", 16 * q);
         let _ = match sig.pass {
             // A row is an output pixel (n, p, q): where its window starts.
@@ -144,11 +149,15 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             .collect();
         let _ = writeln!(src, "  {}", line.join(" "));
     }
+    for q in 0..qa {
+        let _ = writeln!(src, "  var ra{q}: {at};");
+    }
+    for q in 0..qb {
+        let _ = writeln!(src, "  var rb{q}: {at};");
+    }
     let _ = writeln!(
         src,
-        "  var ra0: {at}; var ra1: {at}; var ra2: {at}; var ra3: {at};
-  var rb0: {at}; var rb1: {at}; var rb2: {at}; var rb3: {at};
-  for (var k0 = k_lo; k0 < k_hi; k0 = k0 + {DEPTH}u) {{
+        "  for (var k0 = k_lo; k0 < k_hi; k0 = k0 + {DEPTH}u) {{
     let ka = k0 + akk; let kin = ka < k_hi;"
     );
     let a_value = |idx: &str| cast(&load(d, "b1", idx, caps), d, acc, false);
@@ -159,7 +168,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                 "    let kc = ka / KK; let ktap = ka % KK;
     let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
             );
-            for q in 0..4 {
+            for q in 0..qa {
                 let _ = writeln!(
                     src,
                     "    {{ let hi = ah{q} + kdh; let wi = aw{q} + kdw; ra{q} = {zero};
@@ -176,7 +185,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                 "    let ko = ka / KK; let ktap = ka % KK;
     let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
             );
-            for q in 0..4 {
+            for q in 0..qa {
                 let _ = writeln!(
                     src,
                     "    {{ let th = ah{q} - kdh; let tw = aw{q} - kdw; ra{q} = {zero};
@@ -191,7 +200,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
         }
         ConvPass::BackwardFilter => {
             src.push_str("    let kn = ka / OHW; let kpq = ka % OHW;\n");
-            for q in 0..4 {
+            for q in 0..qa {
                 let _ = writeln!(
                     src,
                     "    ra{q} = {zero}; if (av{q} && kin) {{ ra{q} = {}; }}",
@@ -200,13 +209,13 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             }
         }
     }
-    // B: four depths of one column.
+    // B: TN/16 depths of one column.
     let b_value = |idx: &str| cast(&load(d, "b2", idx, caps), d, acc, false);
-    for q in 0..4 {
+    for q in 0..qb {
         let _ = writeln!(
             src,
             "    {{ let kb = k0 + bkb + {}u; rb{q} = {zero};",
-            4 * q
+            256 / tn * q
         );
         let _ = match sig.pass {
             ConvPass::Forward => writeln!(
@@ -230,23 +239,30 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
         };
     }
     // Loads first (in flight together), then the stores into the slices.
-    for q in 0..4 {
+    for q in 0..qa {
         let _ = writeln!(
             src,
-            "    ta[akk * {row_a}u + lid / {DEPTH}u + {}u] = ra{q}; tb[(bkb + {}u) * {TILE}u + lid % {TILE}u] = rb{q};",
-            16 * q,
-            4 * q
+            "    ta[akk * {row_a}u + lid / {DEPTH}u + {}u] = ra{q};",
+            16 * q
+        );
+    }
+    for q in 0..qb {
+        let _ = writeln!(
+            src,
+            "    tb[(bkb + {}u) * {tn}u + lid % {tn}u] = rb{q};",
+            256 / tn * q
         );
     }
     src.push_str("    workgroupBarrier();\n");
-    let _ = writeln!(
-        src,
-        "    for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{
-      let a0 = ta[kk * {row_a}u + tr]; let a1 = ta[kk * {row_a}u + tr + 16u];
-      let a2 = ta[kk * {row_a}u + tr + 32u]; let a3 = ta[kk * {row_a}u + tr + 48u];
-      let b0 = tb[kk * {TILE}u + tc]; let b1 = tb[kk * {TILE}u + tc + 16u];
-      let b2 = tb[kk * {TILE}u + tc + 32u]; let b3 = tb[kk * {TILE}u + tc + 48u];"
-    );
+    let _ = writeln!(src, "    for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{");
+    for i in 0..4 {
+        let _ = writeln!(
+            src,
+            "      let a{i} = ta[kk * {row_a}u + tr + {}u]; let b{i} = tb[kk * {tn}u + tc + {}u];",
+            tm / 4 * i,
+            tn / 4 * i
+        );
+    }
     for i in 0..4 {
         let line: Vec<String> = (0..4)
             .map(|j| {
@@ -264,8 +280,8 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     for i in 0..4 {
         let _ = writeln!(
             src,
-            "  {{ let r = by * {TILE}u + tr + {}u;\n    if (r < m) {{",
-            16 * i
+            "  {{ let r = by * {tm}u + tr + {}u;\n    if (r < m) {{",
+            tm / 4 * i
         );
         let _ = match sig.pass {
             ConvPass::Forward => writeln!(
@@ -296,8 +312,8 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             };
             let _ = writeln!(
                 src,
-                "      {{ let col = bx * {TILE}u + tc + {}u; if (col < ncols) {{ {} }} }}",
-                16 * j,
+                "      {{ let col = bx * {tn}u + tc + {}u; if (col < ncols) {{ {} }} }}",
+                tn / 4 * j,
                 store(out_d, "b0", idx, &value, caps)
             );
         }

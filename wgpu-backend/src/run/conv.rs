@@ -8,7 +8,7 @@ use crate::render::conv::{ConvSig, PARAM_WORDS};
 use crate::WgpuBackend;
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{ConvDims, ConvPlan, TILE};
+use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
 use strata_core::lower::pieces::{window, Piece, Window};
 use strata_core::{Backend, DType, Error, Result};
 
@@ -91,6 +91,7 @@ impl WgpuBackend {
             pass,
             dtype,
             acc,
+            tile: plan.tile,
             sum_partials: false,
         };
         let filter = pass == ConvPass::BackwardFilter;
@@ -154,7 +155,8 @@ impl WgpuBackend {
             params[23] = plan.per_split as u32;
             params[24] = (piece.first / plan.per_split) as u32;
             params[25] = u32::from(piece.accumulate);
-            let tiles = m.div_ceil(TILE) * n.div_ceil(TILE) * groups * piece.splits;
+            let [tm, tn] = plan.tile;
+            let tiles = m.div_ceil(tm) * n.div_ceil(tn) * groups * piece.splits;
             steps.push(Step::Dispatch(Dispatch {
                 sig: Sig::Conv(sig.clone()),
                 params,
