@@ -365,6 +365,11 @@ run_conv_own() {
     printf 'test-%s (STRATA_CUDNN=0) rc=%s %s\n' "$t" "$?" "$(grep -E '^test result' "$out/$t-own.log")" | tee -a "$summary"
     grep -E 'panicked' -A2 "$out/$t-own.log" | head -10 | tee -a "$summary"
   done
+  for tile in 64x64 128x128 256x64 64x256 256x16 16x256; do
+    STRATA_CONV_TILE=$tile STRATA_CUDNN=0 STRATA_TEST_DEVICES=cuda:0 timeout 60 "$bin/test-nn_functional" one_kernel --test-threads=1 > "$out/one-kernel-$tile.log" 2>&1
+    printf 'one_kernel, tile %s: rc=%s %s\n' "$tile" "$?" "$(grep -E '^test result' "$out/one-kernel-$tile.log")" | tee -a "$summary"
+    grep -E 'panicked' -A2 "$out/one-kernel-$tile.log" | head -6 | tee -a "$summary"
+  done
   echo "-- conv2d: strata's own kernels (STRATA_CUDNN=0), PyTorch (cuDNN), wgpu" | tee -a "$summary"
   STRATA_CUDNN=0 timeout 120 "$bin/bench_gpu" conv 2>&1 | sed 's/"op": "/"op": "own /' | tee -a "$summary"
   timeout 90 python3 scripts/bench_conv_torch.py 2>&1 | tee -a "$summary"

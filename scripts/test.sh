@@ -48,6 +48,11 @@ if [ -n "${VK_DRIVER_FILES:-}" ] || [ -n "${STRATA_REQUIRE_WGPU:-}" ]; then
   # to a partial product that spans several.
   STRATA_WGPU_MAX_BINDING=1536 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test nn_functional one_kernel -- --test-threads=1
+  # Every tile of the implicit GEMM (small shapes choose the smallest by themselves).
+  for tile in 64x64 128x128 256x64 64x256 256x16 16x256; do
+    STRATA_CONV_TILE=$tile STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
+      --test nn_functional one_kernel -- --test-threads=1
+  done
   # Map→reduce fusion where a fused map's inputs exceed one binding: core runs the map first.
   STRATA_WGPU_MAX_BINDING=128 STRATA_TEST_DEVICES=wgpu cargo test --locked -p strata-tests \
     --test fusion reductions_read_pending_trees -- --test-threads=1

@@ -22,8 +22,11 @@
 //! // x [64, 64, 56, 56], w [64, 64, 3, 3] → dw: 64 rows, 576 columns, 64·56² deep.
 //! let d = ConvDims::of(ConvPass::BackwardFilter, &[64, 64, 56, 56], &[64, 64, 56, 56], &[64, 64, 3, 3])?;
 //! assert_eq!(d.gemm(ConvPass::BackwardFilter, 1, 64), [64, 576, 64 * 56 * 56]);
-//! let plan = ConvPlan::of(ConvPass::BackwardFilter, &g, d, &Target::cpu(8), 4, [4; 3])?;
-//! assert!(plan.partials > 1 && plan.pieces.len() == 1);
+//! // On a device that wants 1,024 workgroups: 9 tiles a range, a range a sample.
+//! let mut t = Target::cpu(8);
+//! t.parallel_slots = 1 << 18;
+//! let plan = ConvPlan::of(ConvPass::BackwardFilter, &g, d, &t, 4, [4; 3])?;
+//! assert_eq!((plan.tile, plan.partials, plan.pieces.len()), ([64, 64], 64, 1));
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
@@ -31,24 +34,51 @@ use crate::error::{Error, Result};
 use crate::ir::{ConvGeometry, ConvPass};
 use crate::target::Target;
 
-/// The tiles of the product (rows, columns) a workgroup of 256 threads may compute, 4×4 a
-/// thread: square, tall (few columns: a backward-data pass into 3 channels) and wide (few rows).
-pub const TILES: [[usize; 2]; 3] = [[64, 64], [256, 16], [16, 256]];
+/// The tiles of the product (rows, columns) a workgroup of 256 threads may compute, each
+/// thread a [`per_thread`] square block of it: 4×4 in the 64×64 tile and in the tall and wide
+/// ones for products of few columns or rows (a backward-data pass into 3 channels), 8×8 in the
+/// large ones (twice the multiply-adds per value read from shared memory).
+pub const TILES: [[usize; 2]; 6] = [
+    [64, 64],
+    [128, 128],
+    [256, 64],
+    [64, 256],
+    [256, 16],
+    [16, 256],
+];
 
-/// The tile of [`TILES`] that covers a `rows` × `cols` product with the least padding (the
-/// square one on a tie).
+/// The side of the block of a tile each of its 256 threads computes.
+///
+/// ```
+/// use strata_core::lower::conv_plan::per_thread;
+/// assert_eq!((per_thread([64, 64]), per_thread([256, 64]), per_thread([16, 256])), (4, 8, 4));
+/// ```
+pub fn per_thread([tm, tn]: [usize; 2]) -> usize {
+    ((tm * tn / 256) as f64).sqrt().round() as usize
+}
+
+/// The tile of [`TILES`] for a `rows` × `cols` product in `groups` groups: the least padding,
+/// and of those the largest tile that still makes `workgroups` tiles (a device's worth),
+/// else the one that makes the most.
 ///
 /// ```
 /// use strata_core::lower::conv_plan::tile_for;
-/// assert_eq!(tile_for(64, 576), [64, 64]);
-/// assert_eq!(tile_for(3_211_264, 3), [256, 16]);
-/// assert_eq!(tile_for(8, 4096), [16, 256]);
+/// assert_eq!(tile_for(64, 576, 1, 256), [64, 64]);
+/// assert_eq!(tile_for(200_704, 64, 1, 256), [256, 64]);
+/// assert_eq!(tile_for(3_211_264, 3, 1, 256), [256, 16]);
+/// assert_eq!(tile_for(8, 4096, 1, 256), [16, 256]);
 /// ```
-pub fn tile_for(rows: usize, cols: usize) -> [usize; 2] {
+pub fn tile_for(rows: usize, cols: usize, groups: usize, workgroups: usize) -> [usize; 2] {
     let padded = |[tm, tn]: [usize; 2]| rows.div_ceil(tm) * tm * cols.div_ceil(tn) * tn;
-    TILES
-        .into_iter()
-        .min_by_key(|&t| padded(t))
+    let count = |[tm, tn]: [usize; 2]| rows.div_ceil(tm) * cols.div_ceil(tn) * groups;
+    let least = TILES.into_iter().map(padded).min().unwrap_or(0);
+    let mut fits: Vec<[usize; 2]> = TILES.into_iter().filter(|&t| padded(t) == least).collect();
+    // Largest first (the order of TILES breaks ties).
+    fits.sort_by_key(|&t| std::cmp::Reverse(per_thread(t)));
+    fits.iter()
+        .copied()
+        .find(|&t| count(t) >= workgroups)
+        .or_else(|| fits.iter().copied().max_by_key(|&t| count(t)))
         .unwrap_or(TILES[0])
 }
 
@@ -197,7 +227,13 @@ impl ConvPlan {
         }
         let per_piece = ((room / sample.max(1)) as usize).clamp(1, dims.n.max(1));
         let [rows, cols, _] = dims.gemm(pass, groups, dims.n);
-        let tile = tile_for(rows, cols);
+        // (Backward filter's ranges multiply its tiles: the smallest tile is enough there.)
+        let workgroups = target.parallel_slots / 256;
+        let tile = match (forced_tile(), pass) {
+            (Some(tile), _) => tile,
+            (None, ConvPass::BackwardFilter) => tile_for(rows, cols, groups, usize::MAX),
+            (None, _) => tile_for(rows, cols, groups, workgroups),
+        };
         if pass != ConvPass::BackwardFilter {
             // (Ranges of the whole batch: one range, never accumulated.)
             let mut all = pieces(dims.n, per_piece, dims.n.max(1));
@@ -231,6 +267,15 @@ impl ConvPlan {
             partials: dims.n.div_ceil(per_split),
         })
     }
+}
+
+/// The tile `STRATA_CONV_TILE` names (`128x128`: one of [`TILES`]), which every convolution
+/// then takes: the tests run each tile on small shapes, whose own choice is the smallest.
+fn forced_tile() -> Option<[usize; 2]> {
+    let v = std::env::var("STRATA_CONV_TILE").ok()?;
+    let (r, c) = v.split_once('x')?;
+    let tile = [r.trim().parse().ok()?, c.trim().parse().ok()?];
+    TILES.contains(&tile).then_some(tile)
 }
 
 /// `n` samples in pieces of at most `per_piece` that never straddle a range of `per_split`:

@@ -79,6 +79,9 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     let load = |p: &str, i: &str| cast(&from_storage(d, &format!("{p}[{i}]")), d, acc, false);
     let [tm, tn] = sig.tile;
     let (qa, qb) = (tm / 16, tn / 16);
+    // Each thread's block: rows `tr + (tm / pt)·i`, columns `tc + (tn / pt)·j`.
+    let pt = strata_core::lower::conv_plan::per_thread(sig.tile);
+    let (rs, cs) = (tm / pt, tn / pt);
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -103,7 +106,7 @@ pub(crate) fn source(sig: &ConvSig) -> String {
   __shared__ {at} tb[{DEPTH}][{tn}];",
         tm1 = tm - 1,
         tn1 = tn - 1,
-        tc4 = tn / 4,
+        tc4 = cs,
         row_a = tm + 1,
     );
     if filter {
@@ -151,11 +154,11 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     }
     let _ = writeln!(
         s,
-        "  {at} c[4][4];
+        "  {at} c[{pt}][{pt}];
 #pragma unroll
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < {pt}; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) c[i][j] = 0;
+    for (int j = 0; j < {pt}; j++) c[i][j] = 0;
   for (i64 k0 = k_lo; k0 < k_hi; k0 += {DEPTH}) {{
     const i64 ka = k0 + akk; const bool kin = ka < k_hi;
     {at} ra[{qa}], rb[{qb}];"
@@ -231,24 +234,21 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < {DEPTH}; kk++) {{
-      {at} a[4], b[4];
+      {at} a[{pt}], b[{pt}];
 #pragma unroll
-      for (int i = 0; i < 4; i++) {{ a[i] = ta[kk][tr + {ra} * i]; b[i] = tb[kk][tc + {rb} * i]; }}
+      for (int i = 0; i < {pt}; i++) {{ a[i] = ta[kk][tr + {rs} * i]; b[i] = tb[kk][tc + {cs} * i]; }}
 #pragma unroll
-      for (int i = 0; i < 4; i++)
+      for (int i = 0; i < {pt}; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) c[i][j] = fma(a[i], b[j], c[i][j]);
+        for (int j = 0; j < {pt}; j++) c[i][j] = fma(a[i], b[j], c[i][j]);
     }}
     __syncthreads();
   }}",
         bstep = 256 / tn,
-        ra = tm / 4,
-        rb = tn / 4,
     );
     let _ = writeln!(
         s,
-        "#pragma unroll\n  for (int i = 0; i < 4; i++) {{\n    const i64 r = by * {tm} + tr + {} * i;\n    if (r >= m) continue;",
-        tm / 4
+        "#pragma unroll\n  for (int i = 0; i < {pt}; i++) {{\n    const i64 r = by * {tm} + tr + {rs} * i;\n    if (r >= m) continue;"
     );
     let (rbase, step) = match sig.pass {
         ConvPass::Forward => ("((r / OHW) * O + grp * og) * OHW + r % OHW", "OHW"),
@@ -264,13 +264,12 @@ pub(crate) fn source(sig: &ConvSig) -> String {
         s,
         "    const i64 rbase = {rbase};
 #pragma unroll
-    for (int j = 0; j < 4; j++) {{
-      const i64 col = bx * {tn} + tc + {} * j;
+    for (int j = 0; j < {pt}; j++) {{
+      const i64 col = bx * {tn} + tc + {cs} * j;
       if (col < ncols) {{ const i64 at = rbase + col * {step}; out[at] = {value}; }}
     }}
   }}
-}}",
-        tn / 4
+}}"
     );
     s
 }

@@ -61,6 +61,9 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
     let [tm, tn] = sig.tile;
     let (qa, qb) = (tm / 16, tn / 16);
+    // Each invocation's block: rows `tr + (tm / pt)·i`, columns `tc + (tn / pt)·j`.
+    let pt = strata_core::lower::conv_plan::per_thread(sig.tile);
+    let (rs, cs) = (tm / pt, tn / pt);
     // A's rows are one longer than the tile: its stores (16 depths of one row per half warp)
     // then fall in different banks.
     let row_a = tm + 1;
@@ -92,7 +95,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
   let bcol = bx * {tn}u + lid % {tn}u; let bkb = lid / {tn}u;",
         tm1 = tm - 1,
         tn1 = tn - 1,
-        tc4 = tn / 4,
+        tc4 = cs,
     );
     // The depth range: backward filter's split covers its samples' pixels.
     if filter {
@@ -143,8 +146,8 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     } else {
         src.push_str("  let bv = bcol < ncols;\n");
     }
-    for i in 0..4 {
-        let line: Vec<String> = (0..4)
+    for i in 0..pt {
+        let line: Vec<String> = (0..pt)
             .map(|j| format!("var c{i}_{j}: {at} = {zero};"))
             .collect();
         let _ = writeln!(src, "  {}", line.join(" "));
@@ -255,16 +258,16 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     }
     src.push_str("    workgroupBarrier();\n");
     let _ = writeln!(src, "    for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{");
-    for i in 0..4 {
+    for i in 0..pt {
         let _ = writeln!(
             src,
             "      let a{i} = ta[kk * {row_a}u + tr + {}u]; let b{i} = tb[kk * {tn}u + tc + {}u];",
-            tm / 4 * i,
-            tn / 4 * i
+            rs * i,
+            cs * i
         );
     }
-    for i in 0..4 {
-        let line: Vec<String> = (0..4)
+    for i in 0..pt {
+        let line: Vec<String> = (0..pt)
             .map(|j| {
                 let c = format!("c{i}_{j}");
                 format!(
@@ -277,11 +280,11 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     }
     src.push_str("    }\n    workgroupBarrier();\n  }\n");
     // The tile's outputs.
-    for i in 0..4 {
+    for i in 0..pt {
         let _ = writeln!(
             src,
             "  {{ let r = by * {tm}u + tr + {}u;\n    if (r < m) {{",
-            tm / 4 * i
+            rs * i
         );
         let _ = match sig.pass {
             ConvPass::Forward => writeln!(
@@ -297,7 +300,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                 "      let rbase = ((params[24] + split) * O + grp * og + r) * ncols;"
             ),
         };
-        for j in 0..4 {
+        for j in 0..pt {
             let c = format!("c{i}_{j}");
             let (idx, value) = match sig.pass {
                 ConvPass::Forward => ("rbase + col * OHW", cast(&c, acc, d, false)),
@@ -313,7 +316,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             let _ = writeln!(
                 src,
                 "      {{ let col = bx * {tn}u + tc + {}u; if (col < ncols) {{ {} }} }}",
-                tn / 4 * j,
+                cs * j,
                 store(out_d, "b0", idx, &value, caps)
             );
         }
