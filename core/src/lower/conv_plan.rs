@@ -59,7 +59,8 @@ pub fn per_thread([tm, tn]: [usize; 2]) -> usize {
 
 /// The tile of [`TILES`] for a `rows` × `cols` product in `groups` groups: the least padding,
 /// and of those the largest tile that still makes `workgroups` tiles (a device's worth),
-/// else the one that makes the most.
+/// else the one that makes the most (the first of [`TILES`] among equals: square before
+/// tall or wide, whose gathers cost more per multiply-add).
 ///
 /// ```
 /// use strata_core::lower::conv_plan::tile_for;
@@ -67,6 +68,8 @@ pub fn per_thread([tm, tn]: [usize; 2]) -> usize {
 /// assert_eq!(tile_for(200_704, 64, 1, 256), [256, 64]);
 /// assert_eq!(tile_for(3_211_264, 3, 1, 256), [256, 16]);
 /// assert_eq!(tile_for(8, 4096, 1, 256), [16, 256]);
+/// // Every tile fits 12,544 × 256 exactly; none makes 1,056 tiles: the square 64×64 (784).
+/// assert_eq!(tile_for(12_544, 256, 1, 1056), [64, 64]);
 /// ```
 pub fn tile_for(rows: usize, cols: usize, groups: usize, workgroups: usize) -> [usize; 2] {
     let padded = |[tm, tn]: [usize; 2]| rows.div_ceil(tm) * tm * cols.div_ceil(tn) * tn;
@@ -75,10 +78,13 @@ pub fn tile_for(rows: usize, cols: usize, groups: usize, workgroups: usize) -> [
     let mut fits: Vec<[usize; 2]> = TILES.into_iter().filter(|&t| padded(t) == least).collect();
     // Largest first (the order of TILES breaks ties).
     fits.sort_by_key(|&t| std::cmp::Reverse(per_thread(t)));
-    fits.iter()
-        .copied()
-        .find(|&t| count(t) >= workgroups)
-        .or_else(|| fits.iter().copied().max_by_key(|&t| count(t)))
+    if let Some(&t) = fits.iter().find(|&&t| count(t) >= workgroups) {
+        return t;
+    }
+    let most = fits.iter().map(|&t| count(t)).max().unwrap_or(0);
+    TILES
+        .into_iter()
+        .find(|&t| fits.contains(&t) && count(t) == most)
         .unwrap_or(TILES[0])
 }
 

@@ -27,6 +27,8 @@ pub(crate) struct ConvSig {
     pub dtype: DType,
     /// The tile (rows, columns) of the plan.
     pub tile: [usize; 2],
+    /// Stride 1 both ways: backward data reads `dy` without dividing by the stride.
+    pub unit_stride: bool,
 }
 
 impl strata_core::kernel_cache::Owned for ConvSig {}
@@ -177,17 +179,27 @@ pub(crate) fn source(sig: &ConvSig) -> String {
             );
         }
         ConvPass::BackwardData => {
+            // The output pixel whose window's tap lands on the row's input pixel.
+            let (p, q) = if sig.unit_stride {
+                ("th", "tw")
+            } else {
+                ("(th / s0)", "(tw / s1)")
+            };
             let _ = writeln!(
                 s,
                 "    const i64 ko = ka / KK, ktap = ka % KK, kdh = (ktap / KW) * d0, kdw = (ktap % KW) * d1;
 #pragma unroll
     for (int q = 0; q < {qa}; q++) {{
       const i64 th = ah[q] - kdh, tw = aw[q] - kdw;
-      const bool in = av[q] && kin && th >= 0 && tw >= 0 && th % s0 == 0 && tw % s1 == 0
-        && th / s0 < OH && tw / s1 < OW;
+      const bool in = av[q] && kin && th >= 0 && tw >= 0{lands} && {p} < OH && {q} < OW;
       ra[q] = in ? {} : ({at})0;
     }}",
-                load("A", "abase[q] + ko * OHW + (th / s0) * OW + tw / s1")
+                load("A", &format!("abase[q] + ko * OHW + {p} * OW + {q}")),
+                lands = if sig.unit_stride {
+                    ""
+                } else {
+                    " && th % s0 == 0 && tw % s1 == 0"
+                },
             );
         }
         ConvPass::BackwardFilter => {

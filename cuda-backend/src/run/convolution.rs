@@ -176,6 +176,7 @@ fn implicit_gemm(
                 pass,
                 dtype,
                 tile: plan.tile,
+                unit_stride: geometry.stride == [1, 1],
             }),
             launch,
         });

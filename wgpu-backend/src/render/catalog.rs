@@ -570,12 +570,13 @@ fn convolution_variants_validate() {
             ConvPass::BackwardFilter,
         ] {
             for tile in strata_core::lower::conv_plan::TILES {
-                for sum_partials in [false, true] {
+                for (sum_partials, unit_stride) in [(false, false), (false, true), (true, false)] {
                     let sig = conv::ConvSig {
                         pass,
                         dtype: d,
                         acc,
                         tile,
+                        unit_stride,
                         sum_partials,
                     };
                     for (caps, targets) in caps_for(&[d]) {

@@ -29,6 +29,8 @@ pub(crate) struct ConvSig {
     pub acc: DType,
     /// The tile (rows, columns) of the plan.
     pub tile: [usize; 2],
+    /// Stride 1 both ways: backward data reads `dy` without dividing by the stride.
+    pub unit_stride: bool,
     /// The kernel that sums backward filter's partial products into the output.
     pub sum_partials: bool,
 }
@@ -188,16 +190,23 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                 "    let ko = ka / KK; let ktap = ka % KK;
     let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
             );
+            // The output pixel whose window's tap lands on the row's input pixel.
+            let (ph, pw, lands) = if sig.unit_stride {
+                ("u32(th)", "u32(tw)", "")
+            } else {
+                (
+                    "u32(th / s0)",
+                    "u32(tw / s1)",
+                    " && th % s0 == 0 && tw % s1 == 0",
+                )
+            };
             for q in 0..qa {
                 let _ = writeln!(
                     src,
                     "    {{ let th = ah{q} - kdh; let tw = aw{q} - kdw; ra{q} = {zero};
-      if (av{q} && kin && th >= 0 && tw >= 0 && th % s0 == 0 && tw % s1 == 0
-          && u32(th / s0) < OH && u32(tw / s1) < OW) {{
+      if (av{q} && kin && th >= 0 && tw >= 0{lands} && {ph} < OH && {pw} < OW) {{
         ra{q} = {}; }} }}",
-                    a_value(&format!(
-                        "off_a + abase{q} + ko * OHW + u32(th / s0) * OW + u32(tw / s1)"
-                    ))
+                    a_value(&format!("off_a + abase{q} + ko * OHW + {ph} * OW + {pw}"))
                 );
             }
         }

@@ -92,6 +92,7 @@ impl WgpuBackend {
             dtype,
             acc,
             tile: plan.tile,
+            unit_stride: geometry.stride == [1, 1],
             sum_partials: false,
         };
         let filter = pass == ConvPass::BackwardFilter;
