@@ -2,7 +2,7 @@
 //! and every operand broadcast to the output's shape, so a backend only compiles and runs it.
 //!
 //! A kernel's *structure* (this module's types) is what a backend compiles and caches; sizes,
-//! strides, offsets and scalar values arrive at launch time in [`KernelArgs`].
+//! strides, offsets and scalar values arrive at launch time in [`KernelArgs`](crate::backend::KernelArgs).
 
 use crate::dtype::{DType, Scalar};
 

@@ -68,7 +68,7 @@ impl RecordKind {
 
 /// One thing the device (or the host waiting for it) did while a profile recorded. Times are
 /// microseconds since the profile started; device times are `None` where the backend could
-/// not time them (see [`Profile::timing`]).
+/// not time them (see [`Profile::timing`](crate::profile::Profile::timing)).
 ///
 /// ```
 /// use strata_core::{Device, DType, RecordKind, Tensor};
