@@ -278,6 +278,37 @@ impl ConvPlan {
     }
 }
 
+impl ConvPlan {
+    /// The first 19 launch words both renderers read for `piece`: its product's rows, columns
+    /// and depth, its samples, C, H, W, O, kH, kW, OH, OW, the groups, then stride, padding
+    /// and dilation (height, width).
+    pub fn launch_words(&self, pass: ConvPass, g: &ConvGeometry, piece: &ConvPiece) -> [usize; 19] {
+        let (dims, groups) = (self.dims, g.groups.max(1));
+        let [m, n, k] = dims.gemm(pass, groups, piece.samples);
+        [
+            m,
+            n,
+            k,
+            piece.samples,
+            dims.c,
+            dims.h,
+            dims.w,
+            dims.o,
+            dims.kh,
+            dims.kw,
+            dims.oh,
+            dims.ow,
+            groups,
+            g.stride[0],
+            g.stride[1],
+            g.padding[0],
+            g.padding[1],
+            g.dilation[0],
+            g.dilation[1],
+        ]
+    }
+}
+
 /// The tile `STRATA_CONV_TILE` names (`128x128`: one of [`TILES`]), which every convolution
 /// then takes: the tests run each tile on small shapes, whose own choice is the smallest.
 fn forced_tile() -> Option<[usize; 2]> {

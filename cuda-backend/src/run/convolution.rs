@@ -123,32 +123,11 @@ fn implicit_gemm(
             bytes: plan.partials * weight * acc.itemsize(),
         });
     }
-    let g = geometry;
     for piece in &plan.pieces {
-        let [m, n, k] = dims.gemm(pass, groups, piece.samples);
+        let [m, n, _] = dims.gemm(pass, groups, piece.samples);
         let at = |base: u64, k: usize| base + piece.first as u64 * per_sample(k);
         let mut words = Args::new();
-        for v in [
-            m,
-            n,
-            k,
-            piece.samples,
-            dims.c,
-            dims.h,
-            dims.w,
-            dims.o,
-            dims.kh,
-            dims.kw,
-            dims.oh,
-            dims.ow,
-            groups,
-            g.stride[0],
-            g.stride[1],
-            g.padding[0],
-            g.padding[1],
-            g.dilation[0],
-            g.dilation[1],
-        ] {
+        for v in plan.launch_words(pass, geometry, piece) {
             words.push(v as u64);
         }
         // The output (backward filter: the partials, an offset into scratch buffer 0).

@@ -103,32 +103,13 @@ impl WgpuBackend {
                 bytes: plan.partials * weight * acc.itemsize(),
             });
         }
-        let g = geometry;
         for piece in &plan.pieces {
-            let [m, n, k] = dims.gemm(pass, groups, piece.samples);
+            let [m, n, _] = dims.gemm(pass, groups, piece.samples);
             let mut params = vec![0u32; PARAM_WORDS];
-            let words = [
-                m,
-                n,
-                k,
-                piece.samples,
-                dims.c,
-                dims.h,
-                dims.w,
-                dims.o,
-                dims.kh,
-                dims.kw,
-                dims.oh,
-                dims.ow,
-                groups,
-                g.stride[0],
-                g.stride[1],
-                g.padding[0],
-                g.padding[1],
-                g.dilation[0],
-                g.dilation[1],
-            ];
-            for (p, w) in params.iter_mut().zip(words) {
+            for (p, w) in params
+                .iter_mut()
+                .zip(plan.launch_words(pass, geometry, piece))
+            {
                 *p = u32::try_from(w).map_err(|_| {
                     Error::Unsupported(format!(
                         "wgpu: a {} with a size of {w} (over 32 bits)",
