@@ -855,11 +855,12 @@ fn wgpu_map_reduce_allocates_no_temporary() {
     }
 }
 
-/// Row prologues: where the backend fuses them (CPU, CUDA), a maximum or minimum of a
+/// Row prologues: where the backend fuses them (every backend), a maximum or minimum of a
 /// realized tensor stays pending, and a later reduction of the same rows that reads it
 /// (`(x - x.max(-1, true)).exp().sum(-1)`) computes both in one kernel, reading each row once
-/// on CUDA (rows staged in shared memory, the sum in the eager order). Results equal eager
-/// ones bit for bit: rows that are staged or not, f64 and f16, NaN and signed zeros,
+/// on CUDA (rows staged in shared memory, the sum in the eager order) and wgpu (rows in a
+/// workgroup's registers). Results equal eager ones bit for bit (on wgpu within f32 rounding of
+/// the sum): rows that are staged or not, f64 and f16, NaN and signed zeros,
 /// reductions over columns and over two axes, a maximum the user keeps and reads.
 fn prior_reductions(dev: &Device) -> Result<()> {
     let bits = |t: Tensor| -> Result<Vec<u64>> {
@@ -949,7 +950,7 @@ fn prior_reductions(dev: &Device) -> Result<()> {
     }
 
     // One kernel for the maximum and the sum; the softmax's map is the second.
-    let fuses = fusing(dev) && dev.kind() != strata::BackendKind::Wgpu;
+    let fuses = fusing(dev) && dev.backend().target().fuses_row_prologue;
     let x = &inputs[1];
     let (n, _) = kernels_of(dev, || {
         let s = (x - &x.max(-1, true)?)?.exp()?.sum(-1, true)?;
@@ -998,10 +999,10 @@ test_device!(
     prior_reductions
 );
 
-/// Row epilogues: where the backend fuses them (CPU, CUDA), a sum of a tree that takes in a
+/// Row epilogues: where the backend fuses them (every backend), a sum of a tree that takes in a
 /// deferred maximum stays pending too, and elementwise work over the same rows that reads it
 /// (`e / e.sum(-1, true)`: softmax from its primitives; a further input laid out like the
-/// rows) runs in its kernel last: one kernel, each row read once on CUDA where it
+/// rows) runs in its kernel last: one kernel, each row read once on CUDA and wgpu where it
 /// stages. Results equal eager ones bit for bit (CPU, CUDA), the intermediates the user keeps
 /// read right afterwards, a write into the input after the work was recorded does not reach
 /// it, and work the epilogue cannot take (a weight broadcast along the rows, another stream)

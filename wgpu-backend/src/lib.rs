@@ -84,6 +84,7 @@ pub struct WgpuBackend {
     convolutions: PipelineCache<conv::ConvSig>,
     histograms: PipelineCache<render::histogram::HistogramSig>,
     softmaxes: PipelineCache<render::softmax::SoftmaxSig>,
+    staged: PipelineCache<render::staged::StagedSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
     /// The next stream id (one queue runs them all; ids only name them).
@@ -162,9 +163,10 @@ impl WgpuBackend {
             // parameters and registers grow for little (as on CUDA).
             max_map_outputs: 8,
             fuses_map_into_reduce: true,
-            // One pass per reduction: a row prologue would run as two launches anyway.
-            fuses_row_prologue: false,
-            fuses_row_epilogue: false,
+            // A row prologue and epilogue in one dispatch where the row fits a workgroup's
+            // registers (render::staged), else core's launches.
+            fuses_row_prologue: true,
+            fuses_row_epilogue: true,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
@@ -186,6 +188,7 @@ impl WgpuBackend {
             convolutions: PipelineCache::default(),
             histograms: PipelineCache::default(),
             softmaxes: PipelineCache::default(),
+            staged: PipelineCache::default(),
         })
     }
 
@@ -238,6 +241,7 @@ impl WgpuBackend {
             + self.convolutions.len()
             + self.histograms.len()
             + self.softmaxes.len()
+            + self.staged.len()
     }
 
     /// The most bytes one binding spans (the target's binding limit).
@@ -331,6 +335,18 @@ impl Backend for WgpuBackend {
 
     fn run(&self, kernel: &Kernel, args: &KernelArgs, _stream: StreamId) -> Result<()> {
         self.check_operands(args)?;
+        // A row prologue or epilogue whose rows do not stage runs as core's launches, each its
+        // own run.
+        let fused_rows = matches!(
+            kernel,
+            Kernel::Reduce { prologue, epilogue, .. } if prologue.is_some() || epilogue.is_some()
+        );
+        if fused_rows && self.staged_steps(kernel, args)?.is_none() {
+            for (k, a) in strata_core::lower::prologue::split(kernel, args)? {
+                self.run(&k, &a, _stream)?;
+            }
+            return Ok(());
+        }
         let steps = self.steps(kernel, args)?;
         self.execute(&steps, args)
     }

@@ -9,7 +9,7 @@
 //! are left out there: the backend refuses f64 on such adapters before generating anything
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
-use super::{conv, index, map, matmul, reduce, softmax, Caps};
+use super::{conv, index, map, matmul, reduce, softmax, staged, Caps};
 use strata_core::ir::ConvPass;
 use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
@@ -396,6 +396,87 @@ fn every_softmax_variant_validates() {
                 };
                 for (caps, targets) in caps_for(&[d, d.accumulator()]) {
                     check(&softmax::source(&sig, caps).unwrap(), targets);
+                }
+            }
+        }
+    }
+}
+
+/// Staged reductions (a row prologue, and an epilogue, in one dispatch) on every float dtype:
+/// softmax from its primitives (`exp(x0 - x1)` summed, then `/ x2`), and a minimum prologue
+/// with a product, an input laid out like the rows (`x3`) and a scalar in the epilogue
+/// (`(x0 - x1) * x3 * s0 + x2`); rows of one element an invocation and of 64.
+#[test]
+fn staged_reduction_variants_validate() {
+    for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        let x = |k| Box::new(Expr::input(k, d));
+        let node = |node| Expr { dtype: d, node };
+        let sub = node(Node::Binary(BinaryOp::Sub, x(0), x(1)));
+        let exp = node(Node::Unary(UnaryOp::Exp, Box::new(sub.clone())));
+        let div = node(Node::Binary(BinaryOp::Div, Box::new(exp.clone()), x(2)));
+        let weighted = node(Node::Binary(
+            BinaryOp::Mul,
+            Box::new(node(Node::Binary(
+                BinaryOp::Mul,
+                Box::new(sub.clone()),
+                x(3),
+            ))),
+            Box::new(Expr::scalar(0, d)),
+        ));
+        let plus = node(Node::Binary(BinaryOp::Add, Box::new(weighted), x(2)));
+        let cases = [
+            (
+                ReduceOp::Sum,
+                ReduceOp::Max,
+                exp,
+                Some(div),
+                vec![d, d, d],
+                vec![],
+            ),
+            (
+                ReduceOp::Sum,
+                ReduceOp::Max,
+                node(Node::Unary(UnaryOp::Exp, Box::new(sub.clone()))),
+                None,
+                vec![d, d],
+                vec![],
+            ),
+            (
+                ReduceOp::Prod,
+                ReduceOp::Min,
+                sub,
+                Some(plus),
+                vec![d, d, d, d],
+                vec![d],
+            ),
+        ];
+        for (op, prologue, expr, epilogue, inputs, scalars) in cases {
+            for cached in [1, 64] {
+                let per_output = (0..inputs.len()).map(|k| k == 1 || k == 2).collect();
+                let sig = staged::StagedSig {
+                    op,
+                    acc: d.accumulator(),
+                    out: d,
+                    outer_rank: 2,
+                    map: strata_core::lower::operands::ReduceMap {
+                        expr: expr.clone(),
+                        inputs: inputs.clone(),
+                        per_output,
+                        scalars: scalars.clone(),
+                    },
+                    prologue: staged::StagedPrologue {
+                        op: prologue,
+                        result: 1,
+                    },
+                    epilogue: epilogue.clone().map(|expr| staged::StagedEpilogue {
+                        expr,
+                        result: 2,
+                        out: d,
+                    }),
+                    cached,
+                };
+                for (caps, targets) in caps_for(&[d, d.accumulator()]) {
+                    check(&staged::source(&sig, caps).unwrap(), targets);
                 }
             }
         }

@@ -25,6 +25,7 @@ pub(crate) mod matmul;
 pub(crate) mod prelude;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
+pub(crate) mod staged;
 
 use strata_core::{DType, Error};
 

@@ -83,7 +83,8 @@ pub(crate) fn bindings(sig: &ReduceSig) -> usize {
     2 + usize::from(arg && sig.partial) + usize::from(arg && sig.combine) + more
 }
 
-fn identity(op: ReduceOp, acc: DType) -> String {
+/// The value a reduction of nothing starts from.
+pub(crate) fn identity(op: ReduceOp, acc: DType) -> String {
     match op {
         ReduceOp::Prod | ReduceOp::All => literal(acc, 1),
         _ => literal(acc, 0),
@@ -91,7 +92,7 @@ fn identity(op: ReduceOp, acc: DType) -> String {
 }
 
 /// WGSL statements folding value `v` at position `i` into `(acc, best, has)`.
-fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
+pub(crate) fn fold(op: ReduceOp, acc: DType, v: &str, i: &str) -> String {
     let nan = |x: &str| {
         if acc.is_float() {
             super::is_nan(acc, x)
@@ -238,6 +239,52 @@ fn element(
     Ok(())
 }
 
+/// The workgroup arrays [`workgroup_tree`] combines through: values (`shv`), positions (`shi`)
+/// and whether each holds one (`shh`). Bools cross workgroup memory as u32: NVIDIA's Vulkan
+/// driver lost `all` over a workgroup-shared `array<bool>` (issue 15, item 6), and bool has
+/// no memory layout.
+pub(crate) fn workgroup_arrays(acc: DType) -> String {
+    let sh_type = if acc == DType::Bool {
+        "u32"
+    } else {
+        compute_type(acc)
+    };
+    format!(
+        "var<workgroup> shv: array<{sh_type}, 256>;\nvar<workgroup> shi: array<u32, 256>;\nvar<workgroup> shh: array<u32, 256>;\n"
+    )
+}
+
+/// Slot `i` of `shv` as a value of `acc`.
+pub(crate) fn shared_value(acc: DType, i: &str) -> String {
+    if acc == DType::Bool {
+        format!("(shv[{i}] != 0u)")
+    } else {
+        format!("shv[{i}]")
+    }
+}
+
+/// WGSL statements combining every invocation's `(acc, best, has)` of the workgroup (`lid`
+/// 0..256) into slot 0 of [`workgroup_arrays`], by [`fold`]; every invocation passes its last
+/// barrier.
+pub(crate) fn workgroup_tree(op: ReduceOp, acc: DType, indent: &str) -> String {
+    let put = if acc == DType::Bool {
+        "select(0u, 1u, acc)"
+    } else {
+        "acc"
+    };
+    format!(
+        "{indent}shv[lid] = {put}; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n{indent}workgroupBarrier();\n\
+         {indent}for (var s = 128u; s > 0u; s = s >> 1u) {{\n{indent}  if (lid < s) {{\n\
+         {indent}    acc = {}; best = shi[lid]; has = shh[lid] != 0u;\n\
+         {indent}    if (shh[lid + s] != 0u) {{ let v = {}; let pos = shi[lid + s]; {} }}\n\
+         {indent}    shv[lid] = {put}; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n\
+         {indent}  }}\n{indent}  workgroupBarrier();\n{indent}}}\n",
+        shared_value(acc, "lid"),
+        shared_value(acc, "lid + s"),
+        fold(op, acc, "v", "pos")
+    )
+}
+
 fn truthy(d: DType, v: &str) -> String {
     super::ne_zero(d, v)
 }
@@ -281,26 +328,8 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
         src.push_str(&binding(more + k - 1, d, false, caps));
     }
     src.push_str(&helpers(&used, caps));
-    // Bools cross workgroup memory as u32: NVIDIA's Vulkan driver lost `all` over a
-    // workgroup-shared `array<bool>` (issue 15, item 6), and bool has no memory layout.
-    let bool_acc = sig.acc == DType::Bool;
-    let (sh_type, put) = if bool_acc {
-        ("u32", "select(0u, 1u, acc)")
-    } else {
-        (at, "acc")
-    };
-    let get = |i: &str| {
-        if bool_acc {
-            format!("(shv[{i}] != 0u)")
-        } else {
-            format!("shv[{i}]")
-        }
-    };
     if sig.group > 1 {
-        let _ = writeln!(
-            src,
-            "var<workgroup> shv: array<{sh_type}, 256>;\nvar<workgroup> shi: array<u32, 256>;\nvar<workgroup> shh: array<u32, 256>;"
-        );
+        src.push_str(&workgroup_arrays(sig.acc));
     }
     src.push_str(ENTRY);
     // Worker `u` reduces range `k` of output `o`.
@@ -373,22 +402,13 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
     element(sig, &w, idx_in, more, "r", 0, &mut next, caps, &mut src)?;
     let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
     if sig.group > 1 {
+        src.push_str(&workgroup_tree(sig.op, sig.acc, "  "));
+        src.push_str("  if (lid != 0u) { return; }\n");
         let _ = writeln!(
             src,
-            "  shv[lid] = {put}; shi[lid] = best; shh[lid] = select(0u, 1u, has);\n  workgroupBarrier();"
+            "  acc = {}; best = shi[0];",
+            shared_value(sig.acc, "0")
         );
-        src.push_str("  for (var s = 128u; s > 0u; s = s >> 1u) {\n    if (lid < s) {\n");
-        let _ = writeln!(
-            src,
-            "      acc = {}; best = shi[lid]; has = shh[lid] != 0u;\n      \
-             if (shh[lid + s] != 0u) {{ let v = {}; let pos = shi[lid + s]; {} }}\n      \
-             shv[lid] = {put}; shi[lid] = best; shh[lid] = select(0u, 1u, has);",
-            get("lid"),
-            get("lid + s"),
-            fold(sig.op, sig.acc, "v", "pos")
-        );
-        src.push_str("    }\n    workgroupBarrier();\n  }\n  if (lid != 0u) { return; }\n");
-        let _ = writeln!(src, "  acc = {}; best = shi[0];", get("0"));
     }
     if sig.partial {
         let _ = writeln!(

@@ -11,11 +11,13 @@ mod map;
 mod matmul;
 mod reduce;
 mod softmax;
+mod staged;
 
 use crate::launch::{operand_info, raw, Binding};
 use crate::render::conv::ConvSig;
 use crate::render::histogram::HistogramSig;
 use crate::render::softmax::SoftmaxSig;
+use crate::render::staged::StagedSig;
 use crate::render::{self, prelude};
 use crate::render::{index::IndexSig, map::MapSig, matmul::MatmulSig, reduce::ReduceSig};
 use crate::WgpuBackend;
@@ -68,6 +70,7 @@ pub(crate) enum Sig<'k> {
     Matmul(MatmulSig),
     Histogram(HistogramSig),
     Softmax(SoftmaxSig),
+    Staged(StagedSig),
     Conv(ConvSig),
 }
 
@@ -76,7 +79,8 @@ impl Sig<'_> {
     fn name(&self) -> &'static str {
         match self {
             Sig::Map(_) => "strata_map",
-            Sig::Reduce(_) => "strata_reduce",
+            // (A staged reduction is a reduction, as on CUDA.)
+            Sig::Reduce(_) | Sig::Staged(_) => "strata_reduce",
             Sig::Index(_) => "strata_index",
             Sig::Matmul(_) => "strata_matmul",
             Sig::Histogram(_) => "strata_histogram",
@@ -117,44 +121,26 @@ impl WgpuBackend {
     pub(crate) fn steps<'k>(&self, kernel: &'k Kernel, args: &KernelArgs) -> Result<Vec<Step<'k>>> {
         match kernel {
             Kernel::Map { expr, also } => self.map_steps(expr, also, args),
-            // (`fuses_row_epilogue` is false: core sends none; a map launch would borrow the
-            // kernel this call makes.)
+            // A row prologue (and epilogue) in one dispatch where the rows stage; otherwise
+            // `run` runs core's launches one by one (the steps here bind one launch's
+            // operands).
             Kernel::Reduce {
-                epilogue: Some(_), ..
-            } => Err(Error::Backend(
-                "internal error: wgpu runs no row epilogue (fuses_row_epilogue is false)".into(),
-            )),
-            // (`fuses_row_prologue` is false: core sends none, but its two launches are exact.)
-            Kernel::Reduce {
-                prologue: Some(_), ..
-            } => {
-                let launches = strata_core::lower::prologue::split(kernel, args)?;
-                let [(k1, a1), (k2, a2)] = &launches[..] else {
-                    return Err(Error::Backend(
-                        "internal error: a row prologue splits into two reductions".into(),
-                    ));
-                };
-                let reduce = |k: &Kernel, a: &KernelArgs| match k {
-                    Kernel::Reduce {
-                        op,
-                        reduced_axes,
-                        acc,
-                        map,
-                        ..
-                    } => self.reduce_steps(*op, *reduced_axes, *acc, map.as_ref(), a),
-                    _ => Err(Error::Backend(
-                        "internal error: a row prologue splits into reductions".into(),
-                    )),
-                };
-                Ok(chain(reduce(k1, a1)?, reduce(k2, a2)?))
+                prologue, epilogue, ..
+            } if prologue.is_some() || epilogue.is_some() => {
+                self.staged_steps(kernel, args)?.ok_or_else(|| {
+                    Error::Backend(
+                        "internal error: a row prologue or epilogue that does not stage runs as \
+                         core's launches"
+                            .into(),
+                    )
+                })
             }
             Kernel::Reduce {
                 op,
                 reduced_axes,
                 acc,
                 map,
-                prologue: None,
-                epilogue: None,
+                ..
             } => self.reduce_steps(*op, *reduced_axes, *acc, map.as_ref(), args),
             Kernel::Matmul { acc, .. } => self.matmul_steps(*acc, args),
             Kernel::Index { kind, axis } => self.index_steps(*kind, *axis, args),
@@ -226,6 +212,10 @@ impl WgpuBackend {
             }),
             Sig::Softmax(sig) => self.softmaxes.get(sig, |sig| {
                 self.gpu.pipeline(&render::softmax::source(sig, caps)?, 2)
+            }),
+            Sig::Staged(sig) => self.staged.get(sig, |sig| {
+                let source = render::staged::source(sig, caps)?;
+                self.gpu.pipeline(&source, render::staged::bindings(sig))
             }),
             Sig::Conv(sig) => self.convolutions.get(sig, |sig| {
                 let bindings = if sig.sum_partials { 2 } else { 3 };
@@ -311,23 +301,4 @@ impl WgpuBackend {
             source: render::map::source(sig, self.gpu.caps)?,
         }))
     }
-}
-
-/// `first`'s steps, then `then`'s, whose scratch buffers are numbered after `first`'s.
-fn chain<'k>(mut first: Vec<Step<'k>>, then: Vec<Step<'k>>) -> Vec<Step<'k>> {
-    let before = first
-        .iter()
-        .filter(|s| matches!(s, Step::Scratch { .. }))
-        .count();
-    for mut step in then {
-        if let Step::Dispatch(d) = &mut step {
-            for b in &mut d.binds {
-                if let Bind::Scratch { scratch } = b {
-                    *scratch += before;
-                }
-            }
-        }
-        first.push(step);
-    }
-    first
 }

@@ -1,0 +1,460 @@
+//! A reduction with a row prologue ([`RowPrologue`](strata_core::ir::RowPrologue)) and
+//! optionally a row epilogue ([`RowEpilogue`](strata_core::ir::RowEpilogue)) in one dispatch:
+//! softmax from its primitives, `e / e.sum(-1, true)` after `e = (x - x.max(-1, true)).exp()`,
+//! reads each row once and writes it once. A workgroup of 256 takes a row, each invocation
+//! keeping its elements of input 0 in registers (`e{j}`, written out as separate variables
+//! as the softmax kernel does; up to [`MAX_CACHED`], a row of 16,384): it folds the prologue
+//! over them and writes it, computes each element's map value (the term) and folds the
+//! reduction over the terms, writes the result, and then the epilogue over the same
+//! registers. Where the epilogue reads the map's value itself (`exp(x - m) / s` holds
+//! `exp(x - m)`), the terms are kept (`t{j}`) instead of computed again. The sum's order is
+//! the workgroup's, not the eager launches' (wgpu's fused and eager results may differ in the
+//! last bits of a sum, as its map→reduce fusion's do).
+//!
+//! A division of the epilogue by the reduction's result (softmax's `t / s`) takes the row's
+//! correctly rounded reciprocal once and corrects each quotient to the correctly rounded one
+//! by Markstein's two fused multiply-adds, where the adapter's `fma` is fused and it has f64
+//! (for that one reciprocal) — the same numbers as an f32 division computed in f64 an element,
+//! which bounded the kernel. Operands outside `[2^-60, 2^60]` (where an intermediate could
+//! leave the normal range) take the division.
+
+use super::prelude::{dtypes_of, helpers};
+use super::reduce::{decode, fold, identity, shared_value, workgroup_arrays, workgroup_tree};
+use super::softmax::MAX_CACHED;
+use super::{binding, cast, compute_type, load, round_to, scalar_lets, store, Caps, ENTRY};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::ir::{BinaryOp, Expr, Node, ReduceOp};
+use strata_core::lower::operands::ReduceMap;
+use strata_core::{DType, Error, Result};
+
+/// Invocations a row: one workgroup.
+pub(crate) const GROUP: usize = 256;
+
+/// The longest row staged: [`MAX_CACHED`] elements an invocation.
+pub(crate) const MAX_ROW: usize = GROUP * MAX_CACHED;
+
+/// The structure of a staged reduction.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct StagedSig {
+    /// The reduction over the map's values (never one returning a position).
+    pub op: ReduceOp,
+    pub acc: DType,
+    /// The reduction's output dtype.
+    pub out: DType,
+    /// Leading axes decoded per row.
+    pub outer_rank: usize,
+    /// The element reduced: the map over input 0 (the rows, a float dtype) and the others.
+    pub map: ReduceMap,
+    /// The prologue: max or min of input 0, written in input 0's dtype, read by the map as
+    /// input `result`.
+    pub prologue: StagedPrologue,
+    pub epilogue: Option<StagedEpilogue>,
+    /// Elements each invocation keeps (a power of two, its share of the row rounded up).
+    pub cached: usize,
+}
+
+impl strata_core::kernel_cache::Owned for StagedSig {}
+
+/// The prologue of a staged reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StagedPrologue {
+    /// Max or min.
+    pub op: ReduceOp,
+    /// The map input that reads it.
+    pub result: usize,
+}
+
+/// The epilogue of a staged reduction: its expression over the map's inputs, the input that
+/// reads the reduction's result, and the dtype it writes (laid out like input 0).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct StagedEpilogue {
+    pub expr: Expr,
+    pub result: usize,
+    pub out: DType,
+}
+
+/// Slots in `params`: [0] rows, [1] elements a row, [2] input 0's first element, [3] its
+/// stride along the row, [4] the output's first element, [5] the prologue's, [6] the
+/// epilogue's; then the outer shape, input 0's outer strides, the output's outer strides (the
+/// prologue's and every input holding one value per row too), each further input's first
+/// element (by input, from input 1; the results' unused), and two words per scalar.
+pub(crate) struct Slots {
+    pub outer_shape: usize,
+    pub in_outer: usize,
+    pub out_outer: usize,
+    pub bases: usize,
+    pub scalars: usize,
+    pub len: usize,
+}
+
+pub(crate) fn slots(sig: &StagedSig) -> Slots {
+    let ro = sig.outer_rank;
+    let outer_shape = 7;
+    let in_outer = outer_shape + ro;
+    let out_outer = in_outer + ro;
+    let bases = out_outer + ro;
+    let scalars = bases + sig.map.inputs.len() - 1;
+    Slots {
+        outer_shape,
+        in_outer,
+        out_outer,
+        bases,
+        scalars,
+        len: scalars + 2 * sig.map.scalars.len(),
+    }
+}
+
+/// The further inputs bound (all but the results, which the kernel holds itself), in
+/// binding order after the outputs and input 0.
+pub(crate) fn bound_inputs(sig: &StagedSig) -> Vec<usize> {
+    let eres = sig.epilogue.as_ref().map(|e| e.result);
+    (1..sig.map.inputs.len())
+        .filter(|&k| k != sig.prologue.result && Some(k) != eres)
+        .collect()
+}
+
+/// The number of tensor bindings: the output, input 0, the prologue's output, the
+/// epilogue's, then the bound inputs.
+pub(crate) fn bindings(sig: &StagedSig) -> usize {
+    3 + usize::from(sig.epilogue.is_some()) + bound_inputs(sig).len()
+}
+
+/// The WGSL source of a staged reduction.
+pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
+    let m = &sig.map;
+    let d = m.inputs[0];
+    let (ct, k) = (compute_type(d), sig.cached);
+    if !d.is_float() || sig.op.returns_index() || !sig.prologue.op.is_order_free() {
+        return Err(Error::Backend(
+            "internal error: a staged reduction folds a float max or min first".into(),
+        ));
+    }
+    let w = slots(sig);
+    let pres = sig.prologue.result;
+    let mut used = BTreeSet::from([d, sig.acc, sig.out]);
+    dtypes_of(&m.expr, &mut used);
+    used.extend(m.inputs.iter().chain(&m.scalars).copied());
+    if let Some(e) = &sig.epilogue {
+        dtypes_of(&e.expr, &mut used);
+        used.insert(e.out);
+    }
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, sig.out, true, caps));
+    src.push_str(&binding(1, d, false, caps));
+    src.push_str(&binding(2, d, true, caps));
+    let mut slot_of = vec![usize::MAX; m.inputs.len()];
+    let mut slot = 3;
+    if let Some(e) = &sig.epilogue {
+        src.push_str(&binding(3, e.out, true, caps));
+        slot = 4;
+    }
+    for kk in bound_inputs(sig) {
+        src.push_str(&binding(slot, m.inputs[kk], false, caps));
+        slot_of[kk] = slot;
+        slot += 1;
+    }
+    src.push_str(&helpers(&used, caps));
+    let _ = writeln!(src, "var<workgroup> shp: array<{ct}, {GROUP}>;");
+    src.push_str(&workgroup_arrays(sig.acc));
+    src.push_str(ENTRY);
+    src.push_str(
+        "  let rows = params[0];\n  let n = params[1];\n  let ins = bitcast<i32>(params[3]);\n",
+    );
+    scalar_lets(&m.scalars, w.scalars, caps, &mut src);
+    // The row loop is uniform across the workgroup (its barriers need that).
+    src.push_str(
+        "  for (var row = wg.y * nwg.x + wg.x; row < rows; row = row + nwg.x * nwg.y) {\n",
+    );
+    src.push_str(
+        "    var ib = i32(params[2]);\n    var ob = i32(params[4]);\n    var rem = row;\n",
+    );
+    decode(
+        &mut src,
+        "    ",
+        "rem",
+        sig.outer_rank,
+        w.outer_shape,
+        &[("ib", w.in_outer), ("ob", w.out_outer)],
+    );
+    // Positions within the row's operands: `xb` from input 0's first element (inputs laid
+    // out like it, the epilogue's output), `pb` from the output's (one value a row).
+    src.push_str("    let xb = ib - i32(params[2]);\n    let pb = ob - i32(params[4]);\n");
+    // Input `kk` (neither result) at element `r` of the row.
+    let operand = |kk: usize, r: &str| {
+        let base = format!("bitcast<i32>(params[{}])", w.bases + kk - 1);
+        let at = if m.per_output[kk] {
+            format!("u32({base} + pb)")
+        } else {
+            format!("u32({base} + xb + i32({r}) * ins)")
+        };
+        load(m.inputs[kk], &format!("b{}", slot_of[kk]), &at, caps)
+    };
+
+    // 1. The row into registers, every load in flight before the fold (past the row's end:
+    // the prologue's identity), and the prologue over the workgroup.
+    let (bound, f) = match (sig.prologue.op, ct) {
+        (ReduceOp::Max, "f64") => ("bitcast<f64>(0xfff0000000000000lu)", "fmax"),
+        (ReduceOp::Max, _) => ("bitcast<f32>(0xff800000u)", "fmax"),
+        (_, "f64") => ("bitcast<f64>(0x7ff0000000000000lu)", "fmin"),
+        _ => ("bitcast<f32>(0x7f800000u)", "fmin"),
+    };
+    for j in 0..k {
+        let x = load(
+            d,
+            "b1",
+            &format!("u32(ib + i32(min(r{j}, n - 1u)) * ins)"),
+            caps,
+        );
+        let _ = writeln!(
+            src,
+            "    let r{j} = lid + {j}u * {GROUP}u;\n    var e{j}: {ct} = select({bound}, {x}, r{j} < n);"
+        );
+    }
+    let _ = writeln!(src, "    var pm: {ct} = {bound};");
+    for j in 0..k {
+        let _ = writeln!(src, "    pm = {f}_{ct}(pm, e{j});");
+    }
+    let _ = writeln!(
+        src,
+        "    shp[lid] = pm;\n    workgroupBarrier();\n    \
+         for (var s = {}u; s > 0u; s = s >> 1u) {{\n      \
+         if (lid < s) {{ shp[lid] = {f}_{ct}(shp[lid], shp[lid + s]); }}\n      \
+         workgroupBarrier();\n    }}\n    pm = shp[0];\n    workgroupBarrier();",
+        GROUP / 2
+    );
+    let _ = writeln!(
+        src,
+        "    if (lid == 0u) {{ {} }}\n    let x{pres} = pm;",
+        store(d, "b2", "u32(i32(params[5]) + pb)", "pm", caps)
+    );
+
+    // 2. Each element's term, folded; the terms kept where the epilogue reads them.
+    let term = m.inputs.len();
+    let epilogue = sig.epilogue.as_ref().map(|e| {
+        let with = with_term(&e.expr, &m.expr, term);
+        // (Kept terms replace the elements; an epilogue that still reads input 0 computes
+        // the map again from them instead.)
+        if with.reads_input(term) && !with.reads_input(0) {
+            (with, true)
+        } else {
+            (e.expr.clone(), false)
+        }
+    });
+    let keep = epilogue.as_ref().is_some_and(|(_, keep)| *keep);
+    let mt = compute_type(m.expr.dtype);
+    if keep {
+        for j in 0..k {
+            let _ = writeln!(src, "    var t{j}: {mt};");
+        }
+    }
+    let _ = writeln!(
+        src,
+        "    var acc: {} = {};\n    var best = 0u;\n    var has = false;",
+        compute_type(sig.acc),
+        identity(sig.op, sig.acc)
+    );
+    let mut next = 0;
+    for j in 0..k {
+        let _ = writeln!(src, "    if (r{j} < n) {{\n      let x0 = e{j};");
+        for kk in 1..m.inputs.len() {
+            if kk != pres && m.expr.reads_input(kk) {
+                let _ = writeln!(src, "      let x{kk} = {};", operand(kk, &format!("r{j}")));
+            }
+        }
+        let mut body = String::new();
+        let t = super::expr::emit_tree(&m.expr, &mut body, &mut next, caps)?;
+        for line in body.lines() {
+            let _ = writeln!(src, "    {line}");
+        }
+        if keep {
+            let _ = writeln!(src, "      t{j} = {t};");
+        }
+        let v = cast(&t, m.expr.dtype, sig.acc, false);
+        let _ = writeln!(src, "      {}\n    }}", fold(sig.op, sig.acc, &v, "0u"));
+    }
+    src.push_str(&workgroup_tree(sig.op, sig.acc, "    "));
+    let _ = writeln!(
+        src,
+        "    acc = {}; has = shh[0] != 0u;\n    workgroupBarrier();",
+        shared_value(sig.acc, "0")
+    );
+    let _ = writeln!(
+        src,
+        "    let res = {};\n    if (lid == 0u) {{ {} }}",
+        cast("acc", sig.acc, sig.out, false),
+        store(sig.out, "b0", "u32(ob)", "res", caps)
+    );
+
+    // 3. The epilogue over the same registers.
+    if let (Some(e), Some((expr, keep))) = (&sig.epilogue, &epilogue) {
+        let eres = e.result;
+        let _ = writeln!(src, "    let x{eres} = res;");
+        // `a / s` by the row's result: its reciprocal once (see the module's note).
+        let quotient = match &expr.node {
+            Node::Binary(BinaryOp::Div, a, b)
+                if **b == Expr::input(eres, sig.out)
+                    && compute_type(expr.dtype) == "f32"
+                    && compute_type(sig.out) == "f32"
+                    && caps.fused_fma
+                    && caps.f64 =>
+            {
+                let _ = writeln!(
+                    src,
+                    "    let rs = div_f32(1.0f, x{eres});\n    let us = bitcast<u32>(x{eres}) & 0x7fffffffu;\n    \
+                     let fast = us >= 0x21800000u && us <= 0x5d800000u;"
+                );
+                Some(a.as_ref())
+            }
+            _ => None,
+        };
+        for j in 0..k {
+            let _ = writeln!(src, "    if (r{j} < n) {{");
+            if *keep {
+                let _ = writeln!(src, "      let x{term} = t{j};");
+            } else {
+                let _ = writeln!(src, "      let x0 = e{j};");
+            }
+            for kk in 1..m.inputs.len() {
+                if kk != pres && kk != eres && expr.reads_input(kk) {
+                    let _ = writeln!(src, "      let x{kk} = {};", operand(kk, &format!("r{j}")));
+                }
+            }
+            let mut body = String::new();
+            let y = match quotient {
+                Some(a) => {
+                    let a = super::expr::emit_tree(a, &mut body, &mut next, caps)?;
+                    let _ = writeln!(
+                        body,
+                        "      let qa = f32({a});\n      let ua = bitcast<u32>(qa) & 0x7fffffffu;\n      \
+                         var q = 0.0f;\n      \
+                         if (fast && ((ua >= 0x21800000u && ua <= 0x5d800000u) || ua == 0u)) {{\n        \
+                         let q0 = qa * rs;\n        q = fma(fma(-q0, x{eres}, qa), rs, q0);\n      \
+                         }} else {{\n        q = div_f32(qa, x{eres});\n      }}"
+                    );
+                    round_to(expr.dtype, "q".into())
+                }
+                None => super::expr::emit_tree(expr, &mut body, &mut next, caps)?,
+            };
+            for line in body.lines() {
+                let _ = writeln!(src, "    {line}");
+            }
+            let at = format!("u32(i32(params[6]) + xb + i32(r{j}) * ins)");
+            let value = cast(&y, expr.dtype, e.out, false);
+            let _ = writeln!(
+                src,
+                "      {}\n    }}",
+                store(e.out, "b3", &at, &value, caps)
+            );
+        }
+    }
+    src.push_str("  }\n}\n");
+    Ok(src)
+}
+
+/// `e` with every subtree equal to `map` read as input `term` instead.
+fn with_term(e: &Expr, map: &Expr, term: usize) -> Expr {
+    if e == map {
+        return Expr::input(term, map.dtype);
+    }
+    e.map_children(|c| with_term(c, map, term))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::ir::UnaryOp;
+
+    /// Softmax from its primitives over `d`: the map `exp(x0 - x1)` (x1 the maximum), summed
+    /// in f32, and the epilogue `exp(x0 - x1) / x2` (x2 the sum).
+    pub(crate) fn softmax_sig(d: DType, cached: usize) -> StagedSig {
+        let x = |k| Box::new(Expr::input(k, d));
+        let node = |node| Expr { dtype: d, node };
+        let exp = node(Node::Unary(
+            UnaryOp::Exp,
+            Box::new(node(Node::Binary(BinaryOp::Sub, x(0), x(1)))),
+        ));
+        let div = node(Node::Binary(BinaryOp::Div, Box::new(exp.clone()), x(2)));
+        StagedSig {
+            op: ReduceOp::Sum,
+            acc: d.accumulator(),
+            out: d,
+            outer_rank: 1,
+            map: ReduceMap {
+                expr: exp,
+                inputs: vec![d, d, d],
+                per_output: vec![false, true, true],
+                scalars: vec![],
+            },
+            prologue: StagedPrologue {
+                op: ReduceOp::Max,
+                result: 1,
+            },
+            epilogue: Some(StagedEpilogue {
+                expr: div,
+                result: 2,
+                out: d,
+            }),
+            cached,
+        }
+    }
+
+    #[test]
+    fn softmax_from_primitives_reads_the_row_once_and_keeps_its_terms() {
+        let sig = softmax_sig(DType::F32, 4);
+        let src = source(&sig, Caps::default()).unwrap();
+        let kernel = &src[src.find("@compute").unwrap()..];
+        // One load per kept element; one exp per element (the terms are kept).
+        assert_eq!(kernel.matches("bitcast<f32>(b1[").count(), 4, "{kernel}");
+        assert_eq!(kernel.matches("exp_").count(), 4, "{kernel}");
+        assert_eq!(kernel.matches("t3 = ").count(), 1, "{kernel}");
+        // The results are held, not bound: output, input 0, prologue, epilogue.
+        assert_eq!(bindings(&sig), 4);
+        assert!(!kernel.contains("b4"), "{kernel}");
+        // Without a fused fma, the division as the map would compute it.
+        assert_eq!(kernel.matches("div_f32(").count(), 4, "{kernel}");
+        assert!(!kernel.contains("fma("), "{kernel}");
+    }
+
+    #[test]
+    fn with_a_fused_fma_a_row_divides_once() {
+        let caps = Caps {
+            fused_fma: true,
+            f64: true,
+            ..Caps::default()
+        };
+        let src = source(&softmax_sig(DType::F32, 4), caps).unwrap();
+        let kernel = &src[src.find("@compute").unwrap()..];
+        assert_eq!(
+            kernel.matches("let rs = div_f32(1.0f, x2)").count(),
+            1,
+            "{kernel}"
+        );
+        assert_eq!(
+            kernel.matches("fma(fma(-q0, x2, qa), rs, q0)").count(),
+            4,
+            "{kernel}"
+        );
+        // f16 rounds the corrected quotient.
+        let half = source(&softmax_sig(DType::F16, 2), caps).unwrap();
+        assert!(half.contains("round_f16(q)"), "{half}");
+    }
+
+    #[test]
+    fn an_epilogue_that_reads_the_row_computes_the_map_again() {
+        // `(x0 - x1) * x2`: no term to keep; the elements stay.
+        let mut sig = softmax_sig(DType::F32, 2);
+        let x = |k| Box::new(Expr::input(k, DType::F32));
+        let sub = Expr {
+            dtype: DType::F32,
+            node: Node::Binary(BinaryOp::Sub, x(0), x(1)),
+        };
+        sig.epilogue.as_mut().unwrap().expr = Expr {
+            dtype: DType::F32,
+            node: Node::Binary(BinaryOp::Mul, Box::new(sub), x(2)),
+        };
+        let src = source(&sig, Caps::default()).unwrap();
+        assert!(!src.contains("var t0"), "{src}");
+        assert_eq!(src.matches("let x0 = e1;").count(), 2, "{src}");
+    }
+}
