@@ -15,8 +15,8 @@
 //! correctly rounded reciprocal once and corrects each quotient to the correctly rounded one
 //! by Markstein's two fused multiply-adds, where the adapter's `fma` is fused and it has f64
 //! (for that one reciprocal) — the same numbers as an f32 division computed in f64 an element,
-//! which bounded the kernel. Operands outside `[2^-60, 2^60]` (where an intermediate could
-//! leave the normal range) take the division.
+//! which bounded the kernel. A row whose `s` lies outside `[1, 2^60]` (where an intermediate
+//! could leave the normal range; softmax's sums lie within) takes the division.
 
 use super::prelude::{dtypes_of, helpers};
 use super::reduce::{decode, fold, identity, shared_value, workgroup_arrays, workgroup_tree};
@@ -290,7 +290,9 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     if let (Some(e), Some((expr, keep))) = (&sig.epilogue, &epilogue) {
         let eres = e.result;
         let _ = writeln!(src, "    let x{eres} = res;");
-        // `a / s` by the row's result: its reciprocal once (see the module's note).
+        // `a / s` by the row's result: its reciprocal once (see the module's note), where the
+        // row's `s` allows; the branch is the row's, never an element's (a branch an element
+        // with the division in it made the whole kernel twice as slow on NVIDIA's driver).
         let quotient = match &expr.node {
             Node::Binary(BinaryOp::Div, a, b)
                 if **b == Expr::input(eres, sig.out)
@@ -299,17 +301,11 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
                     && caps.fused_fma
                     && caps.f64 =>
             {
-                let _ = writeln!(
-                    src,
-                    "    let rs = div_f32(1.0f, x{eres});\n    let us = bitcast<u32>(x{eres}) & 0x7fffffffu;\n    \
-                     let fast = us >= 0x21800000u && us <= 0x5d800000u;"
-                );
                 Some(a.as_ref())
             }
             _ => None,
         };
-        for j in 0..k {
-            let _ = writeln!(src, "    if (r{j} < n) {{");
+        let operands = |src: &mut String, j: usize| {
             if *keep {
                 let _ = writeln!(src, "      let x{term} = t{j};");
             } else {
@@ -320,32 +316,54 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
                     let _ = writeln!(src, "      let x{kk} = {};", operand(kk, &format!("r{j}")));
                 }
             }
-            let mut body = String::new();
-            let y = match quotient {
-                Some(a) => {
-                    let a = super::expr::emit_tree(a, &mut body, &mut next, caps)?;
-                    let _ = writeln!(
-                        body,
-                        "      let qa = f32({a});\n      let ua = bitcast<u32>(qa) & 0x7fffffffu;\n      \
-                         var q = 0.0f;\n      \
-                         if (fast && ((ua >= 0x21800000u && ua <= 0x5d800000u) || ua == 0u)) {{\n        \
-                         let q0 = qa * rs;\n        q = fma(fma(-q0, x{eres}, qa), rs, q0);\n      \
-                         }} else {{\n        q = div_f32(qa, x{eres});\n      }}"
-                    );
-                    round_to(expr.dtype, "q".into())
-                }
-                None => super::expr::emit_tree(expr, &mut body, &mut next, caps)?,
-            };
+        };
+        let store_at = |src: &mut String, j: usize, body: &str, y: &str| {
             for line in body.lines() {
                 let _ = writeln!(src, "    {line}");
             }
             let at = format!("u32(i32(params[6]) + xb + i32(r{j}) * ins)");
-            let value = cast(&y, expr.dtype, e.out, false);
+            let value = cast(y, expr.dtype, e.out, false);
             let _ = writeln!(
                 src,
                 "      {}\n    }}",
                 store(e.out, "b3", &at, &value, caps)
             );
+        };
+        if let Some(a) = quotient {
+            // With 1 <= |s| <= 2^60 (softmax's sums), `a · r` cannot overflow for a finite
+            // `a` and the residual is exact; an infinite `a` (NaN from the correction, a
+            // finite `s`) gives the signed infinity. (NaN tested on its bits: NVIDIA's driver
+            // folds `x != x`.)
+            let _ = writeln!(
+                src,
+                "    let rs = div_f32(1.0f, x{eres});\n    let us = bitcast<u32>(x{eres}) & 0x7fffffffu;\n    \
+                 if (us >= 0x3f800000u && us <= 0x5d800000u) {{"
+            );
+            for j in 0..k {
+                let _ = writeln!(src, "    if (r{j} < n) {{");
+                operands(&mut src, j);
+                let mut body = String::new();
+                let a = super::expr::emit_tree(a, &mut body, &mut next, caps)?;
+                let _ = writeln!(
+                    body,
+                    "      let qa = {a};\n      let q0 = qa * rs;\n      \
+                     var q = fma(fma(-q0, x{eres}, qa), rs, q0);\n      \
+                     let inf = bitcast<f32>(((bitcast<u32>(qa) ^ bitcast<u32>(x{eres})) & 0x80000000u) | 0x7f800000u);\n      \
+                     q = select(q, inf, (bitcast<u32>(q) & 0x7fffffffu) > 0x7f800000u && (bitcast<u32>(qa) & 0x7fffffffu) <= 0x7f800000u);"
+                );
+                store_at(&mut src, j, &body, &round_to(expr.dtype, "q".into()));
+            }
+            src.push_str("    } else {\n");
+        }
+        for j in 0..k {
+            let _ = writeln!(src, "    if (r{j} < n) {{");
+            operands(&mut src, j);
+            let mut body = String::new();
+            let y = super::expr::emit_tree(expr, &mut body, &mut next, caps)?;
+            store_at(&mut src, j, &body, &y);
+        }
+        if quotient.is_some() {
+            src.push_str("    }\n");
         }
     }
     src.push_str("  }\n}\n");
