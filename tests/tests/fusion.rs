@@ -965,6 +965,40 @@ fn prior_reductions(dev: &Device) -> Result<()> {
     let want = if epilogue { 1 } else { 5 - 2 * two - one };
     assert_eq!(n, want, "softmax kernels");
 
+    // The zero's sign and NaN of a maximum or minimum computed as a prologue, bit for bit on
+    // every backend: rows whose extremum is +0 beside -0, -0 alone, and NaN.
+    // (Rows of 512: on wgpu one invocation holds elements 256 apart, and WGSL's `max` of two
+    // zeros may pick either.)
+    let mut z = vec![-1.0f32; 4 * 512];
+    z[3] = 0.0;
+    z[3 + 256] = -0.0; // row 0: max +0
+    z[512 + 10] = -0.0; // row 1: max -0
+    z[1024 + 20] = f32::NAN; // row 2: NaN
+    z[1536..].iter_mut().for_each(|v| *v = 1.0);
+    z[1536 + 5] = -0.0;
+    z[1536 + 5 + 256] = 0.0; // row 3: min -0
+    let zt = Tensor::from_slice(&z, [4, 512], dev)?;
+    for (op, want) in [
+        ("max", [0.0f32, -0.0, f32::NAN, 1.0]),
+        ("min", [-1.0f32, -1.0, f32::NAN, -0.0]),
+    ] {
+        let m = match op {
+            "max" => zt.max(-1, true)?,
+            _ => zt.min(-1, true)?,
+        };
+        let s = (&zt - &m)?.exp()?.sum(-1, false)?;
+        s.realize()?;
+        let got: Vec<u32> = m.to_vec::<f32>()?.iter().map(|v| v.to_bits()).collect();
+        let want: Vec<u32> = want.iter().map(|v| v.to_bits()).collect();
+        let nan = |b: &u32| b & 0x7fff_ffff > 0x7f80_0000;
+        for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g == w || (nan(g) && nan(w)),
+                "{op} of row {r}: {g:#x}, want {w:#x}"
+            );
+        }
+    }
+
     // A deferred maximum is pending until read, runs before a write to its input, and shows
     // in `explain`.
     let a = f32s(&[1.0, 5.0, 3.0, -2.0], dev)?.reshape([2, 2])?;

@@ -15,6 +15,7 @@ use super::reduce::decode;
 use super::{binding, cast, compute_type, load, round_to, store, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
+use strata_core::ir::ReduceOp;
 use strata_core::lower::softmax_plan::{
     log_of_sum, log_softmax_from_log_sum, softmax_from_term, softmax_output, softmax_term,
 };
@@ -152,7 +153,6 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
         "bitcast<f32>(0xff800000u)"
     };
     let max = |a: &str, b: &str| format!("fmax_{ct}({a}, {b})");
-    let _ = writeln!(src, "    var m: {ct} = {neg_inf};");
     if k > 0 {
         // Every load first, none behind a branch (past the row's end: its last element, taken
         // as -inf), so they are all in flight together; then the maximum over them.
@@ -161,13 +161,19 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
             let x = x_at(&format!("min({r}, n - 1u)"));
             let _ = writeln!(src, "    var e{j}: {ct} = select({neg_inf}, {x}, {r} < n);");
         }
-        for j in 0..k {
-            let _ = writeln!(src, "    m = {};", max("m", &format!("e{j}")));
-        }
+        fold_extremum(
+            &mut src,
+            ReduceOp::Max,
+            ct,
+            k,
+            (g > 1).then_some("shm"),
+            "m",
+        );
     } else {
+        let _ = writeln!(src, "    var m: {ct} = {neg_inf};");
         visit(&mut src, &format!("      m = {};", max("m", "x0")));
+        combine(&mut src, "m", "shm", &max);
     }
-    combine(&mut src, "m", "shm", &max);
     // Pass 2: the sum of the terms, each rounded to the dtype, in the accumulator.
     let keep_terms = k > 0 && !sig.log;
     let _ = writeln!(
@@ -228,6 +234,78 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     visit(&mut src, &indent(&body));
     src.push_str("  }\n}\n");
     Ok(src)
+}
+
+/// Declares `var {m}` and folds the kept elements `e0..e{k}` (past the row's end: `op`'s
+/// identity, an infinity) into it by `op`, max or min, with the reduction's rule — NaN wins,
+/// -0 below +0 — every invocation ending with the row's value; `sh`: a workgroup array of
+/// 256 `ct` values to combine through (`None`: one invocation a row). The rule an element
+/// (`fmax_f32`, a branch) cost more than the rest of a softmax's pass: here WGSL's `max` or
+/// `min` an element (either zero where they tie) and a NaN flag, then the row's zero sign
+/// settled once where the extremum is a zero: +0 for a maximum where any element is +0, -0
+/// for a minimum where any is -0.
+pub(crate) fn fold_extremum(
+    src: &mut String,
+    op: ReduceOp,
+    ct: &str,
+    k: usize,
+    sh: Option<&str>,
+    m: &str,
+) {
+    let f64 = ct == "f64";
+    let (bits, nan, zero) = if f64 {
+        ("u64", "bitcast<f64>(0x7ff8000000000000lu)", "0.0lf")
+    } else {
+        ("u32", "bitcast<f32>(0x7fc00000u)", "0.0f")
+    };
+    let (f, inf, signed_zero, other_zero) = match (op, f64) {
+        (ReduceOp::Max, true) => ("max", "0xfff0000000000000lu", "0lu", "0x8000000000000000lu"),
+        (ReduceOp::Max, false) => ("max", "0xff800000u", "0u", "0x80000000u"),
+        (_, true) => ("min", "0x7ff0000000000000lu", "0x8000000000000000lu", "0lu"),
+        (_, false) => ("min", "0x7f800000u", "0x80000000u", "0u"),
+    };
+    let is_nan = |v: &str| super::is_nan(if f64 { DType::F64 } else { DType::F32 }, v);
+    let _ = writeln!(
+        src,
+        "    var {m}: {ct} = bitcast<{ct}>({inf});\n    var {m}n = false;"
+    );
+    for j in 0..k {
+        let _ = writeln!(
+            src,
+            "    {m} = {f}({m}, e{j}); {m}n = {m}n || {};",
+            is_nan(&format!("e{j}"))
+        );
+    }
+    let _ = writeln!(src, "    if ({m}n) {{ {m} = {nan}; }}");
+    // The row's value in every invocation, read as uniform (the zero test branches on it).
+    let tree = |src: &mut String, v: &str, fold: &str| {
+        if let Some(sh) = sh {
+            let _ = writeln!(
+                src,
+                "    {sh}[lid] = {v};\n    workgroupBarrier();\n    \
+                 for (var s = 128u; s > 0u; s = s >> 1u) {{\n      \
+                 if (lid < s) {{ {sh}[lid] = {fold}({sh}[lid], {sh}[lid + s]); }}\n      \
+                 workgroupBarrier();\n    }}\n    {v} = workgroupUniformLoad(&{sh}[0]);"
+            );
+        }
+    };
+    tree(src, m, &format!("f{f}_{ct}"));
+    let _ = writeln!(
+        src,
+        "    if ({m} == {zero}) {{\n    var {m}z: {ct} = {zero};"
+    );
+    for j in 0..k {
+        let _ = writeln!(
+            src,
+            "    if (bitcast<{bits}>(e{j}) == {signed_zero}) {{ {m}z = 1{zero_suffix}; }}",
+            zero_suffix = if f64 { ".0lf" } else { ".0f" }
+        );
+    }
+    tree(src, &format!("{m}z"), "max");
+    let _ = writeln!(
+        src,
+        "    {m} = bitcast<{ct}>(select({other_zero}, {signed_zero}, {m}z > {zero}));\n    }}"
+    );
 }
 
 /// `text`'s lines indented by six spaces where they are not already.

@@ -20,7 +20,7 @@
 
 use super::prelude::{dtypes_of, helpers};
 use super::reduce::{decode, fold, identity, shared_value, workgroup_arrays, workgroup_tree};
-use super::softmax::MAX_CACHED;
+use super::softmax::{fold_extremum, MAX_CACHED};
 use super::{binding, cast, compute_type, load, round_to, scalar_lets, store, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -180,24 +180,32 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     // Positions within the row's operands: `xb` from input 0's first element (inputs laid
     // out like it, the epilogue's output), `pb` from the output's (one value a row).
     src.push_str("    let xb = ib - i32(params[2]);\n    let pb = ob - i32(params[4]);\n");
-    // Input `kk` (neither result) at element `r` of the row.
-    let operand = |kk: usize, r: &str| {
+    // Input `kk` (neither result) at element `r` of the row. (Each base is read from
+    // `params` once a row: after a store the driver must assume `params` changed.)
+    for kk in bound_inputs(sig) {
         let base = format!("bitcast<i32>(params[{}])", w.bases + kk - 1);
+        let at = if m.per_output[kk] { "pb" } else { "xb" };
+        let _ = writeln!(src, "    let base{kk} = {base} + {at};");
+    }
+    if sig.epilogue.is_some() {
+        src.push_str("    let eb = i32(params[6]) + xb;\n");
+    }
+    let operand = |kk: usize, r: &str| {
         let at = if m.per_output[kk] {
-            format!("u32({base} + pb)")
+            format!("u32(base{kk})")
         } else {
-            format!("u32({base} + xb + i32({r}) * ins)")
+            format!("u32(base{kk} + i32({r}) * ins)")
         };
         load(m.inputs[kk], &format!("b{}", slot_of[kk]), &at, caps)
     };
 
     // 1. The row into registers, every load in flight before the fold (past the row's end:
     // the prologue's identity), and the prologue over the workgroup.
-    let (bound, f) = match (sig.prologue.op, ct) {
-        (ReduceOp::Max, "f64") => ("bitcast<f64>(0xfff0000000000000lu)", "fmax"),
-        (ReduceOp::Max, _) => ("bitcast<f32>(0xff800000u)", "fmax"),
-        (_, "f64") => ("bitcast<f64>(0x7ff0000000000000lu)", "fmin"),
-        _ => ("bitcast<f32>(0x7f800000u)", "fmin"),
+    let bound = match (sig.prologue.op, ct) {
+        (ReduceOp::Max, "f64") => "bitcast<f64>(0xfff0000000000000lu)",
+        (ReduceOp::Max, _) => "bitcast<f32>(0xff800000u)",
+        (_, "f64") => "bitcast<f64>(0x7ff0000000000000lu)",
+        _ => "bitcast<f32>(0x7f800000u)",
     };
     for j in 0..k {
         let x = load(
@@ -211,18 +219,7 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
             "    let r{j} = lid + {j}u * {GROUP}u;\n    var e{j}: {ct} = select({bound}, {x}, r{j} < n);"
         );
     }
-    let _ = writeln!(src, "    var pm: {ct} = {bound};");
-    for j in 0..k {
-        let _ = writeln!(src, "    pm = {f}_{ct}(pm, e{j});");
-    }
-    let _ = writeln!(
-        src,
-        "    shp[lid] = pm;\n    workgroupBarrier();\n    \
-         for (var s = {}u; s > 0u; s = s >> 1u) {{\n      \
-         if (lid < s) {{ shp[lid] = {f}_{ct}(shp[lid], shp[lid + s]); }}\n      \
-         workgroupBarrier();\n    }}\n    pm = shp[0];\n    workgroupBarrier();",
-        GROUP / 2
-    );
+    fold_extremum(&mut src, sig.prologue.op, ct, k, Some("shp"), "pm");
     let _ = writeln!(
         src,
         "    if (lid == 0u) {{ {} }}\n    let x{pres} = pm;",
@@ -321,7 +318,7 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
             for line in body.lines() {
                 let _ = writeln!(src, "    {line}");
             }
-            let at = format!("u32(i32(params[6]) + xb + i32(r{j}) * ins)");
+            let at = format!("u32(eb + i32(r{j}) * ins)");
             let value = cast(y, expr.dtype, e.out, false);
             let _ = writeln!(
                 src,
