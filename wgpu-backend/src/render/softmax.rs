@@ -290,9 +290,17 @@ pub(crate) fn fold_extremum(
         }
     };
     tree(src, m, &format!("f{f}_{ct}"));
+    // The zero's sign settled on the value's bits, never a float compare or select: a driver
+    // that does not preserve signed zeros (NVIDIA's) may treat a float zero's fix-up as a no-op.
+    let abs = if f64 {
+        "0x7ffffffffffffffflu"
+    } else {
+        "0x7fffffffu"
+    };
     let _ = writeln!(
         src,
-        "    if ({m} == {zero}) {{\n    var {m}z: {ct} = {zero};"
+        "    var {m}b = bitcast<{bits}>({m});\n    if (({m}b & {abs}) == {}) {{\n    var {m}z: {ct} = {zero};",
+        if f64 { "0lu" } else { "0u" }
     );
     for j in 0..k {
         let _ = writeln!(
@@ -304,7 +312,7 @@ pub(crate) fn fold_extremum(
     tree(src, &format!("{m}z"), "max");
     let _ = writeln!(
         src,
-        "    {m} = bitcast<{ct}>(select({other_zero}, {signed_zero}, {m}z > {zero}));\n    }}"
+        "    {m}b = select({other_zero}, {signed_zero}, {m}z > {zero});\n    }}\n    {m} = bitcast<{ct}>({m}b);"
     );
 }
 
