@@ -21,7 +21,8 @@ impl WgpuBackend {
     /// The one dispatch of `kernel` (a `Reduce` with a row prologue) over `args`, or `None`
     /// when it does not stage: a reduction returning a position, a prologue not over input 0,
     /// rows longer than [`MAX_ROW`] or of integers, an epilogue written in another layout than
-    /// the rows, an operand larger than a binding, or an input sharing an output's buffer.
+    /// the rows, an operand larger than a binding (or of 2^31 elements), or an input sharing
+    /// an output's buffer.
     pub(crate) fn staged_steps(
         &self,
         kernel: &Kernel,
@@ -121,7 +122,8 @@ impl WgpuBackend {
             let bytes = (o.buffer.len_bytes().max(1) as u64)
                 .next_multiple_of(16)
                 .min(operand_info(o)?.bytes);
-            if bytes > self.binding_limit() {
+            // (The kernel's element offsets are `i32`.)
+            if bytes > self.binding_limit() || bytes / o.dtype.itemsize() as u64 > i32::MAX as u64 {
                 return Ok(None);
             }
             binds.push(Bind::Operand {
