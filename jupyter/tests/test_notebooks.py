@@ -391,18 +391,16 @@ def test_fusion_notebook_shows_one_kernel_and_its_savings(device):
     assert "doubled is pending: false" in broken and "kernel 1 (ran)" in broken, broken
     kept = stream(tagged(nb, "multi-output")[0], "stdout")
     assert "h pending: false, z pending: false" in kept, kept
-    # The prose says the row maximum and the sum wait on the CPU and CUDA (deferred), run at
-    # once on wgpu, and that softmax written by hand is one kernel there (a row epilogue).
-    deferred = "false" if device == "wgpu" else "true"
+    # The prose says the row maximum and the sum wait on every backend (deferred), and that
+    # softmax written by hand is one kernel (a row epilogue).
     m = stream(tagged(nb, "deferred-max")[0], "stdout")
-    assert f"m pending: {deferred}, e pending: true" in m, m
+    assert "m pending: true, e pending: true" in m, m
     cell = tagged(nb, "deferred-max-runs")[0]
     ran = stream(cell, "stdout")
-    assert f"m pending: {deferred}, s pending: {deferred}, p pending: true" in ran, ran
-    if device != "wgpu":
-        html = data(cell, "text/html")
-        assert "kernel 1 (pending): sum → sub → exp → div" in html, html
-        assert "row epilogue" in html and "kernel 2" not in html, html
+    assert "m pending: true, s pending: true, p pending: true" in ran, ran
+    html = data(cell, "text/html")
+    assert "kernel 1 (pending): sum → sub → exp → div" in html, html
+    assert "row epilogue" in html and "kernel 2" not in html, html
     assert "also out1 = in0 * in1" in kept and "(an intermediate still held)" in kept, kept
 
 
