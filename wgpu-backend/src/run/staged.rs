@@ -101,13 +101,6 @@ impl WgpuBackend {
         }
         let further = staged::bound_inputs(&sig);
         bound.extend(further.iter().map(|&k| outputs + k));
-        let operand = |k: usize| -> &Operand {
-            if k < outputs {
-                &args.outputs[k]
-            } else {
-                &args.inputs[k - outputs]
-            }
-        };
         // Inputs are read while the outputs are written: no buffer may be both.
         let shares = |a: &Operand, b: &Operand| std::sync::Arc::ptr_eq(&a.buffer, &b.buffer);
         let aliased = std::iter::once(0)
@@ -118,7 +111,7 @@ impl WgpuBackend {
         }
         let mut binds = Vec::with_capacity(bound.len());
         for &k in &bound {
-            let o = operand(k);
+            let o = super::operand(args, k)?;
             let bytes = (o.buffer.len_bytes().max(1) as u64)
                 .next_multiple_of(16)
                 .min(operand_info(o)?.bytes);
