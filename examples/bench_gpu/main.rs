@@ -166,6 +166,33 @@ fn row(op: &str, ms: f64, bytes: f64, flops: f64) {
     println!("{{\"op\": \"{op}\", \"ms\": {ms:.6}, \"bytes\": {bytes}, \"flops\": {flops}}}");
 }
 
+/// `bench_gpu matmul [--device cuda|wgpu] [--gemm K]`: K³ products of every float dtype (f64
+/// at K/4), one row each with its FLOP count (the device's display names the f16 path).
+fn matmuls(dev: &Device, k: usize) -> Result<()> {
+    eprintln!("device: {}", dev.name());
+    for (name, value) in dev.backend().properties() {
+        eprintln!("  {name}: {value}");
+    }
+    let mut g = strata::random::Generator::new(2);
+    let x = Tensor::rand([k, k], DType::F32, &mut g, dev)?;
+    let y = Tensor::rand([k, k], DType::F32, &mut g, dev)?;
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+        let side = if dtype == DType::F64 { k / 4 } else { k };
+        let (a, b) = (
+            x.slice(s![..side, ..side])?.to_dtype(dtype)?,
+            y.slice(s![..side, ..side])?.to_dtype(dtype)?,
+        );
+        let ms = time(dev, 1, || keep(a.matmul(&b)))?;
+        row(
+            &format!("matmul-{side}-{dtype}"),
+            ms,
+            0.0,
+            2.0 * (side * side * side) as f64,
+        );
+    }
+    Ok(())
+}
+
 fn first_op() -> Result<()> {
     let t0 = Instant::now();
     let dev = Device::cuda(0)?;
@@ -874,6 +901,13 @@ fn main() -> Result<()> {
             return peer_copies(1 << log2n);
         }
         Some("host") => return host_costs(&Device::cuda(0)?),
+        Some("matmul") => {
+            let k: usize = arg("--gemm", "8192").parse().unwrap_or(8192);
+            return match arg("--device", "cuda").as_str() {
+                "wgpu" => matmuls(&Device::wgpu()?, k),
+                _ => matmuls(&Device::cuda(0)?, k),
+            };
+        }
         Some(mode @ ("mlp" | "optim" | "backward" | "cnn")) => {
             let dev = match arg("--device", "cuda").as_str() {
                 "wgpu" => Device::wgpu()?,

@@ -2,6 +2,7 @@
 //! Tolerance: relative 1e-5 for f32, 1e-12 for f64, 1e-2 for 16-bit floats; integers exact.
 
 use strata::prelude::*;
+use strata::RecordKind;
 use strata_tests::{indices, test_device};
 
 fn make(dtype: DType, shape: &[usize], seed: usize, dev: &Device) -> Result<Tensor> {
@@ -277,3 +278,57 @@ fn multi_tile(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(products_across_several_tiles, multi_tile);
+
+/// f16 products of fractional values over a long depth, against an f64 reference rounded to
+/// f16: the sums must be accumulated in f32 (an f16 accumulator is off by several units in the
+/// last place at this depth). Several tiles with ragged edges, a batch, A transposed and B
+/// with every other column. Where the device reports cooperative matrices for f16 matmuls
+/// (wgpu on NVIDIA's Vulkan driver), the profiler shows that kernel ran.
+fn f16_products(dev: &Device) -> Result<()> {
+    let (batch, m, k, n) = (2usize, 150usize, 300usize, 140usize);
+    let vals = |count: usize, seed: usize| -> Vec<f64> {
+        (0..count)
+            .map(|i| ((i * 37 + seed) % 101) as f64 / 64.0 - 0.78)
+            .collect()
+    };
+    let a = Tensor::from_slice(&vals(batch * k * m, 1), [batch, k, m], dev)?
+        .to_dtype(DType::F16)?
+        .transpose(1, 2)?;
+    let b = Tensor::from_slice(&vals(batch * k * 2 * n, 2), [batch, k, 2 * n], dev)?
+        .to_dtype(DType::F16)?
+        .slice(s![.., .., ..;2])?;
+    let (shape, want) = reference(&a, &b, DType::F64)?;
+    let coop = dev
+        .backend()
+        .properties()
+        .iter()
+        .any(|(name, value)| *name == "f16 matmul" && value.starts_with("cooperative"));
+    let mut got = None;
+    let p = dev.profile(|| {
+        let t = a.matmul(&b)?;
+        t.realize()?;
+        got = Some(t);
+        Ok(())
+    })?;
+    let got = got.expect("the product ran");
+    assert_eq!(got.shape(), &shape[..]);
+    for (i, (g, w)) in host(&got)?.into_iter().zip(want).enumerate() {
+        let w = w.to_f64();
+        let w16 = Scalar::F64(w).cast(DType::F16, false).to_f64();
+        assert!(
+            (g.to_f64() - w16).abs() <= 2e-3 * w.abs().max(1.0),
+            "f16 product element {i}: got {g:?}, want {w16} ({w})"
+        );
+    }
+    if coop {
+        let names: Vec<&str> = p
+            .records
+            .iter()
+            .filter(|r| r.kind == RecordKind::Kernel)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names, ["strata_matmul_coop"], "on {}", dev.name());
+    }
+    Ok(())
+}
+test_device!(f16_products_accumulate_in_f32, f16_products);

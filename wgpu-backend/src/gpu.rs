@@ -42,6 +42,30 @@ pub struct AdapterSummary {
     pub limits: wgpu::Limits,
 }
 
+/// Whether the adapter can run [`crate::render::coop_matmul`]: 16×16×16 f16 cooperative
+/// matrices accumulating in f32 at subgroup scope, native f16, subgroups of exactly 32 (the
+/// kernel's eight subgroups a workgroup) and the workgroup memory it stages in.
+fn coop_f16_offered(
+    adapter: &wgpu::Adapter,
+    info: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+) -> bool {
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SUBGROUP
+        | wgpu::Features::SHADER_F16;
+    use wgpu::CooperativeScalarType as T;
+    adapter.features().contains(needed)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && limits.max_compute_workgroup_storage_size >= crate::render::coop_matmul::WORKGROUP_BYTES
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == T::F16
+                && p.cr_type == T::F32
+        })
+        && std::env::var("STRATA_WGPU_F16").as_deref() != Ok("packed")
+}
+
 pub(crate) struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -182,13 +206,29 @@ impl Gpu {
             | wgpu::Features::SHADER_INT64
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::SUBGROUP;
-        let features = offered & wanted_features;
         let limits = adapter.limits();
+        let coop_f16 = coop_f16_offered(&adapter, &info, &limits)
+            && std::env::var("STRATA_WGPU_COOP").as_deref() != Ok("0");
+        let features = offered
+            & (wanted_features
+                | if coop_f16 {
+                    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+                } else {
+                    wgpu::Features::empty()
+                });
+        // SAFETY: the experimental feature (cooperative matrices) is asked for only where the
+        // adapter reports the one configuration strata's f16 matmul uses, and only that
+        // generated kernel uses it; every other shader is compiled as without it.
+        let experimental_features = if coop_f16 {
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("strata"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -208,6 +248,7 @@ impl Gpu {
                 && std::env::var("STRATA_WGPU_F16").as_deref() != Ok("packed"),
             // Probed below, once the device can run a kernel.
             fused_fma: false,
+            coop_f16,
         };
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata params"),

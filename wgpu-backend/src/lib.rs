@@ -267,6 +267,33 @@ impl Backend for WgpuBackend {
         format!("wgpu:{} ({:?})", self.gpu.info.name, self.gpu.info.backend)
     }
 
+    fn properties(&self) -> Vec<(&'static str, String)> {
+        let caps = self.gpu.caps;
+        let yes_no = |b: bool| if b { "yes" } else { "no" };
+        vec![
+            (
+                "f16 storage",
+                if caps.f16 {
+                    "native"
+                } else {
+                    "packed in u32 words"
+                }
+                .to_string(),
+            ),
+            ("f64", yes_no(caps.f64).to_string()),
+            ("i64 / u64", yes_no(caps.int64).to_string()),
+            (
+                "f16 matmul",
+                if caps.coop_f16 {
+                    "cooperative matrices (16×16×16, f32 accumulation)"
+                } else {
+                    "tiles in f32"
+                }
+                .to_string(),
+            ),
+        ]
+    }
+
     fn check_dtype(&self, dtype: DType) -> Result<()> {
         let caps = self.gpu.caps;
         let missing = match dtype {

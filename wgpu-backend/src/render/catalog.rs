@@ -22,6 +22,7 @@ const CAPS: Caps = Caps {
     int64: true,
     f16: false,
     fused_fma: false,
+    coop_f16: false,
 };
 
 /// Metal and DX12 adapters as wgpu exposes them: 64-bit integers and f16, no f64; a fused `fma`
@@ -31,6 +32,7 @@ const PORTABLE: Caps = Caps {
     int64: true,
     f16: true,
     fused_fma: true,
+    coop_f16: false,
 };
 
 /// Where a generated module must compile.
@@ -537,6 +539,43 @@ fn map_reduce_variants_validate() {
     }
 }
 
+/// The f16 matmul on cooperative matrices (Vulkan only: wgpu offers them there and on Metal
+/// in 8×8 f32 only), validated with the capabilities it needs and written as SPIR-V: the
+/// cooperative types and the Vulkan memory model they bring are emitted only by that writer.
+#[test]
+fn cooperative_matmul_validates_and_writes_spirv() {
+    use naga::valid::Capabilities as C;
+    let caps = Caps {
+        f16: true,
+        coop_f16: true,
+        ..CAPS
+    };
+    let sig = matmul::MatmulSig {
+        dtype: DType::F16,
+        acc: DType::F32,
+        coop: true,
+    };
+    let src = matmul::source(&sig, caps);
+    assert!(src.contains("coopMultiplyAdd"), "{src}");
+    let module = naga::front::wgsl::parse_str(&src)
+        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+    let needs =
+        C::FLOAT64 | C::SHADER_INT64 | C::SHADER_FLOAT16 | C::COOPERATIVE_MATRIX | C::SUBGROUP;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), needs)
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+    let words = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+        .unwrap_or_else(|e| panic!("SPIR-V: {e}\n{src}"));
+    assert!(words.len() > 100);
+    // Without the capability the module is refused: the tiled kernel is what such adapters get.
+    assert!(naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        needs - C::COOPERATIVE_MATRIX
+    )
+    .validate(&module)
+    .is_err());
+}
+
 #[test]
 fn matmul_and_index_variants_validate() {
     for d in DType::ALL {
@@ -545,10 +584,12 @@ fn matmul_and_index_variants_validate() {
             _ => d,
         };
         for (caps, targets) in caps_for(&[d]) {
-            check(
-                &matmul::source(&matmul::MatmulSig { dtype: d, acc }, caps),
-                targets,
-            );
+            let sig = matmul::MatmulSig {
+                dtype: d,
+                acc,
+                coop: false,
+            };
+            check(&matmul::source(&sig, caps), targets);
         }
         for (kind, flagged, rows) in [
             (IndexKind::Gather, false, false),

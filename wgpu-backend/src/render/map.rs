@@ -742,6 +742,7 @@ mod tests {
             int64: true,
             f16: false,
             fused_fma: false,
+            coop_f16: false,
         };
         let src = source(&sig, caps).unwrap();
         let body = &src[src.find("@compute").unwrap()..];

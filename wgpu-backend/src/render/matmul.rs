@@ -35,6 +35,8 @@ const STAGED: usize = TILE * DEPTH / 256;
 pub(crate) struct MatmulSig {
     pub dtype: DType,
     pub acc: DType,
+    /// On cooperative matrices ([`super::coop_matmul`]; f16 accumulating in f32 only).
+    pub coop: bool,
 }
 
 impl strata_core::kernel_cache::Owned for MatmulSig {}
@@ -45,6 +47,9 @@ pub(crate) const PARAM_WORDS: usize = 20;
 
 /// The WGSL source of a matmul launch (bindings: 0 C, 1 A, 2 B).
 pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
+    if sig.coop {
+        return super::coop_matmul::source(caps);
+    }
     let (d, acc) = (sig.dtype, sig.acc);
     let at = compute_type(acc);
     let zero = literal(acc, 0);

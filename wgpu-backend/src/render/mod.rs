@@ -17,6 +17,7 @@
 #[cfg(test)]
 mod catalog;
 pub(crate) mod conv;
+pub(crate) mod coop_matmul;
 pub(crate) mod expr;
 pub(crate) mod histogram;
 pub(crate) mod index;
@@ -44,6 +45,11 @@ pub struct Caps {
     /// rounded multiply and add, as lavapipe does). Where it does, the f32 square root is
     /// correctly rounded from an exact residual, without f64.
     pub fused_fma: bool,
+    /// 16×16×16 cooperative matrices of f16 accumulating in f32, in subgroups of 32, with the
+    /// workgroup memory the kernel stages in (NVIDIA's tensor cores through Vulkan): f16
+    /// matmuls run on them ([`coop_matmul`]). Off unless the adapter reports all of that, and
+    /// with `STRATA_WGPU_COOP=0`.
+    pub coop_f16: bool,
 }
 
 /// The WGSL type a dtype's values are computed in.

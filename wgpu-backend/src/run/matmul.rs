@@ -26,6 +26,7 @@ impl WgpuBackend {
         let sig = matmul::MatmulSig {
             dtype: ops.c.dtype,
             acc,
+            coop: self.gpu.caps.coop_f16 && ops.c.dtype == DType::F16 && acc == DType::F32,
         };
         let mut steps = Vec::new();
         let [a0, a1] = scalar_words(ops.alpha);

@@ -82,6 +82,7 @@ impl Sig<'_> {
             // (A staged reduction is a reduction, as on CUDA.)
             Sig::Reduce(_) | Sig::Staged(_) => "strata_reduce",
             Sig::Index(_) => "strata_index",
+            Sig::Matmul(MatmulSig { coop: true, .. }) => "strata_matmul_coop",
             Sig::Matmul(_) => "strata_matmul",
             Sig::Histogram(_) => "strata_histogram",
             Sig::Softmax(_) => "strata_softmax",

@@ -1,0 +1,179 @@
+//! `Matmul` of f16 on cooperative matrices (NVIDIA's tensor cores through Vulkan's
+//! `VK_KHR_cooperative_matrix`, wgpu's experimental `wgpu_cooperative_matrix`): a 128×128 output
+//! tile per workgroup of 256 invocations, eight subgroups of 32, each owning a 32×64 part of the
+//! tile as 2×4 accumulators of 16×16 f32.
+//!
+//! Every 32 steps of depth the workgroup stages a 128×32 slice of A and a 32×128 slice of B in
+//! workgroup memory (elements past the matrix edges as zeros, so any size and any strides work),
+//! all sixteen loads of an invocation before its stores; each subgroup then loads its fragments
+//! from there (rows padded by 8 halves: 16-byte aligned, and the rows fall in different banks)
+//! and multiplies twice. The products of f16 values are exact and accumulate in f32, as the
+//! tiled kernel's do, but in the hardware's order. At the end each subgroup writes one
+//! accumulator at a time to its own 16×16 f32 scratch, and its invocations read it back to
+//! apply α and β, round once to f16 and store with the output's strides and bounds.
+//!
+//! Used where [`Caps::coop_f16`] says the adapter has it; the launch is the tiled kernel's
+//! (same tile, same parameters: [`super::matmul::PARAM_WORDS`]), bindings 0 C, 1 A, 2 B.
+
+use super::prelude::helpers;
+use super::{binding, cast, literal, load_from, scalar_value, store, Caps};
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use strata_core::DType;
+
+/// The output tile's side (the tiled kernel's, so the launch is the same).
+const TILE: usize = super::matmul::TILE;
+/// Depth of the slices staged per step.
+const DEPTH: usize = 32;
+/// Row strides (halves) of the staged slices: padded by 8.
+const ROW_A: usize = DEPTH + 8;
+const ROW_B: usize = TILE + 8;
+/// Workgroup memory the kernel uses, in bytes (the adapter must allow it).
+pub(crate) const WORKGROUP_BYTES: u32 = ((TILE * ROW_A + DEPTH * ROW_B) * 2 + 8 * 256 * 4) as u32;
+
+/// The WGSL source of an f16 matmul on cooperative matrices (f32 accumulation).
+pub(crate) fn source(caps: Caps) -> String {
+    let (d, acc) = (DType::F16, DType::F32);
+    let st = |w: usize| format!("bitcast<i32>(params[{w}])");
+    let mut src = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
+    src.push_str("@group(0) @binding(0) var<storage, read> params: array<u32>;\n");
+    for slot in 0..3 {
+        src.push_str(&binding(slot, d, slot == 0, caps));
+    }
+    let _ = writeln!(
+        src,
+        "var<workgroup> ta: array<f16, {}>;
+var<workgroup> tb: array<f16, {}>;
+var<workgroup> tc: array<f32, {}>;",
+        TILE * ROW_A,
+        DEPTH * ROW_B,
+        8 * 256
+    );
+    src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    let _ = writeln!(
+        src,
+        "@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(subgroup_invocation_id) sl: u32) {{
+  let batch = params[0]; let m = params[1]; let k = params[2]; let n = params[3];
+  let g = wg.y * nwg.x + wg.x;
+  let tiles_n = (n + {t1}u) / {t}u; let tiles_m = (m + {t1}u) / {t}u;
+  let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let bz = g / (tiles_n * tiles_m);
+  if (bz >= batch) {{ return; }}
+  let sa1 = {sa1}; let sa2 = {sa2}; let sb1 = {sb1}; let sb2 = {sb2};
+  let akk = lid % {DEPTH}u; let arow = lid / {DEPTH}u;
+  let bcol = lid % {t}u; let bkb = lid / {t}u;
+  let aoff = i32(params[4]) + i32(bz) * {sa0} + i32(by * {t}u + arow) * sa1 + i32(akk) * sa2;
+  let boff = i32(params[5]) + i32(bz) * {sb0} + i32(bkb) * sb1 + i32(bx * {t}u + bcol) * sb2;
+  let fa = (32u * (sg / 2u)) * {ROW_A}u; let fb = 64u * (sg % 2u);",
+        t = TILE,
+        t1 = TILE - 1,
+        sa0 = st(7),
+        sa1 = st(8),
+        sa2 = st(9),
+        sb0 = st(10),
+        sb1 = st(11),
+        sb2 = st(12),
+    );
+    for i in 0..2 {
+        for j in 0..4 {
+            let _ = writeln!(src, "  var c{i}_{j} = coop_mat16x16<f32, C>();");
+        }
+    }
+    // Staged value q of A: row arow + 8q at depth akk; of B: depth bkb + 2q in column bcol.
+    let staged = TILE * DEPTH / 256;
+    for q in 0..staged {
+        let _ = writeln!(src, "  var ra{q}: f16; var rb{q}: f16;");
+    }
+    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
+    for q in 0..staged {
+        let row = 256 / DEPTH * q;
+        let _ = writeln!(
+            src,
+            "    ra{q} = 0.0h; if (by * {TILE}u + arow + {row}u < m && k0 + akk < k) {{ \
+             ra{q} = b1[u32(aoff + {row} * sa1 + i32(k0) * sa2)]; }}"
+        );
+    }
+    for q in 0..staged {
+        let depth = 256 / TILE * q;
+        let _ = writeln!(
+            src,
+            "    rb{q} = 0.0h; if (bx * {TILE}u + bcol < n && k0 + bkb + {depth}u < k) {{ \
+             rb{q} = b2[u32(boff + i32(k0 + {depth}u) * sb1)]; }}"
+        );
+    }
+    for q in 0..staged {
+        let _ = writeln!(
+            src,
+            "    ta[(arow + {}u) * {ROW_A}u + akk] = ra{q}; tb[(bkb + {}u) * {ROW_B}u + bcol] = rb{q};",
+            256 / DEPTH * q,
+            256 / TILE * q
+        );
+    }
+    src.push_str("    workgroupBarrier();\n");
+    for kk in 0..DEPTH / 16 {
+        src.push_str("    {\n");
+        for i in 0..2 {
+            let _ = writeln!(
+                src,
+                "      let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&ta[fa + {}u], {ROW_A}u);",
+                16 * i * ROW_A + 16 * kk
+            );
+        }
+        for j in 0..4 {
+            let _ = writeln!(
+                src,
+                "      let b{j} = coopLoadT<coop_mat16x16<f16, B>>(&tb[{}u + fb], {ROW_B}u);",
+                16 * kk * ROW_B + 16 * j
+            );
+        }
+        for i in 0..2 {
+            for j in 0..4 {
+                let _ = writeln!(
+                    src,
+                    "      c{i}_{j} = coopMultiplyAdd(a{i}, b{j}, c{i}_{j});"
+                );
+            }
+        }
+        src.push_str("    }\n");
+    }
+    src.push_str("    workgroupBarrier();\n  }\n");
+    // The epilogue: one accumulator at a time through this subgroup's scratch.
+    let _ = writeln!(
+        src,
+        "  let alpha: f32 = {}; let beta: f32 = {};\n  let base = sg * 256u;\n  var v: f32;",
+        scalar_value(acc, "params[16]", "params[17]"),
+        scalar_value(acc, "params[18]", "params[19]"),
+    );
+    let old = cast(&load_from(d, "b0", "co", true, caps), d, acc, false);
+    let put = store(d, "b0", "co", "v", caps);
+    let zero = literal(acc, 0);
+    for i in 0..2 {
+        for j in 0..4 {
+            let _ = writeln!(
+                src,
+                "  coopStoreT(c{i}_{j}, &tc[base], 16u);
+  workgroupBarrier();
+  for (var e = sl; e < 256u; e = e + 32u) {{
+    let r = by * {TILE}u + 32u * (sg / 2u) + {ri}u + e / 16u;
+    let c = bx * {TILE}u + fb + {cj}u + e % 16u;
+    if (r < m && c < n) {{
+      let co = u32(i32(params[6]) + i32(bz) * {sc0} + i32(r) * {sc1} + i32(c) * {sc2});
+      v = alpha * tc[base + e];
+      if (beta != {zero}) {{ v = v + beta * {old}; }}
+      {put}
+    }}
+  }}
+  workgroupBarrier();",
+                ri = 16 * i,
+                cj = 16 * j,
+                sc0 = st(13),
+                sc1 = st(14),
+                sc2 = st(15),
+            );
+        }
+    }
+    src.push_str("}\n");
+    src
+}
