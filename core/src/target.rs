@@ -106,11 +106,11 @@ pub struct Target {
     /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
     /// work: right, but slow for many bins).
     pub histogram_accumulators: &'static [DType],
-    /// A [`Kernel::Matmul`](crate::ir::Kernel::Matmul) of f16 or bf16 runs faster on f32 copies
-    /// of its operands: core then widens A and B (and C when β ≠ 0), runs the f32 product and
-    /// rounds it into C. The numbers are the same (the half kernel also accumulates in f32 and
-    /// rounds once); the copies cost memory and three elementwise passes.
-    pub widens_half_matmul: bool,
+    /// The 16-bit float dtypes (f16, bf16) whose [`Kernel::Matmul`](crate::ir::Kernel::Matmul)
+    /// runs faster on f32 copies of its operands: core then widens A and B (and C when β ≠ 0),
+    /// runs the f32 product and rounds it into C. The numbers are the same (the half kernel also
+    /// accumulates in f32 and rounds once); the copies cost memory and three elementwise passes.
+    pub widens_half_matmul: &'static [DType],
 }
 
 impl Target {
@@ -147,7 +147,7 @@ impl Target {
             fuses_row_epilogue: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
-            widens_half_matmul: false,
+            widens_half_matmul: &[],
         }
     }
 

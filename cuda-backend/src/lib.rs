@@ -138,7 +138,7 @@ impl CudaBackend {
             fuses_row_epilogue: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
-            widens_half_matmul: false,
+            widens_half_matmul: &[],
         };
         Ok(CudaBackend {
             runner: Runner::new(gpu.clone(), memory.clone(), target),

@@ -173,8 +173,12 @@ impl WgpuBackend {
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
             // the f32 kernel's rate (64 against 33.4 ms); widened, 33.9 ms. Lavapipe: the same
-            // either way.
-            widens_half_matmul: true,
+            // either way. f16 on cooperative matrices (render::coop_matmul) runs as it is.
+            widens_half_matmul: if gpu.caps.coop_f16 {
+                &[DType::BF16]
+            } else {
+                &[DType::F16, DType::BF16]
+            },
         };
         Ok(WgpuBackend {
             gpu,

@@ -44,7 +44,11 @@ fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> R
         Scalar::F64(beta).cast(acc, false),
     ];
     if matches!(c.dtype(), DType::F16 | DType::BF16)
-        && c.device().backend().target().widens_half_matmul
+        && c.device()
+            .backend()
+            .target()
+            .widens_half_matmul
+            .contains(&c.dtype())
     {
         // The f32 product of exact f32 copies, rounded once into C: the half kernel's numbers.
         let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
