@@ -281,53 +281,63 @@ test_device!(products_across_several_tiles, multi_tile);
 
 /// f16 products of fractional values over a long depth, against an f64 reference rounded to
 /// f16: the sums must be accumulated in f32 (an f16 accumulator is off by several units in the
-/// last place at this depth). Several tiles with ragged edges, a batch, A transposed and B
-/// with every other column. Where the device reports cooperative matrices for f16 matmuls
-/// (wgpu on NVIDIA's Vulkan driver), the profiler shows that kernel ran.
+/// last place at this depth). Several tiles with ragged edges and a batch: A transposed and B
+/// with every other column, then both contiguous with depth and columns multiples of 8 (wgpu's
+/// cooperative kernel stages those by 16-byte loads). Where the device reports cooperative
+/// matrices for f16 matmuls (wgpu on NVIDIA's Vulkan driver), the profiler shows that kernel ran.
 fn f16_products(dev: &Device) -> Result<()> {
-    let (batch, m, k, n) = (2usize, 150usize, 300usize, 140usize);
     let vals = |count: usize, seed: usize| -> Vec<f64> {
         (0..count)
             .map(|i| ((i * 37 + seed) % 101) as f64 / 64.0 - 0.78)
             .collect()
     };
-    let a = Tensor::from_slice(&vals(batch * k * m, 1), [batch, k, m], dev)?
-        .to_dtype(DType::F16)?
-        .transpose(1, 2)?;
-    let b = Tensor::from_slice(&vals(batch * k * 2 * n, 2), [batch, k, 2 * n], dev)?
-        .to_dtype(DType::F16)?
-        .slice(s![.., .., ..;2])?;
-    let (shape, want) = reference(&a, &b, DType::F64)?;
+    let half = |count: usize, seed: usize, shape: [usize; 3]| {
+        Tensor::from_slice(&vals(count, seed), shape, dev)?.to_dtype(DType::F16)
+    };
+    let (batch, m) = (2usize, 150usize);
+    let (k, n) = (300usize, 140usize);
+    let strided = (
+        half(batch * k * m, 1, [batch, k, m])?.transpose(1, 2)?,
+        half(batch * k * 2 * n, 2, [batch, k, 2 * n])?.slice(s![.., .., ..;2])?,
+    );
+    let (k, n) = (304usize, 136usize);
+    let contiguous = (
+        half(batch * m * k, 3, [batch, m, k])?,
+        half(batch * k * n, 4, [batch, k, n])?,
+    );
     let coop = dev
         .backend()
         .properties()
         .iter()
         .any(|(name, value)| *name == "f16 matmul" && value.starts_with("cooperative"));
-    let mut got = None;
-    let p = dev.profile(|| {
-        let t = a.matmul(&b)?;
-        t.realize()?;
-        got = Some(t);
-        Ok(())
-    })?;
-    let got = got.expect("the product ran");
-    assert_eq!(got.shape(), &shape[..]);
-    for (i, (g, w)) in host(&got)?.into_iter().zip(want).enumerate() {
-        let w = w.to_f64();
-        let w16 = Scalar::F64(w).cast(DType::F16, false).to_f64();
-        assert!(
-            (g.to_f64() - w16).abs() <= 2e-3 * w.abs().max(1.0),
-            "f16 product element {i}: got {g:?}, want {w16} ({w})"
-        );
-    }
-    if coop {
-        let names: Vec<&str> = p
-            .records
-            .iter()
-            .filter(|r| r.kind == RecordKind::Kernel)
-            .map(|r| r.name.as_str())
-            .collect();
-        assert_eq!(names, ["strata_matmul_coop"], "on {}", dev.name());
+    for (layout, (a, b)) in [("strided", strided), ("contiguous", contiguous)] {
+        let (shape, want) = reference(&a, &b, DType::F64)?;
+        let mut got = None;
+        let p = dev.profile(|| {
+            let t = a.matmul(&b)?;
+            t.realize()?;
+            got = Some(t);
+            Ok(())
+        })?;
+        let got = got.expect("the product ran");
+        assert_eq!(got.shape(), &shape[..]);
+        for (i, (g, w)) in host(&got)?.into_iter().zip(want).enumerate() {
+            let w = w.to_f64();
+            let w16 = Scalar::F64(w).cast(DType::F16, false).to_f64();
+            assert!(
+                (g.to_f64() - w16).abs() <= 2e-3 * w.abs().max(1.0),
+                "{layout} f16 product element {i}: got {g:?}, want {w16} ({w})"
+            );
+        }
+        if coop {
+            let names: Vec<&str> = p
+                .records
+                .iter()
+                .filter(|r| r.kind == RecordKind::Kernel)
+                .map(|r| r.name.as_str())
+                .collect();
+            assert_eq!(names, ["strata_matmul_coop"], "{layout} on {}", dev.name());
+        }
     }
     Ok(())
 }

@@ -44,7 +44,8 @@ pub struct AdapterSummary {
 
 /// Whether the adapter can run [`crate::render::coop_matmul`]: 16×16×16 f16 cooperative
 /// matrices accumulating in f32 at subgroup scope, native f16, subgroups of exactly 32 (the
-/// kernel's eight subgroups a workgroup) and the workgroup memory it stages in.
+/// kernel's eight subgroups a workgroup), the workgroup memory it stages in, and
+/// `unpack2x16float` (its 16-byte staging).
 fn coop_f16_offered(
     adapter: &wgpu::Adapter,
     info: &wgpu::AdapterInfo,
@@ -55,6 +56,10 @@ fn coop_f16_offered(
         | wgpu::Features::SHADER_F16;
     use wgpu::CooperativeScalarType as T;
     adapter.features().contains(needed)
+        && adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
         && limits.max_compute_workgroup_storage_size >= crate::render::coop_matmul::WORKGROUP_BYTES

@@ -87,6 +87,9 @@ pub struct WgpuBackend {
     staged: PipelineCache<render::staged::StagedSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
+    /// The cooperative f16 matmul stages by 16-byte loads where layouts allow
+    /// (`STRATA_WGPU_COOP=elements` keeps one half a load: the tests reach that path so).
+    coop_vectors: bool,
     /// The next stream id (one queue runs them all; ids only name them).
     next_stream: std::sync::atomic::AtomicU64,
 }
@@ -184,6 +187,7 @@ impl WgpuBackend {
             gpu,
             pool,
             target,
+            coop_vectors: std::env::var("STRATA_WGPU_COOP").as_deref() != Ok("elements"),
             next_stream: std::sync::atomic::AtomicU64::new(1),
             maps: PipelineCache::default(),
             reductions: PipelineCache::default(),

@@ -550,30 +550,34 @@ fn cooperative_matmul_validates_and_writes_spirv() {
         coop_f16: true,
         ..CAPS
     };
-    let sig = matmul::MatmulSig {
-        dtype: DType::F16,
-        acc: DType::F32,
-        coop: true,
-    };
-    let src = matmul::source(&sig, caps);
-    assert!(src.contains("coopMultiplyAdd"), "{src}");
-    let module = naga::front::wgsl::parse_str(&src)
-        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
-    let needs =
-        C::FLOAT64 | C::SHADER_INT64 | C::SHADER_FLOAT16 | C::COOPERATIVE_MATRIX | C::SUBGROUP;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), needs)
+    for vectors in [false, true] {
+        let sig = matmul::MatmulSig {
+            dtype: DType::F16,
+            acc: DType::F32,
+            coop: true,
+            vectors,
+        };
+        let src = matmul::source(&sig, caps);
+        assert!(src.contains("coopMultiplyAdd"), "{src}");
+        let module = naga::front::wgsl::parse_str(&src)
+            .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+        let needs = C::FLOAT64 | C::SHADER_INT64 | C::SHADER_FLOAT16 | C::COOPERATIVE_MATRIX | C::SUBGROUP
+            // (`unpack2x16float`: the 16-byte staging.)
+            | C::SHADER_FLOAT16_IN_FLOAT32;
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), needs)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+        let words = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+            .unwrap_or_else(|e| panic!("SPIR-V: {e}\n{src}"));
+        assert!(words.len() > 100);
+        // Without the capability the module is refused: the tiled kernel is what such adapters get.
+        assert!(naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            needs - C::COOPERATIVE_MATRIX
+        )
         .validate(&module)
-        .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
-    let words = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
-        .unwrap_or_else(|e| panic!("SPIR-V: {e}\n{src}"));
-    assert!(words.len() > 100);
-    // Without the capability the module is refused: the tiled kernel is what such adapters get.
-    assert!(naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        needs - C::COOPERATIVE_MATRIX
-    )
-    .validate(&module)
-    .is_err());
+        .is_err());
+    }
 }
 
 #[test]
@@ -588,6 +592,7 @@ fn matmul_and_index_variants_validate() {
                 dtype: d,
                 acc,
                 coop: false,
+                vectors: false,
             };
             check(&matmul::source(&sig, caps), targets);
         }

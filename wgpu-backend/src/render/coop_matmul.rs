@@ -12,6 +12,11 @@
 //! accumulator at a time to its own 16×16 f32 scratch, and its invocations read it back to
 //! apply α and β, round once to f16 and store with the output's strides and bounds.
 //!
+//! Where A runs along its depth and B along its columns in aligned runs of 8 (`vectors`: unit
+//! strides there, other strides, offsets, k and n multiples of 8), A and B are bound as
+//! `vec4<u32>` words and staged 8 halves a load, 2 loads an invocation per slice, instead of 16
+//! loads of one half each.
+//!
 //! Used where [`Caps::coop_f16`] says the adapter has it; the launch is the tiled kernel's
 //! (same tile, same parameters: [`super::matmul::PARAM_WORDS`]), bindings 0 C, 1 A, 2 B.
 
@@ -31,14 +36,24 @@ const ROW_B: usize = TILE + 8;
 /// Workgroup memory the kernel uses, in bytes (the adapter must allow it).
 pub(crate) const WORKGROUP_BYTES: u32 = ((TILE * ROW_A + DEPTH * ROW_B) * 2 + 8 * 256 * 4) as u32;
 
-/// The WGSL source of an f16 matmul on cooperative matrices (f32 accumulation).
-pub(crate) fn source(caps: Caps) -> String {
+/// The WGSL source of an f16 matmul on cooperative matrices (f32 accumulation); `vectors`:
+/// A and B staged by 16-byte loads (see the module's notes for when the planner may ask).
+pub(crate) fn source(caps: Caps, vectors: bool) -> String {
     let (d, acc) = (DType::F16, DType::F32);
     let st = |w: usize| format!("bitcast<i32>(params[{w}])");
     let mut src = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
     src.push_str("@group(0) @binding(0) var<storage, read> params: array<u32>;\n");
-    for slot in 0..3 {
-        src.push_str(&binding(slot, d, slot == 0, caps));
+    src.push_str(&binding(0, d, true, caps));
+    for slot in 1..3 {
+        if vectors {
+            let _ = writeln!(
+                src,
+                "@group(0) @binding({}) var<storage, read_write> b{slot}: array<vec4<u32>>;",
+                slot + 1
+            );
+        } else {
+            src.push_str(&binding(slot, d, false, caps));
+        }
     }
     let _ = writeln!(
         src,
@@ -62,17 +77,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let bz = g / (tiles_n * tiles_m);
   if (bz >= batch) {{ return; }}
   let sa1 = {sa1}; let sa2 = {sa2}; let sb1 = {sb1}; let sb2 = {sb2};
-  let akk = lid % {DEPTH}u; let arow = lid / {DEPTH}u;
-  let bcol = lid % {t}u; let bkb = lid / {t}u;
-  let aoff = i32(params[4]) + i32(bz) * {sa0} + i32(by * {t}u + arow) * sa1 + i32(akk) * sa2;
-  let boff = i32(params[5]) + i32(bz) * {sb0} + i32(bkb) * sb1 + i32(bx * {t}u + bcol) * sb2;
   let fa = (32u * (sg / 2u)) * {ROW_A}u; let fb = 64u * (sg % 2u);",
         t = TILE,
         t1 = TILE - 1,
-        sa0 = st(7),
         sa1 = st(8),
         sa2 = st(9),
-        sb0 = st(10),
         sb1 = st(11),
         sb2 = st(12),
     );
@@ -81,37 +90,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let _ = writeln!(src, "  var c{i}_{j} = coop_mat16x16<f32, C>();");
         }
     }
-    // Staged value q of A: row arow + 8q at depth akk; of B: depth bkb + 2q in column bcol.
-    let staged = TILE * DEPTH / 256;
-    for q in 0..staged {
-        let _ = writeln!(src, "  var ra{q}: f16; var rb{q}: f16;");
+    if vectors {
+        stage_vectors(&mut src);
+    } else {
+        stage_elements(&mut src);
     }
-    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
-    for q in 0..staged {
-        let row = 256 / DEPTH * q;
-        let _ = writeln!(
-            src,
-            "    ra{q} = 0.0h; if (by * {TILE}u + arow + {row}u < m && k0 + akk < k) {{ \
-             ra{q} = b1[u32(aoff + {row} * sa1 + i32(k0) * sa2)]; }}"
-        );
-    }
-    for q in 0..staged {
-        let depth = 256 / TILE * q;
-        let _ = writeln!(
-            src,
-            "    rb{q} = 0.0h; if (bx * {TILE}u + bcol < n && k0 + bkb + {depth}u < k) {{ \
-             rb{q} = b2[u32(boff + i32(k0 + {depth}u) * sb1)]; }}"
-        );
-    }
-    for q in 0..staged {
-        let _ = writeln!(
-            src,
-            "    ta[(arow + {}u) * {ROW_A}u + akk] = ra{q}; tb[(bkb + {}u) * {ROW_B}u + bcol] = rb{q};",
-            256 / DEPTH * q,
-            256 / TILE * q
-        );
-    }
-    src.push_str("    workgroupBarrier();\n");
     for kk in 0..DEPTH / 16 {
         src.push_str("    {\n");
         for i in 0..2 {
@@ -176,4 +159,106 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     src.push_str("}\n");
     src
+}
+
+/// Opens the depth loop and stages a slice one half a load: value q of A is row
+/// `arow + 8q` at depth `akk`, of B depth `bkb + 2q` in column `bcol`.
+fn stage_elements(src: &mut String) {
+    let staged = TILE * DEPTH / 256;
+    let _ = writeln!(
+        src,
+        "  let akk = lid % {DEPTH}u; let arow = lid / {DEPTH}u;
+  let bcol = lid % {TILE}u; let bkb = lid / {TILE}u;
+  let aoff = i32(params[4]) + i32(bz) * {sa0} + i32(by * {TILE}u + arow) * sa1 + i32(akk) * sa2;
+  let boff = i32(params[5]) + i32(bz) * {sb0} + i32(bkb) * sb1 + i32(bx * {TILE}u + bcol) * sb2;",
+        sa0 = "bitcast<i32>(params[7])",
+        sb0 = "bitcast<i32>(params[10])",
+    );
+    for q in 0..staged {
+        let _ = writeln!(src, "  var ra{q}: f16; var rb{q}: f16;");
+    }
+    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
+    for q in 0..staged {
+        let row = 256 / DEPTH * q;
+        let _ = writeln!(
+            src,
+            "    ra{q} = 0.0h; if (by * {TILE}u + arow + {row}u < m && k0 + akk < k) {{ \
+             ra{q} = b1[u32(aoff + {row} * sa1 + i32(k0) * sa2)]; }}"
+        );
+    }
+    for q in 0..staged {
+        let depth = 256 / TILE * q;
+        let _ = writeln!(
+            src,
+            "    rb{q} = 0.0h; if (bx * {TILE}u + bcol < n && k0 + bkb + {depth}u < k) {{ \
+             rb{q} = b2[u32(boff + i32(k0 + {depth}u) * sb1)]; }}"
+        );
+    }
+    for q in 0..staged {
+        let _ = writeln!(
+            src,
+            "    ta[(arow + {}u) * {ROW_A}u + akk] = ra{q}; tb[(bkb + {}u) * {ROW_B}u + bcol] = rb{q};",
+            256 / DEPTH * q,
+            256 / TILE * q
+        );
+    }
+    src.push_str("    workgroupBarrier();\n");
+}
+
+/// Opens the depth loop and stages a slice 8 halves a load (unit strides along A's depth and
+/// B's columns; everything else a multiple of 8, so a run of 8 is wholly inside or outside):
+/// load q of A is row `arow + 64q`, depths `8·ac..8·ac+7`; of B depth `bkb + 16q`, columns
+/// `8·bc..8·bc+7`.
+fn stage_vectors(src: &mut String) {
+    let per = TILE * DEPTH / 8 / 256;
+    let (a_rows, b_depths) = (256 / (DEPTH / 8), 256 / (TILE / 8));
+    let _ = writeln!(
+        src,
+        "  let ac = lid % {ac}u; let arow = lid / {ac}u;
+  let bc = lid % {bcs}u; let bkb = lid / {bcs}u;
+  let aoff = i32(params[4]) + i32(bz) * bitcast<i32>(params[7]) + i32(by * {TILE}u + arow) * sa1 + 8 * i32(ac);
+  let boff = i32(params[5]) + i32(bz) * bitcast<i32>(params[10]) + i32(bkb) * sb1 + i32(bx * {TILE}u + 8u * bc);",
+        ac = DEPTH / 8,
+        bcs = TILE / 8,
+    );
+    for q in 0..per {
+        let _ = writeln!(src, "  var ra{q}: vec4<u32>; var rb{q}: vec4<u32>;");
+    }
+    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
+    for q in 0..per {
+        let row = a_rows * q;
+        let _ = writeln!(
+            src,
+            "    ra{q} = vec4<u32>(); if (by * {TILE}u + arow + {row}u < m && k0 + 8u * ac < k) {{ \
+             ra{q} = b1[u32(aoff + {row} * sa1 + i32(k0)) / 8u]; }}"
+        );
+    }
+    for q in 0..per {
+        let depth = b_depths * q;
+        let _ = writeln!(
+            src,
+            "    rb{q} = vec4<u32>(); if (bx * {TILE}u + 8u * bc < n && k0 + bkb + {depth}u < k) {{ \
+             rb{q} = b2[u32(boff + i32(k0 + {depth}u) * sb1) / 8u]; }}"
+        );
+    }
+    for q in 0..per {
+        let (a0, b0) = (
+            format!("(arow + {}u) * {ROW_A}u + 8u * ac", a_rows * q),
+            format!("(bkb + {}u) * {ROW_B}u + 8u * bc", b_depths * q),
+        );
+        for (name, slice, at) in [("ra", "ta", a0), ("rb", "tb", b0)] {
+            let _ = writeln!(src, "    {{ let o = {at};");
+            for (w, c) in ["x", "y", "z", "w"].iter().enumerate() {
+                let _ = writeln!(
+                    src,
+                    "      let h{w} = vec2<f16>(unpack2x16float({name}{q}.{c})); \
+                     {slice}[o + {}u] = h{w}.x; {slice}[o + {}u] = h{w}.y;",
+                    2 * w,
+                    2 * w + 1
+                );
+            }
+            src.push_str("    }\n");
+        }
+    }
+    src.push_str("    workgroupBarrier();\n");
 }

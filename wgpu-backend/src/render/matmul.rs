@@ -37,6 +37,8 @@ pub(crate) struct MatmulSig {
     pub acc: DType,
     /// On cooperative matrices ([`super::coop_matmul`]; f16 accumulating in f32 only).
     pub coop: bool,
+    /// With `coop`: A and B staged by 16-byte loads (the planner checked their layouts).
+    pub vectors: bool,
 }
 
 impl strata_core::kernel_cache::Owned for MatmulSig {}
@@ -48,7 +50,7 @@ pub(crate) const PARAM_WORDS: usize = 20;
 /// The WGSL source of a matmul launch (bindings: 0 C, 1 A, 2 B).
 pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     if sig.coop {
-        return super::coop_matmul::source(caps);
+        return super::coop_matmul::source(caps, sig.vectors);
     }
     let (d, acc) = (sig.dtype, sig.acc);
     let at = compute_type(acc);

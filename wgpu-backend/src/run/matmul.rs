@@ -27,6 +27,7 @@ impl WgpuBackend {
             dtype: ops.c.dtype,
             acc,
             coop: self.gpu.caps.coop_f16 && ops.c.dtype == DType::F16 && acc == DType::F32,
+            vectors: false,
         };
         let mut steps = Vec::new();
         let [a0, a1] = scalar_words(ops.alpha);
@@ -75,9 +76,26 @@ impl WgpuBackend {
                 .zip(wins)
                 .map(|(operand, window)| Bind::Operand { operand, window })
                 .collect::<Vec<_>>();
+            // The cooperative kernel stages runs of 8 halves by 16-byte loads where A runs
+            // along its depth and B along its columns, and everything else keeps each run of 8
+            // aligned and wholly inside or outside the matrix.
+            let runs_of_8 = |strides: &[isize], rel: usize, len: usize| {
+                strides[2] == 1
+                    && strides[1] % 8 == 0
+                    && (bl == 1 || strides[0] % 8 == 0)
+                    && rel % 8 == 0
+                    && len % 8 == 0
+            };
+            let sig = matmul::MatmulSig {
+                vectors: sig.coop
+                    && self.coop_vectors
+                    && runs_of_8(ops.a.layout.strides(), wins[1].rel_offset, k)
+                    && runs_of_8(ops.b.layout.strides(), wins[2].rel_offset, n),
+                ..sig.clone()
+            };
             let tiles = bl * rl.div_ceil(matmul::TILE) * n.div_ceil(matmul::TILE);
             steps.push(Step::Dispatch(Dispatch {
-                sig: Sig::Matmul(sig.clone()),
+                sig: Sig::Matmul(sig),
                 params,
                 binds,
                 threads: tiles * 256,
