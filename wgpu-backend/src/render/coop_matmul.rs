@@ -3,11 +3,12 @@
 //! tile per workgroup of 256 invocations, eight subgroups of 32, each owning a 32×64 part of the
 //! tile as 2×4 accumulators of 16×16 f32.
 //!
-//! Every 32 steps of depth the workgroup stages a 128×32 slice of A and a 32×128 slice of B in
-//! workgroup memory (elements past the matrix edges as zeros, so any size and any strides work),
-//! all sixteen loads of an invocation before its stores; each subgroup then loads its fragments
-//! from there (rows padded by 8 halves: 16-byte aligned, and the rows fall in different banks)
-//! and multiplies twice. The products of f16 values are exact and accumulate in f32, as the
+//! Every `depth` steps the workgroup stages a 128×depth slice of A and a depth×128 slice of B in
+//! workgroup memory (elements past the matrix edges as zeros, so any size and any strides work);
+//! each subgroup then loads its fragments from there (rows padded by 8 halves: 16-byte aligned,
+//! and the rows fall in different banks) and multiplies. An invocation's loads of the next
+//! slice are issued before the multiplications of this one and stored after them, so the
+//! memory's latency hides behind the tensor cores' work. The products of f16 values are exact and accumulate in f32, as the
 //! tiled kernel's do, but in the hardware's order. At the end each subgroup writes one
 //! accumulator at a time to its own 16×16 f32 scratch, and its invocations read it back to
 //! apply α and β, round once to f16 and store with the output's strides and bounds.
@@ -30,15 +31,31 @@ use strata_core::DType;
 const TILE: usize = super::matmul::TILE;
 /// Depth of the slices staged per step.
 const DEPTH: usize = 32;
-/// Row strides (halves) of the staged slices: padded by 8.
-const ROW_A: usize = DEPTH + 8;
+/// The deepest slice the kernel may stage (`STRATA_WGPU_COOP_DEPTH`, an experiment's knob).
+const MAX_DEPTH: usize = 64;
+/// Row stride (halves) of the staged B slice: padded by 8.
 const ROW_B: usize = TILE + 8;
-/// Workgroup memory the kernel uses, in bytes (the adapter must allow it).
-pub(crate) const WORKGROUP_BYTES: u32 = ((TILE * ROW_A + DEPTH * ROW_B) * 2 + 8 * 256 * 4) as u32;
+/// Workgroup memory the kernel may use, in bytes (the adapter must allow it).
+pub(crate) const WORKGROUP_BYTES: u32 =
+    ((TILE * (MAX_DEPTH + 8) + MAX_DEPTH * ROW_B) * 2 + 8 * 256 * 4) as u32;
+
+/// How a slice reaches workgroup memory: `setup` once, `loads` of the slice at depth `kl` into
+/// registers, then `stores` of those registers.
+struct Staging {
+    setup: String,
+    loads: String,
+    stores: String,
+}
 
 /// The WGSL source of an f16 matmul on cooperative matrices (f32 accumulation); `vectors`:
 /// A and B staged by 16-byte loads (see the module's notes for when the planner may ask).
 pub(crate) fn source(caps: Caps, vectors: bool) -> String {
+    let depth = std::env::var("STRATA_WGPU_COOP_DEPTH")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|d| [16, 32, 64].contains(d))
+        .unwrap_or(DEPTH);
+    let row_a = depth + 8;
     let (d, acc) = (DType::F16, DType::F32);
     let st = |w: usize| format!("bitcast<i32>(params[{w}])");
     let mut src = String::from("enable f16;\nenable wgpu_cooperative_matrix;\n");
@@ -60,8 +77,8 @@ pub(crate) fn source(caps: Caps, vectors: bool) -> String {
         "var<workgroup> ta: array<f16, {}>;
 var<workgroup> tb: array<f16, {}>;
 var<workgroup> tc: array<f32, {}>;",
-        TILE * ROW_A,
-        DEPTH * ROW_B,
+        TILE * row_a,
+        depth * ROW_B,
         8 * 256
     );
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
@@ -77,7 +94,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let bz = g / (tiles_n * tiles_m);
   if (bz >= batch) {{ return; }}
   let sa1 = {sa1}; let sa2 = {sa2}; let sb1 = {sb1}; let sb2 = {sb2};
-  let fa = (32u * (sg / 2u)) * {ROW_A}u; let fb = 64u * (sg % 2u);",
+  let fa = (32u * (sg / 2u)) * {row_a}u; let fb = 64u * (sg % 2u);",
         t = TILE,
         t1 = TILE - 1,
         sa1 = st(8),
@@ -90,18 +107,26 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
             let _ = writeln!(src, "  var c{i}_{j} = coop_mat16x16<f32, C>();");
         }
     }
-    if vectors {
-        stage_vectors(&mut src);
+    let staging = if vectors {
+        stage_vectors(depth)
     } else {
-        stage_elements(&mut src);
-    }
-    for kk in 0..DEPTH / 16 {
+        stage_elements(depth)
+    };
+    src.push_str(&staging.setup);
+    src.push_str("  var kl = 0u;\n");
+    src.push_str(&staging.loads);
+    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {depth}u) {{");
+    src.push_str(&staging.stores);
+    src.push_str("    workgroupBarrier();\n");
+    let _ = writeln!(src, "    kl = k0 + {depth}u;");
+    src.push_str(&staging.loads);
+    for kk in 0..depth / 16 {
         src.push_str("    {\n");
         for i in 0..2 {
             let _ = writeln!(
                 src,
-                "      let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&ta[fa + {}u], {ROW_A}u);",
-                16 * i * ROW_A + 16 * kk
+                "      let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&ta[fa + {}u], {row_a}u);",
+                16 * i * row_a + 16 * kk
             );
         }
         for j in 0..4 {
@@ -161,104 +186,87 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     src
 }
 
-/// Opens the depth loop and stages a slice one half a load: value q of A is row
-/// `arow + 8q` at depth `akk`, of B depth `bkb + 2q` in column `bcol`.
-fn stage_elements(src: &mut String) {
-    let staged = TILE * DEPTH / 256;
-    let _ = writeln!(
-        src,
-        "  let akk = lid % {DEPTH}u; let arow = lid / {DEPTH}u;
+/// One half a load: value q of A is row `arow + (256/depth)·q` at depth `akk`, of B depth
+/// `bkb + 2q` in column `bcol`.
+fn stage_elements(depth: usize) -> Staging {
+    let (row_a, staged) = (depth + 8, TILE * depth / 256);
+    let mut setup = format!(
+        "  let akk = lid % {depth}u; let arow = lid / {depth}u;
   let bcol = lid % {TILE}u; let bkb = lid / {TILE}u;
-  let aoff = i32(params[4]) + i32(bz) * {sa0} + i32(by * {TILE}u + arow) * sa1 + i32(akk) * sa2;
-  let boff = i32(params[5]) + i32(bz) * {sb0} + i32(bkb) * sb1 + i32(bx * {TILE}u + bcol) * sb2;",
-        sa0 = "bitcast<i32>(params[7])",
-        sb0 = "bitcast<i32>(params[10])",
+  let aoff = i32(params[4]) + i32(bz) * bitcast<i32>(params[7]) + i32(by * {TILE}u + arow) * sa1 + i32(akk) * sa2;
+  let boff = i32(params[5]) + i32(bz) * bitcast<i32>(params[10]) + i32(bkb) * sb1 + i32(bx * {TILE}u + bcol) * sb2;\n"
     );
+    let (mut loads, mut stores) = (String::new(), String::new());
     for q in 0..staged {
-        let _ = writeln!(src, "  var ra{q}: f16; var rb{q}: f16;");
-    }
-    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
-    for q in 0..staged {
-        let row = 256 / DEPTH * q;
+        let (row, deeper) = (256 / depth * q, 256 / TILE * q);
+        let _ = writeln!(setup, "  var ra{q}: f16; var rb{q}: f16;");
         let _ = writeln!(
-            src,
-            "    ra{q} = 0.0h; if (by * {TILE}u + arow + {row}u < m && k0 + akk < k) {{ \
-             ra{q} = b1[u32(aoff + {row} * sa1 + i32(k0) * sa2)]; }}"
+            loads,
+            "    ra{q} = 0.0h; if (by * {TILE}u + arow + {row}u < m && kl + akk < k) {{ \
+             ra{q} = b1[u32(aoff + {row} * sa1 + i32(kl) * sa2)]; }}
+    rb{q} = 0.0h; if (bx * {TILE}u + bcol < n && kl + bkb + {deeper}u < k) {{ \
+             rb{q} = b2[u32(boff + i32(kl + {deeper}u) * sb1)]; }}"
+        );
+        let _ = writeln!(
+            stores,
+            "    ta[(arow + {row}u) * {row_a}u + akk] = ra{q}; \
+             tb[(bkb + {deeper}u) * {ROW_B}u + bcol] = rb{q};"
         );
     }
-    for q in 0..staged {
-        let depth = 256 / TILE * q;
-        let _ = writeln!(
-            src,
-            "    rb{q} = 0.0h; if (bx * {TILE}u + bcol < n && k0 + bkb + {depth}u < k) {{ \
-             rb{q} = b2[u32(boff + i32(k0 + {depth}u) * sb1)]; }}"
-        );
+    Staging {
+        setup,
+        loads,
+        stores,
     }
-    for q in 0..staged {
-        let _ = writeln!(
-            src,
-            "    ta[(arow + {}u) * {ROW_A}u + akk] = ra{q}; tb[(bkb + {}u) * {ROW_B}u + bcol] = rb{q};",
-            256 / DEPTH * q,
-            256 / TILE * q
-        );
-    }
-    src.push_str("    workgroupBarrier();\n");
 }
 
-/// Opens the depth loop and stages a slice 8 halves a load (unit strides along A's depth and
-/// B's columns; everything else a multiple of 8, so a run of 8 is wholly inside or outside):
-/// load q of A is row `arow + 64q`, depths `8·ac..8·ac+7`; of B depth `bkb + 16q`, columns
-/// `8·bc..8·bc+7`.
-fn stage_vectors(src: &mut String) {
-    let per = TILE * DEPTH / 8 / 256;
-    let (a_rows, b_depths) = (256 / (DEPTH / 8), 256 / (TILE / 8));
-    let _ = writeln!(
-        src,
+/// 8 halves a load (unit strides along A's depth and B's columns; everything else a multiple
+/// of 8, so a run of 8 is wholly inside or outside the matrix): load q of A is row
+/// `arow + rows·q`, depths `8·ac..8·ac+7`; of B depth `bkb + 16q`, columns `8·bc..8·bc+7`.
+fn stage_vectors(depth: usize) -> Staging {
+    let row_a = depth + 8;
+    let per = TILE * depth / 8 / 256;
+    let (a_rows, b_depths) = (256 / (depth / 8), 256 / (TILE / 8));
+    let mut setup = format!(
         "  let ac = lid % {ac}u; let arow = lid / {ac}u;
   let bc = lid % {bcs}u; let bkb = lid / {bcs}u;
   let aoff = i32(params[4]) + i32(bz) * bitcast<i32>(params[7]) + i32(by * {TILE}u + arow) * sa1 + 8 * i32(ac);
-  let boff = i32(params[5]) + i32(bz) * bitcast<i32>(params[10]) + i32(bkb) * sb1 + i32(bx * {TILE}u + 8u * bc);",
-        ac = DEPTH / 8,
+  let boff = i32(params[5]) + i32(bz) * bitcast<i32>(params[10]) + i32(bkb) * sb1 + i32(bx * {TILE}u + 8u * bc);\n",
+        ac = depth / 8,
         bcs = TILE / 8,
     );
+    let (mut loads, mut stores) = (String::new(), String::new());
     for q in 0..per {
-        let _ = writeln!(src, "  var ra{q}: vec4<u32>; var rb{q}: vec4<u32>;");
-    }
-    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
-    for q in 0..per {
-        let row = a_rows * q;
+        let (row, deeper) = (a_rows * q, b_depths * q);
+        let _ = writeln!(setup, "  var ra{q}: vec4<u32>; var rb{q}: vec4<u32>;");
         let _ = writeln!(
-            src,
-            "    ra{q} = vec4<u32>(); if (by * {TILE}u + arow + {row}u < m && k0 + 8u * ac < k) {{ \
-             ra{q} = b1[u32(aoff + {row} * sa1 + i32(k0)) / 8u]; }}"
+            loads,
+            "    ra{q} = vec4<u32>(); if (by * {TILE}u + arow + {row}u < m && kl + 8u * ac < k) {{ \
+             ra{q} = b1[u32(aoff + {row} * sa1 + i32(kl)) / 8u]; }}
+    rb{q} = vec4<u32>(); if (bx * {TILE}u + 8u * bc < n && kl + bkb + {deeper}u < k) {{ \
+             rb{q} = b2[u32(boff + i32(kl + {deeper}u) * sb1) / 8u]; }}"
         );
-    }
-    for q in 0..per {
-        let depth = b_depths * q;
-        let _ = writeln!(
-            src,
-            "    rb{q} = vec4<u32>(); if (bx * {TILE}u + 8u * bc < n && k0 + bkb + {depth}u < k) {{ \
-             rb{q} = b2[u32(boff + i32(k0 + {depth}u) * sb1) / 8u]; }}"
-        );
-    }
-    for q in 0..per {
         let (a0, b0) = (
-            format!("(arow + {}u) * {ROW_A}u + 8u * ac", a_rows * q),
-            format!("(bkb + {}u) * {ROW_B}u + 8u * bc", b_depths * q),
+            format!("(arow + {row}u) * {row_a}u + 8u * ac"),
+            format!("(bkb + {deeper}u) * {ROW_B}u + 8u * bc"),
         );
         for (name, slice, at) in [("ra", "ta", a0), ("rb", "tb", b0)] {
-            let _ = writeln!(src, "    {{ let o = {at};");
+            let _ = writeln!(stores, "    {{ let o = {at};");
             for (w, c) in ["x", "y", "z", "w"].iter().enumerate() {
                 let _ = writeln!(
-                    src,
+                    stores,
                     "      let h{w} = vec2<f16>(unpack2x16float({name}{q}.{c})); \
                      {slice}[o + {}u] = h{w}.x; {slice}[o + {}u] = h{w}.y;",
                     2 * w,
                     2 * w + 1
                 );
             }
-            src.push_str("    }\n");
+            stores.push_str("    }\n");
         }
     }
-    src.push_str("    workgroupBarrier();\n");
+    Staging {
+        setup,
+        loads,
+        stores,
+    }
 }
