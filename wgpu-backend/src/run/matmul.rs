@@ -83,8 +83,8 @@ impl WgpuBackend {
                 strides[2] == 1
                     && strides[1] % 8 == 0
                     && (bl == 1 || strides[0] % 8 == 0)
-                    && rel % 8 == 0
-                    && len % 8 == 0
+                    && rel.is_multiple_of(8)
+                    && len.is_multiple_of(8)
             };
             let sig = matmul::MatmulSig {
                 vectors: sig.coop
