@@ -254,6 +254,10 @@ impl Gpu {
             // Probed below, once the device can run a kernel.
             fused_fma: false,
             coop_f16,
+            // Vulkan only: the generated subgroup code is validated for SPIR-V (the catalog).
+            subgroups: features.contains(wgpu::Features::SUBGROUP)
+                && info.backend == wgpu::Backend::Vulkan
+                && std::env::var("STRATA_WGPU_SUBGROUPS").as_deref() != Ok("0"),
         };
         let params = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("strata params"),

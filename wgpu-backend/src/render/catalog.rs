@@ -23,6 +23,7 @@ const CAPS: Caps = Caps {
     f16: false,
     fused_fma: false,
     coop_f16: false,
+    subgroups: false,
 };
 
 /// Metal and DX12 adapters as wgpu exposes them: 64-bit integers and f16, no f64; a fused `fma`
@@ -33,6 +34,7 @@ const PORTABLE: Caps = Caps {
     f16: true,
     fused_fma: true,
     coop_f16: false,
+    subgroups: false,
 };
 
 /// Where a generated module must compile.
@@ -55,10 +57,12 @@ fn caps_for(dtypes: &[DType]) -> Vec<(Caps, &'static [Target])> {
         all.push((Caps { f16: true, ..CAPS }, &[Target::Vulkan]));
     }
     if dtypes.iter().any(|d| d.is_float()) {
-        // The square root an adapter with a fused `fma` (NVIDIA's Vulkan driver) compiles.
+        // The square root an adapter with a fused `fma` and subgroups (NVIDIA's Vulkan
+        // driver) compiles, and its softmax's subgroup combines.
         all.push((
             Caps {
                 fused_fma: true,
+                subgroups: true,
                 ..CAPS
             },
             &[Target::Vulkan],
@@ -77,7 +81,7 @@ fn check(src: &str, targets: &[Target]) {
         .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(src)));
     for &target in targets {
         let caps = match target {
-            Target::Vulkan => C::FLOAT64 | C::SHADER_INT64 | C::SHADER_FLOAT16,
+            Target::Vulkan => C::FLOAT64 | C::SHADER_INT64 | C::SHADER_FLOAT16 | C::SUBGROUP,
             Target::Metal => naga::back::msl::supported_capabilities(),
             Target::Dx12 => naga::back::hlsl::supported_capabilities() & !C::FLOAT64,
         };

@@ -743,6 +743,7 @@ mod tests {
             f16: false,
             fused_fma: false,
             coop_f16: false,
+            subgroups: false,
         };
         let src = source(&sig, caps).unwrap();
         let body = &src[src.find("@compute").unwrap()..];

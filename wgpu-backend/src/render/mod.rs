@@ -50,6 +50,10 @@ pub struct Caps {
     /// matmuls run on them ([`coop_matmul`]). Off unless the adapter reports all of that, and
     /// with `STRATA_WGPU_COOP=0`.
     pub coop_f16: bool,
+    /// Subgroup operations in compute shaders (SUBGROUP, on Vulkan): a softmax row's maximum
+    /// and sum combine through them, then across the workgroup's subgroups, instead of a
+    /// tree of eight barriers each.
+    pub subgroups: bool,
 }
 
 /// The WGSL type a dtype's values are computed in.

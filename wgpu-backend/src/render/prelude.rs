@@ -630,6 +630,7 @@ mod tests {
                 f16: false,
                 fused_fma: false,
                 coop_f16: false,
+                subgroups: false,
             };
             let src = format!(
                 "{}@group(0) @binding(0) var<storage, read_write> out: array<u32>;\n\

@@ -71,13 +71,25 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     src.push_str(&binding(0, d, true, caps));
     src.push_str(&binding(1, d, false, caps));
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    // A workgroup's f32 row combines its maximum and sum by subgroups where the adapter has
+    // them: each subgroup's value, then the subgroups' in order (one barrier each).
+    let by_subgroups = g > 1 && caps.subgroups && ct == "f32" && at == "f32";
     if g > 1 {
         let _ = writeln!(
             src,
             "var<workgroup> shm: array<{ct}, {g}>;\nvar<workgroup> shs: array<{at}, {g}>;"
         );
     }
-    src.push_str(ENTRY);
+    if by_subgroups {
+        src.push_str("var<workgroup> shn: array<u32, 256>;\nvar<workgroup> shr: f32;\n");
+        src.push_str(&ENTRY.replace(
+            "@builtin(local_invocation_index) lid: u32)",
+            "@builtin(local_invocation_index) lid: u32,\n        @builtin(subgroup_id) sg: u32, \
+             @builtin(subgroup_invocation_id) sl: u32, @builtin(num_subgroups) nsg: u32)",
+        ));
+    } else {
+        src.push_str(ENTRY);
+    }
     src.push_str("  let rows = params[0];\n  let n = params[1];\n");
     if g == 1 {
         src.push_str("  let lane = 0u;\n  let row = gid;\n  if (row < rows) {\n");
@@ -168,6 +180,7 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
             k,
             (g > 1).then_some("shm"),
             "m",
+            by_subgroups,
         );
     } else {
         let _ = writeln!(src, "    var m: {ct} = {neg_inf};");
@@ -193,8 +206,19 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
         let _ = write!(term, "\n      $E = {t};");
     }
     visit(&mut src, &indent(&term));
-    let add = |a: &str, b: &str| round_to(acc, format!("{a} + {b}"));
-    combine(&mut src, "sum", "shs", &add);
+    if by_subgroups {
+        // The subgroups' sums added in their order: the same order every run.
+        let _ = writeln!(
+            src,
+            "    let ps = subgroupAdd(sum);\n    if (sl == 0u) {{ shs[sg] = ps; }}\n    \
+             workgroupBarrier();\n    sum = shs[0];\n    \
+             for (var i = 1u; i < nsg; i = i + 1u) {{ sum = sum + shs[i]; }}\n    \
+             workgroupBarrier();"
+        );
+    } else {
+        let add = |a: &str, b: &str| round_to(acc, format!("{a} + {b}"));
+        combine(&mut src, "sum", "shs", &add);
+    }
     // Pass 3: the output over the element (or its term), the maximum and the sum rounded to
     // the dtype.
     let _ = writeln!(src, "    let x2 = {};", cast("sum", acc, d, false));
@@ -243,7 +267,9 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
 /// (`fmax_f32`, a branch) cost more than the rest of a softmax's pass: here WGSL's `max` or
 /// `min` an element (either zero where they tie) and a NaN flag, then the row's zero sign
 /// settled once where the extremum is a zero: +0 for a maximum where any element is +0, -0
-/// for a minimum where any is -0.
+/// for a minimum where any is -0. `by_subgroups` (f32, an entry with `sg`, `sl` and `nsg`, and
+/// the arrays `shn` and `shr`): the workgroup combines each subgroup's extremum and NaN flag
+/// instead of a tree over `sh`.
 pub(crate) fn fold_extremum(
     src: &mut String,
     op: ReduceOp,
@@ -251,6 +277,7 @@ pub(crate) fn fold_extremum(
     k: usize,
     sh: Option<&str>,
     m: &str,
+    by_subgroups: bool,
 ) {
     let f64 = ct == "f64";
     let (bits, nan, zero) = if f64 {
@@ -276,7 +303,25 @@ pub(crate) fn fold_extremum(
             is_nan(&format!("e{j}"))
         );
     }
-    let _ = writeln!(src, "    if ({m}n) {{ {m} = {nan}; }}");
+    match sh {
+        Some(sh) if by_subgroups => {
+            // WGSL's `max`/`min` of subgroups and the NaN flags apart (a subgroup's extremum
+            // need not keep a NaN); invocation 0 folds the subgroups' values in order.
+            let _ = writeln!(
+                src,
+                "    let p{m} = subgroup{F}({m}); let p{m}n = subgroupAny({m}n);\n    \
+                 if (sl == 0u) {{ {sh}[sg] = p{m}; shn[sg] = select(0u, 1u, p{m}n); }}\n    \
+                 workgroupBarrier();\n    if (lid == 0u) {{\n      var r = {sh}[0]; var rn = shn[0];\n      \
+                 for (var i = 1u; i < nsg; i = i + 1u) {{ r = {f}(r, {sh}[i]); rn = rn | shn[i]; }}\n      \
+                 if (rn != 0u) {{ r = {nan}; }}\n      shr = r;\n    }}\n    \
+                 {m} = workgroupUniformLoad(&shr);",
+                F = if f == "max" { "Max" } else { "Min" },
+            );
+        }
+        _ => {
+            let _ = writeln!(src, "    if ({m}n) {{ {m} = {nan}; }}");
+        }
+    }
     // The row's value in every invocation, read as uniform (the zero test branches on it).
     let tree = |src: &mut String, v: &str, fold: &str| {
         if let Some(sh) = sh {
@@ -289,7 +334,9 @@ pub(crate) fn fold_extremum(
             );
         }
     };
-    tree(src, m, &format!("f{f}_{ct}"));
+    if !by_subgroups {
+        tree(src, m, &format!("f{f}_{ct}"));
+    }
     // The zero's sign settled on the value's bits, never a float compare or select: a driver
     // that does not preserve signed zeros (NVIDIA's) may treat a float zero's fix-up as a no-op.
     let abs = if f64 {

@@ -219,7 +219,7 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
             "    let r{j} = lid + {j}u * {GROUP}u;\n    var e{j}: {ct} = select({bound}, {x}, r{j} < n);"
         );
     }
-    fold_extremum(&mut src, sig.prologue.op, ct, k, Some("shp"), "pm");
+    fold_extremum(&mut src, sig.prologue.op, ct, k, Some("shp"), "pm", false);
     let _ = writeln!(
         src,
         "    if (lid == 0u) {{ {} }}\n    let x{pres} = pm;",
