@@ -157,7 +157,16 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     src.push_str(&helpers(&used, caps));
     let _ = writeln!(src, "var<workgroup> shp: array<{ct}, {GROUP}>;");
     src.push_str(&workgroup_arrays(sig.acc));
-    src.push_str(ENTRY);
+    // f32 rows combine their prologue and a sum by subgroups where the adapter has them (see
+    // the softmax kernel).
+    let by_subgroups = caps.subgroups && ct == "f32";
+    let sum_by_subgroups = by_subgroups && sig.op == ReduceOp::Sum && sig.acc == DType::F32;
+    if by_subgroups {
+        src.push_str("var<workgroup> shn: array<u32, 256>;\nvar<workgroup> shr: f32;\n");
+        src.push_str(&super::softmax::subgroup_entry());
+    } else {
+        src.push_str(ENTRY);
+    }
     src.push_str(
         "  let rows = params[0];\n  let n = params[1];\n  let ins = bitcast<i32>(params[3]);\n",
     );
@@ -219,7 +228,15 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
             "    let r{j} = lid + {j}u * {GROUP}u;\n    var e{j}: {ct} = select({bound}, {x}, r{j} < n);"
         );
     }
-    fold_extremum(&mut src, sig.prologue.op, ct, k, Some("shp"), "pm", false);
+    fold_extremum(
+        &mut src,
+        sig.prologue.op,
+        ct,
+        k,
+        Some("shp"),
+        "pm",
+        by_subgroups,
+    );
     let _ = writeln!(
         src,
         "    if (lid == 0u) {{ {} }}\n    let x{pres} = pm;",
@@ -270,12 +287,23 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
         let v = cast(&t, m.expr.dtype, sig.acc, false);
         let _ = writeln!(src, "      {}\n    }}", fold(sig.op, sig.acc, &v, "0u"));
     }
-    src.push_str(&workgroup_tree(sig.op, sig.acc, "    "));
-    let _ = writeln!(
-        src,
-        "    acc = {}; has = shh[0] != 0u;\n    workgroupBarrier();",
-        shared_value(sig.acc, "0")
-    );
+    if sum_by_subgroups {
+        // The subgroups' sums added in their order: the same order every run.
+        src.push_str(
+            "    let ps = subgroupAdd(acc); let ph = subgroupAny(has);\n    \
+             if (sl == 0u) { shv[sg] = ps; shh[sg] = select(0u, 1u, ph); }\n    \
+             workgroupBarrier();\n    acc = shv[0]; has = shh[0] != 0u;\n    \
+             for (var i = 1u; i < nsg; i = i + 1u) { acc = acc + shv[i]; has = has || shh[i] != 0u; }\n    \
+             workgroupBarrier();\n",
+        );
+    } else {
+        src.push_str(&workgroup_tree(sig.op, sig.acc, "    "));
+        let _ = writeln!(
+            src,
+            "    acc = {}; has = shh[0] != 0u;\n    workgroupBarrier();",
+            shared_value(sig.acc, "0")
+        );
+    }
     let _ = writeln!(
         src,
         "    let res = {};\n    if (lid == 0u) {{ {} }}",
