@@ -9,7 +9,7 @@
 //! are left out there: the backend refuses f64 on such adapters before generating anything
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
-use super::{conv, index, map, matmul, reduce, softmax, staged, Caps};
+use super::{conv, coop_matmul, index, map, matmul, reduce, softmax, staged, Caps};
 use strata_core::ir::ConvPass;
 use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
@@ -555,13 +555,7 @@ fn cooperative_matmul_validates_and_writes_spirv() {
         ..CAPS
     };
     for vectors in [false, true] {
-        let sig = matmul::MatmulSig {
-            dtype: DType::F16,
-            acc: DType::F32,
-            coop: true,
-            vectors,
-        };
-        let src = matmul::source(&sig, caps);
+        let src = coop_matmul::source(caps, vectors);
         assert!(src.contains("coopMultiplyAdd"), "{src}");
         let module = naga::front::wgsl::parse_str(&src)
             .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));

@@ -27,8 +27,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
 
-/// The output tile's side (the tiled kernel's, so the launch is the same).
-const TILE: usize = super::matmul::TILE;
+/// The output tile's side (the tiled kernel's too: one launch shape for both).
+pub(crate) const TILE: usize = 128;
 /// Depth of the slices staged per step, by 16-byte loads and one half a load. Measured through
 /// NVIDIA's Vulkan driver (H200, 8192³): by 16-byte loads 7.06 / 9.49 / 5.92 ms at depths
 /// 16 / 32 / 64; one half a load 9.64 / 15.6 / 17.9 ms.

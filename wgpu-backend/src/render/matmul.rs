@@ -47,11 +47,9 @@ impl strata_core::kernel_cache::Owned for MatmulSig {}
 /// (batch, row, col), [10..13] of B, [13..16] of C, [16, 17] α, [18, 19] β.
 pub(crate) const PARAM_WORDS: usize = 20;
 
-/// The WGSL source of a matmul launch (bindings: 0 C, 1 A, 2 B).
+/// The WGSL source of a matmul launch on tiles (bindings: 0 C, 1 A, 2 B); a `coop` signature
+/// is [`super::coop_matmul`]'s.
 pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
-    if sig.coop {
-        return super::coop_matmul::source(caps, sig.vectors);
-    }
     let (d, acc) = (sig.dtype, sig.acc);
     let at = compute_type(acc);
     let zero = literal(acc, 0);

@@ -93,7 +93,12 @@ impl WgpuBackend {
                     && runs_of_8(ops.b.layout.strides(), wins[2].rel_offset, n),
                 ..sig.clone()
             };
-            let tiles = bl * rl.div_ceil(matmul::TILE) * n.div_ceil(matmul::TILE);
+            let tile = if sig.coop {
+                crate::render::coop_matmul::TILE
+            } else {
+                matmul::TILE
+            };
+            let tiles = bl * rl.div_ceil(tile) * n.div_ceil(tile);
             steps.push(Step::Dispatch(Dispatch {
                 sig: Sig::Matmul(sig),
                 params,

@@ -209,7 +209,12 @@ impl WgpuBackend {
                     .pipeline(&render::index::source(sig, caps), bindings)
             }),
             Sig::Matmul(sig) => self.matmuls.get(sig, |sig| {
-                self.gpu.pipeline(&render::matmul::source(sig, caps), 3)
+                let source = if sig.coop {
+                    render::coop_matmul::source(caps, sig.vectors)
+                } else {
+                    render::matmul::source(sig, caps)
+                };
+                self.gpu.pipeline(&source, 3)
             }),
             Sig::Softmax(sig) => self.softmaxes.get(sig, |sig| {
                 self.gpu.pipeline(&render::softmax::source(sig, caps)?, 2)
