@@ -305,13 +305,35 @@ fn f16_products(dev: &Device) -> Result<()> {
         half(batch * m * k, 3, [batch, m, k])?,
         half(batch * k * n, 4, [batch, k, n])?,
     );
+    // The 16-byte path from a window offset, and with a negative row stride against a
+    // broadcast batch; a depth that is not a multiple of 8 falls back to one half a load.
+    let offset = (
+        half(batch * (m + 8) * k, 5, [batch, m + 8, k])?.slice(s![.., 8.., ..])?,
+        contiguous.1.clone(),
+    );
+    let reversed = (
+        half(m * k, 6, [1, m, k])?
+            .reshape([m, k])?
+            .slice(s![..;-1, ..])?,
+        contiguous.1.clone(),
+    );
+    let ragged = (
+        half(batch * m * 300, 7, [batch, m, 300])?,
+        half(batch * 300 * n, 8, [batch, 300, n])?,
+    );
     let coop = dev
         .backend()
         .properties()
         .iter()
         .any(|(name, value)| *name == "f16 matmul" && value.starts_with("cooperative"));
-    for (layout, (a, b)) in [("strided", strided), ("contiguous", contiguous)] {
-        let (shape, want) = reference(&a, &b, DType::F64)?;
+    for (layout, (a, b)) in [
+        ("strided", strided),
+        ("contiguous", contiguous.clone()),
+        ("offset", offset),
+        ("negative rows, broadcast batch", reversed),
+        ("depth 300", ragged),
+    ] {
+        let want = dense_product(&a, &b, batch)?;
         let mut got = None;
         let p = dev.profile(|| {
             let t = a.matmul(&b)?;
@@ -320,13 +342,13 @@ fn f16_products(dev: &Device) -> Result<()> {
             Ok(())
         })?;
         let got = got.expect("the product ran");
-        assert_eq!(got.shape(), &shape[..]);
-        for (i, (g, w)) in host(&got)?.into_iter().zip(want).enumerate() {
-            let w = w.to_f64();
+        assert_eq!(got.shape(), &[batch, a.shape()[a.ndim() - 2], b.shape()[2]]);
+        let got = got.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        for (i, (g, w)) in got.into_iter().zip(want).enumerate() {
             let w16 = Scalar::F64(w).cast(DType::F16, false).to_f64();
             assert!(
-                (g.to_f64() - w16).abs() <= 2e-3 * w.abs().max(1.0),
-                "{layout} f16 product element {i}: got {g:?}, want {w16} ({w})"
+                (g - w16).abs() <= 2e-3 * w.abs().max(1.0),
+                "{layout} f16 product element {i}: got {g}, want {w16} ({w})"
             );
         }
         if coop {
@@ -339,6 +361,44 @@ fn f16_products(dev: &Device) -> Result<()> {
             assert_eq!(names, ["strata_matmul_coop"], "{layout} on {}", dev.name());
         }
     }
+    // gemm with β ≠ 0 reads the old C (the cooperative kernel's epilogue).
+    let (a, b) = (contiguous.0.slice(s![0])?, contiguous.1.slice(s![0])?);
+    let c = half(m * n, 9, [1, m, n])?.reshape([m, n])?;
+    let before = c.to_dtype(DType::F64)?.to_vec::<f64>()?;
+    let ab = dense_product(&a.unsqueeze(0)?, &b.unsqueeze(0)?, 1)?;
+    Tensor::gemm(0.5, &a, &b, -2.0, &c, false, false)?;
+    let got = c.to_dtype(DType::F64)?.to_vec::<f64>()?;
+    for (i, g) in got.into_iter().enumerate() {
+        let w = 0.5 * ab[i] - 2.0 * before[i];
+        let w16 = Scalar::F64(w).cast(DType::F16, false).to_f64();
+        assert!(
+            (g - w16).abs() <= 2e-3 * w.abs().max(1.0),
+            "f16 gemm element {i}: got {g}, want {w16} ({w})"
+        );
+    }
     Ok(())
 }
 test_device!(f16_products_accumulate_in_f32, f16_products);
+
+/// The product of `a` ([m, k] or [batch, m, k]) and `b` ([batch, k, n]) in f64 on the host,
+/// row-major [batch, m, n] (read whole: a read an element is slow on a GPU).
+fn dense_product(a: &Tensor, b: &Tensor, batch: usize) -> Result<Vec<f64>> {
+    let (m, k, n) = (a.shape()[a.ndim() - 2], b.shape()[1], b.shape()[2]);
+    let av = a
+        .expand([batch, m, k])?
+        .to_dtype(DType::F64)?
+        .to_vec::<f64>()?;
+    let bv = b.to_dtype(DType::F64)?.to_vec::<f64>()?;
+    let mut out = vec![0.0; batch * m * n];
+    for z in 0..batch {
+        for i in 0..m {
+            for p in 0..k {
+                let x = av[(z * m + i) * k + p];
+                for j in 0..n {
+                    out[(z * m + i) * n + j] += x * bv[(z * k + p) * n + j];
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -223,7 +223,10 @@ impl Gpu {
                 });
         // SAFETY: the experimental feature (cooperative matrices) is asked for only where the
         // adapter reports the one configuration strata's f16 matmul uses, and only that
-        // generated kernel uses it; every other shader is compiled as without it.
+        // generated kernel uses it; every other shader is compiled as without it. Its known
+        // defect: under the Vulkan memory model it brings, naga 30's barriers lack
+        // availability/visibility operations (gfx-rs/wgpu#8805), so the kernel's workgroup
+        // hand-offs rely on the driver's coherent workgroup memory (NVIDIA's: tested there).
         let experimental_features = if coop_f16 {
             unsafe { wgpu::ExperimentalFeatures::enabled() }
         } else {

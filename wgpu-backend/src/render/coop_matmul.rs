@@ -9,7 +9,8 @@
 //! and the rows fall in different banks) and multiplies. An invocation's loads of the next
 //! slice are issued before the multiplications of this one and stored after them, so the
 //! memory's latency hides behind the tensor cores' work. The products of f16 values are exact
-//! and accumulate in f32, as the tiled kernel's do, but in the hardware's order. At the end each
+//! and accumulate at f32 precision, in the hardware's order (which may truncate within one
+//! multiply-add). At the end each
 //! subgroup writes one accumulator at a time to its own 16×16 f32 scratch, and its invocations
 //! read it back to apply α and β, round once to f16 and store with the output's strides and
 //! bounds.
