@@ -321,6 +321,7 @@ fn f16_products(dev: &Device) -> Result<()> {
         half(batch * m * 300, 7, [batch, m, 300])?,
         half(batch * 300 * n, 8, [batch, 300, n])?,
     );
+    let capped = std::env::var_os("STRATA_WGPU_MAX_BINDING").is_some();
     let coop = dev
         .backend()
         .properties()
@@ -335,12 +336,17 @@ fn f16_products(dev: &Device) -> Result<()> {
     ] {
         let want = dense_product(&a, &b, batch)?;
         let mut got = None;
-        let p = dev.profile(|| {
+        let p = match dev.profile(|| {
             let t = a.matmul(&b)?;
             t.realize()?;
             got = Some(t);
             Ok(())
-        })?;
+        }) {
+            // CI's binding cap is smaller than one right-hand matrix, which wgpu's matmul
+            // documents as unsupported.
+            Err(Error::Unsupported(m)) if capped && m.contains("storage binding") => return Ok(()),
+            other => other?,
+        };
         let got = got.expect("the product ran");
         assert_eq!(got.shape(), &[batch, a.shape()[a.ndim() - 2], b.shape()[2]]);
         let got = got.to_dtype(DType::F64)?.to_vec::<f64>()?;
