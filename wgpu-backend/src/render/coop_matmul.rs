@@ -22,8 +22,9 @@
 //! Used where [`Caps::coop_f16`] says the adapter has it; the launch is the tiled kernel's
 //! (same tile, same parameters: [`super::matmul::PARAM_WORDS`]), bindings 0 C, 1 A, 2 B.
 
+use super::matmul::{scale_lets, store_scaled};
 use super::prelude::helpers;
-use super::{binding, cast, literal, load_from, scalar_value, store, Caps};
+use super::{binding, Caps};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
@@ -150,15 +151,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     }
     src.push_str("    workgroupBarrier();\n  }\n");
     // The epilogue: one accumulator at a time through this subgroup's scratch.
-    let _ = writeln!(
-        src,
-        "  let alpha: f32 = {}; let beta: f32 = {};\n  let base = sg * 256u;\n  var v: f32;",
-        scalar_value(acc, "params[16]", "params[17]"),
-        scalar_value(acc, "params[18]", "params[19]"),
-    );
-    let old = cast(&load_from(d, "b0", "co", true, caps), d, acc, false);
-    let put = store(d, "b0", "co", "v", caps);
-    let zero = literal(acc, 0);
+    src.push_str(&scale_lets(acc));
+    src.push_str("  let base = sg * 256u;\n");
     for i in 0..2 {
         for j in 0..4 {
             let _ = writeln!(
@@ -169,18 +163,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let r = by * {TILE}u + 32u * (sg / 2u) + {ri}u + e / 16u;
     let c = bx * {TILE}u + fb + {cj}u + e % 16u;
     if (r < m && c < n) {{
-      let co = u32(i32(params[6]) + i32(bz) * {sc0} + i32(r) * {sc1} + i32(c) * {sc2});
-      v = alpha * tc[base + e];
-      if (beta != {zero}) {{ v = v + beta * {old}; }}
-      {put}
+{}
     }}
   }}
   workgroupBarrier();",
+                store_scaled(d, acc, "tc[base + e]", caps),
                 ri = 16 * i,
                 cj = 16 * j,
-                sc0 = st(13),
-                sc1 = st(14),
-                sc2 = st(15),
             );
         }
     }

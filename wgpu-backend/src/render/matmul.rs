@@ -217,44 +217,54 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
         src.push_str("    }\n");
     }
     src.push_str("    workgroupBarrier();\n  }\n");
-    let _ = writeln!(
-        src,
-        "  let alpha: {at} = {}; let beta: {at} = {};\n  var v: {at};",
-        scalar_value(acc, "params[16]", "params[17]"),
-        scalar_value(acc, "params[18]", "params[19]"),
-    );
-    let with_c = arith(
-        acc,
-        "v",
-        &mul(
-            acc,
-            "beta",
-            &cast(&super::load_from(d, "b0", "co", true, caps), d, acc, false),
-        ),
-    );
-    let put = store(d, "b0", "co", &cast("v", acc, d, false), caps);
+    src.push_str(&scale_lets(acc));
     for i in 0..PER {
         for j in 0..PER {
             let _ = writeln!(
                 src,
                 "  {{ let r = by * {TILE}u + {ri}; let c = bx * {TILE}u + {cj};
     if (r < m && c < n) {{
-      let co = u32(i32(params[6]) + i32(bz) * {sc0} + i32(r) * {sc1} + i32(c) * {sc2});
-      v = {scaled};
-      if (beta != {zero}) {{ v = {with_c}; }}
-      {put}
+{}
     }} }}",
+                store_scaled(d, acc, &format!("c{i}_{j}"), caps),
                 ri = lane("tr", i),
                 cj = lane("tc", j),
-                sc0 = st(13),
-                sc1 = st(14),
-                sc2 = st(15),
-                scaled = mul(acc, "alpha", &format!("c{i}_{j}")),
             );
         }
     }
     src.push_str("}\n");
     src
+}
+
+/// Declares the launch's `alpha` and `beta` (`params[16..20]`) and `v`, in `acc`.
+pub(crate) fn scale_lets(acc: DType) -> String {
+    let at = compute_type(acc);
+    format!(
+        "  let alpha: {at} = {}; let beta: {at} = {};\n  var v: {at};\n",
+        scalar_value(acc, "params[16]", "params[17]"),
+        scalar_value(acc, "params[18]", "params[19]"),
+    )
+}
+
+/// Stores `α·value + β·C` (C not read where β = 0) at output row `r`, column `c` of batch
+/// `bz`, by the output's offset and strides (`params[6]`, `params[13..16]`); after
+/// [`scale_lets`].
+pub(crate) fn store_scaled(d: DType, acc: DType, value: &str, caps: Caps) -> String {
+    let st = |w: usize| format!("bitcast<i32>(params[{w}])");
+    let old = cast(&super::load_from(d, "b0", "co", true, caps), d, acc, false);
+    format!(
+        "      let co = u32(i32(params[6]) + i32(bz) * {} + i32(r) * {} + i32(c) * {});
+      v = {};
+      if (beta != {}) {{ v = {}; }}
+      {}",
+        st(13),
+        st(14),
+        st(15),
+        mul(acc, "alpha", value),
+        literal(acc, 0),
+        arith(acc, "v", &mul(acc, "beta", &old)),
+        store(d, "b0", "co", &cast("v", acc, d, false), caps),
+    )
 }
 
 /// `x + a·b` in `acc`: a fused multiply-add for f32 accumulators (one instruction, and the
