@@ -313,8 +313,15 @@ setup_nccl() {
 
 run_dp() {
   setup_nccl
+  echo "-- host cost of small ops from one thread, and from a thread per GPU (bench_gpu host-threads)" | tee -a "$summary"
+  timeout 200 "$bin/bench_gpu" host-threads 2>&1 | tee -a "$summary"
   echo "-- the CNN's training step data-parallel (bench_gpu dp), 256 images per GPU" | tee -a "$summary"
   timeout 300 "$bin/bench_gpu" dp 2>&1 | tee -a "$summary"
+  # The step is bound by the host: each rank pinned to two CPUs of its own (as a launcher
+  # would with taskset or numactl) keeps the scheduler from moving or crowding it.
+  cpus=""; for ((k = 0; k < $(nvidia-smi -L | wc -l); k++)); do cpus+="$((8 * k)),$((8 * k + 1));"; done
+  echo "-- the same, process per GPU, rank k on CPUs 8k and 8k+1 (STRATA_DP_CPUS=$cpus)" | tee -a "$summary"
+  STRATA_DP_ONLY=processes STRATA_DP_CPUS="$cpus" timeout 300 "$bin/bench_gpu" dp 2>&1 | tee -a "$summary"
 }
 
 run_multi() {

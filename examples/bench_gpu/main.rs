@@ -676,92 +676,324 @@ fn cnn_step(dev: &Device, batch: usize) -> Result<()> {
     Ok(())
 }
 
-/// The CNN's training step data-parallel over 1, 2 and every CUDA device
-/// ([`strata::nn::DataParallel`], gradients averaged through NCCL): `per_gpu` images on each
-/// device (the global batch grows with the devices, as DistributedDataParallel is used), so
-/// the speed-up over one GPU is `world · t₁ / t_world` images per second. `threads`: each
-/// device's forward and backward issued from a thread of its own, else all from this one.
-/// Median wall-clock ms of 20 steps, each ending with every device synchronized.
-fn data_parallel(per_gpu: usize, threads: bool) -> Result<()> {
-    use strata::nn::DataParallel;
-    let count = Device::cuda_count();
-    let mut worlds = vec![1, 2, count];
-    worlds.retain(|&w| w <= count);
-    worlds.dedup();
-    let mut one_gpu_ms = None;
-    for world in worlds {
-        let devices: Vec<Device> = (0..world).map(Device::cuda).collect::<Result<_>>()?;
-        for d in &devices {
-            d.set_allow_tf32(true);
-        }
-        let comm = strata::collective::nccl(&devices)?;
-        let reference = cnn::Cnn::new(7, &devices[0])?;
-        let dp = DataParallel::new(comm, &reference.parameters())?;
-        drop(reference);
-        let models = devices
-            .iter()
-            .enumerate()
-            .map(|(k, d)| cnn::Cnn::new(7, d)?.with_parameters(dp.replica(k)))
-            .collect::<Result<Vec<_>>>()?;
-        let mut opts = (0..world)
-            .map(|k| AdamW::new(dp.replica(k).to_vec(), 1e-3))
-            .collect::<Result<Vec<_>>>()?;
-        let mut g = strata::random::Generator::new(8);
-        let x = Tensor::randn(
-            [per_gpu * world, 3, 32, 32],
-            DType::F32,
-            &mut g,
-            &devices[0],
-        )?;
-        let y = Tensor::randint(0, 10, [per_gpu * world], DType::I64, &mut g, &devices[0])?;
-        let (xs, ys) = (dp.scatter(&x)?, dp.scatter(&y)?);
-        let mut step = || -> Result<()> {
-            let backward = |k: usize| -> Result<()> { models[k].loss(&xs[k], &ys[k])?.backward() };
-            if threads && world > 1 {
-                std::thread::scope(|s| {
-                    let handles: Vec<_> =
-                        (0..world).map(|k| s.spawn(move || backward(k))).collect();
-                    handles
-                        .into_iter()
-                        .map(|h| h.join().expect("a device's backward thread panicked"))
-                        .collect::<Result<Vec<()>>>()
-                })?;
-            } else {
-                (0..world).try_for_each(backward)?;
-            }
-            if world > 1 {
-                dp.average_gradients()?;
-            }
-            for opt in &mut opts {
-                opt.step()?;
-                opt.zero_grad();
-            }
+/// `bench_gpu host-threads`: the host cost of small ops (µs per op, bursts of 200 as
+/// [`burst_us`]) issued from one thread to cuda:0, then from one thread per GPU to every GPU
+/// at once (thread `k` to cuda:k; the slowest thread's median). A cost that grows with the
+/// threads is something they share: a lock in strata, the driver or a library.
+fn host_threads() -> Result<()> {
+    use strata::nn::functional::conv2d;
+    type Op = fn(&[Tensor]) -> Result<()>;
+    let kinds: [(&str, Op); 6] = [
+        ("add", |t| keep(&t[0] + &t[0])),
+        ("zeros", |t| {
+            keep(Tensor::zeros([256], DType::F32, t[0].device()))
+        }),
+        ("sum", |t| keep(t[1].sum(Axes::All, false))),
+        ("matmul 32", |t| keep(t[1].matmul(&t[1]))),
+        ("conv2d", |t| {
+            keep(strata::autograd::no_grad(|| {
+                conv2d(&t[2], &t[3], None, [1, 1], [1, 1], [1, 1], 1)
+            }))
+        }),
+        ("mul+sum backward", |t| {
+            t[4].mul(&t[4])?.sum(Axes::All, false)?.backward()?;
+            t[4].zero_grad();
             Ok(())
-        };
-        let mut runs = Vec::new();
-        for k in 0..23 {
-            let t = Instant::now();
-            step()?;
-            for d in &devices {
-                d.synchronize()?;
+        }),
+    ];
+    let count = Device::cuda_count();
+    let operands = (0..count)
+        .map(|k| {
+            let d = Device::cuda(k)?;
+            let mut g = strata::random::Generator::new(3);
+            Ok(vec![
+                Tensor::ones([1], DType::F32, &d)?,
+                Tensor::randn([32, 32], DType::F32, &mut g, &d)?,
+                Tensor::randn([1, 4, 8, 8], DType::F32, &mut g, &d)?,
+                Tensor::randn([4, 4, 3, 3], DType::F32, &mut g, &d)?,
+                Tensor::randn([64], DType::F32, &mut g, &d)?.requires_grad_(true)?,
+            ])
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (name, op) in kinds {
+        for ops in &operands {
+            let d = ops[0].device().clone();
+            for _ in 0..300 {
+                op(ops)?;
             }
-            if k >= 3 {
-                runs.push(t.elapsed().as_secs_f64() * 1e3);
-            }
+            d.profile(|| op(ops))?;
+            d.synchronize()?;
         }
-        let ms = median(runs);
-        let one = *one_gpu_ms.get_or_insert(ms);
-        let speedup = world as f64 * one / ms;
-        let how = if threads {
-            "thread per GPU"
-        } else {
-            "one thread"
-        };
+        let alone = bursts_us(operands[0][0].device(), 21, || op(&operands[0]))?;
+        let together = std::thread::scope(|s| {
+            let handles: Vec<_> = operands
+                .iter()
+                .map(|ops| s.spawn(move || bursts_us(ops[0].device(), 21, || op(ops))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a host-threads thread panicked"))
+                .collect::<Result<Vec<f64>>>()
+        })?;
+        let slowest = together.iter().cloned().fold(0.0, f64::max);
         println!(
-            "{{\"op\": \"dp-cnn-step {per_gpu}/GPU on {world} GPUs ({how})\", \"ms\": {ms:.3}, \"speedup\": {speedup:.2}}}"
+            "{{\"op\": \"host-threads {name}\", \"one_thread_us\": {alone:.2}, \"threads\": {count}, \"per_thread_us\": {slowest:.2}, \"ratio\": {:.2}}}",
+            slowest / alone
         );
     }
     Ok(())
+}
+
+/// How `bench_gpu dp` issues each device's work.
+#[derive(Clone, Copy, PartialEq)]
+enum Issue {
+    /// Every device's forward and backward from this thread, one after the other.
+    OneThread,
+    /// Each device's forward and backward from a thread of its own.
+    ThreadPerGpu,
+    /// One process per GPU (the launcher pattern): this program started once per rank.
+    ProcessPerGpu,
+}
+
+/// The CNN's training step data-parallel over 2 and every CUDA device
+/// ([`strata::nn::DataParallel`], gradients averaged through NCCL): `per_gpu` images on each
+/// device (the global batch grows with the devices, as DistributedDataParallel is used), so
+/// the speed-up over one GPU is `world · t₁ / t_world` images per second. The step is bound
+/// by the host, whose speed drifts by ±15% within a run on the GPU machine, so `t₁` is
+/// measured interleaved with `t_world` (see [`dp_steps`]). Also where the step's time goes.
+/// `STRATA_DP_CPUS="0,1;8,9"` pins rank k's process to the k-th CPU list (`taskset`);
+/// `STRATA_DP_ONLY=processes` runs the process-per-GPU rows alone.
+fn data_parallel(per_gpu: usize, how: Issue) -> Result<()> {
+    let count = Device::cuda_count();
+    let mut worlds = vec![2, count];
+    worlds.retain(|&w| w <= count);
+    worlds.dedup();
+    if std::env::var("STRATA_DP_ONLY").is_ok_and(|m| m == "processes")
+        && how != Issue::ProcessPerGpu
+    {
+        return Ok(());
+    }
+    for world in worlds {
+        let line = if how == Issue::ProcessPerGpu {
+            dp_processes(per_gpu, world)?
+        } else {
+            let devices: Vec<Device> = (0..world).map(Device::cuda).collect::<Result<_>>()?;
+            let comm = strata::collective::nccl(&devices)?;
+            dp_steps(comm, (0..world).collect(), world, per_gpu, how)?
+        };
+        let name = match how {
+            Issue::OneThread => "one thread",
+            Issue::ThreadPerGpu => "thread per GPU",
+            Issue::ProcessPerGpu => "process per GPU",
+        };
+        println!("{{\"op\": \"dp-cnn-step {per_gpu}/GPU on {world} GPUs ({name})\", {line}}}");
+    }
+    Ok(())
+}
+
+/// `world` ranks of `bench_gpu dp-rank`, one process each, started with `RANK`,
+/// `WORLD_SIZE` and `STRATA_NCCL_ID` (this process made the id, so it lives until they end:
+/// NCCL's bootstrap root runs in it): rank 0's line.
+fn dp_processes(per_gpu: usize, world: usize) -> Result<String> {
+    let id = strata::collective::nccl_id()?;
+    let exe = std::env::current_exe().map_err(|e| Error::Invalid(e.to_string()))?;
+    // `STRATA_DP_CPUS="0,1;8,9"` runs rank k on the k-th CPU list.
+    let cpus = std::env::var("STRATA_DP_CPUS").unwrap_or_default();
+    let cpus: Vec<&str> = cpus.split(';').filter(|c| !c.is_empty()).collect();
+    let children = (0..world)
+        .map(|rank| {
+            let mut command = match cpus.get(rank) {
+                Some(list) => {
+                    let mut c = std::process::Command::new("taskset");
+                    c.args(["-c", list]).arg(&exe);
+                    c
+                }
+                None => std::process::Command::new(&exe),
+            };
+            command
+                .args(["dp-rank", "--batch", &per_gpu.to_string()])
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("STRATA_NCCL_ID", &id)
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .map_err(|e| Error::Invalid(format!("starting rank {rank}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut first = None;
+    for (rank, child) in children.into_iter().enumerate() {
+        let out = child
+            .wait_with_output()
+            .map_err(|e| Error::Invalid(format!("rank {rank}: {e}")))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("dp-rank "))
+            .filter(|_| out.status.success())
+            .ok_or_else(|| Error::Invalid(format!("rank {rank} failed: {text}")))?;
+        first.get_or_insert(line.to_string());
+    }
+    first.ok_or_else(|| Error::Invalid("no rank ran".into()))
+}
+
+/// One rank of [`dp_processes`]: this process's GPU (device `RANK`) joins the communicator
+/// the launcher described and prints `dp-rank <line>`.
+fn dp_rank(per_gpu: usize) -> Result<()> {
+    let number = |name: &str| -> usize {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let (rank, world) = (number("RANK"), number("WORLD_SIZE"));
+    let dev = Device::cuda(rank)?;
+    let comm = strata::collective::nccl_from_env(&dev)?;
+    let line = dp_steps(comm, vec![rank], world, per_gpu, Issue::OneThread)?;
+    println!("dp-rank {line}");
+    Ok(())
+}
+
+/// The CNN over `comm`'s devices, which are the ranks `ranks` of a group of `world`, each
+/// with its shard of a batch of `per_gpu · world` images drawn on it with the same seed.
+/// Ten rounds, each of five steps of rank 0 alone (the one-GPU step: no averaging, the other
+/// ranks waiting) and five data-parallel steps, a barrier (an all-reduce of one element, every
+/// device synchronized) before each part; three steps of each first. Returns the medians of
+/// both, the speed-up, and the data-parallel step's phases (ms from its start until each
+/// returns: every device's forward and backward as issued, the gradients averaged, the
+/// optimizers, every device synchronized), as JSON members; the speed-up is the median of
+/// the rounds' own (each round's medians), which cancels the host's drift between rounds.
+fn dp_steps(
+    comm: strata::collective::Communicator,
+    ranks: Vec<usize>,
+    world: usize,
+    per_gpu: usize,
+    how: Issue,
+) -> Result<String> {
+    use strata::collective::ReduceOp;
+    use strata::nn::DataParallel;
+    let devices = comm.devices().to_vec();
+    for d in &devices {
+        d.set_allow_tf32(true);
+    }
+    let reference = cnn::Cnn::new(7, &devices[0])?;
+    let dp = DataParallel::new(comm, &reference.parameters())?;
+    drop(reference);
+    let models = devices
+        .iter()
+        .enumerate()
+        .map(|(k, d)| cnn::Cnn::new(7, d)?.with_parameters(dp.replica(k)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut opts = (0..devices.len())
+        .map(|k| AdamW::new(dp.replica(k).to_vec(), 1e-3))
+        .collect::<Result<Vec<_>>>()?;
+    let mut shards = Vec::new();
+    for (d, &rank) in devices.iter().zip(&ranks) {
+        let mut g = strata::random::Generator::new(8);
+        let x = Tensor::randn([per_gpu * world, 3, 32, 32], DType::F32, &mut g, d)?;
+        let y = Tensor::randint(0, 10, [per_gpu * world], DType::I64, &mut g, d)?;
+        let at = rank * per_gpu;
+        shards.push((
+            x.narrow(0, at, per_gpu)?.copy()?,
+            y.narrow(0, at, per_gpu)?.copy()?,
+        ));
+    }
+    let flags = devices
+        .iter()
+        .map(|d| Tensor::zeros([1], DType::F32, d))
+        .collect::<Result<Vec<_>>>()?;
+    let barrier = || -> Result<()> {
+        dp.communicator().all_reduce(&flags, ReduceOp::Sum)?;
+        devices.iter().try_for_each(|d| d.synchronize())
+    };
+    // Which of this process's devices is rank 0 (the one-GPU step's device), if any.
+    let lead = ranks.iter().position(|&r| r == 0);
+    let mut step = |alone: bool, marks: &mut [f64; 4]| -> Result<()> {
+        let t = Instant::now();
+        let backward =
+            |k: usize| -> Result<()> { models[k].loss(&shards[k].0, &shards[k].1)?.backward() };
+        let mine: Vec<usize> = if alone {
+            lead.into_iter().collect()
+        } else {
+            (0..devices.len()).collect()
+        };
+        if how == Issue::ThreadPerGpu && mine.len() > 1 {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = mine.iter().map(|&k| s.spawn(move || backward(k))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().expect("a device's backward thread panicked"))
+                    .collect::<Result<Vec<()>>>()
+            })?;
+        } else {
+            mine.iter().try_for_each(|&k| backward(k))?;
+        }
+        marks[0] = t.elapsed().as_secs_f64() * 1e3;
+        if !alone {
+            dp.average_gradients()?;
+        }
+        marks[1] = t.elapsed().as_secs_f64() * 1e3;
+        for &k in &mine {
+            opts[k].step()?;
+            opts[k].zero_grad();
+        }
+        marks[2] = t.elapsed().as_secs_f64() * 1e3;
+        for &k in &mine {
+            devices[k].synchronize()?;
+        }
+        marks[3] = t.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    };
+    let mut one: Vec<f64> = Vec::new();
+    let mut all: [Vec<f64>; 4] = Default::default();
+    // Each round's speed-up (its medians' ratio): the host's drift cancels within a round.
+    let mut ratios = Vec::new();
+    for round in 0..11 {
+        let (o, a) = (one.len(), all[3].len());
+        for alone in [true, false] {
+            barrier()?;
+            if alone && lead.is_none() {
+                continue;
+            }
+            for _ in 0..if round == 0 { 3 } else { 5 } {
+                let mut marks = [0.0; 4];
+                step(alone, &mut marks)?;
+                if round == 0 {
+                    continue;
+                }
+                if alone {
+                    one.push(marks[3]);
+                } else {
+                    for (r, m) in all.iter_mut().zip(marks) {
+                        r.push(m);
+                    }
+                }
+            }
+        }
+        if round > 0 && lead.is_some() {
+            let t1 = median(one[o..].to_vec());
+            ratios.push(world as f64 * t1 / median(all[3][a..].to_vec()));
+        }
+    }
+    barrier()?;
+    // Ranks other than 0 time no one-GPU step.
+    let t1 = if one.is_empty() {
+        f64::NAN
+    } else {
+        median(one)
+    };
+    let speedup = if ratios.is_empty() {
+        f64::NAN
+    } else {
+        median(ratios.clone())
+    };
+    let [issued, averaged, stepped, synced] = all.map(median);
+    let rounds: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    Ok(format!(
+        "\"one_gpu_ms\": {t1:.3}, \"ms\": {synced:.3}, \"speedup\": {speedup:.2}, \
+         \"rounds\": \"{}\", \"phases\": \"forward+backward issued {issued:.2}, averaged \
+         {averaged:.2}, optimizer {stepped:.2}, synchronized {synced:.2}\"",
+        rounds.join(" ")
+    ))
 }
 
 /// Copies of `n` f32 elements between CUDA devices 0 and 1, each way and both ways at once:
@@ -893,8 +1125,13 @@ fn main() -> Result<()> {
         }
         Some("dp") => {
             let per_gpu: usize = arg("--batch", "256").parse().unwrap_or(256);
-            data_parallel(per_gpu, false)?;
-            return data_parallel(per_gpu, true);
+            data_parallel(per_gpu, Issue::OneThread)?;
+            data_parallel(per_gpu, Issue::ThreadPerGpu)?;
+            return data_parallel(per_gpu, Issue::ProcessPerGpu);
+        }
+        Some("host-threads") => return host_threads(),
+        Some("dp-rank") => {
+            return dp_rank(arg("--batch", "256").parse().unwrap_or(256));
         }
         Some("peer") => {
             let log2n: u32 = arg("--log2n", "28").parse().unwrap_or(28);
