@@ -516,6 +516,69 @@ fn graph_semantics(dev: &Device) -> Result<()> {
 }
 test_device!(graph_semantics_match_pytorch, graph_semantics);
 
+/// Post-accumulate hooks: once per pass after a leaf's last contribution, with the
+/// accumulated gradient (earlier passes' included), while the pass goes on; not for
+/// `autograd::grad`, not once removed; an `Err` ends the pass; only leaves take them.
+fn post_accumulate_hooks(dev: &Device) -> Result<()> {
+    use std::sync::{Arc, Mutex};
+    let w = f32s(&[1.0, 2.0], dev)?.requires_grad_(true)?;
+    let v = f32s(&[3.0], dev)?.requires_grad_(true)?;
+    let seen: Arc<Mutex<Vec<(char, Vec<f32>)>>> = Arc::default();
+    let hook = |name: char| {
+        let log = seen.clone();
+        move |g: &Tensor| -> Result<()> {
+            log.lock().unwrap().push((name, g.to_vec::<f32>()?));
+            Ok(())
+        }
+    };
+    let on_w = w.register_post_accumulate_grad_hook(hook('w'))?;
+    v.register_post_accumulate_grad_hook(hook('v'))?;
+    // w reaches the loss three times (twice through one product), v once: one call each.
+    let loss = |w: &Tensor| -> Result<Tensor> {
+        let early = w.mul(w)?.sum(Axes::All, false)?; // Σ w²
+        early.add(&w.mul(&v)?.sum(Axes::All, false)?) // + v Σ w
+    };
+    loss(&w)?.backward()?;
+    let want_w = vec![2.0 * 1.0 + 3.0, 2.0 * 2.0 + 3.0];
+    let mut calls = seen.lock().unwrap().clone();
+    calls.sort_by_key(|c| c.0);
+    assert_eq!(calls, vec![('v', vec![3.0]), ('w', want_w.clone())]);
+    // A second pass: the hook sees the accumulated gradient.
+    seen.lock().unwrap().clear();
+    loss(&w)?.backward()?;
+    let twice: Vec<f32> = want_w.iter().map(|g| 2.0 * g).collect();
+    assert!(seen.lock().unwrap().contains(&('w', twice)));
+    // autograd::grad accumulates nothing and runs no hook.
+    seen.lock().unwrap().clear();
+    autograd::grad(&[&loss(&w)?], &[&w], None, false)?;
+    assert!(seen.lock().unwrap().is_empty());
+    // A leaf that is the root: its hook runs too.
+    v.zero_grad();
+    v.backward_with(&f32s(&[7.0], dev)?)?;
+    assert_eq!(seen.lock().unwrap().as_slice(), &[('v', vec![7.0])]);
+    // Removed: not called; a hook's Err ends the pass with its message.
+    on_w.remove();
+    seen.lock().unwrap().clear();
+    loss(&w)?.backward()?;
+    assert_eq!(seen.lock().unwrap().len(), 1, "only v's hook");
+    w.register_post_accumulate_grad_hook(|_| Err(Error::Invalid("stop here".into())))?;
+    let err = loss(&w)?.backward().unwrap_err().to_string();
+    assert!(err.contains("stop here"), "{err}");
+    // Only leaves that require a gradient.
+    assert!(w
+        .mul(2.0)?
+        .register_post_accumulate_grad_hook(|_| Ok(()))
+        .is_err());
+    assert!(f32s(&[1.0], dev)?
+        .register_post_accumulate_grad_hook(|_| Ok(()))
+        .is_err());
+    Ok(())
+}
+test_device!(
+    post_accumulate_hooks_run_after_the_last_contribution,
+    post_accumulate_hooks
+);
+
 /// In-place writes: into a leaf that requires a gradient (outside no_grad), of a value that
 /// requires one, and into a tensor a backward function saved.
 fn in_place_writes(dev: &Device) -> Result<()> {

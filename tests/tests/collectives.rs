@@ -399,21 +399,30 @@ fn mse(pred: &Tensor, y: &Tensor) -> Result<Tensor> {
     pred.sub(y)?.square()?.mean(Axes::All, false)
 }
 
-/// Three SGD steps of the MLP data-parallel over `comm`'s devices (each device a shard of the
-/// batch, gradients averaged) against the same steps on one device with the whole batch: the
-/// parameters agree, and the replicas are identical.
-fn data_parallel_equals_one_device(comm: Communicator) -> Result<()> {
+/// Three SGD steps of the MLP (`hidden` units, `outputs` outputs) data-parallel over
+/// `comm`'s devices (each device a shard of the batch, gradients averaged) against the same
+/// steps on one device with the whole batch: the parameters agree, and the replicas are
+/// identical. The buckets are averaged by the backward passes themselves (the gradients
+/// already agree when they end), `average_gradients` after them has nothing left; with
+/// `threads` each device's pass runs on a thread of its own.
+fn data_parallel_equals_one_device(
+    comm: Communicator,
+    hidden: usize,
+    outputs: usize,
+    threads: bool,
+) -> Result<()> {
     let devices = comm.devices().to_vec();
     let n = devices.len();
     let home = devices[0].clone();
     let mut g = Generator::new(7);
     let params = vec![
-        Tensor::randn([8, 16], DType::F32, &mut g, &home)?.mul(0.3)?,
-        Tensor::randn([16], DType::F32, &mut g, &home)?.mul(0.1)?,
-        Tensor::randn([16, 1], DType::F32, &mut g, &home)?.mul(0.3)?,
+        Tensor::randn([8, hidden], DType::F32, &mut g, &home)?.mul(0.3)?,
+        Tensor::randn([hidden], DType::F32, &mut g, &home)?.mul(0.1)?,
+        Tensor::randn([hidden, outputs], DType::F32, &mut g, &home)?
+            .mul(0.3 / (hidden as f64 / 16.0).sqrt())?,
     ];
     let x = Tensor::randn([16 * n, 8], DType::F32, &mut g, &home)?;
-    let y = Tensor::randn([16 * n, 1], DType::F32, &mut g, &home)?;
+    let y = Tensor::randn([16 * n, outputs], DType::F32, &mut g, &home)?;
     let single: Vec<Tensor> = params
         .iter()
         .map(|p| p.detach().contiguous()?.requires_grad_(true))
@@ -428,8 +437,26 @@ fn data_parallel_equals_one_device(comm: Communicator) -> Result<()> {
         one.step()?;
         one.zero_grad();
         let (xs, ys) = (dp.scatter(&x)?, dp.scatter(&y)?);
-        for k in 0..n {
-            mse(&mlp(dp.replica(k), &xs[k])?, &ys[k])?.backward()?;
+        let pass = |k: usize| mse(&mlp(dp.replica(k), &xs[k])?, &ys[k])?.backward();
+        if threads {
+            std::thread::scope(|s| {
+                let passes: Vec<_> = (0..n).map(|k| s.spawn(move || pass(k))).collect();
+                passes
+                    .into_iter()
+                    .try_for_each(|p| p.join().expect("a backward thread panicked"))
+            })?;
+        } else {
+            (0..n).try_for_each(pass)?;
+        }
+        for i in 0..params.len() {
+            let first = dp.replica(0)[i].grad().unwrap().to_vec::<f32>()?;
+            for k in 1..n {
+                let other = dp.replica(k)[i].grad().unwrap().to_vec::<f32>()?;
+                assert_eq!(
+                    other, first,
+                    "gradient {i} of replica {k} before average_gradients"
+                );
+            }
         }
         dp.average_gradients()?;
         for opt in &mut each {
@@ -461,8 +488,11 @@ fn data_parallel_equals_one_device(comm: Communicator) -> Result<()> {
 
 #[test]
 fn data_parallel_steps_equal_one_device_through_an_engine() {
-    let comm = Communicator::new(vec![Device::cpu(), Device::cpu()], Arc::new(HostEngine)).unwrap();
-    data_parallel_equals_one_device(comm).unwrap();
+    let comm =
+        || Communicator::new(vec![Device::cpu(), Device::cpu()], Arc::new(HostEngine)).unwrap();
+    data_parallel_equals_one_device(comm(), 16, 1, false).unwrap();
+    // Two buckets (the last parameter, 1.25 MiB, fills the first), passes on two threads.
+    data_parallel_equals_one_device(comm(), 4096, 80, true).unwrap();
 }
 
 #[test]
@@ -473,5 +503,6 @@ fn nccl_data_parallel_steps_equal_one_gpu() {
         return;
     }
     let devices: Vec<Device> = (0..gpus).map(|i| Device::cuda(i).unwrap()).collect();
-    data_parallel_equals_one_device(nccl(&devices).unwrap()).unwrap();
+    data_parallel_equals_one_device(nccl(&devices).unwrap(), 16, 1, false).unwrap();
+    data_parallel_equals_one_device(nccl(&devices).unwrap(), 4096, 80, true).unwrap();
 }

@@ -34,7 +34,10 @@ pub(crate) fn run(
     };
     // Node gradients summed so far, and how many edges into each node are still to come.
     let mut sums: HashMap<*const Node, Tensor> = HashMap::new();
-    let mut pending = dependencies(roots);
+    let (mut pending, mut hooked) = dependencies(roots);
+    if !matches!(sink, Sink::Accumulate) {
+        hooked.clear();
+    }
     let mut ready: Vec<Arc<Node>> = Vec::new();
     for (t, g) in roots {
         let Some(meta) = super::graph::meta(t) else {
@@ -62,19 +65,26 @@ pub(crate) fn run(
                     ready.push(node.clone());
                 }
             }
-            None => deliver(meta, g.clone(), &sink, &mut captured)?,
+            None => {
+                deliver(meta, g.clone(), &sink, &mut captured)?;
+                reached(&mut hooked, meta, true)?;
+            }
         }
     }
     while let Some(node) = ready.pop() {
         // A node no gradient reached still passes on that its inputs get none from it.
         let Some(grad) = sums.remove(&Arc::as_ptr(&node)) else {
             for edge in &node.edges {
-                if let Edge::Node(next) = edge {
-                    let left = pending.entry(Arc::as_ptr(next)).or_insert(1);
-                    *left -= 1;
-                    if *left == 0 {
-                        ready.push(next.clone());
+                match edge {
+                    Edge::Node(next) => {
+                        let left = pending.entry(Arc::as_ptr(next)).or_insert(1);
+                        *left -= 1;
+                        if *left == 0 {
+                            ready.push(next.clone());
+                        }
                     }
+                    Edge::Leaf(meta) => reached(&mut hooked, meta, false)?,
+                    Edge::None => {}
                 }
             }
             continue;
@@ -98,9 +108,11 @@ pub(crate) fn run(
             match edge {
                 Edge::None => {}
                 Edge::Leaf(meta) => {
+                    let given = g.is_some();
                     if let Some(g) = g {
                         deliver(meta, g, &sink, &mut captured)?;
                     }
+                    reached(&mut hooked, meta, given)?;
                 }
                 Edge::Node(next) => {
                     if let Some(g) = g {
@@ -119,10 +131,22 @@ pub(crate) fn run(
     Ok(captured)
 }
 
-/// How many edges lead into each node reachable from the roots (a walk with its own stack).
-fn dependencies(roots: &[(&Tensor, Tensor)]) -> HashMap<*const Node, usize> {
+/// Edges still to reach a hooked leaf, and whether a gradient has reached it.
+type Hooked = HashMap<*const AutogradMeta, (usize, bool)>;
+
+/// How many edges lead into each node reachable from the roots (a walk with its own stack),
+/// and into each leaf with hooks (roots that are such leaves count one).
+fn dependencies(roots: &[(&Tensor, Tensor)]) -> (HashMap<*const Node, usize>, Hooked) {
     let mut count: HashMap<*const Node, usize> = HashMap::new();
+    let mut hooked = Hooked::new();
     let mut seen: HashMap<*const Node, ()> = HashMap::new();
+    for (t, _) in roots {
+        if let Some(meta) = super::graph::meta(t).filter(|m| m.grad_fn.is_none()) {
+            if super::hooks::any(meta) {
+                hooked.entry(meta as *const _).or_insert((0, false)).0 += 1;
+            }
+        }
+    }
     let mut stack: Vec<Arc<Node>> = roots
         .iter()
         .filter_map(|(t, _)| super::graph::meta(t)?.grad_fn.clone())
@@ -132,13 +156,33 @@ fn dependencies(roots: &[(&Tensor, Tensor)]) -> HashMap<*const Node, usize> {
             continue;
         }
         for edge in &node.edges {
-            if let Edge::Node(next) = edge {
-                *count.entry(Arc::as_ptr(next)).or_insert(0) += 1;
-                stack.push(next.clone());
+            match edge {
+                Edge::Node(next) => {
+                    *count.entry(Arc::as_ptr(next)).or_insert(0) += 1;
+                    stack.push(next.clone());
+                }
+                Edge::Leaf(meta) if super::hooks::any(meta) => {
+                    hooked.entry(Arc::as_ptr(meta)).or_insert((0, false)).0 += 1;
+                }
+                _ => {}
             }
         }
     }
-    count
+    (count, hooked)
+}
+
+/// One edge into `leaf` done (`given`: it carried a gradient): after its last one, the
+/// leaf's hooks run if any gradient reached it in this pass.
+fn reached(hooked: &mut Hooked, leaf: &AutogradMeta, given: bool) -> Result<()> {
+    let Some((left, any)) = hooked.get_mut(&(leaf as *const _)) else {
+        return Ok(());
+    };
+    *left -= 1;
+    *any |= given;
+    if *left == 0 && *any {
+        super::hooks::run(leaf)?;
+    }
+    Ok(())
 }
 
 /// Adds `g` to the gradient summed for `node`.

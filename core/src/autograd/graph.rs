@@ -20,6 +20,8 @@ pub(crate) struct AutogradMeta {
     /// The leaf's shape and dtype, which its gradient must have.
     pub(crate) shape: Vec<usize>,
     pub(crate) dtype: DType,
+    /// A leaf's post-accumulate hooks ([`super::hooks`]), with their ids.
+    pub(crate) hooks: Mutex<Vec<(u64, super::hooks::Hook)>>,
 }
 
 /// `t`'s autograd metadata, if it requires a gradient.
@@ -40,6 +42,7 @@ impl AutogradMeta {
             grad: Mutex::new(None),
             shape: shape.to_vec(),
             dtype,
+            hooks: Mutex::new(Vec::new()),
         }
     }
 

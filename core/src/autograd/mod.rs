@@ -21,8 +21,10 @@
 mod derivative;
 mod engine;
 pub(crate) mod graph;
+mod hooks;
 mod mode;
 
+pub use hooks::HookHandle;
 pub use mode::{is_grad_enabled, no_grad, NoGradGuard};
 
 use crate::error::{Error, Result};

@@ -1,9 +1,11 @@
 //! Data-parallel training over the devices of a [`Communicator`] (issue 41): the parameters
 //! replicated on every device, each batch split along its first axis into one shard per
-//! device, and after each device's backward pass the gradients averaged across devices, in
-//! buckets (one collective per bucket, not per parameter), so every replica takes the same
-//! step and the replicas stay identical. With shards of equal size and a loss that is a mean
-//! over the batch, the averaged gradient is the gradient of the whole batch on one device.
+//! device, and the gradients averaged across devices in buckets (one collective per bucket,
+//! not per parameter), each as soon as the backward passes have finished it (post-accumulate
+//! hooks on the replicas' parameters), overlapped with the rest of the passes as PyTorch's
+//! DistributedDataParallel does; so every replica takes the same step and the replicas stay
+//! identical. With shards of equal size and a loss that is a mean over the batch, the
+//! averaged gradient is the gradient of the whole batch on one device.
 //!
 //! ```
 //! use strata_core::nn::DataParallel;
@@ -25,20 +27,49 @@
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
+use crate::autograd::HookHandle;
 use crate::collective::{Communicator, ReduceOp};
 use crate::error::{Error, Result};
+use crate::sync::LockUnpoisoned;
 use crate::tensor::Tensor;
+use std::sync::{Arc, Mutex, Weak};
 
 /// Gradients averaged in one collective until a bucket holds this many bytes (PyTorch's
-/// DistributedDataParallel buckets 25 MiB).
+/// DistributedDataParallel buckets 25 MiB)...
 const BUCKET_BYTES: usize = 25 << 20;
+/// ...except the first, which is small so that averaging starts early in the backward pass
+/// (DistributedDataParallel's first bucket is 1 MiB).
+const FIRST_BUCKET_BYTES: usize = 1 << 20;
 
 /// Parameters replicated on every device of a communicator, with their gradients averaged
-/// across devices after each backward pass.
+/// across devices during and after each backward pass.
 #[derive(Debug)]
 pub struct DataParallel {
+    shared: Arc<Shared>,
+    /// Each replica parameter's post-accumulate hook, removed on drop.
+    hooks: Vec<HookHandle>,
+}
+
+/// What the hooks reach (weakly: a hook outliving its `DataParallel` does nothing).
+#[derive(Debug)]
+struct Shared {
     comm: Communicator,
     replicas: Vec<Vec<Tensor>>,
+    /// Each bucket's parameters: consecutive, from the last parameter back (a backward pass
+    /// reaches the last layers first), one dtype each.
+    buckets: Vec<Vec<usize>>,
+    /// Each parameter's bucket and place in it.
+    slot_of: Vec<(usize, usize)>,
+    /// Each bucket's progress in the current pass.
+    state: Mutex<Vec<Progress>>,
+}
+
+/// A bucket's progress: which replicas' parameters have their whole gradient, and whether
+/// the bucket has been averaged since.
+#[derive(Debug, Clone)]
+struct Progress {
+    ready: Vec<Vec<bool>>,
+    averaged: bool,
 }
 
 impl DataParallel {
@@ -64,25 +95,56 @@ impl DataParallel {
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(DataParallel { comm, replicas })
+        let buckets = buckets(params);
+        let mut slot_of = vec![(0, 0); params.len()];
+        for (b, members) in buckets.iter().enumerate() {
+            for (at, &i) in members.iter().enumerate() {
+                slot_of[i] = (b, at);
+            }
+        }
+        let state = buckets
+            .iter()
+            .map(|m| Progress {
+                ready: vec![vec![false; m.len()]; replicas.len()],
+                averaged: false,
+            })
+            .collect();
+        let shared = Arc::new(Shared {
+            comm,
+            replicas,
+            buckets,
+            slot_of,
+            state: Mutex::new(state),
+        });
+        let mut hooks = Vec::new();
+        for (k, replica) in shared.replicas.iter().enumerate() {
+            for (i, p) in replica.iter().enumerate() {
+                let weak: Weak<Shared> = Arc::downgrade(&shared);
+                hooks.push(p.register_post_accumulate_grad_hook(move |_| {
+                    weak.upgrade().map_or(Ok(()), |s| s.ready(k, i))
+                })?);
+            }
+        }
+        Ok(DataParallel { shared, hooks })
     }
 
     /// The parameters on device `k` (in the order given to [`new`](Self::new)): build that
     /// device's forward pass from them, and give them to that device's optimizer.
     pub fn replica(&self, k: usize) -> &[Tensor] {
-        &self.replicas[k]
+        &self.shared.replicas[k]
     }
 
     /// The communicator the gradients are averaged over.
     pub fn communicator(&self) -> &Communicator {
-        &self.comm
+        &self.shared.comm
     }
 
     /// `batch` split along its first axis into one shard per device, each moved to its
     /// device. `Err` unless the first axis splits evenly (equal shards keep the average of
     /// the shards' mean losses equal to the whole batch's).
     pub fn scatter(&self, batch: &Tensor) -> Result<Vec<Tensor>> {
-        let n = self.comm.devices().len();
+        let devices = self.shared.comm.devices();
+        let n = devices.len();
         let rows = batch.shape().first().copied().unwrap_or(0);
         if batch.ndim() == 0 || rows % n != 0 {
             return Err(Error::Shape(format!(
@@ -92,58 +154,101 @@ impl DataParallel {
             )));
         }
         let per = rows / n;
-        self.comm
-            .devices()
+        devices
             .iter()
             .enumerate()
             .map(|(k, d)| batch.narrow(0, k * per, per)?.to_device(d))
             .collect()
     }
 
-    /// Replaces every replica's gradients with their average across devices: the gradients
-    /// of consecutive parameters flattened into one bucket per device (up to 25 MiB), each
-    /// bucket averaged in one all-reduce, then written back. A parameter without a gradient
-    /// on every device is an `Err` (a device skipped its backward pass).
+    /// Makes every replica's gradients their average across devices; call it after every
+    /// device's backward pass, before the optimizers step. Most of the work has already
+    /// happened by then: as soon as a backward pass has finished a bucket's gradients on every
+    /// replica (a bucket: consecutive parameters' gradients, up to 25 MiB, the first up to 1
+    /// MiB, taken from the last parameter back), that pass flattens them into one tensor per
+    /// device, averages it in one all-reduce, and writes the averages back as the
+    /// parameters' gradients, while the pass goes on with the layers before. This call
+    /// averages the buckets left (a parameter the loss did not reach, a pass run with
+    /// `autograd::grad`). A parameter without a gradient on every device is an `Err` (a
+    /// device skipped its backward pass).
     pub fn average_gradients(&self) -> Result<()> {
-        let count = self.replicas[0].len();
-        let mut start = 0;
-        while start < count {
-            // The bucket: parameters from `start` while they fit (at least one).
-            let mut end = start;
-            let mut bytes = 0;
-            while end < count && (end == start || bytes < BUCKET_BYTES) {
-                let p = &self.replicas[0][end];
-                bytes += p.numel() * p.dtype().itemsize();
-                end += 1;
+        let mut state = self.shared.state.lock_unpoisoned();
+        for (b, progress) in state.iter_mut().enumerate() {
+            if !progress.averaged {
+                self.shared.average(b)?;
+                progress.averaged = true;
             }
-            self.average_bucket(start..end)?;
-            start = end;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DataParallel {
+    fn drop(&mut self) {
+        for hook in self.hooks.drain(..) {
+            hook.remove();
+        }
+    }
+}
+
+/// The parameters split into buckets: consecutive from the last one back, a new bucket at a
+/// change of dtype or once the bucket holds its bytes (at least one parameter each).
+fn buckets(params: &[Tensor]) -> Vec<Vec<usize>> {
+    let mut buckets: Vec<Vec<usize>> = Vec::new();
+    let mut bytes = 0;
+    for i in (0..params.len()).rev() {
+        let cap = if buckets.len() == 1 {
+            FIRST_BUCKET_BYTES
+        } else {
+            BUCKET_BYTES
+        };
+        let fits = buckets
+            .last()
+            .is_some_and(|last| params[last[0]].dtype() == params[i].dtype() && bytes < cap);
+        if !fits {
+            buckets.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += params[i].numel() * params[i].dtype().itemsize();
+        buckets.last_mut().expect("pushed above").push(i);
+    }
+    buckets
+}
+
+impl Shared {
+    /// A hook's report: replica `k`'s parameter `i` has its whole gradient. The bucket is
+    /// averaged once every replica's part of it has.
+    fn ready(&self, k: usize, i: usize) -> Result<()> {
+        let (b, at) = self.slot_of[i];
+        let mut state = self.state.lock_unpoisoned();
+        let progress = &mut state[b];
+        if progress.averaged {
+            // A new pass.
+            progress.averaged = false;
+            progress.ready.iter_mut().for_each(|r| r.fill(false));
+        }
+        progress.ready[k][at] = true;
+        if progress.ready.iter().all(|r| r.iter().all(|&x| x)) {
+            self.average(b)?;
+            progress.averaged = true;
         }
         Ok(())
     }
 
-    /// Averages the gradients of parameters `range` (one dtype per bucket: a bucket of mixed
-    /// dtypes is split by dtype).
-    fn average_bucket(&self, range: std::ops::Range<usize>) -> Result<()> {
-        let first = self.replicas[0][range.start].dtype();
-        if let Some(split) = range
-            .clone()
-            .find(|&i| self.replicas[0][i].dtype() != first)
-        {
-            self.average_bucket(range.start..split)?;
-            return self.average_bucket(split..range.end);
-        }
-        let mut buckets = Vec::with_capacity(self.replicas.len());
+    /// Averages bucket `b`'s gradients across the replicas: flattened into one tensor per
+    /// device, one all-reduce, written back.
+    fn average(&self, b: usize) -> Result<()> {
+        let members = &self.buckets[b];
+        let mut flat = Vec::with_capacity(self.replicas.len());
         for (k, replica) in self.replicas.iter().enumerate() {
-            let grads = replica[range.clone()]
+            let grads = members
                 .iter()
-                .enumerate()
-                .map(|(i, p)| {
+                .map(|&i| {
+                    let p = &replica[i];
                     let g = p.grad().ok_or_else(|| {
                         Error::Invalid(format!(
-                            "average_gradients: parameter {} on device {k} ({}) has no gradient: \
-                             run every device's backward pass first",
-                            range.start + i,
+                            "average_gradients: parameter {i} on device {k} ({}) has no \
+                             gradient: run every device's backward pass first",
                             p.device().name()
                         ))
                     })?;
@@ -151,12 +256,13 @@ impl DataParallel {
                 })
                 .collect::<Result<Vec<_>>>()?;
             let refs: Vec<&Tensor> = grads.iter().collect();
-            buckets.push(Tensor::cat(&refs, 0)?);
+            flat.push(Tensor::cat(&refs, 0)?);
         }
-        self.comm.all_reduce(&buckets, ReduceOp::Avg)?;
-        for (replica, bucket) in self.replicas.iter().zip(&buckets) {
+        self.comm.all_reduce(&flat, ReduceOp::Avg)?;
+        for (replica, bucket) in self.replicas.iter().zip(&flat) {
             let mut at = 0;
-            for p in &replica[range.clone()] {
+            for &i in members {
+                let p = &replica[i];
                 let n = p.numel();
                 let averaged = bucket.narrow(0, at, n)?.reshape(p.shape().to_vec())?;
                 p.set_grad(Some(averaged))?;
@@ -164,5 +270,31 @@ impl DataParallel {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::buckets;
+    use crate::{DType, Device, Tensor};
+
+    #[test]
+    fn buckets_run_from_the_last_parameter_with_a_small_first_one() {
+        let dev = Device::cpu();
+        let t = |n: usize, dtype| Tensor::zeros([n], dtype, &dev).unwrap();
+        let (f32, f16) = (DType::F32, DType::F16);
+        // A change of dtype starts a bucket.
+        let params = [
+            t(10, f32),
+            t(300_000, f32),
+            t(10, f16),
+            t(100, f16),
+            t(200_000, f32),
+            t(10, f32),
+        ];
+        assert_eq!(buckets(&params), vec![vec![5, 4], vec![3, 2], vec![1, 0]]);
+        // The first bucket closes at 1 MiB, the next ones at 25 MiB.
+        let params = [t(10, f32), t(7_000_000, f32), t(300_000, f32), t(300_000, f32)];
+        assert_eq!(buckets(&params), vec![vec![3], vec![2, 1], vec![0]]);
     }
 }
