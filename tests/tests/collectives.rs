@@ -495,6 +495,18 @@ fn data_parallel_steps_equal_one_device_through_an_engine() {
     data_parallel_equals_one_device(comm(), 4096, 80, true).unwrap();
 }
 
+/// One GPU is a communicator of one: the buckets still go through NCCL on the averaging
+/// stream, ordered after the backward kernels and before the optimizer's on the main one.
+#[test]
+fn nccl_data_parallel_on_one_gpu_equals_plain_steps() {
+    if Device::cuda_count() == 0 {
+        eprintln!("no CUDA device: not tested here");
+        return;
+    }
+    let gpu = Device::cuda(0).unwrap();
+    data_parallel_equals_one_device(nccl(&[gpu]).unwrap(), 4096, 80, false).unwrap();
+}
+
 #[test]
 fn nccl_data_parallel_steps_equal_one_gpu() {
     let gpus = Device::cuda_count();

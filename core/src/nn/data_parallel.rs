@@ -29,6 +29,7 @@
 
 use crate::autograd::HookHandle;
 use crate::collective::{Communicator, ReduceOp};
+use crate::device::Stream;
 use crate::error::{Error, Result};
 use crate::sync::LockUnpoisoned;
 use crate::tensor::Tensor;
@@ -62,6 +63,11 @@ struct Shared {
     slot_of: Vec<(usize, usize)>,
     /// Each bucket's progress in the current pass.
     state: Mutex<Vec<Progress>>,
+    /// A stream of each device for the averaging (DDP's communication stream): a bucket's
+    /// flattening, all-reduce and write-back run beside the backward kernels still to come,
+    /// ordered after the gradients' writes and before the optimizer's reads by the streams'
+    /// events.
+    streams: Vec<Stream>,
 }
 
 /// A bucket's progress: which replicas' parameters have their whole gradient, and whether
@@ -109,7 +115,13 @@ impl DataParallel {
                 averaged: false,
             })
             .collect();
+        let streams = comm
+            .devices()
+            .iter()
+            .map(|d| d.new_stream())
+            .collect::<Result<Vec<_>>>()?;
         let shared = Arc::new(Shared {
+            streams,
             comm,
             replicas,
             buckets,
@@ -236,8 +248,22 @@ impl Shared {
     }
 
     /// Averages bucket `b`'s gradients across the replicas: flattened into one tensor per
-    /// device, one all-reduce, written back.
+    /// device, one all-reduce, written back; on the averaging streams.
     fn average(&self, b: usize) -> Result<()> {
+        let devices = self.comm.devices();
+        let previous: Vec<Stream> = devices.iter().map(|d| d.current_stream()).collect();
+        for (d, s) in devices.iter().zip(&self.streams) {
+            d.set_stream(s)?;
+        }
+        let averaged = self.average_here(b);
+        for (d, s) in devices.iter().zip(&previous) {
+            d.set_stream(s)?;
+        }
+        averaged
+    }
+
+    /// [`average`](Self::average) on the current streams.
+    fn average_here(&self, b: usize) -> Result<()> {
         let members = &self.buckets[b];
         let mut flat = Vec::with_capacity(self.replicas.len());
         for (k, replica) in self.replicas.iter().enumerate() {
@@ -294,7 +320,12 @@ mod tests {
         ];
         assert_eq!(buckets(&params), vec![vec![5, 4], vec![3, 2], vec![1, 0]]);
         // The first bucket closes at 1 MiB, the next ones at 25 MiB.
-        let params = [t(10, f32), t(7_000_000, f32), t(300_000, f32), t(300_000, f32)];
+        let params = [
+            t(10, f32),
+            t(7_000_000, f32),
+            t(300_000, f32),
+            t(300_000, f32),
+        ];
         assert_eq!(buckets(&params), vec![vec![3], vec![2, 1], vec![0]]);
     }
 }
