@@ -330,6 +330,35 @@ fn random(dev: &Device) -> Result<()> {
             "randint of 64, element {i}"
         );
     }
+    // The remainder comes from the range's reciprocal: ranges near 2^32, powers of two, odd
+    // ones, and a range of one, each against the word modulo the range, in i32 and u8 too.
+    for (low, span, dtype) in [
+        (-2_000_000_000i64, u32::MAX as u64, DType::I64),
+        (0, 3_000_000_019, DType::I64),
+        (5, 1 << 31, DType::I64),
+        (-9, 1 << 4, DType::I32),
+        (0, 1, DType::I32),
+        (1, 255, DType::U8),
+        (-100, 7, DType::I64),
+    ] {
+        let r = Tensor::randint(
+            low,
+            low + span as i64,
+            [37],
+            dtype,
+            &mut Generator::new(8),
+            dev,
+        )?
+        .to_dtype(DType::I64)?;
+        for (i, &v) in r.to_vec::<i64>()?.iter().enumerate() {
+            let w = words(8, 0, i as u64 / 4)[i % 4];
+            assert_eq!(
+                v,
+                low + (w as u64 % span) as i64,
+                "randint({low}, {low} + {span}) as {dtype}, element {i}"
+            );
+        }
+    }
     let span = 1u64 << 40;
     let r = Tensor::randint(
         3,
