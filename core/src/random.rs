@@ -126,28 +126,6 @@ fn bin(op: BinaryOp, a: Expr, b: Expr) -> Expr {
     Expr::binary(op, a, b)
 }
 
-/// The reciprocal of a divisor `d ≥ 2` for [`remainder`]: `(m, shift)` with
-/// `m = ⌊2³²·(2^l − d)/d⌋ + 1` and `shift = l − 1`, `l = ⌈log₂ d⌉` (Granlund and Montgomery,
-/// "Division by invariant integers using multiplication", 1994, figure 4.1).
-fn reciprocal(d: u32) -> (u32, u32) {
-    debug_assert!(d >= 2);
-    let l = 32 - (d - 1).leading_zeros();
-    let m = ((1u128 << 32) * ((1u128 << l) - d as u128) / d as u128 + 1) as u32;
-    (m, l - 1)
-}
-
-/// `x % d` for u32 expressions, with `(m, shift)` from [`reciprocal`]`(d)`: the quotient is
-/// `(t + ((x − t) >> 1)) >> shift` with `t` the high word of `x·m`, and the remainder
-/// `x − q·d` (every step stays within u32).
-fn remainder(x: impl Fn() -> Expr, d: Expr, m: Expr, shift: Expr) -> Expr {
-    use BinaryOp::{Add, Mul, Shr, Sub};
-    let wide = bin(Mul, x().cast(DType::U64, false), m.cast(DType::U64, false));
-    let t = || bin(Shr, wide.clone(), Expr::literal(Scalar::U64(32))).cast(DType::U32, false);
-    let half = bin(Shr, bin(Sub, x(), t()), Expr::literal(Scalar::U32(1)));
-    let q = bin(Shr, bin(Add, t(), half), shift);
-    bin(Sub, x(), bin(Mul, q, d))
-}
-
 /// A uniform value in `[0, 1)` as f64 with 53 random bits from words `w`, `w + 1`.
 ///
 /// The transforms' constants (shifts, scales, Box–Muller's 1, -2 and 2π) are literals, not
@@ -360,30 +338,9 @@ impl Tensor {
         }
         let span = (high as i128 - low as i128) as u64;
         let low_at = |k| Expr::scalar(k, DType::I64);
-        if span >= 2 && span <= u32::MAX as u64 {
-            // A 32-bit word modulo a 32-bit range, the quotient from the range's reciprocal
-            // (launch scalars, computed here): a GPU divides by a value it learns at run time
-            // with a long instruction sequence, which made `randint` compute-bound on NVIDIA's
-            // Vulkan driver. The same values as `word % span`.
-            let (m, shift) = reciprocal(span as u32);
-            let extra = vec![
-                Scalar::U32(span as u32),
-                Scalar::I64(low),
-                Scalar::U32(m),
-                Scalar::U32(shift),
-            ];
-            let x = || word32(0, ONE_WORD);
-            let r = remainder(
-                x,
-                Expr::scalar(2, DType::U32),
-                Expr::scalar(4, DType::U32),
-                Expr::scalar(5, DType::U32),
-            );
-            let v = bin(BinaryOp::Add, r.cast(DType::I64, false), low_at(3));
-            return draw(dims, dtype, gen, device, ONE_WORD, extra, v);
-        }
         if span <= u32::MAX as u64 {
-            // A range of one: the word modulo 1.
+            // A 32-bit word modulo a 32-bit range: 32-bit arithmetic (a 64-bit modulo is a
+            // long instruction sequence on a GPU).
             let extra = vec![Scalar::U32(span as u32), Scalar::I64(low)];
             let r = bin(
                 BinaryOp::Rem,
@@ -467,48 +424,5 @@ impl Tensor {
             )));
         }
         Tensor::bernoulli(dims, 1.0 - p, dtype, gen, device)?.mul(1.0 / (1.0 - p))
-    }
-}
-
-#[cfg(test)]
-mod division_tests {
-    use super::reciprocal;
-
-    /// The reciprocal's quotient, as the kernel computes it.
-    fn quotient(x: u32, d: u32) -> u32 {
-        let (m, shift) = reciprocal(d);
-        let t = ((x as u64 * m as u64) >> 32) as u32;
-        (t + ((x - t) >> 1)) >> shift
-    }
-
-    #[test]
-    fn reciprocal_division_equals_the_quotient() {
-        let mut divisors: Vec<u32> = (2..2000).collect();
-        divisors.extend((1..32).flat_map(|k| {
-            let p = 1u32 << k;
-            [p - 1, p, p.wrapping_add(1)]
-        }));
-        divisors.extend([u32::MAX, u32::MAX - 1, 1_000_000_007, 3 << 30, 0x8000_0001]);
-        let mut x: u32 = 0x9e37_79b9;
-        for &d in divisors.iter().filter(|&&d| d >= 2) {
-            let edges = [
-                0,
-                1,
-                d - 1,
-                d,
-                d.wrapping_add(1),
-                u32::MAX,
-                u32::MAX - 1,
-                u32::MAX / d * d,
-            ];
-            for n in edges.into_iter().chain((0..200).map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x
-            })) {
-                assert_eq!(quotient(n, d), n / d, "{n} / {d}");
-            }
-        }
     }
 }

@@ -330,8 +330,8 @@ fn random(dev: &Device) -> Result<()> {
             "randint of 64, element {i}"
         );
     }
-    // The remainder comes from the range's reciprocal: ranges near 2^32, powers of two, odd
-    // ones, and a range of one, each against the word modulo the range, in i32 and u8 too.
+    // Ranges near 2^32, powers of two, odd ones, and a range of one, each against the word
+    // modulo the range, in i32 and u8 too.
     for (low, span, dtype) in [
         (-2_000_000_000i64, u32::MAX as u64, DType::I64),
         (0, 3_000_000_019, DType::I64),
