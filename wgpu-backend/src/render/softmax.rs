@@ -209,13 +209,7 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     visit(&mut src, &indent(&term));
     if by_subgroups {
         // The subgroups' sums added in their order: the same order every run.
-        let _ = writeln!(
-            src,
-            "    let ps = subgroupAdd(sum);\n    if (sl == 0u) {{ shs[sg] = ps; }}\n    \
-             workgroupBarrier();\n    sum = shs[0];\n    \
-             for (var i = 1u; i < nsg; i = i + 1u) {{ sum = sum + shs[i]; }}\n    \
-             workgroupBarrier();"
-        );
+        src.push_str(&subgroup_sum("sum", "shs", None));
     } else {
         let add = |a: &str, b: &str| round_to(acc, format!("{a} + {b}"));
         combine(&mut src, "sum", "shs", &add);
@@ -259,6 +253,29 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     visit(&mut src, &indent(&body));
     src.push_str("  }\n}\n");
     Ok(src)
+}
+
+/// WGSL summing the f32 `var` `value` over the workgroup by subgroups: each subgroup's sum,
+/// then the subgroups' sums added in their order by every invocation (the same order every
+/// run), through the workgroup array `shared` (one slot a subgroup); `flag` (a bool `var` and
+/// its u32 array) is or-ed across the workgroup alongside. Needs [`subgroup_entry`]'s `sg`,
+/// `sl` and `nsg`.
+pub(crate) fn subgroup_sum(value: &str, shared: &str, flag: Option<(&str, &str)>) -> String {
+    let (any, keep, first, fold) = match flag {
+        Some((f, sh)) => (
+            format!(" let ph = subgroupAny({f});"),
+            format!(" {sh}[sg] = select(0u, 1u, ph);"),
+            format!(" {f} = {sh}[0] != 0u;"),
+            format!(" {f} = {f} || {sh}[i] != 0u;"),
+        ),
+        None => Default::default(),
+    };
+    format!(
+        "    let ps = subgroupAdd({value});{any}\n    if (sl == 0u) {{ {shared}[sg] = ps;{keep} }}\n    \
+         workgroupBarrier();\n    {value} = {shared}[0];{first}\n    \
+         for (var i = 1u; i < nsg; i = i + 1u) {{ {value} = {value} + {shared}[i];{fold} }}\n    \
+         workgroupBarrier();\n"
+    )
 }
 
 /// [`ENTRY`] with the invocation's subgroup (`sg`), its place in it (`sl`) and the

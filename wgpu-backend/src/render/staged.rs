@@ -289,13 +289,11 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     }
     if sum_by_subgroups {
         // The subgroups' sums added in their order: the same order every run.
-        src.push_str(
-            "    let ps = subgroupAdd(acc); let ph = subgroupAny(has);\n    \
-             if (sl == 0u) { shv[sg] = ps; shh[sg] = select(0u, 1u, ph); }\n    \
-             workgroupBarrier();\n    acc = shv[0]; has = shh[0] != 0u;\n    \
-             for (var i = 1u; i < nsg; i = i + 1u) { acc = acc + shv[i]; has = has || shh[i] != 0u; }\n    \
-             workgroupBarrier();\n",
-        );
+        src.push_str(&super::softmax::subgroup_sum(
+            "acc",
+            "shv",
+            Some(("has", "shh")),
+        ));
     } else {
         src.push_str(&workgroup_tree(sig.op, sig.acc, "    "));
         let _ = writeln!(
