@@ -543,3 +543,57 @@ fn without_timed_events_each_op_is_waited_for_and_timed_by_the_host() {
         assert!(end >= r.host_end_us, "{p}");
     }
 }
+
+/// Two devices' profiles on one timeline: a host lane and stream lanes for each, labelled with
+/// the device, and the second profile's times shifted onto the first's clock (it started 5 ms
+/// later, so its kernel, run after the first device's, is drawn after it).
+fn several_devices(dev: &Device) -> Result<()> {
+    let other = Device::cpu();
+    let first = dev.start_profiling()?;
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let second = other.start_profiling()?;
+    Tensor::ones([64], DType::F32, dev)?.exp()?.realize()?;
+    dev.synchronize()?;
+    Tensor::ones([64], DType::F32, &other)?.sqrt()?.realize()?;
+    let (a, b) = (first.stop()?, second.stop()?);
+    let svg = Profile::timeline_svg_of(&[&a, &b]).to_string();
+    let short = |d: &Device| d.name().split(" (").next().unwrap().to_string();
+    let (na, nb) = if short(dev) == short(&other) {
+        (
+            format!("{} #0", short(dev)),
+            format!("{} #1", short(&other)),
+        )
+    } else {
+        (short(dev), short(&other))
+    };
+    for label in [
+        format!("{na} host"),
+        format!("{na} stream #0"),
+        format!("{nb} host"),
+        format!("{nb} stream #0"),
+    ] {
+        assert!(
+            svg.contains(&format!(">{label}<")),
+            "no lane {label:?}: {svg}"
+        );
+    }
+    let kernels = a.device_work().count() + b.device_work().count();
+    assert_eq!(svg.matches("class=\"bar kernel\"").count(), kernels);
+    // The x of each kernel bar, in order: the first profile's, then the second's.
+    let xs: Vec<f64> = svg
+        .split("class=\"bar kernel\" x=\"")
+        .skip(1)
+        .map(|rest| rest.split('"').next().unwrap().parse().unwrap())
+        .collect();
+    let (mine, theirs) = xs.split_at(a.device_work().count());
+    let last_exp = mine.iter().cloned().fold(f64::MIN, f64::max);
+    assert!(
+        theirs.iter().all(|&x| x > last_exp),
+        "the second device's kernels {theirs:?} drawn before the first's {mine:?}"
+    );
+    Ok(())
+}
+test_device!(
+    several_devices_share_one_timeline_with_a_lane_per_device_and_stream,
+    several_devices
+);

@@ -1,4 +1,5 @@
-//! A profile's timeline: one lane for the host and one per stream, kernels and copies as bars
+//! A profile's timeline (or several devices' on one time axis: lanes for each device): one
+//! lane for the host and one per stream, kernels and copies as bars
 //! at their device times, the host's enqueue spans and waits on its lane with a dashed line
 //! from each enqueue to the work it started (the gap between "returned" and "ran"), and
 //! events as diamonds. Inline SVG with attributes only, on a light card so it reads the same
@@ -51,8 +52,66 @@ impl Profile {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn timeline_svg(&self) -> Svg {
-        Svg(render(self))
+        Svg(render(&[self]))
     }
+
+    /// One timeline for the profiles of several devices recorded over the same span (a
+    /// [`Profiler`](crate::Profiler) started on each device, the work, each stopped): a host
+    /// lane and a lane per stream for each device, labelled with the device, on one time axis
+    /// from the earliest profile's start (their `started` instants line them up), so copies
+    /// between devices and work that overlaps across them show where they ran.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Profile, Tensor};
+    /// let (a, b) = (Device::cpu(), Device::cpu());
+    /// let (pa, pb) = (a.start_profiling()?, b.start_profiling()?);
+    /// Tensor::ones([64], DType::F32, &a)?.exp()?.realize()?;
+    /// Tensor::ones([64], DType::F32, &b)?.to_device(&a)?.realize()?;
+    /// let (pa, pb) = (pa.stop()?, pb.stop()?);
+    /// let svg = Profile::timeline_svg_of(&[&pa, &pb]).to_string();
+    /// assert!(svg.contains(">cpu #0 host<") && svg.contains(">cpu #1 stream #0<"));
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn timeline_svg_of(profiles: &[&Profile]) -> Svg {
+        Svg(render(profiles))
+    }
+}
+
+/// A lane: the profile it belongs to, its stream (`None`: the host's), its label.
+struct Lane {
+    profile: usize,
+    stream: Option<StreamId>,
+    label: String,
+}
+
+/// The lanes of `profiles`: each one's host lane, then its streams'. One profile keeps the
+/// plain labels; several are told apart by their device (`cuda:0`; `cpu #1` where two share
+/// a name).
+fn lanes(profiles: &[&Profile]) -> Vec<Lane> {
+    let short = |p: &Profile| p.device.split(" (").next().unwrap_or("").to_string();
+    let mut lanes = Vec::new();
+    for (k, p) in profiles.iter().enumerate() {
+        let prefix = if profiles.len() == 1 {
+            String::new()
+        } else if profiles.iter().filter(|q| short(q) == short(p)).count() > 1 {
+            format!("{} #{k} ", short(p))
+        } else {
+            format!("{} ", short(p))
+        };
+        lanes.push(Lane {
+            profile: k,
+            stream: None,
+            label: format!("{prefix}host"),
+        });
+        for s in p.streams() {
+            lanes.push(Lane {
+                profile: k,
+                stream: Some(s),
+                label: format!("{prefix}stream #{}", s.0),
+            });
+        }
+    }
+    lanes
 }
 
 /// A round step for axis ticks: about six over `span`.
@@ -120,14 +179,36 @@ fn colour(kind: RecordKind) -> &'static str {
     }
 }
 
-fn render(p: &Profile) -> String {
-    let streams: Vec<StreamId> = p.streams();
-    let lane_of = |s: StreamId| 1 + streams.iter().position(|&x| x == s).unwrap_or(0);
-    let lanes = 1 + streams.len();
+fn render(profiles: &[&Profile]) -> String {
+    let all = lanes(profiles);
+    let lane_of = |k: usize, s: Option<StreamId>| {
+        all.iter()
+            .position(|l| l.profile == k && l.stream == s)
+            .unwrap_or(0)
+    };
+    let lanes = all.len();
+    // Each profile's times shifted onto the earliest one's clock.
+    let first = profiles.iter().map(|p| p.started).min();
+    let shift: Vec<f64> = profiles
+        .iter()
+        .map(|p| first.map_or(0.0, |f| (p.started - f).as_secs_f64() * 1e6))
+        .collect();
     let height = TOP + lanes as f64 * LANE + AXIS;
-    let span = p.span_us().max(1e-3);
-    let plot = WIDTH - LABELS - RIGHT;
-    let x = |us: f64| LABELS + (us.max(0.0) / span) * plot;
+    let span = profiles
+        .iter()
+        .zip(&shift)
+        .map(|(p, d)| p.span_us() + d)
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    // The label column fits the longest label.
+    let longest = all
+        .iter()
+        .map(|l| l.label.chars().count())
+        .max()
+        .unwrap_or(0);
+    let labels = LABELS.max(20.0 + 6.5 * longest as f64);
+    let plot = WIDTH - labels - RIGHT;
+    let x = |us: f64| labels + (us.max(0.0) / span) * plot;
     let lane_y = |lane: usize| TOP + lane as f64 * LANE;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" \
@@ -137,13 +218,26 @@ fn render(p: &Profile) -> String {
         WIDTH - 1.0,
         height - 1.0
     );
-    let device_us: f64 = p.device_work().filter_map(ProfileRecord::device_us).sum();
+    let device_us: f64 = profiles
+        .iter()
+        .flat_map(|p| p.device_work())
+        .filter_map(ProfileRecord::device_us)
+        .sum();
+    let names: Vec<&str> = profiles.iter().map(|p| p.device.as_str()).collect();
     let _ = write!(
         s,
         "<text x=\"12\" y=\"18\" font-size=\"12\" fill=\"#24292f\">{}: {} kernels and copies, \
-         {device_us:.1} µs on the device, {span:.1} µs in all</text>",
-        escape(&p.device),
-        p.device_work().count()
+         {device_us:.1} µs on the {}, {span:.1} µs in all</text>",
+        escape(&names.join(", ")),
+        profiles
+            .iter()
+            .map(|p| p.device_work().count())
+            .sum::<usize>(),
+        if profiles.len() == 1 {
+            "device"
+        } else {
+            "devices"
+        }
     );
     // Legend.
     let legend = [
@@ -167,20 +261,15 @@ fn render(p: &Profile) -> String {
         lx += 24.0 + 6.5 * label.chars().count() as f64;
     }
     // Lanes and their labels.
-    for lane in 0..lanes {
+    for (lane, l) in all.iter().enumerate() {
         let y = lane_y(lane);
         let fill = if lane % 2 == 0 { "#f6f8fa" } else { "#ffffff" };
-        let label = if lane == 0 {
-            "host".to_string()
-        } else {
-            format!("stream #{}", streams[lane - 1].0)
-        };
         let _ = write!(
             s,
-            "<rect x=\"{LABELS}\" y=\"{y}\" width=\"{plot}\" height=\"{LANE}\" fill=\"{fill}\"/>\
+            "<rect x=\"{labels}\" y=\"{y}\" width=\"{plot}\" height=\"{LANE}\" fill=\"{fill}\"/>\
              <text x=\"12\" y=\"{}\" fill=\"#24292f\">{}</text>",
             y + LANE / 2.0 + 4.0,
-            escape(&label)
+            escape(&l.label)
         );
     }
     // The time axis.
@@ -188,8 +277,8 @@ fn render(p: &Profile) -> String {
     let step = tick_step(span);
     let _ = write!(
         s,
-        "<line x1=\"{LABELS}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#8c959f\"/>",
-        LABELS + plot
+        "<line x1=\"{labels}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#8c959f\"/>",
+        labels + plot
     );
     let mut t = 0.0;
     while t <= span * 1.0001 {
@@ -204,8 +293,35 @@ fn render(p: &Profile) -> String {
         );
         t += step;
     }
-    let links = p.records.len() <= MAX_LINKS;
-    let host_top = lane_y(0) + (LANE - BAR) / 2.0;
+    let links = profiles.iter().map(|p| p.records.len()).sum::<usize>() <= MAX_LINKS;
+    for (k, p) in profiles.iter().enumerate() {
+        draw_records(
+            &mut s,
+            p,
+            shift[k],
+            lane_y(lane_of(k, None)),
+            links,
+            &|us| x(us),
+            &|st| lane_y(lane_of(k, Some(st))),
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Draws profile `p`'s records, its times shifted by `shift` µs: host spans on its host lane
+/// (top at `host_lane`), device work on its streams' lanes (`stream_lane`), through `x`.
+fn draw_records(
+    s: &mut String,
+    p: &Profile,
+    shift: f64,
+    host_lane: f64,
+    links: bool,
+    x: &dyn Fn(f64) -> f64,
+    stream_lane: &dyn Fn(StreamId) -> f64,
+) {
+    let x = |us: f64| x(us + shift);
+    let host_top = host_lane + (LANE - BAR) / 2.0;
     for r in &p.records {
         let tip = tooltip(r, p);
         let (hx0, hx1) = (x(r.host_start_us), x(r.host_end_us));
@@ -239,7 +355,7 @@ fn render(p: &Profile) -> String {
                 let (Some(d0), Some(d1)) = (r.device_start_us, r.device_end_us) else {
                     continue;
                 };
-                let y = lane_y(lane_of(r.stream)) + (LANE - BAR) / 2.0;
+                let y = stream_lane(r.stream) + (LANE - BAR) / 2.0;
                 let (bx0, bx1) = (x(d0), x(d1));
                 if links {
                     let _ = write!(
@@ -282,7 +398,7 @@ fn render(p: &Profile) -> String {
                 let Some(at) = r.device_start_us else {
                     continue;
                 };
-                let (cx, cy) = (x(at), lane_y(lane_of(r.stream)) + LANE / 2.0);
+                let (cx, cy) = (x(at), stream_lane(r.stream) + LANE / 2.0);
                 let fill = if r.kind == RecordKind::EventRecord {
                     EVENT
                 } else {
@@ -302,6 +418,4 @@ fn render(p: &Profile) -> String {
             _ => {}
         }
     }
-    s.push_str("</svg>");
-    s
 }

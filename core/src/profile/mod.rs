@@ -48,6 +48,9 @@ pub struct Profile {
     /// The device's measured copy bandwidth in GB/s (read plus write, measured once per
     /// device and cached on disk), for each kernel's fraction of it.
     pub copy_bandwidth_gb_per_s: Option<f64>,
+    /// The host instant of time 0: every `*_us` of the records counts from it (profiles of
+    /// several devices line up on one timeline through it).
+    pub started: std::time::Instant,
     /// Everything recorded, in issue order.
     pub records: Vec<ProfileRecord>,
     /// With [`Device::profile_exponents`]: the exponent histogram of each float kernel

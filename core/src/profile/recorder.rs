@@ -201,6 +201,7 @@ impl Device {
         }
         Ok(Profile {
             device: self.name(),
+            started: r.zero,
             timing,
             copy_bandwidth_gb_per_s: self.copy_bandwidth_gb_per_s(),
             records,
