@@ -591,6 +591,30 @@ fn several_devices(dev: &Device) -> Result<()> {
         theirs.iter().all(|&x| x > last_exp),
         "the second device's kernels {theirs:?} drawn before the first's {mine:?}"
     );
+    // The same as one Chrome trace: a process per device, its kernels on its own clock
+    // shifted onto the first's.
+    let json: serde_json::Value =
+        serde_json::from_str(&Profile::chrome_trace_of(&[&a, &b])).expect("the trace is JSON");
+    let events = json["traceEvents"].as_array().unwrap();
+    for (pid, p) in [(1, &a), (2, &b)] {
+        let named = events.iter().any(|e| {
+            e["name"] == "process_name"
+                && e["pid"] == pid
+                && e["args"]["name"].as_str().unwrap().contains(&p.device)
+        });
+        assert!(named, "process {pid} is not named for {}", p.device);
+    }
+    let starts = |pid: u64| -> Vec<f64> {
+        events
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["pid"] == pid && e["cat"] == "kernel")
+            .map(|e| e["ts"].as_f64().unwrap())
+            .collect()
+    };
+    let (ka, kb) = (starts(1), starts(2));
+    assert_eq!(ka.len() + kb.len(), kernels);
+    let last = ka.iter().cloned().fold(f64::MIN, f64::max);
+    assert!(kb.iter().all(|&t| t > last), "{kb:?} before {ka:?}");
     Ok(())
 }
 test_device!(

@@ -2,7 +2,8 @@
 //! chrome://tracing open it): one process for the device, a "host" track with each call's
 //! enqueue span and waits, one track per stream with the kernels and copies as complete
 //! (`X`) events at their device times, events as instant (`i`) markers, and flow arrows from
-//! each enqueue to the work it started. Times are microseconds.
+//! each enqueue to the work it started. Times are microseconds. Several devices' profiles
+//! make one trace with a process per device, on the earliest profile's clock.
 
 use super::{Profile, ProfileRecord, RecordKind};
 use crate::error::{Error, Result};
@@ -10,7 +11,6 @@ use std::fmt::Write;
 
 /// The host's track id; stream `k` is track `k + 1`.
 const HOST_TID: u64 = 0;
-const PID: u64 = 1;
 
 fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -54,67 +54,86 @@ fn args(r: &ProfileRecord, p: &Profile) -> String {
     format!("{{{}}}", a.join(","))
 }
 
-/// The trace as JSON text.
-pub(super) fn render(p: &Profile) -> String {
-    let mut events = vec![
+/// The trace of `profiles` as JSON text: profile `k` is process `k + 1`, its times shifted
+/// onto the earliest profile's clock.
+pub(super) fn render(profiles: &[&Profile]) -> String {
+    let first = profiles.iter().map(|p| p.started).min();
+    let mut events = Vec::new();
+    let mut flows = 0;
+    for (k, p) in profiles.iter().enumerate() {
+        let shift = first.map_or(0.0, |f| (p.started - f).as_secs_f64() * 1e6);
+        events_of(p, k as u64 + 1, shift, &mut flows, &mut events);
+    }
+    let names: Vec<&str> = profiles.iter().map(|p| p.device.as_str()).collect();
+    let timings: Vec<&str> = profiles.iter().map(|p| p.timing.as_str()).collect();
+    format!(
+        "{{\"traceEvents\":[\n{}\n],\"displayTimeUnit\":\"ms\",\"otherData\":{{\"device\":{},\"timing\":{}}}}}\n",
+        events.join(",\n"),
+        json_string(&names.join(", ")),
+        json_string(&timings.join(", "))
+    )
+}
+
+/// Profile `p`'s events as process `pid`, times shifted by `shift` µs; flow ids from
+/// `flows` on.
+fn events_of(p: &Profile, pid: u64, shift: f64, flows: &mut usize, events: &mut Vec<String>) {
+    events.extend([
         format!(
-            "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{PID},\"tid\":{HOST_TID},\"args\":{{\"name\":{}}}}}",
+            "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{HOST_TID},\"args\":{{\"name\":{}}}}}",
             json_string(&format!("strata {}", p.device))
         ),
         format!(
-            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{PID},\"tid\":{HOST_TID},\"args\":{{\"name\":\"host\"}}}}"
+            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{HOST_TID},\"args\":{{\"name\":\"host\"}}}}"
         ),
-    ];
+    ]);
     for s in p.streams() {
         events.push(format!(
-            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{PID},\"tid\":{},\"args\":{{\"name\":\"stream #{}\"}}}}",
+            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{},\"args\":{{\"name\":\"stream #{}\"}}}}",
             s.0 + 1,
             s.0
         ));
     }
-    for (k, r) in p.records.iter().enumerate() {
+    for r in &p.records {
+        let k = *flows;
+        *flows += 1;
         let name = json_string(&r.name);
         let cat = r.kind.label();
         let host_dur = (r.host_end_us - r.host_start_us).max(0.0);
         // The host's side: the call (enqueue, allocation, wait) on the host track.
         events.push(format!(
-            "{{\"name\":{name},\"cat\":\"host {cat}\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{host_dur:.3},\"pid\":{PID},\"tid\":{HOST_TID},\"args\":{}}}",
-            r.host_start_us,
+            "{{\"name\":{name},\"cat\":\"host {cat}\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{host_dur:.3},\"pid\":{pid},\"tid\":{HOST_TID},\"args\":{}}}",
+            r.host_start_us + shift,
             args(r, p)
         ));
         match (r.kind, r.device_start_us, r.device_end_us) {
             (kind, Some(start), Some(end)) if kind.is_device_work() => {
+                let start = start + shift;
                 events.push(format!(
-                    "{{\"name\":{name},\"cat\":\"{cat}\",\"ph\":\"X\",\"ts\":{start:.3},\"dur\":{:.3},\"pid\":{PID},\"tid\":{},\"args\":{}}}",
-                    (end - start).max(0.0),
+                    "{{\"name\":{name},\"cat\":\"{cat}\",\"ph\":\"X\",\"ts\":{start:.3},\"dur\":{:.3},\"pid\":{pid},\"tid\":{},\"args\":{}}}",
+                    (end + shift - start).max(0.0),
                     stream_tid(r),
                     args(r, p)
                 ));
                 // A flow arrow from the enqueue to the work it started.
                 events.push(format!(
-                    "{{\"name\":\"enqueue\",\"cat\":\"flow\",\"ph\":\"s\",\"id\":{k},\"ts\":{:.3},\"pid\":{PID},\"tid\":{HOST_TID}}}",
-                    r.host_start_us
+                    "{{\"name\":\"enqueue\",\"cat\":\"flow\",\"ph\":\"s\",\"id\":{k},\"ts\":{:.3},\"pid\":{pid},\"tid\":{HOST_TID}}}",
+                    r.host_start_us + shift
                 ));
                 events.push(format!(
-                    "{{\"name\":\"enqueue\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\",\"id\":{k},\"ts\":{start:.3},\"pid\":{PID},\"tid\":{}}}",
+                    "{{\"name\":\"enqueue\",\"cat\":\"flow\",\"ph\":\"f\",\"bp\":\"e\",\"id\":{k},\"ts\":{start:.3},\"pid\":{pid},\"tid\":{}}}",
                     stream_tid(r)
                 ));
             }
             (RecordKind::EventRecord | RecordKind::EventWait, Some(at), _) => {
+                let at = at + shift;
                 events.push(format!(
-                    "{{\"name\":{name},\"cat\":\"{cat}\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{at:.3},\"pid\":{PID},\"tid\":{}}}",
+                    "{{\"name\":{name},\"cat\":\"{cat}\",\"ph\":\"i\",\"s\":\"t\",\"ts\":{at:.3},\"pid\":{pid},\"tid\":{}}}",
                     stream_tid(r)
                 ));
             }
             _ => {}
         }
     }
-    format!(
-        "{{\"traceEvents\":[\n{}\n],\"displayTimeUnit\":\"ms\",\"otherData\":{{\"device\":{},\"timing\":{}}}}}\n",
-        events.join(",\n"),
-        json_string(&p.device),
-        json_string(&p.timing)
-    )
 }
 
 impl Profile {
@@ -130,7 +149,23 @@ impl Profile {
     /// # Ok::<(), strata_core::Error>(())
     /// ```
     pub fn to_chrome_trace(&self) -> String {
-        render(self)
+        render(&[self])
+    }
+
+    /// Several devices' profiles (recorded over the same span) as one Chrome trace: a process
+    /// per device with its host and stream tracks, on the earliest profile's clock.
+    ///
+    /// ```
+    /// use strata_core::{Device, DType, Profile, Tensor};
+    /// let (a, b) = (Device::cpu(), Device::cpu());
+    /// let (pa, pb) = (a.start_profiling()?, b.start_profiling()?);
+    /// Tensor::ones([4], DType::F32, &b)?.to_device(&a)?.realize()?;
+    /// let json = Profile::chrome_trace_of(&[&pa.stop()?, &pb.stop()?]);
+    /// assert!(json.contains("\"pid\":1") && json.contains("\"pid\":2"));
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn chrome_trace_of(profiles: &[&Profile]) -> String {
+        render(profiles)
     }
 
     /// Writes [`to_chrome_trace`](Profile::to_chrome_trace) to `path`, for Perfetto
