@@ -21,8 +21,12 @@ pub(crate) struct AutogradMeta {
     pub(crate) shape: Vec<usize>,
     pub(crate) dtype: DType,
     /// A leaf's post-accumulate hooks ([`super::hooks`]), with their ids.
-    pub(crate) hooks: Mutex<Vec<(u64, super::hooks::Hook)>>,
+    hooks: Mutex<Vec<(u64, Hook)>>,
 }
+
+/// A post-accumulate hook: called with the leaf's gradient after a backward pass's last
+/// contribution to it.
+pub(crate) type Hook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
 /// `t`'s autograd metadata, if it requires a gradient.
 pub(crate) fn meta(t: &Tensor) -> Option<&AutogradMeta> {
@@ -52,6 +56,11 @@ impl AutogradMeta {
             grad_fn: Some(Arc::new(node)),
             ..AutogradMeta::leaf(shape, dtype)
         }
+    }
+
+    /// The leaf's hooks, with their ids.
+    pub(crate) fn hooks(&self) -> MutexGuard<'_, Vec<(u64, Hook)>> {
+        self.hooks.lock_unpoisoned()
     }
 
     /// The leaf's gradient slot.

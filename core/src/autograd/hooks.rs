@@ -4,15 +4,11 @@
 //! while the rest of the pass goes on. Data parallel uses them to start averaging a bucket
 //! of gradients before the backward pass has ended.
 
-use super::graph::{self, AutogradMeta};
+use super::graph::{self, AutogradMeta, Hook};
 use crate::error::{Error, Result};
-use crate::sync::LockUnpoisoned;
 use crate::tensor::Tensor;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-
-/// A hook: called with the leaf's gradient after a pass's last contribution to it.
-pub(crate) type Hook = Arc<dyn Fn(&Tensor) -> Result<()> + Send + Sync>;
 
 /// Removes a hook registered with [`Tensor::register_post_accumulate_grad_hook`]
 /// (PyTorch's `RemovableHandle`). Dropping the handle keeps the hook.
@@ -99,11 +95,4 @@ pub(crate) fn run(leaf: &AutogradMeta) -> Result<()> {
 /// True when `leaf` has hooks (the pass counts the edges into those leaves only).
 pub(crate) fn any(leaf: &AutogradMeta) -> bool {
     !leaf.hooks().is_empty()
-}
-
-impl AutogradMeta {
-    /// The leaf's hooks, with their ids.
-    pub(crate) fn hooks(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Hook)>> {
-        self.hooks.lock_unpoisoned()
-    }
 }
