@@ -956,7 +956,13 @@ fn dp_steps(
             }
             for _ in 0..if round == 0 { 3 } else { 5 } {
                 let mut marks = [0.0; 4];
-                step(alone, &mut marks)?;
+                if alone {
+                    // Rank 0's one-GPU step: its hooks must not average (the other ranks are
+                    // at the barrier, not in the bucket's all-reduce).
+                    dp.no_sync(|| step(alone, &mut marks))?;
+                } else {
+                    step(alone, &mut marks)?;
+                }
                 if round == 0 {
                     continue;
                 }

@@ -564,7 +564,27 @@ fn post_accumulate_hooks(dev: &Device) -> Result<()> {
     w.register_post_accumulate_grad_hook(|_| Err(Error::Invalid("stop here".into())))?;
     let err = loss(&w)?.backward().unwrap_err().to_string();
     assert!(err.contains("stop here"), "{err}");
-    // Only leaves that require a gradient.
+    // A hook runs while the pass goes on: the last layer's weight is final before the
+    // first layer's gradient exists.
+    let (first, last) = (
+        f32s(&[1.0, 2.0], dev)?.requires_grad_(true)?,
+        f32s(&[3.0], dev)?.requires_grad_(true)?,
+    );
+    let early: Arc<Mutex<Option<bool>>> = Arc::default();
+    let (probe, seen_early) = (first.clone(), early.clone());
+    let handle = last.register_post_accumulate_grad_hook(move |_| {
+        *seen_early.lock().unwrap() = Some(probe.grad().is_none());
+        Ok(())
+    })?;
+    first.exp()?.sum(Axes::All, false)?.mul(&last)?.backward()?;
+    assert_eq!(
+        *early.lock().unwrap(),
+        Some(true),
+        "the hook ran after the pass"
+    );
+    assert!(first.grad().is_some());
+    handle.remove(); // (its closure held `first`)
+                     // Only leaves that require a gradient.
     assert!(w
         .mul(2.0)?
         .register_post_accumulate_grad_hook(|_| Ok(()))

@@ -399,17 +399,30 @@ fn mse(pred: &Tensor, y: &Tensor) -> Result<Tensor> {
     pred.sub(y)?.square()?.mean(Axes::All, false)
 }
 
-/// Three SGD steps of the MLP (`hidden` units, `outputs` outputs) data-parallel over
-/// `comm`'s devices (each device a shard of the batch, gradients averaged) against the same
-/// steps on one device with the whole batch: the parameters agree, and the replicas are
-/// identical. The buckets are averaged by the backward passes themselves (the gradients
-/// already agree when they end), `average_gradients` after them has nothing left; with
-/// `threads` each device's pass runs on a thread of its own.
+/// How a data-parallel step computes each replica's gradients.
+#[derive(Clone, Copy, Debug)]
+enum Passes {
+    /// One backward pass a replica, from this thread.
+    One,
+    /// `autograd::grad` and `set_grad`: no hook runs, `average_gradients` averages it all.
+    Functional,
+    /// Two passes a replica over the halves of its shard (half the loss each), the first
+    /// under `no_sync` or not.
+    Accumulated { no_sync: bool },
+    /// One pass a replica, each on a thread of its own.
+    Threads,
+}
+
+/// Five SGD steps of the MLP (`hidden` units, `outputs` outputs) data-parallel over
+/// `comm`'s devices (each device a shard of the batch, gradients averaged), each step
+/// computing the gradients another way ([`Passes`]), against the same steps on one device
+/// with the whole batch: the parameters agree, and the replicas are identical. Where hooks
+/// run, the backward passes average the buckets themselves (the gradients already agree
+/// when they end).
 fn data_parallel_equals_one_device(
     comm: Communicator,
     hidden: usize,
     outputs: usize,
-    threads: bool,
 ) -> Result<()> {
     let devices = comm.devices().to_vec();
     let n = devices.len();
@@ -432,30 +445,60 @@ fn data_parallel_equals_one_device(
     let mut each: Vec<Sgd> = (0..n)
         .map(|k| Sgd::new(dp.replica(k).to_vec(), 0.05))
         .collect::<Result<_>>()?;
-    for _ in 0..3 {
+    let steps = [
+        Passes::One,
+        Passes::Functional,
+        Passes::Accumulated { no_sync: true },
+        Passes::Accumulated { no_sync: false },
+        Passes::Threads,
+    ];
+    for passes in steps {
         mse(&mlp(&single, &x)?, &y)?.backward()?;
         one.step()?;
         one.zero_grad();
         let (xs, ys) = (dp.scatter(&x)?, dp.scatter(&y)?);
         let pass = |k: usize| mse(&mlp(dp.replica(k), &xs[k])?, &ys[k])?.backward();
-        if threads {
-            std::thread::scope(|s| {
+        match passes {
+            Passes::One => (0..n).try_for_each(pass)?,
+            Passes::Threads => std::thread::scope(|s| {
                 let passes: Vec<_> = (0..n).map(|k| s.spawn(move || pass(k))).collect();
                 passes
                     .into_iter()
                     .try_for_each(|p| p.join().expect("a backward thread panicked"))
-            })?;
-        } else {
-            (0..n).try_for_each(pass)?;
+            })?,
+            Passes::Functional => {
+                for k in 0..n {
+                    let loss = mse(&mlp(dp.replica(k), &xs[k])?, &ys[k])?;
+                    let inputs: Vec<&Tensor> = dp.replica(k).iter().collect();
+                    let grads = strata::autograd::grad(&[&loss], &inputs, None, false)?;
+                    for (p, g) in dp.replica(k).iter().zip(grads) {
+                        p.set_grad(g)?;
+                    }
+                }
+            }
+            Passes::Accumulated { no_sync } => {
+                let half = |k: usize, h: usize| -> Result<()> {
+                    let (xh, yh) = (xs[k].narrow(0, 8 * h, 8)?, ys[k].narrow(0, 8 * h, 8)?);
+                    mse(&mlp(dp.replica(k), &xh)?, &yh)?.mul(0.5)?.backward()
+                };
+                if no_sync {
+                    dp.no_sync(|| (0..n).try_for_each(|k| half(k, 0)))?;
+                } else {
+                    (0..n).try_for_each(|k| half(k, 0))?;
+                }
+                (0..n).try_for_each(|k| half(k, 1))?;
+            }
         }
-        for i in 0..params.len() {
-            let first = dp.replica(0)[i].grad().unwrap().to_vec::<f32>()?;
-            for k in 1..n {
-                let other = dp.replica(k)[i].grad().unwrap().to_vec::<f32>()?;
-                assert_eq!(
-                    other, first,
-                    "gradient {i} of replica {k} before average_gradients"
-                );
+        if !matches!(passes, Passes::Functional) {
+            for i in 0..params.len() {
+                let first = dp.replica(0)[i].grad().unwrap().to_vec::<f32>()?;
+                for k in 1..n {
+                    let other = dp.replica(k)[i].grad().unwrap().to_vec::<f32>()?;
+                    assert_eq!(
+                        other, first,
+                        "{passes:?}: gradient {i} of replica {k} before average_gradients"
+                    );
+                }
             }
         }
         dp.average_gradients()?;
@@ -492,9 +535,9 @@ fn data_parallel_equals_one_device(
 fn data_parallel_steps_equal_one_device_through_an_engine() {
     let comm =
         || Communicator::new(vec![Device::cpu(), Device::cpu()], Arc::new(HostEngine)).unwrap();
-    data_parallel_equals_one_device(comm(), 16, 1, false).unwrap();
-    // Two buckets (the last parameter, 1.25 MiB, fills the first), passes on two threads.
-    data_parallel_equals_one_device(comm(), 4096, 80, true).unwrap();
+    data_parallel_equals_one_device(comm(), 16, 1).unwrap();
+    // Two buckets (the last parameter, 1.25 MiB, fills the first).
+    data_parallel_equals_one_device(comm(), 4096, 80).unwrap();
 }
 
 /// One GPU is a communicator of one: the buckets still go through NCCL on the averaging
@@ -506,7 +549,7 @@ fn nccl_data_parallel_on_one_gpu_equals_plain_steps() {
         return;
     }
     let gpu = Device::cuda(0).unwrap();
-    data_parallel_equals_one_device(nccl(&[gpu]).unwrap(), 4096, 80, false).unwrap();
+    data_parallel_equals_one_device(nccl(&[gpu]).unwrap(), 4096, 80).unwrap();
 }
 
 #[test]
@@ -517,6 +560,6 @@ fn nccl_data_parallel_steps_equal_one_gpu() {
         return;
     }
     let devices: Vec<Device> = (0..gpus).map(|i| Device::cuda(i).unwrap()).collect();
-    data_parallel_equals_one_device(nccl(&devices).unwrap(), 16, 1, false).unwrap();
-    data_parallel_equals_one_device(nccl(&devices).unwrap(), 4096, 80, true).unwrap();
+    data_parallel_equals_one_device(nccl(&devices).unwrap(), 16, 1).unwrap();
+    data_parallel_equals_one_device(nccl(&devices).unwrap(), 4096, 80).unwrap();
 }

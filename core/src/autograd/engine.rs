@@ -34,10 +34,7 @@ pub(crate) fn run(
     };
     // Node gradients summed so far, and how many edges into each node are still to come.
     let mut sums: HashMap<*const Node, Tensor> = HashMap::new();
-    let (mut pending, mut hooked) = dependencies(roots);
-    if !matches!(sink, Sink::Accumulate) {
-        hooked.clear();
-    }
+    let (mut pending, mut hooked) = dependencies(roots, matches!(sink, Sink::Accumulate));
     let mut ready: Vec<Arc<Node>> = Vec::new();
     for (t, g) in roots {
         let Some(meta) = super::graph::meta(t) else {
@@ -135,13 +132,13 @@ pub(crate) fn run(
 type Hooked = HashMap<*const AutogradMeta, (usize, bool)>;
 
 /// How many edges lead into each node reachable from the roots (a walk with its own stack),
-/// and into each leaf with hooks (roots that are such leaves count one).
-fn dependencies(roots: &[(&Tensor, Tensor)]) -> (HashMap<*const Node, usize>, Hooked) {
+/// and, with `hooks`, into each leaf with hooks (roots that are such leaves count one).
+fn dependencies(roots: &[(&Tensor, Tensor)], hooks: bool) -> (HashMap<*const Node, usize>, Hooked) {
     let mut count: HashMap<*const Node, usize> = HashMap::new();
     let mut hooked = Hooked::new();
     let mut seen: HashMap<*const Node, ()> = HashMap::new();
     for (t, _) in roots {
-        if let Some(meta) = super::graph::meta(t).filter(|m| m.grad_fn.is_none()) {
+        if let Some(meta) = super::graph::meta(t).filter(|m| hooks && m.grad_fn.is_none()) {
             if super::hooks::any(meta) {
                 hooked.entry(meta as *const _).or_insert((0, false)).0 += 1;
             }
@@ -161,7 +158,7 @@ fn dependencies(roots: &[(&Tensor, Tensor)]) -> (HashMap<*const Node, usize>, Ho
                     *count.entry(Arc::as_ptr(next)).or_insert(0) += 1;
                     stack.push(next.clone());
                 }
-                Edge::Leaf(meta) if super::hooks::any(meta) => {
+                Edge::Leaf(meta) if hooks && super::hooks::any(meta) => {
                     hooked.entry(Arc::as_ptr(meta)).or_insert((0, false)).0 += 1;
                 }
                 _ => {}

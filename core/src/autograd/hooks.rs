@@ -41,7 +41,8 @@ impl Tensor {
     /// `register_post_accumulate_grad_hook`): it gets the accumulated gradient, runs on the
     /// thread of the pass while later nodes are still to run, and an `Err` it returns ends the
     /// pass. Not called by `autograd::grad` (it accumulates nothing) nor in a pass that
-    /// gives the leaf no gradient. `Err` unless this is a leaf that requires a gradient.
+    /// gives the leaf no gradient. `Err` unless this is a leaf that requires a gradient. A
+    /// hook that holds the leaf itself keeps it alive until the hook is removed.
     ///
     /// ```
     /// use std::sync::{Arc, Mutex};
@@ -82,14 +83,18 @@ impl Tensor {
     }
 }
 
-/// Runs `leaf`'s hooks with its gradient (none where it has none).
+/// Runs `leaf`'s hooks, each with the leaf's gradient as it is then (an earlier hook may have
+/// replaced it with `set_grad`, as PyTorch's later hooks see the parameter's new `.grad`).
 pub(crate) fn run(leaf: &AutogradMeta) -> Result<()> {
     // Copied out first: a hook may read or set this leaf's gradient or hooks.
     let hooks: Vec<Hook> = leaf.hooks().iter().map(|(_, h)| h.clone()).collect();
-    let Some(grad) = leaf.grad().clone() else {
-        return Ok(());
-    };
-    hooks.iter().try_for_each(|h| h(&grad))
+    for h in hooks {
+        let Some(grad) = leaf.grad().clone() else {
+            return Ok(());
+        };
+        h(&grad)?;
+    }
+    Ok(())
 }
 
 /// True when `leaf` has hooks (the pass counts the edges into those leaves only).

@@ -29,17 +29,18 @@
 
 use crate::autograd::HookHandle;
 use crate::collective::{Communicator, ReduceOp};
-use crate::device::Stream;
+use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 use crate::sync::LockUnpoisoned;
 use crate::tensor::Tensor;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 /// Gradients averaged in one collective until a bucket holds this many bytes (PyTorch's
 /// DistributedDataParallel buckets 25 MiB)...
 const BUCKET_BYTES: usize = 25 << 20;
-/// ...except the first, which is small so that averaging starts early in the backward pass
-/// (DistributedDataParallel's first bucket is 1 MiB).
+/// ...except the first, which closes once it holds 1 MiB, so that averaging starts early in
+/// the backward pass (DistributedDataParallel's first bucket is 1 MiB).
 const FIRST_BUCKET_BYTES: usize = 1 << 20;
 
 /// Parameters replicated on every device of a communicator, with their gradients averaged
@@ -61,8 +62,11 @@ struct Shared {
     buckets: Vec<Vec<usize>>,
     /// Each parameter's bucket and place in it.
     slot_of: Vec<(usize, usize)>,
-    /// Each bucket's progress in the current pass.
-    state: Mutex<Vec<Progress>>,
+    /// Where the averaging stands in the current step. Held while a bucket is averaged, so
+    /// buckets go one at a time and in order.
+    state: Mutex<Progress>,
+    /// False inside [`DataParallel::no_sync`]: the hooks do nothing.
+    syncing: AtomicBool,
     /// A stream of each device for the averaging (DDP's communication stream): a bucket's
     /// flattening, all-reduce and write-back run beside the backward kernels still to come,
     /// ordered after the gradients' writes and before the optimizer's reads by the streams'
@@ -70,12 +74,17 @@ struct Shared {
     streams: Vec<Stream>,
 }
 
-/// A bucket's progress: which replicas' parameters have their whole gradient, and whether
-/// the bucket has been averaged since.
-#[derive(Debug, Clone)]
+/// The current step's progress (a step ends with [`DataParallel::average_gradients`]).
+#[derive(Debug)]
 struct Progress {
-    ready: Vec<Vec<bool>>,
-    averaged: bool,
+    /// For each bucket, replica and member: how many backward passes have reported the
+    /// member's gradient final.
+    reports: Vec<Vec<Vec<u32>>>,
+    /// For each bucket: how many times it has been averaged. Bucket `b` is averaged for the
+    /// `r`-th time once every report of it has reached `r` and bucket `b − 1` has been
+    /// averaged `r` times: the same order on every rank, which keeps NCCL's calls matched
+    /// across processes.
+    averaged: Vec<u32>,
 }
 
 impl DataParallel {
@@ -108,13 +117,13 @@ impl DataParallel {
                 slot_of[i] = (b, at);
             }
         }
-        let state = buckets
-            .iter()
-            .map(|m| Progress {
-                ready: vec![vec![false; m.len()]; replicas.len()],
-                averaged: false,
-            })
-            .collect();
+        let state = Progress {
+            reports: buckets
+                .iter()
+                .map(|m| vec![vec![0; m.len()]; replicas.len()])
+                .collect(),
+            averaged: vec![0; buckets.len()],
+        };
         let streams = comm
             .devices()
             .iter()
@@ -127,6 +136,7 @@ impl DataParallel {
             buckets,
             slot_of,
             state: Mutex::new(state),
+            syncing: AtomicBool::new(true),
         });
         let mut hooks = Vec::new();
         for (k, replica) in shared.replicas.iter().enumerate() {
@@ -173,25 +183,70 @@ impl DataParallel {
             .collect()
     }
 
-    /// Makes every replica's gradients their average across devices; call it after every
-    /// device's backward pass, before the optimizers step. Most of the work has already
-    /// happened by then: as soon as a backward pass has finished a bucket's gradients on every
-    /// replica (a bucket: consecutive parameters' gradients, up to 25 MiB, the first up to 1
-    /// MiB, taken from the last parameter back), that pass flattens them into one tensor per
-    /// device, averages it in one all-reduce, and writes the averages back as the
-    /// parameters' gradients, while the pass goes on with the layers before. This call
-    /// averages the buckets left (a parameter the loss did not reach, a pass run with
-    /// `autograd::grad`). A parameter without a gradient on every device is an `Err` (a
-    /// device skipped its backward pass).
+    /// Makes every replica's gradients their average across devices and ends the step; call
+    /// it after every device's backward passes, before the optimizers step. Most of the work
+    /// has usually happened by then: as soon as the backward passes have finished a bucket's
+    /// gradients on every replica (a bucket: consecutive parameters' gradients from the last
+    /// parameter back, closed once it holds 25 MiB, the first 1 MiB), the pass that finished
+    /// it flattens them into one tensor per device, averages it in one all-reduce on the
+    /// averaging streams, and writes the averages back as the parameters' gradients, while
+    /// the pass goes on with the layers before. This call averages whatever is left (buckets
+    /// a pass did not finish, gradients set with `set_grad` after `autograd::grad`, passes run
+    /// under [`no_sync`](Self::no_sync)). With several passes a step (gradient
+    /// accumulation), each replica should run as many as the others; averaging after each is
+    /// exact, as the average is linear. A parameter without a gradient on every device is an
+    /// `Err` (a device skipped its backward pass).
     pub fn average_gradients(&self) -> Result<()> {
         let mut state = self.shared.state.lock_unpoisoned();
-        for (b, progress) in state.iter_mut().enumerate() {
-            if !progress.averaged {
-                self.shared.average(b)?;
-                progress.averaged = true;
+        let Progress { reports, averaged } = &mut *state;
+        let mut result = Ok(());
+        for (b, done) in averaged.iter_mut().enumerate() {
+            let newest = reports[b].iter().flatten().copied().max().unwrap_or(0);
+            if *done == 0 || newest > *done {
+                result = self.shared.average(b);
+                if result.is_err() {
+                    break;
+                }
             }
         }
-        Ok(())
+        // The step ends, failed or not: the next pass starts counting afresh.
+        reports.iter_mut().flatten().for_each(|r| r.fill(0));
+        averaged.fill(0);
+        result
+    }
+
+    /// Runs `f` with the averaging during backward passes off (PyTorch DDP's `no_sync`): the
+    /// gradients of passes run inside accumulate on each replica, and the next averaging (a
+    /// pass outside, or [`average_gradients`](Self::average_gradients)) averages the sums.
+    /// It holds for every thread while `f` runs.
+    ///
+    /// ```
+    /// # use strata_core::collective::{Collective, CollectiveEngine, Communicator, RankCall};
+    /// # #[derive(Debug)] struct One;
+    /// # impl CollectiveEngine for One {
+    /// #     fn check_dtype(&self, _: strata_core::DType) -> strata_core::Result<()> { Ok(()) }
+    /// #     fn run(&self, _: Collective, _: &[RankCall], _: strata_core::DType) -> strata_core::Result<()> { Ok(()) }
+    /// # }
+    /// use strata_core::{nn::DataParallel, ops::Axes, Device, DType, Tensor};
+    /// let dev = Device::cpu();
+    /// let comm = Communicator::new(vec![dev.clone()], std::sync::Arc::new(One))?;
+    /// let dp = DataParallel::new(comm, &[Tensor::ones([2], DType::F32, &dev)?])?;
+    /// let w = &dp.replica(0)[0];
+    /// dp.no_sync(|| w.mul(2.0)?.sum(Axes::All, false)?.backward())?; // accumulates only
+    /// w.mul(3.0)?.sum(Axes::All, false)?.backward()?; // averages the sum
+    /// assert_eq!(w.grad().unwrap().to_vec::<f32>()?, vec![5.0, 5.0]);
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn no_sync<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct On<'a>(&'a AtomicBool);
+        impl Drop for On<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        self.shared.syncing.store(false, Ordering::SeqCst);
+        let _on = On(&self.shared.syncing);
+        f()
     }
 }
 
@@ -228,38 +283,57 @@ fn buckets(params: &[Tensor]) -> Vec<Vec<usize>> {
 }
 
 impl Shared {
-    /// A hook's report: replica `k`'s parameter `i` has its whole gradient. The bucket is
-    /// averaged once every replica's part of it has.
+    /// A hook's report: replica `k`'s parameter `i` has its whole gradient from one more
+    /// pass. Averages every bucket that is then due, in order.
     fn ready(&self, k: usize, i: usize) -> Result<()> {
+        if !self.syncing.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let (b, at) = self.slot_of[i];
         let mut state = self.state.lock_unpoisoned();
-        let progress = &mut state[b];
-        if progress.averaged {
-            // A new pass.
-            progress.averaged = false;
-            progress.ready.iter_mut().for_each(|r| r.fill(false));
+        state.reports[b][k][at] += 1;
+        loop {
+            let mut moved = false;
+            for b in 0..state.averaged.len() {
+                let round = state.averaged[b] + 1;
+                let before_done = b == 0 || state.averaged[b - 1] >= round;
+                if before_done && state.reports[b].iter().flatten().all(|&r| r >= round) {
+                    self.average(b)?;
+                    state.averaged[b] = round;
+                    moved = true;
+                }
+            }
+            if !moved {
+                return Ok(());
+            }
         }
-        progress.ready[k][at] = true;
-        if progress.ready.iter().all(|r| r.iter().all(|&x| x)) {
-            self.average(b)?;
-            progress.averaged = true;
-        }
-        Ok(())
     }
 
     /// Averages bucket `b`'s gradients across the replicas: flattened into one tensor per
-    /// device, one all-reduce, written back; on the averaging streams.
+    /// device, one all-reduce, written back; on the averaging streams (each device's current
+    /// stream restored after, an error included).
     fn average(&self, b: usize) -> Result<()> {
+        /// Puts each device's stream back when dropped.
+        struct Restore(Vec<(Device, Stream)>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                for (d, s) in &self.0 {
+                    // The stream was the device's current one a moment ago: it is valid.
+                    let _ = d.set_stream(s);
+                }
+            }
+        }
         let devices = self.comm.devices();
-        let previous: Vec<Stream> = devices.iter().map(|d| d.current_stream()).collect();
+        let _restore = Restore(
+            devices
+                .iter()
+                .map(|d| (d.clone(), d.current_stream()))
+                .collect(),
+        );
         for (d, s) in devices.iter().zip(&self.streams) {
             d.set_stream(s)?;
         }
-        let averaged = self.average_here(b);
-        for (d, s) in devices.iter().zip(&previous) {
-            d.set_stream(s)?;
-        }
-        averaged
+        self.average_here(b)
     }
 
     /// [`average`](Self::average) on the current streams.

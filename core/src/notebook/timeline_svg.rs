@@ -197,6 +197,7 @@ fn render(profiles: &[&Profile]) -> String {
     let span = profiles
         .iter()
         .zip(&shift)
+        .filter(|(p, _)| !p.records.is_empty())
         .map(|(p, d)| p.span_us() + d)
         .fold(0.0, f64::max)
         .max(1e-3);

@@ -138,10 +138,18 @@ impl Tensor {
             t.broadcast_to(shape)?.reshape_batch(nb)
         };
         let k = a.shape()[a.ndim() - 1];
-        let (a3, b3) = (full(&a, m, k)?, full(&b, k, n)?);
-        // Pending operands run before the result is allocated: what their trees hold (a
-        // backward pass's saved activations and incoming gradient) is freed first, so the
-        // peak holds the operand or those, not both (128 MiB less at the MLP's peak).
+        // Operands in the result's dtype, run before the result is allocated: what their
+        // pending trees hold (a backward pass's saved activation and incoming gradient) is
+        // freed first, so the peak holds the operand or those, not both (128 MiB less at the
+        // MLP's peak).
+        let to = |t: Tensor| {
+            if t.dtype() == dtype {
+                Ok(t)
+            } else {
+                t.to_dtype(dtype)
+            }
+        };
+        let (a3, b3) = (to(full(&a, m, k)?)?, to(full(&b, k, n)?)?);
         a3.realize()?;
         b3.realize()?;
         let nb: usize = batch.iter().product();

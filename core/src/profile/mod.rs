@@ -111,7 +111,14 @@ impl Profile {
     /// # use strata_core::{Profile, ProfileRecord, RecordKind, StreamId};
     /// let mut r = ProfileRecord::new(RecordKind::Kernel, "k", StreamId::DEFAULT);
     /// (r.device_start_us, r.device_end_us, r.bytes_read) = (Some(0.0), Some(1.0), 500);
-    /// let p = Profile { device: "x".into(), timing: String::new(), copy_bandwidth_gb_per_s: Some(1.0), records: vec![], exponent_histograms: vec![] };
+    /// let p = Profile {
+    ///     device: "x".into(),
+    ///     timing: String::new(),
+    ///     copy_bandwidth_gb_per_s: Some(1.0),
+    ///     started: std::time::Instant::now(),
+    ///     records: vec![],
+    ///     exponent_histograms: vec![],
+    /// };
     /// assert_eq!(p.fraction_of_copy_bandwidth(&r), Some(0.5));
     /// ```
     pub fn fraction_of_copy_bandwidth(&self, record: &ProfileRecord) -> Option<f64> {

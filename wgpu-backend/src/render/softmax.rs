@@ -255,7 +255,7 @@ pub(crate) fn source(sig: &SoftmaxSig, caps: Caps) -> Result<String> {
     Ok(src)
 }
 
-/// WGSL summing the f32 `var` `value` over the workgroup by subgroups: each subgroup's sum,
+/// WGSL summing the `var` `value` (the row's accumulator) over the workgroup by subgroups: each subgroup's sum,
 /// then the subgroups' sums added in their order by every invocation (the same order every
 /// run), through the workgroup array `shared` (one slot a subgroup); `flag` (a bool `var` and
 /// its u32 array) is or-ed across the workgroup alongside. Needs [`subgroup_entry`]'s `sg`,
