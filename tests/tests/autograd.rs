@@ -523,7 +523,9 @@ fn post_accumulate_hooks(dev: &Device) -> Result<()> {
     use std::sync::{Arc, Mutex};
     let w = f32s(&[1.0, 2.0], dev)?.requires_grad_(true)?;
     let v = f32s(&[3.0], dev)?.requires_grad_(true)?;
-    let seen: Arc<Mutex<Vec<(char, Vec<f32>)>>> = Arc::default();
+    // (leaf, gradient) of each call.
+    type Calls = Arc<Mutex<Vec<(char, Vec<f32>)>>>;
+    let seen: Calls = Arc::default();
     let hook = |name: char| {
         let log = seen.clone();
         move |g: &Tensor| -> Result<()> {
