@@ -943,6 +943,7 @@ fn dp_steps(
         marks[3] = t.elapsed().as_secs_f64() * 1e3;
         Ok(())
     };
+    let after = std::env::var("STRATA_DP_AFTER").is_ok_and(|v| v == "1");
     let mut one: Vec<f64> = Vec::new();
     let mut all: [Vec<f64>; 4] = Default::default();
     // Each round's speed-up (its medians' ratio): the host's drift cancels within a round.
@@ -956,9 +957,11 @@ fn dp_steps(
             }
             for _ in 0..if round == 0 { 3 } else { 5 } {
                 let mut marks = [0.0; 4];
-                if alone {
+                if alone || after {
                     // Rank 0's one-GPU step: its hooks must not average (the other ranks are
-                    // at the barrier, not in the bucket's all-reduce).
+                    // at the barrier, not in the bucket's all-reduce). With
+                    // `STRATA_DP_AFTER=1` the data-parallel step averages after its backward
+                    // passes instead of during them.
                     dp.no_sync(|| step(alone, &mut marks))?;
                 } else {
                     step(alone, &mut marks)?;
