@@ -16,7 +16,8 @@
 # the CNN's step data-parallel; dp that step alone), conv (the
 # convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN; conv-own the
 # own-kernel half of it in one short call), cnn (a small
-# CNN's training step beside PyTorch eager and compiled, and on wgpu), all.
+# CNN's training step beside PyTorch eager and compiled, and on wgpu), ship (record and build
+# the shipped kernel archive), ship-check (first calls with it and without), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -200,6 +201,36 @@ run_first_op() {
       cold=$(mktemp -d)
       printf '%-24s %s\n' "$b" "$(STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" timeout 60 "$b" first-op)" | tee -a "$summary"
       rm -rf "$cold"
+    done
+  done
+}
+
+# The shipped kernel archive (examples/ship_kernels.rs): record the common work's kernels on
+# this GPU, then compile them for every shipped architecture with this machine's NVRTC into
+# $out/shipped (copy kernels.bin and kernels.txt into cuda-backend/shipped/ and rebuild).
+run_ship() {
+  echo "== shipped kernels: record and build" | tee -a "$summary"
+  rec=$(mktemp -d)
+  timeout 500 "$bin/ship_kernels" record "$rec" 2>&1 | tail -3 | tee -a "$summary"
+  timeout 500 "$bin/ship_kernels" build "$rec" "$out/shipped" 2>&1 | tail -3 | tee -a "$summary"
+  tar -C "$rec" -cJf "$out/shipped/sources.tar.xz" .
+  rm -rf "$rec"
+}
+
+# Whether the archive built into these binaries is current, and what it saves: the common
+# work's first calls in a new process with empty caches, with the archive and without
+# (STRATA_CUDA_SHIPPED=0), two runs each in turn; then bench_gpu first-op likewise.
+run_ship_check() {
+  echo "== first calls with the shipped archive and without (cold caches)" | tee -a "$summary"
+  for i in 1 2; do
+    for shipped in 1 0; do
+      cold=$(mktemp -d)
+      STRATA_CUDA_SHIPPED=$shipped STRATA_CACHE_DIR="$cold" CUDA_CACHE_PATH="$cold/nv" timeout 300 \
+        "$bin/ship_kernels" check > "$out/ship-check-$shipped-$i.txt" 2>&1
+      printf 'shipped=%s %s\n' "$shipped" "$(head -1 "$out/ship-check-$shipped-$i.txt")" | tee -a "$summary"
+      cold2=$(mktemp -d)
+      printf 'shipped=%s %s\n' "$shipped" "$(STRATA_CUDA_SHIPPED=$shipped STRATA_CACHE_DIR="$cold2" CUDA_CACHE_PATH="$cold2/nv" timeout 60 "$bin/bench_gpu" first-op)" | tee -a "$summary"
+      rm -rf "$cold" "$cold2"
     done
   done
 }
@@ -420,6 +451,8 @@ case "$mode" in
   sweep-ab) run_sweep_ab ;;
   host) run_host ;;
   first-op) run_first_op ;;
+  ship) run_ship ;;
+  ship-check) run_ship_check ;;
   sweep) run_sweep ;;
   python) run_python ;;
   all) run_tests; run_python; run_sanitize; run_bench; setup_vulkan; run_wgpu_bench ;;

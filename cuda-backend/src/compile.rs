@@ -8,6 +8,7 @@
 use crate::background::Background;
 use crate::driver::{check, Gpu};
 use crate::render::Optimization;
+use crate::shipped;
 use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use std::ffi::CString;
@@ -32,6 +33,11 @@ pub(crate) struct Compiler {
     quick: bool,
     /// The thread [`Compiler::compile_later`] leaves compiles to, with its own compiler.
     background: Background<Compiler>,
+    /// Whether kernels are loaded from the shipped archive when it holds them
+    /// (`crate::shipped`; `STRATA_CUDA_SHIPPED=0`: never).
+    shipped: bool,
+    /// Where each loaded kernel's source is recorded (`STRATA_CUDA_RECORD`), if anywhere.
+    record: Option<PathBuf>,
 }
 
 /// The CUDA version whose NVRTC first takes `--Ofast-compile`.
@@ -85,7 +91,7 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 }
 
 /// FNV-1a, 64-bit: a hash that is the same in every process and Rust version.
-fn stable_hash(parts: &[&[u8]]) -> u64 {
+pub(crate) fn stable_hash(parts: &[&[u8]]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for p in parts {
         for &b in *p {
@@ -134,6 +140,8 @@ impl Compiler {
             fast_compile: version.and_then(|v| fast_compile_level(setting.as_deref(), v)),
             quick: version.is_some_and(|v| quick_compile(quick.as_deref(), v)),
             background: Background::default(),
+            shipped: shipped::enabled(),
+            record: shipped::record_dir(),
         }
     }
 
@@ -199,6 +207,8 @@ impl Compiler {
             fast_compile: self.fast_compile.clone(),
             quick: false,
             background: Background::default(),
+            shipped: self.shipped,
+            record: self.record.clone(),
         };
         if !self.background.started() {
             // A new thread's first job: a tiny kernel at the optimizing level, so that NVRTC
@@ -239,8 +249,50 @@ impl Compiler {
     /// True when the disk cache holds the machine code [`Compiler::function`] would load for
     /// `body`'s kernel (so loading it needs no compile).
     pub(crate) fn has_cached(&self, body: &str, optimization: Optimization) -> bool {
-        self.program(body, optimization)
-            .is_ok_and(|(_, _, path)| path.is_some_and(|p| p.exists()))
+        self.shipped_image_key(body, optimization)
+            .is_some_and(|key| shipped::holds(self.arch_number(), key))
+            || self
+                .program(body, optimization)
+                .is_ok_and(|(_, _, path)| path.is_some_and(|p| p.exists()))
+    }
+
+    /// The key `body` at `optimization` has in the shipped archive: the hash of the full
+    /// source, the architecture and the options, not of NVRTC's version (an image built by
+    /// another NVRTC of the same options is the same kernel; one the driver cannot load is
+    /// compiled instead, [`Compiler::load_function`]).
+    pub(crate) fn shipped_key(&self, body: &str, optimization: Optimization) -> Result<u64> {
+        let (source, options, _) = self.program(body, optimization)?;
+        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
+        Ok(stable_hash(&[
+            b"shipped",
+            source.as_bytes(),
+            arch.as_bytes(),
+            options.join(" ").as_bytes(),
+        ]))
+    }
+
+    /// The shipped key of `body` where the archive is in use and the kernel is not a quick
+    /// form (which is never shipped).
+    fn shipped_image_key(&self, body: &str, optimization: Optimization) -> Option<u64> {
+        (self.shipped && optimization != Optimization::Quick)
+            .then(|| self.shipped_key(body, optimization).ok())
+            .flatten()
+    }
+
+    /// The architecture as the shipped archive numbers it (`major * 10 + minor`).
+    fn arch_number(&self) -> u32 {
+        (self.arch.0 * 10 + self.arch.1) as u32
+    }
+
+    /// `body` compiled now (no cache) with its shipped key, for the archive's builder.
+    pub(crate) fn shipped_compile(
+        &self,
+        body: &str,
+        optimization: Optimization,
+    ) -> Result<(u64, Vec<u8>)> {
+        let (source, options, _) = self.program(body, optimization)?;
+        let image = compile(&source, &options, Output::Cubin)?;
+        Ok((self.shipped_key(body, optimization)?, image))
     }
 
     /// The device's machine code for `body` (the prelude is prepended), from the disk cache
@@ -250,6 +302,7 @@ impl Compiler {
         if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             return Ok(image);
         }
+        shipped::count_compile();
         let image = compile(&source, &options, Output::Cubin)?;
         if let Some(path) = path {
             // Write then rename, so a concurrent process never reads half a file.
@@ -299,6 +352,21 @@ impl Compiler {
         name: &str,
         optimization: Optimization,
     ) -> Result<sys::CUfunction> {
+        if let Some(dir) = self.record.as_deref() {
+            if optimization != Optimization::Quick {
+                shipped::record(dir, body, name, optimization);
+            }
+        }
+        // The shipped image where there is one; compiled when the driver refuses it.
+        if let Some(image) = self
+            .shipped_image_key(body, optimization)
+            .and_then(|key| shipped::image(self.arch_number(), key))
+        {
+            if let Ok((module, f)) = self.load(image, name) {
+                self.keep(module);
+                return Ok(f);
+            }
+        }
         let image = self.cubin(body, optimization)?;
         let (module, f) = self.load(&image, name)?;
         self.keep(module);

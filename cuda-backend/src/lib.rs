@@ -28,6 +28,7 @@ mod peer;
 mod pinned;
 mod render;
 mod run;
+pub mod shipped;
 mod staging;
 
 pub use compile::{nvrtc_version, ptx_cache_dir};

@@ -197,8 +197,27 @@ fn first_op() -> Result<()> {
     let t0 = Instant::now();
     let dev = Device::cuda(0)?;
     let t1 = Instant::now();
+    // The first ops' parts, each synchronized: make a tensor, add, sum, read.
+    let mut parts = Vec::new();
+    let mut lap = Instant::now();
+    let mut part = |dev: &Device| -> Result<()> {
+        dev.synchronize()?;
+        parts.push(format!("{:.1}", lap.elapsed().as_secs_f64() * 1e3));
+        lap = Instant::now();
+        Ok(())
+    };
     let a = Tensor::ones([1024], DType::F32, &dev)?;
-    let v = (&a + &a)?.sum(Axes::All, false)?.item::<f32>()?;
+    a.realize()?;
+    part(&dev)?;
+    let b = (&a + &a)?;
+    b.realize()?;
+    part(&dev)?;
+    let s = b.sum(Axes::All, false)?;
+    s.realize()?;
+    part(&dev)?;
+    let v = s.item::<f32>()?;
+    part(&dev)?;
+    let parts = parts.join(", ");
     let t2 = Instant::now();
     assert_eq!(v, 2048.0);
     // A fused kernel of a new structure: compile (or PTX-cache load) and launch.
@@ -226,7 +245,7 @@ fn first_op() -> Result<()> {
     let large = three_calls(&dev, || (&big * 2.0)?.sin()?.add(&big)?.sigmoid())?;
     let kinds = first_calls_by_kind(&dev)?;
     println!(
-        "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \
+        "{{\"op\": \"first-op\", \"context_ms\": {:.1}, \"first_ops_ms\": {:.1}, \"first_ops_parts_ms\": [{parts}], \
          \"first_fused_ms\": {:.1}, \"second_fused_ms\": {second_ms:.1}, \
          \"second_fused_compile_ms\": {compile_ms:.1}, \"large_calls_ms\": [{:.2}, {:.2}, {:.2}], \
          \"kinds\": {{{kinds}}}}}",

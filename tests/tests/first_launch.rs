@@ -253,6 +253,9 @@ fn check_kinds(dev: &Device) -> Result<()> {
 fn a_maps_first_launch_equals_its_compiled_launches_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("strata-first-launch-{}", std::process::id()));
     std::env::set_var("STRATA_CACHE_DIR", &dir);
+    // Without the shipped kernels, which would load many of these maps' own kernels at once
+    // (tests/tests/shipped.rs tests those).
+    std::env::set_var("STRATA_CUDA_SHIPPED", "0");
     for dev in strata_tests::devices() {
         if let Err(e) = check(&dev)
             .and_then(|_| check_shapes(&dev))

@@ -83,6 +83,24 @@ pub(crate) enum Optimization {
     Quick,
 }
 
+impl Optimization {
+    /// Its name in a recorded kernel's first line (`crate::shipped`).
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Optimization::Full => "full",
+            Optimization::FastCompile => "fast-compile",
+            Optimization::Quick => "quick",
+        }
+    }
+
+    /// The optimization [`Optimization::label`] names.
+    pub(crate) fn from_label(label: &str) -> Option<Optimization> {
+        [Self::Full, Self::FastCompile, Self::Quick]
+            .into_iter()
+            .find(|o| o.label() == label)
+    }
+}
+
 /// CUDA's limit on a launch's argument bytes.
 pub(crate) const MAX_ARGUMENT_BYTES: usize = 4096;
 
