@@ -50,7 +50,26 @@ fn common_work(dev: &Device) -> Result<Vec<Work<'static>>> {
         work.push(all("argmin", |x| x.argmin(None, false), &x));
         work.push(all("(a*a).sum()", |x| (x * x)?.sum(Axes::All, false), &x));
         work.push(all("std", |x| x.std(Axes::All, 1, false), &x));
+        // Two inputs mapped then reduced (a dot product, a squared error).
+        let y = (&x * 0.5)?.add(1.0)?;
+        y.realize()?;
+        let two = |name: &str, f: fn(&Tensor, &Tensor) -> Result<Tensor>| -> Work<'static> {
+            let (x, y) = (x.clone(), y.clone());
+            (format!("{name} {tag}"), Box::new(move || f(&x, &y)))
+        };
+        work.push(two("(a*b).sum()", |a, b| (a * b)?.sum(Axes::All, false)));
+        work.push(two("((a-b)^2).mean()", |a, b| {
+            (a - b)?.square()?.mean(Axes::All, false)
+        }));
+        work.push(two("(a-b).abs().mean()", |a, b| {
+            (a - b)?.abs()?.mean(Axes::All, false)
+        }));
         for axis in axes {
+            let (a, b) = (x.clone(), y.clone());
+            work.push((
+                format!("(a*b).sum axis {axis} {tag}"),
+                Box::new(move || (&a * &b)?.sum(axis, false)),
+            ));
             let x = x.clone();
             let at = format!("axis {axis} {tag}");
             type AxisOp = fn(&Tensor, isize) -> Result<Tensor>;

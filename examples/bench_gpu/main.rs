@@ -269,10 +269,13 @@ fn first_calls_by_kind(dev: &Device) -> Result<String> {
         .mul(1e-3)?;
     let rows = Tensor::from_slice(&[3i64, 0, 255, 7], [4], dev)?;
     let h = x.to_dtype(DType::F16)?;
+    let y = (&x * 0.5)?.add(1.0)?;
+    y.realize()?;
     dev.synchronize()?;
     type Kind<'a> = (&'static str, Box<dyn Fn() -> Result<Tensor> + 'a>);
     let kinds: Vec<Kind> = vec![
         ("sum axis 0", Box::new(|| x.sum(0, false))),
+        ("(a*b).sum()", Box::new(|| (&x * &y)?.sum(Axes::All, false))),
         ("max axis -1", Box::new(|| x.max(-1, false))),
         ("argmax axis -1", Box::new(|| x.argmax(Some(-1), false))),
         ("softmax", Box::new(|| x.softmax(-1))),
