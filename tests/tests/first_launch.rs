@@ -1,4 +1,4 @@
-//! On CUDA a map kernel's first launches run through an interpreter and the later ones (and
+//! On CUDA a map kernel's first launches (f32, f16 and bf16 operands) run through an interpreter and the later ones (and
 //! those under the profiler) through the compiled kernel (cuda-backend's `first_launch.rs`),
 //! and other kernels run a quickly compiled form until their own one is compiled in the
 //! background: all must give the same bits. The file holds one test, which points the kernel cache at a fresh directory before
@@ -135,6 +135,61 @@ fn check(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// The same ops over f16 and bf16 operands, which the interpreter computes as the compiled
+/// kernel does (in f32, each result rounded to its dtype), and casts between the floats.
+fn check_half(dev: &Device) -> Result<()> {
+    let n = 4099;
+    let x = Tensor::from_slice(&values(n), [n], dev)?;
+    let y_values: Vec<f32> = values(n + 7).into_iter().skip(7).collect();
+    let y = Tensor::from_slice(&y_values, [n], dev)?;
+    let casts: [Case; 3] = [
+        ("to f32, exp, back", |x, _| {
+            x.to_dtype(DType::F32)?.exp()?.to_dtype(x.dtype())
+        }),
+        ("to the other half and back, times y", |x, y| {
+            let other = if x.dtype() == DType::F16 {
+                DType::BF16
+            } else {
+                DType::F16
+            };
+            x.to_dtype(other)?.to_dtype(x.dtype())?.mul(y)
+        }),
+        ("f32 result of half operands", |x, y| {
+            (x * y)?.to_dtype(DType::F32)?.add(0.1)
+        }),
+    ];
+    for d in [DType::F16, DType::BF16] {
+        let (xh, yh) = (x.to_dtype(d)?, y.to_dtype(d)?);
+        xh.realize()?;
+        yh.realize()?;
+        for (name, f) in CASES.iter().chain(&casts) {
+            // Realized first, so the read's cast to f32 is a kernel of its own (exact).
+            let run = || -> Result<Vec<u32>> {
+                let t = f(&xh, &yh)?;
+                t.realize()?;
+                Ok(t.to_dtype(DType::F32)?
+                    .to_vec::<f32>()?
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect())
+            };
+            let (first, second) = (run()?, run()?);
+            let mut profiled = Vec::new();
+            dev.profile(|| {
+                profiled = run()?;
+                Ok(())
+            })?;
+            let after = run()?;
+            assert!(
+                first == second && second == profiled && profiled == after,
+                "{name} in {d:?} on {}: the first, second, profiled and later calls differ",
+                dev.name()
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Bits of every result `f` gives, on three runs of it and one under the profiler, which
 /// compiles the kernel first (the first runs are interpreted while it compiles in the
 /// background).
@@ -258,6 +313,7 @@ fn a_maps_first_launch_equals_its_compiled_launches_bit_for_bit() {
     std::env::set_var("STRATA_CUDA_SHIPPED", "0");
     for dev in strata_tests::devices() {
         if let Err(e) = check(&dev)
+            .and_then(|_| check_half(&dev))
             .and_then(|_| check_shapes(&dev))
             .and_then(|_| check_kinds(&dev))
         {

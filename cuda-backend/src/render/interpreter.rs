@@ -4,11 +4,13 @@
 //! compiled from its second launch on. Each instruction's operation is the C that `expr.rs` emits
 //! for that op in f32, so an interpreted launch computes the same bits as the compiled kernel.
 //!
-//! Interpreted: maps whose operands are all f32, contiguous or strided (broadcast inputs,
-//! strided outputs; one offset decoded per strided operand and element), with one output or
-//! several (a kept intermediate is a further output), whose nodes are inputs, f32 launch
-//! scalars and literals, and the ops of [`OPS`] (comparisons and the float predicates hold
-//! their bool as 0 or 1 in a float register). Anything else compiles at once.
+//! Interpreted: maps whose operands are f32, f16 or bf16, contiguous or strided (broadcast
+//! inputs, strided outputs; one offset decoded per strided operand and element), with one
+//! output or several (a kept intermediate is a further output), whose nodes are inputs, launch
+//! scalars and literals of those dtypes, casts between them, and the ops of [`OPS`]. Every
+//! register holds an f32; an op of an f16 or bf16 value is the compiled kernel's too: computed
+//! in f32, rounded to its dtype ([`PRECISIONS`]). Comparisons and the float predicates hold
+//! their bool as 0 or 1. Anything else compiles at once.
 
 use super::expr;
 use super::{Generated, Optimization, Rendered};
@@ -23,13 +25,27 @@ pub(crate) const REGISTERS: usize = 32;
 /// The interpreter's argument words (`Args<WORDS>`): a program must fit them.
 pub(crate) const WORDS: usize = 256;
 
-/// An interpreted operation: its index in [`OPS`] is its code.
+/// An interpreted operation. Its code is its index in [`OPS`] times the number of
+/// [`PRECISIONS`], plus its precision's index there.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Opcode {
     Unary(UnaryOp),
     Binary(BinaryOp),
     Fma,
     Where,
+    /// A cast between float dtypes: rounds to its precision (none for f32).
+    Round,
+}
+
+/// The dtypes the interpreter computes in, each held in an f32 register: an operation's
+/// precision is its operands' dtype (a cast's: its result's).
+pub(crate) const PRECISIONS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// The interpreter's code of `op` computed in `precision`.
+pub(crate) fn code_of(op: Opcode, precision: DType) -> Option<u64> {
+    let op = OPS.iter().position(|o| *o == op)?;
+    let p = PRECISIONS.iter().position(|&d| d == precision)?;
+    Some((op * PRECISIONS.len() + p) as u64)
 }
 
 /// Every operation the interpreter knows, in opcode order.
@@ -86,6 +102,7 @@ pub(crate) const OPS: &[Opcode] = {
         Opcode::Binary(Ge),
         Opcode::Fma,
         Opcode::Where,
+        Opcode::Round,
     ]
 };
 
@@ -112,29 +129,47 @@ impl Generated for InterpretSig {
 /// b << 24 | c << 32`; every thread runs the same ones, so the switch never diverges).
 pub(crate) fn source() -> Result<String> {
     let mut cases = String::new();
-    for (code, op) in OPS.iter().enumerate() {
-        let (value, bool_valued) = match *op {
-            Opcode::Unary(u) => (
-                expr::unary(u, DType::F32, "a")?,
-                matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
-            ),
-            Opcode::Binary(b) => (expr::binary(b, DType::F32, "a", "b")?, is_comparison(b)),
-            Opcode::Fma => (expr::fma(DType::F32, "a", "b", "c")?, false),
-            Opcode::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
-        };
-        let value = if bool_valued {
-            format!("({value}) ? 1.0f : 0.0f")
-        } else {
-            value
-        };
-        cases.push_str(&format!("        case {code}: v = {value}; break;\n"));
+    for &op in OPS {
+        for p in PRECISIONS {
+            let (value, bool_valued) = match op {
+                Opcode::Unary(u) => (
+                    expr::unary(u, p, "a")?,
+                    matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
+                ),
+                Opcode::Binary(b) => (expr::binary(b, p, "a", "b")?, is_comparison(b)),
+                Opcode::Fma => (expr::fma(p, "a", "b", "c")?, false),
+                Opcode::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
+                Opcode::Round => (super::cast("a", DType::F32, p, false), false),
+            };
+            let value = if bool_valued {
+                format!("({value}) ? 1.0f : 0.0f")
+            } else {
+                value
+            };
+            let code = code_of(op, p).unwrap_or_default();
+            cases.push_str(&format!("        case {code}: v = {value}; break;\n"));
+        }
     }
-    // Arguments: n, rank, shape; outputs, inputs; each operand's pointer, whether it is
-    // contiguous, and its strides (`rank` words); each output's register; the constants;
-    // the instructions.
+    // Arguments: n, rank, shape; outputs, inputs; each operand's pointer, its form (bit 0:
+    // contiguous; bits 8-9: stored as f32, f16 or bf16) and its strides (`rank` words); each
+    // output's register; the constants (f32 bits); the instructions.
     Ok(format!(
-        "__device__ __forceinline__ i64 interpret_offset(const Args<{WORDS}>& p, int o, int rank, i64 i) {{
-  if (p.w[o + 1]) return i;
+        "__device__ __forceinline__ float interpret_load(const Args<{WORDS}>& p, int o, i64 at) {{
+  const u64 kind = p.w[o + 1] >> 8;
+  if (kind == 1) return f16_to_f32(((const u16*)p.w[o])[at]);
+  if (kind == 2) return bf16_to_f32(((const u16*)p.w[o])[at]);
+  return ((const float*)p.w[o])[at];
+}}
+
+__device__ __forceinline__ void interpret_store(const Args<{WORDS}>& p, int o, i64 at, float v) {{
+  const u64 kind = p.w[o + 1] >> 8;
+  if (kind == 1) ((u16*)p.w[o])[at] = f32_to_f16(v);
+  else if (kind == 2) ((u16*)p.w[o])[at] = f32_to_bf16(v);
+  else ((float*)p.w[o])[at] = v;
+}}
+
+__device__ __forceinline__ i64 interpret_offset(const Args<{WORDS}>& p, int o, int rank, i64 i) {{
+  if (p.w[o + 1] & 1) return i;
   i64 offset = 0;
   for (int d = rank - 1; d >= 0; d--) {{
     const i64 extent = (i64)p.w[2 + d];
@@ -159,7 +194,7 @@ extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
     float r[{REGISTERS}];
     for (int k = 0; k < inputs; k++) {{
       const int o = first_operand + (outputs + k) * per_operand;
-      r[k] = ((const float*)p.w[o])[interpret_offset(p, o, rank, i)];
+      r[k] = interpret_load(p, o, interpret_offset(p, o, rank, i));
     }}
     for (int k = 0; k < constants; k++) r[inputs + k] = __uint_as_float((u32)p.w[first_constant + k]);
     for (int t = 0; t < count; t++) {{
@@ -172,7 +207,7 @@ extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
     }}
     for (int k = 0; k < outputs; k++) {{
       const int o = first_operand + k * per_operand;
-      ((float*)p.w[o])[interpret_offset(p, o, rank, i)] = r[p.w[results + k] & {mask}];
+      interpret_store(p, o, interpret_offset(p, o, rank, i), r[p.w[results + k] & {mask}]);
     }}
   }}
 }}
@@ -187,24 +222,36 @@ fn is_comparison(op: BinaryOp) -> bool {
 }
 
 /// The interpreted operation of `op`, whose result has dtype `d` and whose operand `a` has
-/// dtype `arg(a)`: f32 operands, an f32 result (or a bool one for comparisons and float
-/// predicates, kept as 0 or 1).
-pub(crate) fn interpreted_op(op: &Op, d: DType, arg: impl Fn(ValueId) -> DType) -> Option<Opcode> {
-    let f32 = |a: &ValueId| arg(*a) == DType::F32;
-    let opcode = match op {
-        Op::Unary(u, a) if f32(a) => Opcode::Unary(*u),
-        Op::Binary(b, x, y) if f32(x) && f32(y) => Opcode::Binary(*b),
-        Op::Fma(a, b, c) if f32(a) && f32(b) && f32(c) && d == DType::F32 => Opcode::Fma,
-        Op::Where(c, a, b) if arg(*c) == DType::Bool && f32(a) && f32(b) => Opcode::Where,
+/// dtype `arg(a)`, and its precision: operands of one dtype of [`PRECISIONS`] and a result of
+/// it (a bool, kept as 0 or 1, for comparisons and float predicates); a cast between two of
+/// them.
+pub(crate) fn interpreted_op(
+    op: &Op,
+    d: DType,
+    arg: impl Fn(ValueId) -> DType,
+) -> Option<(Opcode, DType)> {
+    let float = |t: DType| PRECISIONS.contains(&t);
+    let (opcode, precision) = match op {
+        Op::Unary(u, a) if float(arg(*a)) => (Opcode::Unary(*u), arg(*a)),
+        Op::Binary(b, x, y) if float(arg(*x)) && arg(*x) == arg(*y) => {
+            (Opcode::Binary(*b), arg(*x))
+        }
+        Op::Fma(a, b, c) if float(d) && [a, b, c].iter().all(|v| arg(**v) == d) => (Opcode::Fma, d),
+        Op::Where(c, a, b)
+            if arg(*c) == DType::Bool && float(d) && arg(*a) == d && arg(*b) == d =>
+        {
+            (Opcode::Where, d)
+        }
+        Op::Cast(a, _) if float(arg(*a)) && float(d) => (Opcode::Round, d),
         _ => return None,
     };
     let bool_valued = match opcode {
         Opcode::Unary(u) => matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
         Opcode::Binary(b) => is_comparison(b),
-        Opcode::Fma | Opcode::Where => false,
+        Opcode::Fma | Opcode::Where | Opcode::Round => false,
     };
-    let want = if bool_valued { DType::Bool } else { DType::F32 };
-    (d == want).then_some(opcode)
+    let want = if bool_valued { DType::Bool } else { precision };
+    (d == want).then_some((opcode, precision))
 }
 
 #[cfg(test)]
@@ -216,5 +263,28 @@ mod tests {
         let src = source().unwrap();
         assert!(src.contains("v = ((a < b)) ? 1.0f : 0.0f;"), "{src}");
         assert!(src.contains("v = ((a != 0.0f) ? b : c);"));
+    }
+
+    #[test]
+    fn half_precision_ops_round_as_the_compiled_kernel_does() {
+        let src = source().unwrap();
+        let case = |op, p| format!("case {}: v = ", code_of(op, p).unwrap());
+        let exp = Opcode::Unary(UnaryOp::Exp);
+        assert!(src.contains(&format!("{}expf(a); break;", case(exp, DType::F32))));
+        assert!(src.contains(&format!(
+            "{}round_f16(expf(a)); break;",
+            case(exp, DType::F16)
+        )));
+        assert!(src.contains(&format!(
+            "{}round_bf16(expf(a)); break;",
+            case(exp, DType::BF16)
+        )));
+        assert!(src.contains(&format!("{}a; break;", case(Opcode::Round, DType::F32))));
+        assert!(src.contains(&format!(
+            "{}round_f16(a); break;",
+            case(Opcode::Round, DType::F16)
+        )));
+        // Every code fits the instruction's byte.
+        assert!(code_of(Opcode::Round, DType::BF16).unwrap() < 256);
     }
 }

@@ -11,7 +11,8 @@ use super::step::MapLaunch;
 use crate::compile::Compiler;
 use crate::function::Function;
 use crate::launch::{Args, Launch};
-use crate::render::interpreter::{interpreted_op, InterpretSig, OPS, REGISTERS, WORDS};
+use crate::render::interpreter::{code_of, interpreted_op, InterpretSig};
+use crate::render::interpreter::{PRECISIONS, REGISTERS, WORDS};
 use crate::render::map::MapSig;
 use crate::render::{Generated, Rendered};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -148,32 +149,41 @@ impl FirstLaunches {
 /// The interpreter's launch for the map `sig` planned as `map`, or `None` when the map is not
 /// one the interpreter runs (see `render::interpreter`) or its program does not fit.
 pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
-    if sig.dtypes.iter().any(|&d| d != DType::F32)
+    let kind = |d: DType| PRECISIONS.iter().position(|&p| p == d);
+    if sig.dtypes.iter().any(|&d| kind(d).is_none())
         || sig
             .paths
             .iter()
             .any(|&p| p != Path::Contiguous && p != Path::Strided)
-        || sig.scalars.iter().any(|&d| d != DType::F32)
+        || sig.scalars.iter().any(|&d| kind(d).is_none())
     {
         return None;
     }
     let rank = sig.rank;
     let outputs = sig.trees.outputs();
     let inputs = sig.dtypes.len().checked_sub(outputs)?;
-    // Each operand's words in the interpreter's form: pointer, contiguous, strides.
+    // Each operand's words in the interpreter's form: pointer, form (contiguous, and how it
+    // is stored in bits 8-9), strides.
     let mut operands = Vec::new();
-    for (&path, (address, strides)) in sig.paths.iter().zip(&map.operands) {
+    for ((&path, (address, strides)), &d) in sig.paths.iter().zip(&map.operands).zip(&sig.dtypes) {
         operands.push(*address);
+        let stored = (kind(d)? as u64) << 8;
         if path == Path::Contiguous {
-            operands.push(1);
+            operands.push(1 | stored);
             operands.extend(std::iter::repeat_n(0, rank));
         } else {
-            operands.push(0);
+            operands.push(stored);
             operands.extend(strides.iter().map(|&s| s as i64 as u64));
         }
     }
     let program = Program::build(sig.trees.iter(), Lanes::one());
-    let (constants, code, results) = encode_program(&program, inputs, &map.scalars)?;
+    let scalars: Vec<u32> = sig
+        .scalars
+        .iter()
+        .zip(&map.scalars)
+        .map(|(&d, &w)| f32_bits(d, w))
+        .collect::<Option<_>>()?;
+    let (constants, code, results) = encode_program(&program, inputs, &scalars)?;
     let mut args = Args::new();
     args.push(map.numel as u64);
     args.push(rank as u64);
@@ -193,36 +203,50 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
     Some(Launch::linear(args, map.numel))
 }
 
+/// The f32 bits of a value of float dtype `d` (f32, f16 or bf16) stored in the low bits of
+/// `word`: the register an interpreted value of `d` is held in.
+fn f32_bits(d: DType, word: u64) -> Option<u32> {
+    match d {
+        DType::F32 => Some(word as u32),
+        DType::F16 => Some(half::f16::from_bits(word as u16).to_f32().to_bits()),
+        DType::BF16 => Some(half::bf16::from_bits(word as u16).to_f32().to_bits()),
+        _ => None,
+    }
+}
+
 /// The interpreter's program for `program`'s one lane: the constant registers' f32 bits (the
-/// launch scalars `scalars`, then the literals), the instruction words, and the registers of
-/// the outputs. Registers `0..inputs` hold the inputs, then the constants, then one per
-/// instruction in the order they run. `None` for a value the interpreter does not compute or
-/// too many registers.
+/// launch scalars `scalars`, already as f32 bits, then the literals), the instruction words,
+/// and the registers of the outputs. Registers `0..inputs` hold the inputs, then the
+/// constants, then one per instruction in the order they run. `None` for a value the
+/// interpreter does not compute or too many registers.
 fn encode_program(
     program: &Program,
     inputs: usize,
-    scalars: &[u64],
+    scalars: &[u32],
 ) -> Option<(Vec<u32>, Vec<u64>, Vec<usize>)> {
-    let mut constants: Vec<u32> = scalars.iter().map(|&b| b as u32).collect();
+    let mut constants = scalars.to_vec();
     // Constants first (literals after the scalars), so the temporaries follow all of them.
     let mut literal = vec![None; program.instrs.len()];
     for (i, instr) in program.instrs.iter().enumerate() {
-        if let (Op::Literal(bits), DType::F32) = (&instr.op, instr.dtype) {
-            constants.push(*bits as u32);
-            literal[i] = Some(inputs + constants.len() - 1);
+        if let Op::Literal(bits) = instr.op {
+            if let Some(f) = f32_bits(instr.dtype, bits) {
+                constants.push(f);
+                literal[i] = Some(inputs + constants.len() - 1);
+            }
         }
     }
     let mut register = vec![0usize; program.instrs.len()];
     let mut code = Vec::new();
     for (i, instr) in program.instrs.iter().enumerate() {
-        let f32 = instr.dtype == DType::F32;
+        let float = PRECISIONS.contains(&instr.dtype);
         register[i] = match instr.op {
-            Op::Input { input, .. } if f32 && input < inputs => input,
-            Op::Scalar(k) if f32 && k < scalars.len() => inputs + k,
+            Op::Input { input, .. } if float && input < inputs => input,
+            Op::Scalar(k) if float && k < scalars.len() => inputs + k,
             Op::Literal(_) => literal[i]?,
             ref op => {
-                let opcode = interpreted_op(op, instr.dtype, |a| program.instrs[a].dtype)?;
-                let code_of = OPS.iter().position(|o| *o == opcode)? as u64;
+                let (opcode, precision) =
+                    interpreted_op(op, instr.dtype, |a| program.instrs[a].dtype)?;
+                let code_of = code_of(opcode, precision)?;
                 let args = op.args();
                 let operand = |k: usize| args.get(k).map_or(0, |&a| register[a]) as u64;
                 let dst = inputs + constants.len() + code.len();
@@ -312,7 +336,7 @@ mod tests {
     }
 
     fn code(op: Opcode) -> usize {
-        OPS.iter().position(|o| *o == op).unwrap()
+        code_of(op, DType::F32).unwrap() as usize
     }
 
     #[test]
@@ -386,17 +410,57 @@ mod tests {
     fn maps_it_cannot_run_compile_instead() {
         let a = Expr::input(0, DType::F32);
         let check = |s: &MapSig| encode(s, &planned(s, &[])).is_none();
-        // A cast, an f16 operand, a tiled operand, a position read.
+        // A cast from an integer, an f64 operand, a tiled operand, a position read.
         let cast = Expr::input(0, DType::I32).cast(DType::F32, false);
         assert!(check(&sig(cast, 1, 0)));
-        let mut half = sig(a.clone(), 1, 0);
-        half.dtypes[1] = DType::F16;
-        assert!(check(&half));
+        let mut double = sig(a.clone(), 1, 0);
+        double.dtypes[1] = DType::F64;
+        assert!(check(&double));
         let mut tiled = sig(a, 1, 0);
         tiled.paths[1] = Path::Tiled;
         assert!(check(&tiled));
         let position = Expr::linear_index().cast(DType::F32, false);
         assert!(check(&sig(position, 0, 0)));
+    }
+
+    #[test]
+    fn half_precision_maps_and_casts_between_floats_are_interpreted() {
+        // f16 out = cast(cast(a, f32) * s0, f16) + 1.5 (an f16 literal), a stored as f16.
+        let a = Expr::input(0, DType::F16);
+        let wide = Expr::binary(
+            BinaryOp::Mul,
+            a.cast(DType::F32, false),
+            Expr::scalar(0, DType::F32),
+        );
+        let e = Expr::binary(
+            BinaryOp::Add,
+            wide.cast(DType::F16, false),
+            Expr::literal(strata_core::Scalar::F16(half::f16::from_f32(1.5))),
+        );
+        let mut s = sig(e, 1, 1);
+        s.dtypes = vec![DType::F16, DType::F16];
+        let l = encode(&s, &planned(&s, &[0.25])).unwrap();
+        let w = &l.args.0;
+        // Both operands contiguous and stored as f16 (form 1 | 1 << 8).
+        assert_eq!((w[7], w[11]), (0x101, 0x101));
+        let (results, constants, code_) = program(w);
+        // The f16 literal as f32 bits, after the scalar.
+        assert_eq!(
+            constants,
+            [0.25f32.to_bits() as u64, 1.5f32.to_bits() as u64]
+        );
+        let round = |p| code_of(Opcode::Round, p).unwrap() as usize;
+        let ops: Vec<usize> = code_.iter().map(|c| c.0).collect();
+        assert_eq!(
+            ops,
+            [
+                round(DType::F32),
+                code(Opcode::Binary(BinaryOp::Mul)),
+                round(DType::F16),
+                code_of(Opcode::Binary(BinaryOp::Add), DType::F16).unwrap() as usize,
+            ]
+        );
+        assert_eq!(results, [6]);
     }
 
     #[test]
