@@ -211,9 +211,10 @@ run_first_op() {
 run_ship() {
   echo "== shipped kernels: record and build" | tee -a "$summary"
   rec=$(mktemp -d)
-  timeout 500 "$bin/ship_kernels" record "$rec" 2>&1 | tail -3 | tee -a "$summary"
-  timeout 500 "$bin/ship_kernels" build "$rec" "$out/shipped" 2>&1 | tail -3 | tee -a "$summary"
-  tar -C "$rec" -cJf "$out/shipped/sources.tar.xz" .
+  # Each well inside the device tool's 600 s a command (about 20 s each on an H200 host).
+  timeout 280 "$bin/ship_kernels" record "$rec" 2>&1 | tail -3 | tee -a "$summary"
+  timeout 280 "$bin/ship_kernels" build "$rec" "$out/shipped" 2>&1 | tail -3 | tee -a "$summary"
+  [ -d "$out/shipped" ] && tar -C "$rec" -cJf "$out/shipped/sources.tar.xz" .
   rm -rf "$rec"
 }
 

@@ -5,10 +5,11 @@
 //! ([`Compiler::compile_later`]): a new kernel's first launches run a quickly compiled form
 //! while its own one compiles there.
 
+use crate::archive::{self, Entry};
 use crate::background::Background;
 use crate::driver::{check, Gpu};
+use crate::hash::stable_hash;
 use crate::render::Optimization;
-use crate::shipped;
 use cudarc::driver::sys;
 use cudarc::nvrtc::{result as nvrtc, sys as nvrtc_sys};
 use std::ffi::CString;
@@ -36,6 +37,9 @@ pub(crate) struct Compiler {
     /// Whether kernels are loaded from the shipped archive when it holds them
     /// (`crate::shipped`; `STRATA_CUDA_SHIPPED=0`: never).
     shipped: bool,
+    /// Whether the local NVRTC built the archive: else maps and the map interpreter are
+    /// compiled here (`crate::archive`'s docs say why).
+    same_nvrtc: bool,
     /// Where each loaded kernel's source is recorded (`STRATA_CUDA_RECORD`), if anywhere.
     record: Option<PathBuf>,
 }
@@ -90,20 +94,6 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// FNV-1a, 64-bit: a hash that is the same in every process and Rust version.
-pub(crate) fn stable_hash(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in *p {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
-}
-
 /// Where compiled kernels (CUBIN files) are kept: `$STRATA_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/strata/ptx`, else `~/.cache/strata/ptx` (the name is older than the CUBIN
 /// files). `STRATA_CACHE_DIR=off` turns the disk cache off.
@@ -140,8 +130,9 @@ impl Compiler {
             fast_compile: version.and_then(|v| fast_compile_level(setting.as_deref(), v)),
             quick: version.is_some_and(|v| quick_compile(quick.as_deref(), v)),
             background: Background::default(),
-            shipped: shipped::enabled(),
-            record: shipped::record_dir(),
+            shipped: archive::enabled(),
+            same_nvrtc: version.is_some() && version == archive::built_by(),
+            record: archive::record_dir(),
         }
     }
 
@@ -208,6 +199,7 @@ impl Compiler {
             quick: false,
             background: Background::default(),
             shipped: self.shipped,
+            same_nvrtc: self.same_nvrtc,
             record: self.record.clone(),
         };
         if !self.background.started() {
@@ -246,11 +238,12 @@ impl Compiler {
         Ok((source, options, path))
     }
 
-    /// True when the disk cache holds the machine code [`Compiler::function`] would load for
-    /// `body`'s kernel (so loading it needs no compile).
+    /// True when the shipped archive or the disk cache holds the machine code
+    /// [`Compiler::load_function`] would load for `body`'s kernel (so loading it needs no
+    /// compile).
     pub(crate) fn has_cached(&self, body: &str, optimization: Optimization) -> bool {
         self.shipped_image_key(body, optimization)
-            .is_some_and(|key| shipped::holds(self.arch_number(), key))
+            .is_some_and(|key| archive::holds(self.arch_number(), key))
             || self
                 .program(body, optimization)
                 .is_ok_and(|(_, _, path)| path.is_some_and(|p| p.exists()))
@@ -271,10 +264,16 @@ impl Compiler {
         ]))
     }
 
-    /// The shipped key of `body` where the archive is in use and the kernel is not a quick
-    /// form (which is never shipped).
+    /// The shipped key of `body` where the archive is in use for it: not a quick form (never
+    /// shipped), and not a map or the interpreter (`FastCompile`) unless the local NVRTC built
+    /// the archive.
     fn shipped_image_key(&self, body: &str, optimization: Optimization) -> Option<u64> {
-        (self.shipped && optimization != Optimization::Quick)
+        let usable = match optimization {
+            Optimization::Quick => false,
+            Optimization::FastCompile => self.same_nvrtc,
+            Optimization::Full => true,
+        };
+        (self.shipped && usable)
             .then(|| self.shipped_key(body, optimization).ok())
             .flatten()
     }
@@ -302,7 +301,7 @@ impl Compiler {
         if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             return Ok(image);
         }
-        shipped::count_compile();
+        archive::count_compile();
         let image = compile(&source, &options, Output::Cubin)?;
         if let Some(path) = path {
             // Write then rename, so a concurrent process never reads half a file.
@@ -354,17 +353,24 @@ impl Compiler {
     ) -> Result<sys::CUfunction> {
         if let Some(dir) = self.record.as_deref() {
             if optimization != Optimization::Quick {
-                shipped::record(dir, body, name, optimization);
+                archive::record(dir, body, name, optimization);
             }
         }
-        // The shipped image where there is one; compiled when the driver refuses it.
+        // The shipped image where there is one (copied to 8-byte-aligned memory, as an ELF
+        // file read from disk would be); compiled when the driver refuses it, and the archive
+        // then left unused.
         if let Some(image) = self
             .shipped_image_key(body, optimization)
-            .and_then(|key| shipped::image(self.arch_number(), key))
+            .and_then(|key| archive::image(self.arch_number(), key))
         {
-            if let Ok((module, f)) = self.load(image, name) {
-                self.keep(module);
-                return Ok(f);
+            let mut aligned = vec![0u64; image.len().div_ceil(8)];
+            bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
+            match self.load(bytemuck::cast_slice(&aligned), name) {
+                Ok((module, f)) => {
+                    self.keep(module);
+                    return Ok(f);
+                }
+                Err(_) => archive::refused(),
             }
         }
         let image = self.cubin(body, optimization)?;
@@ -380,7 +386,8 @@ impl Compiler {
         })?;
         gpu.bind()?;
         let mut module = std::ptr::null_mut();
-        // SAFETY: the image is a whole CUBIN file NVRTC wrote; `module` is written on success.
+        // SAFETY: the image is a whole CUBIN file NVRTC wrote (now, on disk, or into the
+        // shipped archive); `module` is written on success.
         check(
             unsafe {
                 sys::cuModuleLoadData(&mut module, image.as_ptr() as *const std::ffi::c_void)
@@ -403,6 +410,76 @@ impl Compiler {
             .lock_unpoisoned()
             .push(crate::driver::Raw(module));
     }
+}
+
+/// Compiles every kernel source recorded in `recorded` (by `STRATA_CUDA_RECORD`) for each
+/// architecture of `archs` (`(major, minor)`), and returns the archive's bytes and its listing
+/// (a line per entry: architecture, key, name, optimization, bytes). Needs
+/// NVRTC, not a GPU.
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("strata-ship-doc-{}", std::process::id()));
+/// std::fs::create_dir_all(&dir).unwrap();
+/// // No sources recorded: an archive of no entries.
+/// let (archive, listing) = strata_cuda::shipped::build_archive(&dir, &[(9, 0)]).unwrap();
+/// assert!(strata_cuda::shipped::entries(&archive).unwrap().is_empty());
+/// assert!(listing.is_empty());
+/// std::fs::remove_dir_all(&dir).unwrap();
+/// ```
+pub fn build_archive(
+    recorded: &std::path::Path,
+    archs: &[(i32, i32)],
+) -> Result<(Vec<u8>, String)> {
+    let sources = archive::recorded(recorded)?;
+    // One thread per architecture (NVRTC compiles programs concurrently).
+    let per_arch = std::thread::scope(|scope| {
+        let threads: Vec<_> = archs
+            .iter()
+            .map(|&arch| {
+                let sources = &sources;
+                scope.spawn(move || -> Result<(String, (u32, Vec<Entry>))> {
+                    let compiler = Compiler::new(None, arch);
+                    let mut built = Vec::new();
+                    for (name, optimization, body) in sources {
+                        let (key, image) = compiler.shipped_compile(body, *optimization)?;
+                        let line = format!(
+                            "sm_{}{} {key:016x} {name} {} {}\n",
+                            arch.0,
+                            arch.1,
+                            optimization.label(),
+                            image.len()
+                        );
+                        let arch = compiler.arch_number();
+                        let name = name.clone();
+                        built.push((
+                            line,
+                            Entry {
+                                key,
+                                arch,
+                                name,
+                                image,
+                            },
+                        ));
+                    }
+                    built.sort_by_key(|(_, e)| e.key);
+                    built.dedup_by_key(|(_, e)| e.key);
+                    let listing = built.iter().map(|(line, _)| line.as_str()).collect();
+                    let entries = built.into_iter().map(|(_, e)| e).collect();
+                    Ok((listing, (compiler.arch_number(), entries)))
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err(Error::Backend("a compile thread panicked".into())))
+            })
+            .collect::<Result<Vec<_>>>()
+    })?;
+    let (listings, per_arch): (Vec<String>, Vec<_>) = per_arch.into_iter().unzip();
+    let listing = listings.concat();
+    Ok((archive::encode(nvrtc_version()?, &per_arch), listing))
 }
 
 impl Drop for Compiler {
@@ -701,5 +778,61 @@ mod tests {
     fn the_hash_is_stable() {
         assert_eq!(stable_hash(&[b"a"]), stable_hash(&[b"a"]));
         assert_ne!(stable_hash(&[b"ab", b"c"]), stable_hash(&[b"a", b"bc"]));
+    }
+    /// The map interpreter's source is fixed (no signature), so whether the archive holds its
+    /// current form can be checked here: regenerate the archive (`ship_kernels`) after
+    /// changing it.
+    #[test]
+    fn the_archive_holds_the_current_map_interpreter() {
+        use crate::render::interpreter::InterpretSig;
+        use crate::render::Generated;
+        if crate::nvrtc_version().is_err() {
+            assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none());
+            return;
+        }
+        let rendered = InterpretSig.render().unwrap();
+        for arch in [(8, 0), (8, 6), (8, 9), (9, 0), (10, 0), (12, 0)] {
+            let compiler = Compiler::new(None, arch);
+            let key = compiler
+                .shipped_key(&rendered.source, InterpretSig.optimization())
+                .unwrap();
+            assert!(
+                archive::holds((arch.0 * 10 + arch.1) as u32, key),
+                "the shipped archive lacks the map interpreter for sm_{}{}: run `bash \
+                 scripts/gpu-run.sh ship` on the GPU machine and copy its `shipped/kernels.bin` \
+                 and `kernels.txt` into cuda-backend/shipped/ (examples/ship_kernels.rs)",
+                arch.0,
+                arch.1
+            );
+        }
+    }
+
+    #[test]
+    fn an_archive_round_trips_and_a_truncated_one_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("strata-ship-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let body = "extern \"C\" __global__ void strata_probe(float* p) { p[0] = 2.0f; }";
+        archive::record(&dir, body, "strata_probe", Optimization::Full);
+        if crate::nvrtc_version().is_err() {
+            assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none());
+            return;
+        }
+        let (archive, listing) = build_archive(&dir, &[(8, 0), (9, 0)]).unwrap();
+        let all = archive::entries(&archive).unwrap();
+        assert_eq!(all.len(), 2, "{listing}");
+        assert!(
+            listing.starts_with("sm_80 ") && listing.contains("\nsm_90 "),
+            "{listing}"
+        );
+        assert!(all.iter().all(|e| e.name == "strata_probe"));
+        assert_eq!((all[0].arch, all[1].arch), (80, 90));
+        let compiler = Compiler::new(None, (9, 0));
+        assert_eq!(
+            all[1].key,
+            compiler.shipped_key(body, Optimization::Full).unwrap()
+        );
+        let err = archive::entries(&archive[..archive.len() - 1]).unwrap_err();
+        assert!(err.to_string().contains("ends inside an entry"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

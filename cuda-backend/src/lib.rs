@@ -28,8 +28,25 @@ mod peer;
 mod pinned;
 mod render;
 mod run;
-pub mod shipped;
 mod staging;
+
+mod archive;
+mod hash;
+
+/// Kernels shipped compiled: the machine code of the kernels common first calls launch
+/// (reductions, softmax, index, casts, random draws, the map interpreter), built into the
+/// library for the common GPU architectures, so those first calls load it instead of waiting
+/// for NVRTC. How it is made, used and checked: `examples/ship_kernels.rs` and
+/// docs/semantics.md ("Shipped kernels"); `STRATA_CUDA_SHIPPED=0` leaves it unused.
+///
+/// ```
+/// let entries = strata_cuda::shipped::entries(strata_cuda::shipped::archive()).unwrap();
+/// assert!(entries.iter().any(|e| e.name == "strata_interpret"));
+/// ```
+pub mod shipped {
+    pub use crate::archive::{archive, built_by, entries, nvrtc_compiles, serves, Entry};
+    pub use crate::compile::build_archive;
+}
 
 pub use compile::{nvrtc_version, ptx_cache_dir};
 pub use memory::CudaBuffer;

@@ -1,8 +1,9 @@
-//! On CUDA a map kernel's first launches (f32, f16 and bf16 operands) run through an interpreter and the later ones (and
-//! those under the profiler) through the compiled kernel (cuda-backend's `first_launch.rs`),
-//! and other kernels run a quickly compiled form until their own one is compiled in the
-//! background: all must give the same bits. The file holds one test, which points the kernel cache at a fresh directory before
-//! any device opens, so that no kernel is found compiled on disk.
+//! On CUDA a map kernel's first launches (f32, f16 and bf16 operands) run through an
+//! interpreter and the later ones (and those under the profiler) through the compiled kernel
+//! (cuda-backend's `first_launch.rs`), and other kernels run a quickly compiled form until
+//! their own one is compiled in the background: all must give the same bits. The file holds
+//! one test, which points the kernel cache at a fresh directory before any device opens, so
+//! that no kernel is found compiled on disk.
 
 use strata::prelude::*;
 
@@ -162,10 +163,21 @@ fn check_half(dev: &Device) -> Result<()> {
         let (xh, yh) = (x.to_dtype(d)?, y.to_dtype(d)?);
         xh.realize()?;
         yh.realize()?;
-        for (name, f) in CASES.iter().chain(&casts) {
+        // A broadcast operand (strided, stored as the half dtype).
+        let rows = xh.narrow(0, 0, 61 * 67)?.reshape([61, 67])?;
+        let row = yh.narrow(0, 0, 67)?;
+        rows.realize()?;
+        row.realize()?;
+        let broadcast: [Case; 1] = [("rows * row + rows", |x, r| (x * r)?.add(x))];
+        for (name, f) in CASES.iter().chain(&casts).chain(&broadcast) {
+            let (a, b) = if *name == "rows * row + rows" {
+                (&rows, &row)
+            } else {
+                (&xh, &yh)
+            };
             // Realized first, so the read's cast to f32 is a kernel of its own (exact).
             let run = || -> Result<Vec<u32>> {
-                let t = f(&xh, &yh)?;
+                let t = f(a, b)?;
                 t.realize()?;
                 Ok(t.to_dtype(DType::F32)?
                     .to_vec::<f32>()?
@@ -173,7 +185,16 @@ fn check_half(dev: &Device) -> Result<()> {
                     .map(|v| v.to_bits())
                     .collect())
             };
-            let (first, second) = (run()?, run()?);
+            // The first call is interpreted: on CUDA it compiles nothing on this thread.
+            let compiles = strata_cuda::shipped::nvrtc_compiles();
+            let first = run()?;
+            assert_eq!(
+                strata_cuda::shipped::nvrtc_compiles(),
+                compiles,
+                "{name} in {d:?} on {}: the first call compiled instead of being interpreted",
+                dev.name()
+            );
+            let second = run()?;
             let mut profiled = Vec::new();
             dev.profile(|| {
                 profiled = run()?;

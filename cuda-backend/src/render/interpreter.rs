@@ -8,9 +8,10 @@
 //! inputs, strided outputs; one offset decoded per strided operand and element), with one
 //! output or several (a kept intermediate is a further output), whose nodes are inputs, launch
 //! scalars and literals of those dtypes, casts between them, and the ops of [`OPS`]. Every
-//! register holds an f32; an op of an f16 or bf16 value is the compiled kernel's too: computed
-//! in f32, rounded to its dtype ([`PRECISIONS`]). Comparisons and the float predicates hold
-//! their bool as 0 or 1. Anything else compiles at once.
+//! register holds an f32; an op of f16 or bf16 values is what the compiled kernel computes:
+//! the f32 op, then its result rounded to the dtype (an instruction's rounding bits, see
+//! [`instruction_op`]). Comparisons and the float predicates hold their bool as 0 or 1.
+//! Anything else compiles at once.
 
 use super::expr;
 use super::{Generated, Optimization, Rendered};
@@ -25,8 +26,7 @@ pub(crate) const REGISTERS: usize = 32;
 /// The interpreter's argument words (`Args<WORDS>`): a program must fit them.
 pub(crate) const WORDS: usize = 256;
 
-/// An interpreted operation. Its code is its index in [`OPS`] times the number of
-/// [`PRECISIONS`], plus its precision's index there.
+/// An interpreted operation: its code is its index in [`OPS`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) enum Opcode {
     Unary(UnaryOp),
@@ -34,18 +34,37 @@ pub(crate) enum Opcode {
     Fma,
     Where,
     /// A cast between float dtypes: rounds to its precision (none for f32).
-    Round,
+    Cast,
 }
 
 /// The dtypes the interpreter computes in, each held in an f32 register: an operation's
 /// precision is its operands' dtype (a cast's: its result's).
 pub(crate) const PRECISIONS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
-/// The interpreter's code of `op` computed in `precision`.
-pub(crate) fn code_of(op: Opcode, precision: DType) -> Option<u64> {
-    let op = OPS.iter().position(|o| *o == op)?;
-    let p = PRECISIONS.iter().position(|&d| d == precision)?;
-    Some((op * PRECISIONS.len() + p) as u64)
+/// Whether the compiled kernel rounds the result of `op` in `precision` to that dtype: every
+/// float result of an f16 or bf16 op, not a bool (a comparison, a predicate) nor `where`'s
+/// choice of one of its operands.
+fn rounds(op: Opcode, precision: DType) -> bool {
+    precision != DType::F32
+        && match op {
+            Opcode::Unary(u) => !matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
+            Opcode::Binary(b) => !is_comparison(b),
+            Opcode::Fma | Opcode::Cast => true,
+            Opcode::Where => false,
+        }
+}
+
+/// The low bits of an instruction computing `op` in `precision`: its code, and from bit 40 the
+/// rounding of its result (0: none, 1: to f16, 2: to bf16).
+pub(crate) fn instruction_op(op: Opcode, precision: DType) -> Option<u64> {
+    let code = OPS.iter().position(|o| *o == op)? as u64;
+    let rounding = match precision {
+        _ if !rounds(op, precision) => 0,
+        DType::F16 => 1,
+        DType::BF16 => 2,
+        _ => return None,
+    };
+    Some(code | rounding << 40)
 }
 
 /// Every operation the interpreter knows, in opcode order.
@@ -102,7 +121,7 @@ pub(crate) const OPS: &[Opcode] = {
         Opcode::Binary(Ge),
         Opcode::Fma,
         Opcode::Where,
-        Opcode::Round,
+        Opcode::Cast,
     ]
 };
 
@@ -129,26 +148,14 @@ impl Generated for InterpretSig {
 /// b << 24 | c << 32`; every thread runs the same ones, so the switch never diverges).
 pub(crate) fn source() -> Result<String> {
     let mut cases = String::new();
-    for &op in OPS {
-        for p in PRECISIONS {
-            let (value, bool_valued) = match op {
-                Opcode::Unary(u) => (
-                    expr::unary(u, p, "a")?,
-                    matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
-                ),
-                Opcode::Binary(b) => (expr::binary(b, p, "a", "b")?, is_comparison(b)),
-                Opcode::Fma => (expr::fma(p, "a", "b", "c")?, false),
-                Opcode::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
-                Opcode::Round => (super::cast("a", DType::F32, p, false), false),
-            };
-            let value = if bool_valued {
-                format!("({value}) ? 1.0f : 0.0f")
-            } else {
-                value
-            };
-            let code = code_of(op, p).unwrap_or_default();
-            cases.push_str(&format!("        case {code}: v = {value}; break;\n"));
-        }
+    for (code, &op) in OPS.iter().enumerate() {
+        let (value, bool_valued) = f32_value(op)?;
+        let value = if bool_valued {
+            format!("({value}) ? 1.0f : 0.0f")
+        } else {
+            value
+        };
+        cases.push_str(&format!("        case {code}: v = {value}; break;\n"));
     }
     // Arguments: n, rank, shape; outputs, inputs; each operand's pointer, its form (bit 0:
     // contiguous; bits 8-9: stored as f32, f16 or bf16) and its strides (`rank` words); each
@@ -203,6 +210,9 @@ extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
       float v = 0.0f;
       switch ((int)(w & 255)) {{
 {cases}      }}
+      const int rounding = (int)(w >> 40) & 3;
+      if (rounding == 1) v = round_f16(v);
+      else if (rounding == 2) v = round_bf16(v);
       r[(w >> 8) & {mask}] = v;
     }}
     for (int k = 0; k < outputs; k++) {{
@@ -214,6 +224,20 @@ extern \"C\" __global__ void strata_interpret(const Args<{WORDS}> p) {{
 ",
         mask = REGISTERS - 1
     ))
+}
+
+/// The C the compiled kernel computes `op` of f32 values with, and whether it is a bool.
+fn f32_value(op: Opcode) -> Result<(String, bool)> {
+    Ok(match op {
+        Opcode::Unary(u) => (
+            expr::unary(u, DType::F32, "a")?,
+            matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
+        ),
+        Opcode::Binary(b) => (expr::binary(b, DType::F32, "a", "b")?, is_comparison(b)),
+        Opcode::Fma => (expr::fma(DType::F32, "a", "b", "c")?, false),
+        Opcode::Where => ("((a != 0.0f) ? b : c)".to_string(), false),
+        Opcode::Cast => (super::cast("a", DType::F32, DType::F32, false), false),
+    })
 }
 
 fn is_comparison(op: BinaryOp) -> bool {
@@ -242,15 +266,22 @@ pub(crate) fn interpreted_op(
         {
             (Opcode::Where, d)
         }
-        Op::Cast(a, _) if float(arg(*a)) && float(d) => (Opcode::Round, d),
+        // A cast to its own dtype is no op (the compiled kernel's too).
+        Op::Cast(a, _) if float(arg(*a)) && arg(*a) == d => (Opcode::Cast, DType::F32),
+        Op::Cast(a, _) if float(arg(*a)) && float(d) => (Opcode::Cast, d),
         _ => return None,
     };
     let bool_valued = match opcode {
         Opcode::Unary(u) => matches!(u, UnaryOp::IsNan | UnaryOp::IsInf | UnaryOp::IsFinite),
         Opcode::Binary(b) => is_comparison(b),
-        Opcode::Fma | Opcode::Where | Opcode::Round => false,
+        Opcode::Fma | Opcode::Where | Opcode::Cast => false,
     };
-    let want = if bool_valued { DType::Bool } else { precision };
+    let want = match opcode {
+        _ if bool_valued => DType::Bool,
+        // A cast's result is its own dtype (no rounding where it is the operand's).
+        Opcode::Cast => d,
+        _ => precision,
+    };
     (d == want).then_some((opcode, precision))
 }
 
@@ -265,26 +296,37 @@ mod tests {
         assert!(src.contains("v = ((a != 0.0f) ? b : c);"));
     }
 
+    /// The interpreter computes an f16 or bf16 op as the f32 op followed by the rounding its
+    /// instruction carries: for every op that must be the compiled kernel's expression.
     #[test]
-    fn half_precision_ops_round_as_the_compiled_kernel_does() {
+    fn half_precision_ops_are_the_f32_op_then_the_compiled_kernels_rounding() {
+        for &op in OPS {
+            let (f32_value, _) = f32_value(op).unwrap();
+            for (p, round) in [(DType::F16, "round_f16"), (DType::BF16, "round_bf16")] {
+                let compiled = match op {
+                    Opcode::Unary(u) => expr::unary(u, p, "a").unwrap(),
+                    Opcode::Binary(b) => expr::binary(b, p, "a", "b").unwrap(),
+                    Opcode::Fma => expr::fma(p, "a", "b", "c").unwrap(),
+                    Opcode::Where => "((a != 0.0f) ? b : c)".to_string(),
+                    Opcode::Cast => super::super::cast("a", DType::F32, p, false),
+                };
+                let interpreted = if rounds(op, p) {
+                    format!("{round}({f32_value})")
+                } else {
+                    f32_value.clone()
+                };
+                assert_eq!(interpreted, compiled, "{op:?} in {p:?}");
+                let bits = instruction_op(op, p).unwrap();
+                assert_eq!(
+                    bits >> 40,
+                    rounds(op, p) as u64 * (1 + (p == DType::BF16) as u64)
+                );
+            }
+        }
         let src = source().unwrap();
-        let case = |op, p| format!("case {}: v = ", code_of(op, p).unwrap());
-        let exp = Opcode::Unary(UnaryOp::Exp);
-        assert!(src.contains(&format!("{}expf(a); break;", case(exp, DType::F32))));
-        assert!(src.contains(&format!(
-            "{}round_f16(expf(a)); break;",
-            case(exp, DType::F16)
-        )));
-        assert!(src.contains(&format!(
-            "{}round_bf16(expf(a)); break;",
-            case(exp, DType::BF16)
-        )));
-        assert!(src.contains(&format!("{}a; break;", case(Opcode::Round, DType::F32))));
-        assert!(src.contains(&format!(
-            "{}round_f16(a); break;",
-            case(Opcode::Round, DType::F16)
-        )));
-        // Every code fits the instruction's byte.
-        assert!(code_of(Opcode::Round, DType::BF16).unwrap() < 256);
+        assert!(
+            src.contains("if (rounding == 1) v = round_f16(v);"),
+            "{src}"
+        );
     }
 }

@@ -11,7 +11,7 @@ use super::step::MapLaunch;
 use crate::compile::Compiler;
 use crate::function::Function;
 use crate::launch::{Args, Launch};
-use crate::render::interpreter::{code_of, interpreted_op, InterpretSig};
+use crate::render::interpreter::{instruction_op, interpreted_op, InterpretSig};
 use crate::render::interpreter::{PRECISIONS, REGISTERS, WORDS};
 use crate::render::map::MapSig;
 use crate::render::{Generated, Rendered};
@@ -204,12 +204,17 @@ pub(crate) fn encode(sig: &MapSig, map: &MapLaunch) -> Option<Launch> {
 }
 
 /// The f32 bits of a value of float dtype `d` (f32, f16 or bf16) stored in the low bits of
-/// `word`: the register an interpreted value of `d` is held in.
+/// `word`: the register an interpreted value of `d` is held in, as the device's conversion
+/// gives it (bf16: the bits shifted; f16: exact for every number). `None` for an f16 NaN,
+/// whose payload the device's conversion may not keep as the host's does: such a map compiles.
 fn f32_bits(d: DType, word: u64) -> Option<u32> {
     match d {
         DType::F32 => Some(word as u32),
-        DType::F16 => Some(half::f16::from_bits(word as u16).to_f32().to_bits()),
-        DType::BF16 => Some(half::bf16::from_bits(word as u16).to_f32().to_bits()),
+        DType::F16 => {
+            let h = half::f16::from_bits(word as u16);
+            (!h.is_nan()).then(|| h.to_f32().to_bits())
+        }
+        DType::BF16 => Some(((word as u16) as u32) << 16),
         _ => None,
     }
 }
@@ -246,7 +251,7 @@ fn encode_program(
             ref op => {
                 let (opcode, precision) =
                     interpreted_op(op, instr.dtype, |a| program.instrs[a].dtype)?;
-                let code_of = code_of(opcode, precision)?;
+                let code_of = instruction_op(opcode, precision)?;
                 let args = op.args();
                 let operand = |k: usize| args.get(k).map_or(0, |&a| register[a]) as u64;
                 let dst = inputs + constants.len() + code.len();
@@ -312,8 +317,8 @@ mod tests {
         }
     }
 
-    /// A decoded instruction: (opcode, dst, a, b, c).
-    type Instruction = (usize, u64, u64, u64, u64);
+    /// A decoded instruction: (opcode, dst, a, b, c, rounding).
+    type Instruction = (usize, u64, u64, u64, u64, u64);
 
     /// The interpreter's words after the operands: (results, constants, instructions).
     fn program(w: &[u64]) -> (Vec<u64>, Vec<u64>, Vec<Instruction>) {
@@ -326,7 +331,7 @@ mod tests {
         let first = first_constant + constants + 1;
         let decode = |w: u64| {
             let r = |shift: u32| (w >> shift) & 255;
-            ((w & 255) as usize, r(8), r(16), r(24), r(32))
+            ((w & 255) as usize, r(8), r(16), r(24), r(32), w >> 40)
         };
         (
             w[results..results + outputs].to_vec(),
@@ -336,7 +341,7 @@ mod tests {
     }
 
     fn code(op: Opcode) -> usize {
-        code_of(op, DType::F32).unwrap() as usize
+        instruction_op(op, DType::F32).unwrap() as usize
     }
 
     #[test]
@@ -370,11 +375,23 @@ mod tests {
         // Registers: a = 0, 0.5 = 1, 2 = 2, temporaries from 3.
         assert_eq!(constants, [0.5f32.to_bits() as u64, 2f32.to_bits() as u64]);
         assert_eq!(code_.len(), 7);
-        assert_eq!(code_[0], (code(Opcode::Binary(BinaryOp::Mul)), 3, 0, 0, 0));
-        assert_eq!(code_[1], (code(Opcode::Binary(BinaryOp::Add)), 4, 3, 0, 0));
+        assert_eq!(
+            code_[0],
+            (code(Opcode::Binary(BinaryOp::Mul)), 3, 0, 0, 0, 0)
+        );
+        assert_eq!(
+            code_[1],
+            (code(Opcode::Binary(BinaryOp::Add)), 4, 3, 0, 0, 0)
+        );
         assert_eq!(code_[2].0, code(Opcode::Unary(UnaryOp::Exp)));
-        assert_eq!(code_[5], (code(Opcode::Binary(BinaryOp::Mul)), 8, 7, 1, 0));
-        assert_eq!(code_[6], (code(Opcode::Binary(BinaryOp::Mul)), 9, 8, 2, 0));
+        assert_eq!(
+            code_[5],
+            (code(Opcode::Binary(BinaryOp::Mul)), 8, 7, 1, 0, 0)
+        );
+        assert_eq!(
+            code_[6],
+            (code(Opcode::Binary(BinaryOp::Mul)), 9, 8, 2, 0, 0)
+        );
         assert_eq!(results, [9]);
     }
 
@@ -402,7 +419,10 @@ mod tests {
         assert_eq!(w[6 + 3 * 4..6 + 4 * 4], [0x4000, 0, 0, 1]);
         let (results, _, code_) = program(w);
         // a * b in register 2, exp in 3: output 0 is 3, output 1 is 2.
-        assert_eq!(code_[0], (code(Opcode::Binary(BinaryOp::Mul)), 2, 0, 1, 0));
+        assert_eq!(
+            code_[0],
+            (code(Opcode::Binary(BinaryOp::Mul)), 2, 0, 1, 0, 0)
+        );
         assert_eq!(results, [3, 2]);
     }
 
@@ -449,15 +469,15 @@ mod tests {
             constants,
             [0.25f32.to_bits() as u64, 1.5f32.to_bits() as u64]
         );
-        let round = |p| code_of(Opcode::Round, p).unwrap() as usize;
-        let ops: Vec<usize> = code_.iter().map(|c| c.0).collect();
+        // Each op's code, and its rounding (bits 40-41 of its word).
+        let ops: Vec<(usize, u64)> = code_.iter().map(|c| (c.0, c.5)).collect();
         assert_eq!(
             ops,
             [
-                round(DType::F32),
-                code(Opcode::Binary(BinaryOp::Mul)),
-                round(DType::F16),
-                code_of(Opcode::Binary(BinaryOp::Add), DType::F16).unwrap() as usize,
+                (code(Opcode::Cast), 0),
+                (code(Opcode::Binary(BinaryOp::Mul)), 0),
+                (code(Opcode::Cast), 1),
+                (code(Opcode::Binary(BinaryOp::Add)), 1),
             ]
         );
         assert_eq!(results, [6]);

@@ -7,17 +7,22 @@
 //! An archive entry is found by the hash of what NVRTC would be given (the full source, the
 //! architecture, the options), so a kernel whose generator changed since the archive was built
 //! simply misses it and compiles: a stale entry is never run. An image the driver refuses (a
-//! driver older than the NVRTC that built it) is compiled instead too.
+//! driver older than the NVRTC that built it) is compiled instead, and the archive is left
+//! unused for the rest of the process. Where the local NVRTC is not the one that built the
+//! archive, elementwise maps and the map interpreter are not taken from it: an interpreted
+//! first launch must give the bits of the map's own kernel, which the local NVRTC compiles
+//! (its math library may differ); other kernels run from the archive at every launch.
 //!
 //! The archive is made in two steps (`examples/ship_kernels.rs`): on a GPU, `record` runs the
 //! common work with `STRATA_CUDA_RECORD=<dir>`, which writes each kernel's source there;
-//! `build` compiles those sources for each architecture ([`build_archive`]).
+//! `build` compiles those sources for each architecture (`compile::build_archive`).
 //! `STRATA_CUDA_SHIPPED=0` leaves the archive unused.
 
-use crate::compile::{stable_hash, Compiler};
+use crate::hash::stable_hash;
 use crate::render::Optimization;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use strata_core::sync::LockUnpoisoned;
 use strata_core::{Error, Result};
@@ -25,12 +30,16 @@ use strata_core::{Error, Result};
 /// The archive (`cuda-backend/shipped/kernels.bin`; `kernels.txt` beside it lists it).
 static ARCHIVE: &[u8] = include_bytes!("../shipped/kernels.bin");
 
-/// The archive's first bytes; then the number of architectures (u32), then for each: the
+/// The archive's first bytes; then the version of the NVRTC that built it (major and minor,
+/// u32 each), the number of architectures (u32), then for each: the
 /// architecture (u32, e.g. 90), its entry count (u32) and its entries as one deflate stream
 /// (u32 length, bytes; one stream compresses the kernels' common structure, 40% smaller than
 /// an entry each). The stream inflates to each entry's key (u64), kernel name (u16 length,
 /// bytes) and image (u32 length, bytes). Little-endian.
-const MAGIC: &[u8; 8] = b"STRATAK2";
+const MAGIC: &[u8; 8] = b"STRATAK3";
+
+/// Set when the driver refused a shipped image: the archive is not used again.
+static REFUSED: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     /// NVRTC programs compiled on this thread.
@@ -42,8 +51,8 @@ thread_local! {
 /// compiles left to the background thread, which no call waits for).
 ///
 /// ```
-/// let before = strata_cuda::shipped::nvrtc_compiles();
-/// assert!(strata_cuda::shipped::nvrtc_compiles() >= before);
+/// // No CUDA work on this thread yet: nothing compiled.
+/// assert_eq!(strata_cuda::shipped::nvrtc_compiles(), 0);
 /// ```
 pub fn nvrtc_compiles() -> usize {
     COMPILES.with(|c| c.get())
@@ -54,15 +63,21 @@ pub(crate) fn count_compile() {
     COMPILES.with(|c| c.set(c.get() + 1));
 }
 
-/// Whether CUDA device `ordinal`'s first calls of the shipped kernels load them: the archive
-/// is in use (`STRATA_CUDA_SHIPPED` is not `0`) and holds the device's architecture.
+/// Whether CUDA device `ordinal`'s first calls of the shipped kernels load them all: the
+/// archive is in use (`STRATA_CUDA_SHIPPED` is not `0`, no image refused), holds the device's
+/// architecture, and was built by the NVRTC this process loads (whose options its keys
+/// assume). Opens the device's primary context to read its architecture.
 ///
 /// ```
 /// // No such device: false.
 /// assert!(!strata_cuda::shipped::serves(usize::MAX));
 /// ```
 pub fn serves(ordinal: usize) -> bool {
-    if !enabled() || ordinal >= crate::device_count() {
+    if !enabled()
+        || REFUSED.load(Ordering::Relaxed)
+        || ordinal >= crate::device_count()
+        || crate::nvrtc_version().ok() != built_by()
+    {
         return false;
     }
     let Ok(ctx) = cudarc::driver::CudaContext::new(ordinal) else {
@@ -115,8 +130,9 @@ fn malformed(what: &str) -> Error {
 fn streams(bytes: &[u8]) -> Result<Vec<(u32, usize, &[u8])>> {
     let at = bytes
         .strip_prefix(MAGIC)
-        .ok_or_else(|| malformed("no STRATAK2 header"))?;
+        .ok_or_else(|| malformed("no STRATAK3 header"))?;
     let mut r = Reader { at };
+    r.take(8)?;
     let mut out = Vec::new();
     for _ in 0..r.word(4)? {
         let arch = r.word(4)? as u32;
@@ -181,10 +197,34 @@ pub fn entries(bytes: &[u8]) -> Result<Vec<Entry>> {
 /// The archive built into this library.
 ///
 /// ```
-/// assert!(strata_cuda::shipped::archive().starts_with(b"STRATAK2"));
+/// assert!(strata_cuda::shipped::archive().starts_with(b"STRATAK3"));
 /// ```
-pub fn archive() -> Vec<u8> {
-    ARCHIVE.to_vec()
+pub fn archive() -> &'static [u8] {
+    ARCHIVE
+}
+
+/// The version of the NVRTC that built an archive, `(major, minor)`.
+fn nvrtc_of(bytes: &[u8]) -> Option<(i32, i32)> {
+    let mut r = Reader {
+        at: bytes.strip_prefix(MAGIC)?,
+    };
+    Some((r.word(4).ok()? as i32, r.word(4).ok()? as i32))
+}
+
+/// The version of the NVRTC that built the archive in this library.
+///
+/// ```
+/// if let Some((major, _)) = strata_cuda::shipped::built_by() {
+///     assert!(major >= 12);
+/// }
+/// ```
+pub fn built_by() -> Option<(i32, i32)> {
+    nvrtc_of(ARCHIVE)
+}
+
+/// Leaves the archive unused for the rest of the process (the driver refused an image of it).
+pub(crate) fn refused() {
+    REFUSED.store(true, Ordering::Relaxed);
 }
 
 /// One architecture's images, inflated, by key.
@@ -217,6 +257,9 @@ fn images(arch: u32) -> Option<&'static Images> {
 /// The shipped machine code of `key` for `arch` (`major * 10 + minor`), if the archive holds
 /// it.
 pub(crate) fn image(arch: u32, key: u64) -> Option<&'static [u8]> {
+    if REFUSED.load(Ordering::Relaxed) {
+        return None;
+    }
     let images = images(arch)?;
     Some(&images.inflated[images.index.get(&key)?.clone()])
 }
@@ -249,23 +292,12 @@ pub(crate) fn enabled() -> bool {
     std::env::var("STRATA_CUDA_SHIPPED").map_or(true, |v| v != "0")
 }
 
-/// Compiles every kernel source recorded in `recorded` (by `STRATA_CUDA_RECORD`) for each
-/// architecture of `archs` (`(major, minor)`), and returns the archive's bytes and its listing
-/// (a line per entry: architecture, key, name, optimization, bytes, bytes deflated). Needs
-/// NVRTC, not a GPU.
-///
-/// ```
-/// let dir = std::env::temp_dir().join(format!("strata-ship-doc-{}", std::process::id()));
-/// std::fs::create_dir_all(&dir).unwrap();
-/// // No sources recorded: an archive of no entries.
-/// let (archive, listing) = strata_cuda::shipped::build_archive(&dir, &[(9, 0)]).unwrap();
-/// assert!(strata_cuda::shipped::entries(&archive).unwrap().is_empty());
-/// assert!(listing.is_empty());
-/// ```
-pub fn build_archive(recorded: &Path, archs: &[(i32, i32)]) -> Result<(Vec<u8>, String)> {
-    let io = |e: std::io::Error| Error::Backend(format!("{}: {e}", recorded.display()));
+/// The kernel sources recorded in `dir` (by [`record`]): each one's kernel name,
+/// optimization and body.
+pub(crate) fn recorded(dir: &Path) -> Result<Vec<(String, Optimization, String)>> {
+    let io = |e: std::io::Error| Error::Backend(format!("{}: {e}", dir.display()));
     let mut sources = Vec::new();
-    for file in std::fs::read_dir(recorded).map_err(io)? {
+    for file in std::fs::read_dir(dir).map_err(io)? {
         let path = file.map_err(io)?.path();
         if path.extension().is_some_and(|e| e == "cu") {
             let text = std::fs::read_to_string(&path).map_err(io)?;
@@ -283,57 +315,19 @@ pub fn build_archive(recorded: &Path, archs: &[(i32, i32)]) -> Result<(Vec<u8>, 
             sources.push((name.to_string(), optimization, body.to_string()));
         }
     }
-    // One thread per architecture (NVRTC compiles programs concurrently).
-    let per_arch = std::thread::scope(|scope| {
-        let threads: Vec<_> = archs
-            .iter()
-            .map(|&arch| {
-                let sources = &sources;
-                scope.spawn(move || -> Result<Vec<(String, Entry)>> {
-                    let compiler = Compiler::new(None, arch);
-                    let mut built = Vec::new();
-                    for (name, optimization, body) in sources {
-                        let (key, image) = compiler.shipped_compile(body, *optimization)?;
-                        let listing = format!(
-                            "sm_{}{} {key:016x} {name} {} {}\n",
-                            arch.0,
-                            arch.1,
-                            optimization.label(),
-                            image.len(),
-                        );
-                        let arch = (arch.0 * 10 + arch.1) as u32;
-                        let name = name.clone();
-                        built.push((
-                            listing,
-                            Entry {
-                                key,
-                                arch,
-                                name,
-                                image,
-                            },
-                        ));
-                    }
-                    Ok(built)
-                })
-            })
-            .collect();
-        threads
-            .into_iter()
-            .map(|t| {
-                t.join()
-                    .unwrap_or_else(|_| Err(Error::Backend("a compile thread panicked".into())))
-            })
-            .collect::<Result<Vec<_>>>()
-    })?;
+    Ok(sources)
+}
+
+/// An archive of `per_arch` (each architecture's entries, sorted by key and without
+/// duplicates), built by NVRTC `nvrtc`.
+pub(crate) fn encode(nvrtc: (i32, i32), per_arch: &[(u32, Vec<Entry>)]) -> Vec<u8> {
     let mut archive = MAGIC.to_vec();
+    archive.extend((nvrtc.0 as u32).to_le_bytes());
+    archive.extend((nvrtc.1 as u32).to_le_bytes());
     archive.extend((per_arch.len() as u32).to_le_bytes());
-    let mut listing = String::new();
-    for (mut built, &(major, minor)) in per_arch.into_iter().zip(archs) {
-        built.sort_by_key(|b| b.1.key);
-        built.dedup_by_key(|b| b.1.key);
+    for (arch, entries) in per_arch {
         let mut stream = Vec::new();
-        for (line, e) in &built {
-            listing.push_str(line);
+        for e in entries {
             stream.extend(e.key.to_le_bytes());
             stream.extend((e.name.len() as u16).to_le_bytes());
             stream.extend(e.name.as_bytes());
@@ -341,19 +335,17 @@ pub fn build_archive(recorded: &Path, archs: &[(i32, i32)]) -> Result<(Vec<u8>, 
             stream.extend(&e.image);
         }
         let deflated = miniz_oxide::deflate::compress_to_vec(&stream, 9);
-        archive.extend(((major * 10 + minor) as u32).to_le_bytes());
-        archive.extend((built.len() as u32).to_le_bytes());
+        archive.extend(arch.to_le_bytes());
+        archive.extend((entries.len() as u32).to_le_bytes());
         archive.extend((deflated.len() as u32).to_le_bytes());
         archive.extend(deflated);
     }
-    Ok((archive, listing))
+    archive
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::interpreter::InterpretSig;
-    use crate::render::Generated;
 
     #[test]
     fn the_archive_is_well_formed_and_each_image_is_machine_code() {
@@ -372,60 +364,15 @@ mod tests {
         }
         assert!(!holds(90, 0x1234), "an unknown key");
         assert!(!holds(11, all[0].key), "an architecture the archive lacks");
-    }
-
-    /// The map interpreter's source is fixed (no signature), so whether the archive holds its
-    /// current form can be checked here: regenerate the archive (`ship_kernels`) after
-    /// changing it.
-    #[test]
-    fn the_archive_holds_the_current_map_interpreter() {
-        if crate::nvrtc_version().is_err() {
-            assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none());
-            return;
-        }
-        let rendered = InterpretSig.render().unwrap();
-        for arch in [(8, 0), (8, 6), (8, 9), (9, 0), (12, 0)] {
-            let compiler = Compiler::new(None, arch);
-            let key = compiler
-                .shipped_key(&rendered.source, InterpretSig.optimization())
-                .unwrap();
-            assert!(
-                holds((arch.0 * 10 + arch.1) as u32, key),
-                "the shipped archive lacks the map interpreter for sm_{}{}: run `bash \
-                 scripts/gpu-run.sh ship` on the GPU machine and copy its `shipped/kernels.bin` \
-                 and `kernels.txt` into cuda-backend/shipped/ (examples/ship_kernels.rs)",
-                arch.0,
-                arch.1
-            );
-        }
+        assert!(built_by().is_some_and(|(major, _)| major >= 12));
     }
 
     #[test]
-    fn an_archive_round_trips_and_a_truncated_one_is_an_error() {
-        let dir = std::env::temp_dir().join(format!("strata-ship-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let body = "extern \"C\" __global__ void strata_probe(float* p) { p[0] = 2.0f; }";
-        record(&dir, body, "strata_probe", Optimization::Full);
-        if crate::nvrtc_version().is_err() {
-            assert!(std::env::var_os("STRATA_REQUIRE_NVRTC").is_none());
-            return;
+    fn a_truncated_or_foreign_archive_is_an_error() {
+        for cut in [4, 12, 30, ARCHIVE.len() - 1] {
+            assert!(entries(&ARCHIVE[..cut]).is_err(), "cut at {cut}");
         }
-        let (archive, listing) = build_archive(&dir, &[(8, 0), (9, 0)]).unwrap();
-        let all = entries(&archive).unwrap();
-        assert_eq!(all.len(), 2, "{listing}");
-        assert!(
-            listing.starts_with("sm_80 ") && listing.contains("\nsm_90 "),
-            "{listing}"
-        );
-        assert!(all.iter().all(|e| e.name == "strata_probe"));
-        assert_eq!((all[0].arch, all[1].arch), (80, 90));
-        let compiler = Compiler::new(None, (9, 0));
-        assert_eq!(
-            all[1].key,
-            compiler.shipped_key(body, Optimization::Full).unwrap()
-        );
-        let err = entries(&archive[..archive.len() - 1]).unwrap_err();
-        assert!(err.to_string().contains("ends inside an entry"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
+        let err = entries(b"STRATAK2\0\0\0\0").unwrap_err();
+        assert!(err.to_string().contains("no STRATAK3 header"), "{err}");
     }
 }
