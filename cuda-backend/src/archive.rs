@@ -264,11 +264,6 @@ pub(crate) fn image(arch: u32, key: u64) -> Option<&'static [u8]> {
     Some(&images.inflated[images.index.get(&key)?.clone()])
 }
 
-/// Whether the archive holds `key` for `arch`.
-pub(crate) fn holds(arch: u32, key: u64) -> bool {
-    image(arch, key).is_some()
-}
-
 /// Writes the source of a kernel just loaded to the record directory (`STRATA_CUDA_RECORD`),
 /// once per program: `<hash>.cu`, its first line `// strata-shipped <name> <optimization>`.
 pub(crate) fn record(dir: &Path, body: &str, name: &str, optimization: Optimization) {
@@ -362,8 +357,11 @@ mod tests {
             );
             assert_eq!(image(e.arch, e.key), Some(&e.image[..]), "{}", e.name);
         }
-        assert!(!holds(90, 0x1234), "an unknown key");
-        assert!(!holds(11, all[0].key), "an architecture the archive lacks");
+        assert!(image(90, 0x1234).is_none(), "an unknown key");
+        assert!(
+            image(11, all[0].key).is_none(),
+            "an architecture the archive lacks"
+        );
         assert!(built_by().is_some_and(|(major, _)| major >= 12));
     }
 

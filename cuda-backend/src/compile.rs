@@ -44,6 +44,17 @@ pub(crate) struct Compiler {
     record: Option<PathBuf>,
 }
 
+/// What NVRTC is given for one kernel, and the keys its machine code is found by.
+struct Program {
+    /// The prelude and the kernel's body.
+    source: String,
+    options: Vec<String>,
+    /// Its file in the disk cache (keyed by NVRTC's version too), if there is a cache.
+    path: Option<PathBuf>,
+    /// Its key in the shipped archive.
+    shipped: u64,
+}
+
 /// The CUDA version whose NVRTC first takes `--Ofast-compile`.
 const FAST_COMPILE_SINCE: (i32, i32) = (12, 8);
 
@@ -215,66 +226,70 @@ impl Compiler {
         self.background.submit(worker, job)
     }
 
-    /// The full source, options and disk-cache file of `body`'s machine code.
-    fn program(
-        &self,
-        body: &str,
-        optimization: Optimization,
-    ) -> Result<(String, Vec<String>, Option<PathBuf>)> {
+    /// What NVRTC is given for `body` at `optimization`, and where its machine code is kept.
+    fn program(&self, body: &str, optimization: Optimization) -> Result<Program> {
         let version = nvrtc_version()?;
         let source = format!("{}\n{body}", crate::render::PRELUDE);
         let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
         let options = self.options(&arch, optimization)?;
+        let joined = options.join(" ");
         let key = stable_hash(&[
             source.as_bytes(),
             arch.as_bytes(),
             format!("{version:?}").as_bytes(),
-            options.join(" ").as_bytes(),
+            joined.as_bytes(),
+        ]);
+        // Not of NVRTC's version: an image another NVRTC built with the same options is the
+        // same kernel (one the driver cannot load is compiled instead, `load_function`).
+        let shipped = stable_hash(&[
+            b"shipped",
+            source.as_bytes(),
+            arch.as_bytes(),
+            joined.as_bytes(),
         ]);
         let path = self
             .cache_dir
             .as_ref()
             .map(|d| d.join(format!("{key:016x}.cubin")));
-        Ok((source, options, path))
+        Ok(Program {
+            source,
+            options,
+            path,
+            shipped,
+        })
     }
 
     /// True when the shipped archive or the disk cache holds the machine code
     /// [`Compiler::load_function`] would load for `body`'s kernel (so loading it needs no
     /// compile).
     pub(crate) fn has_cached(&self, body: &str, optimization: Optimization) -> bool {
-        self.shipped_image_key(body, optimization)
-            .is_some_and(|key| archive::holds(self.arch_number(), key))
-            || self
-                .program(body, optimization)
-                .is_ok_and(|(_, _, path)| path.is_some_and(|p| p.exists()))
+        self.program(body, optimization).is_ok_and(|p| {
+            self.shipped_image(&p, optimization).is_some()
+                || p.path.is_some_and(|path| path.exists())
+        })
     }
 
-    /// The key `body` at `optimization` has in the shipped archive: the hash of the full
-    /// source, the architecture and the options, not of NVRTC's version (an image built by
-    /// another NVRTC of the same options is the same kernel; one the driver cannot load is
-    /// compiled instead, [`Compiler::load_function`]).
+    /// The key `body` at `optimization` has in the shipped archive ([`Program::shipped`]).
+    #[cfg(test)]
     pub(crate) fn shipped_key(&self, body: &str, optimization: Optimization) -> Result<u64> {
-        let (source, options, _) = self.program(body, optimization)?;
-        let arch = format!("sm_{}{}", self.arch.0, self.arch.1);
-        Ok(stable_hash(&[
-            b"shipped",
-            source.as_bytes(),
-            arch.as_bytes(),
-            options.join(" ").as_bytes(),
-        ]))
+        Ok(self.program(body, optimization)?.shipped)
     }
 
-    /// The shipped key of `body` where the archive is in use for it: not a quick form (never
-    /// shipped), and not a map or the interpreter (`FastCompile`) unless the local NVRTC built
-    /// the archive.
-    fn shipped_image_key(&self, body: &str, optimization: Optimization) -> Option<u64> {
+    /// The shipped image of `program` where the archive is in use for it: not a quick form
+    /// (never shipped), and not a map or the interpreter (`FastCompile`) unless the local
+    /// NVRTC built the archive.
+    fn shipped_image(
+        &self,
+        program: &Program,
+        optimization: Optimization,
+    ) -> Option<&'static [u8]> {
         let usable = match optimization {
             Optimization::Quick => false,
             Optimization::FastCompile => self.same_nvrtc,
             Optimization::Full => true,
         };
         (self.shipped && usable)
-            .then(|| self.shipped_key(body, optimization).ok())
+            .then(|| archive::image(self.arch_number(), program.shipped))
             .flatten()
     }
 
@@ -289,15 +304,26 @@ impl Compiler {
         body: &str,
         optimization: Optimization,
     ) -> Result<(u64, Vec<u8>)> {
-        let (source, options, _) = self.program(body, optimization)?;
-        let image = compile(&source, &options, Output::Cubin)?;
-        Ok((self.shipped_key(body, optimization)?, image))
+        let p = self.program(body, optimization)?;
+        Ok((p.shipped, compile(&p.source, &p.options, Output::Cubin)?))
     }
 
     /// The device's machine code for `body` (the prelude is prepended), from the disk cache
     /// when it has it.
+    #[cfg(test)]
     pub(crate) fn cubin(&self, body: &str, optimization: Optimization) -> Result<Vec<u8>> {
-        let (source, options, path) = self.program(body, optimization)?;
+        self.cubin_of(self.program(body, optimization)?)
+    }
+
+    /// The machine code of `program`, from the disk cache when it has it, else compiled now
+    /// (and stored there).
+    fn cubin_of(&self, program: Program) -> Result<Vec<u8>> {
+        let Program {
+            source,
+            options,
+            path,
+            ..
+        } = program;
         if let Some(image) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
             return Ok(image);
         }
@@ -323,8 +349,8 @@ impl Compiler {
     /// (so every process does), and drops it: NVRTC's state for such compiles is set up.
     fn warm_up(&self) {
         let body = "extern \"C\" __global__ void strata_warm_up(float* x) { x[0] = 1.0f; }";
-        if let Ok((source, options, _)) = self.program(body, Optimization::Full) {
-            let _ = compile(&source, &options, Output::Cubin);
+        if let Ok(p) = self.program(body, Optimization::Full) {
+            let _ = compile(&p.source, &p.options, Output::Cubin);
         }
     }
 
@@ -356,13 +382,11 @@ impl Compiler {
                 archive::record(dir, body, name, optimization);
             }
         }
+        let program = self.program(body, optimization)?;
         // The shipped image where there is one (copied to 8-byte-aligned memory, as an ELF
         // file read from disk would be); compiled when the driver refuses it, and the archive
         // then left unused.
-        if let Some(image) = self
-            .shipped_image_key(body, optimization)
-            .and_then(|key| archive::image(self.arch_number(), key))
-        {
+        if let Some(image) = self.shipped_image(&program, optimization) {
             let mut aligned = vec![0u64; image.len().div_ceil(8)];
             bytemuck::cast_slice_mut::<u64, u8>(&mut aligned)[..image.len()].copy_from_slice(image);
             match self.load(bytemuck::cast_slice(&aligned), name) {
@@ -373,7 +397,7 @@ impl Compiler {
                 Err(_) => archive::refused(),
             }
         }
-        let image = self.cubin(body, optimization)?;
+        let image = self.cubin_of(program)?;
         let (module, f) = self.load(&image, name)?;
         self.keep(module);
         Ok(f)
@@ -797,7 +821,7 @@ mod tests {
                 .shipped_key(&rendered.source, InterpretSig.optimization())
                 .unwrap();
             assert!(
-                archive::holds((arch.0 * 10 + arch.1) as u32, key),
+                archive::image((arch.0 * 10 + arch.1) as u32, key).is_some(),
                 "the shipped archive lacks the map interpreter for sm_{}{}: run `bash \
                  scripts/gpu-run.sh ship` on the GPU machine and copy its `shipped/kernels.bin` \
                  and `kernels.txt` into cuda-backend/shipped/ (examples/ship_kernels.rs)",
