@@ -166,9 +166,10 @@ fn row(op: &str, ms: f64, bytes: f64, flops: f64) {
     println!("{{\"op\": \"{op}\", \"ms\": {ms:.6}, \"bytes\": {bytes}, \"flops\": {flops}}}");
 }
 
-/// `bench_gpu matmul [--device cuda|wgpu] [--gemm K]`: K³ products of every float dtype (f64
-/// at K/4), one row each with its FLOP count (the device's display names the f16 path).
-fn matmuls(dev: &Device, k: usize) -> Result<()> {
+/// `bench_gpu matmul [--device cuda|wgpu] [--gemm K] [--dtypes f32,f16,bf16,f64]`: K³ products
+/// of each dtype (f64 at K/4), and f32 with B transposed (a linear layer's `x · Wᵀ`), one row
+/// each with its FLOP count (the device's display names the f16 path).
+fn matmuls(dev: &Device, k: usize, dtypes: &[DType]) -> Result<()> {
     eprintln!("device: {}", dev.name());
     for (name, value) in dev.backend().properties() {
         eprintln!("  {name}: {value}");
@@ -176,7 +177,7 @@ fn matmuls(dev: &Device, k: usize) -> Result<()> {
     let mut g = strata::random::Generator::new(2);
     let x = Tensor::rand([k, k], DType::F32, &mut g, dev)?;
     let y = Tensor::rand([k, k], DType::F32, &mut g, dev)?;
-    for dtype in [DType::F32, DType::F16, DType::BF16, DType::F64] {
+    for &dtype in dtypes {
         let side = if dtype == DType::F64 { k / 4 } else { k };
         let (a, b) = (
             x.slice(s![..side, ..side])?.to_dtype(dtype)?,
@@ -188,6 +189,16 @@ fn matmuls(dev: &Device, k: usize) -> Result<()> {
             ms,
             0.0,
             2.0 * (side * side * side) as f64,
+        );
+    }
+    if dtypes.contains(&DType::F32) {
+        let bt = y.t()?;
+        let ms = time(dev, 1, || keep(x.matmul(&bt)))?;
+        row(
+            &format!("matmul-{k}-f32-bt"),
+            ms,
+            0.0,
+            2.0 * (k * k * k) as f64,
         );
     }
     Ok(())
@@ -1173,9 +1184,13 @@ fn main() -> Result<()> {
         Some("host") => return host_costs(&Device::cuda(0)?),
         Some("matmul") => {
             let k: usize = arg("--gemm", "8192").parse().unwrap_or(8192);
+            let dtypes: Vec<DType> = arg("--dtypes", "f32,f16,bf16,f64")
+                .split(',')
+                .filter_map(|d| DType::ALL.into_iter().find(|t| t.to_string() == d))
+                .collect();
             return match arg("--device", "cuda").as_str() {
-                "wgpu" => matmuls(&Device::wgpu()?, k),
-                _ => matmuls(&Device::cuda(0)?, k),
+                "wgpu" => matmuls(&Device::wgpu()?, k, &dtypes),
+                _ => matmuls(&Device::cuda(0)?, k, &dtypes),
             };
         }
         Some(mode @ ("mlp" | "optim" | "backward" | "cnn")) => {

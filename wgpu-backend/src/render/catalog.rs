@@ -9,6 +9,7 @@
 //! are left out there: the backend refuses f64 on such adapters before generating anything
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
+use super::matmul::Staged;
 use super::{conv, coop_matmul, index, map, matmul, reduce, softmax, staged, Caps};
 use strata_core::ir::ConvPass;
 use strata_core::ir::MapTrees;
@@ -590,9 +591,19 @@ fn matmul_and_index_variants_validate() {
                 dtype: d,
                 acc,
                 coop: false,
-                vectors: false,
+                staged: [Staged::Elements; 2],
             };
             check(&matmul::source(&sig, caps), targets);
+            if d == DType::F32 {
+                let all = [Staged::Elements, Staged::AlongDepth, Staged::AlongTile];
+                for staged in all.into_iter().flat_map(|a| all.map(|b| [a, b])) {
+                    let sig = matmul::MatmulSig {
+                        staged,
+                        ..sig.clone()
+                    };
+                    check(&matmul::source(&sig, caps), targets);
+                }
+            }
         }
         for (kind, flagged, rows) in [
             (IndexKind::Gather, false, false),

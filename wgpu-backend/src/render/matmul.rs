@@ -6,7 +6,14 @@
 //! into registers and only then stores them (loads in flight together, not one at a time); the
 //! rows of the A slice are padded by one vector so that its transposing stores do not collide
 //! in one memory bank; the 16 depth steps are written out (no loop, constant offsets); operand
-//! offsets are computed once and stepped. Double buffering through registers did not help.
+//! offsets are computed once and stepped.
+//!
+//! Since then, for f32 through NVIDIA's Vulkan driver (H200, 8192³: 33.2 → 27.8 ms, 33 → 40
+//! TFLOP/s; with B transposed 44.9 → 28.0 ms): an operand that runs along its depth or along
+//! its side of the tile in aligned runs of 4 is staged by 16-byte loads ([`Staged`]: 31.2 ms,
+//! and B transposed no longer loads one column a lane), and the next slice's loads are issued
+//! before this slice's multiplications (with 32-bit accumulators). Slices 8 or 32 deep (29.0,
+//! 27.9 ms) and two workgroup buffers with one barrier a slice (32.4 ms) were slower.
 //!
 //! With 32-bit accumulators the slices are arrays of vec4s and an invocation owns rows
 //! `4tr..4tr+3` and `64+4tr..64+4tr+3` (columns likewise), so one depth step reads its A and B
@@ -25,10 +32,6 @@ use strata_core::DType;
 pub(crate) const TILE: usize = 128;
 /// Per invocation: an 8×8 block of the tile.
 const PER: usize = 8;
-/// The depth of the staged slices of A and B.
-const DEPTH: usize = 16;
-/// Values of A (and of B) each invocation stages per slice.
-const STAGED: usize = TILE * DEPTH / 256;
 
 /// The structure of a matmul launch.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -37,8 +40,21 @@ pub(crate) struct MatmulSig {
     pub acc: DType,
     /// On cooperative matrices ([`super::coop_matmul`]; f16 accumulating in f32 only).
     pub coop: bool,
-    /// With `coop`: A and B staged by 16-byte loads (the planner checked their layouts).
-    pub vectors: bool,
+    /// How A and B reach workgroup memory. The cooperative kernel takes A along its depth
+    /// and B along its tile's columns by 16-byte loads, or both by elements; the tiled kernel
+    /// any pair, for f32.
+    pub staged: [Staged; 2],
+}
+
+/// How an operand's slices are staged: an element a load, or by 16-byte loads of the runs
+/// along its depth or along its side of the output tile (A's rows, B's columns), where the
+/// planner found the operand running that way (unit stride, runs aligned and wholly inside
+/// or outside the matrix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Staged {
+    Elements,
+    AlongDepth,
+    AlongTile,
 }
 
 impl strata_core::kernel_cache::Owned for MatmulSig {}
@@ -47,6 +63,18 @@ impl strata_core::kernel_cache::Owned for MatmulSig {}
 /// (batch, row, col), [10..13] of B, [13..16] of C, [16, 17] α, [18, 19] β.
 pub(crate) const PARAM_WORDS: usize = 20;
 
+/// The depth of the staged slices of A and B.
+const DEPTH: usize = 16;
+
+/// How a slice reaches workgroup memory: `setup` once, `loads` of the slice at depth `kl`
+/// into registers, then `stores` of those registers.
+#[derive(Default)]
+struct Staging {
+    setup: String,
+    loads: String,
+    stores: String,
+}
+
 /// The WGSL source of a matmul launch on tiles (bindings: 0 C, 1 A, 2 B); a `coop` signature
 /// is [`super::coop_matmul`]'s.
 pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
@@ -54,17 +82,39 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     let at = compute_type(acc);
     let zero = literal(acc, 0);
     let st = |w: usize| format!("bitcast<i32>(params[{w}])");
-    let mut src = super::header(caps);
-    src.push_str(&binding(0, d, true, caps));
-    src.push_str(&binding(1, d, false, caps));
-    src.push_str(&binding(2, d, false, caps));
-    src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
     // 32-bit accumulators are staged as vec4s: an invocation then reads its 8 values of A and
     // of B for one depth step in 4 loads rather than 16. A row of the A slice is one vector
     // (or one element) longer than the tile, so the stores that transpose A spread over banks.
     let v4 = matches!(acc, DType::F32 | DType::I32 | DType::U32);
+    let wide = |o: usize| {
+        if v4 && d == DType::F32 {
+            sig.staged[o]
+        } else {
+            Staged::Elements
+        }
+    };
+    let depth = DEPTH;
+    // 32-bit accumulators leave registers for the next slice's loads (64-bit ones were not
+    // measured that way).
+    let prefetch = v4;
+    let mut src = super::header(caps);
+    src.push_str(&binding(0, d, true, caps));
+    for slot in 1..3 {
+        if wide(slot - 1) != Staged::Elements {
+            let _ = writeln!(
+                src,
+                "@group(0) @binding({}) var<storage, read_write> b{slot}: array<vec4<f32>>;",
+                slot + 1
+            );
+        } else {
+            src.push_str(&binding(slot, d, false, caps));
+        }
+    }
+    src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
+    // B's rows are padded too where it is staged along its depth (transposing stores).
+    let pad_b = usize::from(wide(1) == Staged::AlongDepth);
     let (row_a, row_b) = if v4 {
-        (TILE / 4 + 1, TILE / 4)
+        (TILE / 4 + 1, TILE / 4 + pad_b)
     } else {
         (TILE + 1, TILE)
     };
@@ -76,31 +126,9 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     let _ = writeln!(
         src,
         "var<workgroup> ta: array<{elem}, {}>;\nvar<workgroup> tb: array<{elem}, {}>;",
-        DEPTH * row_a,
-        DEPTH * row_b
+        depth * row_a,
+        depth * row_b
     );
-    // Where staged value `q` of this invocation goes: A row `lid / 16 + 16q` at depth
-    // `lid % 16`; B column `lid % 128` at depth `lid / 128 + 2q`.
-    let put_a = |q: usize| {
-        if v4 {
-            format!(
-                "ta[akk * {row_a}u + lid / 64u + {}u][(lid / 16u) % 4u]",
-                4 * q
-            )
-        } else {
-            format!("ta[akk * {row_a}u + lid / 16u + {}u]", 16 * q)
-        }
-    };
-    let put_b = |q: usize| {
-        if v4 {
-            format!(
-                "tb[(bkb + {}u) * {row_b}u + (lid % 128u) / 4u][lid % 4u]",
-                2 * q
-            )
-        } else {
-            format!("tb[(bkb + {}u) * {row_b}u + lid % 128u]", 2 * q)
-        }
-    };
     // Row (or column) of the tile behind accumulator index `i` of invocation row `t`.
     let lane = |t: &str, i: usize| {
         if v4 {
@@ -119,10 +147,8 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
   if (bz >= batch) {{ return; }}
   let tr = lid / 16u; let tc = lid % 16u;
   let sa1 = {sa1}; let sa2 = {sa2}; let sb1 = {sb1}; let sb2 = {sb2};
-  let akk = lid % {DEPTH}u; let arow = by * {t}u + lid / {DEPTH}u;
-  let bcol = bx * {t}u + lid % {t}u; let bkb = lid / {t}u;
-  let aoff = i32(params[4]) + i32(bz) * {sa0} + i32(arow) * sa1 + i32(akk) * sa2;
-  let boff = i32(params[5]) + i32(bz) * {sb0} + i32(bkb) * sb1 + i32(bcol) * sb2;",
+  let abase = i32(params[4]) + i32(bz) * {sa0} + i32(by * {t}u) * sa1;
+  let bbase = i32(params[5]) + i32(bz) * {sb0} + i32(bx * {t}u) * sb2;",
         t = TILE,
         t1 = TILE - 1,
         sa0 = st(7),
@@ -138,40 +164,36 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
             .collect();
         let _ = writeln!(src, "  {}", line.join(" "));
     }
-    for q in 0..STAGED {
-        let _ = writeln!(src, "  var ra{q}: {at}; var rb{q}: {at};");
+    let mut staging = Staging::default();
+    for part in [
+        stage_a(d, acc, depth, row_a, v4, wide(0), caps),
+        stage_b(d, acc, depth, row_b, v4, wide(1), caps),
+    ] {
+        staging.setup.push_str(&part.setup);
+        staging.loads.push_str(&part.loads);
+        staging.stores.push_str(&part.stores);
     }
-    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
-    // All loads first, then all stores: the loads are in flight together. Staged value `q` of A
-    // is row `arow + 16q` at depth `k0 + akk`; of B, depth `k0 + bkb + 2q` in column `bcol`.
-    let mut stage = |reg: String, buf: &str, idx: String, inside: String| {
-        let v = cast(&load(d, buf, &idx, caps), d, acc, false);
-        let _ = writeln!(src, "    {reg} = {zero}; if ({inside}) {{ {reg} = {v}; }}");
-    };
-    for q in 0..STAGED {
-        let row = 256 / DEPTH * q;
-        stage(
-            format!("ra{q}"),
-            "b1",
-            format!("u32(aoff + {row} * sa1 + i32(k0) * sa2)"),
-            format!("arow + {row}u < m && k0 + akk < k"),
-        );
+    src.push_str(&staging.setup);
+    src.push_str("  var kl = 0u;\n");
+    if prefetch {
+        src.push_str(&staging.loads);
     }
-    for q in 0..STAGED {
-        let depth = 256 / TILE * q;
-        stage(
-            format!("rb{q}"),
-            "b2",
-            format!("u32(boff + i32(k0 + {depth}u) * sb1)"),
-            format!("bcol < n && k0 + bkb + {depth}u < k"),
-        );
+    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {depth}u) {{");
+    // All loads first, then all stores: the loads are in flight together. With `prefetch` the
+    // next slice's loads are issued before this slice's multiplications.
+    if prefetch {
+        src.push_str(&staging.stores);
+        src.push_str("    workgroupBarrier();\n");
+        let _ = writeln!(src, "    kl = k0 + {depth}u;");
+        src.push_str(&staging.loads);
+    } else {
+        src.push_str("    kl = k0;\n");
+        src.push_str(&staging.loads);
+        src.push_str(&staging.stores);
+        src.push_str("    workgroupBarrier();\n");
     }
-    for q in 0..STAGED {
-        let _ = writeln!(src, "    {} = ra{q}; {} = rb{q};", put_a(q), put_b(q));
-    }
-    src.push_str("    workgroupBarrier();\n");
     // The depth steps, written out.
-    for kk in 0..DEPTH {
+    for kk in 0..depth {
         src.push_str("    {\n");
         if v4 {
             let (a0, b0) = (kk * row_a, kk * row_b);
@@ -234,6 +256,195 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     }
     src.push_str("}\n");
     src
+}
+
+/// Staging of the A slice (`TILE` rows × `depth`), transposed into `ta` (depth-major). One
+/// element a load: value `q` is row `ar + (256/depth)·q` at depth `kl + ak`. By 16-byte loads
+/// (`wide`): vector `q` is row `ar + (1024/depth)·q`, depths `kl + 4·ak .. + 3`.
+fn stage_a(
+    d: DType,
+    acc: DType,
+    depth: usize,
+    row_a: usize,
+    v4: bool,
+    wide: Staged,
+    caps: Caps,
+) -> Staging {
+    let at = compute_type(acc);
+    let zero = literal(acc, 0);
+    let mut s = Staging::default();
+    if wide == Staged::AlongTile {
+        // Vector q: rows 4·ar .. + 3 at depth kl + ak + 8q, stored whole.
+        let _ = writeln!(
+            s.setup,
+            "  let ar = lid % 32u; let ak = lid / 32u;
+  let aoff = abase + 4 * i32(ar) + i32(ak) * sa2;"
+        );
+        for q in 0..depth / 8 {
+            let deeper = 8 * q;
+            let _ = writeln!(s.setup, "  var ra{q}: vec4<f32>;");
+            let _ = writeln!(
+                s.loads,
+                "    ra{q} = vec4<f32>(); if (by * {TILE}u + 4u * ar < m && kl + ak + {deeper}u < k) {{ \
+                 ra{q} = b1[u32(aoff + i32(kl + {deeper}u) * sa2) / 4u]; }}"
+            );
+            let _ = writeln!(
+                s.stores,
+                "    ta[(ak + {deeper}u) * {row_a}u + ar] = ra{q};"
+            );
+        }
+        return s;
+    }
+    if wide == Staged::AlongDepth {
+        let (lanes, rows) = (depth / 4, 1024 / depth);
+        let _ = writeln!(
+            s.setup,
+            "  let ak = lid % {lanes}u; let ar = lid / {lanes}u;
+  let aoff = abase + i32(ar) * sa1 + 4 * i32(ak);"
+        );
+        for q in 0..depth / 8 {
+            let row = rows * q;
+            let _ = writeln!(s.setup, "  var ra{q}: vec4<f32>;");
+            let _ = writeln!(
+                s.loads,
+                "    ra{q} = vec4<f32>(); if (by * {TILE}u + ar + {row}u < m && kl + 4u * ak < k) {{ \
+                 ra{q} = b1[u32(aoff + {row} * sa1 + i32(kl)) / 4u]; }}"
+            );
+            for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                let _ = writeln!(
+                    s.stores,
+                    "    ta[(4u * ak + {c}u) * {row_a}u + (ar + {row}u) / 4u][(ar + {row}u) % 4u] = ra{q}.{comp};"
+                );
+            }
+        }
+        return s;
+    }
+    let rows = 256 / depth;
+    let _ = writeln!(
+        s.setup,
+        "  let ak = lid % {depth}u; let ar = lid / {depth}u;
+  let aoff = abase + i32(ar) * sa1 + i32(ak) * sa2;"
+    );
+    for q in 0..TILE * depth / 256 {
+        let row = rows * q;
+        let _ = writeln!(s.setup, "  var ra{q}: {at};");
+        let v = cast(
+            &load(
+                d,
+                "b1",
+                &format!("u32(aoff + {row} * sa1 + i32(kl) * sa2)"),
+                caps,
+            ),
+            d,
+            acc,
+            false,
+        );
+        let _ = writeln!(
+            s.loads,
+            "    ra{q} = {zero}; if (by * {TILE}u + ar + {row}u < m && kl + ak < k) {{ ra{q} = {v}; }}"
+        );
+        let put = if v4 {
+            format!("ta[ak * {row_a}u + (ar + {row}u) / 4u][(ar + {row}u) % 4u]")
+        } else {
+            format!("ta[ak * {row_a}u + ar + {row}u]")
+        };
+        let _ = writeln!(s.stores, "    {put} = ra{q};");
+    }
+    s
+}
+
+/// Staging of the B slice (`depth` × `TILE` columns) into `tb`. One element a load: value `q`
+/// is depth `kl + bk + 2q` in column `bc`. By 16-byte loads (`wide`): vector `q` is depth
+/// `kl + bk + 8q`, columns `4·bc .. + 3`.
+fn stage_b(
+    d: DType,
+    acc: DType,
+    depth: usize,
+    row_b: usize,
+    v4: bool,
+    wide: Staged,
+    caps: Caps,
+) -> Staging {
+    let at = compute_type(acc);
+    let zero = literal(acc, 0);
+    let mut s = Staging::default();
+    if wide == Staged::AlongDepth {
+        // Vector q: column bc + (1024/depth)·q at depths kl + 4·bk .. + 3, stored transposed.
+        let (lanes, cols) = (depth / 4, 1024 / depth);
+        let _ = writeln!(
+            s.setup,
+            "  let bk = lid % {lanes}u; let bc = lid / {lanes}u;
+  let boff = bbase + i32(bc) * sb2 + 4 * i32(bk);"
+        );
+        for q in 0..depth / 8 {
+            let col = cols * q;
+            let _ = writeln!(s.setup, "  var rb{q}: vec4<f32>;");
+            let _ = writeln!(
+                s.loads,
+                "    rb{q} = vec4<f32>(); if (bx * {TILE}u + bc + {col}u < n && kl + 4u * bk < k) {{ \
+                 rb{q} = b2[u32(boff + {col} * sb2 + i32(kl)) / 4u]; }}"
+            );
+            for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                let _ = writeln!(
+                    s.stores,
+                    "    tb[(4u * bk + {c}u) * {row_b}u + (bc + {col}u) / 4u][(bc + {col}u) % 4u] = rb{q}.{comp};"
+                );
+            }
+        }
+        return s;
+    }
+    if wide == Staged::AlongTile {
+        let _ = writeln!(
+            s.setup,
+            "  let bc = lid % 32u; let bk = lid / 32u;
+  let boff = bbase + i32(bk) * sb1 + 4 * i32(bc);"
+        );
+        for q in 0..depth / 8 {
+            let deeper = 8 * q;
+            let _ = writeln!(s.setup, "  var rb{q}: vec4<f32>;");
+            let _ = writeln!(
+                s.loads,
+                "    rb{q} = vec4<f32>(); if (bx * {TILE}u + 4u * bc < n && kl + bk + {deeper}u < k) {{ \
+                 rb{q} = b2[u32(boff + i32(kl + {deeper}u) * sb1) / 4u]; }}"
+            );
+            let _ = writeln!(
+                s.stores,
+                "    tb[(bk + {deeper}u) * {row_b}u + bc] = rb{q};"
+            );
+        }
+        return s;
+    }
+    let _ = writeln!(
+        s.setup,
+        "  let bc = lid % {TILE}u; let bk = lid / {TILE}u;
+  let boff = bbase + i32(bk) * sb1 + i32(bc) * sb2;"
+    );
+    for q in 0..TILE * depth / 256 {
+        let deeper = 256 / TILE * q;
+        let _ = writeln!(s.setup, "  var rb{q}: {at};");
+        let v = cast(
+            &load(
+                d,
+                "b2",
+                &format!("u32(boff + i32(kl + {deeper}u) * sb1)"),
+                caps,
+            ),
+            d,
+            acc,
+            false,
+        );
+        let _ = writeln!(
+            s.loads,
+            "    rb{q} = {zero}; if (bx * {TILE}u + bc < n && kl + bk + {deeper}u < k) {{ rb{q} = {v}; }}"
+        );
+        let put = if v4 {
+            format!("tb[(bk + {deeper}u) * {row_b}u + bc / 4u][bc % 4u]")
+        } else {
+            format!("tb[(bk + {deeper}u) * {row_b}u + bc]")
+        };
+        let _ = writeln!(s.stores, "    {put} = rb{q};");
+    }
+    s
 }
 
 /// Declares the launch's `alpha` and `beta` (`params[16..20]`) and `v`, in `acc`.

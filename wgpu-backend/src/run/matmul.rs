@@ -3,7 +3,7 @@
 
 use super::{access, Bind, Dispatch, Sig, Step};
 use crate::launch::scalar_words;
-use crate::render::matmul;
+use crate::render::matmul::{self, Staged};
 use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::lower::operands::MatmulOperands;
@@ -27,7 +27,7 @@ impl WgpuBackend {
             dtype: ops.c.dtype,
             acc,
             coop: self.gpu.caps.coop_f16 && ops.c.dtype == DType::F16 && acc == DType::F32,
-            vectors: false,
+            staged: [Staged::Elements; 2],
         };
         let mut steps = Vec::new();
         let [a0, a1] = scalar_words(ops.alpha);
@@ -76,21 +76,41 @@ impl WgpuBackend {
                 .zip(wins)
                 .map(|(operand, window)| Bind::Operand { operand, window })
                 .collect::<Vec<_>>();
-            // The cooperative kernel stages runs of 8 halves by 16-byte loads where A runs
-            // along its depth and B along its columns, and everything else keeps each run of 8
-            // aligned and wholly inside or outside the matrix.
-            let runs_of_8 = |strides: &[isize], rel: usize, len: usize| {
-                strides[2] == 1
-                    && strides[1] % 8 == 0
-                    && (bl == 1 || strides[0] % 8 == 0)
-                    && rel.is_multiple_of(8)
-                    && len.is_multiple_of(8)
+            // An operand is staged by 16-byte loads along an axis (1: rows, 2: columns) of unit
+            // stride where everything else keeps each run (8 halves, 4 floats) aligned and
+            // wholly inside or outside the matrix (`len` elements along that axis).
+            let runs = |strides: &[isize], axis: usize, rel: usize, len: usize, run: usize| {
+                let step = |s: isize| s % run as isize == 0;
+                strides[axis] == 1
+                    && step(strides[3 - axis])
+                    && (bl == 1 || step(strides[0]))
+                    && rel.is_multiple_of(run)
+                    && len.is_multiple_of(run)
+            };
+            let (sa, sb) = (ops.a.layout.strides(), ops.b.layout.strides());
+            let (ra, rb) = (wins[1].rel_offset, wins[2].rel_offset);
+            let staged = if sig.coop {
+                let both = self.coop_vectors && runs(sa, 2, ra, k, 8) && runs(sb, 2, rb, n, 8);
+                if both {
+                    [Staged::AlongDepth, Staged::AlongTile]
+                } else {
+                    [Staged::Elements; 2]
+                }
+            } else if sig.dtype == DType::F32 && acc == DType::F32 {
+                let pick = |depth: bool, tile: bool| match (depth, tile) {
+                    (true, _) => Staged::AlongDepth,
+                    (_, true) => Staged::AlongTile,
+                    _ => Staged::Elements,
+                };
+                [
+                    pick(runs(sa, 2, ra, k, 4), runs(sa, 1, ra, rl, 4)),
+                    pick(runs(sb, 1, rb, k, 4), runs(sb, 2, rb, n, 4)),
+                ]
+            } else {
+                [Staged::Elements; 2]
             };
             let sig = matmul::MatmulSig {
-                vectors: sig.coop
-                    && self.coop_vectors
-                    && runs_of_8(ops.a.layout.strides(), wins[1].rel_offset, k)
-                    && runs_of_8(ops.b.layout.strides(), wins[2].rel_offset, n),
+                staged,
                 ..sig.clone()
             };
             let tile = if sig.coop {

@@ -210,7 +210,10 @@ impl WgpuBackend {
             }),
             Sig::Matmul(sig) => self.matmuls.get(sig, |sig| {
                 let source = if sig.coop {
-                    render::coop_matmul::source(caps, sig.vectors)
+                    render::coop_matmul::source(
+                        caps,
+                        sig.staged[0] == render::matmul::Staged::AlongDepth,
+                    )
                 } else {
                     render::matmul::source(sig, caps)
                 };
