@@ -8,12 +8,15 @@
 //! in one memory bank; the 16 depth steps are written out (no loop, constant offsets); operand
 //! offsets are computed once and stepped.
 //!
-//! Since then, for f32 through NVIDIA's Vulkan driver (H200, 8192³: 33.2 → 27.8 ms, 33 → 40
-//! TFLOP/s; with B transposed 44.9 → 28.0 ms): an operand that runs along its depth or along
+//! Since then, for f32 through NVIDIA's Vulkan driver (H200, 8192³: 33.2 → 26.2 ms, 33 → 42
+//! TFLOP/s; with B transposed 44.9 → 26.3 ms): an operand that runs along its depth or along
 //! its side of the tile in aligned runs of 4 is staged by 16-byte loads ([`Staged`]: 31.2 ms,
-//! and B transposed no longer loads one column a lane), and the next slice's loads are issued
-//! before this slice's multiplications (with 32-bit accumulators). Slices 8 or 32 deep (29.0,
-//! 27.9 ms) and two workgroup buffers with one barrier a slice (32.4 ms) were slower.
+//! and B transposed no longer loads one column a lane); the next slice's loads are issued
+//! before this slice's multiplications (with 32-bit accumulators: 27.8 ms); and a subgroup of
+//! 32 is 4×8 invocations of the 16×16 grid, not 2×16 (26.2 ms: its vector reads of the slices
+//! touch 4 rows and 8 columns, not 2 and 16; 8×4 is as fast). Slices 8 or 32 deep (29.0, 27.9
+//! ms) and two workgroup buffers with one barrier a slice (32.4 ms; 30.6 with constant
+//! offsets) were slower.
 //!
 //! With 32-bit accumulators the slices are arrays of vec4s and an invocation owns rows
 //! `4tr..4tr+3` and `64+4tr..64+4tr+3` (columns likewise), so one depth step reads its A and B
@@ -145,7 +148,7 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
   let tiles_n = (n + {t1}u) / {t}u; let tiles_m = (m + {t1}u) / {t}u;
   let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let bz = g / (tiles_n * tiles_m);
   if (bz >= batch) {{ return; }}
-  let tr = lid / 16u; let tc = lid % 16u;
+  let tr = (lid / 64u) * 4u + (lid % 32u) / 8u; let tc = ((lid / 32u) % 2u) * 8u + lid % 8u;
   let sa1 = {sa1}; let sa2 = {sa2}; let sb1 = {sb1}; let sb2 = {sb2};
   let abase = i32(params[4]) + i32(bz) * {sa0} + i32(by * {t}u) * sa1;
   let bbase = i32(params[5]) + i32(bz) * {sb0} + i32(bx * {t}u) * sb2;",
