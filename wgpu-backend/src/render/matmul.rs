@@ -169,8 +169,8 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     }
     let mut staging = Staging::default();
     for part in [
-        stage_a(d, acc, depth, row_a, v4, wide(0), caps),
-        stage_b(d, acc, depth, row_b, v4, wide(1), caps),
+        stage(&Side::a(row_a), d, acc, depth, v4, wide(0), caps),
+        stage(&Side::b(row_b), d, acc, depth, v4, wide(1), caps),
     ] {
         staging.setup.push_str(&part.setup);
         staging.loads.push_str(&part.loads);
@@ -261,191 +261,219 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     src
 }
 
-/// Staging of the A slice (`TILE` rows × `depth`), transposed into `ta` (depth-major). One
-/// element a load: value `q` is row `ar + (256/depth)·q` at depth `kl + ak`. By 16-byte loads
-/// (`wide`): vector `q` is row `ar + (1024/depth)·q`, depths `kl + 4·ak .. + 3`.
-fn stage_a(
-    d: DType,
-    acc: DType,
-    depth: usize,
-    row_a: usize,
-    v4: bool,
-    wide: Staged,
-    caps: Caps,
-) -> Staging {
-    let at = compute_type(acc);
-    let zero = literal(acc, 0);
-    let mut s = Staging::default();
-    if wide == Staged::AlongTile {
-        // Vector q: rows 4·ar .. + 3 at depth kl + ak + 8q, stored whole.
-        let _ = writeln!(
-            s.setup,
-            "  let ar = lid % 32u; let ak = lid / 32u;
-  let aoff = abase + 4 * i32(ar) + i32(ak) * sa2;"
-        );
-        for q in 0..depth / 8 {
-            let deeper = 8 * q;
-            let _ = writeln!(s.setup, "  var ra{q}: vec4<f32>;");
-            let _ = writeln!(
-                s.loads,
-                "    ra{q} = vec4<f32>(); if (by * {TILE}u + 4u * ar < m && kl + ak + {deeper}u < k) {{ \
-                 ra{q} = b1[u32(aoff + i32(kl + {deeper}u) * sa2) / 4u]; }}"
-            );
-            let _ = writeln!(
-                s.stores,
-                "    ta[(ak + {deeper}u) * {row_a}u + ar] = ra{q};"
-            );
-        }
-        return s;
-    }
-    if wide == Staged::AlongDepth {
-        let (lanes, rows) = (depth / 4, 1024 / depth);
-        let _ = writeln!(
-            s.setup,
-            "  let ak = lid % {lanes}u; let ar = lid / {lanes}u;
-  let aoff = abase + i32(ar) * sa1 + 4 * i32(ak);"
-        );
-        for q in 0..depth / 8 {
-            let row = rows * q;
-            let _ = writeln!(s.setup, "  var ra{q}: vec4<f32>;");
-            let _ = writeln!(
-                s.loads,
-                "    ra{q} = vec4<f32>(); if (by * {TILE}u + ar + {row}u < m && kl + 4u * ak < k) {{ \
-                 ra{q} = b1[u32(aoff + {row} * sa1 + i32(kl)) / 4u]; }}"
-            );
-            for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
-                let _ = writeln!(
-                    s.stores,
-                    "    ta[(4u * ak + {c}u) * {row_a}u + (ar + {row}u) / 4u][(ar + {row}u) % 4u] = ra{q}.{comp};"
-                );
-            }
-        }
-        return s;
-    }
-    let rows = 256 / depth;
-    let _ = writeln!(
-        s.setup,
-        "  let ak = lid % {depth}u; let ar = lid / {depth}u;
-  let aoff = abase + i32(ar) * sa1 + i32(ak) * sa2;"
-    );
-    for q in 0..TILE * depth / 256 {
-        let row = rows * q;
-        let _ = writeln!(s.setup, "  var ra{q}: {at};");
-        let v = cast(
-            &load(
-                d,
-                "b1",
-                &format!("u32(aoff + {row} * sa1 + i32(kl) * sa2)"),
-                caps,
-            ),
-            d,
-            acc,
-            false,
-        );
-        let _ = writeln!(
-            s.loads,
-            "    ra{q} = {zero}; if (by * {TILE}u + ar + {row}u < m && kl + ak < k) {{ ra{q} = {v}; }}"
-        );
-        let put = if v4 {
-            format!("ta[ak * {row_a}u + (ar + {row}u) / 4u][(ar + {row}u) % 4u]")
-        } else {
-            format!("ta[ak * {row_a}u + ar + {row}u]")
-        };
-        let _ = writeln!(s.stores, "    {put} = ra{q};");
-    }
-    s
+/// One operand as the staging code names it: A's side of the tile is its rows (tile index
+/// `by`, bound `m`), B's its columns (`bx`, `n`).
+struct Side {
+    /// Its binding and its slice in workgroup memory.
+    buf: &'static str,
+    slice: &'static str,
+    /// Names of the staged registers, of the invocation's position along the tile and along
+    /// the depth, and of its element offset.
+    reg: &'static str,
+    along: &'static str,
+    deep: &'static str,
+    off: &'static str,
+    /// The tile's index and bound along this side, the operand's base offset, and its
+    /// strides along the tile and along the depth.
+    tile: &'static str,
+    bound: &'static str,
+    base: &'static str,
+    s_tile: &'static str,
+    s_depth: &'static str,
+    /// One element a load: consecutive invocations step along the depth (A, which usually
+    /// runs that way) or along the tile (B).
+    depth_first: bool,
+    /// The slice's row stride, in its elements.
+    row: usize,
 }
 
-/// Staging of the B slice (`depth` × `TILE` columns) into `tb`. One element a load: value `q`
-/// is depth `kl + bk + 2q` in column `bc`. By 16-byte loads (`wide`): vector `q` is depth
-/// `kl + bk + 8q`, columns `4·bc .. + 3`.
-fn stage_b(
+impl Side {
+    fn a(row: usize) -> Side {
+        Side {
+            buf: "b1",
+            slice: "ta",
+            reg: "ra",
+            along: "ar",
+            deep: "ak",
+            off: "aoff",
+            tile: "by",
+            bound: "m",
+            base: "abase",
+            s_tile: "sa1",
+            s_depth: "sa2",
+            depth_first: true,
+            row,
+        }
+    }
+
+    fn b(row: usize) -> Side {
+        Side {
+            buf: "b2",
+            slice: "tb",
+            reg: "rb",
+            along: "bc",
+            deep: "bk",
+            off: "boff",
+            tile: "bx",
+            bound: "n",
+            base: "bbase",
+            s_tile: "sb2",
+            s_depth: "sb1",
+            depth_first: false,
+            row,
+        }
+    }
+}
+
+/// `tile + depth` (A's order), or `depth + tile` (B's).
+fn sum_of(tile_first: bool, tile: String, depth: String) -> String {
+    if tile_first {
+        format!("{tile} + {depth}")
+    } else {
+        format!("{depth} + {tile}")
+    }
+}
+
+/// Staging of one operand's slice (`TILE` positions along its side × `depth`) into its
+/// workgroup slice (depth-major: row `kk` holds the tile's positions at depth `kk`).
+/// - One element a load: value `q` is at tile position `t + (256/depth)·q`, depth `kl + k`
+///   (`depth_first`), or at tile position `t`, depth `kl + k + 2q`.
+/// - By 16-byte loads along the tile: vector `q` is positions `4t .. 4t + 3` at depth
+///   `kl + k + 8q`, stored whole.
+/// - By 16-byte loads along the depth: vector `q` is position `t + (1024/depth)·q` at depths
+///   `kl + 4k .. + 3`, its values stored to four slice rows.
+fn stage(
+    side: &Side,
     d: DType,
     acc: DType,
     depth: usize,
-    row_b: usize,
     v4: bool,
-    wide: Staged,
+    staged: Staged,
     caps: Caps,
 ) -> Staging {
-    let at = compute_type(acc);
-    let zero = literal(acc, 0);
+    let Side {
+        buf,
+        slice,
+        reg,
+        along: t,
+        deep: k,
+        off,
+        tile,
+        bound,
+        base,
+        s_tile,
+        s_depth,
+        depth_first,
+        row,
+    } = *side;
     let mut s = Staging::default();
-    if wide == Staged::AlongDepth {
-        // Vector q: column bc + (1024/depth)·q at depths kl + 4·bk .. + 3, stored transposed.
-        let (lanes, cols) = (depth / 4, 1024 / depth);
-        let _ = writeln!(
-            s.setup,
-            "  let bk = lid % {lanes}u; let bc = lid / {lanes}u;
-  let boff = bbase + i32(bc) * sb2 + 4 * i32(bk);"
-        );
-        for q in 0..depth / 8 {
-            let col = cols * q;
-            let _ = writeln!(s.setup, "  var rb{q}: vec4<f32>;");
+    // The slice element of tile position `pos` at depth `kk` (both WGSL expressions).
+    let group = |e: &str| {
+        if e.contains(' ') {
+            format!("({e})")
+        } else {
+            e.to_string()
+        }
+    };
+    let put = |kk: &str, pos: &str| {
+        let (kk, p) = (group(kk), group(pos));
+        if v4 {
+            format!("{slice}[{kk} * {row}u + {p} / 4u][{p} % 4u]")
+        } else {
+            format!("{slice}[{kk} * {row}u + {pos}]")
+        }
+    };
+    match staged {
+        Staged::AlongTile => {
             let _ = writeln!(
-                s.loads,
-                "    rb{q} = vec4<f32>(); if (bx * {TILE}u + bc + {col}u < n && kl + 4u * bk < k) {{ \
-                 rb{q} = b2[u32(boff + {col} * sb2 + i32(kl)) / 4u]; }}"
+                s.setup,
+                "  let {t} = lid % 32u; let {k} = lid / 32u;
+  let {off} = {base} + {terms};",
+                terms = sum_of(
+                    depth_first,
+                    format!("4 * i32({t})"),
+                    format!("i32({k}) * {s_depth}")
+                )
             );
-            for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+            for q in 0..depth / 8 {
+                let deeper = 8 * q;
+                let _ = writeln!(s.setup, "  var {reg}{q}: vec4<f32>;");
+                let _ = writeln!(
+                    s.loads,
+                    "    {reg}{q} = vec4<f32>(); if ({tile} * {TILE}u + 4u * {t} < {bound} && kl + {k} + {deeper}u < k) {{ \
+                     {reg}{q} = {buf}[u32({off} + i32(kl + {deeper}u) * {s_depth}) / 4u]; }}"
+                );
                 let _ = writeln!(
                     s.stores,
-                    "    tb[(4u * bk + {c}u) * {row_b}u + (bc + {col}u) / 4u][(bc + {col}u) % 4u] = rb{q}.{comp};"
+                    "    {slice}[({k} + {deeper}u) * {row}u + {t}] = {reg}{q};"
                 );
             }
         }
-        return s;
-    }
-    if wide == Staged::AlongTile {
-        let _ = writeln!(
-            s.setup,
-            "  let bc = lid % 32u; let bk = lid / 32u;
-  let boff = bbase + i32(bk) * sb1 + 4 * i32(bc);"
-        );
-        for q in 0..depth / 8 {
-            let deeper = 8 * q;
-            let _ = writeln!(s.setup, "  var rb{q}: vec4<f32>;");
+        Staged::AlongDepth => {
+            let (lanes, step) = (depth / 4, 1024 / depth);
             let _ = writeln!(
-                s.loads,
-                "    rb{q} = vec4<f32>(); if (bx * {TILE}u + 4u * bc < n && kl + bk + {deeper}u < k) {{ \
-                 rb{q} = b2[u32(boff + i32(kl + {deeper}u) * sb1) / 4u]; }}"
+                s.setup,
+                "  let {k} = lid % {lanes}u; let {t} = lid / {lanes}u;
+  let {off} = {base} + i32({t}) * {s_tile} + 4 * i32({k});"
             );
-            let _ = writeln!(
-                s.stores,
-                "    tb[(bk + {deeper}u) * {row_b}u + bc] = rb{q};"
-            );
+            for q in 0..depth / 8 {
+                let pos = step * q;
+                let _ = writeln!(s.setup, "  var {reg}{q}: vec4<f32>;");
+                let _ = writeln!(
+                    s.loads,
+                    "    {reg}{q} = vec4<f32>(); if ({tile} * {TILE}u + {t} + {pos}u < {bound} && kl + 4u * {k} < k) {{ \
+                     {reg}{q} = {buf}[u32({off} + {pos} * {s_tile} + i32(kl)) / 4u]; }}"
+                );
+                for (c, comp) in ["x", "y", "z", "w"].iter().enumerate() {
+                    let at = put(&format!("4u * {k} + {c}u"), &format!("{t} + {pos}u"));
+                    let _ = writeln!(s.stores, "    {at} = {reg}{q}.{comp};");
+                }
+            }
         }
-        return s;
-    }
-    let _ = writeln!(
-        s.setup,
-        "  let bc = lid % {TILE}u; let bk = lid / {TILE}u;
-  let boff = bbase + i32(bk) * sb1 + i32(bc) * sb2;"
-    );
-    for q in 0..TILE * depth / 256 {
-        let deeper = 256 / TILE * q;
-        let _ = writeln!(s.setup, "  var rb{q}: {at};");
-        let v = cast(
-            &load(
-                d,
-                "b2",
-                &format!("u32(boff + i32(kl + {deeper}u) * sb1)"),
-                caps,
-            ),
-            d,
-            acc,
-            false,
-        );
-        let _ = writeln!(
-            s.loads,
-            "    rb{q} = {zero}; if (bx * {TILE}u + bc < n && kl + bk + {deeper}u < k) {{ rb{q} = {v}; }}"
-        );
-        let put = if v4 {
-            format!("tb[(bk + {deeper}u) * {row_b}u + bc / 4u][bc % 4u]")
-        } else {
-            format!("tb[(bk + {deeper}u) * {row_b}u + bc]")
-        };
-        let _ = writeln!(s.stores, "    {put} = rb{q};");
+        Staged::Elements => {
+            let at = compute_type(acc);
+            let zero = literal(acc, 0);
+            let (lanes, step, deeper) = if depth_first {
+                (depth, 256 / depth, 0)
+            } else {
+                (TILE, 0, 256 / TILE)
+            };
+            let (first, second) = if depth_first { (k, t) } else { (t, k) };
+            let _ = writeln!(
+                s.setup,
+                "  let {first} = lid % {lanes}u; let {second} = lid / {lanes}u;
+  let {off} = {base} + {terms};",
+                terms = sum_of(
+                    depth_first,
+                    format!("i32({t}) * {s_tile}"),
+                    format!("i32({k}) * {s_depth}")
+                )
+            );
+            for q in 0..TILE * depth / 256 {
+                let (pos, dq) = (step * q, deeper * q);
+                // (Along the tile, position t + pos at depth kl + k; else t at kl + k + dq.)
+                let (at_pos, at_depth, index) = if depth_first {
+                    (
+                        format!("{t} + {pos}u"),
+                        k.to_string(),
+                        format!("u32({off} + {pos} * {s_tile} + i32(kl) * {s_depth})"),
+                    )
+                } else {
+                    (
+                        t.to_string(),
+                        format!("{k} + {dq}u"),
+                        format!("u32({off} + i32(kl + {dq}u) * {s_depth})"),
+                    )
+                };
+                let _ = writeln!(s.setup, "  var {reg}{q}: {at};");
+                let v = cast(&load(d, buf, &index, caps), d, acc, false);
+                let _ = writeln!(
+                    s.loads,
+                    "    {reg}{q} = {zero}; if ({tile} * {TILE}u + {at_pos} < {bound} && kl + {at_depth} < k) {{ {reg}{q} = {v}; }}"
+                );
+                let _ = writeln!(s.stores, "    {} = {reg}{q};", put(&at_depth, &at_pos));
+            }
+        }
     }
     s
 }
