@@ -89,21 +89,15 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     // of B for one depth step in 4 loads rather than 16. A row of the A slice is one vector
     // (or one element) longer than the tile, so the stores that transpose A spread over banks.
     let v4 = matches!(acc, DType::F32 | DType::I32 | DType::U32);
-    let wide = |o: usize| {
-        if v4 && d == DType::F32 {
-            sig.staged[o]
-        } else {
-            Staged::Elements
-        }
-    };
-    let depth = DEPTH;
+    // (The planner stages by 16-byte loads only f32 operands accumulating in f32.)
+    let staged = sig.staged;
     // 32-bit accumulators leave registers for the next slice's loads (64-bit ones were not
     // measured that way).
     let prefetch = v4;
     let mut src = super::header(caps);
     src.push_str(&binding(0, d, true, caps));
     for slot in 1..3 {
-        if wide(slot - 1) != Staged::Elements {
+        if staged[slot - 1] != Staged::Elements {
             let _ = writeln!(
                 src,
                 "@group(0) @binding({}) var<storage, read_write> b{slot}: array<vec4<f32>>;",
@@ -115,7 +109,7 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     }
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
     // B's rows are padded too where it is staged along its depth (transposing stores).
-    let pad_b = usize::from(wide(1) == Staged::AlongDepth);
+    let pad_b = usize::from(staged[1] == Staged::AlongDepth);
     let (row_a, row_b) = if v4 {
         (TILE / 4 + 1, TILE / 4 + pad_b)
     } else {
@@ -129,8 +123,8 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     let _ = writeln!(
         src,
         "var<workgroup> ta: array<{elem}, {}>;\nvar<workgroup> tb: array<{elem}, {}>;",
-        depth * row_a,
-        depth * row_b
+        DEPTH * row_a,
+        DEPTH * row_b
     );
     // Row (or column) of the tile behind accumulator index `i` of invocation row `t`.
     let lane = |t: &str, i: usize| {
@@ -169,8 +163,8 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     }
     let mut staging = Staging::default();
     for part in [
-        stage(&Side::a(row_a), d, acc, depth, v4, wide(0), caps),
-        stage(&Side::b(row_b), d, acc, depth, v4, wide(1), caps),
+        stage(&Side::a(row_a), d, acc, v4, staged[0], caps),
+        stage(&Side::b(row_b), d, acc, v4, staged[1], caps),
     ] {
         staging.setup.push_str(&part.setup);
         staging.loads.push_str(&part.loads);
@@ -181,13 +175,13 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     if prefetch {
         src.push_str(&staging.loads);
     }
-    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {depth}u) {{");
+    let _ = writeln!(src, "  for (var k0 = 0u; k0 < k; k0 = k0 + {DEPTH}u) {{");
     // All loads first, then all stores: the loads are in flight together. With `prefetch` the
     // next slice's loads are issued before this slice's multiplications.
     if prefetch {
         src.push_str(&staging.stores);
         src.push_str("    workgroupBarrier();\n");
-        let _ = writeln!(src, "    kl = k0 + {depth}u;");
+        let _ = writeln!(src, "    kl = k0 + {DEPTH}u;");
         src.push_str(&staging.loads);
     } else {
         src.push_str("    kl = k0;\n");
@@ -196,7 +190,7 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
         src.push_str("    workgroupBarrier();\n");
     }
     // The depth steps, written out.
-    for kk in 0..depth {
+    for kk in 0..DEPTH {
         src.push_str("    {\n");
         if v4 {
             let (a0, b0) = (kk * row_a, kk * row_b);
@@ -325,32 +319,15 @@ impl Side {
     }
 }
 
-/// `tile + depth` (A's order), or `depth + tile` (B's).
-fn sum_of(tile_first: bool, tile: String, depth: String) -> String {
-    if tile_first {
-        format!("{tile} + {depth}")
-    } else {
-        format!("{depth} + {tile}")
-    }
-}
-
-/// Staging of one operand's slice (`TILE` positions along its side × `depth`) into its
+/// Staging of one operand's slice (`TILE` positions along its side × `DEPTH`) into its
 /// workgroup slice (depth-major: row `kk` holds the tile's positions at depth `kk`).
-/// - One element a load: value `q` is at tile position `t + (256/depth)·q`, depth `kl + k`
+/// - One element a load: value `q` is at tile position `t + (256/DEPTH)·q`, depth `kl + k`
 ///   (`depth_first`), or at tile position `t`, depth `kl + k + 2q`.
 /// - By 16-byte loads along the tile: vector `q` is positions `4t .. 4t + 3` at depth
 ///   `kl + k + 8q`, stored whole.
-/// - By 16-byte loads along the depth: vector `q` is position `t + (1024/depth)·q` at depths
+/// - By 16-byte loads along the depth: vector `q` is position `t + (1024/DEPTH)·q` at depths
 ///   `kl + 4k .. + 3`, its values stored to four slice rows.
-fn stage(
-    side: &Side,
-    d: DType,
-    acc: DType,
-    depth: usize,
-    v4: bool,
-    staged: Staged,
-    caps: Caps,
-) -> Staging {
+fn stage(side: &Side, d: DType, acc: DType, v4: bool, staged: Staged, caps: Caps) -> Staging {
     let Side {
         buf,
         slice,
@@ -368,19 +345,11 @@ fn stage(
     } = *side;
     let mut s = Staging::default();
     // The slice element of tile position `pos` at depth `kk` (both WGSL expressions).
-    let group = |e: &str| {
-        if e.contains(' ') {
-            format!("({e})")
-        } else {
-            e.to_string()
-        }
-    };
     let put = |kk: &str, pos: &str| {
-        let (kk, p) = (group(kk), group(pos));
         if v4 {
-            format!("{slice}[{kk} * {row}u + {p} / 4u][{p} % 4u]")
+            format!("{slice}[({kk}) * {row}u + ({pos}) / 4u][({pos}) % 4u]")
         } else {
-            format!("{slice}[{kk} * {row}u + {pos}]")
+            format!("{slice}[({kk}) * {row}u + {pos}]")
         }
     };
     match staged {
@@ -388,14 +357,9 @@ fn stage(
             let _ = writeln!(
                 s.setup,
                 "  let {t} = lid % 32u; let {k} = lid / 32u;
-  let {off} = {base} + {terms};",
-                terms = sum_of(
-                    depth_first,
-                    format!("4 * i32({t})"),
-                    format!("i32({k}) * {s_depth}")
-                )
+  let {off} = {base} + 4 * i32({t}) + i32({k}) * {s_depth};"
             );
-            for q in 0..depth / 8 {
+            for q in 0..DEPTH / 8 {
                 let deeper = 8 * q;
                 let _ = writeln!(s.setup, "  var {reg}{q}: vec4<f32>;");
                 let _ = writeln!(
@@ -410,13 +374,13 @@ fn stage(
             }
         }
         Staged::AlongDepth => {
-            let (lanes, step) = (depth / 4, 1024 / depth);
+            let (lanes, step) = (DEPTH / 4, 1024 / DEPTH);
             let _ = writeln!(
                 s.setup,
                 "  let {k} = lid % {lanes}u; let {t} = lid / {lanes}u;
   let {off} = {base} + i32({t}) * {s_tile} + 4 * i32({k});"
             );
-            for q in 0..depth / 8 {
+            for q in 0..DEPTH / 8 {
                 let pos = step * q;
                 let _ = writeln!(s.setup, "  var {reg}{q}: vec4<f32>;");
                 let _ = writeln!(
@@ -434,7 +398,7 @@ fn stage(
             let at = compute_type(acc);
             let zero = literal(acc, 0);
             let (lanes, step, deeper) = if depth_first {
-                (depth, 256 / depth, 0)
+                (DEPTH, 256 / DEPTH, 0)
             } else {
                 (TILE, 0, 256 / TILE)
             };
@@ -442,14 +406,9 @@ fn stage(
             let _ = writeln!(
                 s.setup,
                 "  let {first} = lid % {lanes}u; let {second} = lid / {lanes}u;
-  let {off} = {base} + {terms};",
-                terms = sum_of(
-                    depth_first,
-                    format!("i32({t}) * {s_tile}"),
-                    format!("i32({k}) * {s_depth}")
-                )
+  let {off} = {base} + i32({t}) * {s_tile} + i32({k}) * {s_depth};"
             );
-            for q in 0..TILE * depth / 256 {
+            for q in 0..TILE * DEPTH / 256 {
                 let (pos, dq) = (step * q, deeper * q);
                 // (Along the tile, position t + pos at depth kl + k; else t at kl + k + dq.)
                 let (at_pos, at_depth, index) = if depth_first {
