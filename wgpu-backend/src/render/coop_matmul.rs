@@ -24,7 +24,7 @@
 
 use super::matmul::{scale_lets, store_scaled};
 use super::prelude::helpers;
-use super::{binding, Caps};
+use super::{binding, vector_binding, Caps};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
@@ -66,11 +66,7 @@ pub(crate) fn source(caps: Caps, vectors: bool) -> String {
     src.push_str(&binding(0, d, true, caps));
     for slot in 1..3 {
         if vectors {
-            let _ = writeln!(
-                src,
-                "@group(0) @binding({}) var<storage, read_write> b{slot}: array<vec4<u32>>;",
-                slot + 1
-            );
+            src.push_str(&vector_binding(slot, "u32"));
         } else {
             src.push_str(&binding(slot, d, false, caps));
         }

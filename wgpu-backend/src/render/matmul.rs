@@ -26,7 +26,10 @@
 //! `acc` (integers wrap).
 
 use super::prelude::helpers;
-use super::{binding, cast, compute_type, literal, load, scalar_value, store, wrap, Caps, ENTRY};
+use super::{
+    binding, cast, compute_type, literal, load, scalar_value, store, vector_binding, wrap, Caps,
+    ENTRY,
+};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::DType;
@@ -98,11 +101,7 @@ pub(crate) fn source(sig: &MatmulSig, caps: Caps) -> String {
     src.push_str(&binding(0, d, true, caps));
     for slot in 1..3 {
         if staged[slot - 1] != Staged::Elements {
-            let _ = writeln!(
-                src,
-                "@group(0) @binding({}) var<storage, read_write> b{slot}: array<vec4<f32>>;",
-                slot + 1
-            );
+            src.push_str(&vector_binding(slot, "f32"));
         } else {
             src.push_str(&binding(slot, d, false, caps));
         }

@@ -426,6 +426,14 @@ pub(crate) fn binding(slot: usize, d: DType, atomic: bool, caps: Caps) -> String
     )
 }
 
+/// A tensor binding `b{slot}` read as `vec4<{scalar}>` groups (16-byte loads).
+pub(crate) fn vector_binding(slot: usize, scalar: &str) -> String {
+    format!(
+        "@group(0) @binding({}) var<storage, read_write> b{slot}: array<vec4<{scalar}>>;\n",
+        slot + 1
+    )
+}
+
 /// Declares `s{k}lo`, `s{k}hi` (the words from `params[first]` on) and `s{k}`, each scalar's
 /// value (where the adapter has its type).
 pub(crate) fn scalar_lets(scalars: &[DType], first: usize, caps: Caps, src: &mut String) {
