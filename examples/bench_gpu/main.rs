@@ -177,29 +177,19 @@ fn matmuls(dev: &Device, k: usize, dtypes: &[DType]) -> Result<()> {
     let mut g = strata::random::Generator::new(2);
     let x = Tensor::rand([k, k], DType::F32, &mut g, dev)?;
     let y = Tensor::rand([k, k], DType::F32, &mut g, dev)?;
+    // (name, A, B, side): each dtype's product, then f32 with B transposed.
+    let mut products = Vec::new();
     for &dtype in dtypes {
         let side = if dtype == DType::F64 { k / 4 } else { k };
-        let (a, b) = (
-            x.slice(s![..side, ..side])?.to_dtype(dtype)?,
-            y.slice(s![..side, ..side])?.to_dtype(dtype)?,
-        );
-        let ms = time(dev, 1, || keep(a.matmul(&b)))?;
-        row(
-            &format!("matmul-{side}-{dtype}"),
-            ms,
-            0.0,
-            2.0 * (side * side * side) as f64,
-        );
+        let part = |t: &Tensor| t.slice(s![..side, ..side])?.to_dtype(dtype);
+        products.push((format!("matmul-{side}-{dtype}"), part(&x)?, part(&y)?, side));
     }
     if dtypes.contains(&DType::F32) {
-        let bt = y.t()?;
-        let ms = time(dev, 1, || keep(x.matmul(&bt)))?;
-        row(
-            &format!("matmul-{k}-f32-bt"),
-            ms,
-            0.0,
-            2.0 * (k * k * k) as f64,
-        );
+        products.push((format!("matmul-{k}-f32-bt"), x.clone(), y.t()?, k));
+    }
+    for (name, a, b, side) in products {
+        let ms = time(dev, 1, || keep(a.matmul(&b)))?;
+        row(&name, ms, 0.0, 2.0 * (side * side * side) as f64);
     }
     Ok(())
 }
