@@ -388,21 +388,28 @@ fn every_reduce_variant_validates() {
 }
 
 /// Softmax and log-softmax on every float dtype: a row per invocation and per workgroup, kept
-/// in registers or read in each pass.
+/// in registers (whole or not; f32 in 16-byte vectors too) or read in each pass.
 #[test]
 fn every_softmax_variant_validates() {
     for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
         for log in [false, true] {
             for (group, cached) in [(1, 1), (1, 16), (256, 1), (256, 64), (256, 0)] {
-                let sig = softmax::SoftmaxSig {
-                    dtype: d,
-                    log,
-                    outer_rank: 2,
-                    group,
-                    cached,
-                };
-                for (caps, targets) in caps_for(&[d, d.accumulator()]) {
-                    check(&softmax::source(&sig, caps).unwrap(), targets);
+                for (vector, full) in [(false, false), (false, true), (true, false), (true, true)] {
+                    if (vector && (d != DType::F32 || cached < 4)) || (full && cached == 0) {
+                        continue;
+                    }
+                    let sig = softmax::SoftmaxSig {
+                        dtype: d,
+                        log,
+                        outer_rank: 2,
+                        group,
+                        cached,
+                        vector,
+                        full,
+                    };
+                    for (caps, targets) in caps_for(&[d, d.accumulator()]) {
+                        check(&softmax::source(&sig, caps).unwrap(), targets);
+                    }
                 }
             }
         }
@@ -412,7 +419,8 @@ fn every_softmax_variant_validates() {
 /// Staged reductions (a row prologue, and an epilogue, in one dispatch) on every float dtype:
 /// softmax from its primitives (`exp(x0 - x1)` summed, then `/ x2`), and a minimum prologue
 /// with a product, an input laid out like the rows (`x3`) and a scalar in the epilogue
-/// (`(x0 - x1) * x3 * s0 + x2`); rows of one element an invocation and of 64.
+/// (`(x0 - x1) * x3 * s0 + x2`); rows of one element an invocation and of 64, whole or not,
+/// f32 ones in 16-byte vectors too.
 #[test]
 fn staged_reduction_variants_validate() {
     for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
@@ -458,7 +466,10 @@ fn staged_reduction_variants_validate() {
             ),
         ];
         for (op, prologue, expr, epilogue, inputs, scalars) in cases {
-            for cached in [1, 64] {
+            let layouts = [(1, false, false), (64, false, false), (64, false, true)];
+            let vectors = [(64, true, false), (64, true, true), (4, true, true)];
+            let f32_only = if d == DType::F32 { &vectors[..] } else { &[] };
+            for &(cached, vector, full) in layouts.iter().chain(f32_only) {
                 let per_output = (0..inputs.len()).map(|k| k == 1 || k == 2).collect();
                 let sig = staged::StagedSig {
                     op,
@@ -481,6 +492,8 @@ fn staged_reduction_variants_validate() {
                         out: d,
                     }),
                     cached,
+                    vector,
+                    full,
                 };
                 for (caps, targets) in caps_for(&[d, d.accumulator()]) {
                     check(&staged::source(&sig, caps).unwrap(), targets);

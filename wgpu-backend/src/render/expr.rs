@@ -197,10 +197,16 @@ fn unfoldable<'a>(a: &str, b: &'a str) -> std::borrow::Cow<'a, str> {
     let guard =
         *GUARD.get_or_init(|| std::env::var("STRATA_WGPU_FOLD_GUARD").as_deref() != Ok("0"));
     if guard && a == b {
-        format!("select({b}, -{b}, arrayLength(&params) == 0u)").into()
+        opaque(b).into()
     } else {
         b.into()
     }
+}
+
+/// `v` read through a condition only the running kernel knows (never true), so a compiler
+/// cannot fold an operation on it with the value it came from (see [`unfoldable`]).
+pub(crate) fn opaque(v: &str) -> String {
+    format!("select({v}, -{v}, arrayLength(&params) == 0u)")
 }
 
 fn binary(op: BinaryOp, d: DType, a: &str, b: &str, caps: Caps) -> Result<String> {

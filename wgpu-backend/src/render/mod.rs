@@ -50,10 +50,10 @@ pub struct Caps {
     /// matmuls run on them ([`coop_matmul`]). Off unless the adapter reports all of that, and
     /// with `STRATA_WGPU_COOP=0`.
     pub coop_f16: bool,
-    /// Subgroup operations in compute shaders (SUBGROUP, on Vulkan): the row kernels that do
-    /// not keep their terms (`log_softmax`, softmax rows read in passes: the sum only; the
-    /// staged kernel: its prologue and an f32 sum) combine through them, then across the
-    /// workgroup's subgroups, instead of a tree of eight barriers.
+    /// Subgroup operations in compute shaders (SUBGROUP, on Vulkan): the f32 row kernels
+    /// (softmax and log-softmax: the maximum of a kept row and the sum; the staged kernel:
+    /// its prologue and an f32 sum) combine through them, then across the workgroup's
+    /// subgroups, instead of a tree of eight barriers.
     pub subgroups: bool,
 }
 

@@ -20,7 +20,7 @@
 
 use super::prelude::{dtypes_of, helpers};
 use super::reduce::{decode, fold, identity, shared_value, workgroup_arrays, workgroup_tree};
-use super::softmax::{fold_extremum, MAX_CACHED};
+use super::softmax::{fold_extremum, Combine, MAX_CACHED};
 use super::{binding, cast, compute_type, load, round_to, scalar_lets, store, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
@@ -52,6 +52,12 @@ pub(crate) struct StagedSig {
     pub epilogue: Option<StagedEpilogue>,
     /// Elements each invocation keeps (a power of two, its share of the row rounded up).
     pub cached: usize,
+    /// Input 0 read, and the epilogue's f32 output written, in 16-byte vectors (`cached` ≥ 4):
+    /// f32 rows contiguous and starting on a vector, whole vectors. Invocation `lid` keeps
+    /// vectors `lid + j·GROUP`.
+    pub vector: bool,
+    /// Every kept slot is inside the row (`GROUP · cached` elements exactly): no bounds tests.
+    pub full: bool,
 }
 
 impl strata_core::kernel_cache::Owned for StagedSig {}
@@ -139,14 +145,23 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
         dtypes_of(&e.expr, &mut used);
         used.insert(e.out);
     }
+    let (vector, full) = (sig.vector, sig.full);
     let mut src = super::header(caps);
     src.push_str(&binding(0, sig.out, true, caps));
-    src.push_str(&binding(1, d, false, caps));
+    if vector {
+        src.push_str(&super::vector_binding(1, "u32"));
+    } else {
+        src.push_str(&binding(1, d, false, caps));
+    }
     src.push_str(&binding(2, d, true, caps));
     let mut slot_of = vec![usize::MAX; m.inputs.len()];
     let mut slot = 3;
     if let Some(e) = &sig.epilogue {
-        src.push_str(&binding(3, e.out, true, caps));
+        if vector {
+            src.push_str(&super::vector_binding(3, "u32"));
+        } else {
+            src.push_str(&binding(3, e.out, true, caps));
+        }
         slot = 4;
     }
     for kk in bound_inputs(sig) {
@@ -216,26 +231,65 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
         (_, "f64") => "bitcast<f64>(0x7ff0000000000000lu)",
         _ => "bitcast<f32>(0x7f800000u)",
     };
-    for j in 0..k {
-        let x = load(
-            d,
-            "b1",
-            &format!("u32(ib + i32(min(r{j}, n - 1u)) * ins)"),
-            caps,
-        );
-        let _ = writeln!(
-            src,
-            "    let r{j} = lid + {j}u * {GROUP}u;\n    var e{j}: {ct} = select({bound}, {x}, r{j} < n);"
-        );
+    // Kept element `j`'s position in the row: `lid + j·GROUP`, or on the vector path
+    // component `j % 4` of vector `lid + (j / 4)·GROUP`.
+    if vector {
+        src.push_str("    let vi = u32(ib) >> 2u;\n");
     }
+    for j in 0..k {
+        let (v, c) = (j / 4, j % 4);
+        if vector {
+            let at = format!("lid + {v}u * {GROUP}u");
+            let at = if full {
+                at
+            } else {
+                format!("min({at}, (n >> 2u) - 1u)")
+            };
+            if c == 0 {
+                let _ = writeln!(src, "    let w{v} = bitcast<vec4<f32>>(b1[vi + {at}]);");
+            }
+            let _ = writeln!(src, "    let r{j} = 4u * (lid + {v}u * {GROUP}u) + {c}u;");
+        } else {
+            let _ = writeln!(src, "    let r{j} = lid + {j}u * {GROUP}u;");
+        }
+        let x = if vector {
+            format!("w{v}.{}", ["x", "y", "z", "w"][c])
+        } else if full {
+            load(d, "b1", &format!("u32(ib + i32(r{j}) * ins)"), caps)
+        } else {
+            load(
+                d,
+                "b1",
+                &format!("u32(ib + i32(min(r{j}, n - 1u)) * ins)"),
+                caps,
+            )
+        };
+        if full {
+            let _ = writeln!(src, "    var e{j}: {ct} = {x};");
+        } else {
+            let _ = writeln!(src, "    var e{j}: {ct} = select({bound}, {x}, r{j} < n);");
+        }
+    }
+    // An element's block: within the row's bounds unless every slot is.
+    let open = |j: usize| {
+        if full {
+            "    {".to_string()
+        } else {
+            format!("    if (r{j} < n) {{")
+        }
+    };
     fold_extremum(
         &mut src,
         sig.prologue.op,
         ct,
         k,
-        Some("shp"),
+        if by_subgroups {
+            Combine::Subgroups("shp")
+        } else {
+            Combine::Tree("shp")
+        },
         "pm",
-        by_subgroups,
+        true,
     );
     let _ = writeln!(
         src,
@@ -270,7 +324,7 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     );
     let mut next = 0;
     for j in 0..k {
-        let _ = writeln!(src, "    if (r{j} < n) {{\n      let x0 = e{j};");
+        let _ = writeln!(src, "{}\n      let x0 = e{j};", open(j));
         for kk in 1..m.inputs.len() {
             if kk != pres && m.expr.reads_input(kk) {
                 let _ = writeln!(src, "      let x{kk} = {};", operand(kk, &format!("r{j}")));
@@ -340,17 +394,65 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
                 }
             }
         };
-        let store_at = |src: &mut String, j: usize, body: &str, y: &str| {
+        // Element `j`'s operands and body, returning its value as the epilogue's output dtype:
+        // `a / s` corrected from the row's reciprocal (`quotient`: `a`), or the expression.
+        let element = |src: &mut String,
+                       j: usize,
+                       next: &mut usize,
+                       quotient: Option<&Expr>|
+         -> Result<String> {
+            operands(src, j);
+            let mut body = String::new();
+            let y = match quotient {
+                Some(a) => {
+                    let a = super::expr::emit_tree(a, &mut body, next, caps)?;
+                    let _ = writeln!(
+                        body,
+                        "      let qa = {a};\n      let q0 = qa * rs;\n      \
+                         var q = fma(fma(-q0, x{eres}, qa), rs, q0);\n      \
+                         let inf = bitcast<f32>(((bitcast<u32>(qa) ^ bitcast<u32>(x{eres})) & 0x80000000u) | 0x7f800000u);\n      \
+                         q = select(q, inf, (bitcast<u32>(q) & 0x7fffffffu) > 0x7f800000u && (bitcast<u32>(qa) & 0x7fffffffu) <= 0x7f800000u);"
+                    );
+                    round_to(expr.dtype, "q".into())
+                }
+                None => super::expr::emit_tree(expr, &mut body, next, caps)?,
+            };
             for line in body.lines() {
                 let _ = writeln!(src, "    {line}");
             }
-            let at = format!("u32(eb + i32(r{j}) * ins)");
-            let value = cast(y, expr.dtype, e.out, false);
-            let _ = writeln!(
-                src,
-                "      {}\n    }}",
-                store(e.out, "b3", &at, &value, caps)
-            );
+            Ok(cast(&y, expr.dtype, e.out, false))
+        };
+        // Every element's output: one store an element, or on the vector path one 16-byte
+        // store of each vector's four.
+        let outputs = |src: &mut String, next: &mut usize, quotient: Option<&Expr>| -> Result<()> {
+            if vector {
+                for v in 0..k / 4 {
+                    let at = format!("(lid + {v}u * {GROUP}u)");
+                    let test = if full {
+                        String::new()
+                    } else {
+                        format!("if (4u * {at} < n) ")
+                    };
+                    let _ = writeln!(src, "    {test}{{\n      var o: vec4<f32>;");
+                    for c in 0..4 {
+                        src.push_str("    {\n");
+                        let y = element(src, 4 * v + c, next, quotient)?;
+                        let _ = writeln!(src, "      o[{c}] = {y};\n    }}");
+                    }
+                    let _ = writeln!(
+                        src,
+                        "      b3[(u32(eb) >> 2u) + {at}] = bitcast<vec4<u32>>(o);\n    }}"
+                    );
+                }
+            } else {
+                for j in 0..k {
+                    let _ = writeln!(src, "{}", open(j));
+                    let y = element(src, j, next, quotient)?;
+                    let at = format!("u32(eb + i32(r{j}) * ins)");
+                    let _ = writeln!(src, "      {}\n    }}", store(e.out, "b3", &at, &y, caps));
+                }
+            }
+            Ok(())
         };
         if let Some(a) = quotient {
             // With 1 <= |s| <= 2^60 (softmax's sums), `a · r` cannot overflow for a finite
@@ -362,29 +464,10 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
                 "    let rs = div_f32(1.0f, x{eres});\n    let us = bitcast<u32>(x{eres}) & 0x7fffffffu;\n    \
                  if (us >= 0x3f800000u && us <= 0x5d800000u) {{"
             );
-            for j in 0..k {
-                let _ = writeln!(src, "    if (r{j} < n) {{");
-                operands(&mut src, j);
-                let mut body = String::new();
-                let a = super::expr::emit_tree(a, &mut body, &mut next, caps)?;
-                let _ = writeln!(
-                    body,
-                    "      let qa = {a};\n      let q0 = qa * rs;\n      \
-                     var q = fma(fma(-q0, x{eres}, qa), rs, q0);\n      \
-                     let inf = bitcast<f32>(((bitcast<u32>(qa) ^ bitcast<u32>(x{eres})) & 0x80000000u) | 0x7f800000u);\n      \
-                     q = select(q, inf, (bitcast<u32>(q) & 0x7fffffffu) > 0x7f800000u && (bitcast<u32>(qa) & 0x7fffffffu) <= 0x7f800000u);"
-                );
-                store_at(&mut src, j, &body, &round_to(expr.dtype, "q".into()));
-            }
+            outputs(&mut src, &mut next, Some(a))?;
             src.push_str("    } else {\n");
         }
-        for j in 0..k {
-            let _ = writeln!(src, "    if (r{j} < n) {{");
-            operands(&mut src, j);
-            let mut body = String::new();
-            let y = super::expr::emit_tree(expr, &mut body, &mut next, caps)?;
-            store_at(&mut src, j, &body, &y);
-        }
+        outputs(&mut src, &mut next, None)?;
         if quotient.is_some() {
             src.push_str("    }\n");
         }
@@ -437,6 +520,8 @@ mod tests {
                 out: d,
             }),
             cached,
+            vector: false,
+            full: false,
         }
     }
 
@@ -455,6 +540,37 @@ mod tests {
         // Without a fused fma, the division as the map would compute it.
         assert_eq!(kernel.matches("div_f32(").count(), 4, "{kernel}");
         assert!(!kernel.contains("fma("), "{kernel}");
+    }
+
+    #[test]
+    fn a_whole_f32_row_moves_in_vectors_without_bounds_tests() {
+        let caps = Caps {
+            fused_fma: true,
+            f64: true,
+            ..Caps::default()
+        };
+        let sig = StagedSig {
+            vector: true,
+            full: true,
+            ..softmax_sig(DType::F32, 8)
+        };
+        let src = source(&sig, caps).unwrap();
+        let kernel = &src[src.find("@compute").unwrap()..];
+        // Two 16-byte loads; two stores in each of the quotient's forms; no bounds tests.
+        assert_eq!(
+            kernel.matches("bitcast<vec4<f32>>(b1[").count(),
+            2,
+            "{kernel}"
+        );
+        assert_eq!(
+            kernel.matches("bitcast<vec4<u32>>(o);").count(),
+            4,
+            "{kernel}"
+        );
+        assert!(!kernel.contains("< n"), "{kernel}");
+        let partial = source(&StagedSig { full: false, ..sig }, caps).unwrap();
+        assert_eq!(partial.matches("if (4u * (lid + ").count(), 4, "{partial}");
+        assert_eq!(partial.matches("if (r1 < n)").count(), 1, "{partial}");
     }
 
     #[test]

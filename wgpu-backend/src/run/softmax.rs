@@ -8,7 +8,7 @@ use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::lower::pieces::{split_by, window};
 use strata_core::lower::softmax_plan::{self, SoftmaxOperands};
-use strata_core::Result;
+use strata_core::{DType, Result};
 
 /// Workgroups per dispatch at most; each walks rows until the piece's are done.
 const MAX_GROUPS: usize = 1 << 16;
@@ -40,16 +40,37 @@ impl WgpuBackend {
                 .max(window(&out, piece, align).byte_size)
         })?;
         let share = p.n.div_ceil(p.group);
+        let cached = if share <= MAX_CACHED {
+            share.next_power_of_two()
+        } else {
+            0
+        };
+        // 16-byte vectors where every row of both operands starts on one and is contiguous.
+        let on_vectors = |offset: usize, outer: &[isize], along: isize| {
+            along == 1 && offset.is_multiple_of(4) && outer.iter().all(|s| s % 4 == 0)
+        };
+        let vector = ops.out.dtype == DType::F32
+            && cached >= 4
+            && p.n.is_multiple_of(4)
+            && pieces.iter().all(|piece| {
+                on_vectors(
+                    window(&input, piece, align).rel_offset,
+                    &p.in_outer,
+                    p.in_stride,
+                ) && on_vectors(
+                    window(&out, piece, align).rel_offset,
+                    &p.out_outer,
+                    p.out_stride,
+                )
+            });
         let sig = SoftmaxSig {
             dtype: ops.out.dtype,
             log,
             outer_rank: ro,
             group: p.group,
-            cached: if share <= MAX_CACHED {
-                share.next_power_of_two()
-            } else {
-                0
-            },
+            cached,
+            vector,
+            full: cached > 0 && p.n == p.group * cached,
         };
         let w = slots(ro);
         let mut steps = Vec::with_capacity(pieces.len());

@@ -12,7 +12,7 @@ use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::Kernel;
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::Window;
-use strata_core::{Backend, Result};
+use strata_core::{Backend, DType, Result};
 
 /// Workgroups per dispatch at most; each walks rows until all are done.
 const MAX_GROUPS: usize = 1 << 16;
@@ -76,6 +76,18 @@ impl WgpuBackend {
             }
         }
         self.check_dtype(*acc)?;
+        let cached = n.div_ceil(GROUP).next_power_of_two();
+        // 16-byte vectors where the f32 rows (and the epilogue's f32 output, laid out like
+        // them) are contiguous and every row starts on one.
+        let on_vectors = |o: &Operand| {
+            let (strides, ro) = (o.layout.strides(), x.layout.ndim() - 1);
+            o.dtype == DType::F32
+                && strides[ro] == 1
+                && o.layout.offset().is_multiple_of(4)
+                && strides[..ro].iter().all(|s| s % 4 == 0)
+        };
+        let vector =
+            cached >= 4 && n.is_multiple_of(4) && on_vectors(x) && eout.is_none_or(on_vectors);
         let sig = StagedSig {
             op: *op,
             acc: *acc,
@@ -91,7 +103,9 @@ impl WgpuBackend {
                 result: e.result,
                 out: o.dtype,
             }),
-            cached: n.div_ceil(GROUP).next_power_of_two(),
+            cached,
+            vector,
+            full: n == GROUP * cached,
         };
         // Operands by number (outputs first, then inputs), each bound whole.
         let outputs = args.outputs.len();
