@@ -729,11 +729,14 @@ mod tests {
                     .iter()
                     .flat_map(|t| strides.iter().map(move |u| (t, u)))
                 {
+                    // 32-bit indices; the first tile with 64-bit ones too.
+                    let narrow = tile != tiles[0] || unit_stride;
                     let sig = ConvSig {
                         pass,
                         dtype,
                         tile,
                         unit_stride,
+                        narrow,
                     };
                     let src = sig.render().unwrap().source;
                     let image = compiler

@@ -309,6 +309,43 @@ impl ConvPlan {
     }
 }
 
+impl ConvDims {
+    /// Whether every index a kernel computes for these sizes fits a 32-bit signed integer,
+    /// with room for the tiles past the products' ends: each operand (and backward filter's
+    /// partial products), plus a thousand samples' and weights' worth, twice over.
+    ///
+    /// ```
+    /// use strata_core::lower::conv_plan::ConvDims;
+    /// let d = ConvDims { n: 64, c: 64, h: 56, w: 56, o: 64, kh: 3, kw: 3, oh: 56, ow: 56 };
+    /// assert!(d.fits_32_bits(1, 1));
+    /// assert!(!ConvDims { n: 1 << 16, ..d }.fits_32_bits(1, 1));
+    /// ```
+    pub fn fits_32_bits(&self, groups: usize, partials: usize) -> bool {
+        let [x, y] = self.per_sample().map(|e| e as u128);
+        let w = (self.o * (self.c / groups.max(1)) * self.kh * self.kw) as u128;
+        let n = self.n as u128;
+        let largest = (x * n).max(y * n).max(w * partials.max(1) as u128);
+        (largest + 1024 * (x + y + w)) * 2 < 1 << 31
+    }
+}
+
+/// The multiplier `m` and shift `s` that divide any `n` below 2^31 by `d` (1 ≤ d < 2^31):
+/// `n / d == (n · m) >> s` in 64-bit arithmetic — Granlund and Montgomery's round-up method,
+/// `l = ⌈log2 d⌉`, `m = ⌈2^(31+l) / d⌉` (below 2^32), `s = 31 + l`; a kernel's division by a
+/// size it reads at run time is then a multiply and a shift instead of a long sequence.
+///
+/// ```
+/// use strata_core::lower::conv_plan::division_magic;
+/// let [m, s] = division_magic(9);
+/// assert_eq!((1_000_000u64 * m as u64) >> s, 1_000_000 / 9);
+/// ```
+pub fn division_magic(d: usize) -> [u32; 2] {
+    let d = d.max(1) as u128;
+    let l = 128 - (d - 1).leading_zeros();
+    let m = (1u128 << (31 + l)).div_ceil(d);
+    [m as u32, 31 + l]
+}
+
 /// The tile `STRATA_CONV_TILE` names (`128x128`: one of [`TILES`]), which every convolution
 /// then takes: the tests run each tile on small shapes, whose own choice is the smallest.
 fn forced_tile() -> Option<[usize; 2]> {
@@ -353,6 +390,18 @@ mod tests {
             padding: [1, 1],
             dilation: [1, 1],
             groups: 1,
+        }
+    }
+
+    #[test]
+    fn division_by_a_multiply_and_a_shift_is_exact_below_2_to_the_31() {
+        let mut ns: Vec<u64> = (0..5000).collect();
+        ns.extend((0..64).map(|k| (1u64 << 31) - 1 - k * 7919));
+        for d in (1..3000).chain([65536, 65537, 3136, 12544, (1 << 30) + 3, (1 << 31) - 1]) {
+            let [m, s] = division_magic(d);
+            for &n in &ns {
+                assert_eq!((n * m as u64) >> s, n / d as u64, "{n} / {d}");
+            }
         }
     }
 

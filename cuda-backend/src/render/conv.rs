@@ -2,13 +2,17 @@
 //! ([`conv_plan`](strata_core::lower::conv_plan)) as a tiled product whose slices of A and B
 //! are gathered from the tensors as they are staged (no im2col buffer), the WGSL kernel's
 //! structure (`strata-wgpu`'s `render::conv`): a block of 256 threads computes a TM×TN tile
-//! of one group's product (the plan's: 64×64, or 256×16 and 16×256 for products of few columns
-//! or rows), each thread a 4×4 block (rows `tr + TM/4·i`, columns `tc + TN/4·j`) from 16-deep
-//! slices in shared memory; a thread stages TM/16 values of A (that many rows, one depth) and
-//! TN/16 of B (one column, as many depths), so it decodes a row's pixel or a column's channel
-//! and tap once, and a depth once a slice. Backward filter writes partial products over
-//! ranges of samples that `strata_conv_sum` adds into the weight's gradient. Accumulates in
-//! f32 (exact f32 products, no TF32) for 16-bit floats and f32, in f64 for f64.
+//! of one group's product (the plan's [`TILES`](strata_core::lower::conv_plan::TILES)), each
+//! thread a 4×4 or 8×8 block (rows `tr·pt + i`, columns `tc·pt + j`, read from 16-deep slices
+//! in shared memory as 16-byte vectors); a thread stages TM/16 values of A (that many rows,
+//! one depth) and TN/16 of B (one column, as many depths), so it decodes a row's pixel or a
+//! column's channel and tap once, and a depth once a slice — the next slice's gathers issued
+//! before this one's multiply-adds. Indices are 32-bit where every one fits (the gathers'
+//! divisions by a run-time size then a multiply and a shift, `conv_plan::division_magic`),
+//! else 64-bit. Backward filter writes partial products over ranges of samples that
+//! `strata_conv_sum` adds into the weight's gradient. Accumulates in f32 (exact f32 products,
+//! no TF32) for 16-bit floats and f32, in f64 for f64. On an H200 this took the 3×3 shapes of
+//! ResNet-50 from 0.90–1.35 ms forward to 0.71–1.29 (BENCHMARKS.md).
 
 use super::{cast, compute_type, from_storage, storage_type, to_storage};
 use super::{Generated, Rendered};
@@ -29,6 +33,9 @@ pub(crate) struct ConvSig {
     pub tile: [usize; 2],
     /// Stride 1 both ways: backward data reads `dy` without dividing by the stride.
     pub unit_stride: bool,
+    /// Every index fits 32 bits with room to spare ([`fits_32_bits`]): `int` arithmetic, and
+    /// the gathers' divisions by a multiply and a shift; else `i64` and divisions.
+    pub narrow: bool,
 }
 
 impl strata_core::kernel_cache::Owned for ConvSig {}
@@ -69,8 +76,9 @@ pub(crate) fn acc_of(dtype: DType) -> DType {
 /// W, O, kH, kW, OH, OW, [12] groups, [13..19] stride, padding and dilation (height, width),
 /// [19..22] the output (backward filter: its partials), A and B, [22] ranges (backward
 /// filter; else 1), [23] samples a range, [24] the first range's partial, [25] 1: add to the
-/// partials.
-pub(crate) const WORDS: usize = 26;
+/// partials, [26..34] the multiplier and shift that divide by kH·kW, kW, OH·OW and OW
+/// ([`division_magic`]; read with 32-bit indices).
+pub(crate) const WORDS: usize = 34;
 
 /// The CUDA C source of `strata_conv` for `sig`.
 pub(crate) fn source(sig: &ConvSig) -> String {
@@ -81,63 +89,92 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     let load = |p: &str, i: &str| cast(&from_storage(d, &format!("{p}[{i}]")), d, acc, false);
     let [tm, tn] = sig.tile;
     let (qa, qb) = (tm / 16, tn / 16);
-    // Each thread's block: rows `tr + (tm / pt)·i`, columns `tc + (tn / pt)·j`.
+    // Each thread's block: rows `tr·pt + i`, columns `tc·pt + j`, read from shared memory as
+    // 16-byte vectors.
     let pt = strata_core::lower::conv_plan::per_thread(sig.tile);
-    let (rs, cs) = (tm / pt, tn / pt);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void __launch_bounds__(256) strata_conv(const Args<{WORDS}> p) {{
-  const i64 m = p.w[0], ncols = p.w[1], kdim = p.w[2], samples = p.w[3];
-  const i64 C = p.w[4], H = p.w[5], W = p.w[6], O = p.w[7];
-  const i64 KH = p.w[8], KW = p.w[9], OH = p.w[10], OW = p.w[11], groups = p.w[12];
-  const i64 s0 = p.w[13], s1 = p.w[14], p0 = p.w[15], p1 = p.w[16], d0 = p.w[17], d1 = p.w[18];
-  {ot}* out = ({ot}*)p.w[19];
-  const {st}* A = (const {st}*)p.w[20];
-  const {st}* B = (const {st}*)p.w[21];
-  const i64 KK = KH * KW, HW = H * W, OHW = OH * OW, cg = C / groups, og = O / groups;
-  const i64 tiles_n = (ncols + {tn1}) / {tn}, tiles_m = (m + {tm1}) / {tm};
-  const i64 g = blockIdx.x;
-  const i64 bx = g % tiles_n, by = (g / tiles_n) % tiles_m, rest = g / (tiles_n * tiles_m);
-  const i64 grp = rest % groups, split = rest / groups;
-  if (split >= (i64)p.w[22]) return;
-  const int lid = threadIdx.x, tr = lid / {tc4}, tc = lid % {tc4};
-  const i64 akk = lid % {DEPTH}, arow0 = by * {tm} + lid / {DEPTH};
-  const i64 bcol = bx * {tn} + lid % {tn}, bkb = lid / {tn};
-  __shared__ {at} ta[{DEPTH}][{row_a}];
-  __shared__ {at} tb[{DEPTH}][{tn}];",
-        tm1 = tm - 1,
-        tn1 = tn - 1,
-        tc4 = cs,
-        row_a = tm + 1,
-    );
-    if filter {
-        s.push_str(
-            "  const i64 r0 = split * (i64)p.w[23];
-  const i64 r1 = min(r0 + (i64)p.w[23], samples);
-  const i64 k_lo = r0 * OHW, k_hi = r1 * OHW;\n",
-        );
+    let cs = tn / pt;
+    let (vt, lanes) = if at == "double" {
+        ("double2", 2)
     } else {
-        s.push_str("  const i64 k_lo = 0, k_hi = kdim;\n");
+        ("float4", 4)
+    };
+    let ix = if sig.narrow { "int" } else { "i64" };
+    // `n / by` for a divisor of words 26..34: a multiply and a shift with 32-bit indices.
+    let quot = |n: &str, by: &str| {
+        if sig.narrow {
+            format!("fdiv({n}, m{by}, s{by})")
+        } else {
+            format!("(({n}) / {by})")
+        }
+    };
+    let mut s = String::new();
+    if sig.narrow {
+        // (n < 2^31, the multiplier below 2^32: one wide multiply and a shift.)
+        s.push_str(
+            "__device__ __forceinline__ int fdiv(int n, unsigned m, unsigned s) {
+  return (int)(((unsigned long long)(unsigned)n * m) >> s);
+}\n",
+        );
     }
     let _ = writeln!(
         s,
-        "  i64 abase[{qa}], ah[{qa}], aw[{qa}]; bool av[{qa}];
+        "extern \"C\" __global__ void __launch_bounds__(256) strata_conv(const Args<{WORDS}> p) {{
+  const {ix} m = p.w[0], ncols = p.w[1], kdim = p.w[2], samples = p.w[3];
+  const {ix} C = p.w[4], H = p.w[5], W = p.w[6], O = p.w[7];
+  const {ix} KH = p.w[8], KW = p.w[9], OH = p.w[10], OW = p.w[11], groups = p.w[12];
+  const {ix} s0 = p.w[13], s1 = p.w[14], p0 = p.w[15], p1 = p.w[16], d0 = p.w[17], d1 = p.w[18];
+  {ot}* out = ({ot}*)p.w[19];
+  const {st}* A = (const {st}*)p.w[20];
+  const {st}* B = (const {st}*)p.w[21];
+  const {ix} KK = KH * KW, HW = H * W, OHW = OH * OW, cg = C / groups, og = O / groups;
+  const unsigned mKK = p.w[26], sKK = p.w[27], mKW = p.w[28], sKW = p.w[29];
+  const unsigned mOHW = p.w[30], sOHW = p.w[31], mOW = p.w[32], sOW = p.w[33];
+  const i64 tiles_n = ((i64)ncols + {tn1}) / {tn}, tiles_m = ((i64)m + {tm1}) / {tm};
+  const i64 g = blockIdx.x;
+  const {ix} bx = g % tiles_n, by = (g / tiles_n) % tiles_m;
+  const i64 rest = g / (tiles_n * tiles_m);
+  const {ix} grp = rest % groups, split = rest / groups;
+  if (split >= (i64)p.w[22]) return;
+  const int lid = threadIdx.x, tr = lid / {cs}, tc = lid % {cs};
+  const {ix} akk = lid % {DEPTH}, arow0 = by * {tm} + lid / {DEPTH};
+  const {ix} bcol = bx * {tn} + lid % {tn}, bkb = lid / {tn};
+  __shared__ __align__(16) {at} ta[{DEPTH}][{row_a}];
+  __shared__ __align__(16) {at} tb[{DEPTH}][{tn}];",
+        tm1 = tm - 1,
+        tn1 = tn - 1,
+        // Rows padded by one vector: the transposed stores of A fall on two banks at most.
+        row_a = tm + lanes,
+    );
+    if filter {
+        let _ = writeln!(
+            s,
+            "  const {ix} r0 = split * ({ix})p.w[23];
+  const {ix} r1 = min(r0 + ({ix})p.w[23], samples);
+  const {ix} k_lo = r0 * OHW, k_hi = r1 * OHW;"
+        );
+    } else {
+        let _ = writeln!(s, "  const {ix} k_lo = 0, k_hi = kdim;");
+    }
+    let _ = writeln!(
+        s,
+        "  {ix} abase[{qa}], ah[{qa}], aw[{qa}]; bool av[{qa}];
 #pragma unroll
   for (int q = 0; q < {qa}; q++) {{
-    const i64 r = arow0 + 16 * q; av[q] = r < m;"
+    const {ix} r = arow0 + 16 * q; av[q] = r < m;"
     );
     let _ = match sig.pass {
         // A row is an output pixel (n, p, q): where its window starts.
         ConvPass::Forward => writeln!(
             s,
-            "    const i64 n = r / OHW, pq = r % OHW;
-    abase[q] = (n * C + grp * cg) * HW; ah[q] = (pq / OW) * s0 - p0; aw[q] = (pq % OW) * s1 - p1;"
+            "    const {ix} n = {}, pq = r - n * OHW, pr = {};
+    abase[q] = (n * C + grp * cg) * HW; ah[q] = pr * s0 - p0; aw[q] = (pq - pr * OW) * s1 - p1;",
+            quot("r", "OHW"),
+            quot("pq", "OW"),
         ),
         // A row is an input pixel (n, h, w): the output pixels whose windows reach it.
         ConvPass::BackwardData => writeln!(
             s,
-            "    const i64 n = r / HW, hw = r % HW;
+            "    const {ix} n = r / HW, hw = r % HW;
     abase[q] = (n * O + grp * og) * OHW; ah[q] = hw / W + p0; aw[q] = hw % W + p1;"
         ),
         // A row is an output channel of the group.
@@ -149,118 +186,150 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     s.push_str("  }\n  const bool bv = bcol < ncols;\n");
     if filter {
         // B's column is (channel, tap): where its tap sits relative to the output pixel.
-        s.push_str(
-            "  const i64 bc = bcol / KK, btap = bcol % KK;
-  const i64 bdh = (btap / KW) * d0 - p0, bdw = (btap % KW) * d1 - p1, bbase = (grp * cg + bc) * HW;\n",
+        let _ = writeln!(
+            s,
+            "  const {ix} bc = {}, btap = bcol - bc * KK, bkr = {};
+  const {ix} bdh = bkr * d0 - p0, bdw = (btap - bkr * KW) * d1 - p1, bbase = (grp * cg + bc) * HW;",
+            quot("bcol", "KK"),
+            quot("btap", "KW"),
         );
     }
-    let _ = writeln!(
+    // The gathers of the slice at depth `k`: A's value at depth `k + akk` for each of the
+    // thread's rows, B's at its column for each of its depths, into registers.
+    let gather = |k: &str| -> String {
+        let mut g = format!("    {{\n    const {ix} ka = {k} + akk; const bool kin = ka < k_hi;\n");
+        match sig.pass {
+            ConvPass::Forward => {
+                let _ = writeln!(
+                    g,
+                    "    const {ix} kc = {}, ktap = ka - kc * KK, kr = {};
+    const {ix} kdh = kr * d0, kdw = (ktap - kr * KW) * d1;
+#pragma unroll
+    for (int q = 0; q < {qa}; q++) {{
+      const {ix} hi = ah[q] + kdh, wi = aw[q] + kdw;
+      ra[q] = (av[q] && kin && hi >= 0 && hi < H && wi >= 0 && wi < W) ? {} : ({at})0;
+    }}",
+                    quot("ka", "KK"),
+                    quot("ktap", "KW"),
+                    load("A", "abase[q] + kc * HW + hi * W + wi")
+                );
+            }
+            ConvPass::BackwardData => {
+                // The output pixel whose window's tap lands on the row's input pixel.
+                let (p, q) = if sig.unit_stride {
+                    ("th", "tw")
+                } else {
+                    ("(th / s0)", "(tw / s1)")
+                };
+                let _ = writeln!(
+                    g,
+                    "    const {ix} ko = {}, ktap = ka - ko * KK, kr = {};
+    const {ix} kdh = kr * d0, kdw = (ktap - kr * KW) * d1;
+#pragma unroll
+    for (int q = 0; q < {qa}; q++) {{
+      const {ix} th = ah[q] - kdh, tw = aw[q] - kdw;
+      const bool in = av[q] && kin && th >= 0 && tw >= 0{lands} && {p} < OH && {q} < OW;
+      ra[q] = in ? {} : ({at})0;
+    }}",
+                    quot("ka", "KK"),
+                    quot("ktap", "KW"),
+                    load("A", &format!("abase[q] + ko * OHW + {p} * OW + {q}")),
+                    lands = if sig.unit_stride {
+                        ""
+                    } else {
+                        " && th % s0 == 0 && tw % s1 == 0"
+                    },
+                );
+            }
+            ConvPass::BackwardFilter => {
+                let _ = writeln!(
+                    g,
+                    "    const {ix} kn = {}, kpq = ka - kn * OHW;
+#pragma unroll
+    for (int q = 0; q < {qa}; q++) ra[q] = (av[q] && kin) ? {} : ({at})0;",
+                    quot("ka", "OHW"),
+                    load("A", "kn * O * OHW + abase[q] + kpq")
+                );
+            }
+        }
+        let _ = writeln!(
+            g,
+            "#pragma unroll\n    for (int q = 0; q < {qb}; q++) {{\n      const {ix} kb = {k} + bkb + {} * q;",
+            256 / tn
+        );
+        let _ = match sig.pass {
+            ConvPass::Forward => writeln!(
+                g,
+                "      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
+                load("B", "(grp * og + bcol) * kdim + kb")
+            ),
+            ConvPass::BackwardData => writeln!(
+                g,
+                "      const {ix} bo = {};\n      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
+                quot("kb", "KK"),
+                load("B", "((grp * og + bo) * cg + bcol) * KK + (kb - bo * KK)")
+            ),
+            ConvPass::BackwardFilter => writeln!(
+                g,
+                "      const {ix} bn = {}, bpq = kb - bn * OHW, bpr = {};
+      const {ix} hi = bpr * s0 + bdh, wi = (bpq - bpr * OW) * s1 + bdw;
+      rb[q] = (bv && kb < k_hi && hi >= 0 && hi < H && wi >= 0 && wi < W) ? {} : ({at})0;",
+                quot("kb", "OHW"),
+                quot("bpq", "OW"),
+                load("B", "bn * C * HW + bbase + hi * W + wi")
+            ),
+        };
+        g.push_str("    }\n    }\n");
+        g
+    };
+    // The slices: each one's values stored from registers, then the next slice's gathers
+    // issued before this one's multiply-adds (their latency hidden behind them).
+    let _ = write!(
         s,
         "  {at} c[{pt}][{pt}];
 #pragma unroll
   for (int i = 0; i < {pt}; i++)
 #pragma unroll
     for (int j = 0; j < {pt}; j++) c[i][j] = 0;
-  for (i64 k0 = k_lo; k0 < k_hi; k0 += {DEPTH}) {{
-    const i64 ka = k0 + akk; const bool kin = ka < k_hi;
-    {at} ra[{qa}], rb[{qb}];"
-    );
-    match sig.pass {
-        ConvPass::Forward => {
-            let _ = writeln!(
-                s,
-                "    const i64 kc = ka / KK, ktap = ka % KK, kdh = (ktap / KW) * d0, kdw = (ktap % KW) * d1;
-#pragma unroll
-    for (int q = 0; q < {qa}; q++) {{
-      const i64 hi = ah[q] + kdh, wi = aw[q] + kdw;
-      ra[q] = (av[q] && kin && hi >= 0 && hi < H && wi >= 0 && wi < W) ? {} : ({at})0;
-    }}",
-                load("A", "abase[q] + kc * HW + hi * W + wi")
-            );
-        }
-        ConvPass::BackwardData => {
-            // The output pixel whose window's tap lands on the row's input pixel.
-            let (p, q) = if sig.unit_stride {
-                ("th", "tw")
-            } else {
-                ("(th / s0)", "(tw / s1)")
-            };
-            let _ = writeln!(
-                s,
-                "    const i64 ko = ka / KK, ktap = ka % KK, kdh = (ktap / KW) * d0, kdw = (ktap % KW) * d1;
-#pragma unroll
-    for (int q = 0; q < {qa}; q++) {{
-      const i64 th = ah[q] - kdh, tw = aw[q] - kdw;
-      const bool in = av[q] && kin && th >= 0 && tw >= 0{lands} && {p} < OH && {q} < OW;
-      ra[q] = in ? {} : ({at})0;
-    }}",
-                load("A", &format!("abase[q] + ko * OHW + {p} * OW + {q}")),
-                lands = if sig.unit_stride {
-                    ""
-                } else {
-                    " && th % s0 == 0 && tw % s1 == 0"
-                },
-            );
-        }
-        ConvPass::BackwardFilter => {
-            let _ = writeln!(
-                s,
-                "    const i64 kn = ka / OHW, kpq = ka % OHW;
-#pragma unroll
-    for (int q = 0; q < {qa}; q++) ra[q] = (av[q] && kin) ? {} : ({at})0;",
-                load("A", "kn * O * OHW + abase[q] + kpq")
-            );
-        }
-    }
-    let _ = writeln!(
-        s,
-        "#pragma unroll\n    for (int q = 0; q < {qb}; q++) {{\n      const i64 kb = k0 + bkb + {} * q;",
-        256 / tn
-    );
-    let _ = match sig.pass {
-        ConvPass::Forward => writeln!(
-            s,
-            "      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
-            load("B", "(grp * og + bcol) * kdim + kb")
-        ),
-        ConvPass::BackwardData => writeln!(
-            s,
-            "      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
-            load("B", "((grp * og + kb / KK) * cg + bcol) * KK + kb % KK")
-        ),
-        ConvPass::BackwardFilter => writeln!(
-            s,
-            "      const i64 bn = kb / OHW, bpq = kb % OHW;
-      const i64 hi = (bpq / OW) * s0 + bdh, wi = (bpq % OW) * s1 + bdw;
-      rb[q] = (bv && kb < k_hi && hi >= 0 && hi < H && wi >= 0 && wi < W) ? {} : ({at})0;",
-            load("B", "bn * C * HW + bbase + hi * W + wi")
-        ),
-    };
-    let _ = writeln!(
-        s,
-        "    }}
+  {at} ra[{qa}], rb[{qb}];
+{first}  for ({ix} k0 = k_lo; k0 < k_hi; k0 += {DEPTH}) {{
 #pragma unroll
     for (int q = 0; q < {qa}; q++) ta[akk][lid / {DEPTH} + 16 * q] = ra[q];
 #pragma unroll
     for (int q = 0; q < {qb}; q++) tb[bkb + {bstep} * q][lid % {tn}] = rb[q];
     __syncthreads();
-#pragma unroll
+    if (k0 + {DEPTH} < k_hi)
+{next}#pragma unroll
     for (int kk = 0; kk < {DEPTH}; kk++) {{
       {at} a[{pt}], b[{pt}];
 #pragma unroll
-      for (int i = 0; i < {pt}; i++) {{ a[i] = ta[kk][tr + {rs} * i]; b[i] = tb[kk][tc + {cs} * i]; }}
+      for (int v = 0; v < {pv}; v++) {{
+        const {vt} x = *(const {vt}*)&ta[kk][tr * {pt} + {lanes} * v];
+        const {vt} y = *(const {vt}*)&tb[kk][tc * {pt} + {lanes} * v];
+        {unpack}
+      }}
 #pragma unroll
       for (int i = 0; i < {pt}; i++)
 #pragma unroll
         for (int j = 0; j < {pt}; j++) c[i][j] = fma(a[i], b[j], c[i][j]);
     }}
     __syncthreads();
-  }}",
+  }}
+",
+        first = gather("k_lo"),
+        next = gather("(k0 + DEPTH_NEXT)").replace("DEPTH_NEXT", &DEPTH.to_string()),
         bstep = 256 / tn,
+        pv = pt / lanes,
+        unpack = if lanes == 4 {
+            "a[4 * v] = x.x; a[4 * v + 1] = x.y; a[4 * v + 2] = x.z; a[4 * v + 3] = x.w;\n        \
+             b[4 * v] = y.x; b[4 * v + 1] = y.y; b[4 * v + 2] = y.z; b[4 * v + 3] = y.w;"
+        } else {
+            "a[2 * v] = x.x; a[2 * v + 1] = x.y; b[2 * v] = y.x; b[2 * v + 1] = y.y;"
+        },
     );
     let _ = writeln!(
         s,
-        "#pragma unroll\n  for (int i = 0; i < {pt}; i++) {{\n    const i64 r = by * {tm} + tr + {rs} * i;\n    if (r >= m) continue;"
+        "#pragma unroll\n  for (int i = 0; i < {pt}; i++) {{\n    const {ix} r = by * {tm} + tr * {pt} + i;\n    if (r >= m) continue;"
     );
     let (rbase, step) = match sig.pass {
         ConvPass::Forward => ("((r / OHW) * O + grp * og) * OHW + r % OHW", "OHW"),
@@ -274,11 +343,11 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     };
     let _ = writeln!(
         s,
-        "    const i64 rbase = {rbase};
+        "    const {ix} rbase = {rbase};
 #pragma unroll
     for (int j = 0; j < {pt}; j++) {{
-      const i64 col = bx * {tn} + tc + {cs} * j;
-      if (col < ncols) {{ const i64 at = rbase + col * {step}; out[at] = {value}; }}
+      const {ix} col = bx * {tn} + tc * {pt} + j;
+      if (col < ncols) {{ const {ix} at = rbase + col * {step}; out[at] = {value}; }}
     }}
   }}
 }}"

@@ -9,7 +9,7 @@ use crate::launch::{Args, Launch};
 use crate::render::conv::{acc_of, ConvSig, ConvSumSig};
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
+use strata_core::lower::conv_plan::{division_magic, ConvDims, ConvPlan};
 use strata_core::target::Target;
 use strata_core::{Error, Result};
 
@@ -117,6 +117,9 @@ fn implicit_gemm(
         (elements * item) as u64
     };
     let weight = dims.o * (dims.c / groups) * dims.kh * dims.kw;
+    // (`STRATA_CONV_INDEX=64` takes 64-bit indices anyway: the tests run both.)
+    let narrow = dims.fits_32_bits(groups, plan.partials)
+        && std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64");
     let mut steps = Vec::with_capacity(plan.pieces.len() + 2);
     if filter {
         steps.push(Step::Scratch {
@@ -138,6 +141,11 @@ fn implicit_gemm(
         words.push(plan.per_split as u64);
         words.push((piece.first / plan.per_split) as u64);
         words.push(u64::from(piece.accumulate));
+        for by in [dims.kh * dims.kw, dims.kw, dims.oh * dims.ow, dims.ow] {
+            let [m, s] = division_magic(by);
+            words.push(u64::from(m));
+            words.push(u64::from(s));
+        }
         let [tm, tn] = plan.tile;
         let blocks = m.div_ceil(tm) * n.div_ceil(tn) * groups * piece.splits;
         let blocks = u32::try_from(blocks).map_err(|_| {
@@ -156,6 +164,7 @@ fn implicit_gemm(
                 dtype,
                 tile: plan.tile,
                 unit_stride: geometry.stride == [1, 1],
+                narrow,
             }),
             launch,
         });
