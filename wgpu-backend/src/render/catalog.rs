@@ -727,6 +727,8 @@ fn convolution_variants_validate() {
                         tile,
                         unit_stride,
                         sum_partials,
+                        // Divisions by a multiply and a shift; WGSL's in the unit-stride ones.
+                        fast_division: !unit_stride,
                     };
                     for (caps, targets) in caps_for(&[d]) {
                         check(&conv::source(&sig, caps), targets);

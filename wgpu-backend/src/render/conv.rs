@@ -1,11 +1,14 @@
 //! `Convolution`: core's implicit GEMM ([`conv_plan`](strata_core::lower::conv_plan)) as a
 //! tiled product whose slices of A and B are gathered from the tensors as they are staged (no
-//! im2col buffer). A workgroup computes a TM×TN tile of one group's product (the plan's: 64×64,
-//! or 256×16 and 16×256 for products of few columns or rows), each invocation a 4×4 block
-//! (rows `tr + TM/4·i`, columns `tc + TN/4·j`) from 16-deep slices in workgroup memory; an
-//! invocation stages TM/16 values of A (that many rows, one depth) and TN/16 of B (one column,
-//! as many depths), so what it decodes of a row or a column (a pixel, a channel and tap) it
-//! decodes once, and of a depth once per slice. Backward filter writes partial products over
+//! im2col buffer), the CUDA kernel's structure (`strata-cuda`'s `render::conv`). A workgroup
+//! computes a TM×TN tile of one group's product (the plan's
+//! [`TILES`](strata_core::lower::conv_plan::TILES)), each invocation a 4×4 or 8×8 block (rows
+//! `tr·pt + i`, columns `tc·pt + j`, read from 16-deep slices in workgroup memory as four-wide
+//! vectors); an invocation stages TM/16 values of A (that many rows, one depth) and TN/16 of
+//! B (one column, as many depths), so what it decodes of a row or a column (a pixel, a channel
+//! and tap) it decodes once, and of a depth once per slice — by a multiply and a shift
+//! (`conv_plan::division_magic`) where every index allows — and issues the next slice's
+//! gathers before this one's multiply-adds. Backward filter writes partial products over
 //! ranges of samples (the plan's splits), which a second kernel sums into the weight's
 //! gradient. Accumulates in f32 for 16-bit floats, in the dtype otherwise.
 
@@ -33,6 +36,9 @@ pub(crate) struct ConvSig {
     pub unit_stride: bool,
     /// The kernel that sums backward filter's partial products into the output.
     pub sum_partials: bool,
+    /// The gathers divide by a multiply and a shift (every index below 2^31 with room to
+    /// spare: `ConvDims::fits_32_bits`); else by WGSL's division.
+    pub fast_division: bool,
 }
 
 impl strata_core::kernel_cache::Owned for ConvSig {}
@@ -41,9 +47,10 @@ impl strata_core::kernel_cache::Owned for ConvSig {}
 /// the piece, [4..12] C, H, W, O, kH, kW, OH, OW, [12] groups, [13..19] stride, padding and
 /// dilation (height, width), [19..22] offsets of the output and of inputs A and B,
 /// [22] ranges (backward filter; else 1), [23] samples a range, [24] the first range's
-/// partial, [25] 1: add to the partials.
+/// partial, [25] 1: add to the partials, [26..34] the multiplier and shift that divide by
+/// kH·kW, kW, OH·OW and OW (`conv_plan::division_magic`).
 /// Summing partials: [0] elements of the output, [1] partials, [2] output offset.
-pub(crate) const PARAM_WORDS: usize = 26;
+pub(crate) const PARAM_WORDS: usize = 34;
 
 /// The WGSL source of a convolution dispatch (bindings: 0 the output or the partials, 1 A,
 /// 2 B; summing: 0 the output, 1 the partials).
@@ -63,18 +70,37 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     src.push_str(&helpers(&BTreeSet::from([d, acc]), caps));
     let [tm, tn] = sig.tile;
     let (qa, qb) = (tm / 16, tn / 16);
-    // Each invocation's block: rows `tr + (tm / pt)·i`, columns `tc + (tn / pt)·j`.
+    // Each invocation's block: rows `tr·pt + i`, columns `tc·pt + j`, read from the slices as
+    // four-wide vectors.
     let pt = strata_core::lower::conv_plan::per_thread(sig.tile);
-    let (rs, cs) = (tm / pt, tn / pt);
-    // A's rows are one longer than the tile: its stores (16 depths of one row per half warp)
-    // then fall in different banks.
-    let row_a = tm + 1;
+    let cs = tn / pt;
+    // A's rows are one vector longer than the tile: its stores (16 depths of one row per half
+    // warp) then fall on two banks at most.
+    let row_a = tm + 4;
     let _ = writeln!(
         src,
-        "var<workgroup> ta: array<{at}, {}>;\nvar<workgroup> tb: array<{at}, {}>;",
-        DEPTH * row_a,
-        DEPTH * tn
+        "var<workgroup> ta: array<vec4<{at}>, {}>;\nvar<workgroup> tb: array<vec4<{at}>, {}>;",
+        DEPTH * row_a / 4,
+        DEPTH * tn / 4
     );
+    if sig.fast_division {
+        // `n / d` for n below 2^31 from the multiplier and shift of `conv_plan::division_magic`.
+        src.push_str(
+            "fn fdiv(n: u32, m: u32, s: u32) -> u32 {
+  let p = mul_hi_lo(n, m);
+  if (s >= 32u) { return p.x >> (s - 32u); }
+  return (p.x << 1u) | (p.y >> 31u);
+}\n",
+        );
+    }
+    // `n / by` for a divisor of words 26..34.
+    let quot = |n: &str, by: &str| {
+        if sig.fast_division {
+            format!("fdiv({n}, m{by}, s{by})")
+        } else {
+            format!("({n} / {by})")
+        }
+    };
     src.push_str(ENTRY);
     let _ = writeln!(
         src,
@@ -85,6 +111,8 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
   let s0 = i32(params[13]); let s1 = i32(params[14]); let p0 = i32(params[15]);
   let p1 = i32(params[16]); let d0 = i32(params[17]); let d1 = i32(params[18]);
   let off_o = params[19]; let off_a = params[20]; let off_b = params[21];
+  let mKK = params[26]; let sKK = params[27]; let mKW = params[28]; let sKW = params[29];
+  let mOHW = params[30]; let sOHW = params[31]; let mOW = params[32]; let sOW = params[33];
   let KK = KH * KW; let HW = H * W; let OHW = OH * OW;
   let cg = C / groups; let og = O / groups;
   let g = wg.y * nwg.x + wg.x;
@@ -92,12 +120,11 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
   let bx = g % tiles_n; let by = (g / tiles_n) % tiles_m; let rest = g / (tiles_n * tiles_m);
   let grp = rest % groups; let split = rest / groups;
   if (split >= params[22]) {{ return; }}
-  let tr = lid / {tc4}u; let tc = lid % {tc4}u;
+  let tr = lid / {cs}u; let tc = lid % {cs}u;
   let akk = lid % {DEPTH}u; let arow0 = by * {tm}u + lid / {DEPTH}u;
   let bcol = bx * {tn}u + lid % {tn}u; let bkb = lid / {tn}u;",
         tm1 = tm - 1,
         tn1 = tn - 1,
-        tc4 = cs,
     );
     // The depth range: backward filter's split covers its samples' pixels.
     if filter {
@@ -118,9 +145,11 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             ConvPass::Forward => writeln!(
                 src,
                 "  let ar{q} = {r}; let av{q} = ar{q} < m;
-  let an{q} = ar{q} / OHW; let apq{q} = ar{q} % OHW;
+  let an{q} = {}; let apq{q} = ar{q} - an{q} * OHW; let apr{q} = {};
   let abase{q} = (an{q} * C + grp * cg) * HW;
-  let ah{q} = i32(apq{q} / OW) * s0 - p0; let aw{q} = i32(apq{q} % OW) * s1 - p1;"
+  let ah{q} = i32(apr{q}) * s0 - p0; let aw{q} = i32(apq{q} - apr{q} * OW) * s1 - p1;",
+                quot(&format!("ar{q}"), "OHW"),
+                quot(&format!("apq{q}"), "OW"),
             ),
             // A row is an input pixel (n, h, w): the output pixels whose windows reach it.
             ConvPass::BackwardData => writeln!(
@@ -140,10 +169,13 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     }
     if filter {
         // B's column is (channel, tap): where its tap sits relative to the output pixel.
-        src.push_str(
-            "  let bv = bcol < ncols; let bc = bcol / KK; let btap = bcol % KK;
-  let bdh = i32(btap / KW) * d0 - p0; let bdw = i32(btap % KW) * d1 - p1;
-  let bbase = (grp * cg + bc) * HW;\n",
+        let _ = writeln!(
+            src,
+            "  let bv = bcol < ncols; let bc = {}; let btap = bcol - bc * KK; let bkr = {};
+  let bdh = i32(bkr) * d0 - p0; let bdw = i32(btap - bkr * KW) * d1 - p1;
+  let bbase = (grp * cg + bc) * HW;",
+            quot("bcol", "KK"),
+            quot("btap", "KW"),
         );
     } else {
         src.push_str("  let bv = bcol < ncols;\n");
@@ -160,129 +192,163 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     for q in 0..qb {
         let _ = writeln!(src, "  var rb{q}: {at};");
     }
-    let _ = writeln!(
-        src,
-        "  for (var k0 = k_lo; k0 < k_hi; k0 = k0 + {DEPTH}u) {{
-    let ka = k0 + akk; let kin = ka < k_hi;"
-    );
     let a_value = |idx: &str| cast(&load(d, "b1", idx, caps), d, acc, false);
-    // A's depth, decoded once a slice; then its four rows.
-    match sig.pass {
-        ConvPass::Forward => {
-            src.push_str(
-                "    let kc = ka / KK; let ktap = ka % KK;
-    let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
-            );
-            for q in 0..qa {
+    let b_value = |idx: &str| cast(&load(d, "b2", idx, caps), d, acc, false);
+    // The gathers of the slice at depth `k` into registers: A's value at depth `k + akk` for
+    // each of the invocation's rows (its depth decoded once), B's at its column for each of
+    // its depths.
+    let gather = |src: &mut String, k: &str| {
+        let _ = writeln!(src, "    {{ let ka = {k} + akk; let kin = ka < k_hi;");
+        match sig.pass {
+            ConvPass::Forward | ConvPass::BackwardData => {
                 let _ = writeln!(
                     src,
-                    "    {{ let hi = ah{q} + kdh; let wi = aw{q} + kdw; ra{q} = {zero};
+                    "    let kc = {}; let ktap = ka - kc * KK; let kr = {};
+    let kdh = i32(kr) * d0; let kdw = i32(ktap - kr * KW) * d1;",
+                    quot("ka", "KK"),
+                    quot("ktap", "KW"),
+                );
+            }
+            ConvPass::BackwardFilter => {
+                let _ = writeln!(
+                    src,
+                    "    let kn = {}; let kpq = ka - kn * OHW;",
+                    quot("ka", "OHW")
+                );
+            }
+        }
+        match sig.pass {
+            ConvPass::Forward => {
+                for q in 0..qa {
+                    let _ = writeln!(
+                        src,
+                        "    {{ let hi = ah{q} + kdh; let wi = aw{q} + kdw; ra{q} = {zero};
       if (av{q} && kin && hi >= 0 && hi < i32(H) && wi >= 0 && wi < i32(W)) {{
         ra{q} = {}; }} }}",
-                    a_value(&format!(
-                        "off_a + abase{q} + kc * HW + u32(hi) * W + u32(wi)"
-                    ))
-                );
+                        a_value(&format!(
+                            "off_a + abase{q} + kc * HW + u32(hi) * W + u32(wi)"
+                        ))
+                    );
+                }
             }
-        }
-        ConvPass::BackwardData => {
-            src.push_str(
-                "    let ko = ka / KK; let ktap = ka % KK;
-    let kdh = i32(ktap / KW) * d0; let kdw = i32(ktap % KW) * d1;\n",
-            );
-            // The output pixel whose window's tap lands on the row's input pixel.
-            let (ph, pw, lands) = if sig.unit_stride {
-                ("u32(th)", "u32(tw)", "")
-            } else {
-                (
-                    "u32(th / s0)",
-                    "u32(tw / s1)",
-                    " && th % s0 == 0 && tw % s1 == 0",
-                )
-            };
-            for q in 0..qa {
-                let _ = writeln!(
-                    src,
-                    "    {{ let th = ah{q} - kdh; let tw = aw{q} - kdw; ra{q} = {zero};
+            ConvPass::BackwardData => {
+                // The output pixel whose window's tap lands on the row's input pixel.
+                let (ph, pw, lands) = if sig.unit_stride {
+                    ("u32(th)", "u32(tw)", "")
+                } else {
+                    (
+                        "u32(th / s0)",
+                        "u32(tw / s1)",
+                        " && th % s0 == 0 && tw % s1 == 0",
+                    )
+                };
+                for q in 0..qa {
+                    let _ = writeln!(
+                        src,
+                        "    {{ let th = ah{q} - kdh; let tw = aw{q} - kdw; ra{q} = {zero};
       if (av{q} && kin && th >= 0 && tw >= 0{lands} && {ph} < OH && {pw} < OW) {{
         ra{q} = {}; }} }}",
-                    a_value(&format!("off_a + abase{q} + ko * OHW + {ph} * OW + {pw}"))
-                );
+                        a_value(&format!("off_a + abase{q} + kc * OHW + {ph} * OW + {pw}"))
+                    );
+                }
+            }
+            ConvPass::BackwardFilter => {
+                for q in 0..qa {
+                    let _ = writeln!(
+                        src,
+                        "    ra{q} = {zero}; if (av{q} && kin) {{ ra{q} = {}; }}",
+                        a_value(&format!("off_a + kn * O * OHW + abase{q} + kpq"))
+                    );
+                }
             }
         }
-        ConvPass::BackwardFilter => {
-            src.push_str("    let kn = ka / OHW; let kpq = ka % OHW;\n");
-            for q in 0..qa {
-                let _ = writeln!(
+        // B: TN/16 depths of one column.
+        for q in 0..qb {
+            let _ = writeln!(
+                src,
+                "    {{ let kb = {k} + bkb + {}u; rb{q} = {zero};",
+                256 / tn * q
+            );
+            let _ = match sig.pass {
+                ConvPass::Forward => writeln!(
                     src,
-                    "    ra{q} = {zero}; if (av{q} && kin) {{ ra{q} = {}; }}",
-                    a_value(&format!("off_a + kn * O * OHW + abase{q} + kpq"))
-                );
-            }
-        }
-    }
-    // B: TN/16 depths of one column.
-    let b_value = |idx: &str| cast(&load(d, "b2", idx, caps), d, acc, false);
-    for q in 0..qb {
-        let _ = writeln!(
-            src,
-            "    {{ let kb = k0 + bkb + {}u; rb{q} = {zero};",
-            256 / tn * q
-        );
-        let _ = match sig.pass {
-            ConvPass::Forward => writeln!(
-                src,
-                "      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
-                b_value("off_b + (grp * og + bcol) * kdim + kb")
-            ),
-            ConvPass::BackwardData => writeln!(
-                src,
-                "      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
-                b_value("off_b + ((grp * og + kb / KK) * cg + bcol) * KK + kb % KK")
-            ),
-            ConvPass::BackwardFilter => writeln!(
-                src,
-                "      let bn = kb / OHW; let bpq = kb % OHW;
-      let hi = i32(bpq / OW) * s0 + bdh; let wi = i32(bpq % OW) * s1 + bdw;
+                    "      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
+                    b_value("off_b + (grp * og + bcol) * kdim + kb")
+                ),
+                ConvPass::BackwardData => writeln!(
+                    src,
+                    "      let bo = {};\n      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
+                    quot("kb", "KK"),
+                    b_value("off_b + ((grp * og + bo) * cg + bcol) * KK + kb - bo * KK")
+                ),
+                ConvPass::BackwardFilter => writeln!(
+                    src,
+                    "      let bn = {}; let bpq = kb - bn * OHW; let bpr = {};
+      let hi = i32(bpr) * s0 + bdh; let wi = i32(bpq - bpr * OW) * s1 + bdw;
       if (bv && kb < k_hi && hi >= 0 && hi < i32(H) && wi >= 0 && wi < i32(W)) {{
         rb{q} = {}; }} }}",
-                b_value("off_b + bn * C * HW + bbase + u32(hi) * W + u32(wi)")
-            ),
-        };
+                    quot("kb", "OHW"),
+                    quot("bpq", "OW"),
+                    b_value("off_b + bn * C * HW + bbase + u32(hi) * W + u32(wi)")
+                ),
+            };
+        }
+        src.push_str("    }\n");
+    };
+    // The first slice's gathers; then for each slice its values stored from registers, the
+    // next slice's gathers issued (in flight during the multiply-adds), the multiply-adds.
+    // The next slice's gathers during this one's multiply-adds, but in the tall 256×16 tile:
+    // its sixteen values of A held across them made a 7×7 stride-2 backward data 1.6× slower
+    // through NVIDIA's driver (177 ms against 110; the 256×64 tile's forward gained 14%).
+    let prefetch = sig.tile != [256, 16];
+    if prefetch {
+        gather(&mut src, "k_lo");
     }
-    // Loads first (in flight together), then the stores into the slices.
+    let _ = writeln!(
+        src,
+        "  for (var k0 = k_lo; k0 < k_hi; k0 = k0 + {DEPTH}u) {{"
+    );
+    if !prefetch {
+        gather(&mut src, "k0");
+    }
     for q in 0..qa {
         let _ = writeln!(
             src,
-            "    ta[akk * {row_a}u + lid / {DEPTH}u + {}u] = ra{q};",
+            "    {{ let ti = akk * {row_a}u + lid / {DEPTH}u + {}u; ta[ti / 4u][ti % 4u] = ra{q}; }}",
             16 * q
         );
     }
     for q in 0..qb {
         let _ = writeln!(
             src,
-            "    tb[(bkb + {}u) * {tn}u + lid % {tn}u] = rb{q};",
+            "    {{ let ti = (bkb + {}u) * {tn}u + lid % {tn}u; tb[ti / 4u][ti % 4u] = rb{q}; }}",
             256 / tn * q
         );
     }
     src.push_str("    workgroupBarrier();\n");
+    if prefetch {
+        let _ = writeln!(src, "    if (k0 + {DEPTH}u < k_hi) {{");
+        gather(&mut src, &format!("k0 + {DEPTH}u"));
+        src.push_str("    }\n");
+    }
     let _ = writeln!(src, "    for (var kk = 0u; kk < {DEPTH}u; kk = kk + 1u) {{");
-    for i in 0..pt {
+    for v in 0..pt / 4 {
         let _ = writeln!(
             src,
-            "      let a{i} = ta[kk * {row_a}u + tr + {}u]; let b{i} = tb[kk * {tn}u + tc + {}u];",
-            rs * i,
-            cs * i
+            "      let va{v} = ta[kk * {} + tr * {} + {v}u]; let vb{v} = tb[kk * {} + tc * {} + {v}u];",
+            format_args!("{}u", row_a / 4),
+            format_args!("{}u", pt / 4),
+            format_args!("{}u", tn / 4),
+            format_args!("{}u", pt / 4),
         );
     }
     for i in 0..pt {
         let line: Vec<String> = (0..pt)
             .map(|j| {
                 let c = format!("c{i}_{j}");
-                format!(
-                    "{c} = {};",
-                    madd(acc, &c, &format!("a{i}"), &format!("b{j}"))
-                )
+                let a = format!("va{}[{}]", i / 4, i % 4);
+                let b = format!("vb{}[{}]", j / 4, j % 4);
+                format!("{c} = {};", madd(acc, &c, &a, &b))
             })
             .collect();
         let _ = writeln!(src, "      {}", line.join(" "));
@@ -292,8 +358,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     for i in 0..pt {
         let _ = writeln!(
             src,
-            "  {{ let r = by * {tm}u + tr + {}u;\n    if (r < m) {{",
-            rs * i
+            "  {{ let r = by * {tm}u + tr * {pt}u + {i}u;\n    if (r < m) {{"
         );
         let _ = match sig.pass {
             ConvPass::Forward => writeln!(
@@ -324,8 +389,7 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             };
             let _ = writeln!(
                 src,
-                "      {{ let col = bx * {tn}u + tc + {}u; if (col < ncols) {{ {} }} }}",
-                cs * j,
+                "      {{ let col = bx * {tn}u + tc * {pt}u + {j}u; if (col < ncols) {{ {} }} }}",
                 store(out_d, "b0", idx, &value, caps)
             );
         }

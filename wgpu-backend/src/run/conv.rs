@@ -8,7 +8,7 @@ use crate::render::conv::{ConvSig, PARAM_WORDS};
 use crate::WgpuBackend;
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
+use strata_core::lower::conv_plan::{division_magic, ConvDims, ConvPlan};
 use strata_core::lower::pieces::{window, Piece, Window};
 use strata_core::{Backend, DType, Error, Result};
 
@@ -94,6 +94,8 @@ impl WgpuBackend {
             tile: plan.tile,
             unit_stride: geometry.stride == [1, 1],
             sum_partials: false,
+            fast_division: dims.fits_32_bits(groups, plan.partials)
+                && std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64"),
         };
         let filter = pass == ConvPass::BackwardFilter;
         let weight = dims.o * (dims.c / groups) * dims.kh * dims.kw;
@@ -137,6 +139,14 @@ impl WgpuBackend {
             params[23] = plan.per_split as u32;
             params[24] = (piece.first / plan.per_split) as u32;
             params[25] = u32::from(piece.accumulate);
+            for (k, by) in [dims.kh * dims.kw, dims.kw, dims.oh * dims.ow, dims.ow]
+                .into_iter()
+                .enumerate()
+            {
+                let [m, s] = division_magic(by);
+                params[26 + 2 * k] = m;
+                params[27 + 2 * k] = s;
+            }
             let [tm, tn] = plan.tile;
             let tiles = m.div_ceil(tm) * n.div_ceil(tn) * groups * piece.splits;
             steps.push(Step::Dispatch(Dispatch {
