@@ -721,22 +721,19 @@ mod tests {
                     DType::F32 => &strata_core::lower::conv_plan::TILES[..],
                     _ => &strata_core::lower::conv_plan::TILES[..1],
                 };
-                let strides: &[bool] = match pass {
-                    ConvPass::BackwardData => &[false, true],
-                    _ => &[false],
-                };
-                for (&tile, &unit_stride) in tiles
+                // 32-bit indices; the first tile with 64-bit ones too.
+                for (&tile, narrow) in tiles
                     .iter()
-                    .flat_map(|t| strides.iter().map(move |u| (t, u)))
+                    .map(|t| (t, true))
+                    .chain(std::iter::once((&tiles[0], false)))
                 {
-                    // 32-bit indices; the first tile with 64-bit ones too.
-                    let narrow = tile != tiles[0] || unit_stride;
                     let sig = ConvSig {
                         pass,
                         dtype,
                         tile,
-                        unit_stride,
                         narrow,
+                        // (Backward data's strided phases with 32-bit indices.)
+                        strided: pass == ConvPass::BackwardData && narrow,
                     };
                     let src = sig.render().unwrap().source;
                     let image = compiler

@@ -6,8 +6,13 @@
 //! | pass | rows | columns | depth | A (gathered) | B |
 //! |---|---|---|---|---|---|
 //! | forward | samples·OH·OW | O/g | C/g·kH·kW | `x` at each tap | `w` |
-//! | backward data | samples·H·W | C/g | O/g·kH·kW | `dy` where the stride lands | `w` |
+//! | backward data, per stride phase | samples·⌈H/s⌉·⌈W/s⌉ | C/g | O/g·(the phase's taps) | `dy` | `w` |
 //! | backward filter | O/g | C/g·kH·kW | samples·OH·OW | `dy` | `x` at each tap |
+//!
+//! Backward data runs one product per stride phase ([`ConvPhase`]): the input pixels
+//! `(ph + s0·i, pw + s1·j)` and only the taps whose windows land on them, so no gather tests
+//! whether the stride lands (a stride-2 7×7 backward data did three tests in four for
+//! nothing) and every term read is a term of the sum.
 //!
 //! The batch splits into pieces whose operands fit one binding (`Target::binding_limit`).
 //! Backward filter's depth runs over the samples, so its product has few outputs and a long
@@ -279,12 +284,22 @@ impl ConvPlan {
 }
 
 impl ConvPlan {
-    /// The first 19 launch words both renderers read for `piece`: its product's rows, columns
-    /// and depth, its samples, C, H, W, O, kH, kW, OH, OW, the groups, then stride, padding
-    /// and dilation (height, width).
-    pub fn launch_words(&self, pass: ConvPass, g: &ConvGeometry, piece: &ConvPiece) -> [usize; 19] {
+    /// The first 19 launch words both renderers read for `piece` (of backward data: of its
+    /// stride `phase`): its product's rows, columns and depth, its samples, C, H, W, O, kH,
+    /// kW, OH, OW, the groups, then stride, padding and dilation (height, width).
+    pub fn launch_words(
+        &self,
+        pass: ConvPass,
+        g: &ConvGeometry,
+        piece: &ConvPiece,
+        phase: Option<&ConvPhase>,
+    ) -> [usize; 19] {
         let (dims, groups) = (self.dims, g.groups.max(1));
-        let [m, n, k] = dims.gemm(pass, groups, piece.samples);
+        let [mut m, n, mut k] = dims.gemm(pass, groups, piece.samples);
+        if let Some(p) = phase {
+            m = piece.samples * p.extent[0] * p.extent[1];
+            k = dims.o / groups * p.taps[0] * p.taps[1];
+        }
         [
             m,
             n,
@@ -346,6 +361,127 @@ pub fn division_magic(d: usize) -> [u32; 2] {
     [m as u32, 31 + l]
 }
 
+/// One stride phase of backward data: the input pixels `(ph + s0·i, pw + s1·j)`, `i < rows`,
+/// `j < cols`, and along each axis the taps `first + step·t`, `t < taps`, whose windows land on
+/// them — those with `(ph + p0 − r·d0)` a multiple of `s0` — each reading output row
+/// `i + base − t·advance`. Stride 1 is one phase of every tap.
+///
+/// ```
+/// use strata_core::ir::ConvGeometry;
+/// use strata_core::lower::conv_plan::{phases, ConvDims};
+/// // 7×7, stride 2, padding 3 over 224²: four phases of 3×3, 3×4, 4×3 and 4×4 taps. Even
+/// // pixels take the odd taps (1, 3, 5), the first reading output row i + 1.
+/// let g = ConvGeometry { stride: [2, 2], padding: [3, 3], dilation: [1, 1], groups: 1 };
+/// let d = ConvDims { n: 1, c: 3, h: 224, w: 224, o: 64, kh: 7, kw: 7, oh: 112, ow: 112 };
+/// let p = phases(&g, &d);
+/// assert_eq!(p.len(), 4);
+/// assert_eq!((p[0].pixel, p[0].extent, p[0].taps), ([0, 0], [112, 112], [3, 3]));
+/// assert_eq!((p[0].first, p[0].step, p[0].base, p[0].advance), ([1, 1], [2, 2], [1, 1], [1, 1]));
+/// assert_eq!((p[3].pixel, p[3].taps, p[3].first, p[3].base), ([1, 1], [4, 4], [0, 0], [2, 2]));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConvPhase {
+    /// The phase's first input pixel (height, width).
+    pub pixel: [usize; 2],
+    /// Its pixels along each axis.
+    pub extent: [usize; 2],
+    /// Its taps along each axis (0: none land, its pixels' gradient is 0).
+    pub taps: [usize; 2],
+    /// The first tap.
+    pub first: [usize; 2],
+    /// Between taps.
+    pub step: [usize; 2],
+    /// The output row (column) the first tap reads for pixel `i = 0`.
+    pub base: [isize; 2],
+    /// How far back each further tap reads.
+    pub advance: [usize; 2],
+}
+
+impl ConvPhase {
+    /// The 14 words both renderers read after the others: the first pixel, the extent, the
+    /// taps, the first tap, the step, the base and the advance, each height then width.
+    pub fn words(&self) -> [i64; 14] {
+        let u = |v: [usize; 2]| v.map(|x| x as i64);
+        let [a, b, c, d, e, f, h] = [
+            u(self.pixel),
+            u(self.extent),
+            u(self.taps),
+            u(self.first),
+            u(self.step),
+            self.base.map(|x| x as i64),
+            u(self.advance),
+        ];
+        [
+            a[0], a[1], b[0], b[1], c[0], c[1], d[0], d[1], e[0], e[1], f[0], f[1], h[0], h[1],
+        ]
+    }
+
+    /// The divisors a gather divides a depth by: all the phase's taps, then its taps along
+    /// the width.
+    pub fn tap_divisors(&self) -> [usize; 2] {
+        [self.taps[0] * self.taps[1], self.taps[1]]
+    }
+}
+
+/// The stride phases of backward data over `dims` (see [`ConvPhase`]), height-major.
+pub fn phases(g: &ConvGeometry, dims: &ConvDims) -> Vec<ConvPhase> {
+    // Along one axis: (pixel, extent, taps, first, step, base, advance) of each phase.
+    let axis = |a: usize,
+                size: usize,
+                k: usize|
+     -> Vec<(usize, usize, usize, usize, usize, isize, usize)> {
+        let (s, p, d) = (
+            g.stride[a].max(1),
+            g.padding[a] as isize,
+            g.dilation[a].max(1),
+        );
+        // The taps that land on a pixel repeat every `step` (d·step is a multiple of s).
+        let step = s / gcd(s, d);
+        (0..s.min(size).max(1))
+            .map(|ph| {
+                let extent = size.saturating_sub(ph).div_ceil(s);
+                let reach = |r: usize| ph as isize + p - (r * d) as isize;
+                match (0..k.min(step)).find(|&r| reach(r).rem_euclid(s as isize) == 0) {
+                    Some(r0) => (
+                        ph,
+                        extent,
+                        (k - 1 - r0) / step + 1,
+                        r0,
+                        step,
+                        reach(r0).div_euclid(s as isize),
+                        step * d / s,
+                    ),
+                    None => (ph, extent, 0, 0, step, 0, 0),
+                }
+            })
+            .collect()
+    };
+    let (rows, cols) = (axis(0, dims.h, dims.kh), axis(1, dims.w, dims.kw));
+    let mut out = Vec::with_capacity(rows.len() * cols.len());
+    for r in &rows {
+        for c in &cols {
+            out.push(ConvPhase {
+                pixel: [r.0, c.0],
+                extent: [r.1, c.1],
+                taps: [r.2, c.2],
+                first: [r.3, c.3],
+                step: [r.4, c.4],
+                base: [r.5, c.5],
+                advance: [r.6, c.6],
+            });
+        }
+    }
+    out
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
 /// The tile `STRATA_CONV_TILE` names (`128x128`: one of [`TILES`]), which every convolution
 /// then takes: the tests run each tile on small shapes, whose own choice is the smallest.
 fn forced_tile() -> Option<[usize; 2]> {
@@ -390,6 +526,65 @@ mod tests {
             padding: [1, 1],
             dilation: [1, 1],
             groups: 1,
+        }
+    }
+
+    #[test]
+    fn stride_phases_take_exactly_the_taps_that_land() {
+        // Against the definition: pixel h takes tap r where (h + p - r·d) is a multiple of s,
+        // reading output row (h + p - r·d) / s.
+        for (s, p, d, k, h) in [
+            (1, 1, 1, 3, 5),
+            (2, 3, 1, 7, 9),
+            (3, 0, 2, 3, 8),
+            (2, 1, 2, 3, 6),
+            (4, 2, 3, 5, 11),
+        ] {
+            let g = ConvGeometry {
+                stride: [s, 1],
+                padding: [p, 0],
+                dilation: [d, 1],
+                groups: 1,
+            };
+            let dims = ConvDims {
+                n: 1,
+                c: 1,
+                h,
+                w: 1,
+                o: 1,
+                kh: k,
+                kw: 1,
+                oh: 64,
+                ow: 1,
+            };
+            let mut seen = 0;
+            for ph in phases(&g, &dims) {
+                for i in 0..ph.extent[0] {
+                    let pixel = ph.pixel[0] + s * i;
+                    let got: Vec<(usize, isize)> = (0..ph.taps[0])
+                        .map(|t| {
+                            let r = ph.first[0] + ph.step[0] * t;
+                            (r, i as isize + ph.base[0] - (t * ph.advance[0]) as isize)
+                        })
+                        .collect();
+                    let want: Vec<(usize, isize)> = (0..k)
+                        .filter(|r| {
+                            (pixel as isize + p as isize - (r * d) as isize).rem_euclid(s as isize)
+                                == 0
+                        })
+                        .map(|r| {
+                            (
+                                r,
+                                (pixel as isize + p as isize - (r * d) as isize)
+                                    .div_euclid(s as isize),
+                            )
+                        })
+                        .collect();
+                    assert_eq!(got, want, "s {s} p {p} d {d} k {k} pixel {pixel}");
+                    seen += 1;
+                }
+            }
+            assert_eq!(seen, h, "every pixel in one phase");
         }
     }
 

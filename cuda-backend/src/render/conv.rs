@@ -31,11 +31,12 @@ pub(crate) struct ConvSig {
     pub dtype: DType,
     /// The tile (rows, columns) of the plan.
     pub tile: [usize; 2],
-    /// Stride 1 both ways: backward data reads `dy` without dividing by the stride.
-    pub unit_stride: bool,
     /// Every index fits 32 bits with room to spare ([`fits_32_bits`]): `int` arithmetic, and
     /// the gathers' divisions by a multiply and a shift; else `i64` and divisions.
     pub narrow: bool,
+    /// Backward data with a stride above 1: its phases take every `SH`-th tap from `FH` (at
+    /// stride 1 the one phase takes them all, and B's depth is the tap itself).
+    pub strided: bool,
 }
 
 impl strata_core::kernel_cache::Owned for ConvSig {}
@@ -76,9 +77,13 @@ pub(crate) fn acc_of(dtype: DType) -> DType {
 /// W, O, kH, kW, OH, OW, [12] groups, [13..19] stride, padding and dilation (height, width),
 /// [19..22] the output (backward filter: its partials), A and B, [22] ranges (backward
 /// filter; else 1), [23] samples a range, [24] the first range's partial, [25] 1: add to the
-/// partials, [26..34] the multiplier and shift that divide by kH·kW, kW, OH·OW and OW
-/// ([`division_magic`]; read with 32-bit indices).
-pub(crate) const WORDS: usize = 34;
+/// partials, [26..34] the multiplier and shift that divide by kH·kW (backward data: the
+/// phase's taps), kW (its taps along the width), OH·OW and OW ([`division_magic`]; read with
+/// 32-bit indices), [34..48] backward data's stride phase ([`ConvPhase::words`]).
+///
+/// [`division_magic`]: strata_core::lower::conv_plan::division_magic
+/// [`ConvPhase::words`]: strata_core::lower::conv_plan::ConvPhase::words
+pub(crate) const WORDS: usize = 48;
 
 /// The CUDA C source of `strata_conv` for `sig`.
 pub(crate) fn source(sig: &ConvSig) -> String {
@@ -128,6 +133,14 @@ pub(crate) fn source(sig: &ConvSig) -> String {
   const {st}* B = (const {st}*)p.w[21];
   const {ix} KK = KH * KW, HW = H * W, OHW = OH * OW, cg = C / groups, og = O / groups;
   const unsigned mKK = p.w[26], sKK = p.w[27], mKW = p.w[28], sKW = p.w[29];
+  // Backward data's stride phase: its pixels (ph + s0·i, pw + s1·j), i < PH, j < PW, and
+  // taps (TH × TW of them, the first FH, FW, then every SH, SW), reading output row
+  // i + BH − t·AH (column j + BW − u·AW).
+  const {ix} ph = (i64)p.w[34], pw = (i64)p.w[35], PH = (i64)p.w[36], PW = (i64)p.w[37];
+  const {ix} TW = (i64)p.w[39], FH = (i64)p.w[40], FW = (i64)p.w[41];
+  const {ix} SH = (i64)p.w[42], SW = (i64)p.w[43], BH = (i64)p.w[44], BW = (i64)p.w[45];
+  const {ix} AH = (i64)p.w[46], AW = (i64)p.w[47], TK = (i64)p.w[38] * TW, PHW = PH * PW;
+  const unsigned mTK = mKK, sTK = sKK, mTW = mKW, sTW = sKW; // (words 26..30 divide by these)
   const unsigned mOHW = p.w[30], sOHW = p.w[31], mOW = p.w[32], sOW = p.w[33];
   const i64 tiles_n = ((i64)ncols + {tn1}) / {tn}, tiles_m = ((i64)m + {tm1}) / {tm};
   const i64 g = blockIdx.x;
@@ -172,10 +185,12 @@ pub(crate) fn source(sig: &ConvSig) -> String {
             quot("pq", "OW"),
         ),
         // A row is an input pixel (n, h, w): the output pixels whose windows reach it.
+        // A row is an input pixel (n, ph + s0·i, pw + s1·j) of the phase: the output pixels
+        // whose windows reach it.
         ConvPass::BackwardData => writeln!(
             s,
-            "    const {ix} n = r / HW, hw = r % HW;
-    abase[q] = (n * O + grp * og) * OHW; ah[q] = hw / W + p0; aw[q] = hw % W + p1;"
+            "    const {ix} n = r / PHW, ij = r - n * PHW, i = ij / PW;
+    abase[q] = (n * O + grp * og) * OHW; ah[q] = i + BH; aw[q] = ij - i * PW + BW;"
         ),
         // A row is an output channel of the group.
         ConvPass::BackwardFilter => writeln!(
@@ -215,30 +230,21 @@ pub(crate) fn source(sig: &ConvSig) -> String {
                 );
             }
             ConvPass::BackwardData => {
-                // The output pixel whose window's tap lands on the row's input pixel.
-                let (p, q) = if sig.unit_stride {
-                    ("th", "tw")
-                } else {
-                    ("(th / s0)", "(tw / s1)")
-                };
+                // The phase's tap (t, u) of output channel `ko`: output pixel (i + BH − t·AH,
+                // j + BW − u·AW).
                 let _ = writeln!(
                     g,
-                    "    const {ix} ko = {}, ktap = ka - ko * KK, kr = {};
-    const {ix} kdh = kr * d0, kdw = (ktap - kr * KW) * d1;
+                    "    const {ix} ko = {}, ktap = ka - ko * TK, kt = {};
+    const {ix} kdh = kt * AH, kdw = (ktap - kt * TW) * AW;
 #pragma unroll
     for (int q = 0; q < {qa}; q++) {{
       const {ix} th = ah[q] - kdh, tw = aw[q] - kdw;
-      const bool in = av[q] && kin && th >= 0 && tw >= 0{lands} && {p} < OH && {q} < OW;
+      const bool in = av[q] && kin && th >= 0 && tw >= 0 && th < OH && tw < OW;
       ra[q] = in ? {} : ({at})0;
     }}",
-                    quot("ka", "KK"),
-                    quot("ktap", "KW"),
-                    load("A", &format!("abase[q] + ko * OHW + {p} * OW + {q}")),
-                    lands = if sig.unit_stride {
-                        ""
-                    } else {
-                        " && th % s0 == 0 && tw % s1 == 0"
-                    },
+                    quot("ka", "TK"),
+                    quot("ktap", "TW"),
+                    load("A", "abase[q] + ko * OHW + th * OW + tw"),
                 );
             }
             ConvPass::BackwardFilter => {
@@ -263,11 +269,20 @@ pub(crate) fn source(sig: &ConvSig) -> String {
                 "      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
                 load("B", "(grp * og + bcol) * kdim + kb")
             ),
+            ConvPass::BackwardData if sig.strided => writeln!(
+                g,
+                "      const {ix} bo = {}, bt = kb - bo * TK, btt = {};
+      const {ix} kr = FH + btt * SH, kq = FW + (bt - btt * TW) * SW;
+      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
+                quot("kb", "TK"),
+                quot("bt", "TW"),
+                load("B", "((grp * og + bo) * cg + bcol) * KK + kr * KW + kq")
+            ),
             ConvPass::BackwardData => writeln!(
                 g,
                 "      const {ix} bo = {};\n      rb[q] = (bv && kb < k_hi) ? {} : ({at})0;",
-                quot("kb", "KK"),
-                load("B", "((grp * og + bo) * cg + bcol) * KK + (kb - bo * KK)")
+                quot("kb", "TK"),
+                load("B", "((grp * og + bo) * cg + bcol) * KK + (kb - bo * TK)")
             ),
             ConvPass::BackwardFilter => writeln!(
                 g,
@@ -292,6 +307,7 @@ pub(crate) fn source(sig: &ConvSig) -> String {
 #pragma unroll
     for (int j = 0; j < {pt}; j++) c[i][j] = 0;
   {at} ra[{qa}], rb[{qb}];
+  if (k_lo < k_hi)
 {first}  for ({ix} k0 = k_lo; k0 < k_hi; k0 += {DEPTH}) {{
 #pragma unroll
     for (int q = 0; q < {qa}; q++) ta[akk][lid / {DEPTH} + 16 * q] = ra[q];
@@ -333,7 +349,10 @@ pub(crate) fn source(sig: &ConvSig) -> String {
     );
     let (rbase, step) = match sig.pass {
         ConvPass::Forward => ("((r / OHW) * O + grp * og) * OHW + r % OHW", "OHW"),
-        ConvPass::BackwardData => ("((r / HW) * C + grp * cg) * HW + r % HW", "HW"),
+        ConvPass::BackwardData => (
+            "((r / PHW) * C + grp * cg) * HW + (ph + s0 * ((r % PHW) / PW)) * W + pw + s1 * ((r % PHW) % PW)",
+            "HW",
+        ),
         ConvPass::BackwardFilter => ("(((i64)p.w[24] + split) * O + grp * og + r) * ncols", "1"),
     };
     let value = if filter {

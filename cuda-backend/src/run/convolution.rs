@@ -9,7 +9,7 @@ use crate::launch::{Args, Launch};
 use crate::render::conv::{acc_of, ConvSig, ConvSumSig};
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{division_magic, ConvDims, ConvPlan};
+use strata_core::lower::conv_plan::{division_magic, phases, ConvDims, ConvPlan};
 use strata_core::target::Target;
 use strata_core::{Error, Result};
 
@@ -126,11 +126,24 @@ fn implicit_gemm(
             bytes: plan.partials * weight * acc.itemsize(),
         });
     }
-    for piece in &plan.pieces {
-        let [m, n, _] = dims.gemm(pass, groups, piece.samples);
+    // Backward data: one product per stride phase (a single one at stride 1).
+    let phases = match pass {
+        ConvPass::BackwardData => phases(geometry, &dims).into_iter().map(Some).collect(),
+        _ => vec![None],
+    };
+    for (piece, phase) in plan
+        .pieces
+        .iter()
+        .flat_map(|p| phases.iter().map(move |ph| (p, ph.as_ref())))
+    {
+        let lw = plan.launch_words(pass, geometry, piece, phase);
+        let (m, n) = (lw[0], lw[1]);
+        if m == 0 {
+            continue;
+        }
         let at = |base: u64, k: usize| base + piece.first as u64 * per_sample(k);
         let mut words = Args::new();
-        for v in plan.launch_words(pass, geometry, piece) {
+        for v in lw {
             words.push(v as u64);
         }
         // The output (backward filter: the partials, an offset into scratch buffer 0).
@@ -141,10 +154,14 @@ fn implicit_gemm(
         words.push(plan.per_split as u64);
         words.push((piece.first / plan.per_split) as u64);
         words.push(u64::from(piece.accumulate));
-        for by in [dims.kh * dims.kw, dims.kw, dims.oh * dims.ow, dims.ow] {
+        let [taps, across] = phase.map_or([dims.kh * dims.kw, dims.kw], |p| p.tap_divisors());
+        for by in [taps, across, dims.oh * dims.ow, dims.ow] {
             let [m, s] = division_magic(by);
             words.push(u64::from(m));
             words.push(u64::from(s));
+        }
+        for v in phase.map_or([0; 14], |p| p.words()) {
+            words.push(v as u64);
         }
         let [tm, tn] = plan.tile;
         let blocks = m.div_ceil(tm) * n.div_ceil(tn) * groups * piece.splits;
@@ -163,8 +180,8 @@ fn implicit_gemm(
                 pass,
                 dtype,
                 tile: plan.tile,
-                unit_stride: geometry.stride == [1, 1],
                 narrow,
+                strided: pass == ConvPass::BackwardData && geometry.stride != [1, 1],
             }),
             launch,
         });

@@ -719,16 +719,16 @@ fn convolution_variants_validate() {
             ConvPass::BackwardFilter,
         ] {
             for tile in strata_core::lower::conv_plan::TILES {
-                for (sum_partials, unit_stride) in [(false, false), (false, true), (true, false)] {
+                for (sum_partials, fast_division) in [(false, false), (false, true), (true, false)]
+                {
                     let sig = conv::ConvSig {
                         pass,
                         dtype: d,
                         acc,
                         tile,
-                        unit_stride,
                         sum_partials,
-                        // Divisions by a multiply and a shift; WGSL's in the unit-stride ones.
-                        fast_division: !unit_stride,
+                        fast_division,
+                        strided: pass == ConvPass::BackwardData && fast_division,
                     };
                     for (caps, targets) in caps_for(&[d]) {
                         check(&conv::source(&sig, caps), targets);

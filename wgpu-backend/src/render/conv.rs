@@ -32,13 +32,14 @@ pub(crate) struct ConvSig {
     pub acc: DType,
     /// The tile (rows, columns) of the plan.
     pub tile: [usize; 2],
-    /// Stride 1 both ways: backward data reads `dy` without dividing by the stride.
-    pub unit_stride: bool,
     /// The kernel that sums backward filter's partial products into the output.
     pub sum_partials: bool,
     /// The gathers divide by a multiply and a shift (every index below 2^31 with room to
     /// spare: `ConvDims::fits_32_bits`); else by WGSL's division.
     pub fast_division: bool,
+    /// Backward data with a stride above 1: its phases take every `SH`-th tap from `FH` (at
+    /// stride 1 the one phase takes them all, and B's depth is the tap itself).
+    pub strided: bool,
 }
 
 impl strata_core::kernel_cache::Owned for ConvSig {}
@@ -48,9 +49,11 @@ impl strata_core::kernel_cache::Owned for ConvSig {}
 /// dilation (height, width), [19..22] offsets of the output and of inputs A and B,
 /// [22] ranges (backward filter; else 1), [23] samples a range, [24] the first range's
 /// partial, [25] 1: add to the partials, [26..34] the multiplier and shift that divide by
-/// kH·kW, kW, OH·OW and OW (`conv_plan::division_magic`).
+/// kH·kW (backward data: the phase's taps), kW (its taps along the width), OH·OW and OW
+/// (`conv_plan::division_magic`), [34..48] backward data's stride phase
+/// (`ConvPhase::words`, the base as `i32` bits).
 /// Summing partials: [0] elements of the output, [1] partials, [2] output offset.
-pub(crate) const PARAM_WORDS: usize = 34;
+pub(crate) const PARAM_WORDS: usize = 48;
 
 /// The WGSL source of a convolution dispatch (bindings: 0 the output or the partials, 1 A,
 /// 2 B; summing: 0 the output, 1 the partials).
@@ -113,6 +116,16 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
   let off_o = params[19]; let off_a = params[20]; let off_b = params[21];
   let mKK = params[26]; let sKK = params[27]; let mKW = params[28]; let sKW = params[29];
   let mOHW = params[30]; let sOHW = params[31]; let mOW = params[32]; let sOW = params[33];
+  // Backward data's stride phase: its pixels (ph + s0·i, pw + s1·j), i < PH, j < PW, and
+  // taps (TH × TW of them, the first FH, FW, then every SH, SW), reading output row
+  // i + BH − t·AH (column j + BW − u·AW).
+  let ph = params[34]; let pw = params[35]; let PH = params[36]; let PW = params[37];
+  let TW = params[39]; let FH = params[40]; let FW = params[41];
+  let SH = params[42]; let SW = params[43];
+  let BH = bitcast<i32>(params[44]); let BW = bitcast<i32>(params[45]);
+  let AH = i32(params[46]); let AW = i32(params[47]);
+  let TK = params[38] * TW; let PHW = PH * PW;
+  let mTK = mKK; let sTK = sKK; let mTW = mKW; let sTW = sKW;
   let KK = KH * KW; let HW = H * W; let OHW = OH * OW;
   let cg = C / groups; let og = O / groups;
   let g = wg.y * nwg.x + wg.x;
@@ -151,13 +164,14 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                 quot(&format!("ar{q}"), "OHW"),
                 quot(&format!("apq{q}"), "OW"),
             ),
-            // A row is an input pixel (n, h, w): the output pixels whose windows reach it.
+            // A row is an input pixel (n, ph + s0·i, pw + s1·j) of the phase: the output
+            // pixels whose windows reach it.
             ConvPass::BackwardData => writeln!(
                 src,
                 "  let ar{q} = {r}; let av{q} = ar{q} < m;
-  let an{q} = ar{q} / HW; let ahw{q} = ar{q} % HW;
+  let an{q} = ar{q} / PHW; let aij{q} = ar{q} % PHW;
   let abase{q} = (an{q} * O + grp * og) * OHW;
-  let ah{q} = i32(ahw{q} / W) + p0; let aw{q} = i32(ahw{q} % W) + p1;"
+  let ah{q} = i32(aij{q} / PW) + BH; let aw{q} = i32(aij{q} % PW) + BW;"
             ),
             // A row is an output channel of the group.
             ConvPass::BackwardFilter => writeln!(
@@ -200,13 +214,24 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     let gather = |src: &mut String, k: &str| {
         let _ = writeln!(src, "    {{ let ka = {k} + akk; let kin = ka < k_hi;");
         match sig.pass {
-            ConvPass::Forward | ConvPass::BackwardData => {
+            ConvPass::Forward => {
                 let _ = writeln!(
                     src,
                     "    let kc = {}; let ktap = ka - kc * KK; let kr = {};
     let kdh = i32(kr) * d0; let kdw = i32(ktap - kr * KW) * d1;",
                     quot("ka", "KK"),
                     quot("ktap", "KW"),
+                );
+            }
+            // The phase's tap (t, u) of output channel `kc`: output pixel (i + BH − t·AH,
+            // j + BW − u·AW).
+            ConvPass::BackwardData => {
+                let _ = writeln!(
+                    src,
+                    "    let kc = {}; let ktap = ka - kc * TK; let kt = {};
+    let kdh = i32(kt) * AH; let kdw = i32(ktap - kt * TW) * AW;",
+                    quot("ka", "TK"),
+                    quot("ktap", "TW"),
                 );
             }
             ConvPass::BackwardFilter => {
@@ -232,23 +257,15 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                 }
             }
             ConvPass::BackwardData => {
-                // The output pixel whose window's tap lands on the row's input pixel.
-                let (ph, pw, lands) = if sig.unit_stride {
-                    ("u32(th)", "u32(tw)", "")
-                } else {
-                    (
-                        "u32(th / s0)",
-                        "u32(tw / s1)",
-                        " && th % s0 == 0 && tw % s1 == 0",
-                    )
-                };
                 for q in 0..qa {
                     let _ = writeln!(
                         src,
                         "    {{ let th = ah{q} - kdh; let tw = aw{q} - kdw; ra{q} = {zero};
-      if (av{q} && kin && th >= 0 && tw >= 0{lands} && {ph} < OH && {pw} < OW) {{
+      if (av{q} && kin && th >= 0 && tw >= 0 && th < i32(OH) && tw < i32(OW)) {{
         ra{q} = {}; }} }}",
-                        a_value(&format!("off_a + abase{q} + kc * OHW + {ph} * OW + {pw}"))
+                        a_value(&format!(
+                            "off_a + abase{q} + kc * OHW + u32(th) * OW + u32(tw)"
+                        ))
                     );
                 }
             }
@@ -275,11 +292,20 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
                     "      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
                     b_value("off_b + (grp * og + bcol) * kdim + kb")
                 ),
+                ConvPass::BackwardData if sig.strided => writeln!(
+                    src,
+                    "      let bo = {}; let bt = kb - bo * TK; let btt = {};
+      let kr = FH + btt * SH; let kq = FW + (bt - btt * TW) * SW;
+      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
+                    quot("kb", "TK"),
+                    quot("bt", "TW"),
+                    b_value("off_b + ((grp * og + bo) * cg + bcol) * KK + kr * KW + kq")
+                ),
                 ConvPass::BackwardData => writeln!(
                     src,
                     "      let bo = {};\n      if (bv && kb < k_hi) {{ rb{q} = {}; }} }}",
-                    quot("kb", "KK"),
-                    b_value("off_b + ((grp * og + bo) * cg + bcol) * KK + kb - bo * KK")
+                    quot("kb", "TK"),
+                    b_value("off_b + ((grp * og + bo) * cg + bcol) * KK + kb - bo * TK")
                 ),
                 ConvPass::BackwardFilter => writeln!(
                     src,
@@ -302,7 +328,9 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
     // through NVIDIA's driver (177 ms against 110; the 256×64 tile's forward gained 14%).
     let prefetch = sig.tile != [256, 16];
     if prefetch {
+        src.push_str("  if (k_lo < k_hi) {\n");
         gather(&mut src, "k_lo");
+        src.push_str("  }\n");
     }
     let _ = writeln!(
         src,
@@ -367,7 +395,8 @@ pub(crate) fn source(sig: &ConvSig, caps: Caps) -> String {
             ),
             ConvPass::BackwardData => writeln!(
                 src,
-                "      let rbase = off_o + ((r / HW) * C + grp * cg) * HW + r % HW;"
+                "      let rij = r % PHW;
+      let rbase = off_o + ((r / PHW) * C + grp * cg) * HW + (ph + u32(s0) * (rij / PW)) * W + pw + u32(s1) * (rij % PW);"
             ),
             ConvPass::BackwardFilter => writeln!(
                 src,

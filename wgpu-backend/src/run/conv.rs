@@ -8,7 +8,7 @@ use crate::render::conv::{ConvSig, PARAM_WORDS};
 use crate::WgpuBackend;
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{division_magic, ConvDims, ConvPlan};
+use strata_core::lower::conv_plan::{division_magic, phases, ConvDims, ConvPlan};
 use strata_core::lower::pieces::{window, Piece, Window};
 use strata_core::{Backend, DType, Error, Result};
 
@@ -92,8 +92,8 @@ impl WgpuBackend {
             dtype,
             acc,
             tile: plan.tile,
-            unit_stride: geometry.stride == [1, 1],
             sum_partials: false,
+            strided: pass == ConvPass::BackwardData && geometry.stride != [1, 1],
             fast_division: dims.fits_32_bits(groups, plan.partials)
                 && std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64"),
         };
@@ -105,13 +105,23 @@ impl WgpuBackend {
                 bytes: plan.partials * weight * acc.itemsize(),
             });
         }
-        for piece in &plan.pieces {
-            let [m, n, _] = dims.gemm(pass, groups, piece.samples);
+        // Backward data: one product per stride phase (a single one at stride 1).
+        let phases = match pass {
+            ConvPass::BackwardData => phases(geometry, &dims).into_iter().map(Some).collect(),
+            _ => vec![None],
+        };
+        for (piece, phase) in plan
+            .pieces
+            .iter()
+            .flat_map(|p| phases.iter().map(move |ph| (p, ph.as_ref())))
+        {
+            let lw = plan.launch_words(pass, geometry, piece, phase);
+            let (m, n) = (lw[0], lw[1]);
+            if m == 0 {
+                continue;
+            }
             let mut params = vec![0u32; PARAM_WORDS];
-            for (p, w) in params
-                .iter_mut()
-                .zip(plan.launch_words(pass, geometry, piece))
-            {
+            for (p, w) in params.iter_mut().zip(lw) {
                 *p = u32::try_from(w).map_err(|_| {
                     Error::Unsupported(format!(
                         "wgpu: a {} with a size of {w} (over 32 bits)",
@@ -139,13 +149,17 @@ impl WgpuBackend {
             params[23] = plan.per_split as u32;
             params[24] = (piece.first / plan.per_split) as u32;
             params[25] = u32::from(piece.accumulate);
-            for (k, by) in [dims.kh * dims.kw, dims.kw, dims.oh * dims.ow, dims.ow]
+            let [taps, across] = phase.map_or([dims.kh * dims.kw, dims.kw], |p| p.tap_divisors());
+            for (k, by) in [taps, across, dims.oh * dims.ow, dims.ow]
                 .into_iter()
                 .enumerate()
             {
                 let [m, s] = division_magic(by);
                 params[26 + 2 * k] = m;
                 params[27 + 2 * k] = s;
+            }
+            for (k, v) in phase.map_or([0; 14], |p| p.words()).into_iter().enumerate() {
+                params[34 + k] = v as i32 as u32;
             }
             let [tm, tn] = plan.tile;
             let tiles = m.div_ceil(tm) * n.div_ceil(tn) * groups * piece.splits;
