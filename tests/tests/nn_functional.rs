@@ -773,7 +773,7 @@ test_device!(
     windows
 );
 
-/// Each convolution pass is one kernel (cuDNN on CUDA, or strata's own implicit GEMM without
+/// Each convolution pass of stride 1 is one kernel (cuDNN on CUDA, or strata's own implicit GEMM without
 /// it, `STRATA_CUDNN=0`; implicit GEMM on wgpu; the CPU's loops), gathering its taps as it goes
 /// (no im2col copy, no matmul per tap); values and both gradients against the host. Under a small binding cap
 /// (`STRATA_WGPU_MAX_BINDING=1536`, scripts/test.sh) wgpu runs it in pieces of one sample,
