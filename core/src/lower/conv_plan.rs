@@ -284,6 +284,50 @@ impl ConvPlan {
 }
 
 impl ConvPlan {
+    /// Every launch of `pass`, in order: each piece, and for backward data each of its stride
+    /// phases ([`phases`]); launches of no rows (an empty batch) left out.
+    ///
+    /// ```
+    /// use strata_core::ir::{ConvGeometry, ConvPass};
+    /// use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
+    /// use strata_core::target::Target;
+    /// let g = ConvGeometry { stride: [2, 2], padding: [1, 1], dilation: [1, 1], groups: 1 };
+    /// // dy [2, 8, 4, 4], w [8, 3, 3, 3] → dx [2, 3, 8, 8]: four phases, 2·4·4 rows each.
+    /// let d = ConvDims::of(ConvPass::BackwardData, &[2, 8, 4, 4], &[8, 3, 3, 3], &[2, 3, 8, 8])?;
+    /// let plan = ConvPlan::of(ConvPass::BackwardData, &g, d, &Target::cpu(4), 4, [4; 3])?;
+    /// let launches = plan.launches(ConvPass::BackwardData, &g);
+    /// assert_eq!(launches.len(), 4);
+    /// let (piece, phase) = &launches[3];
+    /// let words = plan.launch_words(ConvPass::BackwardData, &g, piece, phase.as_ref());
+    /// assert_eq!((words[0], words[2]), (2 * 4 * 4, 8 * 2 * 2));
+    /// assert_eq!(plan.divisors(phase.as_ref()), [4, 2, 16, 4]);
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn launches(
+        &self,
+        pass: ConvPass,
+        g: &ConvGeometry,
+    ) -> Vec<(ConvPiece, Option<ConvPhase>)> {
+        let phases: Vec<Option<ConvPhase>> = match pass {
+            ConvPass::BackwardData => phases(g, &self.dims).into_iter().map(Some).collect(),
+            _ => vec![None],
+        };
+        self.pieces
+            .iter()
+            .flat_map(|p| phases.iter().map(move |ph| (*p, *ph)))
+            .filter(|(p, ph)| self.launch_words(pass, g, p, ph.as_ref())[0] > 0)
+            .collect()
+    }
+
+    /// The sizes a launch's gathers divide a depth or a pixel by (words 26..34, each as a
+    /// [`division_magic`]): all the taps (of a backward-data `phase`: its taps), the taps
+    /// along the width, OH·OW and OW.
+    pub fn divisors(&self, phase: Option<&ConvPhase>) -> [usize; 4] {
+        let d = &self.dims;
+        let [taps, across] = phase.map_or([d.kh * d.kw, d.kw], |p| p.tap_divisors());
+        [taps, across, d.oh * d.ow, d.ow]
+    }
+
     /// The first 19 launch words both renderers read for `piece` (of backward data: of its
     /// stride `phase`): its product's rows, columns and depth, its samples, C, H, W, O, kH,
     /// kW, OH, OW, the groups, then stride, padding and dilation (height, width).

@@ -9,7 +9,7 @@ use crate::launch::{Args, Launch};
 use crate::render::conv::{acc_of, ConvSig, ConvSumSig};
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{division_magic, phases, ConvDims, ConvPlan};
+use strata_core::lower::conv_plan::{division_magic, ConvDims, ConvPlan};
 use strata_core::target::Target;
 use strata_core::{Error, Result};
 
@@ -126,21 +126,11 @@ fn implicit_gemm(
             bytes: plan.partials * weight * acc.itemsize(),
         });
     }
-    // Backward data: one product per stride phase (a single one at stride 1).
-    let phases = match pass {
-        ConvPass::BackwardData => phases(geometry, &dims).into_iter().map(Some).collect(),
-        _ => vec![None],
-    };
-    for (piece, phase) in plan
-        .pieces
-        .iter()
-        .flat_map(|p| phases.iter().map(move |ph| (p, ph.as_ref())))
-    {
+    // (Backward data: one product per stride phase, a single one at stride 1.)
+    for (piece, phase) in plan.launches(pass, geometry) {
+        let (piece, phase) = (&piece, phase.as_ref());
         let lw = plan.launch_words(pass, geometry, piece, phase);
         let (m, n) = (lw[0], lw[1]);
-        if m == 0 {
-            continue;
-        }
         let at = |base: u64, k: usize| base + piece.first as u64 * per_sample(k);
         let mut words = Args::new();
         for v in lw {
@@ -154,8 +144,7 @@ fn implicit_gemm(
         words.push(plan.per_split as u64);
         words.push((piece.first / plan.per_split) as u64);
         words.push(u64::from(piece.accumulate));
-        let [taps, across] = phase.map_or([dims.kh * dims.kw, dims.kw], |p| p.tap_divisors());
-        for by in [taps, across, dims.oh * dims.ow, dims.ow] {
+        for by in plan.divisors(phase) {
             let [m, s] = division_magic(by);
             words.push(u64::from(m));
             words.push(u64::from(s));

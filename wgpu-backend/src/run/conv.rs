@@ -8,7 +8,7 @@ use crate::render::conv::{ConvSig, PARAM_WORDS};
 use crate::WgpuBackend;
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::{ConvGeometry, ConvPass};
-use strata_core::lower::conv_plan::{division_magic, phases, ConvDims, ConvPlan};
+use strata_core::lower::conv_plan::{division_magic, ConvDims, ConvPlan};
 use strata_core::lower::pieces::{window, Piece, Window};
 use strata_core::{Backend, DType, Error, Result};
 
@@ -105,21 +105,11 @@ impl WgpuBackend {
                 bytes: plan.partials * weight * acc.itemsize(),
             });
         }
-        // Backward data: one product per stride phase (a single one at stride 1).
-        let phases = match pass {
-            ConvPass::BackwardData => phases(geometry, &dims).into_iter().map(Some).collect(),
-            _ => vec![None],
-        };
-        for (piece, phase) in plan
-            .pieces
-            .iter()
-            .flat_map(|p| phases.iter().map(move |ph| (p, ph.as_ref())))
-        {
+        // (Backward data: one product per stride phase, a single one at stride 1.)
+        for (piece, phase) in plan.launches(pass, geometry) {
+            let (piece, phase) = (&piece, phase.as_ref());
             let lw = plan.launch_words(pass, geometry, piece, phase);
             let (m, n) = (lw[0], lw[1]);
-            if m == 0 {
-                continue;
-            }
             let mut params = vec![0u32; PARAM_WORDS];
             for (p, w) in params.iter_mut().zip(lw) {
                 *p = u32::try_from(w).map_err(|_| {
@@ -149,11 +139,7 @@ impl WgpuBackend {
             params[23] = plan.per_split as u32;
             params[24] = (piece.first / plan.per_split) as u32;
             params[25] = u32::from(piece.accumulate);
-            let [taps, across] = phase.map_or([dims.kh * dims.kw, dims.kw], |p| p.tap_divisors());
-            for (k, by) in [taps, across, dims.oh * dims.ow, dims.ow]
-                .into_iter()
-                .enumerate()
-            {
+            for (k, by) in plan.divisors(phase).into_iter().enumerate() {
                 let [m, s] = division_magic(by);
                 params[26 + 2 * k] = m;
                 params[27 + 2 * k] = s;
