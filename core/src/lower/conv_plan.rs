@@ -444,6 +444,16 @@ pub struct ConvPhase {
 impl ConvPhase {
     /// The 14 words both renderers read after the others: the first pixel, the extent, the
     /// taps, the first tap, the step, the base and the advance, each height then width.
+    ///
+    /// ```
+    /// use strata_core::ir::ConvGeometry;
+    /// use strata_core::lower::conv_plan::{phases, ConvDims};
+    /// let g = ConvGeometry { stride: [2, 1], padding: [0, 1], dilation: [1, 1], groups: 1 };
+    /// let d = ConvDims { n: 1, c: 1, h: 4, w: 3, o: 1, kh: 3, kw: 3, oh: 1, ow: 3 };
+    /// // Odd rows take tap 1 (reading output row i + 0); every column all three taps.
+    /// let w = phases(&g, &d)[1].words();
+    /// assert_eq!(w, [1, 0, 2, 3, 1, 3, 1, 0, 2, 1, 0, 1, 1, 1]);
+    /// ```
     pub fn words(&self) -> [i64; 14] {
         let u = |v: [usize; 2]| v.map(|x| x as i64);
         let [a, b, c, d, e, f, h] = [
@@ -462,12 +472,35 @@ impl ConvPhase {
 
     /// The divisors a gather divides a depth by: all the phase's taps, then its taps along
     /// the width.
+    ///
+    /// ```
+    /// use strata_core::ir::ConvGeometry;
+    /// use strata_core::lower::conv_plan::{phases, ConvDims};
+    /// let g = ConvGeometry { stride: [2, 2], padding: [3, 3], dilation: [1, 1], groups: 1 };
+    /// let d = ConvDims { n: 1, c: 3, h: 224, w: 224, o: 64, kh: 7, kw: 7, oh: 112, ow: 112 };
+    /// assert_eq!(phases(&g, &d)[1].tap_divisors(), [3 * 4, 4]);
+    /// ```
     pub fn tap_divisors(&self) -> [usize; 2] {
         [self.taps[0] * self.taps[1], self.taps[1]]
     }
 }
 
-/// The stride phases of backward data over `dims` (see [`ConvPhase`]), height-major.
+/// The stride phases of backward data over `dims` (see [`ConvPhase`]), height-major: one
+/// phase at stride 1, `s0·s1` of them otherwise (fewer where the input is smaller than the
+/// stride).
+///
+/// ```
+/// use strata_core::ir::ConvGeometry;
+/// use strata_core::lower::conv_plan::{phases, ConvDims};
+/// let d = ConvDims { n: 1, c: 1, h: 5, w: 5, o: 1, kh: 3, kw: 3, oh: 5, ow: 5 };
+/// let one = ConvGeometry { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 };
+/// let all = phases(&one, &d);
+/// assert_eq!((all.len(), all[0].taps, all[0].extent), (1, [3, 3], [5, 5]));
+/// // Stride 2, dilation 2: the taps that land on a pixel are all or none of them.
+/// let g = ConvGeometry { stride: [2, 2], padding: [0, 0], dilation: [2, 2], groups: 1 };
+/// let taps: Vec<[usize; 2]> = phases(&g, &d).iter().map(|p| p.taps).collect();
+/// assert_eq!(taps, [[3, 3], [3, 0], [0, 3], [0, 0]]);
+/// ```
 pub fn phases(g: &ConvGeometry, dims: &ConvDims) -> Vec<ConvPhase> {
     // Along one axis: (pixel, extent, taps, first, step, base, advance) of each phase.
     let axis = |a: usize,

@@ -9,7 +9,9 @@
 //! column's channel and tap once, and a depth once a slice — the next slice's gathers issued
 //! before this one's multiply-adds. Indices are 32-bit where every one fits (the gathers'
 //! divisions by a run-time size then a multiply and a shift, `conv_plan::division_magic`),
-//! else 64-bit. Backward filter writes partial products over ranges of samples that
+//! else 64-bit. Backward data runs one launch per stride phase (`conv_plan::phases`): the
+//! phase's input pixels and only the taps that land on them. Backward filter writes partial
+//! products over ranges of samples that
 //! `strata_conv_sum` adds into the weight's gradient. Accumulates in f32 (exact f32 products,
 //! no TF32) for 16-bit floats and f32, in f64 for f64. On an H200 this took the 3×3 shapes of
 //! ResNet-50 from 0.90–1.35 ms forward to 0.71–1.29 (BENCHMARKS.md).
