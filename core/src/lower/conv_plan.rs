@@ -319,6 +319,25 @@ impl ConvPlan {
             .collect()
     }
 
+    /// Whether the kernels index in 32 bits, dividing by a multiply and a shift: every index
+    /// of the plan fits ([`ConvDims::fits_32_bits`]) and `STRATA_CONV_INDEX=64` does not ask
+    /// for the wide path (the tests run both).
+    ///
+    /// ```
+    /// use strata_core::ir::{ConvGeometry, ConvPass};
+    /// use strata_core::lower::conv_plan::{ConvDims, ConvPlan};
+    /// use strata_core::target::Target;
+    /// let g = ConvGeometry { stride: [1, 1], padding: [1, 1], dilation: [1, 1], groups: 1 };
+    /// let d = ConvDims::of(ConvPass::Forward, &[2, 3, 8, 8], &[4, 3, 3, 3], &[2, 4, 8, 8])?;
+    /// let plan = ConvPlan::of(ConvPass::Forward, &g, d, &Target::cpu(4), 4, [4; 3])?;
+    /// assert_eq!(plan.narrow_indices(1), std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64"));
+    /// # Ok::<(), strata_core::Error>(())
+    /// ```
+    pub fn narrow_indices(&self, groups: usize) -> bool {
+        self.dims.fits_32_bits(groups, self.partials)
+            && std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64")
+    }
+
     /// The sizes a launch's gathers divide a depth or a pixel by (words 26..34, each as a
     /// [`division_magic`]): all the taps (of a backward-data `phase`: its taps), the taps
     /// along the width, OH·OW and OW.

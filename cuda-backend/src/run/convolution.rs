@@ -117,9 +117,6 @@ fn implicit_gemm(
         (elements * item) as u64
     };
     let weight = dims.o * (dims.c / groups) * dims.kh * dims.kw;
-    // (`STRATA_CONV_INDEX=64` takes 64-bit indices anyway: the tests run both.)
-    let narrow = dims.fits_32_bits(groups, plan.partials)
-        && std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64");
     let mut steps = Vec::with_capacity(plan.pieces.len() + 2);
     if filter {
         steps.push(Step::Scratch {
@@ -169,7 +166,7 @@ fn implicit_gemm(
                 pass,
                 dtype,
                 tile: plan.tile,
-                narrow,
+                narrow: plan.narrow_indices(groups),
                 strided: pass == ConvPass::BackwardData && geometry.stride != [1, 1],
             }),
             launch,

@@ -94,8 +94,7 @@ impl WgpuBackend {
             tile: plan.tile,
             sum_partials: false,
             strided: pass == ConvPass::BackwardData && geometry.stride != [1, 1],
-            fast_division: dims.fits_32_bits(groups, plan.partials)
-                && std::env::var("STRATA_CONV_INDEX").as_deref() != Ok("64"),
+            fast_division: plan.narrow_indices(groups),
         };
         let filter = pass == ConvPass::BackwardFilter;
         let weight = dims.o * (dims.c / groups) * dims.kh * dims.kw;

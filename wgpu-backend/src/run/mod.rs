@@ -105,6 +105,15 @@ fn operand(args: &KernelArgs, k: usize) -> Result<&Operand> {
     op.ok_or_else(|| Error::Backend(format!("internal error: a binding of operand {k}")))
 }
 
+/// Whether rows laid out as `strides` (the row's axis last) from element `offset` all start
+/// on a 16-byte vector of 4-byte elements and run contiguously: the row kernels' `vec4` path.
+pub(crate) fn rows_on_vectors(offset: usize, strides: &[isize]) -> bool {
+    let Some((&along, outer)) = strides.split_last() else {
+        return false;
+    };
+    along == 1 && offset.is_multiple_of(4) && outer.iter().all(|s| s % 4 == 0)
+}
+
 /// `op` as core's splitter sees it over iteration strides `strides` (a stand-in's size when
 /// planning without buffers).
 pub(crate) fn access(op: &Operand, strides: Vec<isize>) -> Result<Access> {

@@ -2,7 +2,7 @@
 //! (one invocation or one workgroup a row), its rows in pieces whose windows fit a storage
 //! binding (a row is never split), one dispatch each.
 
-use super::{access, Bind, Dispatch, Sig, Step};
+use super::{access, rows_on_vectors, Bind, Dispatch, Sig, Step};
 use crate::render::softmax::{slots, SoftmaxSig, MAX_CACHED};
 use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
@@ -45,23 +45,17 @@ impl WgpuBackend {
         } else {
             0
         };
+        let windows: Vec<_> = pieces
+            .iter()
+            .map(|piece| (window(&input, piece, align), window(&out, piece, align)))
+            .collect();
         // 16-byte vectors where every row of both operands starts on one and is contiguous.
-        let on_vectors = |offset: usize, outer: &[isize], along: isize| {
-            along == 1 && offset.is_multiple_of(4) && outer.iter().all(|s| s % 4 == 0)
-        };
         let vector = ops.out.dtype == DType::F32
             && cached >= 4
             && p.n.is_multiple_of(4)
-            && pieces.iter().all(|piece| {
-                on_vectors(
-                    window(&input, piece, align).rel_offset,
-                    &p.in_outer,
-                    p.in_stride,
-                ) && on_vectors(
-                    window(&out, piece, align).rel_offset,
-                    &p.out_outer,
-                    p.out_stride,
-                )
+            && windows.iter().all(|(wi, wo)| {
+                rows_on_vectors(wi.rel_offset, &input.strides)
+                    && rows_on_vectors(wo.rel_offset, &out.strides)
             });
         let sig = SoftmaxSig {
             dtype: ops.out.dtype,
@@ -74,8 +68,7 @@ impl WgpuBackend {
         };
         let w = slots(ro);
         let mut steps = Vec::with_capacity(pieces.len());
-        for piece in &pieces {
-            let (wi, wo) = (window(&input, piece, align), window(&out, piece, align));
+        for (piece, (wi, wo)) in pieces.iter().zip(windows) {
             let rows = piece.numel() / p.n;
             let mut params = vec![0u32; w.len];
             params[0] = rows as u32;

@@ -4,7 +4,7 @@
 //! ([`split`](strata_core::lower::prologue::split)): two reductions and, for an epilogue, a
 //! map.
 
-use super::{Bind, Dispatch, Sig, Step};
+use super::{rows_on_vectors, Bind, Dispatch, Sig, Step};
 use crate::launch::{operand_info, scalar_words};
 use crate::render::staged::{self, StagedEpilogue, StagedPrologue, StagedSig, GROUP, MAX_ROW};
 use crate::WgpuBackend;
@@ -80,11 +80,7 @@ impl WgpuBackend {
         // 16-byte vectors where the f32 rows (and the epilogue's f32 output, laid out like
         // them) are contiguous and every row starts on one.
         let on_vectors = |o: &Operand| {
-            let (strides, ro) = (o.layout.strides(), x.layout.ndim() - 1);
-            o.dtype == DType::F32
-                && strides[ro] == 1
-                && o.layout.offset().is_multiple_of(4)
-                && strides[..ro].iter().all(|s| s % 4 == 0)
+            o.dtype == DType::F32 && rows_on_vectors(o.layout.offset(), o.layout.strides())
         };
         let vector =
             cached >= 4 && n.is_multiple_of(4) && on_vectors(x) && eout.is_none_or(on_vectors);
