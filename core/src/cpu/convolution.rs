@@ -138,7 +138,18 @@ pub(crate) fn run(pass: ConvPass, g: &ConvGeometry, args: &KernelArgs) -> Result
         }
         vals
     };
-    let per = planes.div_ceil(threads()).max(1);
+    // Small work on the calling thread (starting threads costs more than it).
+    let macs = n * o * oh * ow * cg * kh * kw;
+    let workers = if macs < super::strided::PARALLEL_MIN {
+        1
+    } else {
+        threads()
+    };
+    let per = planes.div_ceil(workers).max(1);
+    if per >= planes {
+        let vals: Vec<f64> = (0..planes).flat_map(plane).collect();
+        return finish(Block::F64(vals), out);
+    }
     let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
         let jobs: Vec<_> = (0..planes)
             .step_by(per)
@@ -155,7 +166,11 @@ pub(crate) fn run(pass: ConvPass, g: &ConvGeometry, args: &KernelArgs) -> Result
             .map(|j| j.join().unwrap_or_default())
             .collect()
     });
-    let result = Block::F64(parts.concat());
+    finish(Block::F64(parts.concat()), out)
+}
+
+/// Stores the computed values (f64) into the output, in its dtype.
+fn finish(result: Block, out: &Operand) -> Result<()> {
     if result.len() != out.layout.numel() {
         return Err(Error::Backend(format!(
             "internal error: a convolution computed {} values for an output of shape {:?}",
