@@ -108,6 +108,13 @@ fn main() -> Result<()> {
         })
     });
 
+    // 64-bit outputs: stores of whole 16-byte vectors (wgpu writes four lanes as two).
+    row("zeros i64", || {
+        time(&dev, || keep(Tensor::zeros([n], DType::I64, &dev)))
+    });
+    row("rand f64", || {
+        time(&dev, || keep(Tensor::rand([n], DType::F64, &mut g, &dev)))
+    });
     // Host <-> device copies of 1 GiB (wall clock).
     let host: Vec<f32> = (0..n).map(|i| i as f32).collect();
     row("from_slice 1GiB", || {
@@ -147,6 +154,9 @@ fn main() -> Result<()> {
     });
     row("cast f32->i32", || {
         time(&dev, || keep(a.to_dtype(DType::I32)))
+    });
+    row("cast f32->f64", || {
+        time(&dev, || keep(a.to_dtype(DType::F64)))
     });
 
     // Reductions along the inner and the outer axis, and argmax.

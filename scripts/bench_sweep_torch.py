@@ -57,6 +57,8 @@ def main():
     row("rand", timed(lambda: torch.rand(n, device=dev)))
     row("randn", timed(lambda: torch.randn(n, device=dev)))
     row("randint", timed(lambda: torch.randint(0, 1000, (n,), dtype=torch.int64, device=dev)))
+    row("zeros i64", timed(lambda: torch.zeros(n, dtype=torch.int64, device=dev)))
+    row("rand f64", timed(lambda: torch.rand(n, dtype=torch.float64, device=dev)))
 
     host = torch.arange(n, dtype=torch.float32)
     row("from_slice 1GiB", wall(lambda: host.cuda()))
@@ -78,6 +80,7 @@ def main():
     row("where", timed(lambda: torch.where(cond, a, b)))
     row("cast f32->f16", timed(lambda: a.half()))
     row("cast f32->i32", timed(lambda: a.int()))
+    row("cast f32->f64", timed(lambda: a.double()))
 
     m = a[: side * side].view(side, side)
     row("sum all", timed(lambda: a.sum()))

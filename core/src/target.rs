@@ -30,9 +30,10 @@ pub struct Target {
     /// Bytes a vector may move in a contiguous map whose random draws serve more elements a
     /// Philox call than a plain vector holds (CUDA: 32, two `uint4`, so stochastic rounding's
     /// eight elements a call share one); 0: vectors stay `vector_bytes`. On a target with
-    /// fixed lanes (`vector_lanes`) the count stays, and a contiguous map that draws and whose
-    /// lanes of its widest dtype exceed `vector_bytes` (64-bit ones) but fit here still takes
-    /// them, each element moved whole (WGSL, 32: one Philox call serves four i64 values).
+    /// fixed lanes (`vector_lanes`) the count stays, and a contiguous map whose lanes of its
+    /// widest dtype exceed `vector_bytes` (64-bit ones) but fit here still takes them where it
+    /// draws or where only its outputs are that wide (WGSL, 32: one Philox call serves four
+    /// i64 values, and four lanes store as two whole `vec4<u32>`s).
     pub draw_vector_bytes: usize,
     /// A vectorized launch handles a tail of fewer than a vector's elements, and narrower
     /// vectors when the operands' alignment asks for them; without it the vector is all or

@@ -392,20 +392,30 @@ fn plan_piece(
         .all(|(k, o)| o.path == Path::Contiguous || splat(k, o) || row(o));
     let any_strided = operands.iter().any(|o| o.path != Path::Contiguous);
     let max_item = access.iter().map(|a| a.itemsize).max().unwrap_or(1);
-    let mut vector = if contiguous
-        && target.vector_bytes > 0
-        && !matches!(position, Position::Strided { .. })
-    {
-        match target.vector_lanes {
-            0 => (target.vector_bytes / max_item).max(1),
-            n if n * max_item <= target.vector_bytes => n,
-            // Lanes of 64-bit values that draw: one Philox call serves them.
-            n if draw_lanes > 1 && !any_strided && n * max_item <= target.draw_vector_bytes => n,
-            _ => 1,
-        }
-    } else {
-        1
-    };
+    let max_input_item = access[outputs.min(access.len())..]
+        .iter()
+        .map(|a| a.itemsize)
+        .max()
+        .unwrap_or(1);
+    let mut vector =
+        if contiguous && target.vector_bytes > 0 && !matches!(position, Position::Strided { .. }) {
+            match target.vector_lanes {
+                0 => (target.vector_bytes / max_item).max(1),
+                n if n * max_item <= target.vector_bytes => n,
+                // Lanes of 64-bit values that draw: one Philox call serves them.
+                // Lanes of 64-bit values that draw (one Philox call serves them), or that are
+                // only written (inputs that fit the plain vector): each store moves whole words.
+                n if (draw_lanes > 1 || n * max_input_item <= target.vector_bytes)
+                    && !any_strided
+                    && n * max_item <= target.draw_vector_bytes =>
+                {
+                    n
+                }
+                _ => 1,
+            }
+        } else {
+            1
+        };
     // Random draws that serve more elements a Philox call than a vector holds: a wider vector
     // (two loads) so one call serves them all, where the target has one.
     if !any_strided
@@ -696,8 +706,9 @@ mod tests {
         // A 64-bit operand: no vectors; nor a count that is not a multiple of four.
         assert_eq!(vector(DType::F64, DType::F32, 1000).0, 1);
         assert_eq!(vector(DType::F32, DType::F16, 1002).0, 1);
-        // Unless the map draws random numbers and the target's draw vectors hold four 64-bit
-        // lanes: one Philox call serves them.
+        // Unless the target's draw vectors hold four 64-bit lanes and the map draws random
+        // numbers (one Philox call serves them) or only writes 64-bit values (two whole
+        // word vectors).
         let draws = Target {
             draw_vector_bytes: 32,
             ..wgsl.clone()
@@ -712,6 +723,14 @@ mod tests {
         let buffers = BufferInfo::of_operands(&a);
         assert_eq!(
             plan(&ops, false, &buffers, &draws).unwrap().pieces[0].vector,
+            4
+        );
+        let a64 = args(&x, &[&y]);
+        let e64 = Expr::input(0, DType::I64).cast(DType::F32, false);
+        let read64 = MapOperands::of(&e64, &a64).unwrap();
+        let b64 = BufferInfo::of_operands(&a64);
+        assert_eq!(
+            plan(&read64, false, &b64, &draws).unwrap().pieces[0].vector,
             1
         );
         ops.draw_lanes = 4;

@@ -183,8 +183,8 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
     used.extend(sig.scalars.iter().copied());
     let mut src = super::header(caps);
     for (k, &d) in sig.dtypes.iter().enumerate() {
-        if sig.vector == 4 && k < n_out && int_words(d) {
-            // 64-bit integer lanes written as two `vec4<u32>` words.
+        if sig.vector == 4 && k < n_out && wide_words(d) {
+            // 64-bit lanes written as two `vec4<u32>` words.
             let _ = writeln!(
                 src,
                 "@group(0) @binding({}) var<storage, read_write> b{k}: array<vec4<u32>>;",
@@ -219,7 +219,15 @@ pub(crate) fn source(sig: &MapSig, caps: Caps) -> Result<String> {
         src.push_str("}\n");
         return Ok(src);
     }
-    src.push_str(ENTRY);
+    if coalesced_words(sig, caps) {
+        src.push_str(&ENTRY.replace(
+            "@builtin(local_invocation_index) lid: u32)",
+            "@builtin(local_invocation_index) lid: u32,\n        \
+             @builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_size) sgs: u32)",
+        ));
+    } else {
+        src.push_str(ENTRY);
+    }
     let threads = if sig.vector == 4 {
         "(params[0] / 4u)"
     } else {
@@ -582,7 +590,8 @@ fn decode(
 /// aligned to four elements. Any other input is a splat (core's plan: constant along the
 /// rows, which vectors do not cross): one value, at the offset decoded for that element.
 /// 64-bit operands (core gives them vectors only in a contiguous map that draws, so that one
-/// Philox call serves the four lanes) are read and written whole, lane by lane.
+/// Philox call serves the four lanes, or whose inputs are narrower) are read whole, lane by
+/// lane, and written as two `vec4<u32>` words (see [`wide_words`]).
 fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()> {
     let n_out = sig.trees.outputs();
     let decoded: Vec<usize> = (0..sig.dtypes.len())
@@ -671,8 +680,18 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
         src.push_str("  let lq = lb / 4u;\n");
     }
     lanes(sig, caps, &program, aligned, src)?;
+    let coalesce = coalesced_words(sig, caps);
+    if coalesce {
+        // The subgroup stores its words together (see `coalesced_words`) where it is whole and
+        // its invocations hold consecutive vectors; else each invocation its own two.
+        src.push_str(
+            "  let coalesce = (sgs & 1u) == 0u && subgroupAdd(1u) == sgs\n    \
+             && subgroupAll(gid == subgroupBroadcastFirst(gid) + sl);\n  \
+             let odd = (sl & 1u) == 1u;\n",
+        );
+    }
     for k in 0..n_out {
-        if int_words(sig.dtypes[k]) {
+        if wide_words(sig.dtypes[k]) {
             let w = |lane: usize| {
                 let u = format!("bitcast<u64>({})", lane_bits_of(k, lane));
                 format!("u32({u} & 0xfffffffflu), u32({u} >> 32u)")
@@ -680,15 +699,30 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
             for half in 0..2 {
                 let _ = writeln!(
                     src,
-                    "  b{k}[q{k} * 2u + {half}u] = vec4<u32>({}, {});",
+                    "  let w{k}_{half} = vec4<u32>({}, {});",
                     w(2 * half),
                     w(2 * half + 1)
                 );
             }
-        } else if sig.dtypes[k].itemsize() == 8 {
-            for lane in 0..4 {
-                let l = lane_bits_of(k, lane);
-                let _ = writeln!(src, "  b{k}[q{k} * 4u + {lane}u] = {l};");
+            let own = format!("b{k}[q{k} * 2u] = w{k}_0; b{k}[q{k} * 2u + 1u] = w{k}_1;");
+            if coalesce {
+                // Store `s` of lane `sl` writes the subgroup's vector `sgs·s + sl`: half
+                // `sl % 2` of lane `(sgs·s + sl) / 2`'s.
+                let from = |at: &str| {
+                    format!(
+                        "select(subgroupShuffle(w{k}_0, {at}), subgroupShuffle(w{k}_1, {at}), odd)"
+                    )
+                };
+                let _ = writeln!(
+                    src,
+                    "  if (coalesce) {{\n    let x0 = {};\n    let x1 = {};\n    \
+                     let v = (q{k} - sl) * 2u + sl;\n    b{k}[v] = x0; b{k}[v + sgs] = x1;\n  \
+                     }} else {{ {own} }}",
+                    from("sl / 2u"),
+                    from("(sgs + sl) / 2u"),
+                );
+            } else {
+                let _ = writeln!(src, "  {own}");
             }
         } else {
             let _ = writeln!(src, "  b{k}[q{k}] = {};", lanes_word(sig.dtypes[k], k));
@@ -697,11 +731,23 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     Ok(())
 }
 
-/// True for a 64-bit integer dtype, whose four lanes a vector writes as two `vec4<u32>` words:
+/// True for a 64-bit dtype, whose four lanes a vector writes as two `vec4<u32>` words:
 /// through NVIDIA's Vulkan driver (H200), 2^28 `i64` random integers took 1.21 ms so against
-/// 1.67 stored lane by lane.
-fn int_words(d: DType) -> bool {
-    matches!(d, DType::I64 | DType::U64)
+/// 1.67 stored lane by lane, and f64 uniforms 1.21 against 1.66.
+fn wide_words(d: DType) -> bool {
+    d.itemsize() == 8
+}
+
+/// Whether a vector's 64-bit output words go out through subgroup shuffles, so that each
+/// store of a subgroup writes consecutive 16-byte vectors: stored directly, an invocation's
+/// two vectors leave every other vector of a store to the next store (2^28 i64 random
+/// integers 1.21 ms so, 0.74 shuffled; an H200 through Vulkan).
+fn coalesced_words(sig: &MapSig, caps: Caps) -> bool {
+    caps.subgroups
+        && sig.vector == 4
+        && sig.dtypes[..sig.trees.outputs()]
+            .iter()
+            .any(|&d| wide_words(d))
 }
 
 #[cfg(test)]
@@ -807,8 +853,45 @@ mod tests {
             src.contains("var<storage, read_write> b0: array<vec4<u32>>"),
             "{src}"
         );
-        assert!(src.contains("b0[q0 * 2u + 1u] = vec4<u32>("), "{src}");
-        assert!(!src.contains("b0[q0 * 4u"), "{src}");
+        assert!(src.contains("let w0_1 = vec4<u32>("), "{src}");
+        assert!(src.contains("b0[q0 * 2u + 1u] = w0_1;"), "{src}");
+        assert!(
+            !src.contains("b0[q0 * 4u") && !src.contains("subgroup"),
+            "{src}"
+        );
+        // With subgroups, a whole subgroup's stores go out as consecutive vectors (shuffled),
+        // its own two vectors an invocation's otherwise; f64 lanes alike.
+        let caps = Caps {
+            subgroups: true,
+            f64: true,
+            ..caps
+        };
+        for d in [DType::I64, DType::F64] {
+            let sig = MapSig {
+                trees: MapTrees::one(Expr::input(0, DType::I32).cast(d, false)),
+                dtypes: vec![d, DType::I32],
+                ..sig.clone()
+            };
+            let src = source(&sig, caps).unwrap();
+            assert!(src.contains("@builtin(subgroup_size) sgs: u32"), "{src}");
+            assert!(
+                src.contains("subgroupShuffle(w0_1, (sgs + sl) / 2u)"),
+                "{src}"
+            );
+            assert!(src.contains("b0[v] = x0; b0[v + sgs] = x1;"), "{src}");
+            assert!(src.contains("} else { b0[q0 * 2u] = w0_0;"), "{src}");
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+            use naga::valid::Capabilities as C;
+            naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                C::FLOAT64 | C::SHADER_INT64 | C::SUBGROUP,
+            )
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}\n{src}", e.emit_to_string(&src)));
+        }
     }
 
     #[test]
