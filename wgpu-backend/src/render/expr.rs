@@ -386,6 +386,7 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         Erf => m("erf"),
         Floor => format!("floor({a})"),
         Ceil => format!("ceil({a})"),
+        Round if t == "f64" => format!("round_even_f64({a})"),
         Round => format!("round({a})"),
         Trunc => format!("trunc({a})"),
         BitNot => return Err(undefined(op, d)),

@@ -52,6 +52,21 @@ fn fmin_$T(a: $T, b: $T) -> $T {
 fn isnan_any_$T(x: $T) -> bool { return (bitcast<$U>(x) & $ABS_MASK) > $INF_BITS; }
 ";
 
+/// f64 rounding to the nearest whole number, ties to even, from `floor` and exact arithmetic:
+/// lavapipe (Mesa 22.3.6 on an AMD EPYC host) returned -1 for `round(-1.5lf)`. Below 2^52 the
+/// fraction `x - floor(x)` is exact; above it (and for NaN and infinities) `x` is whole already.
+/// The sign of `x` is kept on a zero result (`round(-0.4) = -0.0`).
+const F64_ROUND: &str = "
+fn round_even_f64(x: f64) -> f64 {
+  if (!(abs(x) < 4503599627370496.0lf)) { return x; }
+  let f = floor(x);
+  let d = x - f;
+  let odd = f - 2.0lf * floor(f * 0.5lf) != 0.0lf;
+  let r = select(f, f + 1.0lf, d > 0.5lf || (d == 0.5lf && odd));
+  return bitcast<f64>(bitcast<u64>(r) | (bitcast<u64>(x) & 0x8000000000000000lu));
+}
+";
+
 /// f32 division and floor division correctly rounded where the adapter has f64: Vulkan allows
 /// 2.5 ulp for an f32 `/` and NVIDIA's driver uses it. An f32 quotient never lies within 2^-48
 /// (relative) of a point halfway between two f32 values, so a quotient computed in f64 to a
@@ -324,6 +339,7 @@ fn float_helpers(caps: Caps) -> String {
     let mut s = instantiate(MIN_MAX, false);
     if caps.f64 {
         s += &instantiate(MIN_MAX, true);
+        s += F64_ROUND;
         s += F32_EXACT;
         s += F32_SINCOS;
     } else {
