@@ -28,8 +28,9 @@ pub struct Target {
     /// over it take no vectors. 0: `vector_bytes` over the widest operand's size.
     pub vector_lanes: usize,
     /// Bytes a vector may move in a contiguous map whose random draws serve more elements a
-    /// Philox call than a plain vector holds (CUDA: 32, two `uint4`, so stochastic rounding's
-    /// eight elements a call share one); 0: vectors stay `vector_bytes`. On a target with
+    /// Philox call than a plain vector holds, while its outputs still take one store of
+    /// `vector_bytes` (CUDA: 32, two `uint4` loads, so stochastic rounding's eight elements a
+    /// call share one); 0: vectors stay `vector_bytes`. On a target with
     /// fixed lanes (`vector_lanes`) the count stays, and a contiguous map whose lanes of its
     /// widest dtype exceed `vector_bytes` (64-bit ones) but fit here still takes them where it
     /// draws or where only its outputs are that wide (WGSL, 32: one Philox call serves four
