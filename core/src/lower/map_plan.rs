@@ -391,16 +391,15 @@ fn plan_piece(
         .enumerate()
         .all(|(k, o)| o.path == Path::Contiguous || splat(k, o) || row(o));
     let any_strided = operands.iter().any(|o| o.path != Path::Contiguous);
-    let max_item = access.iter().map(|a| a.itemsize).max().unwrap_or(1);
     let (output_access, input_access) = access.split_at(outputs.min(access.len()));
     let widest = |a: &[_]| a.iter().map(|a: &Access| a.itemsize).max().unwrap_or(1);
     let (max_output_item, max_input_item) = (widest(output_access), widest(input_access));
+    let max_item = max_output_item.max(max_input_item);
     let mut vector =
         if contiguous && target.vector_bytes > 0 && !matches!(position, Position::Strided { .. }) {
             match target.vector_lanes {
                 0 => (target.vector_bytes / max_item).max(1),
                 n if n * max_item <= target.vector_bytes => n,
-                // Lanes of 64-bit values that draw: one Philox call serves them.
                 // Lanes of 64-bit values that draw (one Philox call serves them), or that are
                 // only written (inputs that fit the plain vector): each store moves whole words.
                 n if (draw_lanes > 1 || n * max_input_item <= target.vector_bytes)
