@@ -1,7 +1,8 @@
 """PyTorch's side of `bench_gpu backward`: the backward of the fused-chain benchmark's chains
 over 2^N f32 elements (argv[1], default 28), eager and with torch.compile of the forward (its
 backward compiled with it), timed as strata's (median of 20, CUDA events): forward, backward,
-gradients cleared. One JSON object per line, `bytes` the same floor as strata's rows."""
+gradients cleared; then the backward alone (the loss computed before the clock starts). One
+JSON object per line, `bytes` the same floor as strata's rows."""
 import json
 import sys
 
@@ -38,6 +39,25 @@ def main():
 
             ms = timed(step)
             print(json.dumps({"op": f"{name} ({mode})", "ms": ms, "bytes": bytes_}), flush=True)
+            # The backward alone: the loss computed before the clock starts.
+            runs = []
+            for k in range(23):
+                l = fn()
+                torch.cuda.synchronize()
+                start = torch.cuda.Event(enable_timing=True)
+                end = torch.cuda.Event(enable_timing=True)
+                start.record()
+                l.backward()
+                end.record()
+                end.synchronize()
+                if k >= 3:
+                    runs.append(start.elapsed_time(end))
+                for t in leaves:
+                    t.grad = None
+            runs.sort()
+            alone = name.replace("backward", "backward alone:", 1)
+            print(json.dumps({"op": f"{alone} ({mode})", "ms": runs[len(runs) // 2],
+                              "bytes": bytes_}), flush=True)
             torch._dynamo.reset()
 
 

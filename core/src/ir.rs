@@ -739,7 +739,8 @@ impl Expr {
 pub struct MapTrees<'e> {
     /// Output 0's tree.
     pub expr: std::borrow::Cow<'e, Expr>,
-    /// The further outputs' trees (subtrees of `expr`, or trees that read no position).
+    /// The further outputs' trees (subtrees of `expr`, or trees that read no position and may
+    /// share subtrees with it).
     pub also: std::borrow::Cow<'e, [Expr]>,
 }
 
@@ -796,7 +797,8 @@ pub enum Kernel {
         /// Multi-output fusion: output `k + 1` gets `also[k]`, with output 0's shape. Each is
         /// a subtree of `expr` (an intermediate that someone still holds), so a backend
         /// computes it once and stores it as well, or a tree over the same inputs that reads
-        /// no position (an optimizer's state, written beside its parameter): either way,
+        /// no position (an optimizer's state, written beside its parameter; a sibling tree
+        /// at a flush, which may share subtrees with `expr`): either way,
         /// `expr`'s random draws and position reads are all the map's. Empty for every map
         /// but a fused one or a step writing several tensors, and at most
         /// [`max_map_outputs`](crate::target::Target::max_map_outputs) `- 1` long.

@@ -446,8 +446,9 @@ fn mlp(dev: &Device, batch: usize, optimizer: &str) -> Result<()> {
 
 /// The backward of the fused-chain benchmark's chains over `n` f32 elements: build the graph,
 /// `backward()`, run the leaves' gradients, clear them (so each is written afresh). The
-/// loss is never read, so lazy fusion never runs the forward pass (the backward kernel
-/// recomputes what it needs); bytes are the floor, each leaf read once and each gradient
+/// forward pass runs its reduction (the loss) and no more: the backward kernel recomputes
+/// what it needs. A second row per chain times the backward alone (the loss computed before
+/// the clock starts). Bytes are the backward's floor, each leaf read once and each gradient
 /// written once (softmax's weights read too). `copy` over `n` gives the bandwidth beside them.
 fn backward_chains(dev: &Device, n: usize) -> Result<()> {
     let mut g = strata::random::Generator::new(3);
@@ -505,6 +506,28 @@ fn backward_chains(dev: &Device, n: usize) -> Result<()> {
             Ok(())
         })?;
         row(name, ms, *bytes, 0.0);
+        // The backward alone: the loss computed and the device idle before the clock starts
+        // (the row above also times the forward reduction, which reads every leaf once more).
+        let mut runs = Vec::new();
+        for k in 0..23 {
+            let l = loss()?;
+            l.realize()?;
+            dev.synchronize()?;
+            let s = dev.current_stream();
+            let start = s.record_event()?;
+            l.backward()?;
+            dev.flush()?;
+            let end = s.record_event()?;
+            end.synchronize()?;
+            if k >= 3 {
+                runs.push(start.elapsed_ms(&end)?);
+            }
+            for t in leaves {
+                t.zero_grad();
+            }
+        }
+        let alone = name.replacen("backward", "backward alone:", 1);
+        row(&alone, median(runs), *bytes, 0.0);
     }
     Ok(())
 }

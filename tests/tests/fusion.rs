@@ -631,6 +631,123 @@ fn multi_output(dev: &Device) -> Result<()> {
 }
 test_device!(held_intermediates_are_stored_by_one_kernel, multi_output);
 
+/// Sibling outputs: at a flush, pending trees over the same elements that share an
+/// intermediate run as one kernel (the intermediate computed once, stored only if held);
+/// trees over other elements, or reading a sibling through another view, run apart; more
+/// siblings than one kernel stores take a second kernel. Values as eager.
+fn siblings(dev: &Device) -> Result<()> {
+    let n = 1027;
+    let a = Tensor::arange(0, n as i64, 1, DType::F32, dev)?.div(100.0)?;
+    a.realize()?;
+    let av = a.to_vec::<f32>()?;
+    // (Exact or single-rounding ops: the host's reference is the device's value.)
+    let x_of = |v: f32| -(v * 3.0);
+    // Two readers of an intermediate nobody holds: one kernel, two outputs.
+    let (mut y, mut z) = (None, None);
+    let (kernels, written) = kernels_of(dev, || {
+        let x = (&a * 3.0)?.neg()?;
+        y = Some((&x * 2.0)?);
+        z = Some((&x * 0.5)?);
+        drop(x);
+        dev.flush()
+    })?;
+    if fusing(dev) {
+        assert_eq!((kernels, written), (1, 8 * n as u64));
+    }
+    let want = |f: &dyn Fn(f32) -> f32| -> Vec<f32> { av.iter().map(|&v| f(x_of(v))).collect() };
+    let (y, z) = (y.unwrap(), z.unwrap());
+    assert_eq!(y.to_vec::<f32>()?, want(&|x| x * 2.0));
+    assert_eq!(z.to_vec::<f32>()?, want(&|x| x * 0.5));
+    if fusing(dev) {
+        let ran = y.explain()?;
+        assert_eq!(ran.kernels.len(), 1, "{ran}");
+        assert_eq!(ran.kernels[0].also.len(), 1, "{ran}");
+    }
+
+    // Held too: the intermediate is a third output of the same kernel.
+    let (kernels, _) = kernels_of(dev, || {
+        let x = (&a * 3.0)?.neg()?;
+        let y = (&x * 2.0)?;
+        let z = (&x * 0.5)?.to_dtype(DType::F16)?;
+        dev.flush()?;
+        assert!(!x.is_pending() && !y.is_pending() && !z.is_pending());
+        assert_eq!(x.to_vec::<f32>()?, want(&|x| x));
+        assert_eq!(y.to_vec::<f32>()?, want(&|x| x * 2.0));
+        let zh: Vec<half::f16> = want(&|x| x * 0.5)
+            .into_iter()
+            .map(half::f16::from_f32)
+            .collect();
+        assert_eq!(z.to_vec::<half::f16>()?, zh);
+        Ok(())
+    })?;
+    if fusing(dev) {
+        assert_eq!(kernels, 1);
+    }
+
+    // Other elements (a slice of the intermediate): not siblings (the slice's reader has the
+    // intermediate realized first, and the other reads it).
+    let (mut y, mut z) = (None, None);
+    let (kernels, _) = kernels_of(dev, || {
+        let x = (&a * 3.0)?.neg()?;
+        y = Some((&x * 2.0)?);
+        z = Some(x.slice(s![..100])?.mul(0.5)?);
+        drop(x);
+        dev.flush()
+    })?;
+    if fusing(dev) {
+        assert!(kernels >= 2, "{kernels}");
+    }
+    assert_eq!(y.unwrap().to_vec::<f32>()?, want(&|x| x * 2.0));
+    assert_eq!(z.unwrap().to_vec::<f32>()?, want(&|x| x * 0.5)[..100]);
+
+    // A sibling candidate that reads the tree being run through a transposed view waits for
+    // it (no kernel splices a root into another).
+    let m = Tensor::arange(0, 64, 1, DType::F32, dev)?.reshape([8, 8])?;
+    let x = m.mul(3.0)?.mul(0.5)?;
+    let y = (&x * 2.0)?;
+    let z = (&y.t()? + &x)?;
+    drop(x);
+    dev.flush()?;
+    let mv = m.to_vec::<f32>()?;
+    let xv: Vec<f32> = mv.iter().map(|v| v * 3.0 * 0.5).collect();
+    let zv: Vec<f32> = (0..64)
+        .map(|k| xv[(k % 8) * 8 + k / 8] * 2.0 + xv[k])
+        .collect();
+    assert_eq!(
+        y.to_vec::<f32>()?,
+        xv.iter().map(|v| v * 2.0).collect::<Vec<_>>()
+    );
+    assert_eq!(z.to_vec::<f32>()?, zv);
+
+    // Readers of one random draw are no siblings (a map's draws are its first tree's), yet
+    // both see the same numbers.
+    let u = Tensor::rand([n], DType::F32, &mut Generator::new(5), dev)?;
+    let (y, z) = ((&u * 2.0)?, (&u * 3.0)?);
+    drop(u);
+    dev.flush()?;
+    let (y, z) = (y.to_vec::<f32>()?, z.to_vec::<f32>()?);
+    assert!(y.iter().zip(&z).all(|(y, z)| y / 2.0 * 3.0 == *z));
+
+    // Twelve readers: more than one kernel's outputs, so two kernels.
+    let mut outs = Vec::new();
+    let (kernels, _) = kernels_of(dev, || {
+        let x = (&a * 3.0)?.neg()?;
+        outs = (0..12)
+            .map(|k| &x * k as f64)
+            .collect::<Result<Vec<Tensor>>>()?;
+        drop(x);
+        dev.flush()
+    })?;
+    if fusing(dev) {
+        assert_eq!(kernels, 2);
+    }
+    for (k, t) in outs.iter().enumerate() {
+        assert_eq!(t.to_vec::<f32>()?, want(&|x| x * k as f32), "reader {k}");
+    }
+    Ok(())
+}
+test_device!(trees_sharing_an_intermediate_run_as_one_kernel, siblings);
+
 /// A pending tensor read twice by one tree, element for element and through a transposed
 /// view: the first is spliced in, the second reads it realized (its own kernel), never the
 /// spliced expression at the wrong positions. Held or not, read or flushed.

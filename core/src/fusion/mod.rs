@@ -8,7 +8,8 @@
 //!
 //! The parts: `record` (an op becomes pending work, or runs now where the device does not
 //! defer), `splice` (a kernel's tree assembled from the pending trees it reads), `run`
-//! (realizing one tensor, or flushing a device), `reduce` (reductions that read a pending
+//! (realizing one tensor, or flushing a device), `siblings` (at a flush, trees over the same
+//! elements that share an intermediate run in one kernel), `reduce` (reductions that read a pending
 //! tree, and maxima kept pending for a later reduction of the same rows), and `preview`
 //! (what would run, for `explain`, without running anything). Every decision about what is
 //! deferred and what one kernel holds is made here, from the backend's
@@ -31,6 +32,7 @@ pub(crate) mod preview;
 pub(crate) mod record;
 pub(crate) mod reduce;
 pub(crate) mod run;
+pub(crate) mod siblings;
 pub(crate) mod splice;
 
 pub(crate) use record::{defer_or_launch, place};

@@ -91,7 +91,7 @@ fn flush(device: &Device) -> Result<()> {
 /// True when only pending trees hold `storage` (nobody can read it but through them): a flush
 /// leaves it to the trees, which splice it in, instead of writing it to memory. `extra`: the
 /// caller's own references.
-fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
+pub(super) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
     let by_trees: usize = storage
         .live_readers()
         .iter()
@@ -129,18 +129,46 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         }
     };
     let target = device.backend().target();
-    let mut fused = Fused::new(tree, &p.stream, max_stored);
+    // Trees over the same elements that share an input or intermediate with this one run in
+    // its kernel too (locked from here to their splice, so nothing else runs them meanwhile).
+    let siblings = super::siblings::siblings(storage, p, tree, max_stored);
+    let sibling_work: Vec<_> = siblings
+        .iter()
+        .map(|s| (s, s.pending()))
+        .filter(|(_, g)| {
+            g.as_ref()
+                .is_some_and(|c| super::siblings::alike(c, p) && c.tree().is_some())
+        })
+        .collect();
+    let mut roots = vec![tree];
+    roots.extend(sibling_work.iter().filter_map(|(_, g)| g.as_ref()?.tree()));
+    let mut fused = Fused::with_roots(&roots, &p.stream, max_stored);
     // Deferred reductions among the leaves stay pending: one may take this tree as its
     // epilogue.
     fused.keep_reductions = target.fuses_row_epilogue;
     let expr = fused.splice(p, true)?;
     fused.fit_outputs(target);
-    if target.fuses_row_epilogue && fused.also.is_empty() {
+    if target.fuses_row_epilogue && fused.also.is_empty() && sibling_work.is_empty() {
         if let Some(ran) = run_as_epilogue(storage, p, &expr, &mut fused)? {
             *guard = None;
             return ran;
         }
     }
+    for (s, g) in &sibling_work {
+        let (Some(sp), true) = (g.as_ref(), fused.also.len() < max_stored) else {
+            continue;
+        };
+        let e = fused.splice(sp, true)?;
+        let t = Tensor {
+            storage: (*s).clone(),
+            layout: sp.layout.clone(),
+            dtype: sp.dtype,
+            autograd: None,
+        };
+        fused.also.push((t, e));
+    }
+    drop(sibling_work);
+    fused.fit_outputs(target);
     // A deferred reduction of a tree among the leaves runs now, before the leaves it takes
     // in as a prologue and before this kernel stores a tree it reads (an intermediate someone
     // holds): it computes that tree itself.

@@ -132,21 +132,32 @@ impl Fused {
 
     /// A kernel for `tree` that may store up to `max_stored` intermediates as well.
     pub(super) fn new(tree: &Tree, stream: &Arc<StreamHandle>, max_stored: usize) -> Fused {
+        Fused::with_roots(&[tree], stream, max_stored)
+    }
+
+    /// A kernel for the trees `roots` (the first its output, the others further outputs:
+    /// [`siblings`](super::siblings)) that may store up to `max_stored` values besides the
+    /// first.
+    pub(super) fn with_roots(
+        roots: &[&Tree],
+        stream: &Arc<StreamHandle>,
+        max_stored: usize,
+    ) -> Fused {
         let mut fused = Fused {
             max_stored,
             ..Fused::default()
         };
         // Only a tree with spliced inputs has internal references to count.
-        if tree.leaves.is_some() {
-            fused.count_internal(tree, stream);
+        if roots.iter().any(|t| t.leaves.is_some()) {
+            fused.count_internal(roots, stream);
         }
         fused
     }
 
-    /// Counts, over every distinct tree spliced into `root`'s kernel, the references each
-    /// spliceable pending storage gets from them (iteratively: trees are bounded, but walks
-    /// need no stack).
-    fn count_internal(&mut self, root: &Tree, stream: &Arc<StreamHandle>) {
+    /// Counts, over every distinct tree spliced into the kernel of `roots`, the references
+    /// each spliceable pending storage gets from them (iteratively: trees are bounded, but
+    /// walks need no stack).
+    fn count_internal(&mut self, roots: &[&Tree], stream: &Arc<StreamHandle>) {
         let mut seen: Vec<usize> = Vec::new();
         let mut todo: Vec<Arc<Storage>> = Vec::new();
         let mut visit =
@@ -167,7 +178,9 @@ impl Fused {
                     }
                 }
             };
-        visit(root, &mut todo, &mut self.internal);
+        for root in roots {
+            visit(root, &mut todo, &mut self.internal);
+        }
         while let Some(s) = todo.pop() {
             let guard = s.pending();
             if let Some(p) = guard.as_ref().and_then(Pending::tree) {
