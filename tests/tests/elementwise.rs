@@ -1013,7 +1013,7 @@ fn ulps(a: f32, b: f32) -> u64 {
     key(a).abs_diff(key(b))
 }
 
-/// f32 exp, expm1, log, log1p, tanh, sin and cos are within 3 ulp of the correctly rounded value on
+/// f32 exp, expm1, log, log1p, tanh, sin, cos and erf are within 3 ulp of the correctly rounded value on
 /// every backend (CUDA's functions are within 2; the wgpu backend computes them in f32, see
 /// docs/semantics.md), over a sweep of their ranges including the edges.
 fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
@@ -1042,7 +1042,7 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
             .chain(near_half_pis.iter().flat_map(|&x| [x, -x]))
             .collect::<Vec<f32>>()
     };
-    let cases: [Case; 7] = [
+    let cases: [Case; 8] = [
         ("exp", sweep(-87.0, 88.5), f64::exp),
         ("expm1", sweep(-20.0, 20.0), f64::exp_m1),
         (
@@ -1072,6 +1072,22 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
         ),
         ("sin", trig_args(), f64::sin),
         ("cos", trig_args(), f64::cos),
+        (
+            "erf",
+            // Also densely near 0 and where an f32 algorithm may switch forms (0.5, 1, 4).
+            [
+                (-5.0, 5.0),
+                (-1e-3, 1e-3),
+                (0.45, 0.55),
+                (-1.05, -0.95),
+                (0.95, 1.05),
+                (3.9, 4.1),
+            ]
+            .into_iter()
+            .flat_map(|(lo, hi)| sweep(lo, hi))
+            .collect(),
+            libm_erf,
+        ),
     ];
     for (name, xs, reference) in cases {
         let t = Tensor::from_slice(&xs, [xs.len()], dev)?;
@@ -1082,6 +1098,7 @@ fn f32_transcendentals_within_3_ulp(dev: &Device) -> Result<()> {
             "log1p" => t.log1p()?,
             "sin" => t.sin()?,
             "cos" => t.cos()?,
+            "erf" => t.erf()?,
             _ => t.tanh()?,
         };
         let got = y.to_vec::<f32>()?;
@@ -1113,6 +1130,39 @@ test_device!(
     f32_transcendentals_are_within_3_ulp,
     f32_transcendentals_within_3_ulp
 );
+
+/// erfc by its continued fraction from 2.5 (relative accuracy where erfc is tiny), else 1 - erf.
+fn libm_erfc(x: f64) -> f64 {
+    if x < 2.5 {
+        return 1.0 - libm_erf(x);
+    }
+    let mut f = 0.0;
+    for k in (1..60).rev() {
+        f = (k as f64 / 2.0) / (x + f);
+    }
+    (-x * x).exp() / (std::f64::consts::PI.sqrt() * (x + f))
+}
+
+/// f32 GELU far into its negative tail, where it is `0.5·x·erfc(-x/√2)` with erfc tiny: within
+/// 2e-5 of the exact value relative to it, down to x = -12 (a backend that rounds -x/√2 to f32
+/// first, as CUDA and wgpu do, moves erfc by up to 2t² ulp for t = -x/√2: 9e-6 there).
+fn gelu_tail(dev: &Device) -> Result<()> {
+    let xs: Vec<f32> = (0..=15_000).map(|i| -12.0 + i as f32 * 1e-3).collect();
+    let got = Tensor::from_slice(&xs, [xs.len()], dev)?
+        .gelu()?
+        .to_vec::<f32>()?;
+    for (&x, &g) in xs.iter().zip(&got) {
+        let x = x as f64;
+        let want = 0.5 * x * libm_erfc(-x * std::f64::consts::FRAC_1_SQRT_2);
+        assert!(
+            (g as f64 - want).abs() <= 2e-5 * want.abs(),
+            "gelu({x}) on {}: got {g:e}, want {want:e}",
+            dev.name()
+        );
+    }
+    Ok(())
+}
+test_device!(f32_gelu_is_relatively_accurate_in_its_tail, gelu_tail);
 
 /// Inputs broadcast along the rows (`[n, 1]`, strides (1, 0)) or along the columns (`[1, m]`)
 /// beside a contiguous input, at sizes where vectors apply (rows a multiple of 4) and past

@@ -777,7 +777,8 @@ fn float_unary<T: Prim>(op: UnaryOp, a: &[T]) -> Result<Block> {
         Tanh => f64::tanh,
         Sigmoid => sigmoid,
         Relu => |x| if x > 0.0 || x.is_nan() { x } else { 0.0 },
-        Gelu => |x| 0.5 * x * (1.0 + libm::erf(x * std::f64::consts::FRAC_1_SQRT_2)),
+        // erfc, not 1 + erf: no cancellation for x ≪ 0 (docs/semantics.md).
+        Gelu => |x| 0.5 * x * libm::erfc(-x * std::f64::consts::FRAC_1_SQRT_2),
         Erf => libm::erf,
         Floor => f64::floor,
         Ceil => f64::ceil,

@@ -376,6 +376,7 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
         }),
         Relu => format!("select({z}, {a}, {a} > {z} || {})", is_nan(d, a)),
         // 0.5·x·erfc(−x/√2) equals 0.5·x·(1 + erf(x/√2)) without its cancellation for x ≪ 0.
+        Gelu if t == "f32" => format!("(0.5f * {a} * erfc_fast_f32(-{a} * 0.70710677f))"),
         Gelu => via_math(d, caps, a, |x, mt| {
             format!(
                 "(0.5{s} * {x} * erfc_{mt}(-{x} * {}))",
@@ -383,6 +384,7 @@ fn unary(op: UnaryOp, d: DType, a: &str, caps: Caps) -> Result<String> {
                 s = suffix(mt)
             )
         }),
+        Erf if t == "f32" => format!("erf_fast_f32({a})"),
         Erf => m("erf"),
         Floor => format!("floor({a})"),
         Ceil => format!("ceil({a})"),

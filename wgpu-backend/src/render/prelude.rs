@@ -241,6 +241,118 @@ fn tanh_fast_f32(x: f32) -> f32 {
   let t = select(large, small, a < 0.9f);
   return select(t, -t, (bitcast<u32>(x) & 0x80000000u) != 0u);
 }
+// erf and erfc in f32 (the library's series ran in f64: a GELU backward over 2^28 f32 took
+// 17 ms on an H200 through Vulkan). erf(x) = x + x p(x^2) below 1, a polynomial fitted to
+// erf(x)/x - 1; erfc(x) = e^(-x^2 + L(x)) from 0.5 (to 10.1, past which it is below f32's
+// range), L(x) = ln erfc(x) + x^2 fitted on four intervals in s = (x - mid) / half; erfc from
+// 1 - erf between -0.5 and 0.5, and 2 - erfc(-x) below; erf from 1 - erfc(|x|) from 1. The
+// fits (least squares on Chebyshev nodes against 40-digit values) are within 5e-9; evaluated
+// in f32 without fused multiply-adds, both functions are within 1 ulp of the correctly
+// rounded value over [-5, 10] (checked on 50,000 points in f32 arithmetic); the test allows 3.
+fn erf_small_f32(x: f32) -> f32 {
+  let z = x * x;
+  var p = 1.0595261e-06f;
+  p = p * z + -1.3911695e-05f;
+  p = p * z + 1.1956946e-04f;
+  p = p * z + -8.5426704e-04f;
+  p = p * z + 0.005223785f;
+  p = p * z + -0.026866134f;
+  p = p * z + 0.11283791f;
+  p = p * z + -0.37612638f;
+  p = p * z + 0.12837917f;
+  return x * p + x;
+}
+fn erfc_tail_fast_f32(x: f32) -> f32 {
+  if (x > 10.1f) { return 0.0f; }
+  var s: f32; var ch: f32; var cl: f32; var q: f32;
+  if (x < 1.5f) {
+    s = (x - 1.0f) * 2.0f;
+    ch = -0.8496094f;
+    cl = 3.8650633e-06f;
+    q = -1.10815876e-07f;
+    q = q * s + 2.4746245e-07f;
+    q = q * s + 3.7123552e-06f;
+    q = q * s + -6.1841165e-05f;
+    q = q * s + 6.2711263e-04f;
+    q = q * s + -0.0051951283f;
+    q = q * s + 0.039223187f;
+    q = q * s + -0.31948376f;
+  } else if (x < 3.5f) {
+    s = (x - 2.5f) * 1.0f;
+    ch = -1.5568085f;
+    cl = -6.8010927e-06f;
+    q = -1.2164269e-07f;
+    q = q * s + 1.7220398e-06f;
+    q = q * s + -1.2791613e-05f;
+    q = q * s + 7.707651e-05f;
+    q = q * s + -4.209166e-04f;
+    q = q * s + 0.0021654598f;
+    q = q * s + -0.010858076f;
+    q = q * s + 0.05610627f;
+    q = q * s + -0.35268074f;
+  } else if (x < 5.5f) {
+    s = (x - 4.5f) * 1.0f;
+    ch = -2.099762f;
+    cl = -6.3405396e-06f;
+    q = -2.3854096e-08f;
+    q = q * s + 1.7696948e-07f;
+    q = q * s + -1.2093154e-06f;
+    q = q * s + 8.425444e-06f;
+    q = q * s + -5.7983376e-05f;
+    q = q * s + 3.994362e-04f;
+    q = q * s + -0.0028252609f;
+    q = q * s + 0.02163711f;
+    q = q * s + -0.21240127f;
+  } else {
+    s = (x - 7.8f) * 0.4347826f;
+    ch = -2.634552f;
+    cl = 7.427325e-06f;
+    q = -1.0864736e-06f;
+    q = q * s + 4.7035774e-06f;
+    q = q * s + -1.7887669e-05f;
+    q = q * s + 7.883514e-05f;
+    q = q * s + -3.5382895e-04f;
+    q = q * s + 0.0016186008f;
+    q = q * s + -0.0077813054f;
+    q = q * s + 0.041466385f;
+    q = q * s + -0.29021302f;
+  }
+  // ln erfc(x) = ch + cl + s q(s) - x^2, and e^that as exp_fast_f32 computes it with the
+  // argument in two parts: a = ch - xh^2 is exact (xh keeps 10 significant bits of x, ch is a
+  // multiple of 2^-16), and so is a - k ln2_hi, so an argument near -100 loses nothing.
+  let xh = bitcast<f32>(bitcast<u32>(x) & 0xffffc000u);
+  let a = ch - xh * xh;
+  let b = (cl + s * q) - (x - xh) * (x + xh);
+  let k = round((a + b) * 1.4426950216293335f);
+  let r = ((a - k * 0.693145751953125f) + b) - k * 1.4286067653e-06f;
+  var p = 1.9841269841e-04f;
+  p = p * r + 1.3888888889e-03f;
+  p = p * r + 8.3333333333e-03f;
+  p = p * r + 4.1666666667e-02f;
+  p = p * r + 1.6666666667e-01f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  let h = i32(k) / 2;
+  let lo = bitcast<f32>(u32(h + 127) << 23u);
+  let hi = bitcast<f32>(u32(i32(k) - h + 127) << 23u);
+  return (p * lo) * hi;
+}
+fn erfc_fast_f32(x: f32) -> f32 {
+  if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }
+  if (x >= 0.5f) { return erfc_tail_fast_f32(x); }
+  if (x > -0.5f) { return 1.0f - erf_small_f32(x); }
+  return 2.0f - erfc_tail_fast_f32(-x);
+}
+fn erf_fast_f32(x: f32) -> f32 {
+  let a = abs(x);
+  if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }
+  if (a < 1.0f) { return erf_small_f32(x); }
+  // Past 4, erf rounds to 1 in f32.
+  if (a > 4.0f) { return select(1.0f, -1.0f, x < 0.0f); }
+  let r = 1.0f - erfc_tail_fast_f32(a);
+  return select(r, -r, x < 0.0f);
+}
 // log x = k ln 2 + log1p(m - 1) with m in [sqrt(1/2), sqrt(2)): m and k from x's bits (its
 // offset from sqrt(1/2)'s bits), no frexp; one unsigned comparison sends zero, subnormals,
 // negatives, infinities and NaN to the slow path.
