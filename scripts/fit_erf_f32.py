@@ -4,7 +4,8 @@ against 40-digit values, and prints their WGSL. erf(x) = x + x p(x^2) for |x| < 
 e^(-x^2 + L(x)) for x >= 0.5, L(x) = ln erfc(x) + x^2 on four intervals, its constant split into
 a multiple of 2^-16 (added exactly to -xh^2) and the rest. Needs numpy and mpmath:
 `python3 -m venv /tmp/fit && /tmp/fit/bin/pip install numpy mpmath && /tmp/fit/bin/python
-scripts/fit_erf_f32.py` (about 15 s). Prints the worst ulp of each function, then the WGSL."""
+scripts/fit_erf_f32.py` (about 15 s). Prints the worst ulp of each function, then the fitted
+parts in WGSL."""
 import numpy as np, mpmath as mp
 mp.mp.dps = 40
 f32 = np.float32

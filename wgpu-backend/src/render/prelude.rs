@@ -176,9 +176,14 @@ fn exp_fast_f32(x: f32) -> f32 {
   if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }
   if (x > 88.72283935546875f) { return bitcast<f32>(0x7f800000u); }
   if (x < -103.97208404541016f) { return 0.0f; }
-  let k = round(x * 1.4426950216293335f);
-  // k * ln2_hi is exact (ln2_hi has 15 significant bits, |k| <= 150).
-  let r = (x - k * 0.693145751953125f) - k * 1.4286067653e-06f;
+  return exp_parts_f32(x, 0.0f);
+}
+// e^(a + b) for a + b in [-105, 88.7], a exact and b the small part of the
+// argument: a - k ln2_hi is computed first, so when that is exact (k * ln2_hi is: ln2_hi has 15
+// significant bits, |k| <= 150) nothing of a is lost however large it is.
+fn exp_parts_f32(a: f32, b: f32) -> f32 {
+  let k = round((a + b) * 1.4426950216293335f);
+  let r = ((a - k * 0.693145751953125f) + b) - k * 1.4286067653e-06f;
   // Taylor to r^7 on |r| <= ln2 / 2: truncation below 0.03 ulp.
   var p = 1.9841269841e-04f;
   p = p * r + 1.3888888889e-03f;
@@ -317,26 +322,11 @@ fn erfc_tail_fast_f32(x: f32) -> f32 {
     q = q * s + 0.041466385f;
     q = q * s + -0.29021302f;
   }
-  // ln erfc(x) = ch + cl + s q(s) - x^2, and e^that as exp_fast_f32 computes it with the
-  // argument in two parts: a = ch - xh^2 is exact (xh keeps 10 significant bits of x, ch is a
-  // multiple of 2^-16), and so is a - k ln2_hi, so an argument near -100 loses nothing.
+  // ln erfc(x) = ch + cl + s q(s) - x^2, its exponential with the argument in two parts:
+  // a = ch - xh^2 is exact (xh keeps 10 significant bits of x, ch is a multiple of 2^-16), and
+  // so is a - k ln2_hi, so an argument near -100 loses nothing.
   let xh = bitcast<f32>(bitcast<u32>(x) & 0xffffc000u);
-  let a = ch - xh * xh;
-  let b = (cl + s * q) - (x - xh) * (x + xh);
-  let k = round((a + b) * 1.4426950216293335f);
-  let r = ((a - k * 0.693145751953125f) + b) - k * 1.4286067653e-06f;
-  var p = 1.9841269841e-04f;
-  p = p * r + 1.3888888889e-03f;
-  p = p * r + 8.3333333333e-03f;
-  p = p * r + 4.1666666667e-02f;
-  p = p * r + 1.6666666667e-01f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  let h = i32(k) / 2;
-  let lo = bitcast<f32>(u32(h + 127) << 23u);
-  let hi = bitcast<f32>(u32(i32(k) - h + 127) << 23u);
-  return (p * lo) * hi;
+  return exp_parts_f32(ch - xh * xh, (cl + s * q) - (x - xh) * (x + xh));
 }
 fn erfc_fast_f32(x: f32) -> f32 {
   if ((bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u) { return x; }
