@@ -468,7 +468,8 @@ def test_autograd_notebook_gets_the_gradients_and_fits(device):
     fused = tagged(nb, "eager-vs-fused-backward")[0]
     line = stream(fused, "stdout")
     eager, rest = line.split(": ")[1].split(" kernels eager, ")
-    assert int(rest.split(" fused")[0]) <= 2 < int(eager), line
+    # The prose says one kernel (the three gradients are siblings at the flush).
+    assert int(rest.split(" fused")[0]) == 1 < int(eager), line
     assert "MulBackward" in all_text(fused), all_text(fused)
 
 
