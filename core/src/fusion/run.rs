@@ -2,7 +2,7 @@
 //! every pending tree of a device at a synchronization point ([`flush`]), where each kernel
 //! also stores the intermediates someone still holds.
 
-use super::splice::Fused;
+use super::splice::{held_only_by_trees, Fused};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::ir::{Expr, Kernel};
@@ -86,25 +86,6 @@ fn flush(device: &Device) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// True when only pending trees hold `storage` (nobody can read it but through them): a flush
-/// leaves it to the trees, which splice it in, instead of writing it to memory. `extra`: the
-/// caller's own references.
-pub(super) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
-    let by_trees: usize = storage
-        .live_readers()
-        .iter()
-        .map(|r| {
-            r.pending().as_ref().and_then(Pending::tree).map_or(0, |t| {
-                t.inputs
-                    .iter()
-                    .filter(|t| Arc::ptr_eq(&t.storage, storage))
-                    .count()
-            })
-        })
-        .sum();
-    Arc::strong_count(storage) == by_trees + extra
 }
 
 /// Runs a pending storage's work as one kernel that may store up to `max_stored` held

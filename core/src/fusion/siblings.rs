@@ -11,7 +11,7 @@
 //! inside another's tree: splicing locks each tree it enters, and the kernel's roots are
 //! locked first.
 
-use super::splice::{address, spliceable, MAX_NODES};
+use super::splice::{address, held_only_by_trees, spliceable, MAX_NODES};
 use crate::device::StreamHandle;
 use crate::tensor::{Pending, Storage, Tree};
 use std::sync::Arc;
@@ -50,7 +50,7 @@ pub(super) fn siblings(
             if inside(&mine)
                 || chosen.iter().any(|(_, c)| inside(c))
                 || r.live_readers().iter().any(|x| Arc::ptr_eq(x, me))
-                || super::run::held_only_by_trees(&r, 1)
+                || held_only_by_trees(&r, 1)
             {
                 continue;
             }

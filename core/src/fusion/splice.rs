@@ -77,6 +77,25 @@ pub(super) fn reads_alike(c: &Pending, t: &Tensor) -> bool {
         })
 }
 
+/// True when only pending trees hold `storage` (nobody can read it but through them): a flush
+/// leaves it to the trees, which splice it in, instead of writing it to memory. `extra`: the
+/// caller's own references.
+pub(super) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
+    let by_trees: usize = storage
+        .live_readers()
+        .iter()
+        .map(|r| {
+            r.pending().as_ref().and_then(Pending::tree).map_or(0, |t| {
+                t.inputs
+                    .iter()
+                    .filter(|t| Arc::ptr_eq(&t.storage, storage))
+                    .count()
+            })
+        })
+        .sum();
+    Arc::strong_count(storage) == by_trees + extra
+}
+
 /// One fused kernel being assembled: its inputs (deduplicated), scalars, user ops, and the
 /// pending intermediates it stores as further outputs.
 #[derive(Default)]
