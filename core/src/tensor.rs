@@ -154,6 +154,17 @@ impl Storage {
         self.pending.lock_unpoisoned()
     }
 
+    /// [`pending`](Self::pending) unless another thread holds it now: a flush that takes
+    /// trees beside its own (`fusion::siblings`) skips a busy one rather than wait, since
+    /// waiting across trees, not from a tree to its inputs, could deadlock.
+    pub(crate) fn try_pending(&self) -> Option<MutexGuard<'_, Option<Pending>>> {
+        match self.pending.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// The buffer, once it exists: a realized storage's, without running or waiting for
     /// anything (for planning a launch, not for reading it).
     pub(crate) fn buffer_if_realized(&self) -> Option<Arc<dyn DeviceBuffer>> {
@@ -229,14 +240,17 @@ impl Storage {
         readers.push(Arc::downgrade(reader));
     }
 
-    /// The pending trees that read this storage.
+    /// The pending trees that read this storage, each once (a tree that reads it twice,
+    /// `x * x`, noted itself twice), oldest first.
     pub(crate) fn live_readers(&self) -> Vec<Arc<Storage>> {
         let readers = self.readers.lock_unpoisoned();
-        readers
-            .iter()
-            .filter_map(Weak::upgrade)
-            .filter(|r| r.is_pending())
-            .collect()
+        let mut live: Vec<Arc<Storage>> = Vec::with_capacity(readers.len());
+        for r in readers.iter().filter_map(Weak::upgrade) {
+            if r.is_pending() && !live.iter().any(|l| Arc::ptr_eq(l, &r)) {
+                live.push(r);
+            }
+        }
+        live
     }
 
     /// Runs every pending tree that reads this storage, before a write to it: the device's

@@ -9,7 +9,7 @@
 //! The parts: `record` (an op becomes pending work, or runs now where the device does not
 //! defer), `splice` (a kernel's tree assembled from the pending trees it reads), `run`
 //! (realizing one tensor, or flushing a device), `siblings` (at a flush, trees over the same
-//! elements that share an intermediate run in one kernel), `reduce` (reductions that read a pending
+//! elements that share an input or intermediate run in one kernel), `reduce` (reductions that read a pending
 //! tree, and maxima kept pending for a later reduction of the same rows), and `preview`
 //! (what would run, for `explain`, without running anything). Every decision about what is
 //! deferred and what one kernel holds is made here, from the backend's

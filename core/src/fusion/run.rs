@@ -111,15 +111,13 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
     };
     let target = device.backend().target();
     // Trees over the same elements that share an input or intermediate with this one run in
-    // its kernel too (locked from here to their splice, so nothing else runs them meanwhile).
+    // its kernel too (locked from here to their splice, so nothing else runs them meanwhile;
+    // one that ran since `siblings` looked, or whose lock is busy now, is left out).
     let siblings = super::siblings::siblings(storage, p, tree, max_stored);
     let sibling_work: Vec<_> = siblings
         .iter()
-        .map(|s| (s, s.pending()))
-        .filter(|(_, g)| {
-            g.as_ref()
-                .is_some_and(|c| super::siblings::alike(c, p) && c.tree().is_some())
-        })
+        .filter_map(|s| Some((s, s.try_pending()?)))
+        .filter(|(_, g)| g.as_ref().is_some_and(|c| c.tree().is_some()))
         .collect();
     let mut roots = vec![tree];
     roots.extend(sibling_work.iter().filter_map(|(_, g)| g.as_ref()?.tree()));
@@ -136,9 +134,15 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         }
     }
     for (s, g) in &sibling_work {
-        let (Some(sp), true) = (g.as_ref(), fused.also.len() < max_stored) else {
+        let Some(sp) = g.as_ref() else {
             continue;
         };
+        if fused.also.len() >= max_stored {
+            break;
+        }
+        // A sibling whose outputs (its own held intermediates among them) or new inputs do
+        // not fit is undone, and stays pending.
+        let mark = fused.mark();
         let e = fused.splice(sp, true)?;
         let t = Tensor {
             storage: (*s).clone(),
@@ -147,9 +151,11 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
             autograd: None,
         };
         fused.also.push((t, e));
+        if !fused.fits(target) {
+            fused.rollback(mark);
+        }
     }
     drop(sibling_work);
-    fused.fit_outputs(target);
     // A deferred reduction of a tree among the leaves runs now, before the leaves it takes
     // in as a prologue and before this kernel stores a tree it reads (an intermediate someone
     // holds): it computes that tree itself.

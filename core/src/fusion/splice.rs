@@ -81,20 +81,27 @@ pub(super) fn reads_alike(c: &Pending, t: &Tensor) -> bool {
 /// leaves it to the trees, which splice it in, instead of writing it to memory. `extra`: the
 /// caller's own references.
 pub(super) fn held_only_by_trees(storage: &Arc<Storage>, extra: usize) -> bool {
-    let by_trees: usize = storage
-        .live_readers()
-        .iter()
-        .map(|r| {
-            r.pending().as_ref().and_then(Pending::tree).map_or(0, |t| {
-                t.inputs
-                    .iter()
-                    .filter(|t| Arc::ptr_eq(&t.storage, storage))
-                    .count()
-            })
-        })
-        .sum();
-    Arc::strong_count(storage) == by_trees + extra
+    trees_alone_hold(storage, extra, true) == Some(true)
 }
+
+/// [`held_only_by_trees`], taking each reader's lock only if it is free unless `wait`: `None`
+/// where one is busy.
+pub(super) fn trees_alone_hold(storage: &Arc<Storage>, extra: usize, wait: bool) -> Option<bool> {
+    let mut by_trees = 0;
+    for r in storage.live_readers() {
+        let guard = if wait { r.pending() } else { r.try_pending()? };
+        by_trees += guard.as_ref().and_then(Pending::tree).map_or(0, |t| {
+            t.inputs
+                .iter()
+                .filter(|t| Arc::ptr_eq(&t.storage, storage))
+                .count()
+        });
+    }
+    Some(Arc::strong_count(storage) == by_trees + extra)
+}
+
+/// How far a [`Fused`] had grown, to undo a splice that did not fit ([`Fused::rollback`]).
+pub(super) struct Mark([usize; 7]);
 
 /// One fused kernel being assembled: its inputs (deduplicated), scalars, user ops, and the
 /// pending intermediates it stores as further outputs.
@@ -287,6 +294,38 @@ impl Fused {
         let mut subst: smallvec::SmallVec<[(Expr, usize); 4]> =
             subst.into_iter().zip(uses).collect();
         Ok(substitute(&tree.expr, &mut subst, base))
+    }
+
+    /// Where this kernel stands now.
+    pub(super) fn mark(&self) -> Mark {
+        Mark([
+            self.inputs.len(),
+            self.scalars.len(),
+            self.ops.len(),
+            self.call_sites.len(),
+            self.computed.len(),
+            self.spliced.len(),
+            self.also.len(),
+        ])
+    }
+
+    /// Back to `mark`: everything spliced since is forgotten (splicing only appends, and a
+    /// tree spliced and forgotten stays pending).
+    pub(super) fn rollback(&mut self, mark: Mark) {
+        let [inputs, scalars, ops, call_sites, computed, spliced, also] = mark.0;
+        self.inputs.truncate(inputs);
+        self.scalars.truncate(scalars);
+        self.ops.truncate(ops);
+        self.call_sites.truncate(call_sites);
+        self.computed.truncate(computed);
+        self.spliced.truncate(spliced);
+        self.also.truncate(also);
+    }
+
+    /// True while this kernel's outputs fit `target`: at most `max_stored` besides the first,
+    /// all of them and the inputs bound together.
+    pub(super) fn fits(&self, target: &Target) -> bool {
+        self.also.len() <= self.max_stored && target.binds(1 + self.also.len() + self.inputs.len())
     }
 
     /// Drops further outputs past what one kernel may bind on `target` (inputs and outputs
