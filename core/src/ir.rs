@@ -651,6 +651,18 @@ impl Expr {
         self.any_node(|n| matches!(n, Node::LinearIndex | Node::Philox(_)))
     }
 
+    /// True when some node of the tree applies `op`.
+    ///
+    /// ```
+    /// use strata_core::{DType, ir::{Expr, UnaryOp}};
+    /// let x = Expr::input(0, DType::F32);
+    /// assert!(Expr::unary(UnaryOp::Erf, x.clone()).applies(UnaryOp::Erf));
+    /// assert!(!Expr::unary(UnaryOp::Exp, x).applies(UnaryOp::Erf));
+    /// ```
+    pub fn applies(&self, op: UnaryOp) -> bool {
+        self.any_node(|n| matches!(n, Node::Unary(o, _) if *o == op))
+    }
+
     /// The most elements one Philox call serves among the tree's draws (`per_counter`); 1
     /// when it draws none.
     ///

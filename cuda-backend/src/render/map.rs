@@ -10,7 +10,7 @@ use super::{batch_capacity, storage_type, to_storage, vector_type};
 use super::{compute_type, decode_offsets, from_storage, index_type, scalar_from_word};
 use super::{Generated, Optimization, Rendered};
 use std::fmt::Write;
-use strata_core::ir::MapTrees;
+use strata_core::ir::{MapTrees, UnaryOp};
 use strata_core::lower::map_plan::Path;
 use strata_core::lower::program::{Lanes, Op, Program, ValueId};
 use strata_core::{DType, Result};
@@ -85,10 +85,15 @@ impl Generated for MapSig<'_> {
     }
     /// Fast-compiled (as fast at run time, a third less compile: `Optimization`), except with
     /// a tiled input, whose tile loops ran 12% slower so (a transposed add on an H100, 1.53
-    /// against 1.37 ms), and with random draws, whose Philox rounds are arithmetic-bound
-    /// (`randn` 0.80 against 0.65 ms).
+    /// against 1.37 ms), with random draws, whose Philox rounds are arithmetic-bound
+    /// (`randn` 0.80 against 0.65 ms), and with `erf`, whose `erff` ran 11% slower so (GELU's
+    /// derivative on an H200, 0.66 against 0.60 ms; `erfc`, `exp`, `tanh`, `sin` and `log`
+    /// ran alike: `scripts/probe_gelu_backward_cupy.py levels`).
     fn optimization(&self) -> Optimization {
-        if self.paths.contains(&Path::Tiled) || self.trees.expr.reads_linear_index() {
+        if self.paths.contains(&Path::Tiled)
+            || self.trees.expr.reads_linear_index()
+            || self.trees.iter().any(|t| t.applies(UnaryOp::Erf))
+        {
             Optimization::Full
         } else {
             Optimization::FastCompile

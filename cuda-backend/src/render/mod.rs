@@ -64,7 +64,7 @@ impl Rendered {
 /// `--Ofast-compile=min`, maps run as fast as fully optimized ones (measured on an H100:
 /// copy, add, casts, `where`, exp, tanh, fused chains, GELU, softmax's maps) and a new fused
 /// kernel's first call takes a third less; reductions, softmax, index and matmul kernels
-/// (unrolled loops), tiled maps and maps with random draws stay fully optimized
+/// (unrolled loops), tiled maps and maps with random draws or `erf` stay fully optimized
 /// (`MapSig`'s [`Generated::optimization`]). `STRATA_CUDA_FAST_COMPILE=0` optimizes maps fully
 /// too (`mid`, `max`: those levels, which compile faster still but ran copies 3× slower).
 /// `min` changes no value (rounding is decided by `--fmad=false`, which all use); `max` did:
