@@ -101,6 +101,11 @@ pub struct Target {
     /// defers a fused reduction whose rows it stages with a prologue, so elementwise work over
     /// the same rows that reads its result (softmax from its primitives) joins its kernel.
     pub fuses_row_epilogue: bool,
+    /// Stages a fused reduction's rows for a row epilogue without a prologue (rows of at most
+    /// [`row_stage_bytes`](Target::row_stage_bytes)): core then defers every fused reduction
+    /// over the trailing axes whose rows fit, so elementwise work over the same rows that
+    /// reads its result (softmax's backward, `y·(g − Σ g·y)`) joins its kernel.
+    pub stages_row_epilogue_alone: bool,
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
@@ -147,6 +152,7 @@ impl Target {
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
             fuses_row_epilogue: true,
+            stages_row_epilogue_alone: false,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],

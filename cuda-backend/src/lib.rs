@@ -154,6 +154,7 @@ impl CudaBackend {
             fuses_row_prologue: true,
             // Staged rows: the epilogue reads them again from L2 and writes once.
             fuses_row_epilogue: true,
+            stages_row_epilogue_alone: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],

@@ -727,6 +727,60 @@ fn fused_backward(dev: &Device) -> Result<()> {
 }
 test_device!(the_backward_of_an_elementwise_chain_fuses, fused_backward);
 
+/// Softmax's backward, `y·(g − Σ g·y)`, and log-softmax's, `g − exp(y)·Σ g`: where the
+/// backend stages a row epilogue on its own (CUDA), the sum and the map run as one kernel;
+/// the CPU's gradient on every backend.
+fn softmax_backward_fuses(dev: &Device) -> Result<()> {
+    for log in [false, true] {
+        softmax_backward_in_one_kernel(dev, log)?;
+    }
+    Ok(())
+}
+
+fn softmax_backward_in_one_kernel(dev: &Device, log: bool) -> Result<()> {
+    let mut gen = Generator::new(8);
+    let xv = Tensor::randn([4, 1024], DType::F32, &mut gen, &Device::cpu())?;
+    let wv = Tensor::randn([4, 1024], DType::F32, &mut gen, &Device::cpu())?;
+    let grad_on = |d: &Device| -> Result<(Vec<f32>, usize)> {
+        let x = xv.to_device(d)?.requires_grad_(true)?;
+        let w = wv.to_device(d)?;
+        let y = if log {
+            x.log_softmax(-1)?
+        } else {
+            x.softmax(-1)?
+        };
+        let loss = y.mul(&w)?.sum(Axes::All, false)?;
+        loss.realize()?;
+        d.synchronize()?;
+        let p = d.profile(|| {
+            loss.backward()?;
+            d.flush()
+        })?;
+        let kernels = p
+            .device_work()
+            .filter(|r| r.kind == RecordKind::Kernel)
+            .count();
+        Ok((host(&x.grad().unwrap())?, kernels))
+    };
+    let (got, kernels) = grad_on(dev)?;
+    let target = dev.backend().target();
+    if dev.fusion() && !dev.blocking() && target.stages_row_epilogue_alone {
+        assert_eq!(
+            kernels, 1,
+            "softmax's backward (log {log}) ran {kernels} kernels"
+        );
+    }
+    let (want, _) = grad_on(&Device::cpu())?;
+    for (k, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+            "log {log}, {k}: {a} vs {b}"
+        );
+    }
+    Ok(())
+}
+test_device!(softmax_backward_runs_as_one_kernel, softmax_backward_fuses);
+
 /// One step of a random differentiable chain (smooth ops only, so a rounding difference
 /// between devices cannot move a value across a kink).
 #[derive(Clone, Debug)]

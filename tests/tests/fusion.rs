@@ -1304,6 +1304,88 @@ fn row_epilogues(dev: &Device) -> Result<()> {
 }
 test_device!(row_epilogues_run_in_the_reduction_they_read, row_epilogues);
 
+/// Row epilogues without a prologue: where the backend stages rows for one on its own
+/// (`stages_row_epilogue_alone`: CUDA), a sum of a tree over the trailing axes whose rows fit
+/// stays pending, and elementwise work over the same rows that reads it runs in its kernel
+/// last (softmax's backward, `y·(g − Σ g·y)`: one kernel). Results equal eager ones bit for
+/// bit (CPU, CUDA), for rows that stage and rows that do not (too long, not whole vectors,
+/// f64, f16), with a pending input spliced into both, the sum read on its own, and work over
+/// a weight broadcast along the rows (which the epilogue cannot take).
+fn row_epilogues_alone(dev: &Device) -> Result<()> {
+    let bits = |t: &Tensor| -> Result<Vec<u64>> {
+        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        Ok(v.iter()
+            .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
+            .collect())
+    };
+    let mut gen = Generator::new(29);
+    let mut cases = Vec::new();
+    for (shape, dtype) in [
+        (vec![5, 40], DType::F32),
+        (vec![3, 4096], DType::F32),
+        (vec![3, 4102], DType::F32),
+        (vec![2, 20000], DType::F32),
+        (vec![4, 512], DType::F64),
+        (vec![3, 256], DType::F16),
+        (vec![2, 3, 64], DType::F32),
+    ] {
+        let y = Tensor::rand(shape.clone(), DType::F32, &mut gen, dev)?.to_dtype(dtype)?;
+        let g = Tensor::randn(shape, DType::F32, &mut gen, dev)?.to_dtype(dtype)?;
+        cases.push((y, g));
+    }
+    dev.flush()?;
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut out = Vec::new();
+        for (y, g) in &cases {
+            // Softmax's backward, the sum kept and read after.
+            let s = (y * g)?.sum(-1, true)?;
+            out.push(bits(&(y * &(g - &s)?)?)?);
+            out.push(bits(&s)?);
+            // A pending gradient, spliced into the sum's map and into the epilogue.
+            let g2 = (g * 2.0)?;
+            let s = (&g2 * y)?.sum(-1, true)?;
+            out.push(bits(&(y * &(&g2 - &s)?)?)?);
+            // The sum on its own.
+            out.push(bits(&(y * g)?.sum(-1, true)?)?);
+            // A weight broadcast along the rows: the work runs as its own map.
+            let row = g.narrow(0, 0, 1)?;
+            let s = (y * &row)?.sum(-1, true)?;
+            out.push(bits(&(y * &(&row - &s)?)?)?);
+        }
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
+        if dev.kind() == strata::BackendKind::Wgpu {
+            for (&f, &e) in f.iter().zip(e) {
+                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
+                assert!(near(f, e), "result {k}: {f} fused, {e} eager");
+            }
+        } else {
+            assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
+        }
+    }
+    let (y, g) = &cases[1];
+    let s = (y * g)?.sum(-1, true)?;
+    let alone = fusing(dev) && dev.backend().target().stages_row_epilogue_alone;
+    assert_eq!(s.is_pending(), alone);
+    drop(s);
+    let (n, written) = kernels_of(dev, || {
+        let s = (y * g)?.sum(-1, true)?;
+        (y * &(g - &s)?)?.realize()
+    })?;
+    if alone {
+        assert_eq!(n, 1, "softmax's backward: one kernel");
+        // The output and the sums; nothing else.
+        assert_eq!(written, (y.numel() + 3) as u64 * 4, "bytes written");
+    }
+    Ok(())
+}
+test_device!(row_epilogues_run_without_a_prologue, row_epilogues_alone);
+
 /// Fused against eager where a Vulkan driver may contract within a shader (docs/semantics.md):
 /// equal, both NaN, or both finite within 1e-5 relative (an infinity matches only itself).
 fn near(f: f64, e: f64) -> bool {

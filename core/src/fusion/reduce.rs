@@ -51,8 +51,10 @@ pub(crate) fn defer_reduce(
 /// The reduction `op` of the pending tree `t`'s last `reduced_axes` axes into a new tensor of
 /// `out_shape`, kept pending so that elementwise work over the same rows that reads its result
 /// may run in its kernel ([`epilogue_of`]): where the backend fuses row epilogues, `t` is a
-/// tree read whole on the current stream and its map reads a deferred maximum or minimum (the
-/// reduction would stage its rows with that prologue). `None`: the reduction runs now.
+/// tree read whole on the current stream, and its map reads a deferred maximum or minimum
+/// (the reduction would stage its rows with that prologue) or the backend stages rows of its
+/// length without one ([`stages_row_epilogue_alone`](crate::target::Target::stages_row_epilogue_alone)).
+/// `None`: the reduction runs now.
 #[track_caller]
 pub(crate) fn defer_map_reduce(
     op: ReduceOp,
@@ -63,12 +65,20 @@ pub(crate) fn defer_map_reduce(
 ) -> Result<Option<Tensor>> {
     let device = t.device();
     let target = device.backend().target();
+    let stream = device.current_handle();
+    let row_bytes = t.shape()[t.ndim() - reduced_axes.min(t.ndim())..]
+        .iter()
+        .product::<usize>()
+        * t.dtype().itemsize();
+    let stages_alone = target.stages_row_epilogue_alone
+        && row_bytes <= target.row_stage_bytes
+        && is_tree_on(t, &stream);
     let defer = device.defers()
         && target.fuses_row_epilogue
         && target.fuses_map_into_reduce
         && target.fuses_row_prologue
         && !op.returns_index()
-        && reads_deferred_reduction(t, &device.current_handle(), &mut Vec::new());
+        && (stages_alone || reads_deferred_reduction(t, &stream, &mut Vec::new()));
     if !defer {
         return Ok(None);
     }
@@ -124,6 +134,16 @@ fn op_name(op: ReduceOp) -> &'static str {
         ReduceOp::ArgMax => "argmax",
         ReduceOp::ArgMin => "argmin",
     }
+}
+
+/// True when `t` is a pending tree read whole, issued on `stream`.
+fn is_tree_on(t: &Tensor, stream: &Arc<crate::device::StreamHandle>) -> bool {
+    let guard = t.storage.pending();
+    guard.as_ref().is_some_and(|p| {
+        matches!(p.work, PendingWork::Tree(_))
+            && p.layout == t.layout
+            && Arc::ptr_eq(&p.stream, stream)
+    })
 }
 
 /// True when `t` is a pending tree (read whole, issued on `stream`) whose expression reads,

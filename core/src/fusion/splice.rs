@@ -66,6 +66,16 @@ pub(super) fn spliceable<'g>(
         .filter(|c| reads_alike(c, t) && Arc::ptr_eq(&c.stream, stream) && c.tree().is_some())
 }
 
+/// The source of `c` where `c` is a deferred reduction of a pending tree issued on `stream`.
+fn of_tree_on<'c>(c: &'c Pending, stream: &Arc<StreamHandle>) -> Option<&'c Tensor> {
+    match &c.work {
+        PendingWork::Reduce(d) if Arc::ptr_eq(&c.stream, stream) && d.source.is_pending() => {
+            Some(&d.source)
+        }
+        _ => None,
+    }
+}
+
 /// True when reading `t` element by element reads `c`'s values as its tree computes them
 /// there: `t` has `c`'s layout, or `c` is a constant (a tree of no tensor input that does not
 /// read the element's position: the ones a backward pass starts from), the same through any
@@ -182,7 +192,10 @@ impl Fused {
 
     /// Counts, over every distinct tree spliced into the kernel of `roots`, the references
     /// each spliceable pending storage gets from them (iteratively: trees are bounded, but
-    /// walks need no stack).
+    /// walks need no stack). The tree of a deferred reduction they read counts too: the
+    /// kernel may be that reduction's epilogue, which computes its tree as well, and
+    /// otherwise the reduction runs first, so an intermediate both read is never worth
+    /// storing for it (softmax's backward: the gradient `g` in `Σ g·y` and `y·(g − Σ g·y)`).
     fn count_internal(&mut self, roots: &[&Tree], stream: &Arc<StreamHandle>) {
         let mut seen: Vec<usize> = Vec::new();
         let mut todo: Vec<Arc<Storage>> = Vec::new();
@@ -190,6 +203,14 @@ impl Fused {
             |p: &Tree, todo: &mut Vec<Arc<Storage>>, internal: &mut Vec<(usize, usize)>| {
                 for t in &p.inputs {
                     let guard = t.storage.pending();
+                    if let Some(d) = guard.as_ref().and_then(|c| of_tree_on(c, stream)) {
+                        let a = address(&d.storage);
+                        if !seen.contains(&a) {
+                            seen.push(a);
+                            todo.push(d.storage.clone());
+                        }
+                        continue;
+                    }
                     if spliceable(t, &guard, stream).is_none() {
                         continue;
                     }

@@ -34,12 +34,9 @@ pub(crate) fn steps(
             "internal error: reduce::steps takes a reduction".into(),
         ));
     };
-    let Some(prologue) = prologue else {
-        if epilogue.is_some() {
-            return Err(unstaged_epilogue());
-        }
+    if prologue.is_none() && epilogue.is_none() {
         return plain(op, reduced_axes, acc, map.as_ref(), args, target);
-    };
+    }
     // One pass over each row where it fits shared memory, else core's launches.
     if let Some(map) = map {
         let how = (op, reduced_axes, acc);
@@ -80,12 +77,15 @@ pub(crate) fn stages(kernel: &Kernel, args: &KernelArgs, target: &Target) -> Res
         reduced_axes,
         acc,
         map: Some(map),
-        prologue: Some(prologue),
+        prologue,
         epilogue,
     } = kernel
     else {
         return Ok(false);
     };
+    if prologue.is_none() && epilogue.is_none() {
+        return Ok(false);
+    }
     let how = (*op, *reduced_axes, *acc);
     Ok(staged_kernel(how, map, *prologue, epilogue.as_ref(), args, target)?.is_some())
 }
@@ -264,22 +264,24 @@ impl Reduction {
     }
 }
 
-/// Plans `Reduce { op, map, prologue, epilogue }` over `args` as one staged launch
-/// (`reduce_prologue`'s kernel), or `None` when the reduction does not take that shape.
+/// Plans `Reduce { op, map, prologue, epilogue }` (a prologue, an epilogue or both) over
+/// `args` as one staged launch (`render::reduce::staged`'s kernel), or `None` when the
+/// reduction does not take that shape.
 fn staged_kernel(
     (op, reduced_axes, acc): (ReduceOp, usize, DType),
     map: &Expr,
-    prologue: RowPrologue,
+    prologue: Option<RowPrologue>,
     epilogue: Option<&RowEpilogue>,
     args: &KernelArgs,
     target: &Target,
 ) -> Result<Option<(ReduceSig, Launch)>> {
-    let (out, prologue_out, epilogue_out) = match (args.outputs.as_slice(), epilogue) {
-        ([out, p], None) => (out, p, None),
-        ([out, p, e], Some(_)) => (out, p, Some(e)),
+    let (out, prologue_out, epilogue_out) = match (args.outputs.as_slice(), prologue, epilogue) {
+        ([out, p], Some(_), None) => (out, Some(p), None),
+        ([out, p, e], Some(_), Some(_)) => (out, Some(p), Some(e)),
+        ([out, e], None, Some(_)) => (out, None, Some(e)),
         _ => return Ok(None),
     };
-    if prologue.source != 0 {
+    if prologue.is_some_and(|p| p.source != 0) {
         return Ok(None);
     }
     let main = KernelArgs {
@@ -296,12 +298,16 @@ fn staged_kernel(
     // Splits are followed as the eager launches run them (ranges, then one thread adding
     // the partials in order), where that combine is one thread's.
     // Output 1 is written during the kernel: no other input may read its buffer.
-    let prologue_buffer = crate::memory::buffer_info(prologue_out)?.address;
+    let prologue_buffer = match prologue_out {
+        Some(o) => Some(crate::memory::buffer_info(o)?.address),
+        None => None,
+    };
     let out_buffer = crate::memory::buffer_info(out)?.address;
     let aliased = args.inputs.iter().enumerate().any(|(k, o)| {
-        let at = crate::memory::buffer_info(o).map(|b| b.address);
-        (k != prologue.result && at.as_ref().is_ok_and(|&a| a == prologue_buffer))
-            || (epilogue.is_some_and(|e| e.result != k) && at.is_ok_and(|a| a == out_buffer))
+        let at = crate::memory::buffer_info(o).map(|b| b.address).ok();
+        let reads_prologue = prologue.is_some_and(|p| p.result == k);
+        (!reads_prologue && at.is_some() && at == prologue_buffer)
+            || (epilogue.is_some_and(|e| e.result != k) && at == Some(out_buffer))
     });
     // The epilogue's output is laid out like input 0 (it is written at the row's offsets),
     // and its result input holds one value per output.
@@ -320,11 +326,25 @@ fn staged_kernel(
         }
         _ => true,
     };
+    // A prologue is order-free, laid out and typed like the output and read one value per
+    // output.
+    let prologue_fits = match (prologue, prologue_out) {
+        (Some(pr), Some(o)) => {
+            pr.op.is_order_free()
+                && o.layout == out.layout
+                && o.dtype == input
+                && red
+                    .sig
+                    .map
+                    .as_ref()
+                    .is_some_and(|m| m.per_output[pr.result])
+        }
+        _ => true,
+    };
     let fits = p.combine_group == 1
         && !aliased
         && epilogue_fits
-        && prologue.op.is_order_free()
-        && prologue_out.layout == out.layout
+        && prologue_fits
         && !op.returns_index()
         && matches!(p.group, 32 | 256)
         && p.group <= STAGE_GROUP
@@ -334,21 +354,15 @@ fn staged_kernel(
         && v > 1
         && p.extent.is_multiple_of(v)
         && p.extent * input.itemsize() <= target.row_stage_bytes
-        && repr(op, acc).itemsize() == input.itemsize()
-        && prologue_out.dtype == input
-        && red
-            .sig
-            .map
-            .as_ref()
-            .is_some_and(|m| m.per_output[prologue.result]);
+        && repr(op, acc).itemsize() == input.itemsize();
     if !fits {
         return Ok(None);
     }
     let sig = ReduceSig {
-        prologue: Some(StagedPrologue {
-            op: prologue.op,
-            result: prologue.result,
-            out: prologue_out.dtype,
+        prologue: prologue.zip(prologue_out).map(|(pr, o)| StagedPrologue {
+            op: pr.op,
+            result: pr.result,
+            out: o.dtype,
         }),
         epilogue: epilogue.zip(epilogue_out).map(|(e, o)| StagedEpilogue {
             expr: e.expr.clone(),
@@ -360,17 +374,34 @@ fn staged_kernel(
     let mut launch = red.first();
     // A split row's partials stay in the block's shared memory (`sh_part`): no scratch.
     launch.scratch.clear();
-    launch
-        .args
-        .push(crate::memory::element_address(prologue_out)?);
+    if let Some(o) = prologue_out {
+        launch.args.push(crate::memory::element_address(o)?);
+    }
     if let Some(o) = epilogue_out {
         launch.args.push(crate::memory::element_address(o)?);
     }
     let rows = p.outputs.min(1 << 20) as u32;
-    launch.grid = Grid::Fixed {
-        grid: (rows, 1, 1),
-        block: (STAGE_GROUP as u32, 1, 1),
-        shared: (p.extent * input.itemsize()) as u32,
+    let (block, shared) = (
+        (STAGE_GROUP as u32, 1, 1),
+        (p.extent * input.itemsize()) as u32,
+    );
+    // An epilogue that reads rows from memory again reads them from L2 while few rows are
+    // in flight: one block a multiprocessor (softmax's backward over [16384, 16384] f32 on an
+    // H200, 1.02–1.05 ms; two 1.10–1.14; three, which the row's shared memory allows, 1.27,
+    // 50 MiB of rows in flight).
+    launch.grid = if crate::render::reduce::rereads_rows(&sig) {
+        Grid::Resident {
+            items: rows,
+            per_sm: 1,
+            block,
+            shared,
+        }
+    } else {
+        Grid::Fixed {
+            grid: (rows, 1, 1),
+            block,
+            shared,
+        }
     };
     Ok(Some((sig, launch)))
 }

@@ -7,7 +7,7 @@
 //! still streams at full bandwidth.
 //!
 //! `plain` writes a reduction's kernel, `staged` one with a row prologue
-//! ([`StagedPrologue`]); `parts` holds the pieces both write (the accumulator's representation,
+//! ([`StagedPrologue`]) or a row epilogue ([`StagedEpilogue`]); `parts` holds the pieces both write (the accumulator's representation,
 //! the argument words, the group combine).
 
 mod parts;
@@ -15,6 +15,7 @@ mod plain;
 mod staged;
 
 pub(crate) use parts::{repr, Words};
+pub(crate) use staged::rereads_rows;
 
 use super::{Generated, Rendered};
 use strata_core::ir::ReduceOp;
@@ -43,8 +44,8 @@ pub(crate) struct ReduceSig {
     /// A row prologue computed first with each row kept in shared memory (a block of
     /// [`STAGE_GROUP`](super::softmax::STAGE_GROUP) threads a row): see `staged`.
     pub prologue: Option<StagedPrologue>,
-    /// With a prologue, elementwise work over the staged row that reads the result, run
-    /// last: see `staged`.
+    /// Elementwise work over the staged row that reads the result, run last (the row is
+    /// staged for it, with a prologue or without): see `staged`.
     pub epilogue: Option<StagedEpilogue>,
 }
 
@@ -72,9 +73,12 @@ pub(crate) struct StagedEpilogue {
 impl Generated for ReduceSig {
     const NAME: &'static str = "strata_reduce";
     fn render(&self) -> Result<Rendered> {
-        Ok(Rendered::single(match self.prologue {
-            Some(_) => staged::source(self)?,
-            None => plain::source(self)?,
-        }))
+        Ok(Rendered::single(
+            if self.prologue.is_some() || self.epilogue.is_some() {
+                staged::source(self)?
+            } else {
+                plain::source(self)?
+            },
+        ))
     }
 }

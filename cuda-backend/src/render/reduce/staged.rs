@@ -1,17 +1,18 @@
-//! A reduction with a row prologue ([`RowPrologue`](strata_core::ir::RowPrologue)) in one kernel: `(x - x.max(-1, true))
-//! .exp().sum(-1)` reads each row of `x` once. A block of
-//! [`STAGE_GROUP`](crate::render::softmax::STAGE_GROUP) threads copies the row into dynamic shared
-//! memory, folds the prologue (an order-free op: any order gives the eager value) and writes it,
-//! computes every element's term in place (what the eager kernel adds: the map's value
-//! converted to the accumulator), and then its first `group` threads add the terms exactly as
-//! the eager plan's group would (the same lanes, positions, order and combining tree), so the
-//! result equals the two launches bit for bit. Rows of whole vectors that fit the staging
-//! bytes, with terms as wide as the elements (f32, f64), and one eager launch; any other
-//! reduction runs as the two launches (`strata_core::lower::prologue::split`).
+//! A reduction with a row prologue ([`RowPrologue`](strata_core::ir::RowPrologue)) or a row
+//! epilogue in one kernel: `(x - x.max(-1, true)).exp().sum(-1)` reads each row of `x` once.
+//! A block of [`STAGE_GROUP`](crate::render::softmax::STAGE_GROUP) threads copies the row into
+//! dynamic shared memory, folds the prologue if there is one (an order-free op: any order
+//! gives the eager value) and writes it, computes every element's term in place (what the
+//! eager kernel adds: the map's value converted to the accumulator), and then its first
+//! `group` threads add the terms exactly as the eager plan's group would (the same lanes,
+//! positions, order and combining tree), so the result equals the separate launches bit for
+//! bit; an epilogue then runs over the row. Rows of whole vectors that fit the staging bytes,
+//! with terms as wide as the elements (f32, f64), and one eager launch; any other reduction
+//! runs as the separate launches (`strata_core::lower::prologue::split`).
 
 use super::parts::{block_combine, contribution, declare_map_operands, decode_output};
 use super::parts::{identity, repr, update, warp_reduce, Words};
-use super::ReduceSig;
+use super::{ReduceSig, StagedPrologue};
 use crate::render::softmax::STAGE_GROUP;
 use crate::render::{
     cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type,
@@ -22,30 +23,47 @@ use strata_core::Result;
 /// Blocks of a staged row per multiprocessor: the softmax's measured three.
 const STAGE_BLOCKS: usize = 3;
 
-/// The CUDA C source of a staged reduction with a prologue, named `strata_reduce`. Its words
-/// are the eager launch's (`reduce::source`), then output 1's pointer.
+/// A kernel whose epilogue reads rows again runs one block a multiprocessor
+/// ([`rereads_rows`], `run::reduce`): its registers are allotted for that, and its loops over
+/// the row, which load from memory, are unrolled so the loads are in flight together.
+fn blocks_and_unroll(sig: &ReduceSig) -> (usize, &'static str) {
+    if rereads_rows(sig) {
+        (1, "#pragma unroll 8\n")
+    } else {
+        (STAGE_BLOCKS, "")
+    }
+}
+
+/// The CUDA C source of a staged reduction with a prologue or an epilogue, named
+/// `strata_reduce`. Its words are the eager launch's (`reduce::source`), then the prologue's
+/// output's pointer and the epilogue's, each where there is one.
 pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
-    let (Some(prologue), Some(m)) = (sig.prologue, sig.map.as_ref()) else {
+    let Some(m) = sig
+        .map
+        .as_ref()
+        .filter(|_| sig.prologue.is_some() || sig.epilogue.is_some())
+    else {
         return Err(strata_core::Error::Backend(
-            "internal error: a staged reduction has a prologue and a map".into(),
+            "internal error: a staged reduction has a map and a prologue or an epilogue".into(),
         ));
     };
     let idx = index_type(sig.wide);
     let (ro, g, v) = (sig.outer_rank, sig.group, sig.vector);
     let r = repr(sig.op, sig.acc);
-    let pr = repr(prologue.op, prologue.out);
-    let (acc_t, pr_t, in_t) = (compute_type(r), compute_type(pr), storage_type(sig.input));
+    let (acc_t, in_t) = (compute_type(r), storage_type(sig.input));
     let vt = vector_type(v * sig.input.itemsize());
-    // The eager launch's words, then output 1's pointer (and an epilogue's output's).
+    // The eager launch's words, then the prologue's output's pointer and the epilogue's.
     let w = Words::of(sig);
-    let epilogue_ptr = w.total + 1;
-    let (prologue_ptr, total) = (w.total, epilogue_ptr + usize::from(sig.epilogue.is_some()));
+    let prologue_ptr = w.total;
+    let epilogue_ptr = w.total + usize::from(sig.prologue.is_some());
+    let total = epilogue_ptr + usize::from(sig.epilogue.is_some());
     let warps = STAGE_GROUP / 32;
+    let (blocks, unroll) = blocks_and_unroll(sig);
 
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "extern \"C\" __global__ void __launch_bounds__({STAGE_GROUP}, {STAGE_BLOCKS}) \
+        "extern \"C\" __global__ void __launch_bounds__({STAGE_GROUP}, {blocks}) \
          strata_reduce(const Args<{total}> p) {{"
     );
     let _ = writeln!(
@@ -54,12 +72,12 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     );
     let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{}];", w.in_ptr);
     declare_map_operands(&mut s, m, &w);
-    let (out_t, prologue_st) = (storage_type(sig.out), storage_type(prologue.out));
+    let out_t = storage_type(sig.out);
     let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{}];", w.out_ptr);
-    let _ = writeln!(
-        s,
-        "  {prologue_st}* prologue_out = ({prologue_st}*)p.w[{prologue_ptr}];"
-    );
+    if let Some(prologue) = sig.prologue {
+        let t = storage_type(prologue.out);
+        let _ = writeln!(s, "  {t}* prologue_out = ({t}*)p.w[{prologue_ptr}];");
+    }
     if let Some(e) = &sig.epilogue {
         let t = storage_type(e.out);
         let _ = writeln!(s, "  {t}* epilogue_out = ({t}*)p.w[{epilogue_ptr}];");
@@ -68,9 +86,13 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(s, "  extern __shared__ {vt} rowbuf[];");
     // (`sh_part`: a range's partial; the eager plan splits into fewer than 64, as its
     // one-thread combine requires.)
+    if let Some(prologue) = sig.prologue {
+        let pr_t = compute_type(repr(prologue.op, prologue.out));
+        let _ = writeln!(s, "  __shared__ {pr_t} sh_p[{warps}];");
+    }
     let _ = writeln!(
         s,
-        "  __shared__ {pr_t} sh_p[{warps}];\n  __shared__ {acc_t} sh_v[8];\n  __shared__ i64 sh_i[8];\n  __shared__ {acc_t} sh_part[64];"
+        "  __shared__ {acc_t} sh_v[8];\n  __shared__ i64 sh_i[8];\n  __shared__ {acc_t} sh_part[64];"
     );
     let _ = writeln!(
         s,
@@ -79,62 +101,30 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(s, "  for ({idx} o = blockIdx.x; o < O; o += gridDim.x) {{");
     decode_output(&mut s, idx, ro, &w);
     // 1. The row into shared memory, its loads in flight together, each thread folding the
-    // prologue over its vectors as they arrive (in any order: the op is order-free).
-    let _ = writeln!(s, "    {prologue_st} kept;");
-    let _ = writeln!(s, "    {{");
-    let _ = writeln!(
-        s,
-        "      {pr_t} acc = {}; i64 best = 9223372036854775807ll;",
-        identity(prologue.op, pr)
-    );
-    let _ = writeln!(
-        s,
-        "#pragma unroll 8\n      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
-    );
-    let _ = writeln!(
-        s,
-        "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in0 + ib + r); rowbuf[r / {v}] = u.v;"
-    );
-    let _ = writeln!(
-        s,
-        "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{ const {pr_t} v = {}; {} }}\n      }}",
-        cast(&from_storage(sig.input, "u.e[l]"), sig.input, pr, false),
-        update(prologue.op, pr, "v", "0")
-    );
-    // 2. The prologue of the row: every thread ends with it.
-    warp_reduce(&mut s, "      ", prologue.op, pr);
-    let _ = writeln!(
-        s,
-        "      if (wl == 0) sh_p[warp] = acc;\n      __syncthreads();"
-    );
-    let _ = writeln!(
-        s,
-        "      acc = sh_p[0];\n      for (int w = 1; w < {warps}; w++) {{ const {pr_t} v = sh_p[w]; {} }}",
-        update(prologue.op, pr, "v", "0")
-    );
-    let stored = to_storage(prologue.out, &cast("acc", pr, prologue.out, false));
-    let _ = writeln!(
-        s,
-        "      const {prologue_st} stored = {stored}; kept = stored;"
-    );
-    let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
-    // 3. Each element's term, as the eager kernel computes it (the prologue read back as stored).
-    let res = prologue.result;
-    let _ = writeln!(
-        s,
-        "      const {} x{res} = {};",
-        compute_type(prologue.out),
-        from_storage(prologue.out, "stored")
-    );
+    // prologue (if any) over its vectors as they arrive (in any order: the op is order-free).
+    let res = match sig.prologue {
+        Some(prologue) => Some(stage_with_prologue(&mut s, sig, prologue, idx)?),
+        None => {
+            // (Each thread reads back only its own vectors: no barrier.)
+            let _ = writeln!(
+                s,
+                "    {{\n#pragma unroll 8\n      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) rowbuf[r / {v}] = *(const {vt}*)(in0 + ib + r);"
+            );
+            None
+        }
+    };
     // Each thread its own vectors: one shared-memory load and store a vector.
     let _ = writeln!(
         s,
-        "      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
+        "{unroll}      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
     );
     let _ = writeln!(
         s,
         "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = rowbuf[r / {v}];\n        union {{ {vt} v; {acc_t} e[{v}]; }} t;"
     );
+    // (Inputs only the epilogue reads are not loaded here.)
+    let read = |k: usize| k > 0 && Some(k) != res && m.expr.reads_input(k);
+    load_row_inputs(&mut s, "        ", m, v, read);
     let _ = writeln!(
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
@@ -142,10 +132,9 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     for (k, &d) in m.inputs.iter().enumerate() {
         let at = match k {
             0 => "u.e[l]".to_string(),
-            // (Inputs only the epilogue reads are not loaded here.)
-            _ if k == res || !m.expr.reads_input(k) => continue,
+            _ if !read(k) => continue,
             _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("in{k}[ib + r + l]"),
+            _ => format!("u{k}.e[l]"),
         };
         let _ = writeln!(
             s,
@@ -236,6 +225,94 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     Ok(s)
 }
 
+/// Steps 1 and 2 with a prologue: the row into shared memory, each thread folding the
+/// prologue over its vectors as they arrive; then the row's prologue, which every thread ends
+/// with, written and read back as stored (`kept`, and the map's input `result`). Opens the
+/// block step 3 closes; returns the input that reads the prologue.
+fn stage_with_prologue(
+    s: &mut String,
+    sig: &ReduceSig,
+    prologue: StagedPrologue,
+    idx: &str,
+) -> Result<usize> {
+    let v = sig.vector;
+    let pr = repr(prologue.op, prologue.out);
+    let (pr_t, in_t, prologue_st) = (
+        compute_type(pr),
+        storage_type(sig.input),
+        storage_type(prologue.out),
+    );
+    let vt = vector_type(v * sig.input.itemsize());
+    let warps = STAGE_GROUP / 32;
+    let _ = writeln!(s, "    {prologue_st} kept;");
+    let _ = writeln!(s, "    {{");
+    let _ = writeln!(
+        s,
+        "      {pr_t} acc = {}; i64 best = 9223372036854775807ll;",
+        identity(prologue.op, pr)
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll 8\n      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
+    );
+    let _ = writeln!(
+        s,
+        "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in0 + ib + r); rowbuf[r / {v}] = u.v;"
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{ const {pr_t} v = {}; {} }}\n      }}",
+        cast(&from_storage(sig.input, "u.e[l]"), sig.input, pr, false),
+        update(prologue.op, pr, "v", "0")
+    );
+    // 2. The prologue of the row: every thread ends with it.
+    warp_reduce(s, "      ", prologue.op, pr);
+    let _ = writeln!(
+        s,
+        "      if (wl == 0) sh_p[warp] = acc;\n      __syncthreads();"
+    );
+    let _ = writeln!(
+        s,
+        "      acc = sh_p[0];\n      for (int w = 1; w < {warps}; w++) {{ const {pr_t} v = sh_p[w]; {} }}",
+        update(prologue.op, pr, "v", "0")
+    );
+    let stored = to_storage(prologue.out, &cast("acc", pr, prologue.out, false));
+    let _ = writeln!(
+        s,
+        "      const {prologue_st} stored = {stored}; kept = stored;"
+    );
+    let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
+    // 3. Each element's term reads the prologue back as stored.
+    let res = prologue.result;
+    let _ = writeln!(
+        s,
+        "      const {} x{res} = {};",
+        compute_type(prologue.out),
+        from_storage(prologue.out, "stored")
+    );
+    Ok(res)
+}
+
+/// Vector loads (`u{k}`) at the row position `r` of the map's inputs `read` picks that are laid
+/// out like input 0 (core's promise for every input without one value per output).
+fn load_row_inputs(
+    s: &mut String,
+    indent: &str,
+    m: &strata_core::lower::operands::ReduceMap,
+    v: usize,
+    read: impl Fn(usize) -> bool,
+) {
+    for (k, &d) in m.inputs.iter().enumerate() {
+        if read(k) && !m.per_output[k] {
+            let (t, vt) = (storage_type(d), vector_type(v * d.itemsize()));
+            let _ = writeln!(
+                s,
+                "{indent}union {{ {vt} v; {t} e[{v}]; }} u{k}; u{k}.v = *(const {vt}*)(in{k} + ib + r);"
+            );
+        }
+    }
+}
+
 /// Step 5, the epilogue: each element of the row once more, with the prologue's and the
 /// reduction's results as stored, in registers; each thread its own vectors, written whole
 /// (core's plan aligned the output's rows). Where the epilogue reads the map's value itself
@@ -249,35 +326,31 @@ fn epilogue(
     idx: &str,
     m: &strata_core::lower::operands::ReduceMap,
 ) -> Result<()> {
-    let Some(prologue) = sig.prologue else {
-        return Err(strata_core::Error::Backend(
-            "internal error: a staged epilogue follows a prologue".into(),
-        ));
-    };
     let v = sig.vector;
     let in_t = storage_type(sig.input);
     let vt = vector_type(v * sig.input.itemsize());
-    let (res, pres) = (e.result, prologue.result);
-    // The map's value, wherever the epilogue computes it, is the term (input `term`) where the
-    // accumulator holds it in its own dtype.
-    let term = m.inputs.len();
-    let expr = if m.expr.dtype == repr(sig.op, sig.acc) {
-        with_term(&e.expr, &m.expr, term)
-    } else {
-        e.expr.clone()
-    };
+    let (res, pres) = (e.result, sig.prologue.map(|p| p.result));
+    let (expr, term) = epilogue_expr(sig, e, m);
     let _ = writeln!(
         s,
-        "    const {} x{res} = {};\n    const {} x{pres} = {};",
+        "    const {} x{res} = {};",
         compute_type(sig.out),
-        from_storage(sig.out, "result"),
-        compute_type(prologue.out),
-        from_storage(prologue.out, "kept")
+        from_storage(sig.out, "result")
     );
+    if let Some(prologue) = sig.prologue {
+        let _ = writeln!(
+            s,
+            "    const {} x{} = {};",
+            compute_type(prologue.out),
+            prologue.result,
+            from_storage(prologue.out, "kept")
+        );
+    }
     let out_st = storage_type(e.out);
     let _ = writeln!(
         s,
-        "    for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
+        "{}    for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{",
+        blocks_and_unroll(sig).1
     );
     if expr.reads_input(0) {
         let _ = writeln!(
@@ -293,14 +366,16 @@ fn epilogue(
         );
     }
     let ovt = vector_type(v * e.out.itemsize());
+    let read = |k: usize| k != res && Some(k) != pres && expr.reads_input(k);
+    load_row_inputs(s, "      ", m, v, |k| k > 0 && read(k));
     let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
     let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
     for (k, &d) in m.inputs.iter().enumerate() {
         let at = match k {
-            _ if k == res || k == pres || !expr.reads_input(k) => continue,
+            _ if !read(k) => continue,
             0 => "u.e[l]".to_string(),
             _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("in{k}[ib + r + l]"),
+            _ => format!("u{k}.e[l]"),
         };
         let _ = writeln!(
             s,
@@ -324,6 +399,32 @@ fn epilogue(
         "        y.e[l] = {value};\n      }}\n      *({ovt}*)(epilogue_out + ib + r) = y.v;\n    }}"
     );
     Ok(())
+}
+
+/// The epilogue's expression as the kernel computes it, and the input number through which
+/// it reads the staged term: the map's value, wherever the epilogue computes it, is the term
+/// where the accumulator holds it in its own dtype.
+fn epilogue_expr(
+    sig: &ReduceSig,
+    e: &super::StagedEpilogue,
+    m: &strata_core::lower::operands::ReduceMap,
+) -> (strata_core::ir::Expr, usize) {
+    let term = m.inputs.len();
+    if m.expr.dtype == repr(sig.op, sig.acc) {
+        (with_term(&e.expr, &m.expr, term), term)
+    } else {
+        (e.expr.clone(), term)
+    }
+}
+
+/// True when `sig`'s epilogue reads rows from memory again (from L2, while they are there):
+/// a further input laid out like the rows, or input 0 outside the staged terms.
+pub(crate) fn rereads_rows(sig: &ReduceSig) -> bool {
+    let (Some(e), Some(m)) = (&sig.epilogue, &sig.map) else {
+        return false;
+    };
+    let (expr, _) = epilogue_expr(sig, e, m);
+    (0..m.inputs.len()).any(|k| !m.per_output[k] && expr.reads_input(k))
 }
 
 /// `e` with every subtree equal to `map` read as input `term` instead.
@@ -390,6 +491,52 @@ mod tests {
         assert!(!src.contains("sh_v[threadIdx.x >> 5] = acc"), "{src}");
         let block = source(&sig(256)).unwrap();
         assert!(block.contains("sh_v[threadIdx.x >> 5] = acc"), "{block}");
+    }
+
+    #[test]
+    fn an_epilogue_alone_stages_the_row_and_reads_further_inputs_as_vectors() {
+        // Softmax's backward: Σ y·g, then y·(g − Σ y·g); y input 0, g input 1, the sum input 2.
+        let x = |k| Expr::input(k, DType::F32);
+        let mut sig = sig(32);
+        sig.prologue = None;
+        sig.map = Some(ReduceMap {
+            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
+            inputs: vec![DType::F32; 3],
+            per_output: vec![false, false, true],
+            scalars: vec![],
+        });
+        sig.epilogue = Some(super::super::StagedEpilogue {
+            expr: Expr::binary(BinaryOp::Mul, x(0), Expr::binary(BinaryOp::Sub, x(1), x(2))),
+            result: 2,
+            out: DType::F32,
+        });
+        let src = source(&sig).unwrap();
+        assert!(
+            !src.contains("prologue_out") && !src.contains("sh_p["),
+            "{src}"
+        );
+        // The row staged once; g read whole vectors at a time for the terms and the epilogue.
+        assert!(
+            src.contains("rowbuf[r / 4] = *(const uint4*)(in0 + ib + r);"),
+            "{src}"
+        );
+        let g = "u1.v = *(const uint4*)(in1 + ib + r);";
+        assert_eq!(src.matches(g).count(), 2, "{src}");
+        assert!(!src.contains("in1[ib"), "{src}");
+        // The sum from its register; the epilogue's pointer right after the eager words.
+        assert!(src.contains("const float x2 = result;"), "{src}");
+        let w = Words::of(&sig);
+        let at = format!("epilogue_out = (float*)p.w[{}];", w.total);
+        assert!(src.contains(&at), "{src}");
+        assert!(src.contains(&format!("Args<{}>", w.total + 1)), "{src}");
+        // It reads rows again: one block a multiprocessor, its loads over the row unrolled.
+        assert!(rereads_rows(&sig));
+        assert!(src.contains("__launch_bounds__(512, 1)"), "{src}");
+        assert_eq!(src.matches("#pragma unroll 8\n").count(), 3, "{src}");
+        // Softmax from its primitives reads only the staged terms: three blocks.
+        assert!(source(&super::tests::sig(32))
+            .unwrap()
+            .contains("__launch_bounds__(512, 3)"));
     }
 
     #[test]
