@@ -195,7 +195,8 @@ impl Fused {
     /// walks need no stack). The tree of a deferred reduction they read counts too: the
     /// kernel may be that reduction's epilogue, which computes its tree as well, and
     /// otherwise the reduction runs first, so an intermediate both read is never worth
-    /// storing for it (softmax's backward: the gradient `g` in `Σ g·y` and `y·(g − Σ g·y)`).
+    /// storing for it (softmax's backward: the gradient `g` in `Σ g·y` and `y·(g − Σ g·y)`;
+    /// log-softmax's: `g` itself, summed, in `g − exp(y)·Σ g`).
     fn count_internal(&mut self, roots: &[&Tree], stream: &Arc<StreamHandle>) {
         let mut seen: Vec<usize> = Vec::new();
         let mut todo: Vec<Arc<Storage>> = Vec::new();
@@ -204,7 +205,12 @@ impl Fused {
                 for t in &p.inputs {
                     let guard = t.storage.pending();
                     if let Some(d) = guard.as_ref().and_then(|c| of_tree_on(c, stream)) {
+                        // (The reduction's own reference to its tree counts as well.)
                         let a = address(&d.storage);
+                        match internal.iter_mut().find(|(k, _)| *k == a) {
+                            Some((_, n)) => *n += 1,
+                            None => internal.push((a, 1)),
+                        }
                         if !seen.contains(&a) {
                             seen.push(a);
                             todo.push(d.storage.clone());
