@@ -1169,12 +1169,6 @@ test_device!(
 /// it, and work the epilogue cannot take (a weight broadcast along the rows, another stream)
 /// runs as before.
 fn row_epilogues(dev: &Device) -> Result<()> {
-    let bits = |t: &Tensor| -> Result<Vec<u64>> {
-        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
-        Ok(v.iter()
-            .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
-            .collect())
-    };
     let mut g = Generator::new(23);
     let mut cases = Vec::new();
     for (shape, dtype) in [
@@ -1229,16 +1223,7 @@ fn row_epilogues(dev: &Device) -> Result<()> {
         Ok(out)
     };
     let (fused, eager) = (run(true)?, run(false)?);
-    for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
-        if dev.kind() == strata::BackendKind::Wgpu {
-            for (&f, &e) in f.iter().zip(e) {
-                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
-                assert!(near(f, e), "result {k}: {f} fused, {e} eager");
-            }
-        } else {
-            assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
-        }
-    }
+    assert_rows_match(dev, &fused, &eager);
     let epilogue = fusing(dev) && dev.backend().target().fuses_row_epilogue;
     let x = &cases[1].0;
     // One kernel for softmax and log-softmax from their primitives.
@@ -1312,12 +1297,6 @@ test_device!(row_epilogues_run_in_the_reduction_they_read, row_epilogues);
 /// f64, f16), with a pending input spliced into both, the sum read on its own, and work over
 /// a weight broadcast along the rows (which the epilogue cannot take).
 fn row_epilogues_alone(dev: &Device) -> Result<()> {
-    let bits = |t: &Tensor| -> Result<Vec<u64>> {
-        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
-        Ok(v.iter()
-            .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
-            .collect())
-    };
     let mut gen = Generator::new(29);
     let mut cases = Vec::new();
     for (shape, dtype) in [
@@ -1358,16 +1337,7 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         Ok(out)
     };
     let (fused, eager) = (run(true)?, run(false)?);
-    for (k, (f, e)) in fused.iter().zip(&eager).enumerate() {
-        if dev.kind() == strata::BackendKind::Wgpu {
-            for (&f, &e) in f.iter().zip(e) {
-                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
-                assert!(near(f, e), "result {k}: {f} fused, {e} eager");
-            }
-        } else {
-            assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
-        }
-    }
+    assert_rows_match(dev, &fused, &eager);
     let (y, g) = &cases[1];
     let s = (y * g)?.sum(-1, true)?;
     let alone = fusing(dev) && dev.backend().target().stages_row_epilogue_alone;
@@ -1385,6 +1355,28 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(row_epilogues_run_without_a_prologue, row_epilogues_alone);
+
+/// A float tensor's elements as f64 bits (f16 and f32 widen exactly; every NaN is 1).
+fn bits(t: &Tensor) -> Result<Vec<u64>> {
+    let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+    Ok(v.iter()
+        .map(|x| if x.is_nan() { 1 } else { x.to_bits() })
+        .collect())
+}
+
+/// Fused results against eager ones (each a [`bits`] list): bit for bit, or on wgpu [`near`].
+fn assert_rows_match(dev: &Device, fused: &[Vec<u64>], eager: &[Vec<u64>]) {
+    for (k, (f, e)) in fused.iter().zip(eager).enumerate() {
+        if dev.kind() == strata::BackendKind::Wgpu {
+            for (&f, &e) in f.iter().zip(e) {
+                let (f, e) = (f64::from_bits(f), f64::from_bits(e));
+                assert!(near(f, e), "result {k}: {f} fused, {e} eager");
+            }
+        } else {
+            assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
+        }
+    }
+}
 
 /// Fused against eager where a Vulkan driver may contract within a shader (docs/semantics.md):
 /// equal, both NaN, or both finite within 1e-5 relative (an infinity matches only itself).

@@ -66,19 +66,20 @@ pub(crate) fn defer_map_reduce(
     let device = t.device();
     let target = device.backend().target();
     let stream = device.current_handle();
-    let row_bytes = t.shape()[t.ndim() - reduced_axes.min(t.ndim())..]
-        .iter()
-        .product::<usize>()
-        * t.dtype().itemsize();
-    let stages_alone = target.stages_row_epilogue_alone
-        && row_bytes <= target.row_stage_bytes
-        && is_tree_on(t, &stream);
+    let stages_alone = || {
+        let row: usize = t.shape()[t.ndim() - reduced_axes.min(t.ndim())..]
+            .iter()
+            .product();
+        target.stages_row_epilogue_alone
+            && row * t.dtype().itemsize() <= target.row_stage_bytes
+            && is_tree_on(t, &stream)
+    };
     let defer = device.defers()
         && target.fuses_row_epilogue
         && target.fuses_map_into_reduce
         && target.fuses_row_prologue
         && !op.returns_index()
-        && (stages_alone || reads_deferred_reduction(t, &stream, &mut Vec::new()));
+        && (stages_alone() || reads_deferred_reduction(t, &stream, &mut Vec::new()));
     if !defer {
         return Ok(None);
     }

@@ -204,30 +204,21 @@ impl Fused {
             |p: &Tree, todo: &mut Vec<Arc<Storage>>, internal: &mut Vec<(usize, usize)>| {
                 for t in &p.inputs {
                     let guard = t.storage.pending();
-                    if let Some(d) = guard.as_ref().and_then(|c| of_tree_on(c, stream)) {
-                        // (The reduction's own reference to its tree counts as well.)
-                        let a = address(&d.storage);
-                        match internal.iter_mut().find(|(k, _)| *k == a) {
-                            Some((_, n)) => *n += 1,
-                            None => internal.push((a, 1)),
-                        }
-                        if !seen.contains(&a) {
-                            seen.push(a);
-                            todo.push(d.storage.clone());
-                        }
-                        continue;
-                    }
-                    if spliceable(t, &guard, stream).is_none() {
-                        continue;
-                    }
-                    let a = address(&t.storage);
+                    // A spliceable tree, or the tree of a deferred reduction (whose own
+                    // reference to it counts as well).
+                    let storage = match guard.as_ref().and_then(|c| of_tree_on(c, stream)) {
+                        Some(d) => &d.storage,
+                        None if spliceable(t, &guard, stream).is_some() => &t.storage,
+                        None => continue,
+                    };
+                    let a = address(storage);
                     match internal.iter_mut().find(|(k, _)| *k == a) {
                         Some((_, n)) => *n += 1,
                         None => internal.push((a, 1)),
                     }
                     if !seen.contains(&a) {
                         seen.push(a);
-                        todo.push(t.storage.clone());
+                        todo.push(storage.clone());
                     }
                 }
             };
