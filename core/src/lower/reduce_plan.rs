@@ -161,9 +161,21 @@ pub fn plan(ops: &ReduceOperands, buffers: &[BufferInfo], target: &Target) -> Re
     // every range holds whole rows, so the group's reads stay neighbours in memory.
     let inner = *reduced_shape.last().unwrap_or(&1);
     let rows = reduced_shape.len() > 1 && in_reduced.last() == Some(&1) && inner >= 32;
+    // A long row takes the largest group even when there are outputs enough for a warp each:
+    // a warp's lanes would each add `extent / 32` terms one after another, a chain that a
+    // kernel staging one row a block (softmax from its primitives, its backward) waits on
+    // with the rest of its block idle, and that fused kernels must repeat to equal this
+    // order. Long: each lane of the largest group still folds 8 whole vectors.
+    let largest = target.group_of(usize::MAX);
+    let nominal_vector = if target.reduce_vectors {
+        (target.vector_bytes / item).max(1)
+    } else {
+        1
+    };
+    let long_row = extent >= largest * nominal_vector * 8;
     let group = if contiguous && extent >= 64 {
-        if extent >= 1024 && outputs * 32 < target.parallel_slots {
-            target.group_of(usize::MAX)
+        if extent >= 1024 && (outputs * 32 < target.parallel_slots || long_row) {
+            largest
         } else {
             target.group_of(32)
         }
@@ -391,6 +403,31 @@ mod tests {
         assert_eq!((cols.group, cols.vector), (1, 1));
         assert!(cols.splits > 1, "few outputs for the device: split");
         assert_eq!(cols.combine_group, 1);
+    }
+
+    #[test]
+    fn many_rows_take_a_warp_each_unless_a_lane_would_add_a_long_chain() {
+        let dev = Device::cpu();
+        // Outputs enough for the device either way (2^14 slots over 32 lanes).
+        let x = Tensor::zeros([1024, 4096], DType::F32, &dev).unwrap();
+        assert_eq!(plan_of(&x, &[1024], &gpu(None)).group, 32);
+        // 8192 f32: a warp's lanes would add 256 terms each, a block's 32 (8 vectors).
+        let x = Tensor::zeros([1024, 8192], DType::F32, &dev).unwrap();
+        let p = plan_of(&x, &[1024], &gpu(None));
+        assert_eq!((p.group, p.vector, p.splits), (256, 4, 1));
+        // Without vectors a row is long from 2048 elements.
+        let t = Target {
+            reduce_vectors: false,
+            ..gpu(None)
+        };
+        assert_eq!(
+            plan_of(&x.narrow(1, 0, 2048).unwrap(), &[1024], &t).group,
+            256
+        );
+        assert_eq!(
+            plan_of(&x.narrow(1, 0, 2047).unwrap(), &[1024], &t).group,
+            32
+        );
     }
 
     #[test]
