@@ -1304,6 +1304,10 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         (vec![3, 4096], DType::F32),
         (vec![3, 4102], DType::F32),
         (vec![2, 20000], DType::F32),
+        // The eager sum in two ranges of a block's lanes (CUDA), whole multiples of the
+        // block's vectors or not.
+        (vec![4, 16384], DType::F32),
+        (vec![2, 10000], DType::F32),
         (vec![4, 512], DType::F64),
         (vec![3, 256], DType::F16),
         (vec![2, 3, 64], DType::F32),

@@ -5,7 +5,7 @@
 use super::step::{chain, Sig, Step};
 use crate::launch::{Args, Grid, Launch};
 use crate::render::reduce::{repr, ReduceSig, Words};
-use crate::render::reduce::{StagedEpilogue, StagedPrologue};
+use crate::render::reduce::{staged, StagedEpilogue, StagedPrologue};
 use crate::render::softmax::STAGE_GROUP;
 use strata_core::backend::KernelArgs;
 use strata_core::ir::{Expr, Kernel, ReduceOp, RowEpilogue, RowPrologue};
@@ -382,17 +382,17 @@ fn staged_kernel(
     }
     let rows = p.outputs.min(1 << 20) as u32;
     let (block, shared) = (
-        (STAGE_GROUP as u32, 1, 1),
+        (staged::block_threads(&sig) as u32, 1, 1),
         (p.extent * input.itemsize()) as u32,
     );
     // An epilogue that reads rows from memory again reads them from L2 while few rows are
     // in flight: one block a multiprocessor (softmax's backward over [16384, 16384] f32 on an
     // H200, 1.02–1.05 ms; two 1.10–1.14; three, which the row's shared memory allows, 1.27,
     // 50 MiB of rows in flight).
-    launch.grid = if crate::render::reduce::rereads_rows(&sig) {
+    launch.grid = if staged::rereads_rows(&sig) {
         Grid::Resident {
             items: rows,
-            per_sm: 1,
+            per_sm: staged::resident_blocks(&sig) as u32,
             block,
             shared,
         }

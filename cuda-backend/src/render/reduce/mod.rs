@@ -12,10 +12,9 @@
 
 mod parts;
 mod plain;
-mod staged;
+pub(crate) mod staged;
 
 pub(crate) use parts::{repr, Words};
-pub(crate) use staged::rereads_rows;
 
 use super::{Generated, Rendered};
 use strata_core::ir::ReduceOp;
