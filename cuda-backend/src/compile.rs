@@ -693,6 +693,7 @@ mod tests {
                 map: None,
                 prologue: None,
                 epilogue: None,
+                held: false,
             };
             let src = sig.render().unwrap().source;
             assert!(src.contains("row < r1 / inner"), "{src}");

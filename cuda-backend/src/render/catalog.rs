@@ -237,6 +237,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     map: None,
                     prologue: None,
                     epilogue: None,
+                    held: false,
                 });
             }
         }
@@ -313,6 +314,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 }),
                 prologue: None,
                 epilogue: None,
+                held: false,
             });
         }
     }
@@ -345,6 +347,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     out: d,
                 }),
                 epilogue: None,
+                held: false,
             });
         }
     }

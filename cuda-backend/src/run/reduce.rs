@@ -4,8 +4,8 @@
 
 use super::step::{chain, Sig, Step};
 use crate::launch::{Args, Grid, Launch};
+use crate::render::reduce::{held, staged, StagedEpilogue, StagedPrologue};
 use crate::render::reduce::{repr, ReduceSig, Words};
-use crate::render::reduce::{staged, StagedEpilogue, StagedPrologue};
 use crate::render::softmax::STAGE_GROUP;
 use strata_core::backend::KernelArgs;
 use strata_core::ir::{Expr, Kernel, ReduceOp, RowEpilogue, RowPrologue};
@@ -134,6 +134,7 @@ fn reduction(
         map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
         prologue: None,
         epilogue: None,
+        held: false,
     };
     let mut map_words = Vec::new();
     if map.is_some() {
@@ -369,6 +370,12 @@ fn staged_kernel(
             result: e.result,
             out: o.dtype,
         }),
+        // A row with a prologue that a block's lanes add in one range, short enough for
+        // registers, is held there (`render::reduce::held`).
+        held: prologue.is_some()
+            && p.group == 256
+            && p.splits == 1
+            && p.extent <= held::VECTORS * p.group * v,
         ..red.sig.clone()
     };
     let mut launch = red.first();
@@ -381,6 +388,14 @@ fn staged_kernel(
         launch.args.push(crate::memory::element_address(o)?);
     }
     let rows = p.outputs.min(1 << 20) as u32;
+    if sig.held {
+        launch.grid = Grid::Fixed {
+            grid: (rows, 1, 1),
+            block: (p.group as u32, 1, 1),
+            shared: 0,
+        };
+        return Ok(Some((sig, launch)));
+    }
     let (block, shared) = (
         (staged::block_threads(&sig) as u32, 1, 1),
         (p.extent * input.itemsize()) as u32,

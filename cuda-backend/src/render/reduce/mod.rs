@@ -7,9 +7,12 @@
 //! still streams at full bandwidth.
 //!
 //! `plain` writes a reduction's kernel, `staged` one with a row prologue
-//! ([`StagedPrologue`]) or a row epilogue ([`StagedEpilogue`]); `parts` holds the pieces both write (the accumulator's representation,
-//! the argument words, the group combine).
+//! ([`StagedPrologue`]) or a row epilogue ([`StagedEpilogue`]) whose row waits in shared
+//! memory, `held` one with a prologue whose row waits in registers (a block's lanes in one
+//! range); `parts` holds the pieces they share (the accumulator's representation, the argument
+//! words, the group combine).
 
+pub(crate) mod held;
 mod parts;
 mod plain;
 pub(crate) mod staged;
@@ -46,6 +49,10 @@ pub(crate) struct ReduceSig {
     /// Elementwise work over the staged row that reads the result, run last (the row is
     /// staged for it, with a prologue or without): see `staged`.
     pub epilogue: Option<StagedEpilogue>,
+    /// A staged reduction with a prologue whose rows are held in registers instead of shared
+    /// memory (one range, a block's group, at most [`held::VECTORS`] vectors a thread): see
+    /// `held`.
+    pub held: bool,
 }
 
 impl strata_core::kernel_cache::Owned for ReduceSig {}
@@ -72,12 +79,12 @@ pub(crate) struct StagedEpilogue {
 impl Generated for ReduceSig {
     const NAME: &'static str = "strata_reduce";
     fn render(&self) -> Result<Rendered> {
-        Ok(Rendered::single(
-            if self.prologue.is_some() || self.epilogue.is_some() {
-                staged::source(self)?
-            } else {
-                plain::source(self)?
-            },
-        ))
+        Ok(Rendered::single(if self.held {
+            held::source(self)?
+        } else if self.prologue.is_some() || self.epilogue.is_some() {
+            staged::source(self)?
+        } else {
+            plain::source(self)?
+        }))
     }
 }

@@ -270,6 +270,7 @@ mod tests {
             map: None,
             prologue: None,
             epilogue: None,
+            held: false,
         }
     }
 

@@ -423,7 +423,7 @@ fn stage_with_prologue(
 
 /// Vector loads (`u{k}`) at the row position `r` of the map's inputs `read` picks that are laid
 /// out like input 0 (core's promise for every input without one value per output).
-fn load_row_inputs(
+pub(super) fn load_row_inputs(
     s: &mut String,
     indent: &str,
     m: &strata_core::lower::operands::ReduceMap,
@@ -536,7 +536,7 @@ fn epilogue(
 /// The epilogue's expression as the kernel computes it, and the input number through which
 /// it reads the staged term: the map's value, wherever the epilogue computes it, is the term
 /// where the accumulator holds it in its own dtype.
-fn epilogue_expr(
+pub(super) fn epilogue_expr(
     sig: &ReduceSig,
     e: &super::StagedEpilogue,
     m: &strata_core::lower::operands::ReduceMap,
@@ -610,6 +610,7 @@ mod tests {
                 out: DType::F32,
             }),
             epilogue: None,
+            held: false,
         }
     }
 
