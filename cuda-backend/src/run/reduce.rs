@@ -401,9 +401,9 @@ fn staged_kernel(
         (p.extent * input.itemsize()) as u32,
     );
     // An epilogue that reads rows from memory again reads them from L2 while few rows are
-    // in flight: one block a multiprocessor (softmax's backward over [16384, 16384] f32 on an
-    // H200, 1.02–1.05 ms; two 1.10–1.14; three, which the row's shared memory allows, 1.27,
-    // 50 MiB of rows in flight).
+    // in flight: few blocks a multiprocessor (`staged::resident_blocks`: one, or two where
+    // only the rows besides input 0's are read again; softmax's backward over [16384, 16384]
+    // f32 on an H200 took 1.27 ms with three blocks of 512, 50 MiB of rows in flight).
     launch.grid = if staged::rereads_rows(&sig) {
         Grid::Resident {
             items: rows,
