@@ -350,6 +350,62 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 held: false,
             });
         }
+        // Softmax from its primitives held in registers (`held`): a block's lanes, the
+        // quotient over the terms as the epilogue (the sum read through input 2).
+        let term = Expr::unary(UnaryOp::Exp, Expr::binary(BinaryOp::Sub, x(0, d), x(1, d)));
+        let held = ReduceSig {
+            op: Sum,
+            input: d,
+            acc: d,
+            out: d,
+            outer_rank: 2,
+            reduced_rank: 1,
+            group: 256,
+            vector,
+            wide: false,
+            combine: false,
+            map: Some(strata_core::lower::operands::ReduceMap {
+                expr: term.clone(),
+                per_output: vec![false, true, true],
+                inputs: vec![d; 3],
+                scalars: vec![],
+            }),
+            prologue: Some(super::reduce::StagedPrologue {
+                op: Max,
+                result: 1,
+                out: d,
+            }),
+            epilogue: Some(super::reduce::StagedEpilogue {
+                expr: Expr::binary(BinaryOp::Div, term, x(2, d)),
+                result: 2,
+                out: d,
+            }),
+            held: true,
+        };
+        out.push(held.clone());
+        // Softmax's backward staged in the eager sum's lanes (`staged::stages_in_lanes`):
+        // `Σ y·g`, then `y·(g − Σ y·g)`.
+        let product = Expr::binary(BinaryOp::Mul, x(0, d), x(1, d));
+        out.push(ReduceSig {
+            map: Some(strata_core::lower::operands::ReduceMap {
+                expr: product,
+                per_output: vec![false, false, true],
+                inputs: vec![d; 3],
+                scalars: vec![],
+            }),
+            prologue: None,
+            epilogue: Some(super::reduce::StagedEpilogue {
+                expr: Expr::binary(
+                    BinaryOp::Mul,
+                    x(0, d),
+                    Expr::binary(BinaryOp::Sub, x(1, d), x(2, d)),
+                ),
+                result: 2,
+                out: d,
+            }),
+            held: false,
+            ..held
+        });
     }
     out
 }
