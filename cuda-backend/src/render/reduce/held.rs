@@ -9,7 +9,7 @@
 
 use super::parts::{block_combine, contribution, declare_map_operands, decode_output};
 use super::parts::{identity, repr, update, warp_reduce, Words};
-use super::staged::{epilogue_expr, load_row_inputs};
+use super::staged::{declare_inputs, epilogue_expr, load_row_inputs};
 use super::ReduceSig;
 use crate::render::{
     cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type,
@@ -143,20 +143,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
     );
-    for (k, &d) in m.inputs.iter().enumerate() {
-        let at = match k {
-            0 => "row[k].e[l]".to_string(),
-            _ if !read(k) => continue,
-            _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("u{k}.e[l]"),
-        };
-        let _ = writeln!(
-            s,
-            "          const {} x{k} = {};",
-            compute_type(d),
-            from_storage(d, &at)
-        );
-    }
+    declare_inputs(&mut s, "          ", m, ("row[k].e[l]", true), read);
     let mut next = 0;
     let name = crate::render::expr::emit_tree(&m.expr, &mut s, "          ", &mut next)?;
     let _ = writeln!(
@@ -201,20 +188,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         let (out_st, ovt) = (storage_type(e.out), vector_type(v * e.out.itemsize()));
         let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
         let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
-        for (k, &d) in m.inputs.iter().enumerate() {
-            let at = match k {
-                _ if !read(k) => continue,
-                0 => "u.e[l]".to_string(),
-                _ if m.per_output[k] => format!("in{k}[ob]"),
-                _ => format!("u{k}.e[l]"),
-            };
-            let _ = writeln!(
-                s,
-                "        const {} x{k} = {};",
-                compute_type(d),
-                from_storage(d, &at)
-            );
-        }
+        declare_inputs(&mut s, "        ", m, ("u.e[l]", read(0)), read);
         if expr.reads_input(term) {
             let _ = writeln!(
                 s,

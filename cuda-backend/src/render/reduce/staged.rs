@@ -203,20 +203,7 @@ fn stage_then_add(
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
     );
-    for (k, &d) in m.inputs.iter().enumerate() {
-        let at = match k {
-            0 => "u.e[l]".to_string(),
-            _ if !read(k) => continue,
-            _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("u{k}.e[l]"),
-        };
-        let _ = writeln!(
-            s,
-            "          const {} x{k} = {};",
-            compute_type(d),
-            from_storage(d, &at)
-        );
-    }
+    declare_inputs(s, "          ", m, ("u.e[l]", true), read);
     let mut next = 0;
     let name = crate::render::expr::emit_tree(&m.expr, s, "          ", &mut next)?;
     let _ = writeln!(
@@ -319,20 +306,7 @@ fn stage_in_lanes(
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
     );
-    for (k, &d) in m.inputs.iter().enumerate() {
-        let at = match k {
-            0 => "u.e[l]".to_string(),
-            _ if !read(k) => continue,
-            _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("u{k}.e[l]"),
-        };
-        let _ = writeln!(
-            s,
-            "          const {} x{k} = {};",
-            compute_type(d),
-            from_storage(d, &at)
-        );
-    }
+    declare_inputs(s, "          ", m, ("u.e[l]", true), read);
     let mut next = 0;
     let name = crate::render::expr::emit_tree(&m.expr, s, "          ", &mut next)?;
     let _ = writeln!(
@@ -421,6 +395,32 @@ fn stage_with_prologue(
     Ok(res)
 }
 
+/// `const T xk = …;` (at `indent`) for input 0 at `first` where `zero` says so, and each further
+/// input `read` picks: one value per output at `in{k}[ob]`, the others from their vector loads
+/// (`load_row_inputs`), element `l`.
+pub(super) fn declare_inputs(
+    s: &mut String,
+    indent: &str,
+    m: &strata_core::lower::operands::ReduceMap,
+    (first, zero): (&str, bool),
+    read: impl Fn(usize) -> bool,
+) {
+    for (k, &d) in m.inputs.iter().enumerate() {
+        let at = match k {
+            0 if zero => first.to_string(),
+            _ if k == 0 || !read(k) => continue,
+            _ if m.per_output[k] => format!("in{k}[ob]"),
+            _ => format!("u{k}.e[l]"),
+        };
+        let _ = writeln!(
+            s,
+            "{indent}const {} x{k} = {};",
+            compute_type(d),
+            from_storage(d, &at)
+        );
+    }
+}
+
 /// Vector loads (`u{k}`) at the row position `r` of the map's inputs `read` picks that are laid
 /// out like input 0 (core's promise for every input without one value per output).
 pub(super) fn load_row_inputs(
@@ -502,20 +502,7 @@ fn epilogue(
     load_row_inputs(s, "      ", m, v, |k| k > 0 && read(k));
     let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
     let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
-    for (k, &d) in m.inputs.iter().enumerate() {
-        let at = match k {
-            _ if !read(k) => continue,
-            0 => "u.e[l]".to_string(),
-            _ if m.per_output[k] => format!("in{k}[ob]"),
-            _ => format!("u{k}.e[l]"),
-        };
-        let _ = writeln!(
-            s,
-            "        const {} x{k} = {};",
-            compute_type(d),
-            from_storage(d, &at)
-        );
-    }
+    declare_inputs(s, "        ", m, ("u.e[l]", read(0)), read);
     if expr.reads_input(term) {
         let _ = writeln!(
             s,
