@@ -842,6 +842,13 @@ pub enum Kernel {
         /// kernel after it: see [`RowEpilogue`]. Only on backends whose
         /// [`fuses_row_epilogue`](crate::target::Target::fuses_row_epilogue) is true.
         epilogue: Option<RowEpilogue>,
+        /// The map's value at every element is stored as well, in output 1 (of the map's
+        /// dtype, with input 0's shape and strides): a pending tree that is read whole later
+        /// (a bias gradient's column sum of the gradient a matmul then reads) is computed
+        /// once, by its reduction. Only with a map and without a prologue or an epilogue, on
+        /// backends whose [`stores_reduce_map`](crate::target::Target::stores_reduce_map) is
+        /// true.
+        stores_map: bool,
     },
     /// `C = α·A·B + β·C` for inputs `A` `[batch, m, k]` and `B` `[batch, k, n]` and output `C`
     /// `[batch, m, n]`, all of one dtype and any strides (a batch stride may be 0). Scalars:

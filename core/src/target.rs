@@ -106,6 +106,10 @@ pub struct Target {
     /// over the trailing axes whose rows fit, so elementwise work over the same rows that
     /// reads its result (softmax's backward, `y·(g − Σ g·y)`) joins its kernel.
     pub stages_row_epilogue_alone: bool,
+    /// Runs a `Reduce` that also stores its map's values (`stores_map: true`): core then
+    /// defers every fused reduction of a pending tree, so that when the tree itself is read
+    /// (the gradient a bias's column sum and then a matmul read) one kernel computes both.
+    pub stores_reduce_map: bool,
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
@@ -153,6 +157,7 @@ impl Target {
             fuses_row_prologue: true,
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: false,
+            stores_reduce_map: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],

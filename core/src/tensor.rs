@@ -373,6 +373,11 @@ pub(crate) struct DeferredReduce {
     /// The input, its axes permuted as the reduction reads them (kept, then reduced); a
     /// pending tree (its axes in order) is read by the kernel directly (map→reduce).
     pub(crate) source: Tensor,
+    /// The order the kernel reads `source`'s axes in (kept, then the last `reduced_axes`):
+    /// the identity, but for a reduction of a pending tree over other axes, kept for a kernel
+    /// that also stores the tree (`Kernel::Reduce { stores_map }`; a bias gradient's column
+    /// sum).
+    pub(crate) order: Vec<usize>,
 }
 
 /// What a fused kernel that ran was made of, kept on the tensors it wrote for `explain`.

@@ -694,6 +694,8 @@ mod tests {
                 prologue: None,
                 epilogue: None,
                 held: false,
+                stores_map: false,
+                out_vector: 1,
             };
             let src = sig.render().unwrap().source;
             assert!(src.contains("row < r1 / inner"), "{src}");

@@ -155,6 +155,8 @@ impl CudaBackend {
             // Staged rows: the epilogue reads them again from L2 and writes once.
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: true,
+            // The plain kernel stores each element's value where it computes it.
+            stores_reduce_map: true,
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],

@@ -1344,8 +1344,13 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
     assert_rows_match(dev, &fused, &eager);
     let (y, g) = &cases[1];
     let s = (y * g)?.sum(-1, true)?;
-    let alone = fusing(dev) && dev.backend().target().stages_row_epilogue_alone;
-    assert_eq!(s.is_pending(), alone);
+    let target = dev.backend().target();
+    let alone = fusing(dev) && target.stages_row_epilogue_alone;
+    // (Kept pending too where a kernel may store the tree as it reduces it.)
+    assert_eq!(
+        s.is_pending(),
+        alone || fusing(dev) && target.stores_reduce_map
+    );
     drop(s);
     let (n, written) = kernels_of(dev, || {
         let s = (y * g)?.sum(-1, true)?;
@@ -1359,6 +1364,104 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(row_epilogues_run_without_a_prologue, row_epilogues_alone);
+
+/// A reduction of a pending tree that is then read itself (a bias's gradient: the column sum
+/// of the gradient a matmul reads next) runs in one kernel that reduces the tree and stores
+/// it, where the backend stores a reduction's map (not wgpu): on a read of the tree, at a
+/// flush, and not when the reduction is read first (it runs alone, the tree stays pending).
+/// Results equal eager ones bit for bit (CPU, CUDA): over a strided axis (a thread a column,
+/// or neighbouring columns together), the last axis (vectors and their tail), every axis
+/// (split ranges), for f32, f64 and f16 trees, an f32 tree of f16 leaves and leaves read
+/// transposed (whose reductions run at once, as before: they would plan otherwise over the
+/// stored tree).
+fn stored_maps(dev: &Device) -> Result<()> {
+    let mut gen = Generator::new(41);
+    let mut cases = Vec::new();
+    for (shape, leaf, tree) in [
+        (vec![37, 70], DType::F32, DType::F32),
+        (vec![4099, 3], DType::F32, DType::F32),
+        (vec![64, 1030], DType::F32, DType::F32),
+        // Columns a thread walks four at a time (CUDA), in one range and in several.
+        (vec![100, 256], DType::F32, DType::F32),
+        (vec![3000, 64], DType::F32, DType::F32),
+        (vec![5, 6, 8], DType::F32, DType::F32),
+        (vec![5, 6, 7], DType::F64, DType::F64),
+        (vec![33, 40], DType::F16, DType::F16),
+        (vec![33, 40], DType::F16, DType::F32),
+    ] {
+        let da = Tensor::randn(shape.clone(), DType::F32, &mut gen, dev)?.to_dtype(leaf)?;
+        let h = Tensor::randn(shape, DType::F32, &mut gen, dev)?.to_dtype(leaf)?;
+        cases.push((da, h, tree));
+    }
+    dev.flush()?;
+    // A gradient-like tree: `da · tanh(h) + 0.5`, in the tree's dtype.
+    let tree = |da: &Tensor, h: &Tensor, d: DType| -> Result<Tensor> {
+        (&da.to_dtype(d)? * &h.tanh()?.to_dtype(d)?)?.add(0.5)
+    };
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut out = Vec::new();
+        for (da, h, d) in &cases {
+            // The tree read after its column sum, after its row sums, after its total.
+            for axes in [Axes::from(0), Axes::from(-1), Axes::All] {
+                let t = tree(da, h, *d)?;
+                let s = t.sum(axes, false)?;
+                out.push(bits(&t)?);
+                out.push(bits(&s)?);
+            }
+            // At a flush; the reduction read first; leaves read transposed.
+            let t = tree(da, h, *d)?;
+            let s = t.mean(0, true)?;
+            dev.flush()?;
+            out.push(bits(&s)?);
+            out.push(bits(&t)?);
+            let t = tree(da, h, *d)?;
+            let s = t.sum(0, false)?;
+            out.push(bits(&s)?);
+            out.push(bits(&t)?);
+            if da.ndim() == 2 {
+                let t = tree(&da.t()?, &h.t()?, *d)?;
+                let s = t.sum(0, false)?;
+                out.push(bits(&t)?);
+                out.push(bits(&s)?);
+            }
+        }
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    assert_rows_match(dev, &fused, &eager);
+    // One kernel fewer when the tree is read after its reduction than before it.
+    let stores = fusing(dev) && dev.backend().target().stores_reduce_map;
+    let (da, h, _) = &cases[0];
+    let count = |tree_first: bool| {
+        kernels_of(dev, || {
+            let t = tree(da, h, DType::F32)?;
+            let s = t.sum(0, false)?;
+            if tree_first {
+                t.realize()?;
+                assert!(
+                    !stores || !s.is_pending(),
+                    "the reduction ran with the tree"
+                );
+                s.realize()
+            } else {
+                s.realize()?;
+                assert!(!fusing(dev) || t.is_pending(), "the tree is left pending");
+                t.realize()
+            }
+        })
+    };
+    let ((joint, _), (apart, _)) = (count(true)?, count(false)?);
+    assert_eq!(
+        apart - joint,
+        usize::from(stores),
+        "{joint} vs {apart} kernels"
+    );
+    Ok(())
+}
+test_device!(reductions_store_the_tree_they_reduce, stored_maps);
 
 /// A float tensor's elements as f64 bits (f16 and f32 widen exactly; every NaN is 1).
 fn bits(t: &Tensor) -> Result<Vec<u64>> {

@@ -171,6 +171,7 @@ impl WgpuBackend {
             fuses_row_prologue: true,
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: false,
+            stores_reduce_map: false,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.

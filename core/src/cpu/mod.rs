@@ -223,17 +223,40 @@ impl Backend for CpuBackend {
                 reduced_axes,
                 acc,
                 map: Some(expr),
+                stores_map,
                 ..
             } => {
                 // The oracle keeps it simple: the map into a scratch buffer laid out like
-                // the inputs' shape, then the plain reduction of it.
+                // the inputs' shape (or into output 1, when it stores the map), then the
+                // plain reduction of it.
+                let (main, stored) = match (args.outputs.as_slice(), stores_map) {
+                    ([out], false) => (out, None),
+                    ([out, stored], true) => (out, Some(stored)),
+                    _ => {
+                        return Err(crate::error::Error::Invalid(format!(
+                            "a reduction writes one output, and one more when it stores its \
+                             map; got {} outputs (stores_map: {stores_map})",
+                            args.outputs.len()
+                        )))
+                    }
+                };
+                let args = &KernelArgs {
+                    outputs: vec![main.clone()],
+                    inputs: args.inputs.clone(),
+                    scalars: args.scalars.clone(),
+                };
                 let ops = crate::lower::operands::ReduceOperands::of(*reduced_axes, args)?;
-                let layout = crate::layout::Layout::contiguous(ops.input.layout.shape())?;
-                let bytes = layout.numel() * expr.dtype.itemsize();
-                let scratch = crate::backend::Operand {
-                    buffer: Arc::new(CpuBuffer::new(bytes, self.pool.clone())?),
-                    layout,
-                    dtype: expr.dtype,
+                let scratch = match stored {
+                    Some(stored) => stored.clone(),
+                    None => {
+                        let layout = crate::layout::Layout::contiguous(ops.input.layout.shape())?;
+                        let bytes = layout.numel() * expr.dtype.itemsize();
+                        crate::backend::Operand {
+                            buffer: Arc::new(CpuBuffer::new(bytes, self.pool.clone())?),
+                            layout,
+                            dtype: expr.dtype,
+                        }
+                    }
                 };
                 map::run(
                     expr,

@@ -83,7 +83,7 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
             let Some(lp) = guard.as_ref() else {
                 continue;
             };
-            let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending());
+            let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending() && super::run::in_order(&d.order));
             if !of_tree || !Arc::ptr_eq(&lp.stream, &p_stream(t)) {
                 continue;
             }
@@ -167,7 +167,7 @@ fn reduce_preview(
     Ok(Preview::Reduce {
         op: d.op,
         reduced_axes: d.reduced_axes,
-        source: (d.source.layout.clone(), d.source.dtype),
+        source: (d.source.layout.permuted(&d.order)?, d.source.dtype),
         output: (p.layout.clone(), p.dtype),
         user_op: p.op,
         call_site: p.call_site,

@@ -43,6 +43,7 @@ pub(crate) fn defer_reduce(
         op,
         reduced_axes,
         acc,
+        order: (0..source.ndim()).collect(),
         source,
     };
     pending_reduction(work, out_shape, out_dtype).map(Some)
@@ -88,8 +89,92 @@ pub(crate) fn defer_map_reduce(
         reduced_axes,
         acc,
         source: t.clone(),
+        order: (0..t.ndim()).collect(),
     };
     pending_reduction(work, out_shape, out_dtype).map(Some)
+}
+
+/// The reduction `op` of the pending tree `t` (its axes read in `order`: kept, then the last
+/// `reduced_axes`) into a new tensor of `out_shape`, kept pending so that a read of the tree
+/// itself runs both in one kernel that stores the tree as it reduces it
+/// (`Kernel::Reduce { stores_map }`, see `fusion::run`): where the backend stores a
+/// reduction's map, `t` is a tree read whole on the current stream and `op` is no arg op. A
+/// reduction read first runs as it would have (the tree stays pending). `None`: the reduction
+/// runs now.
+#[track_caller]
+pub(crate) fn defer_stored_map_reduce(
+    op: ReduceOp,
+    t: &Tensor,
+    order: &[usize],
+    reduced_axes: usize,
+    out_shape: &[usize],
+    (acc, out_dtype): (DType, DType),
+) -> Result<Option<Tensor>> {
+    let device = t.device();
+    let target = device.backend().target();
+    let defer = device.defers()
+        && target.stores_reduce_map
+        && target.fuses_map_into_reduce
+        && !op.returns_index()
+        && is_tree_on(t, &device.current_handle())
+        && leaves_laid_like(t, order, &Layout::contiguous(out_shape)?)?;
+    if !defer {
+        return Ok(None);
+    }
+    let work = DeferredReduce {
+        op,
+        reduced_axes,
+        acc,
+        source: t.clone(),
+        order: order.to_vec(),
+    };
+    pending_reduction(work, out_shape, out_dtype).map(Some)
+}
+
+/// True when the leaf `u` is laid out like a pending tree's `(layout, item size)` as a
+/// reduction plans over it: the same shape, strides and item size, and an offset as aligned as
+/// the tree's fresh buffer (16 bytes, the widest vector a plan takes).
+fn laid_like(u: &Tensor, (layout, item): &(Layout, usize)) -> bool {
+    u.layout.shape() == layout.shape()
+        && u.layout.strides() == layout.strides()
+        && u.dtype.itemsize() == *item
+        && (u.layout.offset() * item).is_multiple_of(16)
+}
+
+/// True when every leaf of the pending tree `t` that a fused reduction into `out` (reading
+/// `t`'s axes in `order`) would read element by element is laid out like `t` ([`laid_like`]),
+/// the others holding one value per output: the reduction then plans alike whether it reads
+/// the leaves or `t` realized (a flush may store `t` before the reduction runs), so it adds
+/// in the same order either way, bit for bit.
+fn leaves_laid_like(t: &Tensor, order: &[usize], out: &Layout) -> Result<bool> {
+    let like = (t.layout.clone(), t.dtype.itemsize());
+    let stream = t.device().current_handle();
+    let mut todo = vec![t.clone()];
+    let mut seen: Vec<usize> = Vec::new();
+    while let Some(u) = todo.pop() {
+        let at = super::splice::address(&u.storage);
+        if seen.contains(&at) {
+            continue;
+        }
+        if seen.len() > super::MAX_NODES {
+            return Ok(false);
+        }
+        seen.push(at);
+        let guard = u.storage.pending();
+        // A tree read whole is spliced: its inputs are the leaves (or trees again).
+        let tree = guard
+            .as_ref()
+            .filter(|p| p.layout == u.layout && Arc::ptr_eq(&p.stream, &stream));
+        if let Some(tree) = tree.and_then(Pending::tree) {
+            todo.extend(tree.inputs.iter().cloned());
+            continue;
+        }
+        if !laid_like(&u, &like) && !per_output_layout(&u.layout.permuted(order)?, out, out.ndim())
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// A new tensor of `out_shape` and `out_dtype` whose value is the deferred reduction `work`,
@@ -240,6 +325,11 @@ pub(crate) struct MapForReduce {
     pub(crate) inputs: Vec<Tensor>,
     /// The launch scalars.
     pub(crate) scalars: Vec<Scalar>,
+    /// The pending storages spliced into `expr` (the kernel computes their values).
+    pub(crate) computed: Vec<std::sync::Weak<Storage>>,
+    /// The user ops of the tree, in the order they were called, and where.
+    pub(crate) ops: Vec<&'static str>,
+    pub(crate) call_sites: Vec<&'static std::panic::Location<'static>>,
 }
 
 /// Map→reduce fusion: the reduction into `out` of the pending tensor `t`, whose axes it reads
@@ -264,12 +354,29 @@ pub(crate) fn reduce_map_of(
     let Some(p) = guard.as_ref() else {
         return Ok(None);
     };
-    let PendingWork::Tree(tree) = &p.work else {
-        return Ok(None);
-    };
     if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &device.current_handle()) {
         return Ok(None);
     }
+    let Some(m) = map_of_pending(p, order, out)? else {
+        return Ok(None);
+    };
+    let id = super::run::kernel_id();
+    super::run::mark_computed(id, [&t.storage, &out.storage], &m.computed);
+    Ok(Some(m))
+}
+
+/// [`reduce_map_of`] for the pending work `p` (a tree, whose lock the caller holds, read
+/// whole), without marking what the kernel computes: `None` where its tree does not fit a
+/// reduction's map.
+pub(crate) fn map_of_pending(
+    p: &Pending,
+    order: &[usize],
+    out: &Tensor,
+) -> Result<Option<MapForReduce>> {
+    let PendingWork::Tree(tree) = &p.work else {
+        return Ok(None);
+    };
+    let target = out.device().backend().target();
     let mut fused = Fused::new(tree, &p.stream, 0);
     fused.keep_reductions = target.fuses_row_prologue;
     let expr = fused.splice(p, true)?;
@@ -279,16 +386,25 @@ pub(crate) fn reduce_map_of(
     let Some((expr, inputs)) = arrange_reduce_inputs(&expr, &fused.inputs, order, out)? else {
         return Ok(None);
     };
+    // The plan follows input 0's layout: where the leaves are laid out otherwise than the
+    // tree (a transposed leaf made contiguous, a cast's narrower leaf), the reduction reads
+    // the tree realized, so it adds in the eager order.
+    let tree = (p.layout.permuted(order)?, p.dtype.itemsize());
+    let kept = out.ndim();
+    let alike = inputs
+        .iter()
+        .all(|u| laid_like(u, &tree) || per_output_layout(&u.layout, &out.layout, kept));
     let bytes: Vec<usize> = inputs.iter().map(|t| t.storage.bytes).collect();
-    if !target.binds_reduce(&bytes) {
+    if !alike || !target.binds_reduce(&bytes) {
         return Ok(None);
     }
-    let id = super::run::kernel_id();
-    super::run::mark_computed(id, [&t.storage, &out.storage], &fused.computed);
     Ok(Some(MapForReduce {
         expr,
         inputs,
         scalars: fused.scalars,
+        computed: fused.computed,
+        ops: fused.ops,
+        call_sites: fused.call_sites,
     }))
 }
 

@@ -78,7 +78,12 @@ fn flush(device: &Device) -> Result<()> {
         if !storage.is_pending() || held_only_by_trees(&storage, 1) {
             continue;
         }
-        if let Err(e) = run(&storage, max_stored) {
+        // A deferred reduction of a tree this flush writes anyway runs in the tree's kernel.
+        let ran = match tree_stored_with(&storage) {
+            Some(tree) => run(&tree, max_stored),
+            None => Ok(()),
+        };
+        if let Err(e) = ran.and_then(|_| run(&storage, max_stored)) {
             // Back in the registry, oldest first, before any registered since.
             let left = pending[k..].iter().rev().cloned();
             device.pending_registry().splice(0..0, left);
@@ -86,6 +91,34 @@ fn flush(device: &Device) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The pending tree that the deferred reduction `storage` holds reads whole, where the
+/// backend stores a reduction's map and someone besides pending trees and the reduction holds
+/// the tree (a flush writes it): run first, its kernel takes the reduction in
+/// ([`run_with_reduction`]).
+fn tree_stored_with(storage: &Arc<Storage>) -> Option<Arc<Storage>> {
+    if !storage.device.backend().target().stores_reduce_map {
+        return None;
+    }
+    let tree = {
+        let guard = storage.pending();
+        let PendingWork::Reduce(d) = &guard.as_ref()?.work else {
+            return None;
+        };
+        let reads_whole = d
+            .source
+            .storage
+            .pending()
+            .as_ref()
+            .is_some_and(|p| p.tree().is_some() && p.layout == d.source.layout);
+        if !reads_whole {
+            return None;
+        }
+        d.source.storage.clone()
+    };
+    // (The reduction's reference and this one.)
+    (!held_only_by_trees(&tree, 2)).then_some(tree)
 }
 
 /// Runs a pending storage's work as one kernel that may store up to `max_stored` held
@@ -110,6 +143,13 @@ fn run(storage: &Arc<Storage>, max_stored: usize) -> Result<()> {
         }
     };
     let target = device.backend().target();
+    // A deferred reduction of this tree takes it in: one kernel reduces it and stores it.
+    if target.stores_reduce_map {
+        if let Some(ran) = run_with_reduction(storage, p)? {
+            *guard = None;
+            return ran;
+        }
+    }
     // Trees over the same elements that share an input or intermediate with this one run in
     // its kernel too (locked from here to their splice, so nothing else runs them meanwhile;
     // one that ran since `siblings` looked, or whose lock is busy now, is left out).
@@ -255,13 +295,11 @@ fn run_deferred_reduce(
         dtype: p.dtype,
         autograd: None,
     };
-    // A maximum's source arrived permuted; a tree's axes are in order (trailing reduced).
-    let order: Vec<usize> = (0..d.source.ndim()).collect();
     let how = (d.op, d.reduced_axes, d.acc);
     let ran = crate::ops::reduce::launch_reduce(
         &d.source,
         how,
-        &order,
+        &d.order,
         &out,
         &p.stream,
         Write::Fresh,
@@ -288,7 +326,7 @@ fn run_as_epilogue(
         let Some(lp) = guard.as_ref() else {
             continue;
         };
-        let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending());
+        let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending() && in_order(&d.order));
         if !of_tree || !Arc::ptr_eq(&lp.stream, &p.stream) {
             continue;
         }
@@ -328,6 +366,110 @@ fn run_as_epilogue(
             }
             Err(e) => Err(e),
         };
+    }
+    Ok(None)
+}
+
+/// True when `order` reads axes in order (a reduction of the trailing axes, whose rows an
+/// epilogue can run over).
+pub(super) fn in_order(order: &[usize]) -> bool {
+    order.iter().enumerate().all(|(k, &a)| k == a)
+}
+
+/// Runs the tree `p` (held by `storage`, whose lock the caller holds) in the kernel of a
+/// deferred reduction of it, issued on its stream, that reads it whole: the reduction's map
+/// is the tree and the kernel stores each element's value too (`Kernel::Reduce
+/// { stores_map }`), so the tree is computed once. `None` when no such reduction takes it
+/// (one whose inputs are pending, or whose tree lays out otherwise than its first leaf).
+fn run_with_reduction(storage: &Arc<Storage>, p: &Pending) -> Result<Option<Result<()>>> {
+    for reader in storage.live_readers() {
+        // (Not waiting: a reduction being run holds its lock and waits for this tree's.)
+        let Some(mut guard) = reader.try_pending() else {
+            continue;
+        };
+        let Some(rp) = guard.as_ref() else {
+            continue;
+        };
+        let PendingWork::Reduce(d) = &rp.work else {
+            continue;
+        };
+        let fits = Arc::ptr_eq(&d.source.storage, storage)
+            && d.source.layout == p.layout
+            && Arc::ptr_eq(&rp.stream, &p.stream)
+            && !d.op.returns_index();
+        if !fits {
+            continue;
+        }
+        let out = Tensor {
+            storage: reader.clone(),
+            layout: rp.layout.clone(),
+            dtype: rp.dtype,
+            autograd: None,
+        };
+        let Some(m) = super::reduce::map_of_pending(p, &d.order, &out)? else {
+            continue;
+        };
+        let stored = Tensor {
+            storage: storage.clone(),
+            layout: p.layout.permuted(&d.order)?,
+            dtype: p.dtype,
+            autograd: None,
+        };
+        let first = &m.inputs[0].layout;
+        let laid_alike =
+            stored.layout.shape() == first.shape() && stored.layout.strides() == first.strides();
+        if !laid_alike || m.inputs.iter().any(Tensor::is_pending) {
+            continue;
+        }
+        // Out of memory here leaves both pending: a later read tries again.
+        let allocate = |bytes, q: &Pending| {
+            storage
+                .device
+                .allocate_buffer(bytes, q.stream.id)
+                .map_err(|e| deferred(e, q))
+        };
+        let (reduced, tree) = (allocate(reader.bytes, rp)?, allocate(storage.bytes, p)?);
+        reader.set_buffer(reduced);
+        storage.set_buffer(tree);
+        let record = crate::tensor::RunRecord {
+            expr: m.expr.clone(),
+            ops: m.ops,
+            call_sites: m.call_sites,
+            inputs: m
+                .inputs
+                .iter()
+                .map(|t| (t.layout.clone(), t.dtype))
+                .collect(),
+            output: (stored.layout.clone(), p.dtype),
+            also: Vec::new(),
+            scalars: m.scalars.len(),
+        };
+        let _ = storage.ran.set(Box::new(record));
+        mark_computed(kernel_id(), [storage, &reader], &m.computed);
+        let kernel = Kernel::Reduce {
+            op: d.op,
+            reduced_axes: d.reduced_axes,
+            acc: d.acc,
+            map: Some(m.expr),
+            prologue: None,
+            epilogue: None,
+            stores_map: true,
+        };
+        let inputs: Vec<&Tensor> = m.inputs.iter().collect();
+        let ran = launch_on(
+            kernel,
+            &out,
+            &[&stored],
+            &inputs,
+            m.scalars,
+            &p.stream,
+            Write::Fresh,
+        );
+        let ran = ran.map_err(|e| deferred(e, p));
+        reader.filled(&ran);
+        storage.filled(&ran);
+        *guard = None;
+        return Ok(Some(ran));
     }
     Ok(None)
 }

@@ -16,7 +16,7 @@
 //! let m_read = m.reshape([2, 1])?.broadcast_to([2, 4])?;
 //! let map = Expr::binary(BinaryOp::Sub, Expr::input(0, DType::F32), Expr::input(1, DType::F32));
 //! let prologue = Some(RowPrologue { op: ReduceOp::Max, source: 0, result: 1 });
-//! let kernel = Kernel::Reduce { op: ReduceOp::Sum, reduced_axes: 1, acc: DType::F32, map: Some(map), prologue, epilogue: None };
+//! let kernel = Kernel::Reduce { op: ReduceOp::Sum, reduced_axes: 1, acc: DType::F32, map: Some(map), prologue, epilogue: None, stores_map: false };
 //! let args = KernelArgs {
 //!     outputs: vec![s.operand()?, m.operand()?],
 //!     inputs: vec![x.operand()?, m_read.operand()?],
@@ -45,6 +45,7 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<Vec<(Kernel, KernelAr
         map,
         prologue,
         epilogue,
+        ..
     } = kernel
     else {
         return Err(Error::Invalid(
@@ -69,6 +70,7 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<Vec<(Kernel, KernelAr
             map: map.clone(),
             prologue: *prologue,
             epilogue: None,
+            stores_map: false,
         };
         let main_args = KernelArgs {
             outputs: outputs.to_vec(),
@@ -132,6 +134,7 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<Vec<(Kernel, KernelAr
             map: None,
             prologue: None,
             epilogue: None,
+            stores_map: false,
         },
         KernelArgs {
             outputs: vec![prologue_out.clone()],
@@ -147,6 +150,7 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<Vec<(Kernel, KernelAr
             map: map.clone(),
             prologue: None,
             epilogue: None,
+            stores_map: false,
         },
         KernelArgs {
             outputs: vec![out.clone()],

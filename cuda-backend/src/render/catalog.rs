@@ -238,6 +238,8 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     prologue: None,
                     epilogue: None,
                     held: false,
+                    stores_map: false,
+                    out_vector: 1,
                 });
             }
         }
@@ -295,7 +297,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             _ => vec![],
         };
         for (group, vector) in [(1, 1), (32, 4), (256, 2)] {
-            out.push(ReduceSig {
+            let sig = ReduceSig {
                 op,
                 input: d,
                 acc,
@@ -315,7 +317,26 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 prologue: None,
                 epilogue: None,
                 held: false,
-            });
+                stores_map: false,
+                out_vector: 1,
+            };
+            // Each path also storing the map (a tree read after its reduction), but arg ops.
+            if !op.returns_index() {
+                out.push(ReduceSig {
+                    stores_map: true,
+                    out_vector: 1,
+                    ..sig.clone()
+                });
+                // A thread walking neighbouring columns (`columns`).
+                if group == 1 {
+                    out.push(ReduceSig {
+                        stores_map: true,
+                        out_vector: (16 / d.itemsize()).min(4),
+                        ..sig.clone()
+                    });
+                }
+            }
+            out.push(sig);
         }
     }
     // A row prologue with the row staged (`reduce_prologue`): `exp(x - max) * w` summed,
@@ -348,6 +369,8 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 }),
                 epilogue: None,
                 held: false,
+                stores_map: false,
+                out_vector: 1,
             });
         }
         // Softmax from its primitives held in registers (`held`): a block's lanes, the
@@ -381,6 +404,8 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 out: d,
             }),
             held: true,
+            stores_map: false,
+            out_vector: 1,
         };
         out.push(held.clone());
         // Softmax's backward staged in the eager sum's lanes (`staged::stages_in_lanes`):

@@ -28,12 +28,16 @@ pub(crate) fn steps(
         ref map,
         prologue,
         ref epilogue,
+        stores_map,
     } = kernel
     else {
         return Err(Error::Backend(
             "internal error: reduce::steps takes a reduction".into(),
         ));
     };
+    if stores_map {
+        return plain_stored(op, reduced_axes, acc, map.as_ref(), args, target);
+    }
     if prologue.is_none() && epilogue.is_none() {
         return plain(op, reduced_axes, acc, map.as_ref(), args, target);
     }
@@ -79,6 +83,7 @@ pub(crate) fn stages(kernel: &Kernel, args: &KernelArgs, target: &Target) -> Res
         map: Some(map),
         prologue,
         epilogue,
+        ..
     } = kernel
     else {
         return Ok(false);
@@ -97,7 +102,8 @@ struct Reduction {
     plan: ReducePlan,
     in_ptr: u64,
     out_ptr: u64,
-    /// A fused map's other input pointers (at input 0's element offset) and scalar words.
+    /// A fused map's other input pointers (at input 0's element offset) and scalar words,
+    /// and the stored map's output pointer where it is stored.
     map_words: Vec<u64>,
 }
 
@@ -135,6 +141,8 @@ fn reduction(
         prologue: None,
         epilogue: None,
         held: false,
+        stores_map: false,
+        out_vector: 1,
     };
     let mut map_words = Vec::new();
     if map.is_some() {
@@ -152,6 +160,88 @@ fn reduction(
     }))
 }
 
+/// The steps of a reduction that also stores its map (`stores_map`), in output 1 laid out
+/// like input 0: [`plain`]'s, its first launch storing each element's value as it folds it.
+fn plain_stored(
+    op: ReduceOp,
+    reduced_axes: usize,
+    acc: DType,
+    map: Option<&Expr>,
+    args: &KernelArgs,
+    target: &Target,
+) -> Result<Vec<Step<'static>>> {
+    let ([out, stored], Some(map), Some(first)) =
+        (args.outputs.as_slice(), map, args.inputs.first())
+    else {
+        return Err(Error::Backend(format!(
+            "internal error: a reduction that stores its map has a map, an input and two \
+             outputs (got {} outputs, {} inputs)",
+            args.outputs.len(),
+            args.inputs.len()
+        )));
+    };
+    if stored.layout.shape() != first.layout.shape()
+        || stored.layout.strides() != first.layout.strides()
+        || stored.dtype != map.dtype
+    {
+        return Err(Error::Backend(format!(
+            "internal error: a reduction's stored map is laid out like input 0 ({:?}) in the \
+             map's dtype ({}); got {:?} {}",
+            first.layout, map.dtype, stored.layout, stored.dtype
+        )));
+    }
+    let main = KernelArgs {
+        outputs: vec![out.clone()],
+        inputs: args.inputs.clone(),
+        scalars: args.scalars.clone(),
+    };
+    let Some(mut red) = reduction(op, reduced_axes, acc, Some(map), &main, target)? else {
+        return Ok(Vec::new());
+    };
+    red.sig.stores_map = true;
+    let stored_at = crate::memory::element_address(stored)?;
+    red.map_words.push(stored_at);
+    // A thread a column: neighbouring columns are walked together, with vector loads and
+    // stores, where every row of them is whole aligned vectors.
+    let item = red.sig.input.itemsize();
+    let ov = (16 / item).min(4);
+    let p = &red.plan;
+    let mut pointers = vec![crate::memory::element_address(first)?, stored_at];
+    for (k, o) in args.inputs.iter().enumerate().skip(1) {
+        if !red.sig.map.as_ref().is_some_and(|m| m.per_output[k]) {
+            pointers.push(crate::memory::element_address(o)?);
+        }
+    }
+    let (inner, rest) = p.in_outer.split_last().unwrap_or((&0, &[]));
+    let columns = ov > 1
+        && p.group == 1
+        && p.launches.len() == 1
+        && p.reduced_shape.len() == 1
+        && map.dtype.itemsize() == item
+        && *inner == 1
+        && p.out_outer.last() == Some(&1)
+        && p.outer_shape.last().is_some_and(|n| n % ov == 0)
+        && rest
+            .iter()
+            .chain(&p.in_reduced)
+            .all(|s| s % ov as isize == 0)
+        && pointers.iter().all(|a| a % (ov * item) as u64 == 0);
+    if !columns {
+        return Ok(launches(red, op, acc));
+    }
+    red.sig.out_vector = ov;
+    let mut steps = launches(red, op, acc);
+    // (The first launch: a thread per `ov` outputs and range.)
+    if let Some(Step::Kernel { launch, .. }) =
+        steps.iter_mut().find(|s| matches!(s, Step::Kernel { .. }))
+    {
+        if let Grid::Linear { work, .. } = &mut launch.grid {
+            *work /= ov;
+        }
+    }
+    Ok(steps)
+}
+
 /// The steps of a reduction without a prologue: one launch, or partials in two scratch
 /// buffers (values, and positions for argmin/argmax), the ranges' launch and the combine.
 fn plain(
@@ -165,16 +255,22 @@ fn plain(
     let Some(red) = reduction(op, reduced_axes, acc, map, args, target)? else {
         return Ok(Vec::new());
     };
+    Ok(launches(red, op, acc))
+}
+
+/// The launches of the planned reduction `red`: one, or partials in two scratch buffers
+/// (values, and positions for argmin/argmax), the ranges' launch and the combine.
+fn launches(red: Reduction, op: ReduceOp, acc: DType) -> Vec<Step<'static>> {
     if red.plan.splits == 1 {
-        return Ok(vec![Step::Kernel {
+        return vec![Step::Kernel {
             launch: red.first(),
             sig: Sig::Reduce(red.sig),
-        }]);
+        }];
     }
     let n = red.plan.outputs * red.plan.splits;
     let positions = if op.returns_index() { n * 8 } else { 0 };
     let (combine_sig, combine) = red.combine();
-    Ok(vec![
+    vec![
         Step::Scratch {
             bytes: n * repr(op, acc).itemsize(),
         },
@@ -187,7 +283,7 @@ fn plain(
             sig: Sig::Reduce(combine_sig),
             launch: combine,
         },
-    ])
+    ]
 }
 
 /// The words of a launch: counts, shapes, the input, the output, and the partial buffers.
@@ -255,6 +351,8 @@ impl Reduction {
             vector: 1,
             combine: true,
             map: None,
+            stores_map: false,
+            out_vector: 1,
             prologue: None,
             ..self.sig.clone()
         };

@@ -145,6 +145,12 @@ impl WgpuBackend {
                     )
                 })
             }
+            // (The target does not store a reduction's map: core never asks.)
+            Kernel::Reduce {
+                stores_map: true, ..
+            } => Err(Error::Backend(
+                "a reduction that stores its map does not run on wgpu (stores_reduce_map)".into(),
+            )),
             Kernel::Reduce {
                 op,
                 reduced_axes,

@@ -35,6 +35,7 @@ impl WgpuBackend {
             map: Some(map),
             prologue: Some(prologue),
             epilogue,
+            stores_map: false,
         } = kernel
         else {
             return Ok(None);

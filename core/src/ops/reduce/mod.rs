@@ -147,6 +147,18 @@ impl Tensor {
             )?,
             None => None,
         };
+        // A reduction of a pending tree, kept for a kernel that also stores the tree.
+        let deferred = match deferred {
+            Some(pending) => Some(pending),
+            None => crate::fusion::reduce::defer_stored_map_reduce(
+                op,
+                self,
+                &order,
+                reduced.len(),
+                &out_shape,
+                (acc, out_dtype),
+            )?,
+        };
         let out = match deferred {
             Some(pending) => pending,
             None => self.reduce_now(op, &reduced, &order, &out_shape, acc, out_dtype)?,
@@ -614,6 +626,7 @@ pub(crate) fn launch_reduce(
         map,
         prologue,
         epilogue,
+        stores_map: false,
     };
     let ran = crate::tensor::launch_on(kernel, out, &also, &refs, scalars, stream, write);
     for t in &also {

@@ -249,6 +249,8 @@ mod tests {
                 out: DType::F32,
             }),
             held: true,
+            stores_map: false,
+            out_vector: 1,
         };
         let src = source(&sig).unwrap();
         // One read of the row, into registers; no shared memory holds it.

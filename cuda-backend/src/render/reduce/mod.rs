@@ -6,12 +6,14 @@
 //! Contiguous reduced axes are read 16 bytes at a time, so a short innermost axis (length 4)
 //! still streams at full bandwidth.
 //!
-//! `plain` writes a reduction's kernel, `staged` one with a row prologue
+//! `plain` writes a reduction's kernel, `columns` one whose threads each walk neighbouring
+//! columns (a column sum that stores its map), `staged` one with a row prologue
 //! ([`StagedPrologue`]) or a row epilogue ([`StagedEpilogue`]) whose row waits in shared
 //! memory, `held` one with a prologue whose row waits in registers (a block's lanes in one
 //! range); `parts` holds the pieces they share (the accumulator's representation, the argument
 //! words, the group combine).
 
+mod columns;
 pub(crate) mod held;
 mod parts;
 mod plain;
@@ -53,6 +55,13 @@ pub(crate) struct ReduceSig {
     /// memory (one range, a block's group, at most [`held::VECTORS`] vectors a thread): see
     /// `held`.
     pub held: bool,
+    /// The map's value at every element is stored too, in a further output laid out like
+    /// input 0 (its pointer the last argument word): `Kernel::Reduce { stores_map }`.
+    pub stores_map: bool,
+    /// Neighbouring outputs a thread reduces together (1: one): a column sum that stores its
+    /// map, each thread walking `out_vector` neighbouring columns with vector loads and
+    /// stores (`columns`).
+    pub out_vector: usize,
 }
 
 impl strata_core::kernel_cache::Owned for ReduceSig {}
@@ -81,6 +90,8 @@ impl Generated for ReduceSig {
     fn render(&self) -> Result<Rendered> {
         Ok(Rendered::single(if self.held {
             held::source(self)?
+        } else if self.out_vector > 1 {
+            columns::source(self)?
         } else if self.prologue.is_some() || self.epilogue.is_some() {
             staged::source(self)?
         } else {

@@ -86,7 +86,7 @@ pub(crate) fn contribution(sig: &ReduceSig, value: &str, from: DType) -> String 
 /// Where a reduce launch's words are, in the order `words` packs them: O, R, S, chunk, the
 /// outer and reduced shapes, the input pointer, its outer and reduced strides, the output
 /// pointer and strides, the partial values, partial indices and input indices, then a fused
-/// map's further input pointers and its scalars.
+/// map's further input pointers and its scalars, and the stored map's output pointer.
 pub(crate) struct Words {
     pub outer_shape: usize,
     pub red_shape: usize,
@@ -98,6 +98,8 @@ pub(crate) struct Words {
     pub part: usize,
     pub map_ptrs: usize,
     pub map_scalars: usize,
+    /// The stored map's output pointer (`ReduceSig::stores_map`).
+    pub stored: usize,
     pub total: usize,
 }
 
@@ -122,7 +124,8 @@ impl Words {
             part,
             map_ptrs: part + 3,
             map_scalars: part + 3 + more,
-            total: part + 3 + more + scalars,
+            stored: part + 3 + more + scalars,
+            total: part + 3 + more + scalars + usize::from(sig.stores_map),
         }
     }
 }

@@ -34,6 +34,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     if let Some(m) = &sig.map {
         let _ = writeln!(s, "  const {in_t}* in0 = in;");
         declare_map_operands(&mut s, m, &w);
+        if sig.stores_map {
+            let t = storage_type(m.expr.dtype);
+            let _ = writeln!(s, "  {t}* stored = ({t}*)p.w[{}];", w.stored);
+        }
     }
     let out_t = storage_type(sig.out);
     let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{out_ptr}];");
@@ -65,9 +69,14 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     );
     let _ = writeln!(s, "    const {idx} r0 = s * chunk;");
     let _ = writeln!(s, "    const {idx} r1 = (R - r0 < chunk) ? R : r0 + chunk;");
-    // Folds the element whose input `k` is stored at `at(k)`, found at position `i`.
+    // Folds the element whose input `k` is stored at `at(k)`, found at position `i` (and at
+    // offset `stored_at` from input 0's pointer, where the map is stored too).
     let mut next = 0;
-    let mut step = |s: &mut String, indent: &str, at: &dyn Fn(usize) -> String, i: &str| {
+    let mut step = |s: &mut String,
+                    indent: &str,
+                    at: &dyn Fn(usize) -> String,
+                    i: &str,
+                    stored_at: &str| {
         let _ = writeln!(s, "{indent}{{");
         let value = match &sig.map {
             _ if sig.combine => from_storage(r, &at(0)),
@@ -88,6 +97,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
                 }
                 let name =
                     crate::render::expr::emit_tree(&m.expr, s, &format!("{indent}  "), &mut next)?;
+                if sig.stores_map {
+                    let value = to_storage(m.expr.dtype, &name);
+                    let _ = writeln!(s, "{indent}  stored[{stored_at}] = {value};");
+                }
                 convert(&name, m.expr.dtype)
             }
         };
@@ -148,6 +161,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
                 "        ",
                 &|k| format!("u{k}.e[l]"),
                 "(i64)(at + c + l)",
+                "off + c + l",
             )?;
             let _ = writeln!(s, "      }}");
             tail = "cv".into();
@@ -161,6 +175,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             "        ",
             &|k| format!("{}[off + c]", name(k)),
             "(i64)(at + c)",
+            "off + c",
         )?;
         let _ = writeln!(s, "    }}");
     } else if v > 1 {
@@ -171,7 +186,13 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         );
         vector_loads(&mut s, "      ", "ib + r");
         let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++)");
-        step(&mut s, "      ", &|k| format!("u{k}.e[l]"), "(i64)(r + l)")?;
+        step(
+            &mut s,
+            "      ",
+            &|k| format!("u{k}.e[l]"),
+            "(i64)(r + l)",
+            "ib + r + l",
+        )?;
         let _ = writeln!(s, "    }}");
         let _ = writeln!(s, "    for ({idx} r = rv + lane; r < r1; r += {g})");
         step(
@@ -179,12 +200,13 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             "      ",
             &|k| format!("{}[ib + r]", name(k)),
             "(i64)r",
+            "ib + r",
         )?;
     } else {
         let _ = writeln!(s, "    for ({idx} r = r0 + lane; r < r1; r += {g}) {{");
         reduced_offset(&mut s, idx, "r", rr, red_shape, in_red);
         let i = if sig.combine { "in_idx[off]" } else { "(i64)r" };
-        step(&mut s, "      ", &|k| format!("{}[off]", name(k)), i)?;
+        step(&mut s, "      ", &|k| format!("{}[off]", name(k)), i, "off")?;
         let _ = writeln!(s, "    }}");
     }
     if g >= 32 {
@@ -271,6 +293,8 @@ mod tests {
             prologue: None,
             epilogue: None,
             held: false,
+            stores_map: false,
+            out_vector: 1,
         }
     }
 
@@ -297,6 +321,40 @@ mod tests {
             src.contains("const float x2 = in2[ob];") && !src.contains("u2"),
             "{src}"
         );
+    }
+
+    #[test]
+    fn a_stored_map_is_written_where_each_path_computes_it() {
+        use strata_core::ir::BinaryOp;
+        let x = |k| Expr::input(k, DType::F32);
+        let map = ReduceMap {
+            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
+            inputs: vec![DType::F32; 2],
+            per_output: vec![false, false],
+            scalars: vec![],
+        };
+        let stored = |group, vector, rank| {
+            let mut s = sig(ReduceOp::Sum, group, vector);
+            s.reduced_rank = rank;
+            s.map = Some(map.clone());
+            s.stores_map = true;
+            source(&s).unwrap()
+        };
+        // A column (a thread per output), a row in vectors, rows of several axes.
+        let column = stored(1, 1, 1);
+        assert!(
+            column.contains("float* stored = (float*)p.w[15];"),
+            "{column}"
+        );
+        assert!(column.contains("stored[off] = "), "{column}");
+        let row = stored(32, 4, 1);
+        assert!(row.contains("stored[ib + r + l] = ") && row.contains("stored[ib + r] = "));
+        let rows = stored(256, 4, 2);
+        assert!(rows.contains("stored[off + c + l] = ") && rows.contains("stored[off + c] = "));
+        // Without it, nothing is stored.
+        let mut plain = sig(ReduceOp::Sum, 1, 1);
+        plain.map = Some(map.clone());
+        assert!(!source(&plain).unwrap().contains("stored"));
     }
 
     #[test]

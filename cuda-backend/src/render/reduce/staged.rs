@@ -598,6 +598,8 @@ mod tests {
             }),
             epilogue: None,
             held: false,
+            stores_map: false,
+            out_vector: 1,
         }
     }
 
