@@ -213,6 +213,7 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
             call_site,
             map,
             epilogue,
+            stores,
         } => {
             // A deferred reduction: its own kernel when read, the first pass of a later
             // reduction's kernel over the same rows, or (of a tree) the kernel of the
@@ -246,6 +247,14 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
                 ops.extend(r.ops.iter().map(|s| s.to_string()));
                 sources.extend(r.call_sites.iter().map(|l| crate::fusion::place(l)));
                 out = OperandReport::of(&r.output.0, r.output.1);
+            } else if let Some(r) = &stores {
+                expression.push_str(&format!(
+                    "; the same kernel stores the tree it reduces, {} (read next: computed \
+                     once)",
+                    infix(&r.expr)
+                ));
+                ops.extend(r.ops.iter().map(|s| s.to_string()));
+                sources.extend(r.call_sites.iter().map(|l| crate::fusion::place(l)));
             } else if map {
                 expression.push_str(
                     "; elementwise work over the same rows that reads it may run last in its \

@@ -1459,6 +1459,17 @@ fn stored_maps(dev: &Device) -> Result<()> {
         usize::from(stores),
         "{joint} vs {apart} kernels"
     );
+    // `explain` on the tree shows the one kernel a read of it will run.
+    let t = tree(da, h, DType::F32)?;
+    let s = t.sum(0, false)?;
+    if stores {
+        let e = t.explain()?;
+        assert_eq!(e.kernels.len(), 1, "{e:?}");
+        assert!(e.kernels[0].expression.contains("stores the tree"), "{e:?}");
+        assert_eq!(e.kernels[0].ops[0], "sum", "{e:?}");
+    }
+    t.realize()?;
+    assert!(!stores || !s.is_pending());
     Ok(())
 }
 test_device!(reductions_store_the_tree_they_reduce, stored_maps);

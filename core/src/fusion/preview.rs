@@ -32,6 +32,9 @@ pub(crate) enum Preview {
         map: bool,
         /// The tree being read, run last in its kernel (a row epilogue).
         epilogue: Option<Box<RunRecord>>,
+        /// The tree being read, stored by the kernel as it reduces it
+        /// (`Kernel::Reduce { stores_map }`).
+        stores: Option<Box<RunRecord>>,
     },
 }
 
@@ -65,7 +68,7 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
     let tree = match &p.work {
         PendingWork::Tree(tree) => tree,
         PendingWork::Reduce(_) => {
-            kernels.push(reduce_preview(p, seen, None)?);
+            kernels.push(reduce_preview(p, seen, None, None)?);
             return Ok(());
         }
     };
@@ -93,7 +96,7 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
             }
             seen.push(address(&leaf.storage));
             let record = fused.record(&expr, (layout.clone(), dtype));
-            let report = reduce_preview(lp, seen, Some(Box::new(record)))?;
+            let report = reduce_preview(lp, seen, Some(Box::new(record)), None)?;
             drop(guard);
             for (j, input) in fused.inputs.iter().enumerate() {
                 if j != k {
@@ -101,6 +104,30 @@ fn preview_into(t: &Tensor, kernels: &mut Vec<Preview>, seen: &mut Vec<usize>) -
                 }
             }
             kernels.push(report);
+            return Ok(());
+        }
+    }
+    // A deferred reduction of this tree that stores it as it reduces it: one kernel.
+    if t.device().backend().target().stores_reduce_map {
+        let stream = p_stream(t);
+        for reader in t.storage.live_readers() {
+            let guard = reader.pending();
+            let Some(rp) = guard.as_ref() else {
+                continue;
+            };
+            let PendingWork::Reduce(d) = &rp.work else {
+                continue;
+            };
+            let takes = Arc::ptr_eq(&d.source.storage, &t.storage)
+                && d.source.layout == layout
+                && Arc::ptr_eq(&rp.stream, &stream)
+                && fused.inputs.iter().all(|i| !i.is_pending());
+            if !takes {
+                continue;
+            }
+            seen.push(address(&reader));
+            let record = fused.record(&expr, (layout.clone(), dtype));
+            kernels.push(reduce_preview(rp, seen, None, Some(Box::new(record)))?);
             return Ok(());
         }
     }
@@ -148,12 +175,13 @@ fn p_stream(t: &Tensor) -> Arc<crate::device::StreamHandle> {
 }
 
 /// The preview of the deferred reduction `p` (its pending work), with `epilogue` run last
-/// in its kernel. A reduction of a tree takes in the deferred maxima and minima that tree
+/// in its kernel, or storing the tree it reduces (`stores`). A reduction of a tree takes in the deferred maxima and minima that tree
 /// reads (its prologue): they are marked `seen`, not listed on their own.
 fn reduce_preview(
     p: &Pending,
     seen: &mut Vec<usize>,
     epilogue: Option<Box<RunRecord>>,
+    stores: Option<Box<RunRecord>>,
 ) -> Result<Preview> {
     let PendingWork::Reduce(d) = &p.work else {
         return Err(crate::error::Error::Invalid(
@@ -173,6 +201,7 @@ fn reduce_preview(
         call_site: p.call_site,
         map,
         epilogue,
+        stores,
     })
 }
 
