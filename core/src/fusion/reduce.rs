@@ -344,6 +344,7 @@ pub(crate) fn reduce_map_of(
     t: &Tensor,
     order: &[usize],
     out: &Tensor,
+    in_order: bool,
 ) -> Result<Option<MapForReduce>> {
     let device = t.device();
     let target = device.backend().target();
@@ -357,7 +358,7 @@ pub(crate) fn reduce_map_of(
     if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &device.current_handle()) {
         return Ok(None);
     }
-    let Some(m) = map_of_pending(p, order, out)? else {
+    let Some(m) = map_of_pending(p, order, out, in_order)? else {
         return Ok(None);
     };
     let id = super::run::kernel_id();
@@ -367,11 +368,13 @@ pub(crate) fn reduce_map_of(
 
 /// [`reduce_map_of`] for the pending work `p` (a tree, whose lock the caller holds, read
 /// whole), without marking what the kernel computes: `None` where its tree does not fit a
-/// reduction's map.
+/// reduction's map. `in_order`: the result depends on the order the elements are combined in
+/// (a float sum or product), so the leaves must be laid out like the tree.
 pub(crate) fn map_of_pending(
     p: &Pending,
     order: &[usize],
     out: &Tensor,
+    in_order: bool,
 ) -> Result<Option<MapForReduce>> {
     let PendingWork::Tree(tree) = &p.work else {
         return Ok(None);
@@ -386,14 +389,16 @@ pub(crate) fn map_of_pending(
     let Some((expr, inputs)) = arrange_reduce_inputs(&expr, &fused.inputs, order, out)? else {
         return Ok(None);
     };
-    // The plan follows input 0's layout: where the leaves are laid out otherwise than the
-    // tree (a transposed leaf made contiguous, a cast's narrower leaf), the reduction reads
-    // the tree realized, so it adds in the eager order.
+    // The plan follows input 0's layout: where a float sum's leaves are laid out otherwise
+    // than the tree (a transposed leaf made contiguous, a cast's narrower leaf), the
+    // reduction reads the tree realized, so it adds in the eager order. (A maximum, `any`,
+    // an integer sum: the same result in any order.)
     let tree = (p.layout.permuted(order)?, p.dtype.itemsize());
     let kept = out.ndim();
-    let alike = inputs
-        .iter()
-        .all(|u| laid_like(u, &tree) || per_output_layout(&u.layout, &out.layout, kept));
+    let alike = !in_order
+        || inputs
+            .iter()
+            .all(|u| laid_like(u, &tree) || per_output_layout(&u.layout, &out.layout, kept));
     let bytes: Vec<usize> = inputs.iter().map(|t| t.storage.bytes).collect();
     if !alike || !target.binds_reduce(&bytes) {
         return Ok(None);

@@ -5,7 +5,7 @@
 use super::splice::{held_only_by_trees, Fused};
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::ir::{Expr, Kernel};
+use crate::ir::{Expr, Kernel, ReduceOp};
 use crate::tensor::{launch_on, Pending, PendingWork, Storage, Tensor, Write};
 use std::any::Any;
 use std::sync::{Arc, Weak};
@@ -406,7 +406,8 @@ fn run_with_reduction(storage: &Arc<Storage>, p: &Pending) -> Result<Option<Resu
             dtype: rp.dtype,
             autograd: None,
         };
-        let Some(m) = super::reduce::map_of_pending(p, &d.order, &out)? else {
+        let in_order = matches!(d.op, ReduceOp::Sum | ReduceOp::Prod) && d.acc.is_float();
+        let Some(m) = super::reduce::map_of_pending(p, &d.order, &out, in_order)? else {
             continue;
         };
         let stored = Tensor {

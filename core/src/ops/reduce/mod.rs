@@ -575,7 +575,8 @@ pub(crate) fn launch_reduce(
     let target = source.device().backend().target();
     // A pending elementwise input is read by the reduction directly (map→reduce fusion):
     // its leaves, permuted like the input, and its expression per element.
-    let (map, mut inputs, mut scalars) = match reduce_map_of(source, order, out)? {
+    let in_order = matches!(op, ReduceOp::Sum | ReduceOp::Prod) && acc.is_float();
+    let (map, mut inputs, mut scalars) = match reduce_map_of(source, order, out, in_order)? {
         Some(m) => (Some(m.expr), m.inputs, m.scalars),
         None => (
             None,
