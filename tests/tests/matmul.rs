@@ -351,6 +351,86 @@ fn f32_staging_layouts(dev: &Device) -> Result<()> {
 }
 test_device!(f32_products_in_every_staging_layout, f32_staging_layouts);
 
+/// TF32 products whose operands both lie along `m` and `n` (`xᵀ·dy`, a weight's gradient) copy
+/// the smaller one contiguous along `k` first where the device's target asks for it (CUDA on
+/// Hopper, from 2^32 multiply-adds): two kernels, the copy and the product, and the same bits
+/// as the product of that operand copied by hand; a smaller product, one already along `k`, or
+/// TF32 off runs the product alone. Elsewhere every product runs alone.
+fn k_major_tf32(dev: &Device) -> Result<()> {
+    let tf32 = dev.allow_tf32();
+    dev.set_allow_tf32(true);
+    let result = k_major_tf32_products(dev);
+    dev.set_allow_tf32(tf32);
+    result
+}
+
+fn k_major_tf32_products(dev: &Device) -> Result<()> {
+    let from = dev.backend().target().k_major_tf32_from;
+    let mut g = Generator::new(3);
+    let kernels = |f: &dyn Fn() -> Result<Tensor>| -> Result<(Tensor, Vec<String>)> {
+        let mut out = None;
+        let p = dev.profile(|| {
+            let t = f()?;
+            t.realize()?;
+            out = Some(t);
+            Ok(())
+        })?;
+        let names = p
+            .device_work()
+            .filter(|r| r.kind == RecordKind::Kernel)
+            .map(|r| r.name.clone())
+            .collect();
+        Ok((out.expect("the product ran"), names))
+    };
+    let Some(from) = from else {
+        let x = Tensor::randn([64, 8], DType::F32, &mut g, dev)?;
+        let dy = Tensor::randn([64, 16], DType::F32, &mut g, dev)?;
+        let (_, names) = kernels(&|| x.t()?.matmul(&dy))?;
+        assert_eq!(names.len(), 1, "{names:?} on {}", dev.name());
+        return Ok(());
+    };
+    // m·n·k = `from` with k = 8192 and the smaller side 512.
+    let (k, small) = (8192usize, 512usize);
+    let large = (from as usize / (k * small)).max(small + 1);
+    for (m, n) in [(small, large), (large, small)] {
+        let x = Tensor::randn([k, m], DType::F32, &mut g, dev)?;
+        let dy = Tensor::randn([k, n], DType::F32, &mut g, dev)?;
+        let (got, names) = kernels(&|| x.t()?.matmul(&dy))?;
+        assert_eq!(names.len(), 2, "m {m}, n {n}: {names:?}");
+        let by_hand = if m <= n {
+            x.t()?.contiguous()?.matmul(&dy)?
+        } else {
+            x.t()?.matmul(&dy.t()?.contiguous()?.t()?)?
+        };
+        let (got, want) = (got.to_vec::<f32>()?, by_hand.to_vec::<f32>()?);
+        assert!(
+            got == want,
+            "m {m}, n {n}: not the hand-copied product's bits"
+        );
+        // Against the f32 product (TF32 off, run as it is): within TF32's rounding.
+        dev.set_allow_tf32(false);
+        let (exact, names) = kernels(&|| x.t()?.matmul(&dy))?;
+        dev.set_allow_tf32(true);
+        assert_eq!(names.len(), 1, "TF32 off: {names:?}");
+        for (i, (g, e)) in got.iter().zip(exact.to_vec::<f32>()?).enumerate() {
+            // Each of the k terms is off by up to 2^-10 of its size (|x·dy| ~ 1 each).
+            assert!(
+                (g - e).abs() <= 0.5,
+                "m {m}, n {n}, element {i}: {g} against {e}"
+            );
+        }
+    }
+    // Already along k (x contiguous as xᵀ's rows), or a smaller product: the product alone.
+    let xt = Tensor::randn([small, k], DType::F32, &mut g, dev)?;
+    let dy = Tensor::randn([k, large], DType::F32, &mut g, dev)?;
+    assert_eq!(kernels(&|| xt.matmul(&dy))?.1.len(), 1);
+    let x = Tensor::randn([k / 4, small], DType::F32, &mut g, dev)?;
+    let dy = Tensor::randn([k / 4, large], DType::F32, &mut g, dev)?;
+    assert_eq!(kernels(&|| x.t()?.matmul(&dy))?.1.len(), 1);
+    Ok(())
+}
+test_device!(tf32_products_read_one_operand_along_k, k_major_tf32);
+
 /// f16 products of fractional values over a long depth, against an f64 reference rounded to
 /// f16: the sums must be accumulated in f32 (an f16 accumulator is off by several units in the
 /// last place at this depth). Several tiles with ragged edges and a batch: A transposed and B

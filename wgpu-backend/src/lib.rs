@@ -184,6 +184,7 @@ impl WgpuBackend {
             } else {
                 &[DType::F16, DType::BF16]
             },
+            k_major_tf32_from: None,
         };
         Ok(WgpuBackend {
             gpu,

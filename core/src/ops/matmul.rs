@@ -67,7 +67,34 @@ fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> R
         return c.assign(&wide);
     }
     let tf32 = acc == DType::F32 && c.device().allow_tf32();
+    let (a, b) = match c.device().backend().target().k_major_tf32_from {
+        Some(from) if tf32 => k_major_operand(a, b, from)?,
+        _ => (a, b),
+    };
     launch(Kernel::Matmul { acc, tf32 }, c, &[&a, &b], scalars)
+}
+
+/// `a` `[batch, m, k]` and `b` `[batch, k, n]` with the smaller one copied contiguous along
+/// `k` when neither is and the product has at least `from` multiply-adds (see
+/// [`Target::k_major_tf32_from`](crate::target::Target::k_major_tf32_from)); as they are
+/// otherwise. An operand broadcast along the batch is not copied (the copy would repeat it).
+fn k_major_operand(a: Tensor, b: Tensor, from: u64) -> Result<(Tensor, Tensor)> {
+    let (batch, m, k, n) = (a.shape()[0], a.shape()[1], a.shape()[2], b.shape()[2]);
+    let along_k = |stride: isize| stride == 1 || k == 1;
+    let work = [batch, m, k, n].iter().map(|&d| d as u64).product::<u64>();
+    if along_k(a.strides()[2]) || along_k(b.strides()[1]) || work < from {
+        return Ok((a, b));
+    }
+    let copies = |t: &Tensor| batch == 1 || t.strides()[0] != 0;
+    let (copy_a, copy_b) = (copies(&a), copies(&b));
+    if copy_a && (m <= n || !copy_b) {
+        Ok((a.contiguous()?, b))
+    } else if copy_b {
+        // Bᵀ contiguous: B column-major, each column's k values in a row.
+        Ok((a, b.transpose(1, 2)?.contiguous()?.transpose(1, 2)?))
+    } else {
+        Ok((a, b))
+    }
 }
 
 /// The inner-dimension check shared by every product.
@@ -301,19 +328,21 @@ fn record_matmul(a: &Tensor, b: &Tensor, out: Tensor) -> Tensor {
         if a.ndim() == 1 {
             g2 = g2.unsqueeze(-2)?;
         }
-        let ga = if need_a {
-            let full = g2.matmul(&b2.transpose(-1, -2)?)?;
-            let ga =
-                crate::autograd::sum_to_shape(&full, a2.shape())?.reshape(a.shape().to_vec())?;
-            Some(cast_to(ga, a.dtype())?)
-        } else {
-            None
-        };
+        // B's gradient first: its product may copy `aᵀ` along k (`k_major_operand`), and that
+        // copy is freed before A's gradient, usually as large, is allocated.
         let gb = if need_b {
             let full = a2.transpose(-1, -2)?.matmul(&g2)?;
             let gb =
                 crate::autograd::sum_to_shape(&full, b2.shape())?.reshape(b.shape().to_vec())?;
             Some(cast_to(gb, b.dtype())?)
+        } else {
+            None
+        };
+        let ga = if need_a {
+            let full = g2.matmul(&b2.transpose(-1, -2)?)?;
+            let ga =
+                crate::autograd::sum_to_shape(&full, a2.shape())?.reshape(a.shape().to_vec())?;
+            Some(cast_to(ga, a.dtype())?)
         } else {
             None
         };
