@@ -3,7 +3,7 @@
 
 use super::step::{MapLaunch, Step};
 use crate::launch::{Args, Launch};
-use crate::render::map::{counter_pairs, MapSig};
+use crate::render::map::{applies_float_function, counter_pairs, two_vectors_a_thread, MapSig};
 use strata_core::backend::{KernelArgs, Operand};
 use strata_core::ir::Expr;
 use strata_core::ir::MapTrees;
@@ -69,8 +69,9 @@ pub(crate) fn steps<'k>(
     // Random draws read the position: other maps skip these tree walks. (Further outputs
     // are subtrees of output 0's tree, so its walk covers them.)
     let draws = positional && expr.draws_random();
-    // Where a warp shares each counter between two vectors, a thread draws for two vectors.
-    let work = if draws && counter_pairs(&sig) {
+    // Where a warp shares each counter between two vectors, a thread draws for two vectors;
+    // maps bound by arithmetic take two vectors a thread too.
+    let work = if (draws && counter_pairs(&sig)) || two_vectors_a_thread(&sig) {
         piece.work.div_ceil(2)
     } else {
         piece.work
@@ -93,16 +94,6 @@ pub(crate) fn steps<'k>(
         scalars,
     };
     Ok(vec![Step::Map { sig, launch }])
-}
-
-/// Whether the tree applies a float function, each many instructions (the unary ops defined
-/// for floats only: roots, reciprocals, exponentials, logarithms, trigonometric and error
-/// functions).
-fn applies_float_function(e: &Expr) -> bool {
-    match &e.node {
-        strata_core::ir::Node::Unary(op, _) if op.float_only() => true,
-        _ => e.children().any(applies_float_function),
-    }
 }
 
 #[cfg(test)]
