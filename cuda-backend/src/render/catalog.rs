@@ -411,7 +411,12 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
         // Softmax's backward staged in the eager sum's lanes (`staged::stages_in_lanes`):
         // `Σ y·g`, then `y·(g − Σ y·g)`.
         let product = Expr::binary(BinaryOp::Mul, x(0, d), x(1, d));
-        out.push(ReduceSig {
+        let gradient = Expr::binary(
+            BinaryOp::Mul,
+            x(0, d),
+            Expr::binary(BinaryOp::Sub, x(1, d), x(2, d)),
+        );
+        let lanes = ReduceSig {
             map: Some(strata_core::lower::operands::ReduceMap {
                 expr: product,
                 per_output: vec![false, false, true],
@@ -420,17 +425,25 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             }),
             prologue: None,
             epilogue: Some(super::reduce::StagedEpilogue {
-                expr: Expr::binary(
-                    BinaryOp::Mul,
-                    x(0, d),
-                    Expr::binary(BinaryOp::Sub, x(1, d), x(2, d)),
-                ),
+                expr: gradient.clone(),
                 result: 2,
                 out: d,
             }),
             held: false,
             ..held
-        });
+        };
+        out.push(lanes.clone());
+        if d == DType::F32 {
+            // The gradient written as f64: 32-byte output vectors, stored evicted first.
+            out.push(ReduceSig {
+                epilogue: Some(super::reduce::StagedEpilogue {
+                    expr: gradient.cast(DType::F64, false),
+                    result: 2,
+                    out: DType::F64,
+                }),
+                ..lanes
+            });
+        }
     }
     out
 }

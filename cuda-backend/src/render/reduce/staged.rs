@@ -65,6 +65,24 @@ fn blocks_and_unroll(sig: &ReduceSig) -> (usize, &'static str) {
     }
 }
 
+/// Loads and stores evicted first (CUDA's `__ldcs` and `__stcs`) for every vector type the
+/// kernels move, a 32-byte vector as its two halves. Written into the kernels that use them
+/// (guarded: the catalog compiles many kernels as one program), not the prelude: the prelude
+/// is part of every kernel's source, and so of every shipped kernel's key.
+const STREAMING: &str = "#ifndef STRATA_STREAMING
+#define STRATA_STREAMING
+template <typename T> __device__ __forceinline__ T ld_last(const T* p) { return __ldcs(p); }
+template <> __device__ __forceinline__ uint4x2 ld_last<uint4x2>(const uint4x2* p) {
+  return uint4x2{__ldcs((const uint4*)p), __ldcs((const uint4*)p + 1)};
+}
+template <typename T> __device__ __forceinline__ void st_stream(T* p, T v) { __stcs(p, v); }
+template <> __device__ __forceinline__ void st_stream<uint4x2>(uint4x2* p, uint4x2 v) {
+  __stcs((uint4*)p, v.lo);
+  __stcs((uint4*)p + 1, v.hi);
+}
+#endif
+";
+
 /// The CUDA C source of a staged reduction with a prologue or an epilogue, named
 /// `strata_reduce`. Its words are the eager launch's (`reduce::source`), then the prologue's
 /// output's pointer and the epilogue's, each where there is one.
@@ -93,6 +111,9 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let threads = block_threads(sig);
 
     let mut s = String::new();
+    if stages_in_lanes(sig) {
+        s.push_str(STREAMING);
+    }
     let _ = writeln!(
         s,
         "extern \"C\" __global__ void __launch_bounds__({threads}, {blocks}) \
@@ -298,7 +319,7 @@ fn stage_in_lanes(
     );
     let _ = writeln!(
         s,
-        "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = *(const {vt}*)(in0 + ib + r); rowbuf[r / {v}] = u.v;"
+        "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = ld_last((const {vt}*)(in0 + ib + r)); rowbuf[r / {v}] = u.v;"
     );
     let read = |k: usize| k > 0 && m.expr.reads_input(k);
     load_row_inputs(s, "        ", m, v, read);
@@ -430,12 +451,30 @@ pub(super) fn load_row_inputs(
     v: usize,
     read: impl Fn(usize) -> bool,
 ) {
+    load_row_inputs_by(s, indent, m, v, read, "");
+}
+
+/// [`load_row_inputs`] through the load function `load` (`ld_last`: a last read, evicted
+/// first), or a plain read where it is empty.
+fn load_row_inputs_by(
+    s: &mut String,
+    indent: &str,
+    m: &strata_core::lower::operands::ReduceMap,
+    v: usize,
+    read: impl Fn(usize) -> bool,
+    load: &str,
+) {
     for (k, &d) in m.inputs.iter().enumerate() {
         if read(k) && !m.per_output[k] {
             let (t, vt) = (storage_type(d), vector_type(v * d.itemsize()));
+            let at = if load.is_empty() {
+                format!("*(const {vt}*)(in{k} + ib + r)")
+            } else {
+                format!("{load}((const {vt}*)(in{k} + ib + r))")
+            };
             let _ = writeln!(
                 s,
-                "{indent}union {{ {vt} v; {t} e[{v}]; }} u{k}; u{k}.v = *(const {vt}*)(in{k} + ib + r);"
+                "{indent}union {{ {vt} v; {t} e[{v}]; }} u{k}; u{k}.v = {at};"
             );
         }
     }
@@ -499,7 +538,12 @@ fn epilogue(
     }
     let ovt = vector_type(v * e.out.itemsize());
     let read = |k: usize| k != res && Some(k) != pres && expr.reads_input(k);
-    load_row_inputs(s, "      ", m, v, |k| k > 0 && read(k));
+    // Staged in lanes, the rows read again stay in L2 while input 0 (staged) and the output
+    // stream past them: those are read and written evicted first, and the rows' second
+    // read is their last.
+    let lanes = stages_in_lanes(sig);
+    let last = if lanes { "ld_last" } else { "" };
+    load_row_inputs_by(s, "      ", m, v, |k| k > 0 && read(k), last);
     let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
     let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
     declare_inputs(s, "        ", m, ("u.e[l]", read(0)), read);
@@ -515,7 +559,12 @@ fn epilogue(
     let value = to_storage(e.out, &name);
     let _ = writeln!(
         s,
-        "        y.e[l] = {value};\n      }}\n      *({ovt}*)(epilogue_out + ib + r) = y.v;\n    }}"
+        "        y.e[l] = {value};\n      }}\n      {}\n    }}",
+        if lanes {
+            format!("st_stream(({ovt}*)(epilogue_out + ib + r), y.v);")
+        } else {
+            format!("*({ovt}*)(epilogue_out + ib + r) = y.v;")
+        }
     );
     Ok(())
 }
@@ -692,7 +741,7 @@ mod tests {
             "{body}"
         );
         assert!(
-            body.contains("u.v = *(const uint4*)(in0 + ib + r); rowbuf[r / 4] = u.v;"),
+            body.contains("u.v = ld_last((const uint4*)(in0 + ib + r)); rowbuf[r / 4] = u.v;"),
             "{body}"
         );
         assert!(
@@ -704,8 +753,14 @@ mod tests {
         // The epilogue reads input 0 from the stage and only g from memory again.
         assert!(tail.contains("u.v = rowbuf[r / 4];"), "{tail}");
         assert!(!tail.contains("in0 + ib"), "{tail}");
+        // Input 0 and the output stream past the row read again (evicted first), whose
+        // second read is its last.
         assert!(
-            tail.contains("u1.v = *(const uint4*)(in1 + ib + r);"),
+            tail.contains("u1.v = ld_last((const uint4*)(in1 + ib + r));"),
+            "{tail}"
+        );
+        assert!(
+            tail.contains("st_stream((uint4*)(epilogue_out + ib + r), y.v);"),
             "{tail}"
         );
         assert!(tail.contains("r += 256 * 4"), "{tail}");
