@@ -126,7 +126,8 @@ pub struct Target {
     /// both laid out along `m` and `n` (A column-major, B row-major: a weight's gradient
     /// `xᵀ·dy`) run faster when core first copies the smaller one contiguous along `k`: cuBLAS's
     /// Hopper TF32 kernels read neither operand along `k` then, at about 60% of their rate.
-    /// `None`: products run on their operands as they are.
+    /// (The smaller operand unless it is broadcast along the batch.) `None`: products run on
+    /// their operands as they are.
     pub k_major_tf32_from: Option<u64>,
 }
 

@@ -160,13 +160,19 @@ impl CudaBackend {
             runs_softmax: true,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
-            // Measured on an H200 (cuBLAS 13): xᵀ·dy [4096, 8192]·[8192, 4096] 1.23 ms as it is,
-            // 0.69 with either operand contiguous along k; 2048³ 92 against 63 µs; 1024³ equal.
-            // f16, bf16, f64 and f32 without TF32 show no such gap. Hopper only (measured there).
-            k_major_tf32_from: (gpu.arch.0 >= 9).then_some(1 << 32),
+            // Set below where cuBLAS runs the products.
+            k_major_tf32_from: None,
         };
+        let mut runner = Runner::new(gpu.clone(), memory.clone(), target);
+        if runner.blas.is_some() && gpu.arch.0 == 9 {
+            // Measured on an H200 (cuBLAS 13): xᵀ·dy [4096, 8192]·[8192, 4096] 1.23 ms as it
+            // is, 0.69 with either operand contiguous along k; 2048³ 92 against 63 µs; 1024³
+            // equal. f16, bf16, f64 and f32 without TF32 show no such gap. Hopper only: the
+            // other architectures were not measured.
+            runner.target.k_major_tf32_from = Some(1 << 32);
+        }
         Ok(CudaBackend {
-            runner: Runner::new(gpu.clone(), memory.clone(), target),
+            runner,
             staging: staging::Staging::new(gpu.clone()),
             gpu,
             memory,

@@ -75,14 +75,19 @@ fn launch_matmul(a: &Tensor, b: &Tensor, c: &Tensor, alpha: f64, beta: f64) -> R
 }
 
 /// `a` `[batch, m, k]` and `b` `[batch, k, n]` with the smaller one copied contiguous along
-/// `k` when neither is and the product has at least `from` multiply-adds (see
-/// [`Target::k_major_tf32_from`](crate::target::Target::k_major_tf32_from)); as they are
-/// otherwise. An operand broadcast along the batch is not copied (the copy would repeat it).
+/// `k` when A is column-major, B row-major and the product has at least `from` multiply-adds
+/// (see [`Target::k_major_tf32_from`](crate::target::Target::k_major_tf32_from)); as they are
+/// otherwise. An operand broadcast along the batch is not copied (the copy would repeat it):
+/// the other one is, where it is not broadcast too.
 fn k_major_operand(a: Tensor, b: Tensor, from: u64) -> Result<(Tensor, Tensor)> {
     let (batch, m, k, n) = (a.shape()[0], a.shape()[1], a.shape()[2], b.shape()[2]);
-    let along_k = |stride: isize| stride == 1 || k == 1;
+    let (sa, sb) = (a.strides(), b.strides());
+    // A column-major (along m) and B row-major (along n), as cuBLAS takes them: no other
+    // layout, and no matrix of one row or column, whose layout cuBLAS reads either way.
+    let a_along_m = sa[1] == 1 && sa[2] > 0;
+    let b_along_n = sb[2] == 1 && sb[1] > 0;
     let work = [batch, m, k, n].iter().map(|&d| d as u64).product::<u64>();
-    if along_k(a.strides()[2]) || along_k(b.strides()[1]) || work < from {
+    if !(a_along_m && b_along_n) || m < 2 || n < 2 || k < 2 || work < from {
         return Ok((a, b));
     }
     let copies = |t: &Tensor| batch == 1 || t.strides()[0] != 0;
