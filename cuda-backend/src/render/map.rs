@@ -61,11 +61,12 @@ strata_core::signature_with_trees!(MapSig {
 /// computed: for maps that apply a float function (many instructions an element), whose one
 /// vector a thread left the memory idle while it computed (H200, 2^28 f32 GELU's derivative,
 /// erf and exp: 0.57–0.58 → 0.52–0.53 ms, against a copy's 0.51). Every operand contiguous,
-/// no random draws (those maps loop, `run::map`).
-pub(crate) fn two_vectors_a_thread(sig: &MapSig) -> bool {
-    sig.vector > 1
+/// no random draws (`draws`: the trees draw; those maps loop, `run::map`). The cheap tests
+/// first: the planner asks at every launch.
+pub(crate) fn two_vectors_a_thread(sig: &MapSig, draws: bool) -> bool {
+    !draws
+        && sig.vector > 1
         && (0..sig.dtypes.len()).all(|k| sig.contiguous(k))
-        && sig.trees.iter().all(|e| !e.draws_random())
         && sig.trees.iter().any(applies_float_function)
 }
 
@@ -309,7 +310,7 @@ fn vector_body(
         && draws.iter().all(|d| v >= d.per_counter as usize)
         && !looped.instrs.iter().any(|i| matches!(i.op, Op::Philox(_)));
     let pairs = counter_pairs(sig);
-    let dual = two_vectors_a_thread(sig);
+    let dual = two_vectors_a_thread(sig, sig.trees.iter().any(|e| e.draws_random()));
     let _ = writeln!(s, "  const {idx} nv = n / {v};");
     if pairs {
         // A counter's words cover two vectors: each thread of a warp draws one counter (32
@@ -635,7 +636,8 @@ mod tests {
         let mut s = sig(true, 4);
         let exp = Expr::unary(UnaryOp::Exp, Expr::input(0, DType::F32));
         s.trees = MapTrees::one(Expr::binary(BinaryOp::Add, exp, Expr::input(1, DType::F32)));
-        assert!(two_vectors_a_thread(&s));
+        assert!(two_vectors_a_thread(&s, false));
+        assert!(!two_vectors_a_thread(&s, true));
         let src = source(&s).unwrap();
         for line in [
             "for (i32 j0 = first; j0 < nv; j0 += 2 * step) {",
@@ -655,7 +657,7 @@ mod tests {
             t.paths[1] = Path::Strided;
             t
         }] {
-            assert!(!two_vectors_a_thread(&other));
+            assert!(!two_vectors_a_thread(&other, false));
             assert!(!source(&other).unwrap().contains("j0"));
         }
     }

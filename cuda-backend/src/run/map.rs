@@ -71,7 +71,7 @@ pub(crate) fn steps<'k>(
     let draws = positional && expr.draws_random();
     // Where a warp shares each counter between two vectors, a thread draws for two vectors;
     // maps bound by arithmetic take two vectors a thread too.
-    let work = if (draws && counter_pairs(&sig)) || two_vectors_a_thread(&sig) {
+    let work = if (draws && counter_pairs(&sig)) || two_vectors_a_thread(&sig, draws) {
         piece.work.div_ceil(2)
     } else {
         piece.work

@@ -138,7 +138,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     );
     each(&mut s, "      ");
     let read = |k: usize| k > 0 && k != res && m.expr.reads_input(k);
-    load_row_inputs(&mut s, "        ", m, v, read);
+    load_row_inputs(&mut s, "        ", m, v, read, "");
     let _ = writeln!(
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
@@ -184,7 +184,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             );
         }
         let read = |k: usize| k != e.result && k != res && expr.reads_input(k);
-        load_row_inputs(&mut s, "      ", m, v, |k| k > 0 && read(k));
+        load_row_inputs(&mut s, "      ", m, v, |k| k > 0 && read(k), "");
         let (out_st, ovt) = (storage_type(e.out), vector_type(v * e.out.itemsize()));
         let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
         let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");

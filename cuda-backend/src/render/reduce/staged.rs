@@ -219,7 +219,7 @@ fn stage_then_add(
     );
     // (Inputs only the epilogue reads are not loaded here.)
     let read = |k: usize| k > 0 && Some(k) != res && m.expr.reads_input(k);
-    load_row_inputs(s, "        ", m, v, read);
+    load_row_inputs(s, "        ", m, v, read, "");
     let _ = writeln!(
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
@@ -322,7 +322,7 @@ fn stage_in_lanes(
         "        union {{ {vt} v; {in_t} e[{v}]; }} u; u.v = ld_last((const {vt}*)(in0 + ib + r)); rowbuf[r / {v}] = u.v;"
     );
     let read = |k: usize| k > 0 && m.expr.reads_input(k);
-    load_row_inputs(s, "        ", m, v, read);
+    load_row_inputs(s, "        ", m, v, read, "");
     let _ = writeln!(
         s,
         "#pragma unroll\n        for (int l = 0; l < {v}; l++) {{"
@@ -443,20 +443,10 @@ pub(super) fn declare_inputs(
 }
 
 /// Vector loads (`u{k}`) at the row position `r` of the map's inputs `read` picks that are laid
-/// out like input 0 (core's promise for every input without one value per output).
+/// out like input 0 (core's promise for every input without one value per output), through
+/// the load function `load` (`ld_last`: a last read, evicted first), or plain where it is
+/// empty.
 pub(super) fn load_row_inputs(
-    s: &mut String,
-    indent: &str,
-    m: &strata_core::lower::operands::ReduceMap,
-    v: usize,
-    read: impl Fn(usize) -> bool,
-) {
-    load_row_inputs_by(s, indent, m, v, read, "");
-}
-
-/// [`load_row_inputs`] through the load function `load` (`ld_last`: a last read, evicted
-/// first), or a plain read where it is empty.
-fn load_row_inputs_by(
     s: &mut String,
     indent: &str,
     m: &strata_core::lower::operands::ReduceMap,
@@ -543,7 +533,7 @@ fn epilogue(
     // read is their last.
     let lanes = stages_in_lanes(sig);
     let last = if lanes { "ld_last" } else { "" };
-    load_row_inputs_by(s, "      ", m, v, |k| k > 0 && read(k), last);
+    load_row_inputs(s, "      ", m, v, |k| k > 0 && read(k), last);
     let _ = writeln!(s, "      union {{ {ovt} v; {out_st} e[{v}]; }} y;");
     let _ = writeln!(s, "#pragma unroll\n      for (int l = 0; l < {v}; l++) {{");
     declare_inputs(s, "        ", m, ("u.e[l]", read(0)), read);
