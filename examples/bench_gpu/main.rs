@@ -294,6 +294,19 @@ fn first_calls_by_kind(dev: &Device) -> Result<String> {
                 Tensor::randn([256, 1000], DType::F32, &mut g, dev)
             }),
         ),
+        // Fused reductions no archive holds: on CUDA their first calls run unfused (the map
+        // interpreted, then the shipped plain reduction) until their kernel is compiled.
+        (
+            "new fused sum |(a-b)*a| axis -1",
+            Box::new(|| (&x - &y)?.mul(&x)?.abs()?.sum(-1, false)),
+        ),
+        (
+            "new fused softmax of a/2 from primitives",
+            Box::new(|| {
+                let e = ((&x - &x.max(-1, true)?)? * 0.5)?.exp()?;
+                &e / &e.sum(-1, true)?
+            }),
+        ),
     ];
     let mut members = Vec::new();
     for (name, f) in &kinds {

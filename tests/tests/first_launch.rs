@@ -1,7 +1,8 @@
 //! On CUDA a map kernel's first launches (f32, f16 and bf16 operands) run through an
 //! interpreter and the later ones (and those under the profiler) through the compiled kernel
 //! (cuda-backend's `first_launch.rs`), and other kernels run a quickly compiled form until
-//! their own one is compiled in the background: all must give the same bits. The file holds
+//! their own one is compiled in the background, and a fused reduction runs as its eager
+//! launches until its kernel is compiled: all must give the same bits. The file holds
 //! one test, which points the kernel cache at a fresh directory before any device opens, so
 //! that no kernel is found compiled on disk.
 
@@ -325,6 +326,110 @@ fn check_kinds(dev: &Device) -> Result<()> {
     Ok(())
 }
 
+/// A fused reduction's first calls, before its kernel is compiled, run as its eager launches
+/// (cuda-backend's `run::unfused`: the map interpreted into scratch, then the plain reduction
+/// already loaded): the first call compiles nothing, and every call gives the eager bits —
+/// those of the map realized and then reduced (on the CPU and CUDA, where fused equals eager).
+fn check_unfused(dev: &Device) -> Result<()> {
+    let (rows, cols) = (37, 300);
+    let x = Tensor::from_slice(&values(rows * cols), [rows, cols], dev)?;
+    let x = Tensor::where_cond(&x.isfinite()?, &x, 0.25)?;
+    let y = (&x * 0.75)?.add(0.5)?;
+    let h = x.to_dtype(DType::F16)?;
+    for t in [&x, &y, &h] {
+        t.realize()?;
+    }
+    type Map = fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+    type Reduction = fn(&Tensor) -> Result<Tensor>;
+    let softmax_half = |t: &Tensor| {
+        let e = ((t - &t.max(-1, true)?)? * 0.5)?.exp()?;
+        &e / &e.sum(-1, true)?
+    };
+    let cases: [(&str, Map, Reduction); 6] = [
+        (
+            "|(x - y)·x| summed over rows",
+            |x, y, _| (x - y)?.mul(x)?.abs(),
+            |t| t.sum(-1, false),
+        ),
+        (
+            "x·y + x summed over columns",
+            |x, y, _| (x * y)?.add(x),
+            |t| t.sum(0, false),
+        ),
+        (
+            "x·y − y summed whole",
+            |x, y, _| (x * y)?.sub(y),
+            |t| t.sum(Axes::All, false),
+        ),
+        (
+            "exp(x − y)'s row maxima",
+            |x, y, _| (x - y)?.exp(),
+            |t| t.max(-1, false),
+        ),
+        (
+            "f16 h·h − h summed over rows",
+            |_, _, h| (h * h)?.sub(h),
+            |t| t.sum(-1, false),
+        ),
+        // A row prologue (the maximum of x) and an epilogue (the division), both around a new map.
+        (
+            "softmax of x/2 from primitives",
+            |x, _, _| Ok(x.clone()),
+            softmax_half,
+        ),
+    ];
+    let bits = |t: Tensor| -> Result<Vec<u64>> {
+        let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;
+        Ok(v.iter().map(|v| v.to_bits()).collect())
+    };
+    for (name, map, reduce) in cases {
+        // The eager launches: the map realized, then reduced (this loads the plain reduction).
+        let eager = if name.starts_with("softmax") {
+            let m = x.max(-1, true)?;
+            m.realize()?;
+            let e = ((&x - &m)? * 0.5)?.exp()?;
+            e.realize()?;
+            let s = e.sum(-1, true)?;
+            s.realize()?;
+            bits((&e / &s)?)?
+        } else {
+            let t = map(&x, &y, &h)?;
+            t.realize()?;
+            bits(reduce(&t)?)?
+        };
+        let call = || reduce(&map(&x, &y, &h)?);
+        let before = strata_cuda::shipped::nvrtc_compiles();
+        let first = call()?;
+        first.realize()?;
+        let compiled = strata_cuda::shipped::nvrtc_compiles() - before;
+        let first = bits(first)?;
+        let second = bits(call()?)?;
+        let mut profiled = None;
+        dev.profile(|| {
+            let t = call()?;
+            t.realize()?;
+            profiled = Some(t);
+            Ok(())
+        })?;
+        let profiled = bits(profiled.expect("the profiled call ran"))?;
+        let after = bits(call()?)?;
+        assert_eq!(
+            compiled,
+            0,
+            "{name} on {}: the first call compiled",
+            dev.name()
+        );
+        // (wgpu's fused sums may add in another order than its eager ones.)
+        let eager_bits = dev.kind() == strata::BackendKind::Wgpu || eager == first;
+        assert!(
+            eager_bits && first == second && second == profiled && profiled == after,
+            "{name} on {}: the eager, first, second, profiled and later calls differ",
+            dev.name()
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn a_maps_first_launch_equals_its_compiled_launches_bit_for_bit() {
     let dir = std::env::temp_dir().join(format!("strata-first-launch-{}", std::process::id()));
@@ -337,6 +442,7 @@ fn a_maps_first_launch_equals_its_compiled_launches_bit_for_bit() {
             .and_then(|_| check_half(&dev))
             .and_then(|_| check_shapes(&dev))
             .and_then(|_| check_kinds(&dev))
+            .and_then(|_| check_unfused(&dev))
         {
             panic!("on {}: {e}", dev.name());
         }

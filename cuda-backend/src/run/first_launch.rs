@@ -52,6 +52,18 @@ impl FirstLaunches {
         }
     }
 
+    /// True unless `STRATA_CUDA_INTERPRET=0` turned first launches through the interpreter
+    /// off (and with them a fused reduction's unfused first calls, `run::unfused`).
+    pub(crate) fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// True when the map `sig` planned as `map` runs through the interpreter at its first
+    /// launch (the interpreter itself may still have to be compiled, once per machine).
+    pub(crate) fn interprets(&self, sig: &MapSig, map: &MapLaunch) -> bool {
+        self.enabled && encode(sig, map).is_some()
+    }
+
     /// The interpreter and its launch for the map `sig` (planned as `map`), whose kernel is
     /// not in the function cache: at its first launch, and at later ones while its compile
     /// runs in the background (queued at the second). `None` when the kernel is to be compiled

@@ -14,6 +14,7 @@ pub(crate) mod matmul;
 pub(crate) mod reduce;
 mod softmax;
 mod step;
+mod unfused;
 
 use crate::blas::Blas;
 use crate::compile::Compiler;
@@ -37,6 +38,7 @@ pub(crate) use step::{Sig, Step};
 use strata_core::backend::KernelArgs;
 use strata_core::backend::LaunchDescription;
 use strata_core::ir::Kernel;
+use strata_core::kernel_cache::KernelCache;
 use strata_core::lower::operands::IndexOperands;
 use strata_core::lower::softmax_plan::SoftmaxOperands;
 use strata_core::target::Target;
@@ -59,6 +61,9 @@ pub(crate) struct Runner {
     dnn: Option<crate::dnn::Dnn>,
     maps: FunctionCache<MapSig<'static>>,
     reductions: FunctionCache<ReduceSig>,
+    /// Fused reductions that ran unfused while their kernel was not compiled
+    /// ([`unfused`]).
+    unfused_reductions: KernelCache<ReduceSig, Arc<unfused::Pending>>,
     indexing: FunctionCache<IndexSig>,
     matmuls: FunctionCache<MatmulSig>,
     softmaxes: FunctionCache<SoftmaxSig>,
@@ -82,6 +87,7 @@ impl Runner {
             dnn: crate::dnn::Dnn::available().then(crate::dnn::Dnn::new),
             maps: FunctionCache::default(),
             reductions: FunctionCache::default(),
+            unfused_reductions: KernelCache::default(),
             indexing: FunctionCache::default(),
             matmuls: FunctionCache::default(),
             softmaxes: FunctionCache::default(),
@@ -239,7 +245,15 @@ impl Runner {
     /// The loaded function of a generated kernel, compiled on a miss.
     fn function(&self, sig: &Sig) -> Result<Function> {
         match sig {
-            Sig::Reduce(k) => function(&self.reductions, k, &self.compiler),
+            Sig::Reduce(k) => self.reductions.get(k, |k| match self.unfused_function(k) {
+                Some(f) => Ok(f),
+                None => Function::load(
+                    &self.compiler,
+                    k.render()?,
+                    ReduceSig::NAME,
+                    k.optimization(),
+                ),
+            }),
             Sig::Index(k) => function(&self.indexing, k, &self.compiler),
             Sig::Matmul(k) => function(&self.matmuls, k, &self.compiler),
             Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
