@@ -16,7 +16,8 @@
 # the CNN's step data-parallel; dp that step alone), conv (the
 # convolution tests with cuDNN on and off, and conv2d beside PyTorch's cuDNN; conv-own the
 # own-kernel half of it in one short call), cnn (a small
-# CNN's training step beside PyTorch eager and compiled, and on wgpu), ship (record and build
+# CNN's training step beside PyTorch eager and compiled, and on wgpu), norms (layer_norm,
+# batch_norm and linear + bias + relu beside PyTorch), ship (record and build
 # the shipped kernel archive), ship-check (first calls with it and without), all.
 # Writes logs and a summary to $OUT (or .gpu/out).
 set -uo pipefail
@@ -425,6 +426,14 @@ run_cnn() {
   (setup_vulkan; timeout 300 "$bin/bench_gpu" cnn --device wgpu --batch 256 2>&1 | tee -a "$summary")
 }
 
+# issue 40's normalization and linear rows: strata (with each pass's kernels), PyTorch eager
+# and compiled.
+run_norms() {
+  echo "== layer_norm, batch_norm, linear + bias + relu: strata (bench_gpu norms), PyTorch" | tee -a "$summary"
+  timeout 300 "$bin/bench_gpu" norms --profile 2> "$out/norms-profile-strata.txt" | tee -a "$summary"
+  (cd scripts && timeout 400 python3 bench_norms_torch.py 2>&1) | tee -a "$summary"
+}
+
 run_cpu_train() {
   echo "== the MLP step on the CPU backend (batch 256) beside PyTorch's CPU" | tee -a "$summary"
   timeout 300 "$bin/bench_gpu" mlp --device cpu --batch 256 --optimizer adamw 2>&1 | tee -a "$summary"
@@ -440,6 +449,7 @@ case "$mode" in
   conv) run_conv ;;
   conv-own) run_conv_own ;;
   cnn) run_cnn ;;
+  norms) run_norms ;;
   dp) run_dp ;;
   tests) run_tests ;;
   sanitize) run_sanitize ;;

@@ -15,7 +15,9 @@
 //! CUDA devices 0 and 1 (`scripts/bench_peer_torch.py`); `bench_gpu conv` conv2d on ResNet-50
 //! shapes (`scripts/bench_conv_torch.py`); `bench_gpu cnn [--batch N] [--device ..]` a small
 //! ResNet-style CNN's AdamW training step (`cnn.rs`; `scripts/bench_cnn_torch.py`);
-//! `bench_gpu dp [--batch N]` that step data-parallel over 1, 2 and every CUDA device.
+//! `bench_gpu dp [--batch N]` that step data-parallel over 1, 2 and every CUDA device;
+//! `bench_gpu norms` `layer_norm`, `batch_norm` and `linear` + bias + ReLU, forward and
+//! backward (`scripts/bench_norms_torch.py`).
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
@@ -542,6 +544,129 @@ fn backward_chains(dev: &Device, n: usize) -> Result<()> {
         let alone = name.replacen("backward", "backward alone:", 1);
         row(&alone, median(runs), *bytes, 0.0);
     }
+    Ok(())
+}
+
+/// `bench_gpu norms`: issue 40's normalization and linear rows beside the copy they are
+/// measured against (`scripts/bench_norms_torch.py` is PyTorch's side): `layer_norm` over the
+/// last axis of [65536, 4096] f32 and training `batch_norm` over [256, 256, 28, 28] (running
+/// statistics updated), each with weight and bias, forward and forward + backward (a fixed
+/// upstream gradient, gradients of the input, weight and bias); `linear` + bias + ReLU
+/// ([8192, 4096] · [4096, 4096]ᵀ, TF32 on) likewise. Bytes: the forward's read and write, and
+/// for forward + backward also the backward's two reads (input, upstream gradient) and write.
+fn norms(dev: &Device) -> Result<()> {
+    use strata::nn::functional::{batch_norm, layer_norm, linear, RunningStats};
+    // With `--profile`, one more run of each forward + backward under the profiler: its table
+    // (every kernel with its device time) goes to stderr.
+    let profiled = |name: &str, step: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        if std::env::args().any(|a| a == "--profile") {
+            dev.synchronize()?;
+            eprintln!("{name}:\n{}", dev.profile(step)?);
+        }
+        Ok(())
+    };
+    let mut g = strata::random::Generator::new(4);
+    let mut randn = |shape: &[usize]| Tensor::randn(shape.to_vec(), DType::F32, &mut g, dev);
+    let leaf = |t: Tensor| t.requires_grad_(true);
+    let x = leaf(randn(&[65536, 4096])?)?;
+    let (w, b) = (leaf(randn(&[4096])?)?, leaf(randn(&[4096])?)?);
+    let gy = randn(&[65536, 4096])?;
+    let n = x.numel() as f64;
+    dev.flush()?;
+    let ms = time(dev, 1, || keep(x.detach().copy()))?;
+    row("copy [65536, 4096]", ms, 8.0 * n, 0.0);
+    let ln = || layer_norm(&x, 1, Some(&w), Some(&b), 1e-5);
+    let ms = no_grad(|| time(dev, 1, || keep(ln())))?;
+    row("layer_norm forward [65536, 4096]", ms, 8.0 * n, 0.0);
+    no_grad(|| profiled("layer_norm forward", &mut || keep(ln())))?;
+    let mut step = || {
+        ln()?.backward_with(&gy)?;
+        dev.flush()?;
+        for t in [&x, &w, &b] {
+            t.zero_grad();
+        }
+        Ok(())
+    };
+    let ms = time(dev, 1, &mut step)?;
+    row(
+        "layer_norm forward + backward [65536, 4096]",
+        ms,
+        20.0 * n,
+        0.0,
+    );
+    profiled("layer_norm forward + backward", &mut step)?;
+    drop((x, gy));
+
+    let x = leaf(randn(&[256, 256, 28, 28])?)?;
+    let (w, b) = (leaf(randn(&[256])?)?, leaf(randn(&[256])?)?);
+    let running = RunningStats {
+        mean: Tensor::zeros([256], DType::F32, dev)?,
+        var: Tensor::ones([256], DType::F32, dev)?,
+        momentum: 0.1,
+    };
+    let gy = randn(&[256, 256, 28, 28])?;
+    let n = x.numel() as f64;
+    dev.flush()?;
+    let ms = time(dev, 1, || keep(x.detach().copy()))?;
+    row("copy [256, 256, 28, 28]", ms, 8.0 * n, 0.0);
+    let bn = || batch_norm(&x, Some(&running), Some(&w), Some(&b), true, 1e-5);
+    let ms = no_grad(|| time(dev, 1, || keep(bn())))?;
+    row(
+        "batch_norm training forward [256, 256, 28, 28]",
+        ms,
+        8.0 * n,
+        0.0,
+    );
+    let mut step = || {
+        bn()?.backward_with(&gy)?;
+        dev.flush()?;
+        for t in [&x, &w, &b] {
+            t.zero_grad();
+        }
+        Ok(())
+    };
+    let ms = time(dev, 1, &mut step)?;
+    row(
+        "batch_norm training forward + backward [256, 256, 28, 28]",
+        ms,
+        20.0 * n,
+        0.0,
+    );
+    profiled("batch_norm training forward + backward", &mut step)?;
+    drop((x, gy));
+
+    dev.set_allow_tf32(true);
+    let x = leaf(randn(&[8192, 4096])?)?;
+    let (w, b) = (
+        leaf(randn(&[4096, 4096])?.mul(0.015)?)?,
+        leaf(randn(&[4096])?)?,
+    );
+    let gy = randn(&[8192, 4096])?;
+    dev.flush()?;
+    let flops = 2.0 * 8192.0 * 4096.0 * 4096.0;
+    let lin = || linear(&x, &w, Some(&b))?.relu();
+    let ms = no_grad(|| time(dev, 1, || keep(lin())))?;
+    row(
+        "linear + bias + relu forward [8192, 4096]·[4096, 4096]",
+        ms,
+        0.0,
+        flops,
+    );
+    let ms = time(dev, 1, || {
+        lin()?.backward_with(&gy)?;
+        dev.flush()?;
+        for t in [&x, &w, &b] {
+            t.zero_grad();
+        }
+        Ok(())
+    })?;
+    row(
+        "linear + bias + relu forward + backward",
+        ms,
+        0.0,
+        3.0 * flops,
+    );
+    dev.set_allow_tf32(false);
     Ok(())
 }
 
@@ -1208,6 +1333,7 @@ fn main() -> Result<()> {
             return peer_copies(1 << log2n);
         }
         Some("host") => return host_costs(&Device::cuda(0)?),
+        Some("norms") => return norms(&Device::cuda(0)?),
         Some("matmul") => {
             let k: usize = arg("--gemm", "8192").parse().unwrap_or(8192);
             let dtypes: Vec<DType> = arg("--dtypes", "f32,f16,bf16,f64")

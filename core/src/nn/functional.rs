@@ -19,6 +19,7 @@
 pub use super::windows::{
     adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, max_pool2d, Pair,
 };
+use crate::autograd::sum_to_shape;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Axes;
@@ -478,7 +479,81 @@ pub fn layer_norm(
         )));
     }
     let axes: Vec<isize> = (nd - normalized..nd).map(|a| a as isize).collect();
-    normalize(x, axes, weight, bias, eps)
+    let x = x.clone();
+    let (mean, rstd, y) = crate::autograd::no_grad(|| -> Result<_> {
+        let (mean, var) = moments(&x, &axes)?;
+        let rstd = var.add(eps)?.rsqrt()?;
+        let y = affine(x.sub(&mean)?.mul(&rstd)?, weight, bias)?;
+        Ok((mean, rstd, y))
+    })?;
+    let mut inputs = vec![&x];
+    inputs.extend(weight);
+    inputs.extend(bias);
+    if !crate::autograd::needed(inputs.iter().copied()) {
+        return Ok(y);
+    }
+    let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
+    let saved = vec![(x.shape().to_vec(), x.dtype())];
+    let shapes = (
+        weight.map(|w| w.shape().to_vec()),
+        bias.map(|b| b.shape().to_vec()),
+    );
+    let (node_x, node_w) = (x.detach(), weight.map(Tensor::detach));
+    let n = x.shape()[nd - normalized..].iter().product::<usize>() as f64;
+    Ok(crate::autograd::record(
+        "NativeLayerNormBackward",
+        &inputs,
+        y,
+        saved,
+        // With `x̂ = (x − mean)·rstd` and `ĝ = g·γ`: `dx = rstd·(ĝ − Σĝ/n − x̂·Σĝ·x̂/n)` over
+        // each row (two row reductions, the second with `dx` as its epilogue where rows
+        // stage), `dγ = Σ g·x̂` and `dβ = Σ g` over the rows — where differentiating the
+        // composition took a dozen kernels. `x̂` is written anew for each use, not shared:
+        // each fuses into its own kernel instead of being stored between them. `ĝ` is shared:
+        // a row reduction fuses no operand broadcast along the rows (γ), so it is stored once.
+        move |g| {
+            let xhat = || node_x.sub(&mean)?.mul(&rstd);
+            let gw = match &node_w {
+                Some(w) => g.mul(w)?,
+                None => g.clone(),
+            };
+            let mut grads = Vec::with_capacity(3);
+            grads.push(match wants[0] {
+                true => {
+                    let sum_g = gw.sum(axes.clone(), true)?.div(n)?;
+                    let sum_gx = gw.mul(&xhat()?)?.sum(axes.clone(), true)?.div(n)?;
+                    let dx = gw.sub(&sum_g)?.sub(&xhat()?.mul(&sum_gx)?)?;
+                    Some(dx.mul(&rstd)?)
+                }
+                false => None,
+            });
+            if let Some(shape) = &shapes.0 {
+                let dw = wants[1].then(|| sum_to_shape(&g.mul(&xhat()?)?, shape));
+                grads.push(dw.transpose()?);
+            }
+            if let Some(shape) = &shapes.1 {
+                let k = 1 + shapes.0.is_some() as usize;
+                grads.push(wants[k].then(|| sum_to_shape(g, shape)).transpose()?);
+            }
+            Ok(grads)
+        },
+    ))
+}
+
+/// The mean and the biased variance of `x` over `axes` (kept), computed in the accumulation
+/// dtype (the variance around that mean, as `Tensor::var` computes it) and rounded to `x`'s
+/// dtype: one mean for both, so normalizing reads `x` for the mean once, then once for the
+/// variance, whose reduction takes the normalization as its epilogue where rows stage.
+fn moments(x: &Tensor, axes: &[isize]) -> Result<(Tensor, Tensor)> {
+    let n: usize = axes.iter().map(|&a| x.shape()[a as usize]).product();
+    let wide = x.to_dtype(x.dtype().accumulator())?;
+    let mean = wide.sum(axes.to_vec(), true)?.div(n as f64)?;
+    let var = wide
+        .sub(&mean)?
+        .square()?
+        .sum(axes.to_vec(), true)?
+        .div(n as f64)?;
+    Ok((mean.to_dtype(x.dtype())?, var.to_dtype(x.dtype())?))
 }
 
 /// `x` normalized over `axes` (biased variance), then `weight` and `bias` applied where given.
@@ -489,8 +564,7 @@ fn normalize(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
-    let mean = x.mean(axes.clone(), true)?;
-    let var = x.var(axes, 0, true)?;
+    let (mean, var) = moments(x, &axes)?;
     affine(standardize(x, &mean, &var, eps)?, weight, bias)
 }
 
@@ -644,10 +718,12 @@ fn batch_norm_training(
     let (mean, rstd, y) = crate::autograd::no_grad(|| -> Result<_> {
         let mean = x.mean(axes.to_vec(), true)?;
         // `x − mean` written twice, not shared: each use fuses into its own kernel (the
-        // variance's reduction, the output's map) instead of being stored between them.
-        let centered = x.sub(&mean)?;
-        let var = centered.mul(&centered)?.mean(axes.to_vec(), true)?;
-        let centered = x.sub(&mean)?;
+        // variance's reduction, the output's map) instead of being stored between them (the
+        // first is dropped before the running statistics' writes flush pending work).
+        let var = {
+            let centered = x.sub(&mean)?;
+            centered.mul(&centered)?.mean(axes.to_vec(), true)?
+        };
         if let Some(r) = running {
             let m = r.momentum;
             let batch_mean = mean.reshape([shape[1]])?;
@@ -659,7 +735,7 @@ fn batch_norm_training(
             r.var.assign(r.var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?)?;
         }
         let rstd = var.add(eps)?.rsqrt()?;
-        let y = affine(centered.mul(&rstd)?, weight4.as_ref(), bias4.as_ref())?;
+        let y = affine(x.sub(&mean)?.mul(&rstd)?, weight4.as_ref(), bias4.as_ref())?;
         Ok((mean, rstd, y))
     })?;
     let mut inputs = vec![&x];
@@ -680,9 +756,10 @@ fn batch_norm_training(
         y,
         saved,
         move |g| {
-            let xhat = node_x.sub(&mean)?.mul(&rstd)?;
+            // `x̂` written anew for each use (see `layer_norm`'s backward).
+            let xhat = || node_x.sub(&mean)?.mul(&rstd);
             let sum_g = g.sum(axes.clone(), true)?;
-            let sum_gx = g.mul(&xhat)?.sum(axes.clone(), true)?;
+            let sum_gx = g.mul(&xhat()?)?.sum(axes.clone(), true)?;
             let mut grads = Vec::with_capacity(3);
             grads.push(match wants[0] {
                 true => {
@@ -693,7 +770,7 @@ fn batch_norm_training(
                     };
                     let dx = g
                         .sub(&sum_g.div(n)?)?
-                        .sub(&xhat.mul(&sum_gx.div(n)?)?)?
+                        .sub(&xhat()?.mul(&sum_gx.div(n)?)?)?
                         .mul(&scale)?;
                     Some(dx)
                 }
