@@ -312,14 +312,14 @@ impl Backend for CudaBackend {
             }
             return Ok(());
         }
+        let steps = self.runner.steps(kernel, args)?;
         // A fused reduction not compiled yet runs as its eager launches (`run::unfused`).
-        if let Some(launches) = self.runner.unfused(kernel, args, stream)? {
+        if let Some(launches) = self.runner.unfused(kernel, args, &steps, stream)? {
             for (k, a) in &launches {
                 self.run(k, a, stream)?;
             }
             return Ok(());
         }
-        let steps = self.runner.steps(kernel, args)?;
         // A map may join its stream's batch; anything else runs after the batch.
         if !matches!(steps.as_slice(), [Step::Map { .. }]) {
             self.runner.batches.send(&self.gpu, stream)?;

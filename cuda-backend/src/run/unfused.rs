@@ -47,13 +47,14 @@ pub(crate) struct Pending {
 }
 
 impl Runner {
-    /// The launches that stand for `kernel` over `args` on `stream` where it is a fused
-    /// reduction whose kernel would be compiled now and those launches run without waiting
-    /// for NVRTC (see the module docs); `None`: it runs as its own steps.
+    /// The launches that stand for `kernel` over `args` (planned as `steps`) on `stream` where
+    /// it is a fused reduction whose kernel would be compiled now and those launches run
+    /// without waiting for NVRTC (see the module docs); `None`: it runs as its own steps.
     pub(crate) fn unfused(
         &self,
         kernel: &Kernel,
         args: &KernelArgs,
+        steps: &[Step],
         stream: StreamId,
     ) -> Result<Option<Vec<(Kernel, KernelArgs)>>> {
         let fused = matches!(
@@ -67,7 +68,6 @@ impl Runner {
         if !fused || !self.first_launches.enabled() {
             return Ok(None);
         }
-        let steps = self.steps(kernel, args)?;
         let Some(sig) = steps.iter().find_map(|s| match s {
             Step::Kernel {
                 sig: Sig::Reduce(k),
