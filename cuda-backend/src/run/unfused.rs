@@ -182,7 +182,11 @@ impl Runner {
         if bytes == 0 || bytes > MAX_SCRATCH {
             return Ok(None);
         }
-        let buffer: Arc<dyn DeviceBuffer> = Arc::new(self.memory.allocate(bytes, stream)?);
+        // Without room for the scratch the fused kernel runs (compiled now), as it needs none.
+        let Ok(buffer) = self.memory.allocate(bytes, stream) else {
+            return Ok(None);
+        };
+        let buffer: Arc<dyn DeviceBuffer> = Arc::new(buffer);
         let scratch = Operand {
             buffer,
             layout,
