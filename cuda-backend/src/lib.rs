@@ -316,7 +316,10 @@ impl Backend for CudaBackend {
         // A fused reduction not compiled yet runs as its eager launches (`run::unfused`).
         if let Some(launches) = self.runner.unfused(kernel, args, &steps, stream)? {
             for (k, a) in &launches {
-                self.run(k, a, stream)?;
+                self.note_use(a, stream)?;
+                if !self.runner.interpret_alone(k, a, stream, s)? {
+                    self.run(k, a, stream)?;
+                }
             }
             return Ok(());
         }

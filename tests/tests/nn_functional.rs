@@ -509,6 +509,24 @@ fn norms(dev: &Device) -> Result<()> {
     )?;
     gradcheck(
         dev,
+        &[vec![3, 4], vec![4]],
+        &|t| layer_norm(&t[0], 1, None, Some(&t[1]), 1e-5),
+        "layer_norm with a bias alone",
+    )?;
+    // Mixed dtypes: a bf16 input with f32 parameters gets its gradient in bf16.
+    let xb = Tensor::from_slice(&[1.0f32, 2.0, 4.0, 3.0, 0.5, -1.0], [2, 3], dev)?
+        .to_dtype(DType::BF16)?
+        .requires_grad_(true)?;
+    let wb = Tensor::from_slice(&[1.0f32, 2.0, 0.5], [3], dev)?.requires_grad_(true)?;
+    // (Through a computed bf16 input: a leaf's gradient is cast to its dtype anyway.)
+    let xc = xb.mul(2.0)?;
+    let yb = layer_norm(&xc, 1, Some(&wb), None, 1e-5)?;
+    let loss = yb.mul(&yb)?.sum(Axes::All, false)?;
+    let grads = strata::autograd::grad(&[&loss], &[&xc, &wb], None, false)?;
+    let dtypes: Vec<DType> = grads.iter().flatten().map(|g| g.dtype()).collect();
+    assert_eq!(dtypes, [DType::BF16, DType::F32], "on {}", dev.name());
+    gradcheck(
+        dev,
         &[vec![2, 4, 3], vec![4], vec![4]],
         &|t| group_norm(&t[0], 2, Some(&t[1]), Some(&t[2]), 1e-5),
         "group_norm",

@@ -493,7 +493,11 @@ pub fn layer_norm(
         return Ok(y);
     }
     let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let saved = vec![(x.shape().to_vec(), x.dtype())];
+    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+    let saved = [&x, &mean, &rstd]
+        .iter()
+        .map(|t| (t.shape().to_vec(), t.dtype()))
+        .collect();
     let shapes = (
         weight.map(|w| w.shape().to_vec()),
         bias.map(|b| b.shape().to_vec()),
@@ -535,9 +539,22 @@ pub fn layer_norm(
                 let k = 1 + shapes.0.is_some() as usize;
                 grads.push(wants[k].then(|| sum_to_shape(g, shape)).transpose()?);
             }
-            Ok(grads)
+            in_dtypes(grads, &dtypes)
         },
     ))
+}
+
+/// Each gradient in its input's dtype: with inputs of mixed dtypes (a bf16 `x`, f32 affine
+/// parameters) the closed forms compute in the promoted one.
+fn in_dtypes(grads: Vec<Option<Tensor>>, dtypes: &[DType]) -> Result<Vec<Option<Tensor>>> {
+    grads
+        .into_iter()
+        .zip(dtypes)
+        .map(|(g, &d)| match g {
+            Some(g) if g.dtype() != d => g.to_dtype(d).map(Some),
+            g => Ok(g),
+        })
+        .collect()
 }
 
 /// The mean and the biased variance of `x` over `axes` (kept), computed in the accumulation
@@ -745,6 +762,7 @@ fn batch_norm_training(
         return Ok(y);
     }
     let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
+    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
     let saved = vec![(shape.clone(), x.dtype())];
     let (has_weight, has_bias) = (weight.is_some(), bias.is_some());
     let axes = axes.to_vec();
@@ -783,7 +801,7 @@ fn batch_norm_training(
                 let k = 1 + has_weight as usize;
                 grads.push(wants[k].then(|| sum_g.reshape([channels])).transpose()?);
             }
-            Ok(grads)
+            in_dtypes(grads, &dtypes)
         },
     ))
 }

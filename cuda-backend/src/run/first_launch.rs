@@ -88,14 +88,7 @@ impl FirstLaunches {
         if compiler.has_cached(&rendered.source, sig.optimization()) {
             return Ok(None);
         }
-        // Should the interpreter fail to compile, the map compiles as it would without it
-        // (and says why, if that fails too).
-        let interpreter = self.interpreter.get_or_init(|| {
-            let rendered = InterpretSig.render().ok()?;
-            let optimization = InterpretSig.optimization();
-            Function::load(compiler, rendered, InterpretSig::NAME, optimization).ok()
-        });
-        let Some(f) = interpreter.clone() else {
+        let Some(f) = self.interpreter(compiler) else {
             return Ok(None);
         };
         self.interpreted.get(sig, |_| {
@@ -106,6 +99,35 @@ impl FirstLaunches {
             }))
         })?;
         Ok(Some((f, launch)))
+    }
+
+    /// The interpreter and its launch for the map `sig` planned as `map` where it stands in
+    /// for part of a fused kernel (`run::unfused`, whose own compile is queued): nothing is
+    /// recorded, so no compile of the map's own kernel is ever queued for it. `None` where
+    /// the interpreter does not run the map.
+    pub(crate) fn interpret_alone(
+        &self,
+        sig: &MapSig,
+        map: &MapLaunch,
+        compiler: &Compiler,
+    ) -> Option<(Function, Launch)> {
+        if !self.enabled {
+            return None;
+        }
+        let launch = encode(sig, map)?;
+        Some((self.interpreter(compiler)?, launch))
+    }
+
+    /// The interpreter, compiled or loaded at its first use; `None` when that failed (the map
+    /// then compiles as it would without it, and says why if that fails too).
+    fn interpreter(&self, compiler: &Compiler) -> Option<Function> {
+        self.interpreter
+            .get_or_init(|| {
+                let rendered = InterpretSig.render().ok()?;
+                let optimization = InterpretSig.optimization();
+                Function::load(compiler, rendered, InterpretSig::NAME, optimization).ok()
+            })
+            .clone()
     }
 
     /// A later launch of the interpreted map `slot`: interpreted while its compile is under

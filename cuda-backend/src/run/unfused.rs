@@ -20,6 +20,7 @@ use super::Runner;
 use crate::function::Function;
 use crate::render::reduce::ReduceSig;
 use crate::render::{Generated, Rendered};
+use cudarc::driver::sys::CUstream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::backend::{DeviceBuffer, KernelArgs, Operand};
@@ -89,7 +90,7 @@ impl Runner {
             {
                 return Ok(None);
             }
-            let Some(launches) = self.eager_launches(kernel, args, stream)? else {
+            let Some(launches) = self.tentative_launches(kernel, args, stream)? else {
                 return Ok(None);
             };
             self.unfused_reductions.get(sig, |_| {
@@ -109,7 +110,51 @@ impl Runner {
         if slot.failed.load(Ordering::Acquire) || !self.compile_later(sig, &slot) {
             return Ok(None);
         }
-        self.eager_launches(kernel, args, stream)
+        self.tentative_launches(kernel, args, stream)
+    }
+
+    /// [`Runner::eager_launches`], with an `Err` in planning them (operands the eager
+    /// launches' planners refuse) or out of memory for the scratch read as `None`: the fused
+    /// kernel then runs, and reports its own errors.
+    fn tentative_launches(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+        stream: StreamId,
+    ) -> Result<Option<Vec<(Kernel, KernelArgs)>>> {
+        Ok(self.eager_launches(kernel, args, stream).ok().flatten())
+    }
+
+    /// Runs `kernel` over `args`, one of [`Runner::unfused`]'s launches, on `stream` (`s`)
+    /// where it is a map whose own kernel is not loaded: through the interpreter, queueing no
+    /// compile of it (the fused kernel's is queued; the map alone may never run again). False
+    /// where it is not such a map: the caller runs it as any kernel.
+    pub(crate) fn interpret_alone(
+        &self,
+        kernel: &Kernel,
+        args: &KernelArgs,
+        stream: StreamId,
+        s: CUstream,
+    ) -> Result<bool> {
+        if !matches!(kernel, Kernel::Map { .. }) {
+            return Ok(false);
+        }
+        let steps = self.steps(kernel, args)?;
+        let [Step::Map { sig, launch }] = steps.as_slice() else {
+            return Ok(false);
+        };
+        if self.maps.peek(sig).is_some() {
+            return Ok(false);
+        }
+        let Some((f, launch)) = self
+            .first_launches
+            .interpret_alone(sig, launch, &self.compiler)
+        else {
+            return Ok(false);
+        };
+        self.batches.send(&self.gpu, stream)?;
+        crate::launch::launch(&self.gpu, &f, &launch, s)?;
+        Ok(true)
     }
 
     /// The fused kernel's function when its unfused calls have compiled it (the profiler's
@@ -183,10 +228,7 @@ impl Runner {
             return Ok(None);
         }
         // Without room for the scratch the fused kernel runs (compiled now), as it needs none.
-        let Ok(buffer) = self.memory.allocate(bytes, stream) else {
-            return Ok(None);
-        };
-        let buffer: Arc<dyn DeviceBuffer> = Arc::new(buffer);
+        let buffer: Arc<dyn DeviceBuffer> = Arc::new(self.memory.allocate(bytes, stream)?);
         let scratch = Operand {
             buffer,
             layout,
