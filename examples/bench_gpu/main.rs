@@ -579,14 +579,7 @@ fn norms(dev: &Device) -> Result<()> {
     let ms = no_grad(|| time(dev, 1, || keep(ln())))?;
     row("layer_norm forward [65536, 4096]", ms, 8.0 * n, 0.0);
     no_grad(|| profiled("layer_norm forward", &mut || keep(ln())))?;
-    let mut step = || {
-        ln()?.backward_with(&gy)?;
-        dev.flush()?;
-        for t in [&x, &w, &b] {
-            t.zero_grad();
-        }
-        Ok(())
-    };
+    let mut step = || forward_backward(dev, &ln, &gy, [&x, &w, &b]);
     let ms = time(dev, 1, &mut step)?;
     row(
         "layer_norm forward + backward [65536, 4096]",
@@ -617,14 +610,7 @@ fn norms(dev: &Device) -> Result<()> {
         8.0 * n,
         0.0,
     );
-    let mut step = || {
-        bn()?.backward_with(&gy)?;
-        dev.flush()?;
-        for t in [&x, &w, &b] {
-            t.zero_grad();
-        }
-        Ok(())
-    };
+    let mut step = || forward_backward(dev, &bn, &gy, [&x, &w, &b]);
     let ms = time(dev, 1, &mut step)?;
     row(
         "batch_norm training forward + backward [256, 256, 28, 28]",
@@ -652,14 +638,7 @@ fn norms(dev: &Device) -> Result<()> {
         0.0,
         flops,
     );
-    let ms = time(dev, 1, || {
-        lin()?.backward_with(&gy)?;
-        dev.flush()?;
-        for t in [&x, &w, &b] {
-            t.zero_grad();
-        }
-        Ok(())
-    })?;
+    let ms = time(dev, 1, || forward_backward(dev, &lin, &gy, [&x, &w, &b]))?;
     row(
         "linear + bias + relu forward + backward",
         ms,
@@ -667,6 +646,22 @@ fn norms(dev: &Device) -> Result<()> {
         3.0 * flops,
     );
     dev.set_allow_tf32(false);
+    Ok(())
+}
+
+/// One forward and backward of `forward` with the upstream gradient `gy`, its kernels
+/// flushed, then the `leaves`' gradients cleared (`bench_gpu norms`' forward + backward rows).
+fn forward_backward(
+    dev: &Device,
+    forward: &dyn Fn() -> Result<Tensor>,
+    gy: &Tensor,
+    leaves: [&Tensor; 3],
+) -> Result<()> {
+    forward()?.backward_with(gy)?;
+    dev.flush()?;
+    for t in leaves {
+        t.zero_grad();
+    }
     Ok(())
 }
 

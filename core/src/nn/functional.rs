@@ -486,14 +486,9 @@ pub fn layer_norm(
         let y = affine(x.sub(&mean)?.mul(&rstd)?, weight, bias)?;
         Ok((mean, rstd, y))
     })?;
-    let mut inputs = vec![&x];
-    inputs.extend(weight);
-    inputs.extend(bias);
-    if !crate::autograd::needed(inputs.iter().copied()) {
+    let Some((inputs, wants, dtypes)) = node_inputs(&x, weight, bias) else {
         return Ok(y);
-    }
-    let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+    };
     let saved = [&x, &mean, &rstd]
         .iter()
         .map(|t| (t.shape().to_vec(), t.dtype()))
@@ -542,6 +537,21 @@ pub fn layer_norm(
             in_dtypes(grads, &dtypes)
         },
     ))
+}
+
+/// A normalization node's inputs (`x`, then γ and β where given), whether each wants a
+/// gradient, and each one's dtype; `None` where none needs a gradient.
+fn node_inputs<'a>(
+    x: &'a Tensor,
+    weight: Option<&'a Tensor>,
+    bias: Option<&'a Tensor>,
+) -> Option<(Vec<&'a Tensor>, Vec<bool>, Vec<DType>)> {
+    let inputs: Vec<&Tensor> = std::iter::once(x).chain(weight).chain(bias).collect();
+    crate::autograd::needed(inputs.iter().copied()).then(|| {
+        let wants = inputs.iter().map(|t| t.requires_grad()).collect();
+        let dtypes = inputs.iter().map(|t| t.dtype()).collect();
+        (inputs, wants, dtypes)
+    })
 }
 
 /// Each gradient in its input's dtype: with inputs of mixed dtypes (a bf16 `x`, f32 affine
@@ -755,14 +765,9 @@ fn batch_norm_training(
         let y = affine(x.sub(&mean)?.mul(&rstd)?, weight4.as_ref(), bias4.as_ref())?;
         Ok((mean, rstd, y))
     })?;
-    let mut inputs = vec![&x];
-    inputs.extend(weight);
-    inputs.extend(bias);
-    if !crate::autograd::needed(inputs.iter().copied()) {
+    let Some((inputs, wants, dtypes)) = node_inputs(&x, weight, bias) else {
         return Ok(y);
-    }
-    let wants: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-    let dtypes: Vec<DType> = inputs.iter().map(|t| t.dtype()).collect();
+    };
     let saved = vec![(shape.clone(), x.dtype())];
     let (has_weight, has_bias) = (weight.is_some(), bias.is_some());
     let axes = axes.to_vec();
