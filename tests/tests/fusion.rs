@@ -1166,8 +1166,8 @@ test_device!(
 /// rows) runs in its kernel last: one kernel, each row read once on CUDA and wgpu where it
 /// stages. Results equal eager ones bit for bit (CPU, CUDA), the intermediates the user keeps
 /// read right afterwards, a write into the input after the work was recorded does not reach
-/// it, and work the epilogue cannot take (a weight broadcast along the rows, another stream)
-/// runs as before.
+/// it, a weight broadcast along the rows (one value per position in a row) is read by the
+/// epilogue too, and work it cannot take (another stream) runs as before.
 fn row_epilogues(dev: &Device) -> Result<()> {
     let mut g = Generator::new(23);
     let mut cases = Vec::new();
@@ -1209,7 +1209,7 @@ fn row_epilogues(dev: &Device) -> Result<()> {
             let e = (x - &m)?.exp()?;
             let w = (&(&e / &e.sum(-1, true)?)? * z)?;
             out.push(bits(&w)?);
-            // A weight broadcast along the rows (not laid out like them): the map runs alone.
+            // A weight broadcast along the rows: the epilogue reads it at the row's positions.
             let row = z.narrow(0, 0, 1)?;
             let e = (x - &x.max(-1, true)?)?.exp()?;
             out.push(bits(&((&e / &e.sum(-1, true)?)? * &row)?)?);
@@ -1246,6 +1246,13 @@ fn row_epilogues(dev: &Device) -> Result<()> {
             s.realize()
         })?;
         assert_eq!(n, 1, "the deferred sum alone");
+        // Softmax times a weight broadcast along the rows: still one kernel.
+        let w = cases[1].1.narrow(0, 0, 1)?;
+        let (n, _) = kernels_of(dev, || {
+            let e = (x - &x.max(-1, true)?)?.exp()?;
+            (&(&e / &e.sum(-1, true)?)? * &w)?.realize()
+        })?;
+        assert_eq!(n, 1, "softmax times a weight a position");
     }
     // `explain` shows the one kernel without running anything.
     let e = (x - &x.max(-1, true)?)?.exp()?;
@@ -1294,8 +1301,10 @@ test_device!(row_epilogues_run_in_the_reduction_they_read, row_epilogues);
 /// stays pending, and elementwise work over the same rows that reads it runs in its kernel
 /// last (softmax's backward, `y·(g − Σ g·y)`: one kernel). Results equal eager ones bit for
 /// bit (CPU, CUDA), for rows that stage and rows that do not (too long, not whole vectors,
-/// f64, f16), with a pending input spliced into both, the sum read on its own, and work over
-/// a weight broadcast along the rows (which the epilogue cannot take).
+/// f64, f16), with a pending input spliced into both, the sum read on its own, work over
+/// a weight broadcast along the rows (read by the sum's map too: that map runs first), and a
+/// layer norm from its primitives with a weight and a bias broadcast along the rows (the
+/// epilogue reads them at the row's positions: one kernel after the mean's).
 fn row_epilogues_alone(dev: &Device) -> Result<()> {
     let mut gen = Generator::new(29);
     let mut cases = Vec::new();
@@ -1336,6 +1345,10 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
             let row = g.narrow(0, 0, 1)?;
             let s = (y * &row)?.sum(-1, true)?;
             out.push(bits(&(y * &(&row - &s)?)?)?);
+            let (xc, v, ln) = layer_norm_parts(y, &row, &row.neg()?)?;
+            out.push(bits(&ln)?);
+            out.push(bits(&v)?);
+            out.push(bits(&xc)?);
         }
         dev.set_fusion(before)?;
         Ok(out)
@@ -1361,7 +1374,26 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         // The output and the sums; nothing else.
         assert_eq!(written, (y.numel() + 3) as u64 * 4, "bytes written");
     }
+    // A layer norm: the mean's sum, then one kernel for the rest (the variance's sum, and the
+    // normalized rows scaled by the weight and shifted by the bias).
+    let (w, b) = (g.narrow(0, 0, 1)?, g.narrow(0, 1, 1)?);
+    let (n, written) = kernels_of(dev, || layer_norm_parts(y, &w, &b)?.2.realize())?;
+    if alone {
+        assert_eq!(n, 2, "a layer norm from its primitives");
+        assert_eq!(written, (y.numel() + 2 * 3) as u64 * 4, "bytes written");
+    }
     Ok(())
+}
+
+/// A layer norm over the last axis of `x` from its primitives, with `w` and `b` broadcast
+/// along the rows: the centred rows, the variance and the result.
+fn layer_norm_parts(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let n = x.shape()[x.ndim() - 1] as f64;
+    let mean = x.sum(-1, true)?.div(n)?;
+    let xc = (x - &mean)?;
+    let var = (&xc * &xc)?.sum(-1, true)?.div(n)?;
+    let y = (&(&xc * &var.add(1e-5)?.rsqrt()?)? * w)?.add(b)?;
+    Ok((xc, var, y))
 }
 test_device!(row_epilogues_run_without_a_prologue, row_epilogues_alone);
 

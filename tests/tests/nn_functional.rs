@@ -437,6 +437,36 @@ fn norms(dev: &Device) -> Result<()> {
             .collect();
         close(&y[r * cols..(r + 1) * cols], &want, 1e-12, "layer_norm");
     }
+    // With a weight and a bias over rows a block stages (CUDA): the mean's sum, then one
+    // kernel for the variance and the scaled rows; the values those of the launches one by one.
+    let mut g = Generator::new(5);
+    let x = Tensor::randn([6, 1024], DType::F32, &mut g, dev)?;
+    let w = Tensor::randn([1024], DType::F32, &mut g, dev)?;
+    let b = Tensor::randn([1024], DType::F32, &mut g, dev)?;
+    dev.flush()?;
+    let forward = || no_grad(|| layer_norm(&x, 1, Some(&w), Some(&b), 1e-5));
+    let profile = dev.profile(|| forward()?.realize())?;
+    let kernels = profile
+        .device_work()
+        .filter(|r| r.kind == strata::RecordKind::Kernel)
+        .count();
+    if dev.fusion() && dev.backend().target().stages_row_epilogue_alone {
+        assert_eq!(kernels, 2, "layer_norm's forward on {}", dev.name());
+    }
+    let fused = forward()?.to_vec::<f32>()?;
+    let before = dev.fusion();
+    dev.set_fusion(false)?;
+    let eager = forward()?.to_vec::<f32>()?;
+    dev.set_fusion(before)?;
+    if dev.kind() == strata::BackendKind::Wgpu {
+        let near = fused
+            .iter()
+            .zip(&eager)
+            .all(|(a, b)| (a - b).abs() <= 1e-5 * b.abs().max(1.0));
+        assert!(near, "layer_norm fused and eager on {}", dev.name());
+    } else {
+        assert_eq!(fused, eager, "layer_norm fused and eager on {}", dev.name());
+    }
     // batch_norm: training statistics per channel, the running ones updated, evaluation with
     // them; group_norm with one group per channel is instance normalization.
     let (n, c, l) = (4usize, 3usize, 2usize);

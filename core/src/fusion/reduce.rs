@@ -11,7 +11,7 @@ use crate::dtype::{DType, Scalar};
 use crate::error::Result;
 use crate::ir::{Expr, ReduceOp, RowEpilogue, RowPrologue};
 use crate::layout::Layout;
-use crate::lower::operands::per_output_layout;
+use crate::lower::operands::{per_output_layout, per_position_layout};
 use crate::tensor::{DeferredReduce, Pending, PendingWork, Storage, Tensor};
 use std::sync::Arc;
 
@@ -476,8 +476,9 @@ pub(crate) struct EpilogueRequest {
 /// Row-epilogue fusion: `req`'s work as the epilogue of the reduction into `out` whose
 /// inputs (arranged for `Kernel::Reduce { map }`) are `inputs` and whose map has `map_scalars`
 /// scalars: the epilogue (its expression over the kernel's inputs, its scalars after the
-/// map's) and the further inputs it needs (its own leaves laid out like input 0 or holding
-/// one value per output, then the view of the result). `None` when the work does not run
+/// map's) and the further inputs it needs (its own leaves laid out like input 0, holding
+/// one value per output or one value per position in a row — a layer norm's weight — then
+/// the view of the result). `None` when the work does not run
 /// over the rows of input 0 (axes reduced last), reads the position or an operand laid out
 /// otherwise, or the kernel would exceed the target's bindings.
 pub(crate) fn epilogue_of(
@@ -538,7 +539,10 @@ fn match_leaves(
             Some(at) => at,
             None => {
                 let rowwise = u.layout == *rows && u.dtype.itemsize() == inputs[0].dtype.itemsize();
-                if k != result && !rowwise && !per_output_layout(&u.layout, &out.layout, kept) {
+                let fits = rowwise
+                    || per_output_layout(&u.layout, &out.layout, kept)
+                    || per_position_layout(&u.layout, rows, kept);
+                if k != result && !fits {
                     return None;
                 }
                 extra.push(u.clone());

@@ -133,7 +133,8 @@ pub struct ReduceOperands<'a> {
     /// The tensor read (the first of a fused map's inputs).
     pub input: &'a Operand,
     /// A fused map's other inputs: laid out like `input`, or one value per output (see
-    /// [`per_output`]).
+    /// [`per_output`]), or, read by a row epilogue alone, one value per position in the row
+    /// (see [`per_position`]).
     pub more: &'a [Operand],
     /// The tensor written: the input's leading axes.
     pub out: &'a Operand,
@@ -167,13 +168,13 @@ impl<'a> ReduceOperands<'a> {
                 out.layout.shape()
             )));
         }
-        if let Some(m) = more
-            .iter()
-            .find(|m| !per_output(m, out, kept) && !alike(m, input))
-        {
+        if let Some(m) = more.iter().find(|m| {
+            !per_output(m, out, kept) && !alike(m, input) && !per_position(m, input, kept)
+        }) {
             return Err(Error::Invalid(format!(
-                "a fused reduction's inputs are laid out like the first ({:?} {}) or hold one \
-                 value per output (laid out like the output, {:?}); got {:?} {}",
+                "a fused reduction's inputs are laid out like the first ({:?} {}), hold one \
+                 value per output (laid out like the output, {:?}) or one value per position \
+                 in a row (contiguous rows, broadcast along the kept axes); got {:?} {}",
                 input.layout, input.dtype, out.layout, m.layout, m.dtype
             )));
         }
@@ -190,7 +191,8 @@ impl<'a> ReduceOperands<'a> {
 
 /// The structure of a map fused into a reduction (map→reduce), what a backend's generated
 /// source depends on: the tree, its inputs' dtypes (input 0 is the reduction's input), which
-/// inputs hold one value per output ([`per_output`], read at the output's position), and the
+/// inputs hold one value per output ([`per_output`], read at the output's position) and which
+/// one value per position in a row ([`per_position`]: read by a row epilogue alone), and the
 /// scalars' dtypes.
 ///
 /// ```
@@ -208,8 +210,9 @@ impl<'a> ReduceOperands<'a> {
 ///     scalars: vec![],
 /// };
 /// let ops = ReduceOperands::of(1, &args).unwrap();
-/// let map = ReduceMap::of(&Expr::input(0, DType::F32), &ops, &args);
+/// let map = ReduceMap::of(&Expr::input(0, DType::F32), &ops, &args).unwrap();
 /// assert_eq!(map.per_output, vec![false, true]);
+/// assert_eq!(map.per_position, vec![false, false]);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReduceMap {
@@ -219,22 +222,42 @@ pub struct ReduceMap {
     pub inputs: Vec<DType>,
     /// Per input, whether it holds one value per output.
     pub per_output: Vec<bool>,
+    /// Per input, whether it holds one value per position in a row (never read by the map).
+    pub per_position: Vec<bool>,
     /// Its scalars' dtypes.
     pub scalars: Vec<DType>,
 }
 
 impl ReduceMap {
-    /// The structure of `expr` fused into the reduction `ops` of `args`.
-    pub fn of(expr: &Expr, ops: &ReduceOperands, args: &KernelArgs) -> ReduceMap {
+    /// The structure of `expr` fused into the reduction `ops` of `args`, or `Err` where `expr`
+    /// reads an input laid out for a row epilogue alone (one value per position in a row).
+    pub fn of(expr: &Expr, ops: &ReduceOperands, args: &KernelArgs) -> Result<ReduceMap> {
         let inputs = std::iter::once(ops.input).chain(ops.more);
-        ReduceMap {
+        let map = ReduceMap {
             expr: expr.clone(),
             inputs: inputs.clone().map(|o| o.dtype).collect(),
             per_output: inputs
+                .clone()
                 .map(|o| o.layout != ops.input.layout && per_output(o, ops.out, ops.kept))
                 .collect(),
+            per_position: inputs
+                .map(|o| {
+                    o.layout != ops.input.layout
+                        && !per_output(o, ops.out, ops.kept)
+                        && per_position(o, ops.input, ops.kept)
+                })
+                .collect(),
             scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
+        };
+        if let Some(k) = (0..map.inputs.len()).find(|&k| map.per_position[k] && expr.reads_input(k))
+        {
+            return Err(Error::Invalid(format!(
+                "a fused reduction's map reads input {k}, which holds one value per position in \
+                 a row ({:?}): only its row epilogue may read such an input",
+                ops.more[k - 1].layout
+            )));
         }
+        Ok(map)
     }
 }
 
@@ -282,6 +305,50 @@ pub fn per_output_layout(
             .zip(out.strides())
             .zip(out.shape())
             .all(|((&a, &b), &n)| a == b || n == 1)
+}
+
+/// True when `m` holds one value per position in a row of a reduction of `input` keeping
+/// `kept` leading axes: `input`'s shape, zero strides along the kept axes and contiguous
+/// (row-major) along the reduced ones, so position `j` of every row is `m`'s element `j` (a
+/// layer norm's weight broadcast over the rows). Only a row epilogue reads such an operand.
+///
+/// ```
+/// use strata_core::{lower::operands::per_position, DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let x = Tensor::zeros([3, 4], DType::F32, &dev).unwrap();
+/// let w = Tensor::zeros([4], DType::F32, &dev).unwrap().broadcast_to([3, 4]).unwrap();
+/// assert!(per_position(&w.operand().unwrap(), &x.operand().unwrap(), 1));
+/// assert!(!per_position(&x.operand().unwrap(), &x.operand().unwrap(), 1));
+/// ```
+pub fn per_position(m: &Operand, input: &Operand, kept: usize) -> bool {
+    per_position_layout(&m.layout, &input.layout, kept)
+}
+
+/// [`per_position`] for layouts.
+///
+/// ```
+/// use strata_core::{lower::operands::per_position_layout, Layout};
+/// let w = Layout::new(vec![3, 4], vec![0, 1], 8).unwrap();
+/// assert!(per_position_layout(&w, &Layout::contiguous(&[3, 4]).unwrap(), 1));
+/// ```
+pub fn per_position_layout(
+    m: &crate::layout::Layout,
+    rows: &crate::layout::Layout,
+    kept: usize,
+) -> bool {
+    let (shape, strides) = (m.shape(), m.strides());
+    if kept > shape.len() || shape != rows.shape() || strides[..kept].iter().any(|&s| s != 0) {
+        return false;
+    }
+    // Row-major over the reduced axes (an axis of one element may have any stride).
+    let mut step = 1;
+    for (&n, &s) in shape[kept..].iter().zip(&strides[kept..]).rev() {
+        if n != 1 && s != step as isize {
+            return false;
+        }
+        step *= n;
+    }
+    true
 }
 
 /// The operands of a [`Kernel::Matmul`](crate::ir::Kernel::Matmul):

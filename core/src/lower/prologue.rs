@@ -72,9 +72,15 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<Vec<(Kernel, KernelAr
             epilogue: None,
             stores_map: false,
         };
+        // The reduction binds the inputs up to the last its map or prologue reads: those
+        // after it (core appends the epilogue's own there) may be laid out for the epilogue
+        // alone (one value per position in a row).
+        let bound = (map.as_ref().and_then(Expr::max_input))
+            .max(prologue.map(|p| p.source.max(p.result)))
+            .map_or(1, |k| k + 1);
         let main_args = KernelArgs {
             outputs: outputs.to_vec(),
-            inputs: args.inputs.clone(),
+            inputs: args.inputs[..bound.min(args.inputs.len())].to_vec(),
             scalars: args.scalars.clone(),
         };
         let mut launches = match prologue {

@@ -311,6 +311,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 map: Some(strata_core::lower::operands::ReduceMap {
                     expr: expr.clone(),
                     per_output: (0..inputs.len()).map(|i| k == 1 && i == 1).collect(),
+                    per_position: vec![false; inputs.len()],
                     inputs: inputs.clone(),
                     scalars: scalars.clone(),
                 }),
@@ -359,6 +360,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 map: Some(strata_core::lower::operands::ReduceMap {
                     expr,
                     per_output: vec![false, true, false],
+                    per_position: vec![false; 3],
                     inputs: vec![d; 3],
                     scalars: vec![],
                 }),
@@ -390,6 +392,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             map: Some(strata_core::lower::operands::ReduceMap {
                 expr: term.clone(),
                 per_output: vec![false, true, true],
+                per_position: vec![false; 3],
                 inputs: vec![d; 3],
                 scalars: vec![],
             }),
@@ -399,7 +402,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                 out: d,
             }),
             epilogue: Some(super::reduce::StagedEpilogue {
-                expr: Expr::binary(BinaryOp::Div, term, x(2, d)),
+                expr: Expr::binary(BinaryOp::Div, term.clone(), x(2, d)),
                 result: 2,
                 out: d,
             }),
@@ -420,6 +423,7 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             map: Some(strata_core::lower::operands::ReduceMap {
                 expr: product,
                 per_output: vec![false, false, true],
+                per_position: vec![false; 3],
                 inputs: vec![d; 3],
                 scalars: vec![],
             }),
@@ -441,9 +445,47 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     result: 2,
                     out: DType::F64,
                 }),
-                ..lanes
+                ..lanes.clone()
             });
         }
+        // A layer norm's variance and its normalized rows, scaled by a weight and shifted by
+        // a bias that hold one value per position in the row (inputs 3 and 4).
+        let centred = Expr::binary(BinaryOp::Sub, x(0, d), x(1, d));
+        let scale = Expr::unary(UnaryOp::Rsqrt, x(2, d));
+        let normalized = Expr::binary(BinaryOp::Mul, centred.clone(), scale);
+        let affine = Expr::binary(BinaryOp::Mul, normalized, x(3, d));
+        out.push(ReduceSig {
+            map: Some(strata_core::lower::operands::ReduceMap {
+                expr: Expr::binary(BinaryOp::Mul, centred.clone(), centred),
+                per_output: vec![false, true, true, false, false],
+                per_position: vec![false, false, false, true, true],
+                inputs: vec![d; 5],
+                scalars: vec![],
+            }),
+            epilogue: Some(super::reduce::StagedEpilogue {
+                expr: Expr::binary(BinaryOp::Add, affine, x(4, d)),
+                result: 2,
+                out: d,
+            }),
+            ..lanes
+        });
+        // Softmax from its primitives times a weight a position, held in registers.
+        let softmax = Expr::binary(BinaryOp::Div, term.clone(), x(2, d));
+        out.push(ReduceSig {
+            map: Some(strata_core::lower::operands::ReduceMap {
+                expr: term,
+                per_output: vec![false, true, true, false],
+                per_position: vec![false, false, false, true],
+                inputs: vec![d; 4],
+                scalars: vec![],
+            }),
+            epilogue: Some(super::reduce::StagedEpilogue {
+                expr: Expr::binary(BinaryOp::Mul, softmax, x(3, d)),
+                result: 2,
+                out: d,
+            }),
+            ..held
+        });
     }
     out
 }

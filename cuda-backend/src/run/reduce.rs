@@ -137,7 +137,9 @@ fn reduction(
         vector: plan.vector,
         wide: plan.wide,
         combine: false,
-        map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
+        map: map
+            .map(|expr| ReduceMap::of(expr, &ops, args))
+            .transpose()?,
         prologue: None,
         epilogue: None,
         held: false,
@@ -425,6 +427,16 @@ fn staged_kernel(
         }
         _ => true,
     };
+    // One value per position in the row: read as the rows are, a vector at a time.
+    let mut positions_fit = true;
+    if let Some(m) = &red.sig.map {
+        for (k, o) in args.inputs.iter().enumerate() {
+            if m.per_position.get(k) == Some(&true) {
+                let vector_bytes = (v * o.dtype.itemsize()) as u64;
+                positions_fit &= crate::memory::element_address(o)? % vector_bytes == 0;
+            }
+        }
+    }
     // A prologue is order-free, laid out and typed like the output and read one value per
     // output.
     let prologue_fits = match (prologue, prologue_out) {
@@ -443,6 +455,7 @@ fn staged_kernel(
     let fits = p.combine_group == 1
         && !aliased
         && epilogue_fits
+        && positions_fit
         && prologue_fits
         && !op.returns_index()
         && matches!(p.group, 32 | 256)

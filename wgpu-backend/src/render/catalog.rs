@@ -439,13 +439,23 @@ fn staged_reduction_variants_validate() {
             Box::new(Expr::scalar(0, d)),
         ));
         let plus = node(Node::Binary(BinaryOp::Add, Box::new(weighted), x(2)));
+        // Softmax times a weight that holds one value per position in the row (input 3).
+        let times = node(Node::Binary(BinaryOp::Mul, Box::new(div.clone()), x(3)));
         let cases = [
             (
                 ReduceOp::Sum,
                 ReduceOp::Max,
-                exp,
+                exp.clone(),
                 Some(div),
                 vec![d, d, d],
+                vec![],
+            ),
+            (
+                ReduceOp::Sum,
+                ReduceOp::Max,
+                exp,
+                Some(times),
+                vec![d, d, d, d],
                 vec![],
             ),
             (
@@ -471,6 +481,9 @@ fn staged_reduction_variants_validate() {
             let f32_only = if d == DType::F32 { &vectors[..] } else { &[] };
             for &(cached, vector, full) in layouts.iter().chain(f32_only) {
                 let per_output = (0..inputs.len()).map(|k| k == 1 || k == 2).collect();
+                let per_position = (0..inputs.len())
+                    .map(|k| k == 3 && op == ReduceOp::Sum)
+                    .collect();
                 let sig = staged::StagedSig {
                     op,
                     acc: d.accumulator(),
@@ -480,6 +493,7 @@ fn staged_reduction_variants_validate() {
                         expr: expr.clone(),
                         inputs: inputs.clone(),
                         per_output,
+                        per_position,
                         scalars: scalars.clone(),
                     },
                     prologue: staged::StagedPrologue {
@@ -545,6 +559,7 @@ fn map_reduce_variants_validate() {
                             expr: expr.clone(),
                             inputs: vec![d, d],
                             per_output: per_output.clone(),
+                            per_position: vec![false; per_output.len()],
                             scalars: scalars.clone(),
                         }),
                     };

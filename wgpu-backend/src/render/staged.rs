@@ -204,11 +204,16 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     // Positions within the row's operands: `xb` from input 0's first element (inputs laid
     // out like it, the epilogue's output), `pb` from the output's (one value a row).
     src.push_str("    let xb = ib - i32(params[2]);\n    let pb = ob - i32(params[4]);\n");
-    // Input `kk` (neither result) at element `r` of the row. (Each base is read from
+    // Input `kk` (neither result) at element `r` of the row; one value per position in the
+    // row (a layer norm's weight) at element `r` of its one row. (Each base is read from
     // `params` once a row: after a store the driver must assume `params` changed.)
     for kk in bound_inputs(sig) {
         let base = format!("bitcast<i32>(params[{}])", w.bases + kk - 1);
-        let at = if m.per_output[kk] { "pb" } else { "xb" };
+        let at = match (m.per_output[kk], m.per_position[kk]) {
+            (true, _) => "pb",
+            (false, true) => "0",
+            (false, false) => "xb",
+        };
         let _ = writeln!(src, "    let base{kk} = {base} + {at};");
     }
     if sig.epilogue.is_some() {
@@ -217,6 +222,8 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     let operand = |kk: usize, r: &str| {
         let at = if m.per_output[kk] {
             format!("u32(base{kk})")
+        } else if m.per_position[kk] {
+            format!("u32(base{kk} + i32({r}))")
         } else {
             format!("u32(base{kk} + i32({r}) * ins)")
         };
@@ -508,6 +515,7 @@ mod tests {
                 expr: exp,
                 inputs: vec![d, d, d],
                 per_output: vec![false, true, true],
+                per_position: vec![false; 3],
                 scalars: vec![],
             },
             prologue: StagedPrologue {

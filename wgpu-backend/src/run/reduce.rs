@@ -29,7 +29,9 @@ impl WgpuBackend {
         if ops.outputs == 0 {
             return Ok(Vec::new());
         }
-        let map = map.map(|expr| ReduceMap::of(expr, &ops, args));
+        let map = map
+            .map(|expr| ReduceMap::of(expr, &ops, args))
+            .transpose()?;
         let buffers = [operand_info(ops.out)?, operand_info(ops.input)?];
         let plan = reduce_plan::plan(&ops, &buffers, &self.target)?;
         let windowed = || Error::Backend("internal error: the wgpu target binds windows".into());

@@ -150,6 +150,7 @@ mod tests {
                 expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
                 inputs: vec![DType::F32; 2],
                 per_output: vec![false, false],
+                per_position: vec![false; 2],
                 scalars: vec![],
             }),
             prologue: None,

@@ -236,6 +236,7 @@ mod tests {
                 expr: term.clone(),
                 inputs: vec![DType::F32; 3],
                 per_output: vec![false, true, true],
+                per_position: vec![false; 3],
                 scalars: vec![],
             }),
             prologue: Some(StagedPrologue {

@@ -308,6 +308,7 @@ mod tests {
             expr: Expr::binary(BinaryOp::Sub, Expr::binary(BinaryOp::Mul, x(0), x(1)), x(2)),
             inputs: vec![DType::F32; 3],
             per_output: vec![false, false, true],
+            per_position: vec![false; 3],
             scalars: vec![],
         });
         let src = source(&s).unwrap();
@@ -331,6 +332,7 @@ mod tests {
             expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
             inputs: vec![DType::F32; 2],
             per_output: vec![false, false],
+            per_position: vec![false; 2],
             scalars: vec![],
         };
         let stored = |group, vector, rank| {

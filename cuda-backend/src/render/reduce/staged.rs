@@ -443,9 +443,9 @@ pub(super) fn declare_inputs(
 }
 
 /// Vector loads (`u{k}`) at the row position `r` of the map's inputs `read` picks that are laid
-/// out like input 0 (core's promise for every input without one value per output), through
-/// the load function `load` (`ld_last`: a last read, evicted first), or plain where it is
-/// empty.
+/// out like input 0 (core's promise for every input without one value per output) or hold
+/// one value per position in the row (the same `r` for every row), through the load function
+/// `load` (`ld_last`: a last read, evicted first), or plain where it is empty.
 pub(super) fn load_row_inputs(
     s: &mut String,
     indent: &str,
@@ -457,10 +457,15 @@ pub(super) fn load_row_inputs(
     for (k, &d) in m.inputs.iter().enumerate() {
         if read(k) && !m.per_output[k] {
             let (t, vt) = (storage_type(d), vector_type(v * d.itemsize()));
+            // (One value per position: read by every row, kept in cache, never evicted first.)
+            let (row, load) = match m.per_position[k] {
+                true => ("", ""),
+                false => ("ib + ", load),
+            };
             let at = if load.is_empty() {
-                format!("*(const {vt}*)(in{k} + ib + r)")
+                format!("*(const {vt}*)(in{k} + {row}r)")
             } else {
-                format!("{load}((const {vt}*)(in{k} + ib + r))")
+                format!("{load}((const {vt}*)(in{k} + {row}r))")
             };
             let _ = writeln!(
                 s,
@@ -578,14 +583,15 @@ pub(super) fn epilogue_expr(
 
 /// True when `sig`'s epilogue reads rows from memory again (from L2, while they are there):
 /// a further input laid out like the rows, or input 0 outside the staged terms (not where
-/// input 0's row is staged as loaded, [`stages_in_lanes`]).
+/// input 0's row is staged as loaded, [`stages_in_lanes`]). (One row of values per position,
+/// read by every row, stays in cache.)
 pub(crate) fn rereads_rows(sig: &ReduceSig) -> bool {
     let (Some(e), Some(m)) = (&sig.epilogue, &sig.map) else {
         return false;
     };
     let (expr, _) = epilogue_expr(sig, e, m);
     let staged = usize::from(stages_in_lanes(sig));
-    (staged..m.inputs.len()).any(|k| !m.per_output[k] && expr.reads_input(k))
+    (staged..m.inputs.len()).any(|k| !m.per_output[k] && !m.per_position[k] && expr.reads_input(k))
 }
 
 /// `e` with every subtree equal to `map` read as input `term` instead.
@@ -628,6 +634,7 @@ mod tests {
                 expr: Expr::unary(UnaryOp::Exp, Expr::binary(BinaryOp::Sub, x(0), x(1))),
                 inputs: vec![DType::F32; 2],
                 per_output: vec![false, true],
+                per_position: vec![false; 2],
                 scalars: vec![],
             }),
             prologue: Some(StagedPrologue {
@@ -667,6 +674,7 @@ mod tests {
             expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
             inputs: vec![DType::F32; 3],
             per_output: vec![false, false, true],
+            per_position: vec![false; 3],
             scalars: vec![],
         });
         sig.epilogue = Some(super::super::StagedEpilogue {
@@ -704,6 +712,44 @@ mod tests {
     }
 
     #[test]
+    fn a_layer_norms_weight_and_bias_are_read_at_the_position_in_the_row() {
+        // `(x - m) · rsqrt(v / n + eps) · w + b`: the mean and the sum of squares one value a
+        // row, the weight and bias one value a position of every row.
+        let x = |k| Expr::input(k, DType::F32);
+        let mut sig = sig(256);
+        sig.prologue = None;
+        let centred = Expr::binary(BinaryOp::Sub, x(0), x(1));
+        sig.map = Some(ReduceMap {
+            expr: Expr::binary(BinaryOp::Mul, centred.clone(), centred.clone()),
+            inputs: vec![DType::F32; 5],
+            per_output: vec![false, true, true, false, false],
+            per_position: vec![false, false, false, true, true],
+            scalars: vec![],
+        });
+        let scale = Expr::unary(UnaryOp::Rsqrt, x(2));
+        let normalized = Expr::binary(BinaryOp::Mul, centred, scale);
+        sig.epilogue = Some(super::super::StagedEpilogue {
+            expr: Expr::binary(
+                BinaryOp::Add,
+                Expr::binary(BinaryOp::Mul, normalized, x(3)),
+                x(4),
+            ),
+            result: 2,
+            out: DType::F32,
+        });
+        // The weight and bias are one row for every row: no row read again from memory.
+        assert!(!rereads_rows(&sig));
+        let src = source(&sig).unwrap();
+        let tail = &src[src.find("const float x2 = result;").expect(&src)..];
+        for k in [3, 4] {
+            let load = format!("u{k}.v = *(const uint4*)(in{k} + r);");
+            assert!(tail.contains(&load), "{tail}");
+            assert!(!tail.contains(&format!("in{k} + ib")), "{tail}");
+        }
+        assert!(tail.contains("const float x1 = in1[ob];"), "{tail}");
+    }
+
+    #[test]
     fn an_epilogue_alone_over_a_blocks_rows_adds_terms_as_the_lanes_load_them() {
         // Softmax's backward over long rows: the eager plan's group is a block.
         let x = |k| Expr::input(k, DType::F32);
@@ -713,6 +759,7 @@ mod tests {
             expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
             inputs: vec![DType::F32; 3],
             per_output: vec![false, false, true],
+            per_position: vec![false; 3],
             scalars: vec![],
         });
         sig.epilogue = Some(super::super::StagedEpilogue {
@@ -771,6 +818,7 @@ mod tests {
         if let Some(m) = sig.map.as_mut() {
             m.inputs.push(DType::F32);
             m.per_output.push(true);
+            m.per_position.push(false);
         }
         let term = Expr::unary(UnaryOp::Exp, Expr::binary(BinaryOp::Sub, x(0), x(1)));
         sig.epilogue = Some(super::super::StagedEpilogue {
