@@ -127,7 +127,7 @@ if [ -n "$evcxr_found" ] && [ -x .venv/bin/python ] && .venv/bin/python -c "impo
   stage "the notebooks ($devices)"
   # -v names each test as it starts: a run stopped by a time limit says which one it was in.
   # -rs: a skipped test says why in the summary (no chromium for the screenshot test, say).
-  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -v -rs --durations=10 jupyter/tests
+  STRATA_NOTEBOOK_DEVICES=$devices .venv/bin/python -m pytest -v -rs --durations=30 jupyter/tests
 elif [ -n "${STRATA_REQUIRE_NOTEBOOKS:-}" ]; then
   echo "notebook tests need evcxr_jupyter and .venv with nbclient and pytest (see .ci/run)" >&2
   exit 1

@@ -225,7 +225,8 @@ fn report(t: &Tensor, planned: Preview) -> Result<KernelReport> {
             let mut expression = if map {
                 format!(
                     "{}(the pending tree's elements, computed in the kernel) {axes}; a deferred \
-                     maximum or minimum they read is computed first in the same kernel",
+                     reduction of the same rows they read (a maximum, minimum or sum) is \
+                     computed first in the same kernel",
                     op.name()
                 )
             } else {

@@ -93,8 +93,16 @@ pub struct Target {
     /// Runs a `Reduce` with a row prologue (`prologue: Some`, see
     /// [`RowPrologue`](crate::ir::RowPrologue)), in one pass or as
     /// [`lower::prologue::split`](crate::lower::prologue::split)'s two launches; core then
-    /// defers maxima and minima so a following reduction of the same rows can take them in.
+    /// defers maxima and minima (and sums, see
+    /// [`fuses_sum_prologue`](Target::fuses_sum_prologue)) so a following reduction of the same
+    /// rows can take them in.
     pub fuses_row_prologue: bool,
+    /// Runs a row prologue that sums (`RowPrologue { op: Sum }`) adding its terms in the order
+    /// the eager sum of the row adds them (the same bits), in one pass or as
+    /// [`lower::prologue::split`](crate::lower::prologue::split)'s launches: core then defers
+    /// float sums of realized tensors over the trailing axes too, so the reduction that
+    /// centres the rows by their mean (a layer norm's variance) takes it in.
+    pub fuses_sum_prologue: bool,
     /// Runs a `Reduce` with a row epilogue (`epilogue: Some`, see
     /// [`RowEpilogue`](crate::ir::RowEpilogue)), in one pass or as
     /// [`lower::prologue::split`](crate::lower::prologue::split)'s launches; core then
@@ -162,6 +170,7 @@ impl Target {
             max_map_outputs: 8,
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
+            fuses_sum_prologue: true,
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: false,
             stores_reduce_map: true,

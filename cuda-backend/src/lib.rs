@@ -152,6 +152,11 @@ impl CudaBackend {
             max_map_outputs: 8,
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
+            // Off: the staged kernel adds a prologue's sum in the eager plan's lanes
+            // (render::reduce::staged), and where that plan gives a row one warp (rows under
+            // 8,192 f32) the block's other warps wait: a layer norm over [65536, 4096] f32 took
+            // 0.93 ms in one kernel, its backward's reduction 2.4 ms (BENCHMARKS.md).
+            fuses_sum_prologue: false,
             // Staged rows: the epilogue reads them again from L2 and writes once.
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: true,
@@ -375,6 +380,21 @@ impl Backend for CudaBackend {
     }
 
     fn prepare(&self, kernel: &Kernel, args: &KernelArgs) -> Result<bool> {
+        // A row epilogue whose rows do not stage runs as core's launches: each prepared.
+        if matches!(
+            kernel,
+            Kernel::Reduce {
+                epilogue: Some(_),
+                ..
+            }
+        ) && !run::reduce::stages(kernel, args, &self.runner.target)?
+        {
+            let mut any = false;
+            for (k, a) in strata_core::lower::prologue::split(kernel, args)? {
+                any |= self.prepare(&k, &a)?;
+            }
+            return Ok(any);
+        }
         self.runner.compile_ahead(&self.runner.steps(kernel, args)?)
     }
 

@@ -169,6 +169,8 @@ impl WgpuBackend {
             // A row prologue and epilogue in one dispatch where the row fits a workgroup's
             // registers (render::staged), else core's launches.
             fuses_row_prologue: true,
+            // (Its staged kernel folds a maximum or minimum; a sum would run as the launches.)
+            fuses_sum_prologue: false,
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: false,
             stores_reduce_map: false,

@@ -17,7 +17,9 @@ use std::sync::Arc;
 
 /// The reduction `op` of `t`'s axes in `order` (kept, then the last `reduced_axes`) into a new
 /// tensor of `out_shape`, kept pending where a later reduction of the same rows may take it
-/// in: a maximum or minimum (order-free: the fused kernel computes the eager value) of a
+/// in: a maximum or minimum (order-free: the fused kernel computes the eager value), or a
+/// float sum over the trailing axes where the backend adds a prologue in the eager order
+/// ([`fuses_sum_prologue`](crate::target::Target::fuses_sum_prologue): a mean), of a
 /// realized tensor, accumulated in its own dtype, on a device that defers and fuses row
 /// prologues. `None`: the reduction runs now.
 #[track_caller]
@@ -30,9 +32,14 @@ pub(crate) fn defer_reduce(
     (acc, out_dtype): (DType, DType),
 ) -> Result<Option<Tensor>> {
     let device = t.device();
-    let defer = op.is_order_free()
+    let target = device.backend().target();
+    // A float sum over the trailing axes (a mean) where the backend adds a prologue's terms in
+    // the eager order.
+    let trailing = order.iter().enumerate().all(|(k, &a)| k == a);
+    let sums = op == ReduceOp::Sum && acc.is_float() && trailing && target.fuses_sum_prologue;
+    let defer = (op.is_order_free() || sums)
         && device.defers()
-        && device.backend().target().fuses_row_prologue
+        && target.fuses_row_prologue
         && !t.is_pending()
         && acc == out_dtype;
     if !defer {
@@ -253,7 +260,12 @@ fn reads_deferred_reduction(
     match &p.work {
         PendingWork::Reduce(d) => !d.source.is_pending(),
         PendingWork::Tree(tree) => {
-            p.layout == t.layout
+            // (Read whole, or through a broadcast: see `splice::broadcast_spliceable`.)
+            let viewed = p.layout == t.layout
+                || p.layout
+                    .broadcast_to(t.shape())
+                    .is_ok_and(|b| b == t.layout);
+            viewed
                 && Arc::ptr_eq(&p.stream, stream)
                 && tree
                     .inputs
@@ -277,6 +289,11 @@ pub(crate) fn row_prologue_of(
     let stream = out.device().current_handle();
     let kept = out.ndim();
     for (result, t) in inputs.iter().enumerate() {
+        // Another pending input that reads it (a variance centred by the mean this kernel
+        // would take in) runs before the kernel, and would read it unwritten: it runs first.
+        if !t.storage.is_pending() || pending_reader(inputs, t) {
+            continue;
+        }
         let mut guard = t.storage.pending();
         let Some(p) = guard.as_ref() else {
             continue;
@@ -315,6 +332,15 @@ pub(crate) fn row_prologue_of(
         return Ok(Some((prologue, written)));
     }
     Ok(None)
+}
+
+/// True when one of `inputs` other than `t`'s storage is pending and reads `t` (through the
+/// pending trees and deferred reductions it reads): it runs before a kernel that reads
+/// `inputs`, so it must not read a result that kernel writes.
+pub(crate) fn pending_reader(inputs: &[Tensor], t: &Tensor) -> bool {
+    inputs.iter().any(|u| {
+        !u.shares_storage(t) && u.storage.is_pending() && super::run::reads_storage(u, &t.storage)
+    })
 }
 
 /// A pending tree as a reduction reads it (`Kernel::Reduce { map }`).

@@ -66,6 +66,40 @@ pub(super) fn spliceable<'g>(
         .filter(|c| reads_alike(c, t) && Arc::ptr_eq(&c.stream, stream) && c.tree().is_some())
 }
 
+/// `t`'s pending work when a tree issued on `stream` splices it in read through a broadcast:
+/// a small tree on the same stream (one value a row, say: a layer norm's mean or
+/// `rsqrt(var + eps)`) whose output `t` views broadcast to a larger shape, that reads neither
+/// the position nor random draws, over inputs of its own shape. Spliced, each of its inputs
+/// is read through the same broadcast and its nodes are computed again at every element: no
+/// kernel of its own, the same values.
+pub(super) fn broadcast_spliceable<'g>(
+    t: &Tensor,
+    guard: &'g MutexGuard<'_, Option<Pending>>,
+    stream: &Arc<StreamHandle>,
+) -> Option<&'g Pending> {
+    guard.as_ref().filter(|c| {
+        let Some(tree) = c.tree() else {
+            return false;
+        };
+        c.layout != t.layout
+            && Arc::ptr_eq(&c.stream, stream)
+            && c.layout
+                .broadcast_to(t.layout.shape())
+                .is_ok_and(|b| b == t.layout)
+            && count_nodes(&tree.expr) <= MAX_BROADCAST_NODES
+            && !tree.expr.reads_linear_index()
+            && !tree.expr.draws_random()
+            && tree
+                .inputs
+                .iter()
+                .all(|u| u.layout.shape() == c.layout.shape())
+    })
+}
+
+/// The most nodes of a tree spliced through a broadcast ([`broadcast_spliceable`]), whose
+/// nodes every element computes again.
+const MAX_BROADCAST_NODES: usize = 8;
+
 /// The source of `c` where `c` is a deferred reduction of a pending tree issued on `stream`.
 fn of_tree_on<'c>(c: &'c Pending, stream: &Arc<StreamHandle>) -> Option<&'c Tensor> {
     match &c.work {
@@ -251,6 +285,12 @@ impl Fused {
     /// and its nodes are only recomputed here. An input only this kernel's trees hold is never
     /// written.
     pub(super) fn splice(&mut self, p: &Pending, run: bool) -> Result<Expr> {
+        self.splice_as(p, None, run)
+    }
+
+    /// [`splice`](Fused::splice) of `p`'s tree read through a broadcast to `shape` where
+    /// given: each of its inputs read through the same broadcast.
+    fn splice_as(&mut self, p: &Pending, shape: Option<&[usize]>, run: bool) -> Result<Expr> {
         let PendingWork::Tree(tree) = &p.work else {
             return Err(crate::error::Error::Invalid(
                 "internal error: only a pending tree is spliced".into(),
@@ -260,6 +300,14 @@ impl Fused {
         // are not copied again at every level: splicing is linear in the nodes).
         let mut subst = smallvec::SmallVec::<[Expr; 4]>::new();
         for t in &tree.inputs {
+            let viewed;
+            let t = match shape {
+                Some(shape) => {
+                    viewed = t.with_layout(t.layout.broadcast_to(shape)?);
+                    &viewed
+                }
+                None => t,
+            };
             if t.storage.is_pending() {
                 let a = address(&t.storage);
                 // (Another view of a spliced tree, a transposed one say, is no match: it is
@@ -292,6 +340,13 @@ impl Fused {
                     if internal > 1 {
                         self.spliced.push((a, t.layout.clone(), e.clone()));
                     }
+                    subst.push(e);
+                    continue;
+                }
+                if let Some(c) = broadcast_spliceable(t, &child, &p.stream) {
+                    let e = self.splice_as(c, Some(t.layout.shape()), run)?;
+                    drop(child);
+                    self.computed.push(Arc::downgrade(&t.storage));
                     subst.push(e);
                     continue;
                 }

@@ -573,14 +573,17 @@ fn in_dtypes(grads: Vec<Option<Tensor>>, dtypes: &[DType]) -> Result<Vec<Option<
 /// variance, whose reduction takes the normalization as its epilogue where rows stage.
 fn moments(x: &Tensor, axes: &[isize]) -> Result<(Tensor, Tensor)> {
     let n: usize = axes.iter().map(|&a| x.shape()[a as usize]).product();
-    let wide = x.to_dtype(x.dtype().accumulator())?;
+    // (No copy where `x` is already in the accumulation dtype: the mean's sum of `x` itself
+    // is what the variance's reduction can take in as its prologue.)
+    let in_dtype = |t: Tensor, d: DType| if t.dtype() == d { Ok(t) } else { t.to_dtype(d) };
+    let wide = in_dtype(x.clone(), x.dtype().accumulator())?;
     let mean = wide.sum(axes.to_vec(), true)?.div(n as f64)?;
     let var = wide
         .sub(&mean)?
         .square()?
         .sum(axes.to_vec(), true)?
         .div(n as f64)?;
-    Ok((mean.to_dtype(x.dtype())?, var.to_dtype(x.dtype())?))
+    Ok((in_dtype(mean, x.dtype())?, in_dtype(var, x.dtype())?))
 }
 
 /// `x` normalized over `axes` (biased variance), then `weight` and `bias` applied where given.

@@ -469,6 +469,22 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
             }),
             ..lanes
         });
+        // The same with the mean's sum as the prologue (added in the eager lanes' order) and
+        // the row kept staged for the epilogue, for a warp's and a block's lanes.
+        if let Some(ln) = out.last().cloned() {
+            for group in [32, 256] {
+                out.push(ReduceSig {
+                    group,
+                    wide: group == 32,
+                    prologue: Some(super::reduce::StagedPrologue {
+                        op: Sum,
+                        result: 1,
+                        out: d,
+                    }),
+                    ..ln.clone()
+                });
+            }
+        }
         // Softmax from its primitives times a weight a position, held in registers.
         let softmax = Expr::binary(BinaryOp::Div, term.clone(), x(2, d));
         out.push(ReduceSig {

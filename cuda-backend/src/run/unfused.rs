@@ -26,8 +26,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use strata_core::backend::{DeviceBuffer, KernelArgs, Operand};
 use strata_core::ir::Kernel;
 use strata_core::layout::Layout;
-use strata_core::lower::operands::ReduceOperands;
-use strata_core::lower::reduce_plan::{self, ReducePlan};
 use strata_core::sync::LockUnpoisoned;
 use strata_core::{Result, StreamId};
 
@@ -270,28 +268,15 @@ impl Runner {
     }
 
     /// True when the plain reduction over `plain` combines the elements in the order the fused
-    /// one over `fused` does: the same plan (coalesced extents, group, vector width, ranges and
-    /// launches), so the same bits — even a maximum's, whose NaN payload follows the order.
+    /// one over `fused` does (`run::reduce::same_order`).
     fn same_order(
         &self,
         reduced_axes: usize,
         fused: &KernelArgs,
         plain: &KernelArgs,
     ) -> Result<bool> {
-        let plan = |args: &KernelArgs| -> Result<ReducePlan> {
-            let ops = ReduceOperands::of(reduced_axes, args)?;
-            let buffers = [ops.out, ops.input]
-                .iter()
-                .map(|o| crate::memory::buffer_info(o))
-                .collect::<Result<Vec<_>>>()?;
-            reduce_plan::plan(&ops, &buffers, &self.target)
-        };
-        let (a, b) = (plan(fused)?, plan(plain)?);
-        Ok(a.outer_shape == b.outer_shape
-            && a.reduced_shape == b.reduced_shape
-            && (a.group, a.vector, a.splits, a.combine_group)
-                == (b.group, b.vector, b.splits, b.combine_group)
-            && a.launches == b.launches)
+        let plan = |args| super::reduce::plan_of(reduced_axes, args, &self.target);
+        Ok(super::reduce::same_order(&plan(fused)?, &plan(plain)?))
     }
 
     /// True when every launch of `kernel` over `args` runs a loaded kernel, one the disk cache

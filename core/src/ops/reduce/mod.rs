@@ -571,7 +571,7 @@ pub(crate) fn launch_reduce(
     write: Write,
     epilogue: Option<&crate::fusion::reduce::EpilogueRequest>,
 ) -> Result<bool> {
-    use crate::fusion::reduce::{epilogue_of, reduce_map_of, row_prologue_of};
+    use crate::fusion::reduce::{epilogue_of, pending_reader, reduce_map_of, row_prologue_of};
     let target = source.device().backend().target();
     // A pending elementwise input is read by the reduction directly (map→reduce fusion):
     // its leaves, permuted like the input, and its expression per element.
@@ -594,7 +594,11 @@ pub(crate) fn launch_reduce(
     // Elementwise work over the same rows that reads the result runs in it last.
     let epilogue = match (&map, epilogue) {
         (Some(_), Some(req)) if target.fuses_row_epilogue => {
-            epilogue_of(req, &inputs, scalars.len(), out)?.map(|(e, extra)| (e, extra, req))
+            epilogue_of(req, &inputs, scalars.len(), out)?
+                // (A pending operand of the epilogue that reads the prologue this kernel
+                // writes would run first and read it unwritten: the work runs as its map.)
+                .filter(|(_, extra)| written.as_ref().is_none_or(|w| !pending_reader(extra, w)))
+                .map(|(e, extra)| (e, extra, req))
         }
         _ => None,
     };

@@ -32,6 +32,27 @@ pub(crate) fn stages_in_lanes(sig: &ReduceSig) -> bool {
     sig.prologue.is_none() && sig.epilogue.is_some() && sig.group == 256
 }
 
+/// True when a block of [`STAGE_GROUP`] keeps input 0's row staged as loaded for the epilogue
+/// and computes each term as it adds it, instead of writing the terms over the row: where
+/// the epilogue reads input 0 outside the map's value (a layer norm's `(x − mean)·s·w + b`
+/// after `Σ (x − mean)²`), which it would otherwise read again from memory, and the map reads
+/// no further row (each term is input 0's element and values one a row).
+pub(crate) fn keeps_row(sig: &ReduceSig) -> bool {
+    let (Some(e), Some(m)) = (&sig.epilogue, &sig.map) else {
+        return false;
+    };
+    let term = m.inputs.len();
+    let substituted = if m.expr.dtype == repr(sig.op, sig.acc) {
+        with_term(&e.expr, &m.expr, term)
+    } else {
+        e.expr.clone()
+    };
+    !stages_in_lanes(sig)
+        && !sig.held
+        && substituted.reads_input(0)
+        && (1..m.inputs.len()).all(|k| m.per_output[k] || !m.expr.reads_input(k))
+}
+
 /// Threads of the staged kernel's block.
 pub(crate) fn block_threads(sig: &ReduceSig) -> usize {
     if stages_in_lanes(sig) {
@@ -189,15 +210,18 @@ fn stage_then_add(
     m: &strata_core::lower::operands::ReduceMap,
     idx: &str,
 ) -> Result<()> {
-    let (g, v) = (sig.group, sig.vector);
+    let v = sig.vector;
     let r = repr(sig.op, sig.acc);
     let (acc_t, in_t) = (compute_type(r), storage_type(sig.input));
     let vt = vector_type(v * sig.input.itemsize());
-    let warps = STAGE_GROUP / 32;
     let unroll = blocks_and_unroll(sig).1;
     // 1. The row into shared memory, its loads in flight together, each thread folding the
-    // prologue (if any) over its vectors as they arrive (in any order: the op is order-free).
+    // prologue (if any) over its vectors as they arrive (in any order: the op is order-free),
+    // or the staged row summed as the eager sum adds it.
     let res = match sig.prologue {
+        Some(prologue) if prologue.op == strata_core::ir::ReduceOp::Sum => {
+            Some(stage_with_sum_prologue(s, sig, prologue, idx)?)
+        }
         Some(prologue) => Some(stage_with_prologue(s, sig, prologue, idx)?),
         None => {
             // (Each thread reads back only its own vectors: no barrier.)
@@ -208,7 +232,32 @@ fn stage_then_add(
             None
         }
     };
-    // Each thread its own vectors: one shared-memory load and store a vector.
+    if keeps_row(sig) {
+        // 3. No stage of terms: the row stays as loaded (the epilogue reads it), each term
+        // computed from it as step 4 adds it (the same value, in the same order).
+        // (In a block of its own: the epilogue declares the prologue's value again.)
+        let _ = writeln!(s, "    }}\n    __syncthreads();\n    {{");
+        if let (Some(prologue), Some(res)) = (sig.prologue, res) {
+            let _ = writeln!(
+                s,
+                "    const {} x{res} = {};",
+                compute_type(prologue.out),
+                from_storage(prologue.out, "kept")
+            );
+        }
+        let read = |k: usize| k > 0 && Some(k) != res && m.expr.reads_input(k);
+        let mut next = 0;
+        let mut term = |s: &mut String| -> Result<String> {
+            let indent = "            ";
+            declare_inputs(s, indent, m, ("u.e[l]", true), read);
+            let name = crate::render::expr::emit_tree(&m.expr, s, indent, &mut next)?;
+            Ok(contribution(sig, &name, m.expr.dtype))
+        };
+        add_in_eager_order(s, sig, (sig.op, r), in_t, &mut term, idx)?;
+        let _ = writeln!(s, "    }}");
+        return Ok(());
+    }
+    // 3. Each thread its own vectors: one shared-memory load and store a vector.
     let _ = writeln!(
         s,
         "{unroll}      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) {{"
@@ -233,10 +282,35 @@ fn stage_then_add(
         contribution(sig, &name, m.expr.dtype)
     );
     let _ = writeln!(s, "    __syncthreads();");
-    // 4. The eager order: per range of the row (one unless the eager plan splits it), the
-    // threads below the group are its lanes (`reduce::source`), a warp's ranges side by side
-    // (each its own warp); then one thread adds the ranges' partials in order (the combine
-    // launch's fold; a single range is the result).
+    // 4. The terms in the eager order.
+    add_in_eager_order(
+        s,
+        sig,
+        (sig.op, r),
+        acc_t,
+        &mut |_| Ok("u.e[l]".into()),
+        idx,
+    )
+}
+
+/// Step 4, the eager order over the staged row (`rowbuf`, elements of `elem_t` in the vector
+/// `u`, element `l` added as the value `value` writes the statements of and returns): per range of the row (one unless the eager plan splits it), the threads
+/// below the group are its lanes (`reduce::source`), a warp's ranges side by side (each its
+/// own warp); each range's partial, as the partials' scratch would hold it, ends in
+/// `sh_part`. (Then one thread adds the ranges' partials in order: the combine launch's fold;
+/// a single range is the result.) `op` over accumulator values of `r`.
+fn add_in_eager_order(
+    s: &mut String,
+    sig: &ReduceSig,
+    (op, r): (strata_core::ir::ReduceOp, strata_core::DType),
+    elem_t: &str,
+    value: &mut dyn FnMut(&mut String) -> Result<String>,
+    idx: &str,
+) -> Result<()> {
+    let (g, v) = (sig.group, sig.vector);
+    let acc_t = compute_type(r);
+    let vt = vector_type(v * sig.input.itemsize());
+    let warps = STAGE_GROUP / 32;
     let (first, step) = if g == 32 {
         ("warp", format!("{warps}"))
     } else {
@@ -250,7 +324,7 @@ fn stage_then_add(
     let _ = writeln!(
         s,
         "      {acc_t} acc = {}; i64 best = 9223372036854775807ll;",
-        identity(sig.op, r)
+        identity(op, r)
     );
     let lane = if g == 32 { "wl" } else { "threadIdx.x" };
     let _ = writeln!(s, "      if ({lane} < {g}) {{");
@@ -261,17 +335,22 @@ fn stage_then_add(
     // (A vector of terms at once: lanes `v` elements apart would share banks.)
     let _ = writeln!(
         s,
-        "          union {{ {vt} v; {acc_t} e[{v}]; }} u; u.v = rowbuf[r / {v}];"
+        "          union {{ {vt} v; {elem_t} e[{v}]; }} u; u.v = rowbuf[r / {v}];"
     );
     let _ = writeln!(
         s,
-        "#pragma unroll\n          for (int l = 0; l < {v}; l++) {{ const {acc_t} v = u.e[l]; {} }}",
-        update(sig.op, r, "v", "(i64)(r + l)")
+        "#pragma unroll\n          for (int l = 0; l < {v}; l++) {{"
+    );
+    let value = value(s)?;
+    let _ = writeln!(
+        s,
+        "            const {acc_t} v = {value}; {} }}",
+        update(op, r, "v", "(i64)(r + l)")
     );
     let _ = writeln!(s, "        }}\n      }}");
-    warp_reduce(s, "      ", sig.op, r);
+    warp_reduce(s, "      ", op, r);
     if g == 256 {
-        block_combine(s, "      ", sig.op, r, "wl == 0 && warp < 8");
+        block_combine(s, "      ", op, r, "wl == 0 && warp < 8");
         // (The next range writes `sh_v` again.)
         let _ = writeln!(s, "      __syncthreads();");
     }
@@ -346,6 +425,66 @@ fn stage_in_lanes(
     // (The next range writes `sh_v` again.)
     let _ = writeln!(s, "      __syncthreads();\n    }}");
     Ok(())
+}
+
+/// Steps 1 and 2 with a prologue that sums (a layer norm's mean): the row into shared
+/// memory, then its sum added exactly as the eager sum of the row adds it (its plan is the
+/// reduction's own: `run::reduce` checks), written and read back as stored (`kept`, and the
+/// map's input `result`). Opens the block step 3 closes; returns the input that reads it.
+fn stage_with_sum_prologue(
+    s: &mut String,
+    sig: &ReduceSig,
+    prologue: StagedPrologue,
+    idx: &str,
+) -> Result<usize> {
+    let v = sig.vector;
+    let pr = repr(prologue.op, prologue.out);
+    let (pr_t, in_t, prologue_st) = (
+        compute_type(pr),
+        storage_type(sig.input),
+        storage_type(prologue.out),
+    );
+    let vt = vector_type(v * sig.input.itemsize());
+    let _ = writeln!(s, "    {prologue_st} kept;");
+    let _ = writeln!(s, "    {{");
+    let _ = writeln!(
+        s,
+        "#pragma unroll 8\n      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) rowbuf[r / {v}] = *(const {vt}*)(in0 + ib + r);"
+    );
+    let _ = writeln!(s, "      __syncthreads();");
+    // Each element as the eager sum converts it.
+    let eager = ReduceSig {
+        op: prologue.op,
+        acc: prologue.out,
+        ..sig.clone()
+    };
+    let input = sig.input;
+    let mut value =
+        |_: &mut String| Ok(contribution(&eager, &from_storage(input, "u.e[l]"), input));
+    add_in_eager_order(s, sig, (prologue.op, pr), in_t, &mut value, idx)?;
+    let _ = writeln!(s, "      __syncthreads();");
+    let fold = update(prologue.op, pr, "v", "0").replace("acc", "pcomb");
+    let _ = writeln!(
+        s,
+        "      {pr_t} pcomb = sh_part[0];\n      if (S > 1) {{ pcomb = {}; for ({idx} sp = 0; sp < S; sp++) {{ const {pr_t} v = sh_part[sp]; {fold} }} }}",
+        identity(prologue.op, pr)
+    );
+    let stored = to_storage(prologue.out, &cast("pcomb", pr, prologue.out, false));
+    let _ = writeln!(
+        s,
+        "      const {prologue_st} stored = {stored}; kept = stored;"
+    );
+    let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
+    // (Step 3 writes the terms over the stage: every thread has added its part of it.)
+    let _ = writeln!(s, "      __syncthreads();");
+    let res = prologue.result;
+    let _ = writeln!(
+        s,
+        "      const {} x{res} = {};",
+        compute_type(prologue.out),
+        from_storage(prologue.out, "stored")
+    );
+    Ok(res)
 }
 
 /// Steps 1 and 2 with a prologue: the row into shared memory, each thread folding the
@@ -516,8 +655,8 @@ fn epilogue(
         block_threads(sig)
     );
     if expr.reads_input(0) {
-        // Staged in lanes, the stage holds input 0's row as loaded.
-        let at = if stages_in_lanes(sig) {
+        // Staged in lanes or kept, the stage holds input 0's row as loaded.
+        let at = if stages_in_lanes(sig) || keeps_row(sig) {
             format!("rowbuf[r / {v}]")
         } else {
             format!("*(const {vt}*)(in0 + ib + r)")
@@ -573,8 +712,8 @@ pub(super) fn epilogue_expr(
     m: &strata_core::lower::operands::ReduceMap,
 ) -> (strata_core::ir::Expr, usize) {
     let term = m.inputs.len();
-    // (Staged in lanes, no stage of terms: the epilogue computes the map again.)
-    if m.expr.dtype == repr(sig.op, sig.acc) && !stages_in_lanes(sig) {
+    // (Staged in lanes or the row kept, no stage of terms: the epilogue computes the map again.)
+    if m.expr.dtype == repr(sig.op, sig.acc) && !stages_in_lanes(sig) && !keeps_row(sig) {
         (with_term(&e.expr, &m.expr, term), term)
     } else {
         (e.expr.clone(), term)
@@ -583,14 +722,14 @@ pub(super) fn epilogue_expr(
 
 /// True when `sig`'s epilogue reads rows from memory again (from L2, while they are there):
 /// a further input laid out like the rows, or input 0 outside the staged terms (not where
-/// input 0's row is staged as loaded, [`stages_in_lanes`]). (One row of values per position,
+/// input 0's row is staged as loaded, [`stages_in_lanes`] and [`keeps_row`]). (One row of values per position,
 /// read by every row, stays in cache.)
 pub(crate) fn rereads_rows(sig: &ReduceSig) -> bool {
     let (Some(e), Some(m)) = (&sig.epilogue, &sig.map) else {
         return false;
     };
     let (expr, _) = epilogue_expr(sig, e, m);
-    let staged = usize::from(stages_in_lanes(sig));
+    let staged = usize::from(stages_in_lanes(sig) || keeps_row(sig));
     (staged..m.inputs.len()).any(|k| !m.per_output[k] && !m.per_position[k] && expr.reads_input(k))
 }
 
@@ -750,6 +889,49 @@ mod tests {
     }
 
     #[test]
+    fn a_layer_norm_sums_its_mean_in_the_eager_order_and_keeps_the_row() {
+        // The mean's sum as the prologue, `Σ (x − s/n)²`, then `(x − s/n)·rsqrt(v)·w + b`.
+        let x = |k| Expr::input(k, DType::F32);
+        let mut sig = sig(256);
+        if let Some(p) = sig.prologue.as_mut() {
+            p.op = ReduceOp::Sum;
+        }
+        let mean = Expr::binary(BinaryOp::Div, x(1), Expr::scalar(0, DType::F32));
+        let centred = Expr::binary(BinaryOp::Sub, x(0), mean);
+        sig.map = Some(ReduceMap {
+            expr: Expr::binary(BinaryOp::Mul, centred.clone(), centred.clone()),
+            inputs: vec![DType::F32; 5],
+            per_output: vec![false, true, true, false, false],
+            per_position: vec![false, false, false, true, true],
+            scalars: vec![DType::F32],
+        });
+        let normalized = Expr::binary(BinaryOp::Mul, centred, Expr::unary(UnaryOp::Rsqrt, x(2)));
+        sig.epilogue = Some(super::super::StagedEpilogue {
+            expr: Expr::binary(
+                BinaryOp::Add,
+                Expr::binary(BinaryOp::Mul, normalized, x(3)),
+                x(4),
+            ),
+            result: 2,
+            out: DType::F32,
+        });
+        assert!(keeps_row(&sig) && !rereads_rows(&sig));
+        let src = source(&sig).unwrap();
+        let (body, tail) = src.split_at(src.find("const float x2 = result;").expect(&src));
+        // The sum of the staged row in the eager lanes' order, stored and read back as stored.
+        let prologue = &body[..body.find("prologue_out[ob] = stored;").expect(body)];
+        assert!(prologue.contains("r = r0 + (i32)threadIdx.x * 4; r < r1; r += 256 * 4"));
+        assert!(prologue.contains("pcomb = sh_part[0];"), "{prologue}");
+        assert!(!prologue.contains("fmaxf"), "{prologue}");
+        // No stage of terms; the epilogue reads the row from the stage and the weight and
+        // bias at the row's positions.
+        assert!(!body.contains("rowbuf[r / 4] = t.v;"), "{body}");
+        assert!(tail.contains("u.v = rowbuf[r / 4];"), "{tail}");
+        assert!(tail.contains("u3.v = *(const uint4*)(in3 + r);"), "{tail}");
+        assert!(src.contains("__launch_bounds__(512, 3)"), "{src}");
+    }
+
+    #[test]
     fn an_epilogue_alone_over_a_blocks_rows_adds_terms_as_the_lanes_load_them() {
         // Softmax's backward over long rows: the eager plan's group is a block.
         let x = |k| Expr::input(k, DType::F32);
@@ -838,16 +1020,19 @@ mod tests {
             tail.contains("*(uint4*)(epilogue_out + ib + r) = y.v;"),
             "{tail}"
         );
-        // An epilogue that reads the row outside the term reads it again.
+        // An epilogue that reads the row outside the term keeps the row staged as loaded:
+        // each term computed as it is added, the row read from the stage, not from memory.
         if let Some(e) = sig.epilogue.as_mut() {
             e.expr = Expr::binary(BinaryOp::Mul, e.expr.clone(), x(0));
         }
+        assert!(keeps_row(&sig) && !rereads_rows(&sig));
         let src = source(&sig).unwrap();
-        let tail = &src[src.find("const float x2 = result;").expect(&src)..];
-        assert!(
-            tail.contains("u.v = *(const uint4*)(in0 + ib + r);"),
-            "{tail}"
-        );
+        let (body, tail) = src.split_at(src.find("const float x2 = result;").expect(&src));
+        assert!(!body.contains("rowbuf[r / 4] = t.v;"), "{body}");
+        assert!(body.contains("const float x1 = kept;"), "{body}");
+        assert!(tail.contains("u.v = rowbuf[r / 4];"), "{tail}");
+        assert!(!tail.contains("in0 + ib + r"), "{tail}");
+        assert!(src.contains("__launch_bounds__(512, 3)"), "{src}");
         // Its output pointer follows the prologue's.
         let w = Words::of(&sig);
         assert!(
