@@ -291,7 +291,15 @@ pub(crate) fn row_prologue_of(
     for (result, t) in inputs.iter().enumerate() {
         // Another pending input that reads it (a variance centred by the mean this kernel
         // would take in) runs before the kernel, and would read it unwritten: it runs first.
-        if !t.storage.is_pending() || pending_reader(inputs, t) {
+        // (Walked before `t`'s lock is taken, and only for a deferred reduction.)
+        let deferred = |t: &Tensor| {
+            let guard = t.storage.pending();
+            matches!(
+                guard.as_ref().map(|p| &p.work),
+                Some(PendingWork::Reduce(_))
+            )
+        };
+        if !deferred(t) || pending_reader(inputs, t) {
             continue;
         }
         let mut guard = t.storage.pending();
@@ -339,7 +347,9 @@ pub(crate) fn row_prologue_of(
 /// `inputs`, so it must not read a result that kernel writes.
 pub(crate) fn pending_reader(inputs: &[Tensor], t: &Tensor) -> bool {
     inputs.iter().any(|u| {
-        !u.shares_storage(t) && u.storage.is_pending() && super::run::reads_storage(u, &t.storage)
+        !u.shares_storage(t)
+            && u.storage.is_pending()
+            && super::splice::reads_storage(u, &t.storage)
     })
 }
 

@@ -325,26 +325,22 @@ fn run_as_epilogue(
             continue;
         }
         let leaf = fused.inputs[k].clone();
+        let of_tree = |lp: &Pending| {
+            matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending() && in_order(&d.order))
+                && Arc::ptr_eq(&lp.stream, &p.stream)
+        };
         // A reduction that another pending leaf reads (a layer norm's mean, which its
         // variance centres by) runs first, or as that one's prologue: it takes no work here
-        // (its lock is held while the kernel's pending inputs run).
-        let read_by_another = fused.inputs.iter().enumerate().any(|(j, u)| {
-            j != k
-                && !u.shares_storage(&leaf)
-                && u.storage.is_pending()
-                && reads_storage(u, &leaf.storage)
-        });
-        if read_by_another {
+        // (its lock is held while the kernel's pending inputs run). Walked before the lock
+        // is taken: a walk holding it could wait on a thread that waits on it.
+        let candidate = leaf.storage.pending().as_ref().is_some_and(of_tree);
+        if !candidate || crate::fusion::reduce::pending_reader(&fused.inputs, &leaf) {
             continue;
         }
         let mut guard = leaf.storage.pending();
-        let Some(lp) = guard.as_ref() else {
+        let Some(lp) = guard.as_ref().filter(|lp| of_tree(lp)) else {
             continue;
         };
-        let of_tree = matches!(&lp.work, PendingWork::Reduce(d) if d.source.is_pending() && in_order(&d.order));
-        if !of_tree || !Arc::ptr_eq(&lp.stream, &p.stream) {
-            continue;
-        }
         // (Its buffer is allocated where the reduction takes it: `launch_reduce`.)
         let req = crate::fusion::reduce::EpilogueRequest {
             expr: expr.clone(),
@@ -383,32 +379,6 @@ fn run_as_epilogue(
         };
     }
     Ok(None)
-}
-
-/// True when the pending tree `t` reads `storage`, through the pending trees and deferred
-/// reductions it reads (each storage visited once, at most `MAX_NODES` of them).
-pub(super) fn reads_storage(t: &Tensor, storage: &Arc<Storage>) -> bool {
-    let mut todo = vec![t.storage.clone()];
-    let mut seen: Vec<usize> = Vec::new();
-    while let Some(s) = todo.pop() {
-        if Arc::ptr_eq(&s, storage) {
-            return true;
-        }
-        let at = super::splice::address(&s);
-        if seen.contains(&at) || seen.len() > super::MAX_NODES {
-            continue;
-        }
-        seen.push(at);
-        let guard = s.pending();
-        match guard.as_ref().map(|p| &p.work) {
-            Some(PendingWork::Tree(tree)) => {
-                todo.extend(tree.inputs.iter().map(|u| u.storage.clone()))
-            }
-            Some(PendingWork::Reduce(d)) => todo.push(d.source.storage.clone()),
-            None => {}
-        }
-    }
-    false
 }
 
 /// True when `order` reads axes in order (a reduction of the trailing axes, whose rows an

@@ -121,6 +121,32 @@ pub(super) fn reads_alike(c: &Pending, t: &Tensor) -> bool {
         })
 }
 
+/// True when the pending tree `t` reads `storage`, through the pending trees and deferred
+/// reductions it reads (each storage visited once, at most `MAX_NODES` of them).
+pub(super) fn reads_storage(t: &Tensor, storage: &Arc<Storage>) -> bool {
+    let mut todo = vec![t.storage.clone()];
+    let mut seen: Vec<usize> = Vec::new();
+    while let Some(s) = todo.pop() {
+        if Arc::ptr_eq(&s, storage) {
+            return true;
+        }
+        let at = address(&s);
+        if seen.contains(&at) || seen.len() > MAX_NODES {
+            continue;
+        }
+        seen.push(at);
+        let guard = s.pending();
+        match guard.as_ref().map(|p| &p.work) {
+            Some(PendingWork::Tree(tree)) => {
+                todo.extend(tree.inputs.iter().map(|u| u.storage.clone()))
+            }
+            Some(PendingWork::Reduce(d)) => todo.push(d.source.storage.clone()),
+            None => {}
+        }
+    }
+    false
+}
+
 /// True when only pending trees hold `storage` (nobody can read it but through them): a flush
 /// leaves it to the trees, which splice it in, instead of writing it to memory. `extra`: the
 /// caller's own references.

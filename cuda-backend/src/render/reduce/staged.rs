@@ -180,13 +180,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         stage_then_add(&mut s, sig, m, idx)?;
     }
     let _ = writeln!(s, "    __syncthreads();");
-    let _ = writeln!(s, "    {acc_t} comb = sh_part[0];");
-    let fold = update(sig.op, r, "v", "0").replace("acc", "comb");
-    let _ = writeln!(
-        s,
-        "    if (S > 1) {{ comb = {}; for ({idx} sp = 0; sp < S; sp++) {{ const {acc_t} v = sh_part[sp]; {fold} }} }}",
-        identity(sig.op, r)
-    );
+    combine_ranges(&mut s, "    ", "comb", (sig.op, r), idx);
     let result = cast("comb", r, sig.out, false);
     let _ = writeln!(
         s,
@@ -439,11 +433,7 @@ fn stage_with_sum_prologue(
 ) -> Result<usize> {
     let v = sig.vector;
     let pr = repr(prologue.op, prologue.out);
-    let (pr_t, in_t, prologue_st) = (
-        compute_type(pr),
-        storage_type(sig.input),
-        storage_type(prologue.out),
-    );
+    let (in_t, prologue_st) = (storage_type(sig.input), storage_type(prologue.out));
     let vt = vector_type(v * sig.input.itemsize());
     let _ = writeln!(s, "    {prologue_st} kept;");
     let _ = writeln!(s, "    {{");
@@ -463,20 +453,48 @@ fn stage_with_sum_prologue(
         |_: &mut String| Ok(contribution(&eager, &from_storage(input, "u.e[l]"), input));
     add_in_eager_order(s, sig, (prologue.op, pr), in_t, &mut value, idx)?;
     let _ = writeln!(s, "      __syncthreads();");
-    let fold = update(prologue.op, pr, "v", "0").replace("acc", "pcomb");
-    let _ = writeln!(
-        s,
-        "      {pr_t} pcomb = sh_part[0];\n      if (S > 1) {{ pcomb = {}; for ({idx} sp = 0; sp < S; sp++) {{ const {pr_t} v = sh_part[sp]; {fold} }} }}",
-        identity(prologue.op, pr)
-    );
-    let stored = to_storage(prologue.out, &cast("pcomb", pr, prologue.out, false));
-    let _ = writeln!(
-        s,
-        "      const {prologue_st} stored = {stored}; kept = stored;"
-    );
-    let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
+    combine_ranges(s, "      ", "pcomb", (prologue.op, pr), idx);
     // (Step 3 writes the terms over the stage: every thread has added its part of it.)
-    let _ = writeln!(s, "      __syncthreads();");
+    Ok(write_prologue(
+        s,
+        prologue,
+        "pcomb",
+        "\n      __syncthreads();",
+    ))
+}
+
+/// `T name`: the ranges' partials in `sh_part` added in order by every thread (the combine
+/// launch's fold; a single range is the result), `op` over values of `r`.
+fn combine_ranges(
+    s: &mut String,
+    indent: &str,
+    name: &str,
+    (op, r): (strata_core::ir::ReduceOp, strata_core::DType),
+    idx: &str,
+) {
+    let t = compute_type(r);
+    let fold = update(op, r, "v", "0").replace("acc", name);
+    let _ = writeln!(
+        s,
+        "{indent}{t} {name} = sh_part[0];\n{indent}if (S > 1) {{ {name} = {}; for ({idx} sp = 0; sp < S; sp++) {{ const {t} v = sh_part[sp]; {fold} }} }}",
+        identity(op, r)
+    );
+}
+
+/// The prologue's value `value` stored in its dtype (`kept`), written to its output by thread
+/// 0, then (after `between`) read back as stored by the map's input `result`, which it returns.
+fn write_prologue(s: &mut String, prologue: StagedPrologue, value: &str, between: &str) -> usize {
+    let pr = repr(prologue.op, prologue.out);
+    let stored = to_storage(prologue.out, &cast(value, pr, prologue.out, false));
+    let _ = writeln!(
+        s,
+        "      const {} stored = {stored}; kept = stored;",
+        storage_type(prologue.out)
+    );
+    let _ = writeln!(
+        s,
+        "      if (threadIdx.x == 0) prologue_out[ob] = stored;{between}"
+    );
     let res = prologue.result;
     let _ = writeln!(
         s,
@@ -484,7 +502,7 @@ fn stage_with_sum_prologue(
         compute_type(prologue.out),
         from_storage(prologue.out, "stored")
     );
-    Ok(res)
+    res
 }
 
 /// Steps 1 and 2 with a prologue: the row into shared memory, each thread folding the
@@ -538,21 +556,8 @@ fn stage_with_prologue(
         "      acc = sh_p[0];\n      for (int w = 1; w < {warps}; w++) {{ const {pr_t} v = sh_p[w]; {} }}",
         update(prologue.op, pr, "v", "0")
     );
-    let stored = to_storage(prologue.out, &cast("acc", pr, prologue.out, false));
-    let _ = writeln!(
-        s,
-        "      const {prologue_st} stored = {stored}; kept = stored;"
-    );
-    let _ = writeln!(s, "      if (threadIdx.x == 0) prologue_out[ob] = stored;");
     // 3. Each element's term reads the prologue back as stored.
-    let res = prologue.result;
-    let _ = writeln!(
-        s,
-        "      const {} x{res} = {};",
-        compute_type(prologue.out),
-        from_storage(prologue.out, "stored")
-    );
-    Ok(res)
+    Ok(write_prologue(s, prologue, "acc", ""))
 }
 
 /// `const T xk = …;` (at `indent`) for input 0 at `first` where `zero` says so, and each further
