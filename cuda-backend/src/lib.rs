@@ -152,11 +152,10 @@ impl CudaBackend {
             max_map_outputs: 8,
             fuses_map_into_reduce: true,
             fuses_row_prologue: true,
-            // Off: the staged kernel adds a prologue's sum in the eager plan's lanes
-            // (render::reduce::staged), and where that plan gives a row one warp (rows under
-            // 8,192 f32) the block's other warps wait: a layer norm over [65536, 4096] f32 took
-            // 0.93 ms in one kernel, its backward's reduction 2.4 ms (BENCHMARKS.md).
-            fuses_sum_prologue: false,
+            // The staged kernels add a prologue's sum in the eager plan's lanes: a block's
+            // (render::reduce::staged) or, where that plan gives a row one warp, each warp its
+            // own rows (render::reduce::per_warp).
+            fuses_sum_prologue: true,
             // Staged rows: the epilogue reads them again from L2 and writes once.
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: true,

@@ -4,7 +4,7 @@
 
 use super::step::{chain, Sig, Step};
 use crate::launch::{Args, Grid, Launch};
-use crate::render::reduce::{held, staged, StagedEpilogue, StagedPrologue};
+use crate::render::reduce::{held, per_warp, staged, StagedEpilogue, StagedPrologue};
 use crate::render::reduce::{repr, ReduceSig, Words};
 use crate::render::softmax::STAGE_GROUP;
 use strata_core::backend::KernelArgs;
@@ -490,18 +490,15 @@ fn staged_kernel(
         }
         _ => true,
     };
-    // Where the eager plan gives a row one warp, the block's other warps wait while it adds:
-    // only a maximum's or minimum's prologue (folded by the whole block) is worth staging
-    // then (a layer norm's variance over [65536, 4096] f32 with its epilogue took 0.85 ms
-    // staged on an H200, 64% of the copy bandwidth).
-    let order_free = prologue.is_some_and(|pr| pr.op.is_order_free());
+    // (Where the eager plan gives a row one warp, each warp stages its own rows:
+    // `render::reduce::per_warp`.)
     let fits = p.combine_group == 1
         && !aliased
         && epilogue_fits
         && positions_fit
         && prologue_fits
         && !op.returns_index()
-        && (p.group == 256 || p.group == 32 && order_free)
+        && (p.group == 256 || p.group == 32)
         && p.group <= STAGE_GROUP
         && target.row_stage_group == STAGE_GROUP
         && p.reduced_shape.len() == 1
@@ -547,6 +544,41 @@ fn staged_kernel(
             grid: (rows, 1, 1),
             block: (p.group as u32, 1, 1),
             shared: 0,
+        };
+        return Ok(Some((sig, launch)));
+    }
+    let row_bytes = p.extent * input.itemsize();
+    if per_warp::applies(&sig) {
+        // Each warp its own rows, a slice of the block's shared memory each.
+        // Operands of one value a position (γ, β) are read by every row from L1: fewer rows at
+        // once, and an L1 of three times their bytes (`Grid::Cached`).
+        let positions = sig.map.as_ref().map_or(0, |m| {
+            (m.inputs.iter().zip(&m.per_position))
+                .filter(|(_, &at)| at)
+                .map(|(d, _)| p.extent * d.itemsize())
+                .sum::<usize>()
+        });
+        let mut warps = per_warp::warps(row_bytes, target.row_stage_bytes);
+        if positions > 0 {
+            warps = warps.min(2);
+        }
+        let (grid, block, shared) = (
+            (p.outputs.div_ceil(warps).min(1 << 20) as u32, 1, 1),
+            (32 * warps as u32, 1, 1),
+            (warps * row_bytes) as u32,
+        );
+        launch.grid = match positions {
+            0 => Grid::Fixed {
+                grid,
+                block,
+                shared,
+            },
+            _ => Grid::Cached {
+                grid,
+                block,
+                shared,
+                cached: (3 * positions) as u32,
+            },
         };
         return Ok(Some((sig, launch)));
     }

@@ -9,14 +9,16 @@
 //! `plain` writes a reduction's kernel, `columns` one whose threads each walk neighbouring
 //! columns (a column sum that stores its map), `staged` one with a row prologue
 //! ([`StagedPrologue`]) or a row epilogue ([`StagedEpilogue`]) whose row waits in shared
-//! memory, `held` one with a prologue whose row waits in registers (a block's lanes in one
+//! memory (`per_warp` where the eager group is a warp: each warp its own rows), `held` one with a prologue whose row waits in registers (a block's lanes in one
 //! range); `parts` holds the pieces they share (the accumulator's representation, the argument
 //! words, the group combine).
 
 mod columns;
 pub(crate) mod held;
 mod parts;
+pub(crate) mod per_warp;
 mod plain;
+mod row_values;
 pub(crate) mod staged;
 
 pub(crate) use parts::{repr, Words};
@@ -92,6 +94,8 @@ impl Generated for ReduceSig {
             held::source(self)?
         } else if self.out_vector > 1 {
             columns::source(self)?
+        } else if per_warp::applies(self) {
+            per_warp::source(self)?
         } else if self.prologue.is_some() || self.epilogue.is_some() {
             staged::source(self)?
         } else {

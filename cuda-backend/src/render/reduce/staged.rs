@@ -6,13 +6,14 @@
 //! eager kernel adds: the map's value converted to the accumulator), and then its first
 //! `group` threads add the terms exactly as the eager plan's group would (the same lanes,
 //! positions, order and combining tree), so the result equals the separate launches bit for
-//! bit; an epilogue then runs over the row. Rows of whole vectors that fit the staging bytes,
+//! bit; an epilogue then runs over the row. Rows the eager plan gives a block (256 threads;
+//! a warp's rows are `per_warp`'s), of whole vectors that fit the staging bytes,
 //! with terms as wide as the elements (f32, f64), and one eager launch; any other reduction
 //! runs as the separate launches (`strata_core::lower::prologue::split`).
 
 use super::parts::{block_combine, contribution, declare_map_operands, decode_output};
 use super::parts::{identity, repr, update, warp_reduce, Words};
-use super::{ReduceSig, StagedPrologue};
+use super::{per_warp, ReduceSig, StagedPrologue};
 use crate::render::softmax::STAGE_GROUP;
 use crate::render::{
     cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type,
@@ -112,50 +113,26 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         .map
         .as_ref()
         .filter(|_| sig.prologue.is_some() || sig.epilogue.is_some())
+        .filter(|_| sig.group == 256)
     else {
         return Err(strata_core::Error::Backend(
-            "internal error: a staged reduction has a map and a prologue or an epilogue".into(),
+            "internal error: a reduction staged by a block has a map, a block's group and a \
+             prologue or an epilogue"
+                .into(),
         ));
     };
     let idx = index_type(sig.wide);
-    let (ro, v) = (sig.outer_rank, sig.vector);
+    let v = sig.vector;
     let r = repr(sig.op, sig.acc);
-    let (acc_t, in_t) = (compute_type(r), storage_type(sig.input));
+    let acc_t = compute_type(r);
     let vt = vector_type(v * sig.input.itemsize());
-    // The eager launch's words, then the prologue's output's pointer and the epilogue's.
-    let w = Words::of(sig);
-    let prologue_ptr = w.total;
-    let epilogue_ptr = w.total + usize::from(sig.prologue.is_some());
-    let total = epilogue_ptr + usize::from(sig.epilogue.is_some());
+    let out_t = storage_type(sig.out);
     let warps = STAGE_GROUP / 32;
-    let blocks = blocks_and_unroll(sig).0;
-    let threads = block_threads(sig);
-
     let mut s = String::new();
     if stages_in_lanes(sig) {
         s.push_str(STREAMING);
     }
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void __launch_bounds__({threads}, {blocks}) \
-         strata_reduce(const Args<{total}> p) {{"
-    );
-    let _ = writeln!(
-        s,
-        "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];"
-    );
-    let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{}];", w.in_ptr);
-    declare_map_operands(&mut s, m, &w);
-    let out_t = storage_type(sig.out);
-    let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{}];", w.out_ptr);
-    if let Some(prologue) = sig.prologue {
-        let t = storage_type(prologue.out);
-        let _ = writeln!(s, "  {t}* prologue_out = ({t}*)p.w[{prologue_ptr}];");
-    }
-    if let Some(e) = &sig.epilogue {
-        let t = storage_type(e.out);
-        let _ = writeln!(s, "  {t}* epilogue_out = ({t}*)p.w[{epilogue_ptr}];");
-    }
+    head(&mut s, sig, m, block_threads(sig), blocks_and_unroll(sig).0);
     // The row, then (in place, as wide) the terms the eager kernel adds.
     let _ = writeln!(s, "  extern __shared__ {vt} rowbuf[];");
     // (`sh_part`: a range's partial; the eager plan splits into fewer than 64, as its
@@ -173,7 +150,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         "  const int warp = threadIdx.x >> 5, wl = threadIdx.x & 31;"
     );
     let _ = writeln!(s, "  for ({idx} o = blockIdx.x; o < O; o += gridDim.x) {{");
-    decode_output(&mut s, idx, ro, &w);
+    decode_output(&mut s, idx, sig.outer_rank, &Words::of(sig));
     if stages_in_lanes(sig) {
         stage_in_lanes(&mut s, sig, m, idx)?;
     } else {
@@ -188,11 +165,52 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         to_storage(sig.out, &result)
     );
     if let Some(e) = &sig.epilogue {
-        epilogue(&mut s, sig, e, idx, m)?;
+        let lanes = ("threadIdx.x", block_threads(sig));
+        epilogue(&mut s, sig, (e, m), lanes, blocks_and_unroll(sig).1)?;
     }
     // The next row overwrites the stage.
     let _ = writeln!(s, "    __syncthreads();\n  }}\n}}");
     Ok(s)
+}
+
+/// The kernel's signature (`threads` a block, `blocks` a multiprocessor) and its pointers:
+/// the eager launch's words (`reduce::source`), then the prologue's output's pointer and the
+/// epilogue's, each where there is one; `O`, `R`, `S`, `chunk`, `in0`, the map's operands,
+/// `out`, `prologue_out` and `epilogue_out` declared.
+pub(super) fn head(
+    s: &mut String,
+    sig: &ReduceSig,
+    m: &strata_core::lower::operands::ReduceMap,
+    threads: usize,
+    blocks: usize,
+) {
+    let idx = index_type(sig.wide);
+    let in_t = storage_type(sig.input);
+    let w = Words::of(sig);
+    let prologue_ptr = w.total;
+    let epilogue_ptr = w.total + usize::from(sig.prologue.is_some());
+    let total = epilogue_ptr + usize::from(sig.epilogue.is_some());
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void __launch_bounds__({threads}, {blocks}) \
+         strata_reduce(const Args<{total}> p) {{"
+    );
+    let _ = writeln!(
+        s,
+        "  const {idx} O = ({idx})p.w[0], R = ({idx})p.w[1], S = ({idx})p.w[2], chunk = ({idx})p.w[3];"
+    );
+    let _ = writeln!(s, "  const {in_t}* in0 = (const {in_t}*)p.w[{}];", w.in_ptr);
+    declare_map_operands(s, m, &w);
+    let out_t = storage_type(sig.out);
+    let _ = writeln!(s, "  {out_t}* out = ({out_t}*)p.w[{}];", w.out_ptr);
+    if let Some(prologue) = sig.prologue {
+        let t = storage_type(prologue.out);
+        let _ = writeln!(s, "  {t}* prologue_out = ({t}*)p.w[{prologue_ptr}];");
+    }
+    if let Some(e) = &sig.epilogue {
+        let t = storage_type(e.out);
+        let _ = writeln!(s, "  {t}* epilogue_out = ({t}*)p.w[{epilogue_ptr}];");
+    }
 }
 
 /// Steps 1 to 4 of a block of [`STAGE_GROUP`]: the row staged (with the prologue, if any),
@@ -217,13 +235,13 @@ fn stage_then_add(
             Some(stage_with_sum_prologue(s, sig, prologue, idx)?)
         }
         Some(prologue) => Some(stage_with_prologue(s, sig, prologue, idx)?),
+        // (An epilogue alone over a block's rows is `stage_in_lanes`'.)
         None => {
-            // (Each thread reads back only its own vectors: no barrier.)
-            let _ = writeln!(
-                s,
-                "    {{\n#pragma unroll 8\n      for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {STAGE_GROUP} * {v}) rowbuf[r / {v}] = *(const {vt}*)(in0 + ib + r);"
-            );
-            None
+            return Err(strata_core::Error::Backend(
+                "internal error: a block staging its row without the eager lanes has a \
+                 prologue"
+                    .into(),
+            ))
         }
     };
     if keeps_row(sig) {
@@ -288,9 +306,9 @@ fn stage_then_add(
 }
 
 /// Step 4, the eager order over the staged row (`rowbuf`, elements of `elem_t` in the vector
-/// `u`, element `l` added as the value `value` writes the statements of and returns): per range of the row (one unless the eager plan splits it), the threads
-/// below the group are its lanes (`reduce::source`), a warp's ranges side by side (each its
-/// own warp); each range's partial, as the partials' scratch would hold it, ends in
+/// `u`, element `l` added as the value `value` writes the statements of and returns): per
+/// range of the row (one unless the eager plan splits it), the block's threads are its lanes
+/// (`reduce::source`); each range's partial, as the partials' scratch would hold it, ends in
 /// `sh_part`. (Then one thread adds the ranges' partials in order: the combine launch's fold;
 /// a single range is the result.) `op` over accumulator values of `r`.
 fn add_in_eager_order(
@@ -304,13 +322,7 @@ fn add_in_eager_order(
     let (g, v) = (sig.group, sig.vector);
     let acc_t = compute_type(r);
     let vt = vector_type(v * sig.input.itemsize());
-    let warps = STAGE_GROUP / 32;
-    let (first, step) = if g == 32 {
-        ("warp", format!("{warps}"))
-    } else {
-        ("0", "1".to_string())
-    };
-    let _ = writeln!(s, "    for ({idx} sp = {first}; sp < S; sp += {step}) {{");
+    let _ = writeln!(s, "    for ({idx} sp = 0; sp < S; sp++) {{");
     let _ = writeln!(
         s,
         "      const {idx} r0 = sp * chunk, r1 = (R - r0 < chunk) ? R : r0 + chunk;"
@@ -320,11 +332,10 @@ fn add_in_eager_order(
         "      {acc_t} acc = {}; i64 best = 9223372036854775807ll;",
         identity(op, r)
     );
-    let lane = if g == 32 { "wl" } else { "threadIdx.x" };
-    let _ = writeln!(s, "      if ({lane} < {g}) {{");
+    let _ = writeln!(s, "      if (threadIdx.x < {g}) {{");
     let _ = writeln!(
         s,
-        "#pragma unroll 4\n        for ({idx} r = r0 + ({idx}){lane} * {v}; r < r1; r += {g} * {v}) {{"
+        "#pragma unroll 4\n        for ({idx} r = r0 + ({idx})threadIdx.x * {v}; r < r1; r += {g} * {v}) {{"
     );
     // (A vector of terms at once: lanes `v` elements apart would share banks.)
     let _ = writeln!(
@@ -343,19 +354,12 @@ fn add_in_eager_order(
     );
     let _ = writeln!(s, "        }}\n      }}");
     warp_reduce(s, "      ", op, r);
-    if g == 256 {
-        block_combine(s, "      ", op, r, "wl == 0 && warp < 8");
-        // (The next range writes `sh_v` again.)
-        let _ = writeln!(s, "      __syncthreads();");
-    }
-    let lead = if g == 32 {
-        "wl == 0"
-    } else {
-        "threadIdx.x == 0"
-    };
+    block_combine(s, "      ", op, r, "wl == 0 && warp < 8");
+    // (The next range writes `sh_v` again.)
+    let _ = writeln!(s, "      __syncthreads();");
     let _ = writeln!(
         s,
-        "      if ({lead}) sh_part[sp] = {};\n    }}",
+        "      if (threadIdx.x == 0) sh_part[sp] = {};\n    }}",
         from_storage(r, &to_storage(r, "acc"))
     );
     Ok(())
@@ -458,14 +462,14 @@ fn stage_with_sum_prologue(
     Ok(write_prologue(
         s,
         prologue,
-        "pcomb",
+        ("pcomb", "threadIdx.x == 0"),
         "\n      __syncthreads();",
     ))
 }
 
 /// `T name`: the ranges' partials in `sh_part` added in order by every thread (the combine
 /// launch's fold; a single range is the result), `op` over values of `r`.
-fn combine_ranges(
+pub(super) fn combine_ranges(
     s: &mut String,
     indent: &str,
     name: &str,
@@ -483,7 +487,12 @@ fn combine_ranges(
 
 /// The prologue's value `value` stored in its dtype (`kept`), written to its output by thread
 /// 0, then (after `between`) read back as stored by the map's input `result`, which it returns.
-fn write_prologue(s: &mut String, prologue: StagedPrologue, value: &str, between: &str) -> usize {
+pub(super) fn write_prologue(
+    s: &mut String,
+    prologue: StagedPrologue,
+    (value, lead): (&str, &str),
+    between: &str,
+) -> usize {
     let pr = repr(prologue.op, prologue.out);
     let stored = to_storage(prologue.out, &cast(value, pr, prologue.out, false));
     let _ = writeln!(
@@ -491,10 +500,7 @@ fn write_prologue(s: &mut String, prologue: StagedPrologue, value: &str, between
         "      const {} stored = {stored}; kept = stored;",
         storage_type(prologue.out)
     );
-    let _ = writeln!(
-        s,
-        "      if (threadIdx.x == 0) prologue_out[ob] = stored;{between}"
-    );
+    let _ = writeln!(s, "      if ({lead}) prologue_out[ob] = stored;{between}");
     let res = prologue.result;
     let _ = writeln!(
         s,
@@ -557,7 +563,7 @@ fn stage_with_prologue(
         update(prologue.op, pr, "v", "0")
     );
     // 3. Each element's term reads the prologue back as stored.
-    Ok(write_prologue(s, prologue, "acc", ""))
+    Ok(write_prologue(s, prologue, ("acc", "threadIdx.x == 0"), ""))
 }
 
 /// `const T xk = …;` (at `indent`) for input 0 at `first` where `zero` says so, and each further
@@ -625,13 +631,17 @@ pub(super) fn load_row_inputs(
 /// (`exp(x - m) / s` holds `exp(x - m)`), that value is the stage's term (the map's value as
 /// the accumulator holds it, of the same width: exact), read from shared memory; the row is
 /// read again (from L2) only where the epilogue still reads input 0 outside it.
-fn epilogue(
+pub(super) fn epilogue(
     s: &mut String,
     sig: &ReduceSig,
-    e: &super::StagedEpilogue,
-    idx: &str,
-    m: &strata_core::lower::operands::ReduceMap,
+    (e, m): (
+        &super::StagedEpilogue,
+        &strata_core::lower::operands::ReduceMap,
+    ),
+    (lane, lanes): (&str, usize),
+    unroll: &str,
 ) -> Result<()> {
+    let idx = index_type(sig.wide);
     let v = sig.vector;
     let in_t = storage_type(sig.input);
     let vt = vector_type(v * sig.input.itemsize());
@@ -652,16 +662,17 @@ fn epilogue(
             from_storage(prologue.out, "kept")
         );
     }
+    let mut next = 0;
+    let declared = |k: usize| k == res || Some(k) == pres;
+    let expr = super::row_values::hoisted(s, &expr, m, &declared, ("    ", &mut next))?;
     let out_st = storage_type(e.out);
     let _ = writeln!(
         s,
-        "{}    for ({idx} r = ({idx})threadIdx.x * {v}; r < R; r += {} * {v}) {{",
-        blocks_and_unroll(sig).1,
-        block_threads(sig)
+        "{unroll}    for ({idx} r = ({idx}){lane} * {v}; r < R; r += {lanes} * {v}) {{"
     );
     if expr.reads_input(0) {
         // Staged in lanes or kept, the stage holds input 0's row as loaded.
-        let at = if stages_in_lanes(sig) || keeps_row(sig) {
+        let at = if stages_in_lanes(sig) || keeps_row(sig) || per_warp::applies(sig) {
             format!("rowbuf[r / {v}]")
         } else {
             format!("*(const {vt}*)(in0 + ib + r)")
@@ -693,7 +704,6 @@ fn epilogue(
             compute_type(m.expr.dtype)
         );
     }
-    let mut next = 0;
     let name = crate::render::expr::emit_tree(&expr, s, "        ", &mut next)?;
     let value = to_storage(e.out, &name);
     let _ = writeln!(
@@ -718,7 +728,7 @@ pub(super) fn epilogue_expr(
 ) -> (strata_core::ir::Expr, usize) {
     let term = m.inputs.len();
     // (Staged in lanes or the row kept, no stage of terms: the epilogue computes the map again.)
-    if m.expr.dtype == repr(sig.op, sig.acc) && !stages_in_lanes(sig) && !keeps_row(sig) {
+    if m.expr.dtype == repr(sig.op, sig.acc) && !row_as_loaded(sig) {
         (with_term(&e.expr, &m.expr, term), term)
     } else {
         (e.expr.clone(), term)
@@ -734,8 +744,14 @@ pub(crate) fn rereads_rows(sig: &ReduceSig) -> bool {
         return false;
     };
     let (expr, _) = epilogue_expr(sig, e, m);
-    let staged = usize::from(stages_in_lanes(sig) || keeps_row(sig));
+    let staged = usize::from(row_as_loaded(sig));
     (staged..m.inputs.len()).any(|k| !m.per_output[k] && !m.per_position[k] && expr.reads_input(k))
+}
+
+/// True when the stage holds input 0's row as loaded through the epilogue (no stage of terms:
+/// the epilogue computes the map again, and reads the row from the stage).
+fn row_as_loaded(sig: &ReduceSig) -> bool {
+    stages_in_lanes(sig) || keeps_row(sig) || per_warp::applies(sig)
 }
 
 /// `e` with every subtree equal to `map` read as input `term` instead.
@@ -794,65 +810,20 @@ mod tests {
     }
 
     #[test]
-    fn the_row_is_staged_once_and_the_terms_are_added_in_the_eager_lanes_order() {
-        let src = source(&sig(32)).unwrap();
+    fn the_row_is_staged_once_and_the_blocks_lanes_add_the_terms_in_the_eager_order() {
+        let src = source(&sig(256)).unwrap();
         assert!(src.contains("extern __shared__ uint4 rowbuf[];"), "{src}");
         assert_eq!(src.matches("*(const uint4*)(in0").count(), 1, "{src}");
         // The prologue's result is read from the register, never from its buffer.
         assert!(src.contains("const float x1 = stored;"), "{src}");
         assert!(!src.contains("in1["), "{src}");
-        assert!(src.contains("r += 32 * 4"), "{src}");
+        assert!(src.contains("r += 256 * 4"), "{src}");
         assert!(src.contains("comb = comb + v;"), "{src}");
-        assert!(!src.contains("sh_v[threadIdx.x >> 5] = acc"), "{src}");
-        let block = source(&sig(256)).unwrap();
-        assert!(block.contains("sh_v[threadIdx.x >> 5] = acc"), "{block}");
-    }
-
-    #[test]
-    fn an_epilogue_alone_stages_the_row_and_reads_further_inputs_as_vectors() {
-        // Softmax's backward: Σ y·g, then y·(g − Σ y·g); y input 0, g input 1, the sum input 2.
-        let x = |k| Expr::input(k, DType::F32);
-        let mut sig = sig(32);
-        sig.prologue = None;
-        sig.map = Some(ReduceMap {
-            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
-            inputs: vec![DType::F32; 3],
-            per_output: vec![false, false, true],
-            per_position: vec![false; 3],
-            scalars: vec![],
-        });
-        sig.epilogue = Some(super::super::StagedEpilogue {
-            expr: Expr::binary(BinaryOp::Mul, x(0), Expr::binary(BinaryOp::Sub, x(1), x(2))),
-            result: 2,
-            out: DType::F32,
-        });
-        let src = source(&sig).unwrap();
-        assert!(
-            !src.contains("prologue_out") && !src.contains("sh_p["),
-            "{src}"
-        );
-        // The row staged once; g read whole vectors at a time for the terms and the epilogue.
-        assert!(
-            src.contains("rowbuf[r / 4] = *(const uint4*)(in0 + ib + r);"),
-            "{src}"
-        );
-        let g = "u1.v = *(const uint4*)(in1 + ib + r);";
-        assert_eq!(src.matches(g).count(), 2, "{src}");
-        assert!(!src.contains("in1[ib"), "{src}");
-        // The sum from its register; the epilogue's pointer right after the eager words.
-        assert!(src.contains("const float x2 = result;"), "{src}");
-        let w = Words::of(&sig);
-        let at = format!("epilogue_out = (float*)p.w[{}];", w.total);
-        assert!(src.contains(&at), "{src}");
-        assert!(src.contains(&format!("Args<{}>", w.total + 1)), "{src}");
-        // It reads rows again: one block a multiprocessor, its loads over the row unrolled.
-        assert!(rereads_rows(&sig));
-        assert!(src.contains("__launch_bounds__(512, 1)"), "{src}");
-        assert_eq!(src.matches("#pragma unroll 8\n").count(), 3, "{src}");
+        assert!(src.contains("sh_v[threadIdx.x >> 5] = acc"), "{src}");
         // Softmax from its primitives reads only the staged terms: three blocks.
-        assert!(source(&super::tests::sig(32))
-            .unwrap()
-            .contains("__launch_bounds__(512, 3)"));
+        assert!(src.contains("__launch_bounds__(512, 3)"), "{src}");
+        // A warp's rows are `per_warp`'s.
+        assert!(source(&sig(32)).is_err());
     }
 
     #[test]
