@@ -48,6 +48,22 @@ def main():
          lambda: F.layer_norm(x, (4096,), w, b, 1e-5), [x, w, b], gy)
     del x, gy
 
+    # Softmax over rows a warp's and a block's in strata's plans: eager, and the primitives
+    # compiled (strata's "softmax from primitives").
+    def primitives(t):
+        e = (t - t.amax(-1, keepdim=True)).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    compiled = torch.compile(primitives)
+    for shape in ((65536, 4096), (16384, 16384)):
+        t = randn(*shape)
+        for name, fn in (("softmax", lambda: torch.softmax(t, -1)),
+                         ("softmax from primitives (compile)", lambda: compiled(t))):
+            print(json.dumps({"op": f"{name} {list(shape)}", "ms": timed(fn),
+                              "bytes": 8 * t.numel()}), flush=True)
+        del t
+    torch._dynamo.reset()
+
     x = randn(256, 256, 28, 28).requires_grad_()
     w, b = randn(256).requires_grad_(), randn(256).requires_grad_()
     mean, var = torch.zeros(256, device=dev), torch.ones(256, device=dev)

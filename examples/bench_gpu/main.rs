@@ -589,6 +589,21 @@ fn norms(dev: &Device) -> Result<()> {
     );
     profiled("layer_norm forward + backward", &mut step)?;
     drop((x, gy));
+    // Softmax over rows a warp's (the eager plan's) and a block's: one staged kernel each.
+    for shape in [[65536, 4096], [16384, 16384]] {
+        let x = randn(&shape)?;
+        let bytes = 8.0 * x.numel() as f64;
+        dev.flush()?;
+        let ms = time(dev, 1, || keep(softmax(&x)))?;
+        row(
+            &format!("softmax from primitives {shape:?}"),
+            ms,
+            bytes,
+            0.0,
+        );
+        let ms = time(dev, 1, || keep(x.softmax(-1)))?;
+        row(&format!("softmax {shape:?}"), ms, bytes, 0.0);
+    }
 
     let x = leaf(randn(&[256, 256, 28, 28])?)?;
     let (w, b) = (leaf(randn(&[256])?)?, leaf(randn(&[256])?)?);
