@@ -511,17 +511,27 @@ pub fn layer_norm(
         // each fuses into its own kernel instead of being stored between them. `ĝ` is shared:
         // a row reduction fuses no operand broadcast along the rows (γ), so it is stored once.
         move |g| {
+            // The statistics run now, on their own (one reduction, the mean's sum its
+            // prologue: `rstd` first), so every use of `x̂` below reads them stored (else
+            // `g·x̂`, for `dγ`, becomes the variance's epilogue; a column sum fuses no operand
+            // broadcast along its rows, so `g·x̂` is stored either way). `ĝ` is stored too, so
+            // its row sum is deferred, and
+            // `Σ (ĝ − Σĝ/n)·x̂` (equal to `Σ ĝ·x̂`: `Σ x̂ = 0`) reads it, taking it as its
+            // prologue, with `dx` as its epilogue: one pass over the rows.
+            rstd.realize()?;
+            mean.realize()?;
             let xhat = || node_x.sub(&mean)?.mul(&rstd);
             let gw = match &node_w {
                 Some(w) => g.mul(w)?,
                 None => g.clone(),
             };
+            gw.realize()?;
             let mut grads = Vec::with_capacity(3);
             grads.push(match wants[0] {
                 true => {
-                    let sum_g = gw.sum(axes.clone(), true)?.div(n)?;
-                    let sum_gx = gw.mul(&xhat()?)?.sum(axes.clone(), true)?.div(n)?;
-                    let dx = gw.sub(&sum_g)?.sub(&xhat()?.mul(&sum_gx)?)?;
+                    let centred = || gw.sub(&gw.sum(axes.clone(), true)?.div(n)?);
+                    let sum_gx = centred()?.mul(&xhat()?)?.sum(axes.clone(), true)?.div(n)?;
+                    let dx = centred()?.sub(&xhat()?.mul(&sum_gx)?)?;
                     Some(dx.mul(&rstd)?)
                 }
                 false => None,
