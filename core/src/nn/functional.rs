@@ -529,7 +529,10 @@ pub fn layer_norm(
             let mut grads = Vec::with_capacity(3);
             grads.push(match wants[0] {
                 true => {
-                    let centred = || gw.sub(&gw.sum(axes.clone(), true)?.div(n)?);
+                    // (One mean of ĝ, read by the reduction and by its epilogue: a second one
+                    // would be a second deferred sum, run on its own.)
+                    let mean_g = gw.sum(axes.clone(), true)?.div(n)?;
+                    let centred = || gw.sub(&mean_g);
                     let sum_gx = centred()?.mul(&xhat()?)?.sum(axes.clone(), true)?.div(n)?;
                     let dx = centred()?.sub(&xhat()?.mul(&sum_gx)?)?;
                     Some(dx.mul(&rstd)?)
