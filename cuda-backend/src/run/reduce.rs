@@ -548,7 +548,7 @@ fn staged_kernel(
         return Ok(Some((sig, launch)));
     }
     let row_bytes = p.extent * input.itemsize();
-    if per_warp::applies(&sig) {
+    if sig.staged_by_warps() {
         // Each warp its own rows, a slice of the block's shared memory each.
         // Operands of one value a position (γ, β) are read by every row from L1: fewer rows at
         // once, and an L1 of three times their bytes (`Grid::Cached`).

@@ -68,6 +68,14 @@ pub(crate) struct ReduceSig {
 
 impl strata_core::kernel_cache::Owned for ReduceSig {}
 
+impl ReduceSig {
+    /// True when this staged reduction gives each warp its own rows (`per_warp`): the eager
+    /// plan's group is a warp.
+    pub(crate) fn staged_by_warps(&self) -> bool {
+        self.group == 32 && !self.held && (self.prologue.is_some() || self.epilogue.is_some())
+    }
+}
+
 /// The prologue of a staged reduction: what it folds, and the map input that reads its result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct StagedPrologue {
@@ -94,7 +102,7 @@ impl Generated for ReduceSig {
             held::source(self)?
         } else if self.out_vector > 1 {
             columns::source(self)?
-        } else if per_warp::applies(self) {
+        } else if self.staged_by_warps() {
             per_warp::source(self)?
         } else if self.prologue.is_some() || self.epilogue.is_some() {
             staged::source(self)?

@@ -55,24 +55,18 @@ pub(crate) const MAX_WARPS: usize = 8;
 /// to a multiprocessor).
 const BLOCKS: usize = 3;
 
-/// True when `sig` (a staged reduction) gives each warp its own rows: the eager plan's group is
-/// a warp.
-pub(crate) fn applies(sig: &ReduceSig) -> bool {
-    sig.group == 32 && !sig.held && (sig.prologue.is_some() || sig.epilogue.is_some())
-}
-
 /// Warps (rows at once) of a block for rows of `row_bytes` staged, within `stage_bytes` of
 /// shared memory a block: at least one.
 pub(crate) fn warps(row_bytes: usize, stage_bytes: usize) -> usize {
     (stage_bytes / row_bytes.max(1)).clamp(1, MAX_WARPS)
 }
 
-/// The CUDA C source of `sig` (a staged reduction, [`applies`]), named `strata_reduce`. Its
+/// The CUDA C source of `sig` (a staged reduction, [`ReduceSig::staged_by_warps`]), named `strata_reduce`. Its
 /// words are `staged::source`'s; its block is a whole number of warps, each taking rows
 /// `blockIdx.x · warps + warp`, then every `gridDim.x · warps`-th, each staged at its slice
 /// of the dynamic shared memory (`R` elements a warp).
 pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
-    let Some(m) = sig.map.as_ref().filter(|_| applies(sig)) else {
+    let Some(m) = sig.map.as_ref().filter(|_| sig.staged_by_warps()) else {
         return Err(strata_core::Error::Backend(
             "internal error: a reduction staged by warps has a map, a warp's group and a \
              prologue or an epilogue"
@@ -361,7 +355,7 @@ mod tests {
     #[test]
     fn each_warp_stages_its_own_row_once_and_adds_in_its_eager_lanes() {
         let sig = layer_norm();
-        assert!(applies(&sig));
+        assert!(sig.staged_by_warps());
         let src = source(&sig).unwrap();
         // Its own slice of the stage and of the partials; its own rows.
         assert!(
@@ -488,6 +482,6 @@ mod tests {
         assert_eq!(warps(1 << 20, 64 << 10), 1);
         let mut block = layer_norm();
         block.group = 256;
-        assert!(!applies(&block) && source(&block).is_err());
+        assert!(!block.staged_by_warps() && source(&block).is_err());
     }
 }

@@ -13,7 +13,7 @@
 
 use super::parts::{block_combine, contribution, declare_map_operands, decode_output};
 use super::parts::{identity, repr, update, warp_reduce, Words};
-use super::{per_warp, ReduceSig, StagedPrologue};
+use super::{ReduceSig, StagedPrologue};
 use crate::render::softmax::STAGE_GROUP;
 use crate::render::{
     cast, compute_type, from_storage, index_type, storage_type, to_storage, vector_type,
@@ -672,7 +672,7 @@ pub(super) fn epilogue(
     );
     if expr.reads_input(0) {
         // Staged in lanes or kept, the stage holds input 0's row as loaded.
-        let at = if stages_in_lanes(sig) || keeps_row(sig) || per_warp::applies(sig) {
+        let at = if stages_in_lanes(sig) || keeps_row(sig) || sig.staged_by_warps() {
             format!("rowbuf[r / {v}]")
         } else {
             format!("*(const {vt}*)(in0 + ib + r)")
@@ -751,7 +751,7 @@ pub(crate) fn rereads_rows(sig: &ReduceSig) -> bool {
 /// True when the stage holds input 0's row as loaded through the epilogue (no stage of terms:
 /// the epilogue computes the map again, and reads the row from the stage).
 fn row_as_loaded(sig: &ReduceSig) -> bool {
-    stages_in_lanes(sig) || keeps_row(sig) || per_warp::applies(sig)
+    stages_in_lanes(sig) || keeps_row(sig) || sig.staged_by_warps()
 }
 
 /// `e` with every subtree equal to `map` read as input `term` instead.
