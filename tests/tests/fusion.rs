@@ -1176,6 +1176,10 @@ fn row_epilogues(dev: &Device) -> Result<()> {
         (vec![3, 4096], DType::F32), // staged on CUDA; whole vectors on wgpu
         (vec![3, 4100], DType::F32), // vectors, the last of each invocation's not all there
         (vec![2, 20000], DType::F32), // too long to stage: core's launches
+        // A warp a row in the eager plan (CUDA: each warp stages its own rows): many rows a
+        // block in 8-byte vectors, and two rows split into ranges.
+        (vec![300, 1002], DType::F32),
+        (vec![2, 1000], DType::F32),
         (vec![4, 512], DType::F64),
         (vec![3, 256], DType::F16),
         (vec![2, 3, 64], DType::F32),
@@ -1317,6 +1321,9 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         // block's vectors or not.
         (vec![4, 16384], DType::F32),
         (vec![2, 10000], DType::F32),
+        // A warp a row (CUDA: each warp its own rows), in 8-byte vectors, or in ranges.
+        (vec![300, 1002], DType::F32),
+        (vec![2, 1000], DType::F32),
         (vec![4, 512], DType::F64),
         (vec![3, 256], DType::F16),
         (vec![2, 3, 64], DType::F32),
@@ -1383,6 +1390,17 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         let want = if target.fuses_sum_prologue { 1 } else { 2 };
         assert_eq!(n, want, "a layer norm from its primitives");
         assert_eq!(written, (y.numel() + 2 * 3) as u64 * 4, "bytes written");
+    }
+    // The same over rows the eager plan gives a warp each (CUDA: each warp of a block its own
+    // rows), in 8-byte vectors.
+    let (y, g) = &cases[6];
+    assert_eq!(y.shape(), &[300, 1002]);
+    let (w, b) = (g.narrow(0, 0, 1)?, g.narrow(0, 1, 1)?);
+    let (n, written) = kernels_of(dev, || layer_norm_parts(y, &w, &b)?.2.realize())?;
+    if alone {
+        let want = if target.fuses_sum_prologue { 1 } else { 2 };
+        assert_eq!(n, want, "a layer norm over a warp's rows");
+        assert_eq!(written, (y.numel() + 2 * 300) as u64 * 4, "bytes written");
     }
     Ok(())
 }
