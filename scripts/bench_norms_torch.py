@@ -1,4 +1,5 @@
 """PyTorch's side of `bench_gpu norms`: `layer_norm` over the last axis of [65536, 4096] f32,
+softmax over [65536, 4096] and [16384, 16384] (`torch.softmax`, and the primitives compiled),
 training `batch_norm` over [256, 256, 28, 28] (running statistics updated) and `linear` + bias
 + ReLU ([8192, 4096] · [4096, 4096]ᵀ, TF32 on), each forward and forward + backward (a fixed
 upstream gradient; gradients of the input, weight and bias), eager and under torch.compile,
