@@ -14,7 +14,7 @@
 
 use super::parts::{contribution, decode_output, identity, repr, update, warp_reduce, Words};
 use super::staged::{combine_ranges, declare_inputs, epilogue, head, load_row_inputs};
-use super::staged::{epilogue_expr, write_prologue};
+use super::staged::{epilogue_expr, write_prologue, write_result};
 use super::{ReduceSig, StagedPrologue};
 use crate::render::vector_type;
 use crate::render::{cast, compute_type, from_storage, index_type, storage_type, to_storage};
@@ -78,7 +78,6 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let v = sig.vector;
     let r = repr(sig.op, sig.acc);
     let vt = vector_type(v * sig.input.itemsize());
-    let out_t = storage_type(sig.out);
     let mut s = String::from(STAGE_ASYNC);
     head(&mut s, sig, m, MAX_WARPS * 32, BLOCKS);
     // Each warp's row, and its ranges' partials (the eager plan splits into fewer than 64).
@@ -123,13 +122,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     };
     terms(&mut s, sig, m, res)?;
     let _ = writeln!(s, "    }}\n    __syncwarp();");
-    combine_ranges(&mut s, "    ", "comb", (sig.op, r), idx);
-    let result = cast("comb", r, sig.out, false);
-    let _ = writeln!(
-        s,
-        "    const {out_t} result = {};\n    if (wl == 0) out[ob] = result;",
-        to_storage(sig.out, &result)
-    );
+    write_result(&mut s, sig, "wl == 0");
     if let Some(e) = &sig.epilogue {
         // (Where a range's lanes differ from the row's, a lane reads what another staged.)
         let _ = writeln!(s, "    __syncwarp();");
@@ -305,52 +298,9 @@ mod tests {
         Expr::input(k, DType::F32)
     }
 
-    /// A layer norm over a warp's rows: the mean's sum as the prologue, `Σ (x − s/n)²`, then
-    /// `(x − s/n)·rsqrt(v)·w + b`, the weight and bias one value a position.
+    /// A layer norm over a warp's rows (`staged`'s tests' fixture).
     fn layer_norm() -> ReduceSig {
-        let mean = Expr::binary(BinaryOp::Div, x(1), Expr::scalar(0, DType::F32));
-        let centred = Expr::binary(BinaryOp::Sub, x(0), mean);
-        let normalized = Expr::binary(
-            BinaryOp::Mul,
-            centred.clone(),
-            Expr::unary(UnaryOp::Rsqrt, x(2)),
-        );
-        ReduceSig {
-            op: ReduceOp::Sum,
-            input: DType::F32,
-            acc: DType::F32,
-            out: DType::F32,
-            outer_rank: 1,
-            reduced_rank: 1,
-            group: 32,
-            vector: 4,
-            wide: false,
-            combine: false,
-            map: Some(ReduceMap {
-                expr: Expr::binary(BinaryOp::Mul, centred.clone(), centred),
-                inputs: vec![DType::F32; 5],
-                per_output: vec![false, true, true, false, false],
-                per_position: vec![false, false, false, true, true],
-                scalars: vec![DType::F32],
-            }),
-            prologue: Some(StagedPrologue {
-                op: ReduceOp::Sum,
-                result: 1,
-                out: DType::F32,
-            }),
-            epilogue: Some(StagedEpilogue {
-                expr: Expr::binary(
-                    BinaryOp::Add,
-                    Expr::binary(BinaryOp::Mul, normalized, x(3)),
-                    x(4),
-                ),
-                result: 2,
-                out: DType::F32,
-            }),
-            held: false,
-            stores_map: false,
-            out_vector: 1,
-        }
+        super::super::staged::tests::layer_norm(32)
     }
 
     #[test]

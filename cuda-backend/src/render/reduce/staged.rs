@@ -126,7 +126,6 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let r = repr(sig.op, sig.acc);
     let acc_t = compute_type(r);
     let vt = vector_type(v * sig.input.itemsize());
-    let out_t = storage_type(sig.out);
     let warps = STAGE_GROUP / 32;
     let mut s = String::new();
     if stages_in_lanes(sig) {
@@ -157,13 +156,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
         stage_then_add(&mut s, sig, m, idx)?;
     }
     let _ = writeln!(s, "    __syncthreads();");
-    combine_ranges(&mut s, "    ", "comb", (sig.op, r), idx);
-    let result = cast("comb", r, sig.out, false);
-    let _ = writeln!(
-        s,
-        "    const {out_t} result = {};\n    if (threadIdx.x == 0) out[ob] = result;",
-        to_storage(sig.out, &result)
-    );
+    write_result(&mut s, sig, "threadIdx.x == 0");
     if let Some(e) = &sig.epilogue {
         let lanes = ("threadIdx.x", block_threads(sig));
         epilogue(&mut s, sig, (e, m), lanes, blocks_and_unroll(sig).1)?;
@@ -467,6 +460,20 @@ fn stage_with_sum_prologue(
     ))
 }
 
+/// `result`, the reduction's value as stored: the ranges' partials in `sh_part` combined
+/// ([`combine_ranges`]) by every thread, written to the output by those `lead` picks.
+pub(super) fn write_result(s: &mut String, sig: &ReduceSig, lead: &str) {
+    let r = repr(sig.op, sig.acc);
+    combine_ranges(s, "    ", "comb", (sig.op, r), index_type(sig.wide));
+    let result = cast("comb", r, sig.out, false);
+    let _ = writeln!(
+        s,
+        "    const {} result = {};\n    if ({lead}) out[ob] = result;",
+        storage_type(sig.out),
+        to_storage(sig.out, &result)
+    );
+}
+
 /// `T name`: the ranges' partials in `sh_part` added in order by every thread (the combine
 /// launch's fold; a single range is the result), `op` over values of `r`.
 pub(super) fn combine_ranges(
@@ -767,7 +774,7 @@ fn with_term(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::StagedPrologue;
     use super::*;
     use strata_core::ir::BinaryOp;
@@ -864,11 +871,11 @@ mod tests {
         assert!(tail.contains("const float x1 = in1[ob];"), "{tail}");
     }
 
-    #[test]
-    fn a_layer_norm_sums_its_mean_in_the_eager_order_and_keeps_the_row() {
-        // The mean's sum as the prologue, `Σ (x − s/n)²`, then `(x − s/n)·rsqrt(v)·w + b`.
+    /// A layer norm over rows of the plan's `group`: the mean's sum as the prologue, `Σ (x −
+    /// s/n)²`, then `(x − s/n)·rsqrt(v)·w + b`, the weight and bias one value a position.
+    pub(in crate::render::reduce) fn layer_norm(group: usize) -> ReduceSig {
         let x = |k| Expr::input(k, DType::F32);
-        let mut sig = sig(256);
+        let mut sig = sig(group);
         if let Some(p) = sig.prologue.as_mut() {
             p.op = ReduceOp::Sum;
         }
@@ -891,6 +898,12 @@ mod tests {
             result: 2,
             out: DType::F32,
         });
+        sig
+    }
+
+    #[test]
+    fn a_layer_norm_sums_its_mean_in_the_eager_order_and_keeps_the_row() {
+        let sig = layer_norm(256);
         assert!(keeps_row(&sig) && !rereads_rows(&sig));
         let src = source(&sig).unwrap();
         let (body, tail) = src.split_at(src.find("const float x2 = result;").expect(&src));
