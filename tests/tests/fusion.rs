@@ -1383,24 +1383,20 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
     }
     // A layer norm: one kernel (the mean's sum as the prologue where the backend adds it in
     // the eager order; the variance's sum; the normalized rows scaled by the weight and
-    // shifted by the bias), or the mean's sum and one kernel for the rest.
-    let (w, b) = (g.narrow(0, 0, 1)?, g.narrow(0, 1, 1)?);
-    let (n, written) = kernels_of(dev, || layer_norm_parts(y, &w, &b)?.2.realize())?;
-    if alone {
-        let want = if target.fuses_sum_prologue { 1 } else { 2 };
-        assert_eq!(n, want, "a layer norm from its primitives");
-        assert_eq!(written, (y.numel() + 2 * 3) as u64 * 4, "bytes written");
-    }
-    // The same over rows the eager plan gives a warp each (CUDA: each warp of a block its own
-    // rows), in 8-byte vectors.
-    let (y, g) = &cases[6];
-    assert_eq!(y.shape(), &[300, 1002]);
-    let (w, b) = (g.narrow(0, 0, 1)?, g.narrow(0, 1, 1)?);
-    let (n, written) = kernels_of(dev, || layer_norm_parts(y, &w, &b)?.2.realize())?;
-    if alone {
-        let want = if target.fuses_sum_prologue { 1 } else { 2 };
-        assert_eq!(n, want, "a layer norm over a warp's rows");
-        assert_eq!(written, (y.numel() + 2 * 300) as u64 * 4, "bytes written");
+    // shifted by the bias), or the mean's sum and one kernel for the rest. Over rows the eager
+    // plan gives a block (case 1) and a warp each (case 6, in 8-byte vectors; CUDA: each warp
+    // of a block its own rows).
+    for (case, shape) in [(1, [3, 4096]), (6, [300, 1002])] {
+        let (y, g) = &cases[case];
+        assert_eq!(y.shape(), &shape);
+        let (w, b) = (g.narrow(0, 0, 1)?, g.narrow(0, 1, 1)?);
+        let (n, written) = kernels_of(dev, || layer_norm_parts(y, &w, &b)?.2.realize())?;
+        if alone {
+            let want = if target.fuses_sum_prologue { 1 } else { 2 };
+            assert_eq!(n, want, "a layer norm from its primitives over {shape:?}");
+            let stats = 2 * shape[0];
+            assert_eq!(written, (y.numel() + stats) as u64 * 4, "bytes written");
+        }
     }
     Ok(())
 }
