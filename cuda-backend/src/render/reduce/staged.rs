@@ -678,8 +678,8 @@ pub(super) fn epilogue(
         "{unroll}    for ({idx} r = ({idx}){lane} * {v}; r < R; r += {lanes} * {v}) {{"
     );
     if expr.reads_input(0) {
-        // Staged in lanes or kept, the stage holds input 0's row as loaded.
-        let at = if stages_in_lanes(sig) || keeps_row(sig) || sig.staged_by_warps() {
+        // Staged in lanes, kept or by warps, the stage holds input 0's row as loaded.
+        let at = if row_as_loaded(sig) {
             format!("rowbuf[r / {v}]")
         } else {
             format!("*(const {vt}*)(in0 + ib + r)")
