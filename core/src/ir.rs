@@ -831,8 +831,9 @@ pub enum Kernel {
         /// expression over inputs `0..` and the launch scalars, instead of input 0's element.
         /// Each further input is laid out like input 0 (shape, strides, offset, item size) or
         /// holds one value per output ([`per_output`](crate::lower::operands::per_output)),
-        /// or, where only the epilogue reads it, one value per position in a row
-        /// ([`per_position`](crate::lower::operands::per_position): a layer norm's weight).
+        /// or one value per position along the reduced axes
+        /// ([`per_position`](crate::lower::operands::per_position): a layer norm's weight in
+        /// a row sum, per-row statistics in a column sum).
         /// It never reads the linear index. Only backends whose
         /// [`fuses_map_into_reduce`](crate::target::Target::fuses_map_into_reduce) is true get one.
         map: Option<Expr>,

@@ -902,7 +902,8 @@ fn map_then_reduce(dev: &Device) -> Result<()> {
             ints((&i * 3i64)?.bitwise_xor(5i32)?.sum(vec![0, 1], false)?)?,
             ints(a.gt(&b)?.any(-1, false)?)?,
             bits32((&i * 0.5)?.mean(-1, false)?)?,
-            // A transposed read, a broadcast leaf, and a view of the tree: not all fused.
+            // A transposed read and a view of the tree (not fused), a leaf broadcast along
+            // the rows (read at each position).
             bits32((&a.t()? * 2.0)?.sum(0, false)?)?,
             bits32((&a * &row)?.sum(-1, false)?)?,
             bits32((&a * &b)?.slice(s![.., ..;2])?.sum(-1, false)?)?,
@@ -1521,6 +1522,66 @@ fn stored_maps(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(reductions_store_the_tree_they_reduce, stored_maps);
+
+/// A reduction's map reads operands that hold one value per position along its reduced axes:
+/// a row sum of `g·γ` (γ broadcast along the rows), a column sum of `g·(x − mean)·rstd` (the
+/// per-row statistics broadcast along the columns: a layer norm's `dγ`), over two reduced
+/// axes, an order-free maximum, and a column sum whose tree is read after it (stored as it is
+/// reduced). Each runs as one kernel where the backend fuses maps into reductions, equal to
+/// the eager launches bit for bit (CPU, CUDA; wgpu within f32 rounding).
+fn position_operands(dev: &Device) -> Result<()> {
+    let mut gen = Generator::new(43);
+    let mut cases = Vec::new();
+    // A row a thread, a warp's and a block's rows (vectors and tails), rows of odd length.
+    for shape in [[6usize, 33], [300, 1002], [7, 4096], [1030, 64], [5, 3]] {
+        let [rows, cols] = shape;
+        let x = Tensor::randn(shape, DType::F32, &mut gen, dev)?;
+        let g = Tensor::randn(shape, DType::F32, &mut gen, dev)?;
+        let w = Tensor::randn([cols], DType::F32, &mut gen, dev)?;
+        let mean = Tensor::randn([rows, 1], DType::F32, &mut gen, dev)?;
+        let rstd = Tensor::rand([rows, 1], DType::F32, &mut gen, dev)?;
+        cases.push((x, g, w, mean, rstd));
+    }
+    let x3 = Tensor::randn([4, 5, 6], DType::F32, &mut gen, dev)?;
+    let m3 = Tensor::randn([4, 5, 1], DType::F32, &mut gen, dev)?;
+    dev.flush()?;
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut out = Vec::new();
+        for (x, g, w, mean, rstd) in &cases {
+            out.push(bits(&(g * w)?.sum(-1, true)?)?);
+            let xhat = (&(x - mean)? * rstd)?;
+            out.push(bits(&(g * &xhat)?.sum(0, false)?)?);
+            out.push(bits(&(&(x - mean)? * w)?.abs()?.max(-1, false)?)?);
+            // Read after its column sum: stored as it is reduced, where the backend does.
+            let t = (&(g * &(x - mean)?)? * rstd)?;
+            let s = t.sum(0, false)?;
+            out.push(bits(&s)?);
+            out.push(bits(&t)?);
+        }
+        out.push(bits(&(&x3 * &m3)?.sum(vec![0, 1], false)?)?);
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    assert_rows_match(dev, &fused, &eager);
+    if fusing(dev) && dev.backend().target().fuses_map_into_reduce {
+        // As many kernels as the reduction of a stored tensor (a split column sum: its
+        // ranges and their combine), none for the map.
+        let (x, g, w, mean, rstd) = &cases[1];
+        let (n, _) = kernels_of(dev, || (g * w)?.sum(-1, true)?.realize())?;
+        let (plain, _) = kernels_of(dev, || g.sum(-1, true)?.realize())?;
+        assert_eq!(n, plain, "a row sum of g·γ");
+        let (n, _) = kernels_of(dev, || {
+            (g * &(&(x - mean)? * rstd)?)?.sum(0, false)?.realize()
+        })?;
+        let (plain, _) = kernels_of(dev, || g.sum(0, false)?.realize())?;
+        assert_eq!(n, plain, "a column sum of g·x̂");
+    }
+    Ok(())
+}
+test_device!(reduction_maps_read_values_per_position, position_operands);
 
 /// A float tensor's elements as f64 bits (f16 and f32 widen exactly; every NaN is 1).
 fn bits(t: &Tensor) -> Result<Vec<u64>> {

@@ -150,11 +150,12 @@ fn laid_like(u: &Tensor, (layout, item): &(Layout, usize)) -> bool {
 
 /// True when every leaf of the pending tree `t` that a fused reduction into `out` (reading
 /// `t`'s axes in `order`) would read element by element is laid out like `t` ([`laid_like`]),
-/// the others holding one value per output: the reduction then plans alike whether it reads
-/// the leaves or `t` realized (a flush may store `t` before the reduction runs), so it adds
-/// in the same order either way, bit for bit.
+/// the others holding one value per output or one value per position in a row: the reduction
+/// then plans alike whether it reads the leaves or `t` realized (a flush may store `t` before
+/// the reduction runs), so it adds in the same order either way, bit for bit.
 fn leaves_laid_like(t: &Tensor, order: &[usize], out: &Layout) -> Result<bool> {
     let like = (t.layout.clone(), t.dtype.itemsize());
+    let rows = t.layout.permuted(order)?;
     let stream = t.device().current_handle();
     let mut todo = vec![t.clone()];
     let mut seen: Vec<usize> = Vec::new();
@@ -176,7 +177,11 @@ fn leaves_laid_like(t: &Tensor, order: &[usize], out: &Layout) -> Result<bool> {
             todo.extend(tree.inputs.iter().cloned());
             continue;
         }
-        if !laid_like(&u, &like) && !per_output_layout(&u.layout.permuted(order)?, out, out.ndim())
+        let permuted = u.layout.permuted(order)?;
+        let kept = out.ndim();
+        if !laid_like(&u, &like)
+            && !per_output_layout(&permuted, out, kept)
+            && !per_position_layout(&permuted, &rows, kept)
         {
             return Ok(false);
         }
@@ -432,9 +437,12 @@ pub(crate) fn map_of_pending(
     let tree = (p.layout.permuted(order)?, p.dtype.itemsize());
     let kept = out.ndim();
     let alike = !in_order
-        || inputs
-            .iter()
-            .all(|u| laid_like(u, &tree) || per_output_layout(&u.layout, &out.layout, kept));
+        || laid_like(&inputs[0], &tree)
+            && inputs.iter().all(|u| {
+                laid_like(u, &tree)
+                    || per_output_layout(&u.layout, &out.layout, kept)
+                    || per_position_layout(&u.layout, &tree.0, kept)
+            });
     let bytes: Vec<usize> = inputs.iter().map(|t| t.storage.bytes).collect();
     if !alike || !target.binds_reduce(&bytes) {
         return Ok(None);
@@ -451,8 +459,8 @@ pub(crate) fn map_of_pending(
 
 /// The leaves of a fused map permuted by `order` (kept axes, then reduced ones) and arranged
 /// for `Kernel::Reduce { map }`: first a leaf read element by element, then the others, each
-/// laid out like it or holding one value per output of `out`; the expression renumbered to
-/// match. `None` when the leaves do not fit that shape (the map then runs first).
+/// laid out like it or holding one value per output of `out` or one value per position in its
+/// rows; the expression renumbered to match. `None` when the leaves do not fit that shape (the map then runs first).
 fn arrange_reduce_inputs(
     expr: &Expr,
     leaves: &[Tensor],
@@ -469,17 +477,18 @@ fn arrange_reduce_inputs(
         .iter()
         .map(|t| per_output_layout(&t.layout, &out.layout, kept))
         .collect();
-    let Some(first) = one_per_output.iter().position(|&p| !p) else {
+    // Input 0: the first leaf read element by element that the others are laid out like,
+    // or hold one value per output or per position of its rows.
+    let fits = |first: usize| {
+        let (f, fd) = (&permuted[first].layout, permuted[first].dtype.itemsize());
+        permuted.iter().zip(&one_per_output).all(|(t, &p)| {
+            p || (&t.layout == f && t.dtype.itemsize() == fd)
+                || per_position_layout(&t.layout, f, kept)
+        })
+    };
+    let Some(first) = (0..permuted.len()).find(|&k| !one_per_output[k] && fits(k)) else {
         return Ok(None);
     };
-    let (f, fd) = (&permuted[first].layout, permuted[first].dtype.itemsize());
-    let fits = permuted
-        .iter()
-        .zip(&one_per_output)
-        .all(|(t, &p)| p || (&t.layout == f && t.dtype.itemsize() == fd));
-    if !fits {
-        return Ok(None);
-    }
     // Input `first` becomes input 0; the others keep their order after it.
     let mut to = vec![0; permuted.len()];
     let mut arranged = vec![permuted[first].clone()];

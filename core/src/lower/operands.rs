@@ -133,8 +133,7 @@ pub struct ReduceOperands<'a> {
     /// The tensor read (the first of a fused map's inputs).
     pub input: &'a Operand,
     /// A fused map's other inputs: laid out like `input`, or one value per output (see
-    /// [`per_output`]), or, read by a row epilogue alone, one value per position in the row
-    /// (see [`per_position`]).
+    /// [`per_output`]), or one value per position in a row (see [`per_position`]).
     pub more: &'a [Operand],
     /// The tensor written: the input's leading axes.
     pub out: &'a Operand,
@@ -192,8 +191,9 @@ impl<'a> ReduceOperands<'a> {
 /// The structure of a map fused into a reduction (map→reduce), what a backend's generated
 /// source depends on: the tree, its inputs' dtypes (input 0 is the reduction's input), which
 /// inputs hold one value per output ([`per_output`], read at the output's position) and which
-/// one value per position in a row ([`per_position`]: read by a row epilogue alone), and the
-/// scalars' dtypes.
+/// one value per position in a row ([`per_position`], read at the element's position along
+/// the reduced axes: a layer norm's weight in a row sum, per-row statistics in a column sum),
+/// and the scalars' dtypes.
 ///
 /// ```
 /// use strata_core::ir::Expr;
@@ -210,7 +210,7 @@ impl<'a> ReduceOperands<'a> {
 ///     scalars: vec![],
 /// };
 /// let ops = ReduceOperands::of(1, &args).unwrap();
-/// let map = ReduceMap::of(&Expr::input(0, DType::F32), &ops, &args).unwrap();
+/// let map = ReduceMap::of(&Expr::input(0, DType::F32), &ops, &args);
 /// assert_eq!(map.per_output, vec![false, true]);
 /// assert_eq!(map.per_position, vec![false, false]);
 /// ```
@@ -222,18 +222,18 @@ pub struct ReduceMap {
     pub inputs: Vec<DType>,
     /// Per input, whether it holds one value per output.
     pub per_output: Vec<bool>,
-    /// Per input, whether it holds one value per position in a row (never read by the map).
+    /// Per input, whether it holds one value per position in a row: element `j` of the
+    /// reduced axes (row-major) reads its element `j`, whichever row it is in.
     pub per_position: Vec<bool>,
     /// Its scalars' dtypes.
     pub scalars: Vec<DType>,
 }
 
 impl ReduceMap {
-    /// The structure of `expr` fused into the reduction `ops` of `args`, or `Err` where `expr`
-    /// reads an input laid out for a row epilogue alone (one value per position in a row).
-    pub fn of(expr: &Expr, ops: &ReduceOperands, args: &KernelArgs) -> Result<ReduceMap> {
+    /// The structure of `expr` fused into the reduction `ops` of `args`.
+    pub fn of(expr: &Expr, ops: &ReduceOperands, args: &KernelArgs) -> ReduceMap {
         let inputs = std::iter::once(ops.input).chain(ops.more);
-        let map = ReduceMap {
+        ReduceMap {
             expr: expr.clone(),
             inputs: inputs.clone().map(|o| o.dtype).collect(),
             per_output: inputs
@@ -248,16 +248,7 @@ impl ReduceMap {
                 })
                 .collect(),
             scalars: args.scalars.iter().map(|s| s.dtype()).collect(),
-        };
-        if let Some(k) = (0..map.inputs.len()).find(|&k| map.per_position[k] && expr.reads_input(k))
-        {
-            return Err(Error::Invalid(format!(
-                "a fused reduction's map reads input {k}, which holds one value per position in \
-                 a row ({:?}): only its row epilogue may read such an input",
-                ops.more[k - 1].layout
-            )));
         }
-        Ok(map)
     }
 }
 
@@ -310,7 +301,8 @@ pub fn per_output_layout(
 /// True when `m` holds one value per position in a row of a reduction of `input` keeping
 /// `kept` leading axes: `input`'s shape, zero strides along the kept axes and contiguous
 /// (row-major) along the reduced ones, so position `j` of every row is `m`'s element `j` (a
-/// layer norm's weight broadcast over the rows). Only a row epilogue reads such an operand.
+/// layer norm's weight broadcast over the rows; a column sum's per-row statistics, its axes
+/// permuted).
 ///
 /// ```
 /// use strata_core::{lower::operands::per_position, DType, Device, Tensor};

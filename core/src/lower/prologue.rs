@@ -73,8 +73,7 @@ pub fn split(kernel: &Kernel, args: &KernelArgs) -> Result<Vec<(Kernel, KernelAr
             stores_map: false,
         };
         // The reduction binds the inputs up to the last its map or prologue reads: those
-        // after it (core appends the epilogue's own there) may be laid out for the epilogue
-        // alone (one value per position in a row).
+        // after it (core appends the epilogue's own there) are the epilogue's alone.
         let bound = (map.as_ref().and_then(Expr::max_input))
             .max(prologue.map(|p| p.source.max(p.result)))
             .map_or(1, |k| k + 1);

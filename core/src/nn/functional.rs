@@ -507,32 +507,30 @@ pub fn layer_norm(
         // With `x̂ = (x − mean)·rstd` and `ĝ = g·γ`: `dx = rstd·(ĝ − Σĝ/n − x̂·Σĝ·x̂/n)` over
         // each row (two row reductions, the second with `dx` as its epilogue where rows
         // stage), `dγ = Σ g·x̂` and `dβ = Σ g` over the rows — where differentiating the
-        // composition took a dozen kernels. `x̂` is written anew for each use, not shared:
-        // each fuses into its own kernel instead of being stored between them. `ĝ` is shared:
-        // a row reduction fuses no operand broadcast along the rows (γ), so it is stored once.
+        // composition took a dozen kernels. `x̂` and `ĝ` are written anew for each use, not
+        // stored: a reduction's map reads γ (one value per position in a row) and the
+        // statistics (one value per position in a column) where they are, so each use fuses
+        // into its reduction.
         move |g| {
             // The statistics run now, on their own (one reduction, the mean's sum its
             // prologue: `rstd` first), so every use of `x̂` below reads them stored (else
-            // `g·x̂`, for `dγ`, becomes the variance's epilogue; a column sum fuses no operand
-            // broadcast along its rows, so `g·x̂` is stored either way). `ĝ` is stored too, so
-            // its row sum is deferred, and
-            // `Σ (ĝ − Σĝ/n)·x̂` (equal to `Σ ĝ·x̂`: `Σ x̂ = 0`) reads it, taking it as its
-            // prologue, with `dx` as its epilogue: one pass over the rows.
+            // `g·x̂`, for `dγ`, becomes the variance's epilogue). `Σ (ĝ − Σĝ/n)·x̂` (equal to
+            // `Σ ĝ·x̂`: `Σ x̂ = 0`) takes `dx` as its epilogue: one pass over the rows after
+            // the sum of `ĝ`.
             rstd.realize()?;
             mean.realize()?;
             let xhat = || node_x.sub(&mean)?.mul(&rstd);
-            let gw = match &node_w {
-                Some(w) => g.mul(w)?,
-                None => g.clone(),
+            let gw = || match &node_w {
+                Some(w) => g.mul(w),
+                None => Ok(g.clone()),
             };
-            gw.realize()?;
             let mut grads = Vec::with_capacity(3);
             grads.push(match wants[0] {
                 true => {
                     // (One mean of ĝ, read by the reduction and by its epilogue: a second one
                     // would be a second deferred sum, run on its own.)
-                    let mean_g = gw.sum(axes.clone(), true)?.div(n)?;
-                    let centred = || gw.sub(&mean_g);
+                    let mean_g = gw()?.sum(axes.clone(), true)?.div(n)?;
+                    let centred = || gw()?.sub(&mean_g);
                     let sum_gx = centred()?.mul(&xhat()?)?.sum(axes.clone(), true)?.div(n)?;
                     let dx = centred()?.sub(&xhat()?.mul(&sum_gx)?)?;
                     Some(dx.mul(&rstd)?)

@@ -337,6 +337,23 @@ pub(crate) fn reductions() -> Vec<ReduceSig> {
                     });
                 }
             }
+            // `b` one value per position along the reduced axes (γ in a row sum, a row's
+            // statistics in a column sum), on each path, stored and walked by columns too.
+            if k == 0 {
+                let mut at_position = sig.clone();
+                if let Some(m) = &mut at_position.map {
+                    m.per_position[1] = true;
+                }
+                for (stores_map, out_vector) in [(false, 1), (true, 1), (true, 4)] {
+                    if out_vector == 1 || group == 1 {
+                        out.push(ReduceSig {
+                            stores_map,
+                            out_vector,
+                            ..at_position.clone()
+                        });
+                    }
+                }
+            }
             out.push(sig);
         }
     }

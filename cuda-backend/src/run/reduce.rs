@@ -162,9 +162,7 @@ fn reduction(
         vector: plan.vector,
         wide: plan.wide,
         combine: false,
-        map: map
-            .map(|expr| ReduceMap::of(expr, &ops, args))
-            .transpose()?,
+        map: map.map(|expr| ReduceMap::of(expr, &ops, args)),
         prologue: None,
         epilogue: None,
         held: false,
@@ -235,7 +233,12 @@ fn plain_stored(
     let p = &red.plan;
     let mut pointers = vec![crate::memory::element_address(first)?, stored_at];
     for (k, o) in args.inputs.iter().enumerate().skip(1) {
-        if !red.sig.map.as_ref().is_some_and(|m| m.per_output[k]) {
+        if !red
+            .sig
+            .map
+            .as_ref()
+            .is_some_and(|m| m.per_output[k] || m.per_position[k])
+        {
             pointers.push(crate::memory::element_address(o)?);
         }
     }

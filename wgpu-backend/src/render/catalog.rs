@@ -518,7 +518,8 @@ fn staged_reduction_variants_validate() {
 }
 
 /// Map→reduce: `exp(x0 - x1)` with `x1` one value per output, summed (softmax's denominator),
-/// and `x0 * x1 * s0` over inputs laid out alike, arg-maxed, each unsplit and split.
+/// `x0 * x1 * s0` over inputs laid out alike, arg-maxed, and the same summed with `x1` one
+/// value per position along the reduced axes (a layer norm's weight), each unsplit and split.
 #[test]
 fn map_reduce_variants_validate() {
     use ReduceOp::*;
@@ -534,10 +535,32 @@ fn map_reduce_variants_validate() {
             Box::new(Expr::scalar(0, d)),
         ));
         let cases = [
-            (Sum, DType::F32, exp, vec![false, true], vec![]),
-            (ArgMax, d, scaled, vec![false, false], vec![d]),
+            (
+                Sum,
+                DType::F32,
+                exp,
+                vec![false, true],
+                vec![false; 2],
+                vec![],
+            ),
+            (
+                ArgMax,
+                d,
+                scaled.clone(),
+                vec![false; 2],
+                vec![false; 2],
+                vec![d],
+            ),
+            (
+                Sum,
+                DType::F32,
+                scaled,
+                vec![false; 2],
+                vec![false, true],
+                vec![d],
+            ),
         ];
-        for (op, acc, expr, per_output, scalars) in cases {
+        for (op, acc, expr, per_output, per_position, scalars) in cases {
             for group in [1, 256] {
                 for partial in [false, true] {
                     let out = match op {
@@ -559,7 +582,7 @@ fn map_reduce_variants_validate() {
                             expr: expr.clone(),
                             inputs: vec![d, d],
                             per_output: per_output.clone(),
-                            per_position: vec![false; per_output.len()],
+                            per_position: per_position.clone(),
                             scalars: scalars.clone(),
                         }),
                     };

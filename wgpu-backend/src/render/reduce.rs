@@ -211,7 +211,13 @@ fn element(
         // (`mv`: the tree's own `let`s are named `v…`.)
         let _ = writeln!(src, "    var mv{j}: {at};\n    {{\n      let x0 = {x};");
         for (k, &d) in m.inputs.iter().enumerate().skip(1) {
-            let at_k = if m.per_output[k] { "pb" } else { off.as_str() };
+            // One value per position in a row: at the element's position along the reduced
+            // axes (from the whole reduction's first, as an arg op counts it).
+            let at_k = match (m.per_output[k], m.per_position[k]) {
+                (true, _) => "pb".to_string(),
+                (false, true) => format!("i32(params[2] + {r})"),
+                (false, false) => off.clone(),
+            };
             let idx = format!("u32({at_k} + bitcast<i32>(params[{}]))", w.map_base + k - 1);
             let b = format!("b{}", more + k - 1);
             let _ = writeln!(src, "      let x{k} = {};", load(d, &b, &idx, caps));

@@ -29,9 +29,7 @@ impl WgpuBackend {
         if ops.outputs == 0 {
             return Ok(Vec::new());
         }
-        let map = map
-            .map(|expr| ReduceMap::of(expr, &ops, args))
-            .transpose()?;
+        let map = map.map(|expr| ReduceMap::of(expr, &ops, args));
         let buffers = [operand_info(ops.out)?, operand_info(ops.input)?];
         let plan = reduce_plan::plan(&ops, &buffers, &self.target)?;
         let windowed = || Error::Backend("internal error: the wgpu target binds windows".into());
@@ -104,7 +102,8 @@ impl WgpuBackend {
             }
             if let Some(m) = &sig.map {
                 // Further inputs, bound whole: alike ones at the element's offset from the
-                // input's, per-output ones at the output's position (from the piece's start).
+                // input's, per-output ones at the output's position (from the piece's start),
+                // per-position ones at the element's position from their own offset.
                 let first = (input.byte_offset / ops.input.dtype.itemsize() as u64) as i64;
                 let start: i64 = (0..ro)
                     .map(|d| launch.piece.start[d] as i64 * plan.out_outer[d] as i64)
@@ -113,6 +112,8 @@ impl WgpuBackend {
                     let own = o.layout.offset() as i64;
                     let base = if m.per_output[k + 1] {
                         own + start
+                    } else if m.per_position[k + 1] {
+                        own
                     } else {
                         own - ops.input.layout.offset() as i64 + first
                     };

@@ -52,7 +52,7 @@ impl WgpuBackend {
         };
         let ops = ReduceOperands::of(1, &main)?;
         let x = ops.input;
-        let rm = ReduceMap::of(map, &ops, &main)?;
+        let rm = ReduceMap::of(map, &ops, &main);
         let n = ops.extent;
         let fits = !op.returns_index()
             && prologue.source == 0

@@ -70,7 +70,7 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     let _ = writeln!(s, "    for ({idx} r = r0; r < r1; r++) {{");
     let _ = writeln!(s, "      const {idx} off = ib + r * step;");
     for (k, &d) in m.inputs.iter().enumerate() {
-        if !m.per_output[k] {
+        if !m.per_output[k] && !m.per_position[k] {
             let (vt, t) = (vector_type(ov * d.itemsize()), storage_type(d));
             let _ = writeln!(
                 s,
@@ -84,6 +84,9 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
     for (k, &d) in m.inputs.iter().enumerate() {
         let at = if m.per_output[k] {
             format!("in{k}[ob + l]")
+        } else if m.per_position[k] {
+            // (Every column of the row at `r` reads its one value.)
+            format!("in{k}[r]")
         } else {
             format!("u{k}.e[l]")
         };
@@ -167,8 +170,16 @@ mod tests {
         // Not without a stored map.
         assert!(source(&ReduceSig {
             stores_map: false,
-            ..sig
+            ..sig.clone()
         })
         .is_err());
+        // One value a position (a row's statistic): each column of row `r` reads `in1[r]`.
+        let mut at_position = sig;
+        if let Some(m) = &mut at_position.map {
+            m.per_position[1] = true;
+        }
+        let src = source(&at_position).unwrap();
+        assert!(src.contains("const float x1 = in1[r];"), "{src}");
+        assert!(!src.contains("u1"), "{src}");
     }
 }

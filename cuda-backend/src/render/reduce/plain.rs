@@ -85,6 +85,10 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
                 for (k, &d) in m.inputs.iter().enumerate() {
                     let at = if m.per_output[k] {
                         format!("in{k}[ob]")
+                    } else if m.per_position[k] {
+                        // (The element's position along the reduced axes: a row of them, read
+                        // by every output from cache.)
+                        format!("in{k}[{i}]")
                     } else {
                         at(k)
                     };
@@ -116,12 +120,12 @@ pub(crate) fn source(sig: &ReduceSig) -> Result<String> {
             "in".into()
         }
     };
-    // Vector loads of every input (but those with one value per output) at `base`.
+    // Vector loads of every input laid out like input 0 at `base`.
     let vector_loads = |s: &mut String, indent: &str, base: &str| {
         let vt = vector_type(v * sig.input.itemsize());
         for k in 0..inputs {
             let t = match &sig.map {
-                Some(m) if m.per_output[k] => continue,
+                Some(m) if m.per_output[k] || m.per_position[k] => continue,
                 Some(m) => storage_type(m.inputs[k]),
                 None => in_t,
             };
@@ -322,6 +326,36 @@ mod tests {
             src.contains("const float x2 = in2[ob];") && !src.contains("u2"),
             "{src}"
         );
+    }
+
+    #[test]
+    fn an_input_of_one_value_a_position_is_read_at_the_elements_position() {
+        use strata_core::ir::BinaryOp;
+        let x = |k| Expr::input(k, DType::F32);
+        // sum(in0 * in1), in1 one value per position along the reduced axes
+        let map = ReduceMap {
+            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
+            inputs: vec![DType::F32; 2],
+            per_output: vec![false, false],
+            per_position: vec![false, true],
+            scalars: vec![],
+        };
+        let with_map = |group, vector, rank| {
+            let mut s = sig(ReduceOp::Sum, group, vector);
+            s.reduced_rank = rank;
+            s.map = Some(map.clone());
+            source(&s).unwrap()
+        };
+        // A column, a row in vectors and its tail, rows of several axes.
+        let column = with_map(1, 1, 1);
+        assert!(column.contains("const float x1 = in1[(i64)r];"), "{column}");
+        let row = with_map(32, 4, 1);
+        assert!(row.contains("const float x1 = in1[(i64)(r + l)];"), "{row}");
+        assert!(row.contains("const float x1 = in1[(i64)r];"), "{row}");
+        assert!(!row.contains("u1"), "no vector loads of it: {row}");
+        let rows = with_map(256, 4, 2);
+        assert!(rows.contains("in1[(i64)(at + c + l)]"), "{rows}");
+        assert!(rows.contains("in1[(i64)(at + c)]"), "{rows}");
     }
 
     #[test]
