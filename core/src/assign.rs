@@ -114,6 +114,15 @@ impl Tensor {
                 };
                 crate::autograd::refuse_write_into(self)?;
                 crate::autograd::refuse_in_place_source(&src, "assign")?;
+                // A pending tree only `src` holds is computed straight into this view.
+                if src.shape() == self.shape() {
+                    if let Some(m) = crate::fusion::tree_as_map(&src)? {
+                        drop(src);
+                        let leaves: Vec<&Tensor> = m.leaves.iter().collect();
+                        let expr = m.expr.cast(self.dtype, false);
+                        return launch(Kernel::map(expr), self, &leaves, m.scalars);
+                    }
+                }
                 let src = src.broadcast_to(self.shape())?;
                 let expr = Expr::input(0, src.dtype).cast(self.dtype, false);
                 launch(Kernel::map(expr), self, &[&src], vec![])

@@ -1583,6 +1583,59 @@ fn position_operands(dev: &Device) -> Result<()> {
 }
 test_device!(reduction_maps_read_values_per_position, position_operands);
 
+/// `t.assign(tree)` of a pending tree nothing else holds computes the tree straight into `t`:
+/// one kernel, where the tree ran and then a copy. The tree may read `t` itself (a running
+/// statistic's update), through another view (read from a copy of the old values), and keep
+/// an intermediate someone holds (it runs first, on the old values); a tree someone else
+/// holds runs as before. Every result equals the eager one.
+fn assign_of_a_tree(dev: &Device) -> Result<()> {
+    let mut gen = Generator::new(47);
+    let a = Tensor::randn([5, 5], DType::F32, &mut gen, dev)?;
+    let b = Tensor::randn([5, 5], DType::F32, &mut gen, dev)?;
+    dev.flush()?;
+    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
+        let before = dev.fusion();
+        dev.set_fusion(fuse)?;
+        let mut out = Vec::new();
+        let r = a.copy()?;
+        let new = r.mul(0.9)?.add(&b.mul(0.1)?)?;
+        r.assign(new)?;
+        out.push(bits(&r)?);
+        let new = r.t()?.mul(2.0)?;
+        r.assign(new)?;
+        out.push(bits(&r)?);
+        let held = r.mul(3.0)?;
+        let new = held.add(1.0)?;
+        r.assign(new)?;
+        out.push(bits(&r)?);
+        out.push(bits(&held)?);
+        let kept = r.sub(&b)?;
+        r.assign(kept.clone())?;
+        out.push(bits(&r)?);
+        out.push(bits(&kept)?);
+        let half = Tensor::zeros([5, 5], DType::F16, dev)?;
+        half.assign(r.exp()?.add(&b)?)?;
+        out.push(bits(&half)?);
+        dev.set_fusion(before)?;
+        Ok(out)
+    };
+    let (fused, eager) = (run(true)?, run(false)?);
+    assert_rows_match(dev, &fused, &eager);
+    let r = a.copy()?;
+    r.realize()?;
+    let (n, _) = kernels_of(dev, || {
+        let new = r.mul(0.9)?.add(&b.mul(0.1)?)?;
+        r.assign(new)
+    })?;
+    assert_eq!(
+        n,
+        if fusing(dev) { 1 } else { 4 },
+        "kernels of an assigned tree"
+    );
+    Ok(())
+}
+test_device!(assign_computes_a_tree_in_place, assign_of_a_tree);
+
 /// A float tensor's elements as f64 bits (f16 and f32 widen exactly; every NaN is 1).
 fn bits(t: &Tensor) -> Result<Vec<u64>> {
     let v = t.to_dtype(DType::F64)?.to_vec::<f64>()?;

@@ -35,7 +35,7 @@ pub(crate) mod run;
 pub(crate) mod siblings;
 pub(crate) mod splice;
 
-pub(crate) use record::{defer_or_launch, place};
+pub(crate) use record::{defer_or_launch, place, tree_as_map};
 
 pub use splice::MAX_NODES;
 

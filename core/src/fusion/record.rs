@@ -141,3 +141,57 @@ fn in_evcxr() -> bool {
     static IN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *IN.get_or_init(|| std::env::var_os("EVCXR_IS_RUNTIME").is_some())
 }
+
+/// A pending tree's value as a map over its leaves, for a kernel that writes it into another
+/// tensor (`assign`): its expression (every pending tree it reads element for element
+/// spliced in), the leaves and the launch scalars.
+pub(crate) struct TreeAsMap {
+    pub(crate) expr: Expr,
+    pub(crate) leaves: Vec<Tensor>,
+    pub(crate) scalars: Vec<Scalar>,
+}
+
+/// `t` as a map ([`TreeAsMap`]) when it is a pending tree read whole, issued on the current
+/// stream, that no one but `t` holds: its value is then needed by this one kernel only, so
+/// it never runs on its own (`t.assign(tree)` is one kernel, not the tree's and a copy).
+/// Leaves the tree pending (and `None`) otherwise. (An intermediate still alive that reads
+/// `t` — a temporary of the same statement, `t.assign(t.mul(0.9)?.add(1.0)?)` — runs first,
+/// on the old values, as any tensor someone holds: bind the tree alone.)
+///
+/// ```
+/// use strata_core::{Device, DType, Tensor};
+/// let dev = Device::cpu();
+/// let r = Tensor::ones([4], DType::F32, &dev)?;
+/// let p = dev.profile(|| {
+///     let new = r.mul(0.9)?.add(1.0)?;
+///     r.assign(new)
+/// })?;
+/// let kernels = p.records.iter().filter(|r| r.kind == strata_core::RecordKind::Kernel);
+/// assert_eq!(kernels.count(), if dev.fusion() { 1 } else { 3 });
+/// assert_eq!(r.to_vec::<f32>()?, vec![1.9; 4]);
+/// # Ok::<(), strata_core::Error>(())
+/// ```
+pub(crate) fn tree_as_map(t: &Tensor) -> Result<Option<TreeAsMap>> {
+    // (`t` alone: no other tensor, tree or deferred reduction may read its value later.)
+    if !t.storage.is_pending() || Arc::strong_count(&t.storage) != 1 {
+        return Ok(None);
+    }
+    let stream = t.device().current_handle();
+    let guard = t.storage.pending();
+    let Some(p) = guard.as_ref() else {
+        return Ok(None);
+    };
+    let Some(tree) = p.tree() else {
+        return Ok(None);
+    };
+    if p.layout != t.layout || !Arc::ptr_eq(&p.stream, &stream) {
+        return Ok(None);
+    }
+    let mut fused = super::splice::Fused::new(tree, &p.stream, 0);
+    let expr = fused.splice(p, true)?;
+    Ok(Some(TreeAsMap {
+        expr,
+        leaves: fused.inputs,
+        scalars: fused.scalars,
+    }))
+}

@@ -766,14 +766,18 @@ fn batch_norm_training(
             centered.mul(&centered)?.mean(axes.to_vec(), true)?
         };
         if let Some(r) = running {
+            // Each new value a tree bound alone (its intermediates dropped with it) over the
+            // statistics in their own shape (a reshaped view of a pending tree would run it),
+            // so its assignment is one kernel computing it into the running statistic.
             let m = r.momentum;
-            let batch_mean = mean.reshape([shape[1]])?;
-            let unbiased = var
-                .reshape([shape[1]])?
-                .mul(count as f64 / (count - 1) as f64)?;
-            r.mean
-                .assign(r.mean.mul(1.0 - m)?.add(&batch_mean.mul(m)?)?)?;
-            r.var.assign(r.var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?)?;
+            let (running_mean, running_var) =
+                (r.mean.reshape(mean.shape())?, r.var.reshape(var.shape())?);
+            let new_mean = running_mean.mul(1.0 - m)?.add(&mean.mul(m)?)?;
+            running_mean.assign(new_mean)?;
+            let unbiased = var.mul(count as f64 / (count - 1) as f64)?;
+            let new_var = running_var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?;
+            drop(unbiased);
+            running_var.assign(new_var)?;
         }
         let rstd = var.add(eps)?.rsqrt()?;
         let y = affine(x.sub(&mean)?.mul(&rstd)?, weight4.as_ref(), bias4.as_ref())?;
