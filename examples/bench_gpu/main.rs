@@ -16,8 +16,8 @@
 //! shapes (`scripts/bench_conv_torch.py`); `bench_gpu cnn [--batch N] [--device ..]` a small
 //! ResNet-style CNN's AdamW training step (`cnn.rs`; `scripts/bench_cnn_torch.py`);
 //! `bench_gpu dp [--batch N]` that step data-parallel over 1, 2 and every CUDA device;
-//! `bench_gpu norms` `layer_norm`, `batch_norm` and `linear` + bias + ReLU, forward and
-//! backward (`scripts/bench_norms_torch.py`).
+//! `bench_gpu norms [--device ..]` `layer_norm`, `batch_norm` and `linear` + bias + ReLU,
+//! forward and backward (`scripts/bench_norms_torch.py`).
 //!
 //! Lazy fusion defers elementwise ops until their value is needed, and a result dropped unread
 //! never runs: every timed op here realizes its result (`keep`) so each row measures the
@@ -1343,7 +1343,12 @@ fn main() -> Result<()> {
             return peer_copies(1 << log2n);
         }
         Some("host") => return host_costs(&Device::cuda(0)?),
-        Some("norms") => return norms(&Device::cuda(0)?),
+        Some("norms") => {
+            return match arg("--device", "cuda").as_str() {
+                "wgpu" => norms(&Device::wgpu()?),
+                _ => norms(&Device::cuda(0)?),
+            }
+        }
         Some("matmul") => {
             let k: usize = arg("--gemm", "8192").parse().unwrap_or(8192);
             let dtypes: Vec<DType> = arg("--dtypes", "f32,f16,bf16,f64")
