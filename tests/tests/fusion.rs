@@ -1192,9 +1192,7 @@ fn row_epilogues(dev: &Device) -> Result<()> {
         cases.push((x, z));
     }
     dev.flush()?;
-    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
-        let before = dev.fusion();
-        dev.set_fusion(fuse)?;
+    assert_fused_matches_eager(dev, || {
         let mut out = Vec::new();
         for (x, z) in &cases {
             // Softmax from its primitives, the intermediates kept and read after.
@@ -1224,11 +1222,8 @@ fn row_epilogues(dev: &Device) -> Result<()> {
             let e = (x - &x.max(-1, true)?)?.exp()?;
             out.push(bits(&(&(&e * &big)? / &e.sum(-1, true)?)?)?);
         }
-        dev.set_fusion(before)?;
         Ok(out)
-    };
-    let (fused, eager) = (run(true)?, run(false)?);
-    assert_rows_match(dev, &fused, &eager);
+    })?;
     let epilogue = fusing(dev) && dev.backend().target().fuses_row_epilogue;
     let x = &cases[1].0;
     // One kernel for softmax and log-softmax from their primitives.
@@ -1334,9 +1329,7 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         cases.push((y, g));
     }
     dev.flush()?;
-    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
-        let before = dev.fusion();
-        dev.set_fusion(fuse)?;
+    assert_fused_matches_eager(dev, || {
         let mut out = Vec::new();
         for (y, g) in &cases {
             // Softmax's backward, the sum kept and read after.
@@ -1358,11 +1351,8 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
             out.push(bits(&v)?);
             out.push(bits(&xc)?);
         }
-        dev.set_fusion(before)?;
         Ok(out)
-    };
-    let (fused, eager) = (run(true)?, run(false)?);
-    assert_rows_match(dev, &fused, &eager);
+    })?;
     let (y, g) = &cases[1];
     let s = (y * g)?.sum(-1, true)?;
     let target = dev.backend().target();
@@ -1447,9 +1437,7 @@ fn stored_maps(dev: &Device) -> Result<()> {
     let tree = |da: &Tensor, h: &Tensor, d: DType| -> Result<Tensor> {
         (&da.to_dtype(d)? * &h.tanh()?.to_dtype(d)?)?.add(0.5)
     };
-    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
-        let before = dev.fusion();
-        dev.set_fusion(fuse)?;
+    assert_fused_matches_eager(dev, || {
         let mut out = Vec::new();
         for (da, h, d) in &cases {
             // The tree read after its column sum, after its row sums, after its total.
@@ -1476,11 +1464,8 @@ fn stored_maps(dev: &Device) -> Result<()> {
                 out.push(bits(&s)?);
             }
         }
-        dev.set_fusion(before)?;
         Ok(out)
-    };
-    let (fused, eager) = (run(true)?, run(false)?);
-    assert_rows_match(dev, &fused, &eager);
+    })?;
     // One kernel fewer when the tree is read after its reduction than before it.
     let stores = fusing(dev) && dev.backend().target().stores_reduce_map;
     let (da, h, _) = &cases[0];
@@ -1545,9 +1530,7 @@ fn position_operands(dev: &Device) -> Result<()> {
     let x3 = Tensor::randn([4, 5, 6], DType::F32, &mut gen, dev)?;
     let m3 = Tensor::randn([4, 5, 1], DType::F32, &mut gen, dev)?;
     dev.flush()?;
-    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
-        let before = dev.fusion();
-        dev.set_fusion(fuse)?;
+    assert_fused_matches_eager(dev, || {
         let mut out = Vec::new();
         for (x, g, w, mean, rstd) in &cases {
             out.push(bits(&(g * w)?.sum(-1, true)?)?);
@@ -1561,11 +1544,8 @@ fn position_operands(dev: &Device) -> Result<()> {
             out.push(bits(&t)?);
         }
         out.push(bits(&(&x3 * &m3)?.sum(vec![0, 1], false)?)?);
-        dev.set_fusion(before)?;
         Ok(out)
-    };
-    let (fused, eager) = (run(true)?, run(false)?);
-    assert_rows_match(dev, &fused, &eager);
+    })?;
     if fusing(dev) && dev.backend().target().fuses_map_into_reduce {
         // As many kernels as the reduction of a stored tensor (a split column sum: its
         // ranges and their combine), none for the map.
@@ -1593,9 +1573,7 @@ fn assign_of_a_tree(dev: &Device) -> Result<()> {
     let a = Tensor::randn([5, 5], DType::F32, &mut gen, dev)?;
     let b = Tensor::randn([5, 5], DType::F32, &mut gen, dev)?;
     dev.flush()?;
-    let run = |fuse: bool| -> Result<Vec<Vec<u64>>> {
-        let before = dev.fusion();
-        dev.set_fusion(fuse)?;
+    assert_fused_matches_eager(dev, || {
         let mut out = Vec::new();
         let r = a.copy()?;
         let new = r.mul(0.9)?.add(&b.mul(0.1)?)?;
@@ -1616,11 +1594,8 @@ fn assign_of_a_tree(dev: &Device) -> Result<()> {
         let half = Tensor::zeros([5, 5], DType::F16, dev)?;
         half.assign(r.exp()?.add(&b)?)?;
         out.push(bits(&half)?);
-        dev.set_fusion(before)?;
         Ok(out)
-    };
-    let (fused, eager) = (run(true)?, run(false)?);
-    assert_rows_match(dev, &fused, &eager);
+    })?;
     let r = a.copy()?;
     r.realize()?;
     let (n, _) = kernels_of(dev, || {
@@ -1635,6 +1610,21 @@ fn assign_of_a_tree(dev: &Device) -> Result<()> {
     Ok(())
 }
 test_device!(assign_computes_a_tree_in_place, assign_of_a_tree);
+
+/// `run`'s results with fusion on, then off (the setting restored after each), equal
+/// ([`assert_rows_match`]).
+fn assert_fused_matches_eager(dev: &Device, run: impl Fn() -> Result<Vec<Vec<u64>>>) -> Result<()> {
+    let before = dev.fusion();
+    let mut results = Vec::with_capacity(2);
+    for fuse in [true, false] {
+        dev.set_fusion(fuse)?;
+        let out = run();
+        dev.set_fusion(before)?;
+        results.push(out?);
+    }
+    assert_rows_match(dev, &results[0], &results[1]);
+    Ok(())
+}
 
 /// A float tensor's elements as f64 bits (f16 and f32 widen exactly; every NaN is 1).
 fn bits(t: &Tensor) -> Result<Vec<u64>> {

@@ -774,9 +774,8 @@ fn batch_norm_training(
                 (r.mean.reshape(mean.shape())?, r.var.reshape(var.shape())?);
             let new_mean = running_mean.mul(1.0 - m)?.add(&mean.mul(m)?)?;
             running_mean.assign(new_mean)?;
-            let unbiased = var.mul(count as f64 / (count - 1) as f64)?;
-            let new_var = running_var.mul(1.0 - m)?.add(&unbiased.mul(m)?)?;
-            drop(unbiased);
+            let unbiased = count as f64 / (count - 1) as f64;
+            let new_var = running_var.mul(1.0 - m)?.add(&var.mul(unbiased)?.mul(m)?)?;
             running_var.assign(new_var)?;
         }
         let rstd = var.add(eps)?.rsqrt()?;

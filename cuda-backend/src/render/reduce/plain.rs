@@ -328,24 +328,27 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_input_of_one_value_a_position_is_read_at_the_elements_position() {
+    /// `sum(in0 * in1)` over `rank` reduced axes by groups of `group` in vectors of `vector`,
+    /// `in1` one value per position along the reduced axes where `at_position`.
+    fn product_sum(group: usize, vector: usize, rank: usize, at_position: bool) -> ReduceSig {
         use strata_core::ir::BinaryOp;
         let x = |k| Expr::input(k, DType::F32);
-        // sum(in0 * in1), in1 one value per position along the reduced axes
-        let map = ReduceMap {
+        let mut s = sig(ReduceOp::Sum, group, vector);
+        s.reduced_rank = rank;
+        s.map = Some(ReduceMap {
             expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
             inputs: vec![DType::F32; 2],
             per_output: vec![false, false],
-            per_position: vec![false, true],
+            per_position: vec![false, at_position],
             scalars: vec![],
-        };
-        let with_map = |group, vector, rank| {
-            let mut s = sig(ReduceOp::Sum, group, vector);
-            s.reduced_rank = rank;
-            s.map = Some(map.clone());
-            source(&s).unwrap()
-        };
+        });
+        s
+    }
+
+    #[test]
+    fn an_input_of_one_value_a_position_is_read_at_the_elements_position() {
+        let with_map =
+            |group, vector, rank| source(&product_sum(group, vector, rank, true)).unwrap();
         // A column, a row in vectors and its tail, rows of several axes.
         let column = with_map(1, 1, 1);
         assert!(column.contains("const float x1 = in1[(i64)r];"), "{column}");
@@ -360,19 +363,8 @@ mod tests {
 
     #[test]
     fn a_stored_map_is_written_where_each_path_computes_it() {
-        use strata_core::ir::BinaryOp;
-        let x = |k| Expr::input(k, DType::F32);
-        let map = ReduceMap {
-            expr: Expr::binary(BinaryOp::Mul, x(0), x(1)),
-            inputs: vec![DType::F32; 2],
-            per_output: vec![false, false],
-            per_position: vec![false; 2],
-            scalars: vec![],
-        };
         let stored = |group, vector, rank| {
-            let mut s = sig(ReduceOp::Sum, group, vector);
-            s.reduced_rank = rank;
-            s.map = Some(map.clone());
+            let mut s = product_sum(group, vector, rank, false);
             s.stores_map = true;
             source(&s).unwrap()
         };
@@ -388,9 +380,9 @@ mod tests {
         let rows = stored(256, 4, 2);
         assert!(rows.contains("stored[off + c + l] = ") && rows.contains("stored[off + c] = "));
         // Without it, nothing is stored.
-        let mut plain = sig(ReduceOp::Sum, 1, 1);
-        plain.map = Some(map.clone());
-        assert!(!source(&plain).unwrap().contains("stored"));
+        assert!(!source(&product_sum(1, 1, 1, false))
+            .unwrap()
+            .contains("stored"));
     }
 
     #[test]
