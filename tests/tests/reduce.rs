@@ -509,3 +509,63 @@ test_device!(
     per_channel_statistics_over_long_rows,
     per_channel_statistics
 );
+
+/// Rows long enough for a group and vector loads (four 32-bit elements a load where the
+/// backend has them): lengths with a tail of 1–3 elements, a view starting on a vector and one
+/// starting between vectors, a reduction of everything (cut into ranges), argmax/argmin with
+/// ties (the first position wins), and a fused map reading a second tensor laid out alike.
+fn long_rows(dev: &Device) -> Result<()> {
+    for dtype in [DType::F32, DType::I32] {
+        // (rows, their length, the first element, the row stride)
+        let cases = [
+            (4, 1024, 0, 1024),
+            (3, 1030, 0, 1032),
+            (5, 4099, 4, 4104),
+            (2, 2048, 1, 2052),
+            (1, 70001, 0, 70001),
+        ];
+        for (rows, len, start, stride) in cases {
+            let host: Vec<f64> = (0..rows * stride)
+                .map(|i| ((i * 7919) % 97) as f64 - 48.0)
+                .collect();
+            let full = Tensor::from_slice(&host, [rows, stride], dev)?.to_dtype(dtype)?;
+            let t = full.slice(s![.., start..start + len])?;
+            let other = (&full + &full)?.slice(s![.., start..start + len])?;
+            let row = |r: usize| &host[r * stride + start..r * stride + start + len];
+            let ctx = format!("{rows}×{len} from {start} (stride {stride}) on {dtype}");
+            let sums = t.sum(-1, false)?.to_dtype(DType::F64)?.to_vec::<f64>()?;
+            let maxima = t.max(-1, false)?.to_dtype(DType::F64)?.to_vec::<f64>()?;
+            let argmax = t.argmax(Some(-1), false)?.to_vec::<i64>()?;
+            let argmin = t.argmin(Some(-1), false)?.to_vec::<i64>()?;
+            let fused = (&t * &other)?.sum(-1, false)?.to_dtype(DType::F64)?;
+            let fused = fused.to_vec::<f64>()?;
+            for r in 0..rows {
+                let v = row(r);
+                let max = v.iter().copied().fold(f64::MIN, f64::max);
+                let min = v.iter().copied().fold(f64::MAX, f64::min);
+                let first = |x: f64| v.iter().position(|&e| e == x).unwrap() as i64;
+                let squares: f64 = v.iter().map(|x| 2.0 * x * x).sum();
+                assert_eq!(sums[r], v.iter().sum::<f64>(), "sum of row {r}, {ctx}");
+                assert_eq!(maxima[r], max, "max of row {r}, {ctx}");
+                assert_eq!(argmax[r], first(max), "argmax of row {r}, {ctx}");
+                assert_eq!(argmin[r], first(min), "argmin of row {r}, {ctx}");
+                // (Exact below 2^24; f32 rounds the longest row's partial sums.)
+                let tol = if dtype == DType::F32 {
+                    1e-6 * squares
+                } else {
+                    0.0
+                };
+                let err = (fused[r] - squares).abs();
+                assert!(err <= tol, "sum of t·2t along row {r}, {ctx}: {}", fused[r]);
+            }
+            let all = t
+                .sum(Axes::All, false)?
+                .to_dtype(DType::F64)?
+                .item::<f64>()?;
+            let want: f64 = (0..rows).map(|r| row(r).iter().sum::<f64>()).sum();
+            assert_eq!(all, want, "sum of everything, {ctx}");
+        }
+    }
+    Ok(())
+}
+test_device!(long_rows_in_vectors_with_tails_offsets_and_ties, long_rows);

@@ -158,7 +158,9 @@ impl WgpuBackend {
             row_groups: &[1, 256],
             row_stage_bytes: 0,
             row_stage_group: 1,
-            reduce_vectors: false,
+            // A reduction along a contiguous axis, or along rows of one (batch norm's
+            // statistics), reads four 32-bit elements a `vec4<u32>` load (render::reduce).
+            reduce_vectors: true,
             binding_limit: Some(binding_limit),
             offset_align: gpu.limits.min_storage_buffer_offset_alignment as u64,
             max_bindings: Some(max_bindings),

@@ -76,6 +76,14 @@ fn caps_for(dtypes: &[DType]) -> Vec<(Caps, &'static [Target])> {
 }
 
 /// Checks `src` for each target: parse, validate, and for Metal and DX12 translate.
+/// Every `(a, b, c)` of the three lists.
+fn every_combination<A: Copy, B: Copy, C: Copy>(a: &[A], b: &[B], c: &[C]) -> Vec<(A, B, C)> {
+    let pairs = a.iter().flat_map(|&x| b.iter().map(move |&y| (x, y)));
+    pairs
+        .flat_map(|(x, y)| c.iter().map(move |&z| (x, y, z)))
+        .collect()
+}
+
 fn check(src: &str, targets: &[Target]) {
     use naga::valid::Capabilities as C;
     let module = naga::front::wgsl::parse_str(src)
@@ -364,8 +372,13 @@ fn every_reduce_variant_validates() {
                 _ => d,
             };
             let out = if op.returns_index() { DType::I64 } else { acc };
-            for group in [1, 256] {
-                for (combine, partial) in [(false, false), (false, true), (true, false)] {
+            let paths = [(false, false), (false, true), (true, false)];
+            for (group, (combine, partial), vector) in every_combination(&[1, 256], &paths, &[1, 4])
+            {
+                if vector == 4 && (combine || d.itemsize() != 4) {
+                    continue;
+                }
+                {
                     let sig = reduce::ReduceSig {
                         op,
                         acc,
@@ -377,6 +390,7 @@ fn every_reduce_variant_validates() {
                         combine,
                         partial,
                         map: None,
+                        vector,
                     };
                     for (caps, targets) in caps_for(&[d, acc]) {
                         check(&reduce::source(&sig, caps).unwrap(), targets);
@@ -561,8 +575,11 @@ fn map_reduce_variants_validate() {
             ),
         ];
         for (op, acc, expr, per_output, per_position, scalars) in cases {
-            for group in [1, 256] {
-                for partial in [false, true] {
+            for (group, partial, vector) in every_combination(&[1, 256], &[false, true], &[1, 4]) {
+                if vector == 4 && d.itemsize() != 4 {
+                    continue;
+                }
+                {
                     let out = match op {
                         _ if partial => acc,
                         ArgMax => DType::I64,
@@ -585,6 +602,7 @@ fn map_reduce_variants_validate() {
                             per_position: per_position.clone(),
                             scalars: scalars.clone(),
                         }),
+                        vector,
                     };
                     for (caps, targets) in caps_for(&[d, acc]) {
                         check(&reduce::source(&sig, caps).unwrap(), targets);

@@ -6,7 +6,8 @@
 //! argmin/argmax, its position), and a second launch combines the partials.
 
 use super::prelude::{dtypes_of, helpers};
-use super::{binding, cast, compute_type, literal, load, round_to, store, wrap, Caps, ENTRY};
+use super::{binding, cast, compute_type, literal, load, round_to, scalar_value, store, wrap};
+use super::{vector_binding, Caps, ENTRY};
 use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::ReduceOp;
@@ -32,12 +33,17 @@ pub(crate) struct ReduceSig {
     pub partial: bool,
     /// Map→reduce fusion: each element is this map over the inputs.
     pub map: Option<ReduceMap>,
+    /// 4: the input and the map's inputs laid out like it (32-bit dtypes) are read four
+    /// elements a `vec4<u32>` load (core's plan: a contiguous innermost reduced axis, rows and
+    /// ranges starting on whole vectors); 1: element by element.
+    pub vector: usize,
 }
 
 impl strata_core::kernel_cache::Owned for ReduceSig {}
 
 /// Slots in `params`: [0] outputs, [1] reduced count, [2] position base, [3] input offset,
-/// [4] output offset, [5] ranges per output within the launch (1 unless writing partials), then
+/// [4] output offset, [5] ranges per output within the launch (1 unless writing partials),
+/// [6] positions per range (the plan's chunk: a multiple of the vector or of a row), then
 /// outer shape, reduced shape, input outer strides, output outer strides, input reduced
 /// strides; for a fused map, each further input's base offset, the outer strides of inputs
 /// with one value per output (the output's), and two words per scalar.
@@ -54,7 +60,7 @@ pub(crate) struct Slots {
 }
 
 pub(crate) fn slots(ro: usize, rr: usize, map: Option<&ReduceMap>) -> Slots {
-    let outer_shape = 6;
+    let outer_shape = 7;
     let reduced_shape = outer_shape + ro;
     let in_outer = reduced_shape + rr;
     let out_outer = in_outer + ro;
@@ -180,21 +186,44 @@ pub(crate) fn decode(
     }
 }
 
-/// Declares `v{j}` (the value at reduced position `r`, as the accumulator's type) and `pos{j}`
-/// (its position, for arg ops). A fused map reads its further inputs from bindings `more`.
-#[allow(clippy::too_many_arguments)]
-fn element(
-    sig: &ReduceSig,
-    w: &Slots,
-    idx_in: Option<usize>,
-    more: usize,
-    r: &str,
-    j: usize,
-    next: &mut usize,
-    caps: Caps,
-    src: &mut String,
-) -> Result<()> {
-    let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
+/// Where [`element`] finds its values: at its own offset (decoded from position `r`), or in
+/// lane `l` of the vector words `w{v}_{k}` that [`vector_loads`] declared for vector `v`
+/// (position `r + l`).
+#[derive(Clone, Copy)]
+enum Read {
+    Element,
+    Lane { v: usize, l: usize },
+}
+
+/// Whether input `k` of the map (0: the reduction's input) is laid out like the input: read
+/// at the element's offset (in vectors on the vector path).
+fn alike(sig: &ReduceSig, k: usize) -> bool {
+    sig.map
+        .as_ref()
+        .is_none_or(|m| !m.per_output[k] && !m.per_position[k])
+}
+
+/// The binding and offset base (a `params` word, none for the input) of map input `k`.
+fn source_of(w: &Slots, more: usize, k: usize) -> (String, Option<usize>) {
+    if k == 0 {
+        ("b1".into(), None)
+    } else {
+        (format!("b{}", more + k - 1), Some(w.map_base + k - 1))
+    }
+}
+
+/// The `u32` index of an element `off` (an `i32`) of map input `k`, from its base.
+fn index_of(base: Option<usize>, off: &str) -> String {
+    match base {
+        Some(b) => format!("u32({off} + bitcast<i32>(params[{b}]))"),
+        None => format!("u32({off})"),
+    }
+}
+
+/// The vector path: decodes vector `q`'s offset `off{j}` (its first position `4q`) and loads
+/// the words `w{j}_{k}` of the input and of every map input laid out like it.
+fn vector_loads(sig: &ReduceSig, w: &Slots, more: usize, q: &str, j: usize, src: &mut String) {
+    let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = ({q}) * 4u;");
     let (rr, off) = (format!("rr{j}"), format!("off{j}"));
     decode(
         src,
@@ -204,23 +233,89 @@ fn element(
         w.reduced_shape,
         &[(&off, w.in_reduced)],
     );
-    let x = load(sig.input, "b1", &format!("u32(off{j})"), caps);
+    let inputs = sig.map.as_ref().map_or(1, |m| m.inputs.len());
+    for k in (0..inputs).filter(|&k| alike(sig, k)) {
+        let (b, base) = source_of(w, more, k);
+        let idx = index_of(base, &off);
+        let _ = writeln!(src, "    let w{j}_{k} = {b}[{idx} >> 2u];");
+    }
+}
+
+/// Declares `v{j}` (the value at reduced position `r`, as the accumulator's type) and `pos{j}`
+/// (its position, for arg ops). A fused map reads its further inputs from bindings `more`.
+#[allow(clippy::too_many_arguments)]
+fn element(
+    sig: &ReduceSig,
+    w: &Slots,
+    idx_in: Option<usize>,
+    more: usize,
+    r: &str,
+    j: &str,
+    read: Read,
+    next: &mut usize,
+    caps: Caps,
+    src: &mut String,
+) -> Result<()> {
+    const LANES: [&str; 4] = ["x", "y", "z", "w"];
+    let off = format!("off{j}");
+    if let Read::Element = read {
+        let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
+        let rr = format!("rr{j}");
+        decode(
+            src,
+            "    ",
+            &rr,
+            sig.reduced_rank,
+            w.reduced_shape,
+            &[(&off, w.in_reduced)],
+        );
+    }
+    // The position along the reduced axes from the whole reduction's first (as arg ops count).
+    let position = match read {
+        Read::Element => format!("(params[2] + {r})"),
+        Read::Lane { l, .. } => format!("(params[2] + {r} + {l}u)"),
+    };
+    // Input k's value where it is laid out like the input.
+    let value_of = |k: usize, d: DType| {
+        let (b, base) = source_of(w, more, k);
+        match read {
+            Read::Lane { v, l } => scalar_value(d, &format!("w{v}_{k}.{}", LANES[l]), "0u"),
+            // A vector binding read one element: its word, then the element's lane.
+            Read::Element if sig.vector == 4 => {
+                let i = index_of(base, &off);
+                scalar_value(d, &format!("{b}[{i} >> 2u][{i} & 3u]"), "0u")
+            }
+            Read::Element => load(d, &b, &index_of(base, &off), caps),
+        }
+    };
     let at = compute_type(sig.acc);
     if let Some(m) = &sig.map {
         // The map's values in a block of their own, so unrolled elements reuse the names.
         // (`mv`: the tree's own `let`s are named `v…`.)
-        let _ = writeln!(src, "    var mv{j}: {at};\n    {{\n      let x0 = {x};");
+        let _ = writeln!(
+            src,
+            "    var mv{j}: {at};\n    {{\n      let x0 = {};",
+            value_of(0, sig.input)
+        );
         for (k, &d) in m.inputs.iter().enumerate().skip(1) {
-            // One value per position in a row: at the element's position along the reduced
-            // axes (from the whole reduction's first, as an arg op counts it).
-            let at_k = match (m.per_output[k], m.per_position[k]) {
-                (true, _) => "pb".to_string(),
-                (false, true) => format!("i32(params[2] + {r})"),
-                (false, false) => off.clone(),
+            // One value per output: at the output's position; one per position in a row: at
+            // the element's position.
+            let x = match (m.per_output[k], m.per_position[k]) {
+                (true, _) => load(
+                    d,
+                    &source_of(w, more, k).0,
+                    &index_of(Some(w.map_base + k - 1), "pb"),
+                    caps,
+                ),
+                (false, true) => load(
+                    d,
+                    &source_of(w, more, k).0,
+                    &index_of(Some(w.map_base + k - 1), &format!("i32{position}")),
+                    caps,
+                ),
+                (false, false) => value_of(k, d),
             };
-            let idx = format!("u32({at_k} + bitcast<i32>(params[{}]))", w.map_base + k - 1);
-            let b = format!("b{}", more + k - 1);
-            let _ = writeln!(src, "      let x{k} = {};", load(d, &b, &idx, caps));
+            let _ = writeln!(src, "      let x{k} = {x};");
         }
         let mut body = String::new();
         let value = super::expr::emit_tree(&m.expr, &mut body, next, caps)?;
@@ -231,15 +326,15 @@ fn element(
         let _ = writeln!(src, "      mv{j} = {v};\n    }}\n    let v{j} = mv{j};");
     } else {
         let v = if sig.combine {
-            x
+            load(sig.input, "b1", &format!("u32({off})"), caps)
         } else {
-            cast(&x, sig.input, sig.acc, false)
+            cast(&value_of(0, sig.input), sig.input, sig.acc, false)
         };
         let _ = writeln!(src, "    let v{j}: {at} = {v};");
     }
     let pos = match idx_in {
         Some(s) => format!("b{s}[u32(off{j})]"),
-        None => format!("(params[2] + {r})"),
+        None => position,
     };
     let _ = writeln!(src, "    let pos{j} = {pos};");
     Ok(())
@@ -310,7 +405,12 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
     }
     let mut src = super::header(caps);
     src.push_str(&binding(0, sig.out, true, caps));
-    src.push_str(&binding(1, sig.input, false, caps));
+    let vector = sig.vector == 4;
+    if vector {
+        src.push_str(&vector_binding(1, "u32"));
+    } else {
+        src.push_str(&binding(1, sig.input, false, caps));
+    }
     let mut slot = 2;
     let idx_out = (arg && sig.partial).then(|| {
         let s = slot;
@@ -331,7 +431,11 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
         .iter()
         .flat_map(|m| m.inputs.iter().enumerate().skip(1))
     {
-        src.push_str(&binding(more + k - 1, d, false, caps));
+        if vector && alike(sig, k) {
+            src.push_str(&vector_binding(more + k - 1, "u32"));
+        } else {
+            src.push_str(&binding(more + k - 1, d, false, caps));
+        }
     }
     src.push_str(&helpers(&used, caps));
     if sig.group > 1 {
@@ -376,36 +480,97 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
         "  var acc: {at} = {};\n  var best = 0u;\n  var has = false;",
         identity(sig.op, sig.acc)
     );
-    // Each worker folds positions r, r + step, ... in order. Four at a time, loads first:
-    // the same folds in the same order, with four loads in flight instead of one (a full sum
-    // was bound by the memory requests a worker had outstanding).
     src.push_str(
-        "  let chunk = (params[1] + ks - 1u) / ks;\n  let hi = min(params[1], k * chunk + chunk);\n\
-         var r = k * chunk + tid;\n  for (; r < hi && hi - r > 3u * step; r = r + 4u * step) {\n",
+        "  let chunk = params[6];\n  let lo = k * chunk;\n  let hi = min(params[1], lo + chunk);\n",
     );
     let mut next = 0;
-    for j in 0..4 {
-        element(
-            sig,
-            &w,
-            idx_in,
-            more,
-            &format!("r + {j}u * step"),
-            j,
-            &mut next,
-            caps,
-            &mut src,
-        )?;
-    }
-    for j in 0..4 {
-        let _ = writeln!(
-            src,
-            "    {}",
-            fold(sig.op, sig.acc, &format!("v{j}"), &format!("pos{j}"))
+    let fold_all = |src: &mut String, names: &[String]| {
+        for j in names {
+            let _ = writeln!(
+                src,
+                "    {}",
+                fold(sig.op, sig.acc, &format!("v{j}"), &format!("pos{j}"))
+            );
+        }
+    };
+    let tail_from = if vector {
+        // Vectors: worker lane `tid` takes vectors q, q + step, ... of the range (ranges and
+        // rows start on whole vectors), two at a time, loads first; then the range's last
+        // elements (fewer than four, along a single contiguous axis) one by one.
+        src.push_str(
+            "  let hv = lo + ((hi - lo) & ~3u);\n  let qe = hv >> 2u;\n  var q = (lo >> 2u) + tid;\n\
+             for (; q + step < qe; q = q + 2u * step) {\n",
         );
-    }
-    src.push_str("  }\n  for (; r < hi; r = r + step) {\n");
-    element(sig, &w, idx_in, more, "r", 0, &mut next, caps, &mut src)?;
+        let mut names = Vec::new();
+        for (v, q) in [(0, "q"), (1, "q + step")] {
+            vector_loads(sig, &w, more, q, v, &mut src);
+            for l in 0..4 {
+                let name = format!("{v}_{l}");
+                let r = format!("({q}) * 4u");
+                let read = Read::Lane { v, l };
+                element(
+                    sig, &w, idx_in, more, &r, &name, read, &mut next, caps, &mut src,
+                )?;
+                names.push(name);
+            }
+        }
+        fold_all(&mut src, &names);
+        src.push_str("  }\n  if (q < qe) {\n");
+        vector_loads(sig, &w, more, "q", 0, &mut src);
+        let mut names = Vec::new();
+        for l in 0..4 {
+            let name = format!("0_{l}");
+            let read = Read::Lane { v: 0, l };
+            element(
+                sig, &w, idx_in, more, "q * 4u", &name, read, &mut next, caps, &mut src,
+            )?;
+            names.push(name);
+        }
+        fold_all(&mut src, &names);
+        src.push_str("  }\n");
+        "hv + tid"
+    } else {
+        // Each worker folds positions r, r + step, ... in order. Four at a time, loads first:
+        // the same folds in the same order, with four loads in flight instead of one (a full
+        // sum was bound by the memory requests a worker had outstanding).
+        src.push_str(
+            "  var r = lo + tid;\n  for (; r < hi && hi - r > 3u * step; r = r + 4u * step) {\n",
+        );
+        let mut names = Vec::new();
+        for j in 0..4 {
+            let r = format!("r + {j}u * step");
+            let name = j.to_string();
+            element(
+                sig,
+                &w,
+                idx_in,
+                more,
+                &r,
+                &name,
+                Read::Element,
+                &mut next,
+                caps,
+                &mut src,
+            )?;
+            names.push(name);
+        }
+        fold_all(&mut src, &names);
+        src.push_str("  }\n");
+        "r"
+    };
+    let _ = writeln!(src, "  for (var e = {tail_from}; e < hi; e = e + step) {{");
+    element(
+        sig,
+        &w,
+        idx_in,
+        more,
+        "e",
+        "0",
+        Read::Element,
+        &mut next,
+        caps,
+        &mut src,
+    )?;
     let _ = writeln!(src, "    {}\n  }}", fold(sig.op, sig.acc, "v0", "pos0"));
     if sig.group > 1 {
         src.push_str(&workgroup_tree(sig.op, sig.acc, "  "));
@@ -437,4 +602,64 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
     }
     src.push_str("}\n");
     Ok(src)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_core::ir::{BinaryOp, Expr, Node};
+
+    fn sum(reduced_rank: usize, vector: usize, map: Option<ReduceMap>) -> ReduceSig {
+        ReduceSig {
+            op: ReduceOp::Sum,
+            acc: DType::F32,
+            input: DType::F32,
+            out: DType::F32,
+            outer_rank: 1,
+            reduced_rank,
+            group: 256,
+            combine: false,
+            partial: false,
+            map,
+            vector,
+        }
+    }
+
+    #[test]
+    fn vectors_load_words_and_decode_once_per_vector() {
+        let kernel = |sig: &ReduceSig| {
+            let src = source(sig, Caps::default()).unwrap();
+            src[src.find("@compute").unwrap()..].to_string()
+        };
+        // Along one axis: two vectors a turn and one more, then the tail element by element,
+        // with no division anywhere.
+        let row = kernel(&sum(1, 4, None));
+        assert_eq!(row.matches("= b1[u32(off0) >> 2u];").count(), 2, "{row}");
+        assert_eq!(row.matches("= b1[u32(off1) >> 2u];").count(), 1, "{row}");
+        assert_eq!(row.matches("bitcast<f32>(w0_0.w)").count(), 2, "{row}");
+        assert!(row.contains("[u32(off0) & 3u]"), "the tail's lane: {row}");
+        // (The one division: the worker's output and range, `u % params[0]`.)
+        assert_eq!(row.matches(" % params").count(), 1, "{row}");
+        // Rows of two axes: a row's coordinate once per vector (three), and once per element
+        // of the tail loop; element by element, once per element (four unrolled and the tail).
+        let rows = kernel(&sum(2, 4, None));
+        assert_eq!(rows.matches(" % params").count(), 1 + 4, "{rows}");
+        assert_eq!(kernel(&sum(2, 1, None)).matches(" % params").count(), 1 + 5);
+        // A fused map's input laid out alike comes in vectors too; one value per output does not.
+        let x = |k| Box::new(Expr::input(k, DType::F32));
+        let map = ReduceMap {
+            expr: Expr {
+                dtype: DType::F32,
+                node: Node::Binary(BinaryOp::Mul, x(0), x(2)),
+            },
+            inputs: vec![DType::F32; 3],
+            per_output: vec![false, false, true],
+            per_position: vec![false; 3],
+            scalars: vec![],
+        };
+        let fused = source(&sum(1, 4, Some(map)), Caps::default()).unwrap();
+        assert!(fused.contains("b2: array<vec4<u32>>;"), "{fused}");
+        assert!(fused.contains("b3: array<u32>;"), "{fused}");
+        assert_eq!(fused.matches("let w1_1 = b2[").count(), 1, "{fused}");
+    }
 }

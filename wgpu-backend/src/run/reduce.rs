@@ -11,7 +11,7 @@ use strata_core::backend::KernelArgs;
 use strata_core::ir::{Expr, ReduceOp};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::Window;
-use strata_core::lower::reduce_plan::{self, partial_strides};
+use strata_core::lower::reduce_plan::{self, partial_strides, ReducePlan};
 use strata_core::{Backend, DType, Error, Result};
 
 impl WgpuBackend {
@@ -49,6 +49,7 @@ impl WgpuBackend {
             }
         }
         let slots = reduce::slots(ro, rr, map.as_ref());
+        let vector = vector_width(&plan, &ops, map.as_ref());
         let sig = reduce::ReduceSig {
             op,
             acc,
@@ -60,6 +61,7 @@ impl WgpuBackend {
             combine: false,
             partial,
             map,
+            vector,
         };
         let partial_outer = partial_strides(&plan.outer_shape, plan.splits);
         for launch in &plan.launches {
@@ -74,6 +76,7 @@ impl WgpuBackend {
             params[2] = launch.first_position as u32;
             params[3] = input.rel_offset as u32;
             params[5] = launch.splits as u32;
+            params[6] = launch.chunk as u32;
             let mut binds = Vec::with_capacity(3);
             if partial {
                 // Partial (o, split) lives at o * splits + split.
@@ -164,6 +167,7 @@ impl WgpuBackend {
             combine: true,
             partial: false,
             map: None,
+            vector: 1,
             ..sig
         };
         let slots = reduce::slots(ro, 1, None);
@@ -171,6 +175,7 @@ impl WgpuBackend {
         params[0] = plan.outputs as u32;
         params[1] = plan.splits as u32;
         params[5] = 1;
+        params[6] = plan.splits as u32;
         let out = plan.combine_out.ok_or_else(windowed)?;
         params[4] = out.rel_offset as u32;
         for d in 0..ro {
@@ -197,5 +202,35 @@ impl WgpuBackend {
             threads: plan.outputs * plan.combine_group,
         }));
         Ok(steps)
+    }
+}
+
+/// 4 where the plan reads the input in vectors of four 32-bit elements, rows of several reduced
+/// axes hold whole vectors, and every input of a fused map laid out like the input is a 32-bit
+/// dtype starting on a whole vector too (so one `vec4<u32>` word holds each vector's elements
+/// of each); else 1.
+fn vector_width(plan: &ReducePlan, ops: &ReduceOperands, map: Option<&ReduceMap>) -> usize {
+    let words = |d: DType| d.itemsize() == 4;
+    // Rows of several reduced axes are whole vectors (the kernel counts vectors across rows).
+    let inner = plan.reduced_shape.last().copied().unwrap_or(1);
+    let rows_of_vectors = plan.reduced_shape.len() == 1 || inner.is_multiple_of(4);
+    let on_vectors = plan.vector == 4
+        && rows_of_vectors
+        && words(ops.input.dtype)
+        && plan.launches.iter().all(|l| {
+            l.input
+                .is_some_and(|w| w.rel_offset.is_multiple_of(4) && w.byte_offset.is_multiple_of(16))
+        });
+    let alike_on_vectors = map.is_none_or(|m| {
+        ops.more.iter().enumerate().all(|(k, o)| {
+            m.per_output[k + 1]
+                || m.per_position[k + 1]
+                || (words(o.dtype) && o.layout.offset().is_multiple_of(4))
+        })
+    });
+    if on_vectors && alike_on_vectors {
+        4
+    } else {
+        1
     }
 }

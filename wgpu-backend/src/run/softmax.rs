@@ -8,6 +8,7 @@ use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::lower::pieces::{split_by, window};
 use strata_core::lower::softmax_plan::{self, SoftmaxOperands};
+use strata_core::target::Target;
 use strata_core::{DType, Result};
 
 /// Workgroups per dispatch at most; each walks rows until the piece's are done.
@@ -20,9 +21,14 @@ impl WgpuBackend {
         if ops.rows == 0 || ops.n == 0 {
             return Ok(Vec::new());
         }
-        // Windows start at aligned offsets, so vectors would not be planned (and WGSL loads
-        // these rows element by element): addresses 0.
-        let p = softmax_plan::plan(&ops, [0, 0], &self.target);
+        // The plan's groups are for rows read element by element: this kernel takes its
+        // vectors itself (below), where the windows' offsets are known. (Windows start at
+        // aligned offsets: addresses 0.)
+        let target = Target {
+            reduce_vectors: false,
+            ..self.target.clone()
+        };
+        let p = softmax_plan::plan(&ops, [0, 0], &target);
         let ro = p.outer_shape.len();
         let mut shape = p.outer_shape.to_vec();
         shape.push(p.n);
