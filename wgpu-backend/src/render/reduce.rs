@@ -301,12 +301,8 @@ fn element(
             // One value per output: at the output's position; one per position in a row: at
             // the element's position.
             let x = match (m.per_output[k], m.per_position[k]) {
-                (true, _) => load(
-                    d,
-                    &source_of(w, more, k).0,
-                    &index_of(Some(w.map_base + k - 1), "pb"),
-                    caps,
-                ),
+                // (Read once, before the loop: see `source`.)
+                (true, _) => format!("po{k}"),
                 (false, true) => load(
                     d,
                     &source_of(w, more, k).0,
@@ -475,6 +471,23 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
         w.outer_shape,
         &targets,
     );
+    // A map's values held once per output, read once (the driver cannot hoist a storage
+    // load out of the loop by itself: `b0` is writable).
+    for (k, &d) in sig.map.iter().flat_map(|m| {
+        let per_output = &m.per_output;
+        m.inputs
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(move |&(k, _)| per_output[k])
+    }) {
+        let (b, base) = source_of(&w, more, k);
+        let _ = writeln!(
+            src,
+            "  let po{k} = {};",
+            load(d, &b, &index_of(base, "pb"), caps)
+        );
+    }
     let _ = writeln!(
         src,
         "  var acc: {at} = {};\n  var best = 0u;\n  var has = false;",
