@@ -1058,9 +1058,9 @@ impl IndexKind {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RowPrologue {
-    /// What the prologue combines: an order-free op (max or min), or a sum added in the order
-    /// the eager sum of the row adds it (on backends whose
-    /// [`fuses_sum_prologue`](crate::target::Target::fuses_sum_prologue) is true).
+    /// What the prologue combines: an order-free op (max or min), or a sum (on backends whose
+    /// [`fuses_sum_prologue`](crate::target::Target::fuses_sum_prologue) is true, which says
+    /// in what order they add it).
     pub op: ReduceOp,
     /// The input it reads, element by element.
     pub source: usize,

@@ -97,11 +97,12 @@ pub struct Target {
     /// [`fuses_sum_prologue`](Target::fuses_sum_prologue)) so a following reduction of the same
     /// rows can take them in.
     pub fuses_row_prologue: bool,
-    /// Runs a row prologue that sums (`RowPrologue { op: Sum }`) adding its terms in the order
-    /// the eager sum of the row adds them (the same bits), in one pass or as
+    /// Runs a row prologue that sums (`RowPrologue { op: Sum }`), in one pass or as
     /// [`lower::prologue::split`](crate::lower::prologue::split)'s launches: core then defers
     /// float sums of realized tensors over the trailing axes too, so the reduction that
-    /// centres the rows by their mean (a layer norm's variance) takes it in.
+    /// centres the rows by their mean (a layer norm's variance) takes it in. CUDA adds the
+    /// terms in the order the eager sum of the row adds them (the same bits); wgpu in its
+    /// workgroup's order (the last bits may differ, as its map→reduce fusion's do).
     pub fuses_sum_prologue: bool,
     /// Runs a `Reduce` with a row epilogue (`epilogue: Some`, see
     /// [`RowEpilogue`](crate::ir::RowEpilogue)), in one pass or as

@@ -1329,7 +1329,10 @@ fn row_epilogues_alone(dev: &Device) -> Result<()> {
         cases.push((y, g));
     }
     dev.flush()?;
-    assert_fused_matches_eager(dev, || {
+    // Sums of up to 20,000 products: where a Vulkan driver contracts the fused map's product
+    // into the sum (an fma), each term rounds differently from the stored product's, and the
+    // sum's error grows with the row (NVIDIA's: 2·10⁻⁵ of a 10,000-long row's result).
+    assert_fused_matches_eager_within(dev, 1e-4, || {
         let mut out = Vec::new();
         for (y, g) in &cases {
             // Softmax's backward, the sum kept and read after.
@@ -1614,6 +1617,15 @@ test_device!(assign_computes_a_tree_in_place, assign_of_a_tree);
 /// `run`'s results with fusion on, then off (the setting restored after each), equal
 /// ([`assert_rows_match`]).
 fn assert_fused_matches_eager(dev: &Device, run: impl Fn() -> Result<Vec<Vec<u64>>>) -> Result<()> {
+    assert_fused_matches_eager_within(dev, 1e-5, run)
+}
+
+/// [`assert_fused_matches_eager`], on wgpu within `tol` relative ([`near_within`]).
+fn assert_fused_matches_eager_within(
+    dev: &Device,
+    tol: f64,
+    run: impl Fn() -> Result<Vec<Vec<u64>>>,
+) -> Result<()> {
     let before = dev.fusion();
     let mut results = Vec::with_capacity(2);
     for fuse in [true, false] {
@@ -1622,7 +1634,7 @@ fn assert_fused_matches_eager(dev: &Device, run: impl Fn() -> Result<Vec<Vec<u64
         dev.set_fusion(before)?;
         results.push(out?);
     }
-    assert_rows_match(dev, &results[0], &results[1]);
+    assert_rows_match(dev, tol, &results[0], &results[1]);
     Ok(())
 }
 
@@ -1634,13 +1646,14 @@ fn bits(t: &Tensor) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// Fused results against eager ones (each a [`bits`] list): bit for bit, or on wgpu [`near`].
-fn assert_rows_match(dev: &Device, fused: &[Vec<u64>], eager: &[Vec<u64>]) {
+/// Fused results against eager ones (each a [`bits`] list): bit for bit, or on wgpu within
+/// `tol` ([`near_within`]).
+fn assert_rows_match(dev: &Device, tol: f64, fused: &[Vec<u64>], eager: &[Vec<u64>]) {
     for (k, (f, e)) in fused.iter().zip(eager).enumerate() {
         if dev.kind() == strata::BackendKind::Wgpu {
             for (&f, &e) in f.iter().zip(e) {
                 let (f, e) = (f64::from_bits(f), f64::from_bits(e));
-                assert!(near(f, e), "result {k}: {f} fused, {e} eager");
+                assert!(near_within(f, e, tol), "result {k}: {f} fused, {e} eager");
             }
         } else {
             assert_eq!(f, e, "result {k}: fused vs eager, bit for bit");
@@ -1651,7 +1664,12 @@ fn assert_rows_match(dev: &Device, fused: &[Vec<u64>], eager: &[Vec<u64>]) {
 /// Fused against eager where a Vulkan driver may contract within a shader (docs/semantics.md):
 /// equal, both NaN, or both finite within 1e-5 relative (an infinity matches only itself).
 fn near(f: f64, e: f64) -> bool {
+    near_within(f, e, 1e-5)
+}
+
+/// [`near`] within `tol` relative.
+fn near_within(f: f64, e: f64, tol: f64) -> bool {
     f == e
         || (f.is_nan() && e.is_nan())
-        || (f.is_finite() && e.is_finite() && (f - e).abs() <= 1e-5 * e.abs().max(1.0))
+        || (f.is_finite() && e.is_finite() && (f - e).abs() <= tol * e.abs().max(1.0))
 }

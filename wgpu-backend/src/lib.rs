@@ -171,8 +171,10 @@ impl WgpuBackend {
             // A row prologue and epilogue in one dispatch where the row fits a workgroup's
             // registers (render::staged), else core's launches.
             fuses_row_prologue: true,
-            // (Its staged kernel folds a maximum or minimum; a sum would run as the launches.)
-            fuses_sum_prologue: false,
+            // A sum too (a layer norm's mean, then its variance and the normalized rows in the
+            // same dispatch), in the workgroup's order: wgpu's fused sums may differ from the
+            // eager launches' in their last bits, as its map→reduce fusion's do.
+            fuses_sum_prologue: true,
             fuses_row_epilogue: true,
             stages_row_epilogue_alone: false,
             stores_reduce_map: false,

@@ -483,10 +483,28 @@ fn staged_reduction_variants_validate() {
             (
                 ReduceOp::Prod,
                 ReduceOp::Min,
-                sub,
+                sub.clone(),
                 Some(plus),
                 vec![d, d, d, d],
                 vec![d],
+            ),
+            // A layer norm: the row's sum (input 1) first, the sum of squares of the centred
+            // elements, then the centred elements over the result (input 2) times a weight.
+            (
+                ReduceOp::Sum,
+                ReduceOp::Sum,
+                node(Node::Binary(
+                    BinaryOp::Mul,
+                    Box::new(sub.clone()),
+                    Box::new(sub.clone()),
+                )),
+                Some(node(Node::Binary(
+                    BinaryOp::Mul,
+                    Box::new(node(Node::Binary(BinaryOp::Div, Box::new(sub), x(2)))),
+                    x(3),
+                ))),
+                vec![d, d, d, d],
+                vec![],
             ),
         ];
         for (op, prologue, expr, epilogue, inputs, scalars) in cases {

@@ -126,14 +126,45 @@ pub(crate) fn bindings(sig: &StagedSig) -> usize {
     3 + usize::from(sig.epilogue.is_some()) + bound_inputs(sig).len()
 }
 
+/// WGSL declaring `pm`, the sum of the kept elements `e0..e{k}` within the row (each
+/// invocation's in order, then the invocations' by subgroups or by a tree over `shp`): the
+/// workgroup's order, not the eager launches' (the sum's last bits may differ from theirs).
+fn prologue_sum(
+    src: &mut String,
+    ct: &str,
+    k: usize,
+    by_subgroups: bool,
+    open: &dyn Fn(usize) -> String,
+) {
+    let _ = writeln!(src, "    var pm: {ct} = {ct}(0);");
+    for j in 0..k {
+        let _ = writeln!(src, "{} pm = pm + e{j}; }}", open(j));
+    }
+    if by_subgroups {
+        // (In a block of its own: the reduction's sum declares the same names.)
+        src.push_str("    {\n");
+        src.push_str(&super::softmax::subgroup_sum("pm", "shp", None));
+        src.push_str("    }\n");
+    } else {
+        let _ = writeln!(
+            src,
+            "    shp[lid] = pm;\n    workgroupBarrier();\n    \
+             for (var s = 128u; s > 0u; s = s >> 1u) {{\n      \
+             if (lid < s) {{ shp[lid] = shp[lid] + shp[lid + s]; }}\n      \
+             workgroupBarrier();\n    }}\n    pm = workgroupUniformLoad(&shp[0]);"
+        );
+    }
+}
+
 /// The WGSL source of a staged reduction.
 pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     let m = &sig.map;
     let d = m.inputs[0];
     let (ct, k) = (compute_type(d), sig.cached);
-    if !d.is_float() || sig.op.returns_index() || !sig.prologue.op.is_order_free() {
+    let sums = sig.prologue.op == ReduceOp::Sum;
+    if !d.is_float() || sig.op.returns_index() || !(sig.prologue.op.is_order_free() || sums) {
         return Err(Error::Backend(
-            "internal error: a staged reduction folds a float max or min first".into(),
+            "internal error: a staged reduction folds a float max, min or sum first".into(),
         ));
     }
     let w = slots(sig);
@@ -233,6 +264,7 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     // 1. The row into registers, every load in flight before the fold (past the row's end:
     // the prologue's identity), and the prologue over the workgroup.
     let bound = match (sig.prologue.op, ct) {
+        (ReduceOp::Sum, _) => "0.0",
         (ReduceOp::Max, "f64") => "bitcast<f64>(0xfff0000000000000lu)",
         (ReduceOp::Max, _) => "bitcast<f32>(0xff800000u)",
         (_, "f64") => "bitcast<f64>(0x7ff0000000000000lu)",
@@ -285,23 +317,29 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
             format!("    if (r{j} < n) {{")
         }
     };
-    fold_extremum(
-        &mut src,
-        sig.prologue.op,
-        ct,
-        k,
-        if by_subgroups {
-            Combine::Subgroups("shp")
-        } else {
-            Combine::Tree("shp")
-        },
-        "pm",
-        true,
-    );
+    if sums {
+        prologue_sum(&mut src, ct, k, by_subgroups, &open);
+    } else {
+        fold_extremum(
+            &mut src,
+            sig.prologue.op,
+            ct,
+            k,
+            if by_subgroups {
+                Combine::Subgroups("shp")
+            } else {
+                Combine::Tree("shp")
+            },
+            "pm",
+            true,
+        );
+    }
+    // The map reads the prologue's result as stored (a sum rounded to a 16-bit float).
     let _ = writeln!(
         src,
-        "    if (lid == 0u) {{ {} }}\n    let x{pres} = pm;",
-        store(d, "b2", "u32(i32(params[5]) + pb)", "pm", caps)
+        "    if (lid == 0u) {{ {} }}\n    let x{pres} = {};",
+        store(d, "b2", "u32(i32(params[5]) + pb)", "pm", caps),
+        round_to(d, "pm".into())
     );
 
     // 2. Each element's term, folded; the terms kept where the epilogue reads them.

@@ -9,7 +9,7 @@ use crate::launch::{operand_info, scalar_words};
 use crate::render::staged::{self, StagedEpilogue, StagedPrologue, StagedSig, GROUP, MAX_ROW};
 use crate::WgpuBackend;
 use strata_core::backend::{KernelArgs, Operand};
-use strata_core::ir::Kernel;
+use strata_core::ir::{Kernel, ReduceOp};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::Window;
 use strata_core::{Backend, DType, Result};
@@ -56,7 +56,7 @@ impl WgpuBackend {
         let n = ops.extent;
         let fits = !op.returns_index()
             && prologue.source == 0
-            && prologue.op.is_order_free()
+            && (prologue.op.is_order_free() || prologue.op == ReduceOp::Sum)
             && x.dtype.is_float()
             && (1..=MAX_ROW).contains(&n)
             && ops.outputs > 0
