@@ -5,8 +5,8 @@
 //! backend describes ([`map_plan`], [`reduce_plan`], the row path of gathers in
 //! [`index_plan`], softmax's rows in [`softmax_plan`]), a reduction with a row prologue as two
 //! launches ([`prologue`]), splitting launches into pieces under a
-//! binding limit ([`pieces`]), and each map's trees as one list of instructions
-//! ([`program`]). A backend turns a plan into source, packs its arguments and runs it.
+//! binding limit ([`pieces`]), each map's trees as one list of instructions
+//! ([`program`]), and the values of a row's expression computed once a row ([`row_values`]). A backend turns a plan into source, packs its arguments and runs it.
 //!
 //! ```
 //! use strata_core::lower::legal::{binary_rule, Rule};
@@ -24,4 +24,5 @@ pub mod pieces;
 pub mod program;
 pub mod prologue;
 pub mod reduce_plan;
+pub mod row_values;
 pub mod softmax_plan;

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::ReduceOp;
 use strata_core::lower::operands::ReduceMap;
+use strata_core::lower::row_values::hoist;
 use strata_core::{DType, Result};
 
 /// The structure of a reduce launch.
@@ -297,12 +298,11 @@ fn element(
             "    var mv{j}: {at};\n    {{\n      let x0 = {};",
             value_of(0, sig.input)
         );
+        // (Inputs of one value per output are read once, before the loop: see `source`.)
         for (k, &d) in m.inputs.iter().enumerate().skip(1) {
-            // One value per output: at the output's position; one per position in a row: at
-            // the element's position.
+            // One value per position in a row: at the element's position.
             let x = match (m.per_output[k], m.per_position[k]) {
-                // (Read once, before the loop: see `source`.)
-                (true, _) => format!("po{k}"),
+                (true, _) => continue,
                 (false, true) => load(
                     d,
                     &source_of(w, more, k).0,
@@ -484,10 +484,29 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
         let (b, base) = source_of(&w, more, k);
         let _ = writeln!(
             src,
-            "  let po{k} = {};",
+            "  let x{k} = {};",
             load(d, &b, &index_of(base, "pb"), caps)
         );
     }
+    let mut next = 0;
+    // And the map's values of one per output (a layer norm's mean, `s / n`), as inputs past
+    // the map's: the elements read them.
+    let hoisted = match &sig.map {
+        Some(m) => {
+            let per_output = |k: usize| m.per_output.get(k) == Some(&true);
+            let (expr, values) = hoist(&m.expr, &per_output, m.inputs.len());
+            for (i, v) in values.iter().enumerate() {
+                let mut body = String::new();
+                let name = super::expr::emit_tree(v, &mut body, &mut next, caps)?;
+                src.push_str(&body);
+                let _ = writeln!(src, "  let x{} = {name};", m.inputs.len() + i);
+            }
+            let map = Some(ReduceMap { expr, ..m.clone() });
+            ReduceSig { map, ..sig.clone() }
+        }
+        None => sig.clone(),
+    };
+    let sig = &hoisted;
     let _ = writeln!(
         src,
         "  var acc: {at} = {};\n  var best = 0u;\n  var has = false;",
@@ -496,7 +515,6 @@ pub(crate) fn source(sig: &ReduceSig, caps: Caps) -> Result<String> {
     src.push_str(
         "  let chunk = params[6];\n  let lo = k * chunk;\n  let hi = min(params[1], lo + chunk);\n",
     );
-    let mut next = 0;
     let fold_all = |src: &mut String, names: &[String]| {
         for j in names {
             let _ = writeln!(
@@ -674,5 +692,43 @@ mod tests {
         assert!(fused.contains("b2: array<vec4<u32>>;"), "{fused}");
         assert!(fused.contains("b3: array<u32>;"), "{fused}");
         assert_eq!(fused.matches("let w1_1 = b2[").count(), 1, "{fused}");
+    }
+
+    #[test]
+    fn a_maps_values_of_one_per_output_are_computed_once() {
+        // `(x0 − x1 / s0)²` summed, x1 one value per output: the division once, before the
+        // loop, on both paths (nine elements and eight lanes are folded in the loops).
+        let x = |k| Expr::input(k, DType::F32);
+        let centred = Expr {
+            dtype: DType::F32,
+            node: Node::Binary(
+                BinaryOp::Sub,
+                Box::new(x(0)),
+                Box::new(Expr {
+                    dtype: DType::F32,
+                    node: Node::Binary(
+                        BinaryOp::Div,
+                        Box::new(x(1)),
+                        Box::new(Expr::scalar(0, DType::F32)),
+                    ),
+                }),
+            ),
+        };
+        let map = ReduceMap {
+            expr: Expr {
+                dtype: DType::F32,
+                node: Node::Binary(BinaryOp::Mul, Box::new(centred.clone()), Box::new(centred)),
+            },
+            inputs: vec![DType::F32; 2],
+            per_output: vec![false, true],
+            per_position: vec![false; 2],
+            scalars: vec![DType::F32],
+        };
+        for vector in [1, 4] {
+            let src = source(&sum(1, vector, Some(map.clone())), Caps::default()).unwrap();
+            let kernel = &src[src.find("@compute").unwrap()..];
+            assert_eq!(kernel.matches("div_f32(").count(), 1, "{kernel}");
+            assert_eq!(kernel.matches("let x1 = ").count(), 1, "{kernel}");
+        }
     }
 }

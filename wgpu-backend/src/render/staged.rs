@@ -26,6 +26,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 use strata_core::ir::{BinaryOp, Expr, Node, ReduceOp};
 use strata_core::lower::operands::ReduceMap;
+use strata_core::lower::row_values::hoist;
 use strata_core::{DType, Error, Result};
 
 /// Invocations a row: one workgroup.
@@ -368,15 +369,42 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
         identity(sig.op, sig.acc)
     );
     let mut next = 0;
+    // The map's values of one a row (a layer norm's mean, `s / n`), once a row, as inputs past
+    // the map's and its term's; the inputs of one value a row they read declared with them.
+    let mut row_declared: Vec<bool> = (0..m.inputs.len()).map(|kk| kk == pres).collect();
+    let row_value = |kk: usize| m.per_output.get(kk) == Some(&true);
+    let mut first = m.inputs.len() + 1;
+    let (map_expr, values) = hoist(&m.expr, &row_value, first);
+    let declare = |src: &mut String,
+                   row_declared: &mut Vec<bool>,
+                   values: &[Expr],
+                   first: usize,
+                   next: &mut usize| {
+        for (kk, declared) in row_declared.iter_mut().enumerate().skip(1) {
+            if row_value(kk) && !*declared && values.iter().any(|v| v.reads_input(kk)) {
+                let _ = writeln!(src, "    let x{kk} = {};", operand(kk, "0u"));
+                *declared = true;
+            }
+        }
+        for (i, v) in values.iter().enumerate() {
+            let mut body = String::new();
+            let name = super::expr::emit_tree(v, &mut body, next, caps)?;
+            src.push_str(&body);
+            let _ = writeln!(src, "    let x{} = {name};", first + i);
+        }
+        Ok::<(), Error>(())
+    };
+    declare(&mut src, &mut row_declared, &values, first, &mut next)?;
+    first += values.len();
     for j in 0..k {
         let _ = writeln!(src, "{}\n      let x0 = e{j};", open(j));
-        for kk in 1..m.inputs.len() {
-            if kk != pres && m.expr.reads_input(kk) {
+        for (kk, &declared) in row_declared.iter().enumerate().skip(1) {
+            if !declared && map_expr.reads_input(kk) {
                 let _ = writeln!(src, "      let x{kk} = {};", operand(kk, &format!("r{j}")));
             }
         }
         let mut body = String::new();
-        let t = super::expr::emit_tree(&m.expr, &mut body, &mut next, caps)?;
+        let t = super::expr::emit_tree(&map_expr, &mut body, &mut next, caps)?;
         for line in body.lines() {
             let _ = writeln!(src, "    {line}");
         }
@@ -412,6 +440,14 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
     if let (Some(e), Some((expr, keep))) = (&sig.epilogue, &epilogue) {
         let eres = e.result;
         let _ = writeln!(src, "    let x{eres} = res;");
+        // (Its values of one a row too: `rsqrt(v / n + eps)`.)
+        let row_value = |kk: usize| kk == eres || m.per_output.get(kk) == Some(&true);
+        let (expr, values) = hoist(expr, &row_value, first);
+        if let Some(d) = row_declared.get_mut(eres) {
+            *d = true;
+        }
+        declare(&mut src, &mut row_declared, &values, first, &mut next)?;
+        let expr = &expr;
         // `a / s` by the row's result: its reciprocal once (see the module's note), where the
         // row's `s` allows; the branch is the row's, never an element's (a branch an element
         // with the division in it made the whole kernel twice as slow on NVIDIA's driver).
@@ -433,8 +469,8 @@ pub(crate) fn source(sig: &StagedSig, caps: Caps) -> Result<String> {
             } else {
                 let _ = writeln!(src, "      let x0 = e{j};");
             }
-            for kk in 1..m.inputs.len() {
-                if kk != pres && kk != eres && expr.reads_input(kk) {
+            for (kk, &declared) in row_declared.iter().enumerate().skip(1) {
+                if !declared && expr.reads_input(kk) {
                     let _ = writeln!(src, "      let x{kk} = {};", operand(kk, &format!("r{j}")));
                 }
             }
@@ -569,6 +605,60 @@ mod tests {
             vector: false,
             full: false,
         }
+    }
+
+    #[test]
+    fn a_layer_norms_values_of_one_a_row_are_computed_once_a_row() {
+        // Mean `x1 / s0` (x1 the prologue's sum), variance `x2 / s0` (x2 the reduction's sum),
+        // a weight x3 along the row: `(x0 − x1/s0)²` summed, then
+        // `(x0 − x1/s0) · rsqrt(x2/s0 + s1) · x3`.
+        let d = DType::F32;
+        let x = |k| Expr::input(k, d);
+        let centred = Expr::binary(
+            BinaryOp::Sub,
+            x(0),
+            Expr::binary(BinaryOp::Div, x(1), Expr::scalar(0, d)),
+        );
+        let var = Expr::binary(BinaryOp::Div, x(2), Expr::scalar(0, d));
+        let scale = Expr::unary(
+            UnaryOp::Rsqrt,
+            Expr::binary(BinaryOp::Add, var, Expr::scalar(1, d)),
+        );
+        let out = Expr::binary(
+            BinaryOp::Mul,
+            Expr::binary(BinaryOp::Mul, centred.clone(), scale),
+            x(3),
+        );
+        let sig = StagedSig {
+            map: ReduceMap {
+                expr: Expr::binary(BinaryOp::Mul, centred.clone(), centred),
+                inputs: vec![d; 4],
+                per_output: vec![false, true, true, false],
+                per_position: vec![false, false, false, true],
+                scalars: vec![d, d],
+            },
+            prologue: StagedPrologue {
+                op: ReduceOp::Sum,
+                result: 1,
+            },
+            epilogue: Some(StagedEpilogue {
+                expr: out,
+                result: 2,
+                out: d,
+            }),
+            ..softmax_sig(d, 16)
+        };
+        let src = source(&sig, Caps::default()).unwrap();
+        let kernel = &src[src.find("@compute").unwrap()..];
+        // Four divisions a row (the mean for the map; the mean, the variance and the
+        // reciprocal square root for the epilogue), one square root, whatever the elements an
+        // invocation keeps.
+        assert_eq!(kernel.matches("div_f32(").count(), 4, "{kernel}");
+        assert_eq!(kernel.matches("sqrt_f32(").count(), 1, "{kernel}");
+        // The weight is read at each element; the prologue's sum is held, not read back.
+        assert_eq!(kernel.matches("let x3 = ").count(), 16, "{kernel}");
+        assert_eq!(kernel.matches("let x1 = ").count(), 1, "{kernel}");
+        assert!(kernel.contains("let x1 = pm;"), "{kernel}");
     }
 
     #[test]
