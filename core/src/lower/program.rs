@@ -131,6 +131,10 @@ pub struct Lanes {
     /// Lane `l`'s position is `l` modulo `count` (a vector starts on a multiple of it): its
     /// Philox words are known, and the position's low bits fold to constants.
     pub aligned: bool,
+    /// Inputs (bit `k`: input `k`, below 64) every lane reads the same value of (a splat:
+    /// constant along the rows the vector lies in): their leaves are lane 0's, so what the
+    /// lanes compute from them alone (a batch norm's `s / n`) is computed once.
+    pub shared: u64,
 }
 
 impl Lanes {
@@ -140,6 +144,7 @@ impl Lanes {
             count: 1,
             vector: 1,
             aligned: false,
+            shared: 0,
         }
     }
 
@@ -149,6 +154,7 @@ impl Lanes {
             count,
             vector: count,
             aligned: true,
+            shared: 0,
         }
     }
 
@@ -159,7 +165,23 @@ impl Lanes {
             count,
             vector,
             aligned: false,
+            shared: 0,
         }
+    }
+
+    /// These lanes, reading the inputs of `shared` (a bit each) as one value for all lanes.
+    ///
+    /// ```
+    /// use strata_core::lower::program::{Lanes, Program};
+    /// use strata_core::{ir::{BinaryOp, Expr}, DType};
+    /// // x0 · (x1 / s0) over four lanes, x1 a splat: one division, four products.
+    /// let x = |k| Expr::input(k, DType::F32);
+    /// let e = Expr::binary(BinaryOp::Mul, x(0), Expr::binary(BinaryOp::Div, x(1), Expr::scalar(0, DType::F32)));
+    /// let p = Program::build(&[e], Lanes::aligned(4).sharing(0b10));
+    /// assert_eq!(p.instrs.len(), 3 + 4 * 2); // x1, s0, x1 / s0; each lane's x0 and product
+    /// ```
+    pub fn sharing(self, shared: u64) -> Lanes {
+        Lanes { shared, ..self }
     }
 }
 
@@ -354,7 +376,13 @@ impl Builder {
             args[..children].copy_from_slice(&values[first..]);
             values.truncate(first);
             let op = match &e.node {
-                Node::Input(k) => Op::Input { input: *k, lane },
+                Node::Input(k) => {
+                    let shared = *k < 64 && self.lanes.shared & (1 << k) != 0;
+                    Op::Input {
+                        input: *k,
+                        lane: if shared { 0 } else { lane },
+                    }
+                }
                 Node::Scalar(k) => Op::Scalar(*k),
                 Node::Literal(bits) => Op::Literal(*bits),
                 Node::LinearIndex => Op::Position { lane },

@@ -634,11 +634,18 @@ fn vec4_body(sig: &MapSig, w: &Slots, caps: Caps, src: &mut String) -> Result<()
     // sine. Other launches take the general lanes, in a kernel of their own.
     let aligned = sig.position == PositionKind::Aligned;
     let stored_trees: Vec<Expr> = sig.trees.iter().map(|e| stored(e).clone()).collect();
+    // Splats are one value for the four lanes: what they compute from those alone (a batch
+    // norm's `s / n`) is computed once a vector.
+    let splats = (n_out..sig.dtypes.len())
+        .filter(|&k| !sig.contiguous[k] && !sig.rows[k] && sig.dtypes[k].itemsize() < 8)
+        .filter(|&k| k - n_out < 64)
+        .fold(0u64, |m, k| m | 1 << (k - n_out));
     let lanes_of = if aligned {
         Lanes::aligned(4)
     } else {
         Lanes::unaligned(4, 4)
-    };
+    }
+    .sharing(splats);
     let program = Program::build(&stored_trees, lanes_of);
     // Random draws: one Philox call per counter the vector spans, before the lanes.
     let mut sources: Vec<(usize, usize, u8)> = Vec::new();
@@ -768,6 +775,29 @@ mod tests {
             tiled: vec![false],
         };
         source(&sig, Caps::default()).unwrap()
+    }
+
+    #[test]
+    fn what_lanes_compute_from_splats_alone_is_computed_once_a_vector() {
+        // x0 · (x1 / s0), x1 constant along the rows (a batch norm's per-channel sum).
+        let x = |k| Expr::input(k, DType::F32);
+        let s0 = Expr::scalar(0, DType::F32);
+        let div = Expr::binary(strata_core::ir::BinaryOp::Div, x(1), s0);
+        let e = Expr::binary(strata_core::ir::BinaryOp::Mul, x(0), div);
+        let sig = MapSig {
+            trees: MapTrees::one(e),
+            dtypes: vec![DType::F32; 3],
+            contiguous: vec![true, true, false],
+            position: PositionKind::Unused,
+            scalars: vec![DType::F32],
+            rank: 2,
+            vector: 4,
+            rows: vec![false; 3],
+            tiled: vec![false],
+        };
+        let src = source(&sig, Caps::default()).unwrap();
+        let body = &src[src.find("@compute").unwrap()..];
+        assert_eq!(body.matches("div_f32(").count(), 1, "{body}");
     }
 
     #[test]
