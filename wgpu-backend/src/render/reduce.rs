@@ -3,7 +3,10 @@
 //! into `params[5]` equal ranges of the reduced positions inside one launch (so a full sum
 //! fills the GPU), and inputs larger than a storage binding into windows along the first
 //! reduced axis, one launch each: every range writes a partial result (and, for
-//! argmin/argmax, its position), and a second launch combines the partials.
+//! argmin/argmax, its position), and a second launch combines the partials. Along a contiguous
+//! axis of a 32-bit dtype (or rows of one, each whole vectors) the elements come four a
+//! `vec4<u32>` load, a vector's offset decoded once; a fused map's values of one per output
+//! are read and computed once, before the loop.
 
 use super::prelude::{dtypes_of, helpers};
 use super::{binding, cast, compute_type, literal, load, round_to, scalar_value, store, wrap};

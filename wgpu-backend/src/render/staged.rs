@@ -7,9 +7,11 @@
 //! over them and writes it, computes each element's map value (the term) and folds the
 //! reduction over the terms, writes the result, and then the epilogue over the same
 //! registers. Where the epilogue reads the map's value itself (`exp(x - m) / s` holds
-//! `exp(x - m)`), the terms are kept (`t{j}`) instead of computed again. The sum's order is
-//! the workgroup's, not the eager launches' (wgpu's fused and eager results may differ in the
-//! last bits of a sum, as its map→reduce fusion's do).
+//! `exp(x - m)`), the terms are kept (`t{j}`) instead of computed again. Values of one a row
+//! in the map and the epilogue (a layer norm's `s / n`, `rsqrt(v / n + eps)`) are computed
+//! once a row, before the elements. The sums' order (the reduction's, and a sum prologue's: a
+//! layer norm's mean) is the workgroup's, not the eager launches' (wgpu's fused and eager
+//! results may differ in the last bits of a sum, as its map→reduce fusion's do).
 //!
 //! A division of the epilogue by the reduction's result (softmax's `t / s`) takes the row's
 //! correctly rounded reciprocal once and corrects each quotient to the correctly rounded one
@@ -66,7 +68,7 @@ impl strata_core::kernel_cache::Owned for StagedSig {}
 /// The prologue of a staged reduction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct StagedPrologue {
-    /// Max or min.
+    /// Max, min or (a layer norm's mean) sum.
     pub op: ReduceOp,
     /// The map input that reads it.
     pub result: usize,
