@@ -87,6 +87,9 @@ pub struct WgpuBackend {
     staged: PipelineCache<render::staged::StagedSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
+    /// `target` without reduce vectors (they are four 32-bit elements): what plans a reduction
+    /// of another dtype, and softmax rows (its kernel takes vectors itself), built once.
+    element_target: Target,
     /// The cooperative f16 matmul stages by 16-byte loads where layouts allow
     /// (`STRATA_WGPU_COOP=elements` keeps one half a load: the tests reach that path so).
     coop_vectors: bool,
@@ -192,10 +195,15 @@ impl WgpuBackend {
             },
             k_major_tf32_from: None,
         };
+        let element_target = Target {
+            reduce_vectors: false,
+            ..target.clone()
+        };
         Ok(WgpuBackend {
             gpu,
             pool,
             target,
+            element_target,
             coop_vectors: std::env::var("STRATA_WGPU_COOP").as_deref() != Ok("elements"),
             next_stream: std::sync::atomic::AtomicU64::new(1),
             maps: PipelineCache::default(),

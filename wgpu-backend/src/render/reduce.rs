@@ -224,10 +224,9 @@ fn index_of(base: Option<usize>, off: &str) -> String {
     }
 }
 
-/// The vector path: decodes vector `q`'s offset `off{j}` (its first position `4q`) and loads
-/// the words `w{j}_{k}` of the input and of every map input laid out like it.
-fn vector_loads(sig: &ReduceSig, w: &Slots, more: usize, q: &str, j: usize, src: &mut String) {
-    let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = ({q}) * 4u;");
+/// Declares `off{j}`, the input's offset of reduced position `r` (from the output's `ib`).
+fn offset_of(sig: &ReduceSig, w: &Slots, r: &str, j: &str, src: &mut String) {
+    let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
     let (rr, off) = (format!("rr{j}"), format!("off{j}"));
     decode(
         src,
@@ -237,6 +236,13 @@ fn vector_loads(sig: &ReduceSig, w: &Slots, more: usize, q: &str, j: usize, src:
         w.reduced_shape,
         &[(&off, w.in_reduced)],
     );
+}
+
+/// The vector path: decodes vector `q`'s offset `off{j}` (its first position `4q`) and loads
+/// the words `w{j}_{k}` of the input and of every map input laid out like it.
+fn vector_loads(sig: &ReduceSig, w: &Slots, more: usize, q: &str, j: usize, src: &mut String) {
+    offset_of(sig, w, &format!("({q}) * 4u"), &j.to_string(), src);
+    let off = format!("off{j}");
     let inputs = sig.map.as_ref().map_or(1, |m| m.inputs.len());
     for k in (0..inputs).filter(|&k| alike(sig, k)) {
         let (b, base) = source_of(w, more, k);
@@ -263,16 +269,7 @@ fn element(
     const LANES: [&str; 4] = ["x", "y", "z", "w"];
     let off = format!("off{j}");
     if let Read::Element = read {
-        let _ = writeln!(src, "    var off{j} = ib;\n    var rr{j} = {r};");
-        let rr = format!("rr{j}");
-        decode(
-            src,
-            "    ",
-            &rr,
-            sig.reduced_rank,
-            w.reduced_shape,
-            &[(&off, w.in_reduced)],
-        );
+        offset_of(sig, w, r, j, src);
     }
     // The position along the reduced axes from the whole reduction's first (as arg ops count).
     let position = match read {

@@ -12,7 +12,6 @@ use strata_core::ir::{Expr, ReduceOp};
 use strata_core::lower::operands::{ReduceMap, ReduceOperands};
 use strata_core::lower::pieces::Window;
 use strata_core::lower::reduce_plan::{self, partial_strides, ReducePlan};
-use strata_core::target::Target;
 use strata_core::{Backend, DType, Error, Result};
 
 impl WgpuBackend {
@@ -34,15 +33,12 @@ impl WgpuBackend {
         let buffers = [operand_info(ops.out)?, operand_info(ops.input)?];
         // Vectors are four 32-bit elements (render::reduce): other dtypes are planned (ranges,
         // splits) element by element, as they are read.
-        let plan = if ops.input.dtype.itemsize() == 4 {
-            reduce_plan::plan(&ops, &buffers, &self.target)?
+        let target = if ops.input.dtype.itemsize() == 4 {
+            &self.target
         } else {
-            let target = Target {
-                reduce_vectors: false,
-                ..self.target.clone()
-            };
-            reduce_plan::plan(&ops, &buffers, &target)?
+            &self.element_target
         };
+        let plan = reduce_plan::plan(&ops, &buffers, target)?;
         let windowed = || Error::Backend("internal error: the wgpu target binds windows".into());
         // Operands: the output (0), then the input (1) and the map's further inputs.
         let mut steps = Vec::new();

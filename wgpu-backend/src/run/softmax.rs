@@ -8,7 +8,6 @@ use crate::WgpuBackend;
 use strata_core::backend::KernelArgs;
 use strata_core::lower::pieces::{split_by, window};
 use strata_core::lower::softmax_plan::{self, SoftmaxOperands};
-use strata_core::target::Target;
 use strata_core::{DType, Result};
 
 /// Workgroups per dispatch at most; each walks rows until the piece's are done.
@@ -24,11 +23,7 @@ impl WgpuBackend {
         // The plan's groups are for rows read element by element: this kernel takes its
         // vectors itself (below), where the windows' offsets are known. (Windows start at
         // aligned offsets: addresses 0.)
-        let target = Target {
-            reduce_vectors: false,
-            ..self.target.clone()
-        };
-        let p = softmax_plan::plan(&ops, [0, 0], &target);
+        let p = softmax_plan::plan(&ops, [0, 0], &self.element_target);
         let ro = p.outer_shape.len();
         let mut shape = p.outer_shape.to_vec();
         shape.push(p.n);
