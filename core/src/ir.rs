@@ -920,6 +920,24 @@ pub enum Kernel {
         /// Input 1 holds each element's weight.
         weighted: bool,
     },
+    /// Layer norm's backward over `rows` rows of `n` elements, each row read from memory
+    /// once. Inputs `[x, g, mean, rstd]`, then `γ` with `weight`: `x` and `g` (the upstream
+    /// gradient) `[rows, n]`, `mean` and `rstd` `[rows]`, `γ` `[n]`, all contiguous and of one
+    /// float dtype. With `x̂ = (x − mean)·rstd` and `ĝ = g·γ` (`g` without a weight), output 0
+    /// (`dx`, `[rows, n]`) is `((ĝ − a) − x̂·b)·rstd` with `a = Σĝ / n` and `b = Σ(ĝ − a)·x̂ / n`
+    /// over the row, computed in the dtype's [`accumulator`](DType::accumulator) and rounded
+    /// once. With `columns`, outputs 1 and 2 (`[parts, n]`, of the accumulator dtype) get the
+    /// column sums of `g·x̂` and of `g` over the rows `p, p + parts, p + 2·parts, …` in their
+    /// row `p` (γ's and β's gradients are their sums over `parts`). Sums may add in any order
+    /// (`b` may be taken as `(Σĝ·x̂ − a·Σx̂) / n`). Only backends whose
+    /// [`layer_norm_backward_row`](crate::target::Target::layer_norm_backward_row) is at least
+    /// `n` get one ([`layer_norm_plan`](crate::lower::layer_norm_plan)).
+    LayerNormBackward {
+        /// Input 4 is `γ`.
+        weight: bool,
+        /// Outputs 1 and 2 hold the column sums.
+        columns: bool,
+    },
 }
 
 impl Kernel {
@@ -938,6 +956,7 @@ impl Kernel {
             Kernel::Index { .. } => "index",
             Kernel::Histogram { .. } => "histogram",
             Kernel::Convolution { .. } => "convolution",
+            Kernel::LayerNormBackward { .. } => "layer_norm_backward",
         }
     }
 

@@ -122,6 +122,11 @@ pub struct Target {
     /// Runs [`Kernel::Softmax`](crate::ir::Kernel::Softmax); otherwise core runs `softmax` as
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
+    /// The longest row (in elements) this backend runs
+    /// [`Kernel::LayerNormBackward`](crate::ir::Kernel::LayerNormBackward) over; 0: none, and
+    /// core composes layer norm's backward from reductions and maps (five passes over the
+    /// rows where the kernel makes one).
+    pub layer_norm_backward_row: usize,
     /// The output dtypes this backend runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram)
     /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
     /// work: right, but slow for many bins).
@@ -176,6 +181,7 @@ impl Target {
             stages_row_epilogue_alone: false,
             stores_reduce_map: true,
             runs_softmax: true,
+            layer_norm_backward_row: usize::MAX,
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
             k_major_tf32_from: None,

@@ -162,6 +162,7 @@ impl CudaBackend {
             // The plain kernel stores each element's value where it computes it.
             stores_reduce_map: true,
             runs_softmax: true,
+            layer_norm_backward_row: strata_core::lower::layer_norm_plan::longest_row(1024),
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
             // Set below where cuBLAS runs the products.

@@ -597,6 +597,89 @@ test_device!(
     norms
 );
 
+/// Layer norm's backward against its closed form computed here in f64 from the same values:
+/// rows longer than a vector's multiple and not, more rows than the kernel's parts (the column
+/// sums of γ's and β's gradients over several rows a block), two normalized axes, 16-bit
+/// floats, with and without γ and β. Where the backend runs `LayerNormBackward` for the rows,
+/// the backward is that one kernel (and the column sums over its parts).
+fn layer_norm_backward(dev: &Device) -> Result<()> {
+    let mut gen = Generator::new(11);
+    // (shape, normalized axes, dtype, with γ, with β, tolerance)
+    type Case = (&'static [usize], usize, DType, bool, bool, f64);
+    let cases: [Case; 5] = [
+        (&[300, 4096], 1, DType::F32, true, true, 1e-4),
+        (&[7, 1001], 1, DType::F32, true, false, 1e-4),
+        (&[2100, 40], 1, DType::F32, false, true, 1e-4),
+        (&[5, 3, 66], 2, DType::F16, true, true, 3e-2),
+        (&[9, 40], 1, DType::BF16, false, false, 5e-2),
+    ];
+    for (shape, normalized, dtype, has_w, has_b, tol) in cases {
+        let what = format!("{shape:?} {dtype} on {}", dev.name());
+        let lead = shape.len() - normalized;
+        let (rows, n) = (
+            shape[..lead].iter().product::<usize>(),
+            shape[lead..].iter().product::<usize>(),
+        );
+        let mut param = |on: bool| -> Result<Option<Tensor>> {
+            on.then(|| {
+                Tensor::randn(shape[lead..].to_vec(), dtype, &mut gen, dev)?.requires_grad_(true)
+            })
+            .transpose()
+        };
+        let (w, b) = (param(has_w)?, param(has_b)?);
+        let x = Tensor::randn(shape.to_vec(), dtype, &mut gen, dev)?.requires_grad_(true)?;
+        let gy = Tensor::randn(shape.to_vec(), dtype, &mut gen, dev)?;
+        dev.flush()?;
+        let profile = dev.profile(|| {
+            layer_norm(&x, normalized, w.as_ref(), b.as_ref(), 1e-5)?.backward_with(&gy)?;
+            dev.flush()
+        })?;
+        let runs = profile
+            .device_work()
+            .filter(|r| r.name.ends_with("layer_norm_backward"))
+            .count();
+        let kernel = dev.backend().target().layer_norm_backward_row >= n;
+        assert_eq!(runs, kernel as usize, "layer norm backward kernels, {what}");
+        let (xv, gv) = (values(&x)?, values(&gy)?);
+        let wv = match &w {
+            Some(w) => values(w)?,
+            None => vec![1.0; n],
+        };
+        let (mut dx, mut dw, mut db) = (vec![0.0; rows * n], vec![0.0; n], vec![0.0; n]);
+        for r in 0..rows {
+            let (xr, gr) = (&xv[r * n..(r + 1) * n], &gv[r * n..(r + 1) * n]);
+            let mean = xr.iter().sum::<f64>() / n as f64;
+            let var = xr.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+            let rstd = 1.0 / (var + 1e-5).sqrt();
+            let xhat: Vec<f64> = xr.iter().map(|v| (v - mean) * rstd).collect();
+            let gh: Vec<f64> = gr.iter().zip(&wv).map(|(g, w)| g * w).collect();
+            let a = gh.iter().sum::<f64>() / n as f64;
+            let bb = gh.iter().zip(&xhat).map(|(g, h)| (g - a) * h).sum::<f64>() / n as f64;
+            for i in 0..n {
+                dx[r * n + i] = (gh[i] - a - xhat[i] * bb) * rstd;
+                dw[i] += gr[i] * xhat[i];
+                db[i] += gr[i];
+            }
+        }
+        let grad = |t: &Tensor| values(&t.grad().expect("a gradient"));
+        close(&grad(&x)?, &dx, tol, &format!("dx, {what}"));
+        // Column sums over many rows: their error grows with the rows' count.
+        let col_tol = tol * (rows as f64).sqrt();
+        if let Some(w) = &w {
+            close(&grad(w)?, &dw, col_tol, &format!("dγ, {what}"));
+        }
+        if let Some(b) = &b {
+            close(&grad(b)?, &db, col_tol, &format!("dβ, {what}"));
+        }
+    }
+    Ok(())
+}
+
+test_device!(
+    layer_norm_backward_matches_its_closed_form,
+    layer_norm_backward
+);
+
 /// Visits every term of `conv2d` on the host, from its definition: for each output element,
 /// channel and kernel offset inside the input, `term(y index, x index, k index)`, an output's
 /// terms one after another.

@@ -183,6 +183,7 @@ impl WgpuBackend {
             stores_reduce_map: false,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
+            layer_norm_backward_row: 0,
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half

@@ -2,10 +2,8 @@
 //! its terms, in f64 (so the reference is as exact as the dtype allows), rounded once into the
 //! output. Plain and obviously right; output planes split across threads.
 
-use super::block::{with_dtype, Block, Prim};
-use super::strided::{threads, View};
+use super::strided::{load_f64, store_f64, threads};
 use crate::backend::{KernelArgs, Operand};
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ir::{ConvGeometry, ConvPass};
 use crate::lower::conv_plan::ConvDims;
@@ -18,16 +16,7 @@ fn load(op: &Operand) -> Result<(Vec<f64>, [usize; 4])> {
             op.layout.shape()
         )));
     };
-    let view = View::new(op)?;
-    let mut scratch = Vec::new();
-    // SAFETY: View::new bounds-checked the operand's layout.
-    let block = with_dtype!(op.dtype, T => T::wrap(unsafe {
-        view.load::<T>(0, op.layout.numel(), &mut scratch)
-    }));
-    match block.cast(DType::F64, false) {
-        Block::F64(v) => Ok((v, [a, b, c, d])),
-        _ => unreachable!("cast to f64"),
-    }
+    Ok((load_f64(op)?, [a, b, c, d]))
 }
 
 /// The input position a window tap reads, or `None` in the padding.
@@ -148,7 +137,7 @@ pub(crate) fn run(pass: ConvPass, g: &ConvGeometry, args: &KernelArgs) -> Result
     let per = planes.div_ceil(workers).max(1);
     if per >= planes {
         let vals: Vec<f64> = (0..planes).flat_map(plane).collect();
-        return finish(Block::F64(vals), out);
+        return store_f64(vals, out);
     }
     let parts: Vec<Vec<f64>> = std::thread::scope(|s| {
         let jobs: Vec<_> = (0..planes)
@@ -166,22 +155,5 @@ pub(crate) fn run(pass: ConvPass, g: &ConvGeometry, args: &KernelArgs) -> Result
             .map(|j| j.join().unwrap_or_default())
             .collect()
     });
-    finish(Block::F64(parts.concat()), out)
-}
-
-/// Stores the computed values (f64) into the output, in its dtype.
-fn finish(result: Block, out: &Operand) -> Result<()> {
-    if result.len() != out.layout.numel() {
-        return Err(Error::Backend(format!(
-            "internal error: a convolution computed {} values for an output of shape {:?}",
-            result.len(),
-            out.layout.shape()
-        )));
-    }
-    let result = result.cast(out.dtype, false);
-    let view = View::new(out)?;
-    let mut scratch = Vec::new();
-    // SAFETY: the output is contiguous and bounds-checked by View::new; one thread writes it.
-    super::block::with_block!(&result, v: T => unsafe { view.store::<T>(0, v, &mut scratch) });
-    Ok(())
+    store_f64(parts.concat(), out)
 }

@@ -7,6 +7,7 @@ mod buffer;
 mod convolution;
 mod histogram;
 mod index;
+mod layer_norm;
 mod map;
 mod matmul;
 mod reduce;
@@ -283,6 +284,9 @@ impl Backend for CpuBackend {
                 weighted,
             } => histogram::run(*bins, bin, *weighted, args, &self.pool),
             Kernel::Convolution { pass, geometry, .. } => convolution::run(*pass, geometry, args),
+            Kernel::LayerNormBackward { weight, columns } => {
+                layer_norm::run(*weight, *columns, args)
+            }
         }
     }
 

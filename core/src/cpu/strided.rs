@@ -165,3 +165,34 @@ impl<'a> View<'a> {
         }
     }
 }
+
+/// An operand's values as f64, in row-major order.
+pub(crate) fn load_f64(op: &Operand) -> Result<Vec<f64>> {
+    let view = View::new(op)?;
+    let mut scratch = Vec::new();
+    // SAFETY: View::new bounds-checked the operand's layout.
+    let block = super::block::with_dtype!(op.dtype, T => T::wrap(unsafe {
+        view.load::<T>(0, op.layout.numel(), &mut scratch)
+    }));
+    match block.cast(crate::dtype::DType::F64, false) {
+        super::block::Block::F64(v) => Ok(v),
+        _ => unreachable!("cast to f64"),
+    }
+}
+
+/// Stores `values` (one per element, row-major) into `out`, each rounded once to its dtype.
+pub(crate) fn store_f64(values: Vec<f64>, out: &Operand) -> Result<()> {
+    if values.len() != out.layout.numel() {
+        return Err(Error::Backend(format!(
+            "internal error: {} values for an output of shape {:?}",
+            values.len(),
+            out.layout.shape()
+        )));
+    }
+    let result = super::block::Block::F64(values).cast(out.dtype, false);
+    let view = View::new(out)?;
+    let mut scratch = Vec::new();
+    // SAFETY: bounds-checked by View::new; one thread writes the output.
+    super::block::with_block!(&result, v: T => unsafe { view.store::<T>(0, v, &mut scratch) });
+    Ok(())
+}

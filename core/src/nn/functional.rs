@@ -16,6 +16,7 @@
 //! # Ok::<(), strata_core::Error>(())
 //! ```
 
+use super::layer_norm_kernel;
 pub use super::windows::{
     adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, max_pool2d, Pair,
 };
@@ -519,6 +520,32 @@ pub fn layer_norm(
             // the sum of `ĝ`.
             rstd.realize()?;
             mean.realize()?;
+            // Where the backend runs it, one kernel: `dx` and the column sums in one pass.
+            let weight_grad = shapes.0.is_some() && wants[1];
+            let bias_grad = shapes.1.is_some() && wants[1 + shapes.0.is_some() as usize];
+            let kernel = match wants[0] {
+                true => layer_norm_kernel::backward(
+                    &node_x,
+                    g,
+                    [&mean, &rstd],
+                    node_w.as_ref(),
+                    normalized,
+                    weight_grad || bias_grad,
+                )?,
+                false => None,
+            };
+            if let Some(k) = kernel {
+                let (gx, gs) = k.columns.unzip();
+                let mut grads = vec![Some(k.dx)];
+                for (shape, want, sum) in [(&shapes.0, weight_grad, gx), (&shapes.1, bias_grad, gs)]
+                {
+                    if let Some(shape) = shape {
+                        let sum = sum.filter(|_| want);
+                        grads.push(sum.map(|t| sum_to_shape(&t, shape)).transpose()?);
+                    }
+                }
+                return in_dtypes(grads, &dtypes);
+            }
             let xhat = || node_x.sub(&mean)?.mul(&rstd);
             let gw = || match &node_w {
                 Some(w) => g.mul(w),

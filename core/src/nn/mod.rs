@@ -23,6 +23,7 @@ mod convolution;
 pub mod data;
 mod data_parallel;
 pub mod functional;
+mod layer_norm_kernel;
 mod layers;
 mod optimizer;
 mod saving;

@@ -56,6 +56,12 @@ pub(super) fn kernel_record(
                 conv_flops(*pass, args),
             )
         }
+        Kernel::LayerNormBackward { .. } => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let name = "layer_norm_backward";
+            // Per element: x̂ (2), ĝ, three sums' terms (3), dx (4) and two column sums (3).
+            (name, vec![name.to_string()], 13 * n)
+        }
         Kernel::Histogram { bin, .. } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
             let mut ops = map_ops(bin);

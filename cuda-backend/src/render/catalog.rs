@@ -3,6 +3,7 @@
 //! PyPI, so a generator change that emits invalid CUDA C fails there, before the GPU machine.
 
 use super::index::IndexSig;
+use super::layer_norm::LayerNormSig;
 use super::map::MapSig;
 use super::matmul::MatmulSig;
 use super::reduce::ReduceSig;
@@ -660,6 +661,30 @@ pub(crate) fn softmaxes() -> Vec<SoftmaxSig> {
     out
 }
 
+/// Layer norm backward signatures: each float dtype, with and without γ and the column sums,
+/// the smallest and largest blocks, vectors and elements a thread.
+pub(crate) fn layer_norms() -> Vec<LayerNormSig> {
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for (weight, columns) in [(true, true), (false, false), (true, false), (false, true)] {
+            for (threads, per_thread, vector) in
+                [(32, 1, 1), (512, 8, 4), (1024, 8, 2), (128, 6, 2)]
+            {
+                let vector = vector.min(16 / dtype.itemsize());
+                out.push(LayerNormSig {
+                    dtype,
+                    weight,
+                    columns,
+                    threads,
+                    per_thread,
+                    vector,
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -702,6 +727,12 @@ mod tests {
             add(
                 super::super::softmax::source(&s).expect("softmax source"),
                 "strata_softmax",
+            );
+        }
+        for s in layer_norms() {
+            add(
+                super::super::layer_norm::source(&s),
+                "strata_layer_norm_backward",
             );
         }
         for s in matmuls() {

@@ -15,6 +15,7 @@ pub(crate) mod expr;
 pub(crate) mod histogram;
 pub(crate) mod index;
 pub(crate) mod interpreter;
+pub(crate) mod layer_norm;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;

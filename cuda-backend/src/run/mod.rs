@@ -9,6 +9,7 @@ mod convolution;
 pub(crate) mod first_launch;
 mod histogram;
 mod index;
+mod layer_norm;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod reduce;
@@ -26,6 +27,7 @@ use crate::memory::Memory;
 use crate::render::conv::{ConvSig, ConvSumSig};
 use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
+use crate::render::layer_norm::LayerNormSig;
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
 use crate::render::reduce::ReduceSig;
@@ -67,6 +69,7 @@ pub(crate) struct Runner {
     indexing: FunctionCache<IndexSig>,
     matmuls: FunctionCache<MatmulSig>,
     softmaxes: FunctionCache<SoftmaxSig>,
+    layer_norms: FunctionCache<LayerNormSig>,
     histograms: FunctionCache<HistogramSig>,
     convolutions: FunctionCache<ConvSig>,
     conv_sums: FunctionCache<ConvSumSig>,
@@ -91,6 +94,7 @@ impl Runner {
             indexing: FunctionCache::default(),
             matmuls: FunctionCache::default(),
             softmaxes: FunctionCache::default(),
+            layer_norms: FunctionCache::default(),
             histograms: FunctionCache::default(),
             convolutions: FunctionCache::default(),
             conv_sums: FunctionCache::default(),
@@ -105,6 +109,7 @@ impl Runner {
             + self.indexing.len()
             + self.matmuls.len()
             + self.softmaxes.len()
+            + self.layer_norms.len()
             + self.histograms.len()
             + self.convolutions.len()
             + self.conv_sums.len()
@@ -120,6 +125,9 @@ impl Runner {
             Kernel::Index { kind, axis } => index::steps(&IndexOperands::of(*kind, *axis, args)?),
             Kernel::Softmax { log } => {
                 softmax::steps(*log, &SoftmaxOperands::of(args)?, &self.target)
+            }
+            Kernel::LayerNormBackward { weight, columns } => {
+                layer_norm::steps(*weight, *columns, args, &self.target)
             }
             Kernel::Histogram {
                 bins,
@@ -257,6 +265,7 @@ impl Runner {
             Sig::Index(k) => function(&self.indexing, k, &self.compiler),
             Sig::Matmul(k) => function(&self.matmuls, k, &self.compiler),
             Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
+            Sig::LayerNorm(k) => function(&self.layer_norms, k, &self.compiler),
             Sig::Histogram(k) => function(&self.histograms, k, &self.compiler),
             Sig::Conv(k) => function(&self.convolutions, k, &self.compiler),
             Sig::ConvSum(k) => function(&self.conv_sums, k, &self.compiler),
@@ -353,6 +362,7 @@ impl Runner {
                         Sig::Index(k) => self.indexing.peek(k).is_some(),
                         Sig::Matmul(k) => self.matmuls.peek(k).is_some(),
                         Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
+                        Sig::LayerNorm(k) => self.layer_norms.peek(k).is_some(),
                         Sig::Histogram(k) => self.histograms.peek(k).is_some(),
                         Sig::Conv(k) => self.convolutions.peek(k).is_some(),
                         Sig::ConvSum(k) => self.conv_sums.peek(k).is_some(),

@@ -167,6 +167,10 @@ impl WgpuBackend {
                 weighted,
             } => self.histogram_steps(*bins, bin, *weighted, args),
             Kernel::Convolution { pass, geometry, .. } => self.conv_steps(*pass, geometry, args),
+            Kernel::LayerNormBackward { .. } => Err(Error::Backend(
+                "a layer norm's backward kernel does not run on wgpu (layer_norm_backward_row 0)"
+                    .into(),
+            )),
         }
     }
 

@@ -1,0 +1,215 @@
+//! `LayerNormBackward` kernels: core's plan ([`layer_norm_plan`]) as CUDA C. A block takes
+//! rows `blockIdx.x, + gridDim.x, …`; each thread loads its vectors of `x` and `g` (vectors
+//! `t, t + threads, …` of the row) into registers, the block adds `Σĝ`, `Σĝ·x̂` and `Σx̂`
+//! (a butterfly in each warp, then the warps' values in one order, through a shared-memory
+//! buffer that alternates between rows so one barrier a row suffices), and each thread writes
+//! its `dx` from the registers. `γ` is loaded once a block; with `columns`, each thread keeps
+//! the sums of `g·x̂` and `g` of its columns over the block's rows and stores them once, in
+//! the block's row of the partial sums.
+//!
+//! [`layer_norm_plan`]: strata_core::lower::layer_norm_plan
+
+use super::{compute_type, from_storage, storage_type, to_storage, vector_type};
+use super::{Generated, Rendered};
+use std::fmt::Write;
+use strata_core::{DType, Result};
+
+/// The structure of a layer norm's backward launch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct LayerNormSig {
+    pub dtype: DType,
+    /// Input 4 is `γ`.
+    pub weight: bool,
+    /// Outputs 1 and 2 take the column sums.
+    pub columns: bool,
+    /// Threads of a block (a power of two, at least 32).
+    pub threads: usize,
+    /// Elements of a row a thread keeps (a multiple of `vector`).
+    pub per_thread: usize,
+    /// Elements per vector load and store.
+    pub vector: usize,
+}
+
+impl strata_core::kernel_cache::Owned for LayerNormSig {}
+
+impl Generated for LayerNormSig {
+    const NAME: &'static str = "strata_layer_norm_backward";
+    fn render(&self) -> Result<Rendered> {
+        Ok(Rendered::single(source(self)))
+    }
+}
+
+/// Argument words: rows, n, then the addresses of x, g, mean, rstd, dx, γ (0 without), and
+/// the two column sums (0 without).
+pub(crate) const WORDS: usize = 10;
+
+/// The CUDA C source of a layer norm's backward named `strata_layer_norm_backward`.
+pub(crate) fn source(sig: &LayerNormSig) -> String {
+    let (d, t, v) = (sig.dtype, sig.threads, sig.vector);
+    let vectors = sig.per_thread / v;
+    let acc = d.accumulator();
+    let (st, at) = (storage_type(d), compute_type(acc));
+    let vt = vector_type(v * d.itemsize());
+    let warps = t / 32;
+    let load = |e: &str| {
+        let v = from_storage(d, e);
+        match compute_type(d) == at {
+            true => v,
+            false => format!("({at}){v}"),
+        }
+    };
+    let mut s = String::new();
+    // Half a multiprocessor's threads resident (at most 64 registers a thread), as core's
+    // `parts` counts them.
+    let blocks = (1024 / t).max(1);
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void __launch_bounds__({t}, {blocks}) strata_layer_norm_backward(const Args<{WORDS}> p) {{"
+    );
+    let _ = writeln!(s, "  const i64 rows = (i64)p.w[0], n = (i64)p.w[1];");
+    for (k, name) in ["x", "g", "mean", "rstd"].iter().enumerate() {
+        let _ = writeln!(s, "  const {st}* {name} = (const {st}*)p.w[{}];", 2 + k);
+    }
+    let _ = writeln!(s, "  {st}* dx = ({st}*)p.w[6];");
+    let _ = writeln!(
+        s,
+        "  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;"
+    );
+    let _ = writeln!(s, "  typedef union {{ {vt} v; {st} e[{v}]; }} Vec;");
+    let _ = writeln!(s, "  __shared__ {at} sh[2][{warps}][3];");
+    // The thread's columns: vector j's element l is column (j·threads + t)·vector + l.
+    let each = |s: &mut String, body: &str| {
+        let _ = writeln!(
+            s,
+            "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) {{\n#pragma unroll\n      for (int l = 0; l < {v}; l++) {{\n        const int e = j * {v} + l;\n{body}\n      }}\n    }}\n  }}"
+        );
+    };
+    let _ = writeln!(s, "  {at} w[{}];", sig.per_thread);
+    if sig.weight {
+        let _ = writeln!(s, "  const {st}* gamma = (const {st}*)p.w[7];");
+        each(&mut s, &format!("        w[e] = {};", load("gamma[c + l]")));
+    }
+    if sig.columns {
+        let _ = writeln!(
+            s,
+            "  {at}* sum_gx = ({at}*)p.w[8];\n  {at}* sum_g = ({at}*)p.w[9];"
+        );
+        let _ = writeln!(
+            s,
+            "  {at} cgx[{pt}], cg[{pt}];\n#pragma unroll\n  for (int e = 0; e < {pt}; e++) {{ cgx[e] = 0; cg[e] = 0; }}",
+            pt = sig.per_thread
+        );
+    }
+    let _ = writeln!(s, "  int parity = 0;");
+    let _ = writeln!(
+        s,
+        "  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{\n  const i64 base = r * n;"
+    );
+    let _ = writeln!(s, "  Vec ux[{vectors}], ug[{vectors}];");
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) {{ ux[j].v = *(const {vt}*)(x + base + c); ug[j].v = *(const {vt}*)(g + base + c); }}\n  }}"
+    );
+    let _ = writeln!(
+        s,
+        "  const {at} m = {}, rs = {};",
+        load("mean[r]"),
+        load("rstd[r]")
+    );
+    let gamma = match sig.weight {
+        true => "gv * w[e]",
+        false => "gv",
+    };
+    let values = format!(
+        "        const {at} xv = {}, gv = {};\n        const {at} xh = (xv - m) * rs, gh = {gamma};",
+        load("ux[j].e[l]"),
+        load("ug[j].e[l]")
+    );
+    let _ = writeln!(s, "  {at} s0 = 0, s1 = 0, s2 = 0;");
+    each(
+        &mut s,
+        &format!("{values}\n        s0 += gh; s1 += gh * xh; s2 += xh;"),
+    );
+    // The block's three sums, every thread ending with the same values.
+    let _ = writeln!(
+        s,
+        "  for (int o = 16; o > 0; o >>= 1) {{\n    s0 += __shfl_xor_sync(0xffffffffu, s0, o);\n    s1 += __shfl_xor_sync(0xffffffffu, s1, o);\n    s2 += __shfl_xor_sync(0xffffffffu, s2, o);\n  }}"
+    );
+    let _ = writeln!(
+        s,
+        "  if (lane == 0) {{ sh[parity][warp][0] = s0; sh[parity][warp][1] = s1; sh[parity][warp][2] = s2; }}\n  __syncthreads();"
+    );
+    let _ = writeln!(
+        s,
+        "  s0 = sh[parity][0][0]; s1 = sh[parity][0][1]; s2 = sh[parity][0][2];\n  for (int k = 1; k < {warps}; k++) {{ s0 += sh[parity][k][0]; s1 += sh[parity][k][1]; s2 += sh[parity][k][2]; }}\n  parity ^= 1;"
+    );
+    let _ = writeln!(
+        s,
+        "  const {at} a = s0 / ({at})n, b = (s1 - a * s2) / ({at})n;"
+    );
+    let columns = match sig.columns {
+        true => "\n        cgx[e] += gv * xh; cg[e] += gv;",
+        false => "",
+    };
+    let _ = writeln!(s, "  Vec uo[{vectors}];");
+    each(
+        &mut s,
+        &format!(
+            "{values}\n        uo[j].e[l] = {};{columns}",
+            to_storage(d, "(((gh - a) - xh * b) * rs)")
+        ),
+    );
+    let _ = writeln!(
+        s,
+        "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) *({vt}*)(dx + base + c) = uo[j].v;\n  }}"
+    );
+    let _ = writeln!(s, "  }}");
+    if sig.columns {
+        each(
+            &mut s,
+            "        sum_gx[(i64)blockIdx.x * n + c + l] = cgx[e];\n        sum_g[(i64)blockIdx.x * n + c + l] = cg[e];",
+        );
+    }
+    let _ = writeln!(s, "}}");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keeps_the_row_in_registers_and_syncs_once_a_row() {
+        let sig = LayerNormSig {
+            dtype: DType::F32,
+            weight: true,
+            columns: true,
+            threads: 512,
+            per_thread: 8,
+            vector: 4,
+        };
+        let src = source(&sig);
+        // One load of each of x and g a vector, one store of dx: nothing read twice.
+        assert_eq!(
+            src.matches("*(const uint4*)(x + base + c)").count(),
+            1,
+            "{src}"
+        );
+        assert_eq!(
+            src.matches("*(const uint4*)(g + base + c)").count(),
+            1,
+            "{src}"
+        );
+        assert_eq!(src.matches("__syncthreads").count(), 1, "{src}");
+        assert!(src.contains("cgx[e] += gv * xh"), "{src}");
+        let plain = source(&LayerNormSig {
+            weight: false,
+            columns: false,
+            ..sig
+        });
+        assert!(
+            !plain.contains("gamma") && !plain.contains("cgx"),
+            "{plain}"
+        );
+    }
+}
