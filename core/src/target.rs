@@ -127,6 +127,9 @@ pub struct Target {
     /// core composes layer norm's backward from reductions and maps (five passes over the
     /// rows where the kernel makes one).
     pub layer_norm_backward_row: usize,
+    /// The dtypes it runs [`Kernel::LayerNormBackward`](crate::ir::Kernel::LayerNormBackward)
+    /// for.
+    pub layer_norm_backward_dtypes: &'static [DType],
     /// The output dtypes this backend runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram)
     /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
     /// work: right, but slow for many bins).
@@ -182,6 +185,7 @@ impl Target {
             stores_reduce_map: true,
             runs_softmax: true,
             layer_norm_backward_row: usize::MAX,
+            layer_norm_backward_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
             k_major_tf32_from: None,

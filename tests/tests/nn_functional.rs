@@ -638,7 +638,14 @@ fn layer_norm_backward(dev: &Device) -> Result<()> {
             .device_work()
             .filter(|r| r.name.ends_with("layer_norm_backward"))
             .count();
-        let kernel = dev.backend().target().layer_norm_backward_row >= n;
+        // (A backend that binds windows binds each operand whole: the widest is x.)
+        let target = dev.backend().target();
+        let binds = target.binding_limit.is_none_or(|limit| {
+            (rows * n * dtype.itemsize()) as u64 + target.offset_align + 16 <= limit
+        });
+        let kernel = target.layer_norm_backward_row >= n
+            && target.layer_norm_backward_dtypes.contains(&dtype)
+            && binds;
         assert_eq!(runs, kernel as usize, "layer norm backward kernels, {what}");
         let (xv, gv) = (values(&x)?, values(&gy)?);
         let wv = match &w {
@@ -983,18 +990,24 @@ fn one_kernel_a_pass(dev: &Device, shape: [usize; 4], kshape: [usize; 4]) -> Res
         2,
         "conv2d backward of {what}:\n{backward}"
     );
-    close(&values(&y)?, &want, 1e-5, &format!("conv2d of {what}"));
+    // cuDNN picks each pass's algorithm by timing its candidates: a Winograd one, whose f32
+    // error is about 1e-4 of the values, wins some runs (seen on an H200: 8.6e-5).
+    let tol = match dev.kind() {
+        strata::BackendKind::Cuda => 3e-4,
+        _ => 1e-5,
+    };
+    close(&values(&y)?, &want, tol, &format!("conv2d of {what}"));
     let (gx, gk) = host_conv_grads(&xs, shape, &ks, kshape, &values(&r)?, one, one, one, 1);
     close(
         &values(&x.grad().unwrap())?,
         &gx,
-        1e-5,
+        tol,
         &format!("input gradient of {what}"),
     );
     close(
         &values(&k.grad().unwrap())?,
         &gk,
-        1e-5,
+        tol,
         &format!("weight gradient of {what}"),
     );
     Ok(())

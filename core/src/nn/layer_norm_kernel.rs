@@ -39,6 +39,7 @@ pub(super) fn backward(
     if n == 0
         || rows == 0
         || n > target.layer_norm_backward_row
+        || !target.layer_norm_backward_dtypes.contains(&d)
         || g.shape() != x.shape()
         || weight.is_some_and(|w| w.shape() != &x.shape()[lead..])
         || [g, mean, rstd]
@@ -47,6 +48,14 @@ pub(super) fn backward(
             .any(|t| t.dtype() != d)
     {
         return Ok(None);
+    }
+    let parts = layer_norm_plan::parts(rows, n, target);
+    // A backend that binds windows of its buffers (wgpu) binds each operand whole.
+    if let Some(limit) = target.binding_limit {
+        let widest = (rows * n * d.itemsize()).max(parts * n * d.accumulator().itemsize());
+        if widest as u64 + target.offset_align + 16 > limit {
+            return Ok(None);
+        }
     }
     let as_rows = |t: &Tensor, shape: &[usize]| t.contiguous()?.reshape(shape.to_vec());
     let mut inputs = vec![
@@ -59,7 +68,6 @@ pub(super) fn backward(
         inputs.push(as_rows(w, &[n])?);
     }
     let dx = Tensor::empty([rows, n], d, dev)?;
-    let parts = layer_norm_plan::parts(rows, n, target);
     let sums = match columns {
         true => vec![
             Tensor::empty([parts, n], d.accumulator(), dev)?,

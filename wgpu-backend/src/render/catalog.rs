@@ -10,7 +10,7 @@
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
 use super::matmul::Staged;
-use super::{conv, coop_matmul, index, map, matmul, reduce, softmax, staged, Caps};
+use super::{conv, coop_matmul, index, layer_norm, map, matmul, reduce, softmax, staged, Caps};
 use strata_core::ir::ConvPass;
 use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
@@ -396,6 +396,24 @@ fn every_reduce_variant_validates() {
                         check(&reduce::source(&sig, caps).unwrap(), targets);
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Layer norm's backward: with and without γ and the column sums, one element an invocation
+/// and the most, by subgroups and by a tree.
+#[test]
+fn every_layer_norm_variant_validates() {
+    for (weight, columns) in [(true, true), (false, false), (true, false), (false, true)] {
+        for per_invocation in [1, 3, layer_norm::PER_INVOCATION] {
+            let sig = layer_norm::LayerNormSig {
+                weight,
+                columns,
+                per_invocation,
+            };
+            for (caps, targets) in caps_for(&[DType::F32]) {
+                check(&layer_norm::source(&sig, caps), targets);
             }
         }
     }

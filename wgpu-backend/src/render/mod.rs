@@ -21,6 +21,7 @@ pub(crate) mod coop_matmul;
 pub(crate) mod expr;
 pub(crate) mod histogram;
 pub(crate) mod index;
+pub(crate) mod layer_norm;
 pub(crate) mod map;
 pub(crate) mod matmul;
 pub(crate) mod prelude;

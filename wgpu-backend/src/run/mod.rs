@@ -7,6 +7,7 @@
 mod conv;
 mod histogram;
 mod index;
+mod layer_norm;
 mod map;
 mod matmul;
 mod reduce;
@@ -16,6 +17,7 @@ mod staged;
 use crate::launch::{operand_info, raw, Binding};
 use crate::render::conv::ConvSig;
 use crate::render::histogram::HistogramSig;
+use crate::render::layer_norm::LayerNormSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::staged::StagedSig;
 use crate::render::{self, prelude};
@@ -70,6 +72,7 @@ pub(crate) enum Sig<'k> {
     Matmul(MatmulSig),
     Histogram(HistogramSig),
     Softmax(SoftmaxSig),
+    LayerNorm(LayerNormSig),
     Staged(StagedSig),
     Conv(ConvSig),
 }
@@ -86,6 +89,7 @@ impl Sig<'_> {
             Sig::Matmul(_) => "strata_matmul",
             Sig::Histogram(_) => "strata_histogram",
             Sig::Softmax(_) => "strata_softmax",
+            Sig::LayerNorm(_) => "strata_layer_norm_backward",
             Sig::Conv(ConvSig {
                 sum_partials: true, ..
             }) => "strata_conv_sum",
@@ -167,10 +171,9 @@ impl WgpuBackend {
                 weighted,
             } => self.histogram_steps(*bins, bin, *weighted, args),
             Kernel::Convolution { pass, geometry, .. } => self.conv_steps(*pass, geometry, args),
-            Kernel::LayerNormBackward { .. } => Err(Error::Backend(
-                "a layer norm's backward kernel does not run on wgpu (layer_norm_backward_row 0)"
-                    .into(),
-            )),
+            Kernel::LayerNormBackward { weight, columns } => {
+                self.layer_norm_steps(*weight, *columns, args)
+            }
         }
     }
 
@@ -240,6 +243,11 @@ impl WgpuBackend {
             }),
             Sig::Softmax(sig) => self.softmaxes.get(sig, |sig| {
                 self.gpu.pipeline(&render::softmax::source(sig, caps)?, 2)
+            }),
+            Sig::LayerNorm(sig) => self.layer_norms.get(sig, |sig| {
+                let bindings = 5 + 2 * sig.columns as usize + sig.weight as usize;
+                self.gpu
+                    .pipeline(&render::layer_norm::source(sig, caps), bindings)
             }),
             Sig::Staged(sig) => self.staged.get(sig, |sig| {
                 let source = render::staged::source(sig, caps)?;

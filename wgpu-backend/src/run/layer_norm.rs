@@ -1,0 +1,78 @@
+//! A layer norm's backward dispatch: a workgroup per part of core's plan
+//! ([`layer_norm_plan`]), every operand bound whole (core sends the kernel only where each
+//! fits a binding).
+
+use super::{access, Bind, Dispatch, Sig, Step};
+use crate::render::layer_norm::{LayerNormSig, LONGEST_ROW, PARAMS};
+use crate::WgpuBackend;
+use strata_core::backend::KernelArgs;
+use strata_core::lower::layer_norm_plan::{self, LayerNormOperands};
+use strata_core::lower::pieces::{window, Piece};
+use strata_core::{DType, Error, Result};
+
+impl WgpuBackend {
+    /// The dispatch of `LayerNormBackward { weight, columns }` over `args`.
+    pub(crate) fn layer_norm_steps(
+        &self,
+        weight: bool,
+        columns: bool,
+        args: &KernelArgs,
+    ) -> Result<Vec<Step<'static>>> {
+        let ops = LayerNormOperands::of(args, weight, columns)?;
+        if ops.rows == 0 || ops.n == 0 {
+            return Ok(Vec::new());
+        }
+        if ops.dtype != DType::F32 || ops.n > LONGEST_ROW {
+            return Err(Error::Backend(format!(
+                "wgpu's layer norm backward takes f32 rows of up to {LONGEST_ROW} elements: \
+                 got {} rows of {}",
+                ops.dtype, ops.n
+            )));
+        }
+        let parts = match ops.columns {
+            Some([sums, _]) => sums.layout.shape()[0],
+            None => layer_norm_plan::parts(ops.rows, ops.n, &self.target),
+        };
+        let mut binds = Vec::new();
+        let mut firsts = Vec::new();
+        for (k, op) in args.outputs.iter().chain(&args.inputs).enumerate() {
+            let shape = op.layout.shape();
+            let win = window(
+                &access(op, op.layout.strides().to_vec())?,
+                &Piece::whole(shape),
+                self.target.offset_align,
+            );
+            if win.byte_size > self.binding_limit() {
+                return Err(Error::Backend(format!(
+                    "a layer norm backward operand of shape {shape:?} does not fit the \
+                     adapter's {}-byte storage binding",
+                    self.binding_limit()
+                )));
+            }
+            binds.push(Bind::Operand {
+                operand: k,
+                window: win,
+            });
+            firsts.push(win.rel_offset as u32);
+        }
+        // dx, the two sums (where bound), x, g, mean, rstd, γ (where bound).
+        let outputs = args.outputs.len();
+        let mut params = vec![ops.rows as u32, ops.n as u32, parts as u32, firsts[0]];
+        params.extend(match columns {
+            true => [firsts[1], firsts[2]],
+            false => [0, 0],
+        });
+        params.extend(&firsts[outputs..]);
+        params.resize(PARAMS, 0);
+        Ok(vec![Step::Dispatch(Dispatch {
+            sig: Sig::LayerNorm(LayerNormSig {
+                weight,
+                columns,
+                per_invocation: ops.n.div_ceil(256),
+            }),
+            params,
+            binds,
+            threads: parts * 256,
+        })])
+    }
+}
