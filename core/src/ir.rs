@@ -920,6 +920,21 @@ pub enum Kernel {
         /// Input 1 holds each element's weight.
         weighted: bool,
     },
+    /// Layer norm over `rows` rows of `n` elements, each row read from memory once. Input 0
+    /// is `x` (`[rows, n]`), then `γ` with `weight` and `β` with `bias` (each `[n]`), all
+    /// contiguous and of one float dtype; launch scalar 0 is `eps`, in the dtype's
+    /// [`accumulator`](DType::accumulator). Per row, in the accumulator dtype: `mean = Σx / n`,
+    /// `var = Σ(x − mean)² / n` and `rstd = 1 / sqrt(var + eps)`; output 0 (`y`, `[rows, n]`)
+    /// is `(x − mean)·rstd·γ + β` (without γ or β where not given) rounded once, outputs 1 and
+    /// 2 (`[rows]`, the dtype) `mean` and `rstd` rounded (what the backward reads). Sums may
+    /// add in any order. Only backends whose
+    /// [`layer_norm_row`](crate::target::Target::layer_norm_row) is at least `n` get one.
+    LayerNorm {
+        /// An input is `γ`.
+        weight: bool,
+        /// The last input is `β`.
+        bias: bool,
+    },
     /// Layer norm's backward over `rows` rows of `n` elements, each row read from memory
     /// once. Inputs `[x, g, mean, rstd]`, then `γ` with `weight`: `x` and `g` (the upstream
     /// gradient) `[rows, n]`, `mean` and `rstd` `[rows]`, `γ` `[n]`, all contiguous and of one
@@ -930,7 +945,7 @@ pub enum Kernel {
     /// column sums of `g·x̂` and of `g` over the rows `p, p + parts, p + 2·parts, …` in their
     /// row `p` (γ's and β's gradients are their sums over `parts`). Sums may add in any order
     /// (`b` may be taken as `(Σĝ·x̂ − a·Σx̂) / n`). Only backends whose
-    /// [`layer_norm_backward_row`](crate::target::Target::layer_norm_backward_row) is at least
+    /// [`layer_norm_row`](crate::target::Target::layer_norm_row) is at least
     /// `n` get one ([`layer_norm_plan`](crate::lower::layer_norm_plan)).
     LayerNormBackward {
         /// Input 4 is `γ`.
@@ -956,6 +971,7 @@ impl Kernel {
             Kernel::Index { .. } => "index",
             Kernel::Histogram { .. } => "histogram",
             Kernel::Convolution { .. } => "convolution",
+            Kernel::LayerNorm { .. } => "layer_norm",
             Kernel::LayerNormBackward { .. } => "layer_norm_backward",
         }
     }

@@ -123,13 +123,13 @@ pub struct Target {
     /// its composition (a max, a fused sum, a map).
     pub runs_softmax: bool,
     /// The longest row (in elements) this backend runs
+    /// [`Kernel::LayerNorm`](crate::ir::Kernel::LayerNorm) and
     /// [`Kernel::LayerNormBackward`](crate::ir::Kernel::LayerNormBackward) over; 0: none, and
-    /// core composes layer norm's backward from reductions and maps (five passes over the
-    /// rows where the kernel makes one).
-    pub layer_norm_backward_row: usize,
-    /// The dtypes it runs [`Kernel::LayerNormBackward`](crate::ir::Kernel::LayerNormBackward)
-    /// for.
-    pub layer_norm_backward_dtypes: &'static [DType],
+    /// core composes a layer norm from reductions and maps (a fused kernel forward, five
+    /// passes over the rows backward, where the kernels make one each).
+    pub layer_norm_row: usize,
+    /// The dtypes it runs those kernels for.
+    pub layer_norm_dtypes: &'static [DType],
     /// The output dtypes this backend runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram)
     /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
     /// work: right, but slow for many bins).
@@ -184,8 +184,8 @@ impl Target {
             stages_row_epilogue_alone: false,
             stores_reduce_map: true,
             runs_softmax: true,
-            layer_norm_backward_row: usize::MAX,
-            layer_norm_backward_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
+            layer_norm_row: usize::MAX,
+            layer_norm_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
             k_major_tf32_from: None,

@@ -597,12 +597,13 @@ test_device!(
     norms
 );
 
-/// Layer norm's backward against its closed form computed here in f64 from the same values:
-/// rows longer than a vector's multiple and not, more rows than the kernel's parts (the column
-/// sums of γ's and β's gradients over several rows a block), two normalized axes, 16-bit
-/// floats, with and without γ and β. Where the backend runs `LayerNormBackward` for the rows,
-/// the backward is that one kernel (and the column sums over its parts).
-fn layer_norm_backward(dev: &Device) -> Result<()> {
+/// Layer norm forward and backward against their closed forms computed here in f64 from the
+/// same values: rows longer than a vector's multiple and not, more rows than the kernels'
+/// parts (the column sums of γ's and β's gradients over several rows a block), two normalized
+/// axes, 16-bit floats, with and without γ and β. Where the backend runs `LayerNorm` and
+/// `LayerNormBackward` for the rows, each way is that one kernel (and backward the column sums
+/// over its parts).
+fn layer_norm_kernels(dev: &Device) -> Result<()> {
     let mut gen = Generator::new(11);
     // (shape, normalized axes, dtype, with γ, with β, tolerance)
     type Case = (&'static [usize], usize, DType, bool, bool, f64);
@@ -630,29 +631,48 @@ fn layer_norm_backward(dev: &Device) -> Result<()> {
         let x = Tensor::randn(shape.to_vec(), dtype, &mut gen, dev)?.requires_grad_(true)?;
         let gy = Tensor::randn(shape.to_vec(), dtype, &mut gen, dev)?;
         dev.flush()?;
+        let mut y = None;
         let profile = dev.profile(|| {
-            layer_norm(&x, normalized, w.as_ref(), b.as_ref(), 1e-5)?.backward_with(&gy)?;
+            let out = layer_norm(&x, normalized, w.as_ref(), b.as_ref(), 1e-5)?;
+            out.backward_with(&gy)?;
+            y = Some(out);
             dev.flush()
         })?;
-        let runs = profile
-            .device_work()
-            .filter(|r| r.name.ends_with("layer_norm_backward"))
-            .count();
+        let y = values(&y.expect("set by the profiled closure"))?;
+        let runs = |name: &str| {
+            profile
+                .device_work()
+                .filter(|r| r.name.ends_with(name))
+                .count()
+        };
         // (A backend that binds windows binds each operand whole: the widest is x.)
         let target = dev.backend().target();
         let binds = target.binding_limit.is_none_or(|limit| {
             (rows * n * dtype.itemsize()) as u64 + target.offset_align + 16 <= limit
         });
-        let kernel = target.layer_norm_backward_row >= n
-            && target.layer_norm_backward_dtypes.contains(&dtype)
-            && binds;
-        assert_eq!(runs, kernel as usize, "layer norm backward kernels, {what}");
+        let kernel =
+            target.layer_norm_row >= n && target.layer_norm_dtypes.contains(&dtype) && binds;
+        assert_eq!(
+            runs("layer_norm"),
+            kernel as usize,
+            "layer norm kernels, {what}"
+        );
+        let backward = runs("layer_norm_backward");
+        assert_eq!(
+            backward, kernel as usize,
+            "layer norm backward kernels, {what}"
+        );
         let (xv, gv) = (values(&x)?, values(&gy)?);
         let wv = match &w {
             Some(w) => values(w)?,
             None => vec![1.0; n],
         };
+        let bv = match &b {
+            Some(b) => values(b)?,
+            None => vec![0.0; n],
+        };
         let (mut dx, mut dw, mut db) = (vec![0.0; rows * n], vec![0.0; n], vec![0.0; n]);
+        let mut want_y = vec![0.0; rows * n];
         for r in 0..rows {
             let (xr, gr) = (&xv[r * n..(r + 1) * n], &gv[r * n..(r + 1) * n]);
             let mean = xr.iter().sum::<f64>() / n as f64;
@@ -663,11 +683,13 @@ fn layer_norm_backward(dev: &Device) -> Result<()> {
             let a = gh.iter().sum::<f64>() / n as f64;
             let bb = gh.iter().zip(&xhat).map(|(g, h)| (g - a) * h).sum::<f64>() / n as f64;
             for i in 0..n {
+                want_y[r * n + i] = xhat[i] * wv[i] + bv[i];
                 dx[r * n + i] = (gh[i] - a - xhat[i] * bb) * rstd;
                 dw[i] += gr[i] * xhat[i];
                 db[i] += gr[i];
             }
         }
+        close(&y, &want_y, tol, &format!("y, {what}"));
         let grad = |t: &Tensor| values(&t.grad().expect("a gradient"));
         close(&grad(&x)?, &dx, tol, &format!("dx, {what}"));
         // Column sums over many rows: their error grows with the rows' count.
@@ -683,8 +705,8 @@ fn layer_norm_backward(dev: &Device) -> Result<()> {
 }
 
 test_device!(
-    layer_norm_backward_matches_its_closed_form,
-    layer_norm_backward
+    layer_norm_both_ways_matches_its_closed_forms,
+    layer_norm_kernels
 );
 
 /// Visits every term of `conv2d` on the host, from its definition: for each output element,

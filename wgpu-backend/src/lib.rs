@@ -85,6 +85,7 @@ pub struct WgpuBackend {
     histograms: PipelineCache<render::histogram::HistogramSig>,
     softmaxes: PipelineCache<render::softmax::SoftmaxSig>,
     layer_norms: PipelineCache<render::layer_norm::LayerNormSig>,
+    layer_norm_forwards: PipelineCache<render::layer_norm::LayerNormForwardSig>,
     staged: PipelineCache<render::staged::StagedSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
@@ -184,9 +185,9 @@ impl WgpuBackend {
             stores_reduce_map: false,
             // One launch: each row read once, written once (render::softmax).
             runs_softmax: true,
-            layer_norm_backward_row: render::layer_norm::LONGEST_ROW,
+            layer_norm_row: render::layer_norm::LONGEST_ROW,
             // (16-bit elements share a word: one invocation's would race its neighbour's.)
-            layer_norm_backward_dtypes: &[DType::F32],
+            layer_norm_dtypes: &[DType::F32],
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
@@ -218,6 +219,7 @@ impl WgpuBackend {
             histograms: PipelineCache::default(),
             softmaxes: PipelineCache::default(),
             layer_norms: PipelineCache::default(),
+            layer_norm_forwards: PipelineCache::default(),
             staged: PipelineCache::default(),
         })
     }
@@ -272,6 +274,7 @@ impl WgpuBackend {
             + self.histograms.len()
             + self.softmaxes.len()
             + self.layer_norms.len()
+            + self.layer_norm_forwards.len()
             + self.staged.len()
     }
 

@@ -284,8 +284,9 @@ impl Backend for CpuBackend {
                 weighted,
             } => histogram::run(*bins, bin, *weighted, args, &self.pool),
             Kernel::Convolution { pass, geometry, .. } => convolution::run(*pass, geometry, args),
+            Kernel::LayerNorm { weight, bias } => layer_norm::forward(*weight, *bias, args),
             Kernel::LayerNormBackward { weight, columns } => {
-                layer_norm::run(*weight, *columns, args)
+                layer_norm::backward(*weight, *columns, args)
             }
         }
     }

@@ -1,12 +1,13 @@
-//! Layer norm's backward as one kernel
-//! ([`Kernel::LayerNormBackward`](crate::ir::Kernel::LayerNormBackward)): its operands,
+//! Layer norm as one kernel each way ([`Kernel::LayerNorm`](crate::ir::Kernel::LayerNorm),
+//! [`Kernel::LayerNormBackward`](crate::ir::Kernel::LayerNormBackward)): their operands,
 //! checked once, and the launch plan a GPU backend renders. A block of threads takes a row at
-//! a time; each thread keeps its share of the row (`x`, `g`, and `γ` for every row) in
-//! registers from the row's sums to its output, so memory sees `x` and `g` read once and `dx`
-//! written once, where the composition makes five passes (the statistics' uses, `Σĝ`, `dx`'s
-//! reduction and map, the two column sums). Each thread also keeps running sums of its
-//! columns (`g·x̂` and `g`) over the block's rows, stored once at the end: γ's and β's
-//! gradients are then a column sum over the blocks (`parts`), not over the rows.
+//! a time; each thread keeps its share of the row (`x`, and backward `g`; `γ` and `β` for every
+//! row) in registers from the row's sums to its output, so memory sees each input row read
+//! once and each output row written once — backward, where the composition makes five passes
+//! (the statistics' uses, `Σĝ`, `dx`'s reduction and map, the two column sums). Backward, each
+//! thread also keeps running sums of its columns (`g·x̂` and `g`) over the block's rows, stored
+//! once at the end: γ's and β's gradients are then a column sum over the blocks (`parts`), not
+//! over the rows.
 //!
 //! ```
 //! use strata_core::lower::layer_norm_plan::{longest_row, threads, PER_THREAD};
@@ -145,7 +146,108 @@ impl<'a> LayerNormOperands<'a> {
     }
 }
 
-/// How a GPU backend launches a layer norm's backward.
+/// The operands of a layer norm (forward), checked.
+#[derive(Debug)]
+pub struct LayerNormForwardOperands<'a> {
+    /// The input, `[rows, n]`.
+    pub x: &'a Operand,
+    /// `γ`, `[n]`, where given.
+    pub weight: Option<&'a Operand>,
+    /// `β`, `[n]`, where given.
+    pub bias: Option<&'a Operand>,
+    /// The output, `[rows, n]`.
+    pub y: &'a Operand,
+    /// Each row's mean, `[rows]`.
+    pub mean: &'a Operand,
+    /// Each row's `1 / sqrt(var + eps)`, `[rows]`.
+    pub rstd: &'a Operand,
+    /// Rows.
+    pub rows: usize,
+    /// Elements per row.
+    pub n: usize,
+    /// The dtype of every operand.
+    pub dtype: DType,
+}
+
+impl<'a> LayerNormForwardOperands<'a> {
+    /// Checks `args` for `LayerNorm { weight, bias }`.
+    ///
+    /// ```
+    /// use strata_core::lower::layer_norm_plan::LayerNormForwardOperands;
+    /// use strata_core::{backend::KernelArgs, DType, Device, Scalar, Tensor};
+    /// let dev = Device::cpu();
+    /// let z = |s: &[usize]| Tensor::zeros(s.to_vec(), DType::F32, &dev).unwrap().operand().unwrap();
+    /// let args = KernelArgs {
+    ///     outputs: vec![z(&[3, 8]), z(&[3]), z(&[3])],
+    ///     inputs: vec![z(&[3, 8]), z(&[8])],
+    ///     scalars: vec![Scalar::F32(1e-5)],
+    /// };
+    /// let ops = LayerNormForwardOperands::of(&args, true, false).unwrap();
+    /// assert_eq!((ops.rows, ops.n), (3, 8));
+    /// assert!(LayerNormForwardOperands::of(&args, true, true).is_err());
+    /// ```
+    pub fn of(
+        args: &'a KernelArgs,
+        weight: bool,
+        bias: bool,
+    ) -> Result<LayerNormForwardOperands<'a>> {
+        let (ins, outs) = (args.inputs.as_slice(), args.outputs.as_slice());
+        let want_ins = 1 + weight as usize + bias as usize;
+        if ins.len() != want_ins || outs.len() != 3 || args.scalars.len() != 1 {
+            return Err(Error::Invalid(format!(
+                "a layer norm (weight {weight}, bias {bias}) takes {want_ins} inputs, 3 outputs \
+                 and eps: got {} inputs, {} outputs and {} scalars",
+                ins.len(),
+                outs.len(),
+                args.scalars.len()
+            )));
+        }
+        let (x, dtype) = (&ins[0], ins[0].dtype);
+        let [rows, n] = *x.layout.shape() else {
+            return Err(Error::Invalid(format!(
+                "a layer norm takes rows [rows, n]: got x of shape {:?}",
+                x.layout.shape()
+            )));
+        };
+        let mut expected: Vec<(&str, &Operand, Vec<usize>)> = vec![
+            ("x", x, vec![rows, n]),
+            ("y", &outs[0], vec![rows, n]),
+            ("mean", &outs[1], vec![rows]),
+            ("rstd", &outs[2], vec![rows]),
+        ];
+        for (name, op) in ["weight", "bias"].iter().zip(&ins[1..]) {
+            expected.push((name, op, vec![n]));
+        }
+        for (name, op, shape) in expected {
+            if op.layout.shape() != shape.as_slice()
+                || op.dtype != dtype
+                || !op.layout.is_contiguous()
+                || !dtype.is_float()
+            {
+                return Err(Error::Invalid(format!(
+                    "a layer norm takes {name} contiguous of shape {shape:?} and float dtype \
+                     {dtype}: got shape {:?}, strides {:?}, dtype {}",
+                    op.layout.shape(),
+                    op.layout.strides(),
+                    op.dtype
+                )));
+            }
+        }
+        Ok(LayerNormForwardOperands {
+            x,
+            weight: weight.then(|| &ins[1]),
+            bias: bias.then(|| &ins[1 + weight as usize]),
+            y: &outs[0],
+            mean: &outs[1],
+            rstd: &outs[2],
+            rows,
+            n,
+            dtype,
+        })
+    }
+}
+
+/// How a GPU backend launches a layer norm, either way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerNormPlan {
     /// Threads of a block (a power of two, at least 32).
@@ -179,10 +281,35 @@ pub struct LayerNormPlan {
 /// assert_eq!((p.threads, p.per_thread, p.vector, p.parts), (512, 8, 4, 64));
 /// ```
 pub fn plan(ops: &LayerNormOperands, addresses: &[u64], target: &Target) -> LayerNormPlan {
-    let size = ops.dtype.itemsize();
+    let parts = match ops.columns {
+        Some([c, _]) => c.layout.shape()[0],
+        None => parts(ops.rows, ops.n, target),
+    };
+    rows_plan(ops.n, ops.dtype, parts, addresses, target)
+}
+
+/// Plans a layer norm's forward `ops` on `target` (as [`plan`]).
+pub fn forward_plan(
+    ops: &LayerNormForwardOperands,
+    addresses: &[u64],
+    target: &Target,
+) -> LayerNormPlan {
+    let parts = parts(ops.rows, ops.n, target);
+    rows_plan(ops.n, ops.dtype, parts, addresses, target)
+}
+
+/// Rows of `n` elements of `dtype` over `parts` blocks.
+fn rows_plan(
+    n: usize,
+    dtype: DType,
+    parts: usize,
+    addresses: &[u64],
+    target: &Target,
+) -> LayerNormPlan {
+    let size = dtype.itemsize();
     let lanes = (target.vector_bytes / size).clamp(1, 4);
     let aligned = |v: usize| {
-        ops.n.is_multiple_of(v)
+        n.is_multiple_of(v)
             && addresses
                 .iter()
                 .all(|a| a.is_multiple_of((v * size) as u64))
@@ -191,14 +318,10 @@ pub fn plan(ops: &LayerNormOperands, addresses: &[u64], target: &Target) -> Laye
         .into_iter()
         .find(|&v| v <= lanes && aligned(v))
         .unwrap_or(1);
-    let threads = threads(ops.n);
-    let parts = match ops.columns {
-        Some([c, _]) => c.layout.shape()[0],
-        None => parts(ops.rows, ops.n, target),
-    };
+    let threads = threads(n);
     LayerNormPlan {
         threads,
-        per_thread: ops.n.div_ceil(threads * vector) * vector,
+        per_thread: n.div_ceil(threads * vector) * vector,
         vector,
         parts,
     }

@@ -1,13 +1,82 @@
-//! Layer norm's backward as one kernel where the backend runs
-//! [`Kernel::LayerNormBackward`] for rows this long: `dx` and the column sums of γ's and β's
-//! gradients in one pass over `x` and `g` (see
-//! [`layer_norm_plan`](crate::lower::layer_norm_plan)); `None` leaves the composition to the
-//! caller.
+//! Layer norm as one kernel each way where the backend runs [`Kernel::LayerNorm`] and
+//! [`Kernel::LayerNormBackward`] for rows this long: forward, `y` and the statistics in one
+//! pass over `x`; backward, `dx` and the column sums of γ's and β's gradients in one pass over
+//! `x` and `g` (see [`layer_norm_plan`](crate::lower::layer_norm_plan)). `None` leaves the
+//! composition to the caller.
 
 use crate::error::Result;
 use crate::ir::Kernel;
 use crate::lower::layer_norm_plan;
 use crate::tensor::Tensor;
+
+/// Whether the backend of `x` runs the layer norm kernels over its last `normalized` axes
+/// (rows of `n`, `rows` of them, each operand of `x`'s dtype), with every operand bound whole
+/// where the backend binds windows (`parts` rows of column sums beside).
+fn runs(x: &Tensor, rows: usize, n: usize, operands: &[&Tensor]) -> bool {
+    let target = x.device().backend().target();
+    let d = x.dtype();
+    let parts = layer_norm_plan::parts(rows, n, target);
+    let widest = (rows * n * d.itemsize()).max(parts * n * d.accumulator().itemsize());
+    n > 0
+        && rows > 0
+        && n <= target.layer_norm_row
+        && target.layer_norm_dtypes.contains(&d)
+        && operands.iter().all(|t| t.dtype() == d)
+        && target
+            .binding_limit
+            .is_none_or(|limit| widest as u64 + target.offset_align + 16 <= limit)
+}
+
+/// `x` normalized over its last `normalized` axes by one kernel, with its per-row mean and
+/// `rstd` (each of `x`'s leading axes' shape with the normalized ones kept as 1); `None` where
+/// the backend does not run it for these rows, `x` is not contiguous (the composition reads it
+/// in place), or an affine parameter is not of `x`'s dtype and the normalized shape.
+pub(super) fn forward(
+    x: &Tensor,
+    normalized: usize,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Option<[Tensor; 3]>> {
+    let lead = x.ndim() - normalized;
+    let n: usize = x.shape()[lead..].iter().product();
+    let rows: usize = x.shape()[..lead].iter().product();
+    let params: Vec<&Tensor> = weight.into_iter().chain(bias).collect();
+    if !x.is_contiguous()
+        || !runs(x, rows, n, &params)
+        || params.iter().any(|p| p.shape() != &x.shape()[lead..])
+    {
+        return Ok(None);
+    }
+    let dev = x.device();
+    let d = x.dtype();
+    let mut inputs = vec![x.reshape([rows, n])?];
+    for p in &params {
+        inputs.push(p.contiguous()?.reshape([n])?);
+    }
+    let y = Tensor::empty([rows, n], d, dev)?;
+    let (mean, rstd) = (
+        Tensor::empty([rows], d, dev)?,
+        Tensor::empty([rows], d, dev)?,
+    );
+    crate::tensor::launch_writing(
+        Kernel::LayerNorm {
+            weight: weight.is_some(),
+            bias: bias.is_some(),
+        },
+        &y,
+        &[&mean, &rstd],
+        &inputs.iter().collect::<Vec<_>>(),
+        vec![crate::dtype::Scalar::F64(eps).cast(d.accumulator(), false)],
+    )?;
+    let mut kept = x.shape()[..lead].to_vec();
+    kept.resize(x.ndim(), 1);
+    Ok(Some([
+        mean.reshape(kept.clone())?,
+        rstd.reshape(kept)?,
+        y.reshape(x.shape().to_vec())?,
+    ]))
+}
 
 /// What the kernel gives a layer norm's backward.
 pub(super) struct Gradients {
@@ -30,33 +99,18 @@ pub(super) fn backward(
     normalized: usize,
     columns: bool,
 ) -> Result<Option<Gradients>> {
-    let dev = x.device();
-    let target = dev.backend().target();
     let lead = x.ndim() - normalized;
     let n: usize = x.shape()[lead..].iter().product();
     let rows: usize = x.shape()[..lead].iter().product();
-    let d = x.dtype();
-    if n == 0
-        || rows == 0
-        || n > target.layer_norm_backward_row
-        || !target.layer_norm_backward_dtypes.contains(&d)
+    if !runs(x, rows, n, &[g, mean, rstd])
         || g.shape() != x.shape()
-        || weight.is_some_and(|w| w.shape() != &x.shape()[lead..])
-        || [g, mean, rstd]
-            .into_iter()
-            .chain(weight)
-            .any(|t| t.dtype() != d)
+        || weight.is_some_and(|w| w.dtype() != x.dtype() || w.shape() != &x.shape()[lead..])
     {
         return Ok(None);
     }
-    let parts = layer_norm_plan::parts(rows, n, target);
-    // A backend that binds windows of its buffers (wgpu) binds each operand whole.
-    if let Some(limit) = target.binding_limit {
-        let widest = (rows * n * d.itemsize()).max(parts * n * d.accumulator().itemsize());
-        if widest as u64 + target.offset_align + 16 > limit {
-            return Ok(None);
-        }
-    }
+    let dev = x.device();
+    let d = x.dtype();
+    let parts = layer_norm_plan::parts(rows, n, dev.backend().target());
     let as_rows = |t: &Tensor, shape: &[usize]| t.contiguous()?.reshape(shape.to_vec());
     let mut inputs = vec![
         as_rows(x, &[rows, n])?,

@@ -56,6 +56,12 @@ pub(super) fn kernel_record(
                 conv_flops(*pass, args),
             )
         }
+        Kernel::LayerNorm { .. } => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let name = "layer_norm";
+            // Per element: two sums' terms (3), the normalization (2) and γ, β (2).
+            (name, vec![name.to_string()], 7 * n)
+        }
         Kernel::LayerNormBackward { .. } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
             let name = "layer_norm_backward";

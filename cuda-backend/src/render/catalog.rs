@@ -3,7 +3,7 @@
 //! PyPI, so a generator change that emits invalid CUDA C fails there, before the GPU machine.
 
 use super::index::IndexSig;
-use super::layer_norm::LayerNormSig;
+use super::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use super::map::MapSig;
 use super::matmul::MatmulSig;
 use super::reduce::ReduceSig;
@@ -685,6 +685,30 @@ pub(crate) fn layer_norms() -> Vec<LayerNormSig> {
     out
 }
 
+/// Layer norm forward signatures: each float dtype, with and without γ and β, the smallest
+/// and largest blocks, vectors and elements a thread.
+pub(crate) fn layer_norm_forwards() -> Vec<LayerNormForwardSig> {
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        for (weight, bias) in [(true, true), (false, false), (true, false), (false, true)] {
+            for (threads, per_thread, vector) in
+                [(32, 1, 1), (512, 8, 4), (1024, 8, 2), (128, 6, 2)]
+            {
+                let vector = vector.min(16 / dtype.itemsize());
+                out.push(LayerNormForwardSig {
+                    dtype,
+                    weight,
+                    bias,
+                    threads,
+                    per_thread,
+                    vector,
+                });
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -727,6 +751,12 @@ mod tests {
             add(
                 super::super::softmax::source(&s).expect("softmax source"),
                 "strata_softmax",
+            );
+        }
+        for s in layer_norm_forwards() {
+            add(
+                super::super::layer_norm::forward_source(&s),
+                "strata_layer_norm",
             );
         }
         for s in layer_norms() {

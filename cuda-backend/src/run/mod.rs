@@ -27,7 +27,7 @@ use crate::memory::Memory;
 use crate::render::conv::{ConvSig, ConvSumSig};
 use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
-use crate::render::layer_norm::LayerNormSig;
+use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
 use crate::render::reduce::ReduceSig;
@@ -70,6 +70,7 @@ pub(crate) struct Runner {
     matmuls: FunctionCache<MatmulSig>,
     softmaxes: FunctionCache<SoftmaxSig>,
     layer_norms: FunctionCache<LayerNormSig>,
+    layer_norm_forwards: FunctionCache<LayerNormForwardSig>,
     histograms: FunctionCache<HistogramSig>,
     convolutions: FunctionCache<ConvSig>,
     conv_sums: FunctionCache<ConvSumSig>,
@@ -95,6 +96,7 @@ impl Runner {
             matmuls: FunctionCache::default(),
             softmaxes: FunctionCache::default(),
             layer_norms: FunctionCache::default(),
+            layer_norm_forwards: FunctionCache::default(),
             histograms: FunctionCache::default(),
             convolutions: FunctionCache::default(),
             conv_sums: FunctionCache::default(),
@@ -110,6 +112,7 @@ impl Runner {
             + self.matmuls.len()
             + self.softmaxes.len()
             + self.layer_norms.len()
+            + self.layer_norm_forwards.len()
             + self.histograms.len()
             + self.convolutions.len()
             + self.conv_sums.len()
@@ -125,6 +128,9 @@ impl Runner {
             Kernel::Index { kind, axis } => index::steps(&IndexOperands::of(*kind, *axis, args)?),
             Kernel::Softmax { log } => {
                 softmax::steps(*log, &SoftmaxOperands::of(args)?, &self.target)
+            }
+            Kernel::LayerNorm { weight, bias } => {
+                layer_norm::forward_steps(*weight, *bias, args, &self.target)
             }
             Kernel::LayerNormBackward { weight, columns } => {
                 layer_norm::steps(*weight, *columns, args, &self.target)
@@ -266,6 +272,7 @@ impl Runner {
             Sig::Matmul(k) => function(&self.matmuls, k, &self.compiler),
             Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
             Sig::LayerNorm(k) => function(&self.layer_norms, k, &self.compiler),
+            Sig::LayerNormForward(k) => function(&self.layer_norm_forwards, k, &self.compiler),
             Sig::Histogram(k) => function(&self.histograms, k, &self.compiler),
             Sig::Conv(k) => function(&self.convolutions, k, &self.compiler),
             Sig::ConvSum(k) => function(&self.conv_sums, k, &self.compiler),
@@ -363,6 +370,7 @@ impl Runner {
                         Sig::Matmul(k) => self.matmuls.peek(k).is_some(),
                         Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
                         Sig::LayerNorm(k) => self.layer_norms.peek(k).is_some(),
+                        Sig::LayerNormForward(k) => self.layer_norm_forwards.peek(k).is_some(),
                         Sig::Histogram(k) => self.histograms.peek(k).is_some(),
                         Sig::Conv(k) => self.convolutions.peek(k).is_some(),
                         Sig::ConvSum(k) => self.conv_sums.peek(k).is_some(),

@@ -7,7 +7,7 @@ use crate::launch::Launch;
 use crate::render::conv::{ConvSig, ConvSumSig};
 use crate::render::histogram::HistogramSig;
 use crate::render::index::IndexSig;
-use crate::render::layer_norm::LayerNormSig;
+use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
 use crate::render::reduce::ReduceSig;
@@ -39,6 +39,7 @@ pub(crate) enum Sig {
     Index(IndexSig),
     Matmul(MatmulSig),
     Softmax(SoftmaxSig),
+    LayerNormForward(LayerNormForwardSig),
     LayerNorm(LayerNormSig),
     Histogram(HistogramSig),
     Conv(ConvSig),
@@ -88,6 +89,7 @@ impl Sig {
             Sig::Index(_) => IndexSig::NAME,
             Sig::Matmul(_) => MatmulSig::NAME,
             Sig::Softmax(_) => SoftmaxSig::NAME,
+            Sig::LayerNormForward(_) => LayerNormForwardSig::NAME,
             Sig::LayerNorm(_) => LayerNormSig::NAME,
             Sig::Histogram(_) => HistogramSig::NAME,
             Sig::Conv(_) => ConvSig::NAME,

@@ -419,6 +419,24 @@ fn every_layer_norm_variant_validates() {
     }
 }
 
+/// Layer norm's forward: with and without γ and β, one element an invocation and the most, by
+/// subgroups and by a tree.
+#[test]
+fn every_layer_norm_forward_variant_validates() {
+    for (weight, bias) in [(true, true), (false, false), (true, false), (false, true)] {
+        for per_invocation in [1, 3, layer_norm::PER_INVOCATION] {
+            let sig = layer_norm::LayerNormForwardSig {
+                weight,
+                bias,
+                per_invocation,
+            };
+            for (caps, targets) in caps_for(&[DType::F32]) {
+                check(&layer_norm::forward_source(&sig, caps), targets);
+            }
+        }
+    }
+}
+
 /// Softmax and log-softmax on every float dtype: a row per invocation and per workgroup, kept
 /// in registers (whole or not; f32 in 16-byte vectors too) or read in each pass.
 #[test]

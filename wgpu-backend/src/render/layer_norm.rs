@@ -173,3 +173,141 @@ pub(crate) fn source(sig: &LayerNormSig, caps: Caps) -> String {
     src.push_str("  }\n}\n");
     src
 }
+
+/// The structure of a layer norm's forward dispatch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct LayerNormForwardSig {
+    /// An input is `γ`.
+    pub weight: bool,
+    /// The last input is `β`.
+    pub bias: bool,
+    /// Elements of a row each invocation keeps (the row's length over 256, rounded up).
+    pub per_invocation: usize,
+}
+
+impl strata_core::kernel_cache::Owned for LayerNormForwardSig {}
+
+/// `params` of the forward: rows, n, parts, eps's bits, then each binding's first element (y,
+/// mean, rstd, x, γ, β; 0 for those not bound).
+pub(crate) const FORWARD_PARAMS: usize = 10;
+
+/// The WGSL source of a layer norm's forward: each row's `Σx`, then `Σ(x − mean)²`, combined
+/// like the backward's sums, and `y` written from the kept elements.
+pub(crate) fn forward_source(sig: &LayerNormForwardSig, caps: Caps) -> String {
+    let d = DType::F32;
+    let k = sig.per_invocation;
+    let mut src = header(caps);
+    // Bindings: y, mean, rstd, then x, γ, β.
+    let inputs = 1 + sig.weight as usize + sig.bias as usize;
+    for slot in 0..3 + inputs {
+        src.push_str(&binding(slot, d, false, caps));
+    }
+    let (w, b) = ("b4".to_string(), format!("b{}", 4 + sig.weight as usize));
+    if caps.subgroups {
+        src.push_str("var<workgroup> sha: array<f32, 512>;\n");
+        src.push_str(&super::softmax::subgroup_entry());
+    } else {
+        src.push_str("var<workgroup> sha: array<f32, 256>;\n");
+        src.push_str(ENTRY);
+    }
+    src.push_str(
+        "  let rows = params[0];\n  let n = params[1];\n  let parts = params[2];\n  \
+         let eps = bitcast<f32>(params[3]);\n  let part = wg.y * nwg.x + wg.x;\n  let lane = lid;\n  \
+         let yo = params[4];\n  let mo = params[5];\n  let ro = params[6];\n  let xo = params[7];\n  \
+         let wo = params[8];\n  let bo = params[9];\n",
+    );
+    for e in 0..k {
+        let _ = writeln!(src, "  let c{e} = {e}u * 256u + lane;");
+        let param = |on: bool, buf: &str, first: &str, none: &str| match on {
+            true => format!(
+                "select(0.0, {}, c{e} < n)",
+                load(d, buf, &format!("{first} + c{e}"), caps)
+            ),
+            false => none.to_string(),
+        };
+        let _ = writeln!(
+            src,
+            "  let w{e} = {};\n  let be{e} = {};",
+            param(sig.weight, &w, "wo", "1.0"),
+            param(sig.bias, &b, "bo", "0.0")
+        );
+    }
+    // The workgroup's next row is loaded while this one is summed and written (`nx`).
+    src.push_str("  var parity = 0u;\n  if (part < parts) {\n");
+    for e in 0..k {
+        let _ = writeln!(
+            src,
+            "  var x{e} = 0.0;\n  if (part < rows && c{e} < n) {{ x{e} = {}; }}",
+            load(d, "b3", &format!("xo + part * n + c{e}"), caps)
+        );
+    }
+    src.push_str(
+        "  for (var row = part; row < rows; row = row + parts) {\n    let base = row * n;\n    \
+         let next = row + parts;\n",
+    );
+    for e in 0..k {
+        let _ = writeln!(
+            src,
+            "    var nx{e} = 0.0;\n    if (next < rows && c{e} < n) {{ nx{e} = {}; }}",
+            load(d, "b3", &format!("xo + next * n + c{e}"), caps)
+        );
+    }
+    // The workgroup's sum of `s`, every invocation ending with it.
+    let combine = |src: &mut String, s: &str| {
+        if caps.subgroups {
+            let _ = writeln!(
+                src,
+                "    {{\n    let ps = subgroupAdd({s});\n    let at = parity * 256u;\n    \
+                 if (sl == 0u) {{ sha[at + sg] = ps; }}\n    workgroupBarrier();\n    {s} = sha[at];\n    \
+                 for (var i = 1u; i < nsg; i = i + 1u) {{ {s} = {s} + sha[at + i]; }}\n    \
+                 parity = 1u - parity;\n    }}"
+            );
+        } else {
+            let _ = writeln!(
+                src,
+                "    sha[lane] = {s};\n    workgroupBarrier();\n    \
+                 for (var st = 128u; st > 0u; st = st >> 1u) {{\n      \
+                 if (lane < st) {{ sha[lane] = sha[lane] + sha[lane + st]; }}\n      workgroupBarrier();\n    }}\n    \
+                 {s} = sha[0];\n    workgroupBarrier();"
+            );
+        }
+    };
+    src.push_str("    var s0 = 0.0;\n");
+    for e in 0..k {
+        let _ = writeln!(src, "    s0 = s0 + x{e};");
+    }
+    combine(&mut src, "s0");
+    src.push_str("    let m = s0 / f32(n);\n    var s1 = 0.0;\n");
+    for e in 0..k {
+        let _ = writeln!(
+            src,
+            "    if (c{e} < n) {{ let dv = x{e} - m; s1 = s1 + dv * dv; }}"
+        );
+    }
+    combine(&mut src, "s1");
+    src.push_str("    let rs = 1.0 / sqrt(s1 / f32(n) + eps);\n");
+    for e in 0..k {
+        let _ = writeln!(
+            src,
+            "    if (c{e} < n) {{ {} }}",
+            store(
+                d,
+                "b0",
+                &format!("yo + base + c{e}"),
+                &format!("(x{e} - m) * rs * w{e} + be{e}"),
+                caps
+            )
+        );
+    }
+    let _ = writeln!(
+        src,
+        "    if (lane == 0u) {{ {} {} }}",
+        store(d, "b1", "mo + row", "m", caps),
+        store(d, "b2", "ro + row", "rs", caps)
+    );
+    for e in 0..k {
+        let _ = writeln!(src, "    x{e} = nx{e};");
+    }
+    src.push_str("  }\n  }\n}\n");
+    src
+}

@@ -17,7 +17,7 @@ mod staged;
 use crate::launch::{operand_info, raw, Binding};
 use crate::render::conv::ConvSig;
 use crate::render::histogram::HistogramSig;
-use crate::render::layer_norm::LayerNormSig;
+use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::softmax::SoftmaxSig;
 use crate::render::staged::StagedSig;
 use crate::render::{self, prelude};
@@ -73,6 +73,7 @@ pub(crate) enum Sig<'k> {
     Histogram(HistogramSig),
     Softmax(SoftmaxSig),
     LayerNorm(LayerNormSig),
+    LayerNormForward(LayerNormForwardSig),
     Staged(StagedSig),
     Conv(ConvSig),
 }
@@ -90,6 +91,7 @@ impl Sig<'_> {
             Sig::Histogram(_) => "strata_histogram",
             Sig::Softmax(_) => "strata_softmax",
             Sig::LayerNorm(_) => "strata_layer_norm_backward",
+            Sig::LayerNormForward(_) => "strata_layer_norm",
             Sig::Conv(ConvSig {
                 sum_partials: true, ..
             }) => "strata_conv_sum",
@@ -171,6 +173,9 @@ impl WgpuBackend {
                 weighted,
             } => self.histogram_steps(*bins, bin, *weighted, args),
             Kernel::Convolution { pass, geometry, .. } => self.conv_steps(*pass, geometry, args),
+            Kernel::LayerNorm { weight, bias } => {
+                self.layer_norm_forward_steps(*weight, *bias, args)
+            }
             Kernel::LayerNormBackward { weight, columns } => {
                 self.layer_norm_steps(*weight, *columns, args)
             }
@@ -243,6 +248,11 @@ impl WgpuBackend {
             }),
             Sig::Softmax(sig) => self.softmaxes.get(sig, |sig| {
                 self.gpu.pipeline(&render::softmax::source(sig, caps)?, 2)
+            }),
+            Sig::LayerNormForward(sig) => self.layer_norm_forwards.get(sig, |sig| {
+                let bindings = 4 + sig.weight as usize + sig.bias as usize;
+                self.gpu
+                    .pipeline(&render::layer_norm::forward_source(sig, caps), bindings)
             }),
             Sig::LayerNorm(sig) => self.layer_norms.get(sig, |sig| {
                 let bindings = 5 + 2 * sig.columns as usize + sig.weight as usize;
