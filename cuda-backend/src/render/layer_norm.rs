@@ -47,47 +47,99 @@ impl Generated for LayerNormSig {
 /// the two column sums (0 without).
 pub(crate) const WORDS: usize = 10;
 
+/// What both kernels' sources share: a block of `t` threads a row, each keeping `vectors`
+/// vectors of `v` elements (dtype `d`, storage `st`, computed in `at`, moved as `vt`).
+struct Rows {
+    d: DType,
+    t: usize,
+    v: usize,
+    vectors: usize,
+    st: &'static str,
+    at: &'static str,
+    vt: &'static str,
+    warps: usize,
+}
+
+impl Rows {
+    fn new(d: DType, threads: usize, per_thread: usize, vector: usize) -> Rows {
+        Rows {
+            d,
+            t: threads,
+            v: vector,
+            vectors: per_thread / vector,
+            st: storage_type(d),
+            at: compute_type(d.accumulator()),
+            vt: vector_type(vector * d.itemsize()),
+            warps: threads / 32,
+        }
+    }
+
+    /// An element `e` of the dtype as a value of the accumulation type.
+    fn load(&self, e: &str) -> String {
+        let v = from_storage(self.d, e);
+        match compute_type(self.d) == self.at {
+            true => v,
+            false => format!("({}){v}", self.at),
+        }
+    }
+
+    /// The entry `name` taking `words` words (half a multiprocessor's threads resident: at
+    /// most 64 registers a thread, as core's `parts` counts them) and the row count and length.
+    fn open(&self, s: &mut String, name: &str, words: usize) {
+        let (t, blocks) = (self.t, (1024 / self.t).max(1));
+        let _ = writeln!(
+            s,
+            "extern \"C\" __global__ void __launch_bounds__({t}, {blocks}) {name}(const Args<{words}> p) {{"
+        );
+        let _ = writeln!(s, "  const i64 rows = (i64)p.w[0], n = (i64)p.w[1];");
+    }
+
+    /// The thread's place and the vector type; `sums` values a warp in the alternating buffer.
+    fn lanes(&self, s: &mut String, sums: usize) {
+        let (at, st, vt, v, warps) = (self.at, self.st, self.vt, self.v, self.warps);
+        let _ = writeln!(
+            s,
+            "  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;"
+        );
+        let _ = writeln!(s, "  typedef union {{ {vt} v; {st} e[{v}]; }} Vec;");
+        let _ = writeln!(s, "  __shared__ {at} sh[2][{warps}][{sums}];");
+    }
+
+    /// `body` once a vector of the thread's columns (vector j's element l is column
+    /// (j·threads + t)·vector + l), with `c` its first column.
+    fn vectors(&self, s: &mut String, body: &str) {
+        let (vectors, t, v) = (self.vectors, self.t, self.v);
+        let _ = writeln!(
+            s,
+            "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    {body}\n  }}"
+        );
+    }
+
+    /// `body` once an element of the thread's columns inside the row, with `e` its index
+    /// among the thread's elements.
+    fn each(&self, s: &mut String, body: &str) {
+        let v = self.v;
+        self.vectors(
+            s,
+            &format!("if (c < n) {{\n#pragma unroll\n      for (int l = 0; l < {v}; l++) {{\n        const int e = j * {v} + l;\n{body}\n      }}\n    }}"),
+        );
+    }
+}
+
 /// The CUDA C source of a layer norm's backward named `strata_layer_norm_backward`.
 pub(crate) fn source(sig: &LayerNormSig) -> String {
-    let (d, t, v) = (sig.dtype, sig.threads, sig.vector);
-    let vectors = sig.per_thread / v;
-    let acc = d.accumulator();
-    let (st, at) = (storage_type(d), compute_type(acc));
-    let vt = vector_type(v * d.itemsize());
-    let warps = t / 32;
-    let load = |e: &str| {
-        let v = from_storage(d, e);
-        match compute_type(d) == at {
-            true => v,
-            false => format!("({at}){v}"),
-        }
-    };
+    let rows = Rows::new(sig.dtype, sig.threads, sig.per_thread, sig.vector);
+    let (d, at, st, vt, warps) = (sig.dtype, rows.at, rows.st, rows.vt, rows.warps);
+    let vectors = rows.vectors;
+    let load = |e: &str| rows.load(e);
+    let each = |s: &mut String, body: &str| rows.each(s, body);
     let mut s = String::new();
-    // Half a multiprocessor's threads resident (at most 64 registers a thread), as core's
-    // `parts` counts them.
-    let blocks = (1024 / t).max(1);
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void __launch_bounds__({t}, {blocks}) strata_layer_norm_backward(const Args<{WORDS}> p) {{"
-    );
-    let _ = writeln!(s, "  const i64 rows = (i64)p.w[0], n = (i64)p.w[1];");
+    rows.open(&mut s, "strata_layer_norm_backward", WORDS);
     for (k, name) in ["x", "g", "mean", "rstd"].iter().enumerate() {
         let _ = writeln!(s, "  const {st}* {name} = (const {st}*)p.w[{}];", 2 + k);
     }
     let _ = writeln!(s, "  {st}* dx = ({st}*)p.w[6];");
-    let _ = writeln!(
-        s,
-        "  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;"
-    );
-    let _ = writeln!(s, "  typedef union {{ {vt} v; {st} e[{v}]; }} Vec;");
-    let _ = writeln!(s, "  __shared__ {at} sh[2][{warps}][3];");
-    // The thread's columns: vector j's element l is column (j·threads + t)·vector + l.
-    let each = |s: &mut String, body: &str| {
-        let _ = writeln!(
-            s,
-            "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) {{\n#pragma unroll\n      for (int l = 0; l < {v}; l++) {{\n        const int e = j * {v} + l;\n{body}\n      }}\n    }}\n  }}"
-        );
-    };
+    rows.lanes(&mut s, 3);
     let _ = writeln!(s, "  {at} w[{}];", sig.per_thread);
     if sig.weight {
         let _ = writeln!(s, "  const {st}* gamma = (const {st}*)p.w[7];");
@@ -110,9 +162,9 @@ pub(crate) fn source(sig: &LayerNormSig) -> String {
         "  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {{\n  const i64 base = r * n;"
     );
     let _ = writeln!(s, "  Vec ux[{vectors}], ug[{vectors}];");
-    let _ = writeln!(
-        s,
-        "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) {{ ux[j].v = *(const {vt}*)(x + base + c); ug[j].v = *(const {vt}*)(g + base + c); }}\n  }}"
+    rows.vectors(
+        &mut s,
+        &format!("if (c < n) {{ ux[j].v = *(const {vt}*)(x + base + c); ug[j].v = *(const {vt}*)(g + base + c); }}"),
     );
     let _ = writeln!(
         s,
@@ -163,9 +215,9 @@ pub(crate) fn source(sig: &LayerNormSig) -> String {
             to_storage(d, "(((gh - a) - xh * b) * rs)")
         ),
     );
-    let _ = writeln!(
-        s,
-        "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) *({vt}*)(dx + base + c) = uo[j].v;\n  }}"
+    rows.vectors(
+        &mut s,
+        &format!("if (c < n) *({vt}*)(dx + base + c) = uo[j].v;"),
     );
     let _ = writeln!(s, "  }}");
     if sig.columns {
@@ -209,46 +261,22 @@ pub(crate) const FORWARD_WORDS: usize = 9;
 
 /// The CUDA C source of a layer norm's forward named `strata_layer_norm`.
 pub(crate) fn forward_source(sig: &LayerNormForwardSig) -> String {
-    let (d, t, v) = (sig.dtype, sig.threads, sig.vector);
-    let vectors = sig.per_thread / v;
-    let acc = d.accumulator();
-    let (st, at) = (storage_type(d), compute_type(acc));
-    let vt = vector_type(v * d.itemsize());
-    let warps = t / 32;
-    let load = |e: &str| {
-        let v = from_storage(d, e);
-        match compute_type(d) == at {
-            true => v,
-            false => format!("({at}){v}"),
-        }
-    };
-    let eps = match acc {
+    let rows = Rows::new(sig.dtype, sig.threads, sig.per_thread, sig.vector);
+    let (d, at, st, vt, warps) = (sig.dtype, rows.at, rows.st, rows.vt, rows.warps);
+    let vectors = rows.vectors;
+    let load = |e: &str| rows.load(e);
+    let each = |s: &mut String, body: &str| rows.each(s, body);
+    let eps = match d.accumulator() {
         DType::F64 => "__longlong_as_double((long long)p.w[8])",
         _ => "__uint_as_float((unsigned)p.w[8])",
     };
     let mut s = String::new();
-    let blocks = (1024 / t).max(1);
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void __launch_bounds__({t}, {blocks}) strata_layer_norm(const Args<{FORWARD_WORDS}> p) {{"
-    );
-    let _ = writeln!(s, "  const i64 rows = (i64)p.w[0], n = (i64)p.w[1];");
+    rows.open(&mut s, "strata_layer_norm", FORWARD_WORDS);
     let _ = writeln!(
         s,
         "  const {st}* x = (const {st}*)p.w[2];\n  {st}* y = ({st}*)p.w[3];\n  {st}* mean = ({st}*)p.w[4];\n  {st}* rstd = ({st}*)p.w[5];\n  const {at} eps = {eps};"
     );
-    let _ = writeln!(
-        s,
-        "  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;"
-    );
-    let _ = writeln!(s, "  typedef union {{ {vt} v; {st} e[{v}]; }} Vec;");
-    let _ = writeln!(s, "  __shared__ {at} sh[2][{warps}][2];");
-    let each = |s: &mut String, body: &str| {
-        let _ = writeln!(
-            s,
-            "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) {{\n#pragma unroll\n      for (int l = 0; l < {v}; l++) {{\n        const int e = j * {v} + l;\n{body}\n      }}\n    }}\n  }}"
-        );
-    };
+    rows.lanes(&mut s, 2);
     let pt = sig.per_thread;
     let _ = writeln!(s, "  {at} w[{pt}], b[{pt}];");
     for (on, name, word, field) in [(sig.weight, "gamma", 6, "w"), (sig.bias, "beta", 7, "b")] {
@@ -278,9 +306,9 @@ pub(crate) fn forward_source(sig: &LayerNormForwardSig) -> String {
         s,
         "  for (i64 r = blockIdx.x; r < rows; r += 2 * (i64)gridDim.x) {{\n  const i64 r2 = r + gridDim.x;\n  const bool two = r2 < rows;\n  const i64 base = r * n, base2 = r2 * n;\n  Vec ux[{vectors}], ux2[{vectors}];"
     );
-    let _ = writeln!(
-        s,
-        "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if (c < n) {{ ux[j].v = *(const {vt}*)(x + base + c); if (two) ux2[j].v = *(const {vt}*)(x + base2 + c); }}\n  }}"
+    rows.vectors(
+        &mut s,
+        &format!("if (c < n) {{ ux[j].v = *(const {vt}*)(x + base + c); if (two) ux2[j].v = *(const {vt}*)(x + base2 + c); }}"),
     );
     let _ = writeln!(s, "  {at} s0 = 0, s02 = 0;");
     each(
@@ -324,9 +352,9 @@ pub(crate) fn forward_source(sig: &LayerNormForwardSig) -> String {
             &format!("        {u}[j].e[l] = {};", to_storage(d, &value)),
         );
         let guard = ["", "two && "][k];
-        let _ = writeln!(
-            s,
-            "#pragma unroll\n  for (int j = 0; j < {vectors}; j++) {{\n    const i64 c = ((i64)j * {t} + t) * {v};\n    if ({guard}c < n) *({vt}*)(y + {base} + c) = {u}[j].v;\n  }}"
+        rows.vectors(
+            &mut s,
+            &format!("if ({guard}c < n) *({vt}*)(y + {base} + c) = {u}[j].v;"),
         );
     }
     let _ = writeln!(

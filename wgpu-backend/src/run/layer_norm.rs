@@ -24,13 +24,7 @@ impl WgpuBackend {
         if ops.rows == 0 || ops.n == 0 {
             return Ok(Vec::new());
         }
-        if ops.dtype != DType::F32 || ops.n > LONGEST_ROW {
-            return Err(Error::Backend(format!(
-                "wgpu's layer norm backward takes f32 rows of up to {LONGEST_ROW} elements: \
-                 got {} rows of {}",
-                ops.dtype, ops.n
-            )));
-        }
+        kept_rows(ops.dtype, ops.n)?;
         let parts = match ops.columns {
             Some([sums, _]) => sums.layout.shape()[0],
             None => layer_norm_plan::parts(ops.rows, ops.n, &self.target),
@@ -70,13 +64,7 @@ impl WgpuBackend {
         if ops.rows == 0 || ops.n == 0 {
             return Ok(Vec::new());
         }
-        if ops.dtype != DType::F32 || ops.n > LONGEST_ROW {
-            return Err(Error::Backend(format!(
-                "wgpu's layer norm takes f32 rows of up to {LONGEST_ROW} elements: got {} \
-                 rows of {}",
-                ops.dtype, ops.n
-            )));
-        }
+        kept_rows(ops.dtype, ops.n)?;
         let parts = layer_norm_plan::parts(ops.rows, ops.n, &self.target);
         let (binds, firsts) = self.whole_bindings(args)?;
         // y, mean, rstd, x, then γ and β where bound.
@@ -131,4 +119,16 @@ impl WgpuBackend {
         }
         Ok((binds, firsts))
     }
+}
+
+/// Checks that rows of `n` elements of `dtype` fit the kernels (f32, at most [`LONGEST_ROW`]
+/// an invocation's elements of a workgroup can keep): core sends no others.
+fn kept_rows(dtype: DType, n: usize) -> Result<()> {
+    if dtype != DType::F32 || n > LONGEST_ROW {
+        return Err(Error::Backend(format!(
+            "wgpu's layer norm kernels take f32 rows of up to {LONGEST_ROW} elements: got {dtype} \
+             rows of {n}"
+        )));
+    }
+    Ok(())
 }
