@@ -953,6 +953,17 @@ pub enum Kernel {
         /// Outputs 1 and 2 hold the column sums.
         columns: bool,
     },
+    /// Per-channel statistics in one read of the input (batch norm's): input 0 is `x`,
+    /// contiguous `[outer, channels, inner]` (`[N, C, H·W]`) of a float dtype; outputs 0 and 1
+    /// (`[channels]`, the dtype) get each channel's mean and biased variance `Σ(x − mean)² / n`
+    /// over its `n = outer·inner` values `x[o, c, i]`, computed in the dtype's
+    /// [`accumulator`](DType::accumulator) and rounded once. Sums may add in any order, and a
+    /// backend may split a channel into equal slices and merge their statistics
+    /// ([`moments_plan`](crate::lower::moments_plan)); the variance must not be lost to
+    /// cancellation (no `Σx² − (Σx)²/n`). Only backends whose
+    /// [`channel_moments_dtypes`](crate::target::Target::channel_moments_dtypes) hold the
+    /// dtype get one.
+    ChannelMoments,
 }
 
 impl Kernel {
@@ -973,6 +984,7 @@ impl Kernel {
             Kernel::Convolution { .. } => "convolution",
             Kernel::LayerNorm { .. } => "layer_norm",
             Kernel::LayerNormBackward { .. } => "layer_norm_backward",
+            Kernel::ChannelMoments => "channel_moments",
         }
     }
 

@@ -582,6 +582,13 @@ fn norms(dev: &Device) -> Result<()> {
         &|t| batch_norm(&t[0], None, None, None, true, 1e-5),
         "batch_norm without affine parameters",
     )?;
+    // Runs of 16 positions: the statistics from `ChannelMoments` where the backend runs it.
+    gradcheck(
+        dev,
+        &[vec![2, 2, 16], vec![2], vec![2]],
+        &|t| batch_norm(&t[0], None, Some(&t[1]), Some(&t[2]), true, 1e-5),
+        "batch_norm over runs of 16",
+    )?;
     gradcheck(
         dev,
         &[vec![2, 3, 4], vec![5, 4], vec![5]],
@@ -707,6 +714,89 @@ fn layer_norm_kernels(dev: &Device) -> Result<()> {
 test_device!(
     layer_norm_both_ways_matches_its_closed_forms,
     layer_norm_kernels
+);
+
+/// Batch norm's training statistics against their closed forms computed here in f64 from the
+/// same values: channels of many values (several slices a channel where the backend splits
+/// them), runs of positions not a vector's multiple, a channel far from zero (1,000 + N(0, 1):
+/// `Σx² − (Σx)²/n` would lose its variance in f32), 16-bit floats and f64, and `[N, C]` (no
+/// positions). Where the backend runs `ChannelMoments` for the dtype and the runs are long
+/// enough, the statistics are that one kernel.
+fn batch_norm_statistics(dev: &Device) -> Result<()> {
+    let mut gen = Generator::new(12);
+    // (shape, dtype, offset, tolerance)
+    type Case = (&'static [usize], DType, f64, f64);
+    let cases: [Case; 7] = [
+        (&[64, 4, 8, 64], DType::F32, 0.0, 1e-4),
+        (&[3, 5, 17], DType::F32, 0.0, 1e-4),
+        (&[32, 2, 64], DType::F32, 1000.0, 2e-3),
+        (&[2, 3, 4, 4], DType::F64, 0.0, 1e-10),
+        (&[16, 3, 32], DType::F16, 0.0, 3e-2),
+        (&[8, 3, 2, 16], DType::BF16, 0.0, 5e-2),
+        (&[40, 6], DType::F32, 0.0, 1e-4),
+    ];
+    for (shape, dtype, offset, tol) in cases {
+        let what = format!("{shape:?} {dtype} on {}", dev.name());
+        let (n, c) = (shape[0], shape[1]);
+        let inner: usize = shape[2..].iter().product();
+        let x = Tensor::randn(shape.to_vec(), DType::F64, &mut gen, dev)?
+            .add(offset)?
+            .to_dtype(dtype)?;
+        let running = RunningStats {
+            mean: Tensor::zeros([c], dtype, dev)?,
+            var: Tensor::zeros([c], dtype, dev)?,
+            momentum: 1.0,
+        };
+        dev.flush()?;
+        let mut y = None;
+        let profile = dev.profile(|| {
+            y = Some(batch_norm(&x, Some(&running), None, None, true, 1e-5)?);
+            dev.flush()
+        })?;
+        let y = values(&y.expect("set by the profiled closure"))?;
+        let target = dev.backend().target();
+        let kernel = target.channel_moments_dtypes.contains(&dtype) && inner >= 16;
+        let kernels = profile
+            .device_work()
+            .filter(|r| r.name.ends_with("channel_moments"))
+            .count();
+        assert_eq!(kernels, kernel as usize, "channel moments kernels, {what}");
+        let xv = values(&x)?;
+        let (rm, rv) = (values(&running.mean)?, values(&running.var)?);
+        for ch in 0..c {
+            let at: Vec<usize> = (0..n)
+                .flat_map(|s| (0..inner).map(move |p| (s * c + ch) * inner + p))
+                .collect();
+            let count = at.len() as f64;
+            let mean = at.iter().map(|&i| xv[i]).sum::<f64>() / count;
+            let var = at.iter().map(|&i| (xv[i] - mean).powi(2)).sum::<f64>() / count;
+            close(
+                &[rm[ch]],
+                &[mean],
+                tol,
+                &format!("mean of channel {ch}, {what}"),
+            );
+            let unbiased = var * count / (count - 1.0);
+            close(
+                &[rv[ch]],
+                &[unbiased],
+                tol,
+                &format!("variance of channel {ch}, {what}"),
+            );
+            let want: Vec<f64> = at
+                .iter()
+                .map(|&i| (xv[i] - mean) / (var + 1e-5).sqrt())
+                .collect();
+            let got: Vec<f64> = at.iter().map(|&i| y[i]).collect();
+            close(&got, &want, tol, &format!("y of channel {ch}, {what}"));
+        }
+    }
+    Ok(())
+}
+
+test_device!(
+    batch_norm_statistics_match_their_closed_forms,
+    batch_norm_statistics
 );
 
 /// Visits every term of `conv2d` on the host, from its definition: for each output element,

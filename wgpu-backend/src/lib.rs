@@ -188,6 +188,8 @@ impl WgpuBackend {
             layer_norm_row: render::layer_norm::LONGEST_ROW,
             // (16-bit elements share a word: one invocation's would race its neighbour's.)
             layer_norm_dtypes: &[DType::F32],
+            // Not rendered yet: batch norm's statistics take two reductions.
+            channel_moments_dtypes: &[],
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half

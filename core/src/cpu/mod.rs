@@ -10,6 +10,7 @@ mod index;
 mod layer_norm;
 mod map;
 mod matmul;
+mod moments;
 mod reduce;
 mod softmax;
 mod strided;
@@ -288,6 +289,7 @@ impl Backend for CpuBackend {
             Kernel::LayerNormBackward { weight, columns } => {
                 layer_norm::backward(*weight, *columns, args)
             }
+            Kernel::ChannelMoments => moments::run(args),
         }
     }
 

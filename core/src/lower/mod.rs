@@ -3,7 +3,7 @@
 //! their canonical forms ([`legal`]), the operand checks of every kernel kind ([`operands`]),
 //! the launch plans of maps and reductions computed from the [`Target`](crate::target::Target) each
 //! backend describes ([`map_plan`], [`reduce_plan`], the row path of gathers in
-//! [`index_plan`], softmax's rows in [`softmax_plan`], layer norm's backward in [`layer_norm_plan`]), a reduction with a row prologue as two
+//! [`index_plan`], softmax's rows in [`softmax_plan`], layer norm in [`layer_norm_plan`], batch norm's statistics in [`moments_plan`]), a reduction with a row prologue as two
 //! launches ([`prologue`]), splitting launches into pieces under a
 //! binding limit ([`pieces`]), each map's trees as one list of instructions
 //! ([`program`]), and the values of a row's expression computed once a row ([`row_values`]). A backend turns a plan into source, packs its arguments and runs it.
@@ -20,6 +20,7 @@ pub mod index_plan;
 pub mod layer_norm_plan;
 pub mod legal;
 pub mod map_plan;
+pub mod moments_plan;
 pub mod operands;
 pub mod pieces;
 pub mod program;

@@ -17,6 +17,7 @@
 //! ```
 
 use super::layer_norm_kernel;
+use super::moments_kernel;
 pub use super::windows::{
     adaptive_avg_pool2d, avg_pool2d, conv2d, conv_transpose2d, max_pool2d, Pair,
 };
@@ -765,8 +766,9 @@ pub fn batch_norm(
     )
 }
 
-/// [`batch_norm`] in training: the batch's statistics (the mean, then the biased variance
-/// around it: two per-channel reductions), `running` updated, and one node whose backward is
+/// [`batch_norm`] in training: the batch's statistics (the mean and the biased variance: one
+/// read of `x` where the backend runs [`Kernel::ChannelMoments`](crate::ir::Kernel::ChannelMoments),
+/// else two per-channel reductions), `running` updated, and one node whose backward is
 /// batch normalization's closed form — with `x̂ = (x − mean)·rstd`, `dβ = Σg`, `dγ = Σg·x̂`
 /// and `dx = γ·rstd·(g − Σg/n − x̂·Σg·x̂/n)`, two per-channel reductions and one elementwise
 /// kernel, where differentiating the composition took a dozen kernels.
@@ -790,13 +792,18 @@ fn batch_norm_training(
     let bias4 = bias.map(|b| per_channel(b, nd)).transpose()?;
     let x = x.clone();
     let (mean, rstd, y) = crate::autograd::no_grad(|| -> Result<_> {
-        let mean = x.mean(axes.to_vec(), true)?;
-        // `x − mean` written twice, not shared: each use fuses into its own kernel (the
-        // variance's reduction, the output's map) instead of being stored between them (the
-        // first is dropped before the running statistics' writes flush pending work).
-        let var = {
-            let centered = x.sub(&mean)?;
-            centered.mul(&centered)?.mean(axes.to_vec(), true)?
+        let (mean, var) = match moments_kernel::channel_statistics(&x)? {
+            Some(statistics) => statistics,
+            None => {
+                let mean = x.mean(axes.to_vec(), true)?;
+                // `x − mean` written twice, not shared: each use fuses into its own kernel
+                // (the variance's reduction, the output's map) instead of being stored between
+                // them (the first is dropped before the running statistics' writes flush
+                // pending work).
+                let centered = x.sub(&mean)?;
+                let var = centered.mul(&centered)?.mean(axes.to_vec(), true)?;
+                (mean, var)
+            }
         };
         if let Some(r) = running {
             // Each new value a tree bound alone (its intermediates dropped with it) over the

@@ -25,6 +25,7 @@ mod data_parallel;
 pub mod functional;
 mod layer_norm_kernel;
 mod layers;
+mod moments_kernel;
 mod optimizer;
 mod saving;
 mod sgd;

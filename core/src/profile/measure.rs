@@ -68,6 +68,13 @@ pub(super) fn kernel_record(
             // Per element: x̂ (2), ĝ, three sums' terms (3), dx (4) and two column sums (3).
             (name, vec![name.to_string()], 13 * n)
         }
+        Kernel::ChannelMoments => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let name = "channel_moments";
+            // Per element (a round's share): the round's sum and squared deviations (4), the
+            // merge's few operations spread over the round's values.
+            (name, vec![name.to_string()], 5 * n)
+        }
         Kernel::Histogram { bin, .. } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
             let mut ops = map_ops(bin);

@@ -6,6 +6,7 @@ use super::index::IndexSig;
 use super::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use super::map::MapSig;
 use super::matmul::MatmulSig;
+use super::moments::{MomentsSig, Stage};
 use super::reduce::ReduceSig;
 use super::softmax::SoftmaxSig;
 use strata_core::ir::MapTrees;
@@ -709,6 +710,30 @@ pub(crate) fn layer_norm_forwards() -> Vec<LayerNormForwardSig> {
     out
 }
 
+/// Channel moments signatures: each float dtype, each vector width it takes, each stage.
+pub(crate) fn channel_moments() -> Vec<MomentsSig> {
+    let mut out = Vec::new();
+    for dtype in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+        out.push(MomentsSig {
+            dtype,
+            vector: 1,
+            stage: Stage::Merge,
+        });
+        for vector in [1, 2, 4] {
+            for stage in [Stage::Whole, Stage::Slices] {
+                if vector * dtype.itemsize() <= 16 {
+                    out.push(MomentsSig {
+                        dtype,
+                        vector,
+                        stage,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,6 +788,14 @@ mod tests {
             add(
                 super::super::layer_norm::source(&s),
                 "strata_layer_norm_backward",
+            );
+        }
+        for s in channel_moments() {
+            add(
+                super::super::Generated::render(&s)
+                    .expect("channel moments source")
+                    .source,
+                "strata_channel_moments",
             );
         }
         for s in matmuls() {

@@ -18,6 +18,7 @@ pub(crate) mod interpreter;
 pub(crate) mod layer_norm;
 pub(crate) mod map;
 pub(crate) mod matmul;
+pub(crate) mod moments;
 pub(crate) mod reduce;
 pub(crate) mod softmax;
 

@@ -12,6 +12,7 @@ mod index;
 mod layer_norm;
 pub(crate) mod map;
 pub(crate) mod matmul;
+mod moments;
 pub(crate) mod reduce;
 mod softmax;
 mod step;
@@ -30,6 +31,7 @@ use crate::render::index::IndexSig;
 use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
+use crate::render::moments::MomentsSig;
 use crate::render::reduce::ReduceSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::Generated;
@@ -71,6 +73,7 @@ pub(crate) struct Runner {
     softmaxes: FunctionCache<SoftmaxSig>,
     layer_norms: FunctionCache<LayerNormSig>,
     layer_norm_forwards: FunctionCache<LayerNormForwardSig>,
+    moments: FunctionCache<MomentsSig>,
     histograms: FunctionCache<HistogramSig>,
     convolutions: FunctionCache<ConvSig>,
     conv_sums: FunctionCache<ConvSumSig>,
@@ -97,6 +100,7 @@ impl Runner {
             softmaxes: FunctionCache::default(),
             layer_norms: FunctionCache::default(),
             layer_norm_forwards: FunctionCache::default(),
+            moments: FunctionCache::default(),
             histograms: FunctionCache::default(),
             convolutions: FunctionCache::default(),
             conv_sums: FunctionCache::default(),
@@ -113,6 +117,7 @@ impl Runner {
             + self.softmaxes.len()
             + self.layer_norms.len()
             + self.layer_norm_forwards.len()
+            + self.moments.len()
             + self.histograms.len()
             + self.convolutions.len()
             + self.conv_sums.len()
@@ -135,6 +140,7 @@ impl Runner {
             Kernel::LayerNormBackward { weight, columns } => {
                 layer_norm::steps(*weight, *columns, args, &self.target)
             }
+            Kernel::ChannelMoments => moments::steps(args, &self.target),
             Kernel::Histogram {
                 bins,
                 bin,
@@ -273,6 +279,7 @@ impl Runner {
             Sig::Softmax(k) => function(&self.softmaxes, k, &self.compiler),
             Sig::LayerNorm(k) => function(&self.layer_norms, k, &self.compiler),
             Sig::LayerNormForward(k) => function(&self.layer_norm_forwards, k, &self.compiler),
+            Sig::Moments(k) => function(&self.moments, k, &self.compiler),
             Sig::Histogram(k) => function(&self.histograms, k, &self.compiler),
             Sig::Conv(k) => function(&self.convolutions, k, &self.compiler),
             Sig::ConvSum(k) => function(&self.conv_sums, k, &self.compiler),
@@ -371,6 +378,7 @@ impl Runner {
                         Sig::Softmax(k) => self.softmaxes.peek(k).is_some(),
                         Sig::LayerNorm(k) => self.layer_norms.peek(k).is_some(),
                         Sig::LayerNormForward(k) => self.layer_norm_forwards.peek(k).is_some(),
+                        Sig::Moments(k) => self.moments.peek(k).is_some(),
                         Sig::Histogram(k) => self.histograms.peek(k).is_some(),
                         Sig::Conv(k) => self.convolutions.peek(k).is_some(),
                         Sig::ConvSum(k) => self.conv_sums.peek(k).is_some(),

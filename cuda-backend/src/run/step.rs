@@ -10,6 +10,7 @@ use crate::render::index::IndexSig;
 use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
+use crate::render::moments::MomentsSig;
 use crate::render::reduce::ReduceSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::Generated;
@@ -41,6 +42,7 @@ pub(crate) enum Sig {
     Softmax(SoftmaxSig),
     LayerNormForward(LayerNormForwardSig),
     LayerNorm(LayerNormSig),
+    Moments(MomentsSig),
     Histogram(HistogramSig),
     Conv(ConvSig),
     ConvSum(ConvSumSig),
@@ -91,6 +93,7 @@ impl Sig {
             Sig::Softmax(_) => SoftmaxSig::NAME,
             Sig::LayerNormForward(_) => LayerNormForwardSig::NAME,
             Sig::LayerNorm(_) => LayerNormSig::NAME,
+            Sig::Moments(_) => MomentsSig::NAME,
             Sig::Histogram(_) => HistogramSig::NAME,
             Sig::Conv(_) => ConvSig::NAME,
             Sig::ConvSum(_) => ConvSumSig::NAME,

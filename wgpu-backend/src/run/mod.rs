@@ -179,6 +179,10 @@ impl WgpuBackend {
             Kernel::LayerNormBackward { weight, columns } => {
                 self.layer_norm_steps(*weight, *columns, args)
             }
+            // Target::channel_moments_dtypes is empty here: core takes two reductions.
+            Kernel::ChannelMoments => Err(Error::Unsupported(
+                "wgpu does not run channel moments (core's batch norm takes two reductions)".into(),
+            )),
         }
     }
 
