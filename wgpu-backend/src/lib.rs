@@ -86,6 +86,7 @@ pub struct WgpuBackend {
     softmaxes: PipelineCache<render::softmax::SoftmaxSig>,
     layer_norms: PipelineCache<render::layer_norm::LayerNormSig>,
     layer_norm_forwards: PipelineCache<render::layer_norm::LayerNormForwardSig>,
+    moments: PipelineCache<render::moments::MomentsSig>,
     staged: PipelineCache<render::staged::StagedSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
@@ -188,8 +189,8 @@ impl WgpuBackend {
             layer_norm_row: render::layer_norm::LONGEST_ROW,
             // (16-bit elements share a word: one invocation's would race its neighbour's.)
             layer_norm_dtypes: &[DType::F32],
-            // Not rendered yet: batch norm's statistics take two reductions.
-            channel_moments_dtypes: &[],
+            // (f32: scalar loads, every operand bound whole.)
+            channel_moments_dtypes: &[DType::F32],
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
@@ -222,6 +223,7 @@ impl WgpuBackend {
             softmaxes: PipelineCache::default(),
             layer_norms: PipelineCache::default(),
             layer_norm_forwards: PipelineCache::default(),
+            moments: PipelineCache::default(),
             staged: PipelineCache::default(),
         })
     }
@@ -277,6 +279,7 @@ impl WgpuBackend {
             + self.softmaxes.len()
             + self.layer_norms.len()
             + self.layer_norm_forwards.len()
+            + self.moments.len()
             + self.staged.len()
     }
 

@@ -10,7 +10,9 @@
 //! (`check_dtype`), with the same `Err` as on a Vulkan adapter without SHADER_F64.
 
 use super::matmul::Staged;
-use super::{conv, coop_matmul, index, layer_norm, map, matmul, reduce, softmax, staged, Caps};
+use super::{
+    conv, coop_matmul, index, layer_norm, map, matmul, moments, reduce, softmax, staged, Caps,
+};
 use strata_core::ir::ConvPass;
 use strata_core::ir::MapTrees;
 use strata_core::ir::{BinaryOp, Expr, IndexKind, Node, ReduceOp, UnaryOp};
@@ -433,6 +435,23 @@ fn every_layer_norm_forward_variant_validates() {
             for (caps, targets) in caps_for(&[DType::F32]) {
                 check(&layer_norm::forward_source(&sig, caps), targets);
             }
+        }
+    }
+}
+
+/// Channel moments: each stage (one slice a channel, slices into scratch, their merge).
+#[test]
+fn every_channel_moments_variant_validates() {
+    for stage in [
+        moments::Stage::Whole,
+        moments::Stage::Slices,
+        moments::Stage::Merge,
+    ] {
+        for (caps, targets) in caps_for(&[DType::F32]) {
+            check(
+                &moments::source(&moments::MomentsSig { stage }, caps),
+                targets,
+            );
         }
     }
 }

@@ -24,6 +24,7 @@ pub(crate) mod index;
 pub(crate) mod layer_norm;
 pub(crate) mod map;
 pub(crate) mod matmul;
+pub(crate) mod moments;
 pub(crate) mod prelude;
 pub(crate) mod reduce;
 pub(crate) mod softmax;

@@ -94,7 +94,7 @@ impl WgpuBackend {
 
     /// Every operand of `args` (outputs, then inputs) bound whole, with its first element in
     /// its binding; an error where one does not fit a binding.
-    fn whole_bindings(&self, args: &KernelArgs) -> Result<(Vec<Bind>, Vec<u32>)> {
+    pub(super) fn whole_bindings(&self, args: &KernelArgs) -> Result<(Vec<Bind>, Vec<u32>)> {
         let mut binds = Vec::new();
         let mut firsts = Vec::new();
         for (k, op) in args.outputs.iter().chain(&args.inputs).enumerate() {
@@ -106,8 +106,8 @@ impl WgpuBackend {
             );
             if win.byte_size > self.binding_limit() {
                 return Err(Error::Backend(format!(
-                    "a layer norm operand of shape {shape:?} does not fit the adapter's \
-                     {}-byte storage binding",
+                    "an operand of shape {shape:?} does not fit the adapter's {}-byte storage \
+                     binding",
                     self.binding_limit()
                 )));
             }

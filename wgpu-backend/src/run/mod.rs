@@ -10,6 +10,7 @@ mod index;
 mod layer_norm;
 mod map;
 mod matmul;
+mod moments;
 mod reduce;
 mod softmax;
 mod staged;
@@ -18,6 +19,7 @@ use crate::launch::{operand_info, raw, Binding};
 use crate::render::conv::ConvSig;
 use crate::render::histogram::HistogramSig;
 use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
+use crate::render::moments::MomentsSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::staged::StagedSig;
 use crate::render::{self, prelude};
@@ -74,6 +76,7 @@ pub(crate) enum Sig<'k> {
     Softmax(SoftmaxSig),
     LayerNorm(LayerNormSig),
     LayerNormForward(LayerNormForwardSig),
+    Moments(MomentsSig),
     Staged(StagedSig),
     Conv(ConvSig),
 }
@@ -92,6 +95,7 @@ impl Sig<'_> {
             Sig::Softmax(_) => "strata_softmax",
             Sig::LayerNorm(_) => "strata_layer_norm_backward",
             Sig::LayerNormForward(_) => "strata_layer_norm",
+            Sig::Moments(_) => "strata_channel_moments",
             Sig::Conv(ConvSig {
                 sum_partials: true, ..
             }) => "strata_conv_sum",
@@ -179,10 +183,7 @@ impl WgpuBackend {
             Kernel::LayerNormBackward { weight, columns } => {
                 self.layer_norm_steps(*weight, *columns, args)
             }
-            // Target::channel_moments_dtypes is empty here: core takes two reductions.
-            Kernel::ChannelMoments => Err(Error::Unsupported(
-                "wgpu does not run channel moments (core's batch norm takes two reductions)".into(),
-            )),
+            Kernel::ChannelMoments => self.moments_steps(args),
         }
     }
 
@@ -257,6 +258,10 @@ impl WgpuBackend {
                 let bindings = 4 + sig.weight as usize + sig.bias as usize;
                 self.gpu
                     .pipeline(&render::layer_norm::forward_source(sig, caps), bindings)
+            }),
+            Sig::Moments(sig) => self.moments.get(sig, |sig| {
+                self.gpu
+                    .pipeline(&render::moments::source(sig, caps), sig.bindings())
             }),
             Sig::LayerNorm(sig) => self.layer_norms.get(sig, |sig| {
                 let bindings = 5 + 2 * sig.columns as usize + sig.weight as usize;
