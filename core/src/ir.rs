@@ -964,6 +964,17 @@ pub enum Kernel {
     /// [`channel_moments_dtypes`](crate::target::Target::channel_moments_dtypes) hold the
     /// dtype get one.
     ChannelMoments,
+    /// Batch norm's backward sums in one read of its inputs: inputs `[x, g, mean, rstd]`, `x`
+    /// and `g` (the upstream gradient) contiguous `[outer, channels, inner]`, `mean` and
+    /// `rstd` contiguous `[channels]`, all of one float dtype; outputs 0 and 1 (`[channels]`,
+    /// the dtype) get each channel's `Σg` and `Σg·(x − mean)·rstd` over its `outer·inner`
+    /// values, computed in the dtype's [`accumulator`](DType::accumulator) and rounded once
+    /// (β's and γ's gradients, and the sums `dx` reads). Sums may add in any order and a
+    /// backend may split a channel into slices as for
+    /// [`ChannelMoments`](Kernel::ChannelMoments). Only backends whose
+    /// [`channel_sums_dtypes`](crate::target::Target::channel_sums_dtypes) hold the dtype get
+    /// one.
+    ChannelGradSums,
 }
 
 impl Kernel {
@@ -985,6 +996,7 @@ impl Kernel {
             Kernel::LayerNorm { .. } => "layer_norm",
             Kernel::LayerNormBackward { .. } => "layer_norm_backward",
             Kernel::ChannelMoments => "channel_moments",
+            Kernel::ChannelGradSums => "channel_grad_sums",
         }
     }
 

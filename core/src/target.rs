@@ -134,6 +134,11 @@ pub struct Target {
     /// for (batch norm's statistics in one read); for the others core takes them in two
     /// reductions (the mean, then the variance around it: two reads).
     pub channel_moments_dtypes: &'static [DType],
+    /// The dtypes this backend runs
+    /// [`Kernel::ChannelGradSums`](crate::ir::Kernel::ChannelGradSums) for (batch norm's
+    /// backward sums in one read); for the others core takes two reductions (`Σg`, then
+    /// `Σg·x̂`).
+    pub channel_sums_dtypes: &'static [DType],
     /// The output dtypes this backend runs [`Kernel::Histogram`](crate::ir::Kernel::Histogram)
     /// into; for the others core counts each bin as a sum over a one-hot comparison (`bins · n`
     /// work: right, but slow for many bins).
@@ -191,6 +196,7 @@ impl Target {
             layer_norm_row: usize::MAX,
             layer_norm_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
             channel_moments_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
+            channel_sums_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
             k_major_tf32_from: None,

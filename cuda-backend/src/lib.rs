@@ -165,6 +165,7 @@ impl CudaBackend {
             layer_norm_row: strata_core::lower::layer_norm_plan::longest_row(1024),
             layer_norm_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
             channel_moments_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
+            channel_sums_dtypes: &[DType::F16, DType::BF16, DType::F32, DType::F64],
             histogram_accumulators: &[DType::U32, DType::U64, DType::F32, DType::F64],
             widens_half_matmul: &[],
             // Set below where cuBLAS runs the products.

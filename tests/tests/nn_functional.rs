@@ -716,12 +716,14 @@ test_device!(
     layer_norm_kernels
 );
 
-/// Batch norm's training statistics against their closed forms computed here in f64 from the
-/// same values: channels of many values (several slices a channel where the backend splits
-/// them), runs of positions not a vector's multiple, a channel far from zero (1,000 + N(0, 1):
-/// `Σx² − (Σx)²/n` would lose its variance in f32), 16-bit floats and f64, and `[N, C]` (no
-/// positions). Where the backend runs `ChannelMoments` for the dtype and the runs are long
-/// enough, the statistics are that one kernel.
+/// Batch norm in training against its closed forms computed here in f64 from the same values
+/// — the statistics, `y`, the running statistics, and the gradients of `x`, `γ` and `β` for
+/// a random upstream gradient: channels of many values (several slices a channel where the
+/// backend splits them), runs of positions not a vector's multiple, a channel far from zero
+/// (1,000 + N(0, 1): `Σx² − (Σx)²/n` would lose its variance in f32), 16-bit floats and f64,
+/// and `[N, C]` (no positions). Where the backend runs `ChannelMoments` and `ChannelGradSums`
+/// for the dtype and the runs are long enough, the statistics and the backward's sums are
+/// each that one kernel.
 fn batch_norm_statistics(dev: &Device) -> Result<()> {
     let mut gen = Generator::new(12);
     // (shape, dtype, offset, tolerance)
@@ -741,7 +743,11 @@ fn batch_norm_statistics(dev: &Device) -> Result<()> {
         let inner: usize = shape[2..].iter().product();
         let x = Tensor::randn(shape.to_vec(), DType::F64, &mut gen, dev)?
             .add(offset)?
-            .to_dtype(dtype)?;
+            .to_dtype(dtype)?
+            .requires_grad_(true)?;
+        let w = Tensor::randn([c], dtype, &mut gen, dev)?.requires_grad_(true)?;
+        let b = Tensor::randn([c], dtype, &mut gen, dev)?.requires_grad_(true)?;
+        let gy = Tensor::randn(shape.to_vec(), dtype, &mut gen, dev)?;
         let running = RunningStats {
             mean: Tensor::zeros([c], dtype, dev)?,
             var: Tensor::zeros([c], dtype, dev)?,
@@ -750,19 +756,33 @@ fn batch_norm_statistics(dev: &Device) -> Result<()> {
         dev.flush()?;
         let mut y = None;
         let profile = dev.profile(|| {
-            y = Some(batch_norm(&x, Some(&running), None, None, true, 1e-5)?);
+            let out = batch_norm(&x, Some(&running), Some(&w), Some(&b), true, 1e-5)?;
+            out.backward_with(&gy)?;
+            y = Some(out);
             dev.flush()
         })?;
         let y = values(&y.expect("set by the profiled closure"))?;
         let target = dev.backend().target();
-        let kernel = target.channel_moments_dtypes.contains(&dtype) && inner >= 16;
-        let kernels = profile
-            .device_work()
-            .filter(|r| r.name.ends_with("channel_moments"))
-            .count();
-        assert_eq!(kernels, kernel as usize, "channel moments kernels, {what}");
-        let xv = values(&x)?;
+        let runs = |name: &str| {
+            profile
+                .device_work()
+                .filter(|r| r.name.ends_with(name))
+                .count()
+        };
+        let long = inner >= 16;
+        let moments = target.channel_moments_dtypes.contains(&dtype) && long;
+        assert_eq!(
+            runs("channel_moments"),
+            moments as usize,
+            "statistics, {what}"
+        );
+        let sums = target.channel_sums_dtypes.contains(&dtype) && long;
+        assert_eq!(runs("channel_grad_sums"), sums as usize, "sums, {what}");
+        let (xv, gv) = (values(&x)?, values(&gy)?);
+        let (wv, bv) = (values(&w)?, values(&b)?);
         let (rm, rv) = (values(&running.mean)?, values(&running.var)?);
+        let grad = |t: &Tensor| values(&t.grad().expect("a gradient"));
+        let (dx, dw, db) = (grad(&x)?, grad(&w)?, grad(&b)?);
         for ch in 0..c {
             let at: Vec<usize> = (0..n)
                 .flat_map(|s| (0..inner).map(move |p| (s * c + ch) * inner + p))
@@ -770,6 +790,7 @@ fn batch_norm_statistics(dev: &Device) -> Result<()> {
             let count = at.len() as f64;
             let mean = at.iter().map(|&i| xv[i]).sum::<f64>() / count;
             let var = at.iter().map(|&i| (xv[i] - mean).powi(2)).sum::<f64>() / count;
+            let rstd = 1.0 / (var + 1e-5).sqrt();
             close(
                 &[rm[ch]],
                 &[mean],
@@ -783,12 +804,38 @@ fn batch_norm_statistics(dev: &Device) -> Result<()> {
                 tol,
                 &format!("variance of channel {ch}, {what}"),
             );
-            let want: Vec<f64> = at
-                .iter()
-                .map(|&i| (xv[i] - mean) / (var + 1e-5).sqrt())
-                .collect();
+            let xhat: Vec<f64> = at.iter().map(|&i| (xv[i] - mean) * rstd).collect();
+            let want: Vec<f64> = xhat.iter().map(|h| h * wv[ch] + bv[ch]).collect();
             let got: Vec<f64> = at.iter().map(|&i| y[i]).collect();
             close(&got, &want, tol, &format!("y of channel {ch}, {what}"));
+            let sum_g: f64 = at.iter().map(|&i| gv[i]).sum();
+            let sum_gx: f64 = at.iter().zip(&xhat).map(|(&i, h)| gv[i] * h).sum();
+            // Sums over the channel's values: their error grows with the count.
+            let sum_tol = tol * count.sqrt();
+            close(
+                &[db[ch]],
+                &[sum_g],
+                sum_tol,
+                &format!("dβ of channel {ch}, {what}"),
+            );
+            close(
+                &[dw[ch]],
+                &[sum_gx],
+                sum_tol,
+                &format!("dγ of channel {ch}, {what}"),
+            );
+            let want_dx: Vec<f64> = at
+                .iter()
+                .zip(&xhat)
+                .map(|(&i, h)| wv[ch] * rstd * (gv[i] - sum_g / count - h * sum_gx / count))
+                .collect();
+            let got_dx: Vec<f64> = at.iter().map(|&i| dx[i]).collect();
+            close(
+                &got_dx,
+                &want_dx,
+                tol,
+                &format!("dx of channel {ch}, {what}"),
+            );
         }
     }
     Ok(())

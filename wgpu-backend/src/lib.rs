@@ -191,6 +191,8 @@ impl WgpuBackend {
             layer_norm_dtypes: &[DType::F32],
             // (f32: scalar loads, every operand bound whole.)
             channel_moments_dtypes: &[DType::F32],
+            // Not rendered yet: batch norm's backward takes two reductions.
+            channel_sums_dtypes: &[],
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half

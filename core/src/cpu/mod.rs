@@ -290,6 +290,7 @@ impl Backend for CpuBackend {
                 layer_norm::backward(*weight, *columns, args)
             }
             Kernel::ChannelMoments => moments::run(args),
+            Kernel::ChannelGradSums => moments::grad_sums(args),
         }
     }
 

@@ -173,23 +173,158 @@ pub struct MomentsPlan {
 /// assert_eq!(plan(&ops, 4, &t).vector, 1); // x not on a vector
 /// ```
 pub fn plan(ops: &MomentsOperands, address: u64, target: &Target) -> MomentsPlan {
-    let values = ops.outer * ops.inner;
-    let parts = parts(ops.channels, values, target);
+    slices(
+        ops.outer,
+        ops.channels,
+        ops.inner,
+        ops.dtype,
+        &[address],
+        target,
+    )
+}
+
+/// Plans batch norm's backward sums `ops` on `target`, `x` and `g` starting at `addresses` (as
+/// [`plan`]: both are read at the same places).
+///
+/// ```
+/// use strata_core::lower::moments_plan::{grad_plan, GradSumsOperands};
+/// use strata_core::target::Target;
+/// use strata_core::{backend::KernelArgs, DType, Device, Tensor};
+/// let dev = Device::cpu();
+/// let z = |s: &[usize]| Tensor::zeros(s.to_vec(), DType::F32, &dev).unwrap().operand().unwrap();
+/// let args = KernelArgs {
+///     outputs: vec![z(&[64]), z(&[64])],
+///     inputs: vec![z(&[256, 64, 1024]), z(&[256, 64, 1024]), z(&[64]), z(&[64])],
+///     scalars: vec![],
+/// };
+/// let ops = GradSumsOperands::of(&args).unwrap();
+/// let t = Target { vector_bytes: 16, parallel_slots: 132 * 2048, ..Target::cpu(1) };
+/// let p = grad_plan(&ops, [0, 16], &t);
+/// assert_eq!((p.vector, p.parts, p.count), (4, 4, 65536));
+/// assert_eq!(grad_plan(&ops, [0, 8], &t).vector, 2); // g on 8 bytes
+/// ```
+pub fn grad_plan(ops: &GradSumsOperands, addresses: [u64; 2], target: &Target) -> MomentsPlan {
+    slices(
+        ops.outer,
+        ops.channels,
+        ops.inner,
+        ops.dtype,
+        &addresses,
+        target,
+    )
+}
+
+/// The slices of `channels` channels of `outer·inner` values of `dtype`, read from
+/// `addresses`.
+fn slices(
+    outer: usize,
+    channels: usize,
+    inner: usize,
+    dtype: DType,
+    addresses: &[u64],
+    target: &Target,
+) -> MomentsPlan {
+    let values = outer * inner;
+    let parts = parts(channels, values, target);
     let count = values / parts;
-    let size = ops.dtype.itemsize();
+    let size = dtype.itemsize();
     let lanes = (target.vector_bytes / size).clamp(1, 4);
     let vector = [lanes, 2, 1]
         .into_iter()
         .find(|&v| {
             v <= lanes
-                && ops.inner.is_multiple_of(v)
+                && inner.is_multiple_of(v)
                 && count.is_multiple_of(v)
-                && address.is_multiple_of((v * size) as u64)
+                && addresses
+                    .iter()
+                    .all(|a| a.is_multiple_of((v * size) as u64))
         })
         .unwrap_or(1);
     MomentsPlan {
         vector,
         parts,
         count,
+    }
+}
+
+/// The operands of batch norm's backward sums
+/// ([`Kernel::ChannelGradSums`](crate::ir::Kernel::ChannelGradSums)), checked.
+#[derive(Debug)]
+pub struct GradSumsOperands<'a> {
+    /// The normalized input, `[outer, channels, inner]`.
+    pub x: &'a Operand,
+    /// The upstream gradient, as `x`.
+    pub g: &'a Operand,
+    /// Each channel's mean, `[channels]`.
+    pub mean: &'a Operand,
+    /// Each channel's `1 / sqrt(var + eps)`, `[channels]`.
+    pub rstd: &'a Operand,
+    /// Each channel's `Σg`, `[channels]`.
+    pub sum_g: &'a Operand,
+    /// Each channel's `Σg·x̂`, `[channels]`.
+    pub sum_gx: &'a Operand,
+    /// `x`'s leading axis.
+    pub outer: usize,
+    /// Channels.
+    pub channels: usize,
+    /// `x`'s trailing axis.
+    pub inner: usize,
+    /// The dtype of every operand.
+    pub dtype: DType,
+}
+
+impl<'a> GradSumsOperands<'a> {
+    /// Checks `args` for `ChannelGradSums`.
+    pub fn of(args: &'a KernelArgs) -> Result<GradSumsOperands<'a>> {
+        let (ins, outs) = (args.inputs.as_slice(), args.outputs.as_slice());
+        let ([x, g, mean, rstd], [sum_g, sum_gx]) = (ins, outs) else {
+            return Err(Error::Invalid(format!(
+                "channel gradient sums take four inputs and two outputs: got {} and {}",
+                ins.len(),
+                outs.len()
+            )));
+        };
+        let dtype = x.dtype;
+        let [outer, channels, inner] = *x.layout.shape() else {
+            return Err(Error::Invalid(format!(
+                "channel gradient sums take x of shape [outer, channels, inner]: got {:?}",
+                x.layout.shape()
+            )));
+        };
+        let full = x.layout.shape().to_vec();
+        for (name, o, shape) in [
+            ("x", x, &full),
+            ("g", g, &full),
+            ("mean", mean, &vec![channels]),
+            ("rstd", rstd, &vec![channels]),
+            ("Σg", sum_g, &vec![channels]),
+            ("Σg·x̂", sum_gx, &vec![channels]),
+        ] {
+            if o.layout.shape() != shape.as_slice()
+                || o.dtype != dtype
+                || !o.layout.is_contiguous()
+                || !dtype.is_float()
+            {
+                return Err(Error::Invalid(format!(
+                    "channel gradient sums take {name} contiguous of shape {shape:?} and float \
+                     dtype {dtype}: got shape {:?}, strides {:?}, dtype {}",
+                    o.layout.shape(),
+                    o.layout.strides(),
+                    o.dtype
+                )));
+            }
+        }
+        Ok(GradSumsOperands {
+            x,
+            g,
+            mean,
+            rstd,
+            sum_g,
+            sum_gx,
+            outer,
+            channels,
+            inner,
+            dtype,
+        })
     }
 }

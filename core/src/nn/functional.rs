@@ -770,8 +770,10 @@ pub fn batch_norm(
 /// read of `x` where the backend runs [`Kernel::ChannelMoments`](crate::ir::Kernel::ChannelMoments),
 /// else two per-channel reductions), `running` updated, and one node whose backward is
 /// batch normalization's closed form — with `x̂ = (x − mean)·rstd`, `dβ = Σg`, `dγ = Σg·x̂`
-/// and `dx = γ·rstd·(g − Σg/n − x̂·Σg·x̂/n)`, two per-channel reductions and one elementwise
-/// kernel, where differentiating the composition took a dozen kernels.
+/// and `dx = γ·rstd·(g − Σg/n − x̂·Σg·x̂/n)`: the two sums from one read of `x` and `g` where
+/// the backend runs [`Kernel::ChannelGradSums`](crate::ir::Kernel::ChannelGradSums) (else two
+/// per-channel reductions), and one elementwise kernel, where differentiating the composition
+/// took a dozen kernels.
 fn batch_norm_training(
     x: &Tensor,
     running: Option<&RunningStats>,
@@ -838,8 +840,14 @@ fn batch_norm_training(
         move |g| {
             // `x̂` written anew for each use (see `layer_norm`'s backward).
             let xhat = || node_x.sub(&mean)?.mul(&rstd);
-            let sum_g = g.sum(axes.clone(), true)?;
-            let sum_gx = g.mul(&xhat()?)?.sum(axes.clone(), true)?;
+            let (sum_g, sum_gx) = match moments_kernel::channel_grad_sums(&node_x, g, &mean, &rstd)?
+            {
+                Some(sums) => sums,
+                None => (
+                    g.sum(axes.clone(), true)?,
+                    g.mul(&xhat()?)?.sum(axes.clone(), true)?,
+                ),
+            };
             let mut grads = Vec::with_capacity(3);
             grads.push(match wants[0] {
                 true => {

@@ -1,5 +1,6 @@
-//! Batch norm's statistics in one read of its input where the backend runs
-//! [`Kernel::ChannelMoments`] for its dtype (see
+//! Batch norm's statistics in one read of its input, and its backward sums in one read of
+//! the input and the gradient, where the backend runs [`Kernel::ChannelMoments`] and
+//! [`Kernel::ChannelGradSums`] for the dtype (see
 //! [`moments_plan`](crate::lower::moments_plan)). `None` leaves the two reductions to the
 //! caller.
 
@@ -44,4 +45,58 @@ pub(super) fn channel_statistics(x: &Tensor) -> Result<Option<(Tensor, Tensor)>>
     let mut kept = vec![1; shape.len()];
     kept[1] = channels;
     Ok(Some((mean.reshape(kept.clone())?, var.reshape(kept)?)))
+}
+
+/// Batch norm's backward sums `Σg` and `Σg·(x − mean)·rstd` over each channel of `x`
+/// (`[N, C, …]`, statistics `mean` and `rstd` `[1, C, 1, …]`) for the upstream gradient `g`,
+/// each `[1, C, 1, …]` in `x`'s dtype, from one read of `x` and `g`; `None` where the backend
+/// does not run the kernel for the dtype, `g` is not of `x`'s shape and dtype or either is not
+/// contiguous (a broadcast `g` costs the reductions nothing to read), the runs of positions are
+/// shorter than [`SHORTEST_RUN`], or a binding would not hold them.
+pub(super) fn channel_grad_sums(
+    x: &Tensor,
+    g: &Tensor,
+    mean: &Tensor,
+    rstd: &Tensor,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let shape = x.shape().to_vec();
+    let target = x.device().backend().target();
+    let (d, channels) = (x.dtype(), shape[1]);
+    let inner: usize = shape[2..].iter().product();
+    let outer = shape[0];
+    let binds = target
+        .binding_limit
+        .is_none_or(|limit| (x.numel() * d.itemsize()) as u64 + target.offset_align + 16 <= limit);
+    if !target.channel_sums_dtypes.contains(&d)
+        || g.shape() != x.shape()
+        || [g, mean, rstd].iter().any(|t| t.dtype() != d)
+        || !x.is_contiguous()
+        || !g.is_contiguous()
+        || inner < SHORTEST_RUN
+        || outer * inner == 0
+        || !binds
+    {
+        return Ok(None);
+    }
+    let dev = x.device();
+    let (sum_g, sum_gx) = (
+        Tensor::empty([channels], d, dev)?,
+        Tensor::empty([channels], d, dev)?,
+    );
+    let as_channels = |t: &Tensor| t.contiguous()?.reshape([channels]);
+    crate::tensor::launch_writing(
+        Kernel::ChannelGradSums,
+        &sum_g,
+        &[&sum_gx],
+        &[
+            &x.reshape([outer, channels, inner])?,
+            &g.reshape([outer, channels, inner])?,
+            &as_channels(mean)?,
+            &as_channels(rstd)?,
+        ],
+        vec![],
+    )?;
+    let mut kept = vec![1; shape.len()];
+    kept[1] = channels;
+    Ok(Some((sum_g.reshape(kept.clone())?, sum_gx.reshape(kept)?)))
 }

@@ -75,6 +75,12 @@ pub(super) fn kernel_record(
             // merge's few operations spread over the round's values.
             (name, vec![name.to_string()], 5 * n)
         }
+        Kernel::ChannelGradSums => {
+            let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
+            let name = "channel_grad_sums";
+            // Per element: `x − mean`, the two sums' terms.
+            (name, vec![name.to_string()], 4 * n)
+        }
         Kernel::Histogram { bin, .. } => {
             let n = args.inputs.first().map_or(0, |i| i.layout.numel()) as u64;
             let mut ops = map_ops(bin);

@@ -6,7 +6,7 @@ use super::index::IndexSig;
 use super::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use super::map::MapSig;
 use super::matmul::MatmulSig;
-use super::moments::{MomentsSig, Stage};
+use super::moments::{GradSumsSig, MomentsSig, Stage};
 use super::reduce::ReduceSig;
 use super::softmax::SoftmaxSig;
 use strata_core::ir::MapTrees;
@@ -710,6 +710,18 @@ pub(crate) fn layer_norm_forwards() -> Vec<LayerNormForwardSig> {
     out
 }
 
+/// Batch norm's backward sums signatures: each float dtype, each vector width, each stage.
+pub(crate) fn channel_grad_sums() -> Vec<GradSumsSig> {
+    channel_moments()
+        .into_iter()
+        .map(|m| GradSumsSig {
+            dtype: m.dtype,
+            vector: m.vector,
+            stage: m.stage,
+        })
+        .collect()
+}
+
 /// Channel moments signatures: each float dtype, each vector width it takes, each stage.
 pub(crate) fn channel_moments() -> Vec<MomentsSig> {
     let mut out = Vec::new();
@@ -788,6 +800,14 @@ mod tests {
             add(
                 super::super::layer_norm::source(&s),
                 "strata_layer_norm_backward",
+            );
+        }
+        for s in channel_grad_sums() {
+            add(
+                super::super::Generated::render(&s)
+                    .expect("channel gradient sums source")
+                    .source,
+                "strata_channel_grad_sums",
             );
         }
         for s in channel_moments() {

@@ -199,6 +199,128 @@ pub(crate) fn merge_source(d: DType) -> String {
     )
 }
 
+/// The structure of a launch of batch norm's backward sums (`ChannelGradSums`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct GradSumsSig {
+    pub dtype: DType,
+    /// Elements per vector load (1 for [`Stage::Merge`]).
+    pub vector: usize,
+    pub stage: Stage,
+}
+
+impl strata_core::kernel_cache::Owned for GradSumsSig {}
+
+impl Generated for GradSumsSig {
+    const NAME: &'static str = "strata_channel_grad_sums";
+    fn render(&self) -> Result<Rendered> {
+        Ok(Rendered::single(match self.stage {
+            Stage::Merge => grad_merge_source(self.dtype),
+            _ => grad_source(self),
+        }))
+    }
+}
+
+/// Argument words of the backward sums: channels, inner, count, parts, then the addresses of
+/// x, g, mean, rstd, and of the sums `Σg` and `Σg·x̂` (the channels', or the slices' in
+/// scratch).
+pub(crate) const GRAD_WORDS: usize = 10;
+
+/// The CUDA C source of a slice a block of the backward sums ([`Stage::Whole`],
+/// [`Stage::Slices`]), named `strata_channel_grad_sums`: each thread adds `g` and
+/// `g·(x − mean)` over its vectors of `x` and `g` (read at the same places), the block adds
+/// the threads', and thread 0 stores `Σg` and `Σg·(x − mean)·rstd`.
+pub(crate) fn grad_source(sig: &GradSumsSig) -> String {
+    let (d, v) = (sig.dtype, sig.vector);
+    let (st, at, vt) = (
+        storage_type(d),
+        compute_type(d.accumulator()),
+        vector_type(v * d.itemsize()),
+    );
+    let load = |e: &str| {
+        let value = from_storage(d, e);
+        match compute_type(d) == at {
+            true => value,
+            false => format!("({at}){value}"),
+        }
+    };
+    let (t, warps) = (THREADS, THREADS / 32);
+    let (ot, store): (&str, &dyn Fn(&str) -> String) = match sig.stage {
+        Stage::Whole => (st, &|v: &str| to_storage(d, v)),
+        _ => (at, &|v: &str| v.to_string()),
+    };
+    format!(
+        "extern \"C\" __global__ void __launch_bounds__({t}) strata_channel_grad_sums(const Args<{GRAD_WORDS}> p) {{
+  const i64 channels = (i64)p.w[0], inner = (i64)p.w[1], count = (i64)p.w[2], parts = (i64)p.w[3];
+  const {st}* x = (const {st}*)p.w[4];
+  const {st}* g = (const {st}*)p.w[5];
+  const {st}* mean = (const {st}*)p.w[6];
+  const {st}* rstd = (const {st}*)p.w[7];
+  {ot}* sums_g = ({ot}*)p.w[8];
+  {ot}* sums_gx = ({ot}*)p.w[9];
+  const i64 b = blockIdx.x, c = b / parts, part = b - c * parts;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  typedef union {{ {vt} v; {st} e[{v}]; }} Vec;
+  const i64 step = (i64){t} * {v}, step_o = step / inner, step_i = step - step_o * inner;
+  const i64 j = part * count + (i64)t * {v};
+  i64 o = j / inner, i = j - o * inner;
+  const i64 vectors = count / {v};
+  const {at} mc = {};
+  {at} sg = 0, sgx = 0;
+#pragma unroll 4
+  for (i64 k = t; k < vectors; k += {t}) {{
+    const i64 e = (o * channels + c) * inner + i;
+    Vec ux, ug;
+    ux.v = *(const {vt}*)(x + e);
+    ug.v = *(const {vt}*)(g + e);
+    i += step_i; o += step_o;
+    if (i >= inner) {{ i -= inner; o++; }}
+#pragma unroll
+    for (int l = 0; l < {v}; l++) {{ const {at} gv = {}; sg += gv; sgx += gv * ({} - mc); }}
+  }}
+  for (int off = 16; off > 0; off >>= 1) {{
+    sg += __shfl_down_sync(0xffffffffu, sg, off);
+    sgx += __shfl_down_sync(0xffffffffu, sgx, off);
+  }}
+  __shared__ {at} sh[2][{warps}];
+  if (lane == 0) {{ sh[0][warp] = sg; sh[1][warp] = sgx; }}
+  __syncthreads();
+  if (t == 0) {{
+    for (int w = 1; w < {warps}; w++) {{ sg += sh[0][w]; sgx += sh[1][w]; }}
+    sums_g[b] = {};
+    sums_gx[b] = {};
+  }}
+}}",
+        load("mean[c]"),
+        load("ug.e[l]"),
+        load("ux.e[l]"),
+        store("sg"),
+        store(&format!("(sgx * {})", load("rstd[c]")))
+    )
+}
+
+/// The CUDA C source of [`Stage::Merge`] of the backward sums, named
+/// `strata_channel_grad_sums`: a thread a channel adds its slices' sums, rounded to the dtype.
+pub(crate) fn grad_merge_source(d: DType) -> String {
+    let (st, at) = (storage_type(d), compute_type(d.accumulator()));
+    format!(
+        "extern \"C\" __global__ void __launch_bounds__({THREADS}) strata_channel_grad_sums(const Args<{MERGE_WORDS}> p) {{
+  const i64 channels = (i64)p.w[0], parts = (i64)p.w[1];
+  const {at}* sg = (const {at}*)p.w[2];
+  const {at}* sgx = (const {at}*)p.w[3];
+  {st}* sum_g = ({st}*)p.w[4];
+  {st}* sum_gx = ({st}*)p.w[5];
+  const i64 c = (i64)blockIdx.x * {THREADS} + threadIdx.x;
+  if (c >= channels) return;
+  {at} a = 0, b = 0;
+  for (i64 k = 0; k < parts; k++) {{ a += sg[c * parts + k]; b += sgx[c * parts + k]; }}
+  sum_g[c] = {};
+  sum_gx[c] = {};
+}}",
+        to_storage(d, "a"),
+        to_storage(d, "b")
+    )
+}
+
 /// The sum of `terms` added as a balanced tree.
 fn tree(terms: &[String]) -> String {
     match terms {
@@ -240,5 +362,14 @@ mod tests {
         assert!(half.contains("u16* means"), "{half}");
         assert!(src.contains("float* means"), "{src}");
         assert!(merge_source(DType::BF16).contains("mean[c] = f32_to_bf16(m)"));
+        // The backward sums read x and g once each, at the same place.
+        let sums = grad_source(&GradSumsSig {
+            dtype: DType::F32,
+            vector: 4,
+            stage: Stage::Whole,
+        });
+        assert_eq!(sums.matches("*(const uint4*)(x + e)").count(), 1, "{sums}");
+        assert_eq!(sums.matches("*(const uint4*)(g + e)").count(), 1, "{sums}");
+        assert!(sums.contains("sums_gx[b] = (sgx * rstd[c])"), "{sums}");
     }
 }

@@ -31,7 +31,7 @@ use crate::render::index::IndexSig;
 use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
-use crate::render::moments::MomentsSig;
+use crate::render::moments::{GradSumsSig, MomentsSig};
 use crate::render::reduce::ReduceSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::Generated;
@@ -74,6 +74,7 @@ pub(crate) struct Runner {
     layer_norms: FunctionCache<LayerNormSig>,
     layer_norm_forwards: FunctionCache<LayerNormForwardSig>,
     moments: FunctionCache<MomentsSig>,
+    grad_sums: FunctionCache<GradSumsSig>,
     histograms: FunctionCache<HistogramSig>,
     convolutions: FunctionCache<ConvSig>,
     conv_sums: FunctionCache<ConvSumSig>,
@@ -101,6 +102,7 @@ impl Runner {
             layer_norms: FunctionCache::default(),
             layer_norm_forwards: FunctionCache::default(),
             moments: FunctionCache::default(),
+            grad_sums: FunctionCache::default(),
             histograms: FunctionCache::default(),
             convolutions: FunctionCache::default(),
             conv_sums: FunctionCache::default(),
@@ -118,6 +120,7 @@ impl Runner {
             + self.layer_norms.len()
             + self.layer_norm_forwards.len()
             + self.moments.len()
+            + self.grad_sums.len()
             + self.histograms.len()
             + self.convolutions.len()
             + self.conv_sums.len()
@@ -141,6 +144,7 @@ impl Runner {
                 layer_norm::steps(*weight, *columns, args, &self.target)
             }
             Kernel::ChannelMoments => moments::steps(args, &self.target),
+            Kernel::ChannelGradSums => moments::grad_steps(args, &self.target),
             Kernel::Histogram {
                 bins,
                 bin,
@@ -280,6 +284,7 @@ impl Runner {
             Sig::LayerNorm(k) => function(&self.layer_norms, k, &self.compiler),
             Sig::LayerNormForward(k) => function(&self.layer_norm_forwards, k, &self.compiler),
             Sig::Moments(k) => function(&self.moments, k, &self.compiler),
+            Sig::GradSums(k) => function(&self.grad_sums, k, &self.compiler),
             Sig::Histogram(k) => function(&self.histograms, k, &self.compiler),
             Sig::Conv(k) => function(&self.convolutions, k, &self.compiler),
             Sig::ConvSum(k) => function(&self.conv_sums, k, &self.compiler),
@@ -379,6 +384,7 @@ impl Runner {
                         Sig::LayerNorm(k) => self.layer_norms.peek(k).is_some(),
                         Sig::LayerNormForward(k) => self.layer_norm_forwards.peek(k).is_some(),
                         Sig::Moments(k) => self.moments.peek(k).is_some(),
+                        Sig::GradSums(k) => self.grad_sums.peek(k).is_some(),
                         Sig::Histogram(k) => self.histograms.peek(k).is_some(),
                         Sig::Conv(k) => self.convolutions.peek(k).is_some(),
                         Sig::ConvSum(k) => self.conv_sums.peek(k).is_some(),

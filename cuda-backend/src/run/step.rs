@@ -10,7 +10,7 @@ use crate::render::index::IndexSig;
 use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
 use crate::render::map::MapSig;
 use crate::render::matmul::MatmulSig;
-use crate::render::moments::MomentsSig;
+use crate::render::moments::{GradSumsSig, MomentsSig};
 use crate::render::reduce::ReduceSig;
 use crate::render::softmax::SoftmaxSig;
 use crate::render::Generated;
@@ -43,6 +43,7 @@ pub(crate) enum Sig {
     LayerNormForward(LayerNormForwardSig),
     LayerNorm(LayerNormSig),
     Moments(MomentsSig),
+    GradSums(GradSumsSig),
     Histogram(HistogramSig),
     Conv(ConvSig),
     ConvSum(ConvSumSig),
@@ -94,6 +95,7 @@ impl Sig {
             Sig::LayerNormForward(_) => LayerNormForwardSig::NAME,
             Sig::LayerNorm(_) => LayerNormSig::NAME,
             Sig::Moments(_) => MomentsSig::NAME,
+            Sig::GradSums(_) => GradSumsSig::NAME,
             Sig::Histogram(_) => HistogramSig::NAME,
             Sig::Conv(_) => ConvSig::NAME,
             Sig::ConvSum(_) => ConvSumSig::NAME,

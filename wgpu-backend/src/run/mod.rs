@@ -184,6 +184,10 @@ impl WgpuBackend {
                 self.layer_norm_steps(*weight, *columns, args)
             }
             Kernel::ChannelMoments => self.moments_steps(args),
+            // (Target::channel_sums_dtypes is empty: core takes two reductions.)
+            Kernel::ChannelGradSums => Err(Error::Unsupported(
+                "wgpu does not run batch norm's backward sums as one kernel".into(),
+            )),
         }
     }
 
