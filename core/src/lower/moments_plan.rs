@@ -8,7 +8,10 @@
 //! several, a second small launch merges them — equal slices make the channel's mean the
 //! slices' mean and its variance the mean of each slice's variance plus its mean's squared
 //! distance from the channel's. The composition reads `x` twice (the mean, then the variance
-//! around it).
+//! around it). Batch norm's backward sums
+//! ([`Kernel::ChannelGradSums`](crate::ir::Kernel::ChannelGradSums): `Σg` and `Σg·x̂`) take
+//! the same slices, each thread adding its values of `x` and `g` read at the same places, and
+//! the slices' sums are added the same way; the composition reads `g` twice.
 //!
 //! ```
 //! use strata_core::lower::moments_plan::{parts, SHORTEST_RUN};

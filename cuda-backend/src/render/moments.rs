@@ -1,14 +1,16 @@
-//! `ChannelMoments` kernels: core's plan ([`moments_plan`]) as CUDA C. Block `c·parts + p`
-//! takes slice `p` of channel `c`; each thread loads vectors `t, t + threads, …` of the slice,
-//! [`ROUND`] at a time, takes the round's mean and squared deviations (each summed as a
-//! tree), and merges them into its
-//! running count, mean and sum of squared deviations by Chan's formula (one division a round).
+//! `ChannelMoments` and `ChannelGradSums` kernels: core's plan ([`moments_plan`]) as CUDA C.
+//! Block `c·parts + p` takes slice `p` of channel `c`; for the moments each thread loads
+//! vectors `t, t + threads, …` of the slice, [`ROUND`] at a time, takes the round's mean and
+//! squared deviations (each summed as a tree), and merges them into its running count, mean
+//! and sum of squared deviations by Chan's formula (one division a round).
 //! A vector's place — the run `o` and offset `i` of its first value — advances by a constant
 //! step with one carry, so no vector divides by the run's length. The warps merge their
 //! threads' statistics down a shuffle tree, thread 0 the warps' in order, and stores the
 //! slice's mean and biased variance: the channel's, rounded to the dtype, with one slice a
 //! channel ([`Stage::Whole`]); else in the accumulation type in scratch ([`Stage::Slices`]),
-//! which a thread a channel then merges ([`Stage::Merge`]).
+//! which a thread a channel then merges ([`Stage::Merge`]). The backward sums take the same
+//! slices and stages, each thread adding `g` and `g·(x − mean)` over its vectors
+//! ([`grad_source`]).
 //!
 //! [`moments_plan`]: strata_core::lower::moments_plan
 
