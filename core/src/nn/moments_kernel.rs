@@ -4,32 +4,42 @@
 //! [`moments_plan`](crate::lower::moments_plan)). `None` leaves the two reductions to the
 //! caller.
 
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::ir::Kernel;
 use crate::lower::moments_plan::SHORTEST_RUN;
 use crate::tensor::Tensor;
+
+/// `x` (`[N, C, …]`) as `[outer, channels, inner]` where its backend runs a kernel of these
+/// slices for the dtypes `dtypes` over it: `x` contiguous (the reductions read it in place),
+/// its runs of positions at least [`SHORTEST_RUN`] long, not empty, and within a binding.
+fn channels_of(x: &Tensor, dtypes: &[DType]) -> Option<[usize; 3]> {
+    let target = x.device().backend().target();
+    let shape = x.shape();
+    let (outer, channels) = (shape[0], shape[1]);
+    let inner: usize = shape[2..].iter().product();
+    let bytes = (x.numel() * x.dtype().itemsize()) as u64;
+    let binds = target
+        .binding_limit
+        .is_none_or(|limit| bytes + target.offset_align + 16 <= limit);
+    (dtypes.contains(&x.dtype())
+        && x.is_contiguous()
+        && inner >= SHORTEST_RUN
+        && outer * inner > 0
+        && binds)
+        .then_some([outer, channels, inner])
+}
 
 /// The mean and biased variance of each channel of `x` (`[N, C, …]`), each `[1, C, 1, …]` in
 /// `x`'s dtype; `None` where the backend does not run the kernel for `x`'s dtype, `x` is not
 /// contiguous (the reductions read it in place), its runs of positions are shorter than
 /// [`SHORTEST_RUN`], or a binding would not hold it.
 pub(super) fn channel_statistics(x: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
-    let shape = x.shape().to_vec();
     let target = x.device().backend().target();
-    let (d, channels) = (x.dtype(), shape[1]);
-    let inner: usize = shape[2..].iter().product();
-    let outer = shape[0];
-    let binds = target
-        .binding_limit
-        .is_none_or(|limit| (x.numel() * d.itemsize()) as u64 + target.offset_align + 16 <= limit);
-    if !target.channel_moments_dtypes.contains(&d)
-        || !x.is_contiguous()
-        || inner < SHORTEST_RUN
-        || outer * inner == 0
-        || !binds
-    {
+    let Some([outer, channels, inner]) = channels_of(x, target.channel_moments_dtypes) else {
         return Ok(None);
-    }
+    };
+    let (shape, d) = (x.shape(), x.dtype());
     let dev = x.device();
     let (mean, var) = (
         Tensor::empty([channels], d, dev)?,
@@ -59,23 +69,12 @@ pub(super) fn channel_grad_sums(
     mean: &Tensor,
     rstd: &Tensor,
 ) -> Result<Option<(Tensor, Tensor)>> {
-    let shape = x.shape().to_vec();
     let target = x.device().backend().target();
-    let (d, channels) = (x.dtype(), shape[1]);
-    let inner: usize = shape[2..].iter().product();
-    let outer = shape[0];
-    let binds = target
-        .binding_limit
-        .is_none_or(|limit| (x.numel() * d.itemsize()) as u64 + target.offset_align + 16 <= limit);
-    if !target.channel_sums_dtypes.contains(&d)
-        || g.shape() != x.shape()
-        || [g, mean, rstd].iter().any(|t| t.dtype() != d)
-        || !x.is_contiguous()
-        || !g.is_contiguous()
-        || inner < SHORTEST_RUN
-        || outer * inner == 0
-        || !binds
-    {
+    let Some([outer, channels, inner]) = channels_of(x, target.channel_sums_dtypes) else {
+        return Ok(None);
+    };
+    let (shape, d) = (x.shape(), x.dtype());
+    if g.shape() != shape || [g, mean, rstd].iter().any(|t| t.dtype() != d) || !g.is_contiguous() {
         return Ok(None);
     }
     let dev = x.device();

@@ -60,37 +60,62 @@ pub(crate) const WORDS: usize = 7;
 /// variances, then of the channels'.
 pub(crate) const MERGE_WORDS: usize = 6;
 
-/// The CUDA C source of a slice a block ([`Stage::Whole`], [`Stage::Slices`]), named
-/// `strata_channel_moments`.
-pub(crate) fn source(sig: &MomentsSig) -> String {
-    let (d, v) = (sig.dtype, sig.vector);
-    let (st, at, vt) = (
-        storage_type(d),
-        compute_type(d.accumulator()),
-        vector_type(v * d.itemsize()),
-    );
-    let load = |e: &str| {
-        let value = from_storage(d, e);
-        match compute_type(d) == at {
-            true => value,
-            false => format!("({at}){value}"),
+/// What the sources of a slice a block share: dtype `d` in vectors of `v` elements, stored as
+/// `st`, added in `at`, moved as `vt`.
+struct Slice {
+    d: DType,
+    v: usize,
+    st: &'static str,
+    at: &'static str,
+    vt: &'static str,
+}
+
+impl Slice {
+    fn new(d: DType, v: usize) -> Slice {
+        Slice {
+            d,
+            v,
+            st: storage_type(d),
+            at: compute_type(d.accumulator()),
+            vt: vector_type(v * d.itemsize()),
         }
-    };
-    let (t, warps) = (THREADS, THREADS / 32);
-    // The channel's statistics rounded to the dtype, or the slice's kept for the merge.
-    let (ot, store): (&str, &dyn Fn(&str) -> String) = match sig.stage {
-        Stage::Whole => (st, &|v: &str| to_storage(d, v)),
-        _ => (at, &|v: &str| v.to_string()),
-    };
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "extern \"C\" __global__ void __launch_bounds__({t}) strata_channel_moments(const Args<{WORDS}> p) {{
+    }
+
+    /// An element `e` of the dtype as a value of the accumulation type.
+    fn load(&self, e: &str) -> String {
+        let value = from_storage(self.d, e);
+        match compute_type(self.d) == self.at {
+            true => value,
+            false => format!("({}){value}", self.at),
+        }
+    }
+
+    /// The outputs' type at `stage`: the channel's values rounded to the dtype, or the slice's
+    /// kept for the merge.
+    fn output(&self, stage: Stage) -> &'static str {
+        match stage {
+            Stage::Whole => self.st,
+            _ => self.at,
+        }
+    }
+
+    /// Value `v` as stored at `stage`.
+    fn store(&self, stage: Stage, v: &str) -> String {
+        match stage {
+            Stage::Whole => to_storage(self.d, v),
+            _ => v.to_string(),
+        }
+    }
+
+    /// The entry `name` taking `words` words: the sizes, `pointers` (its lines), the block's
+    /// channel and slice, the thread's place, and the run `o` and offset `i` of its first
+    /// vector with the step between its vectors.
+    fn open(&self, name: &str, words: usize, pointers: &str) -> String {
+        let (t, v, st, vt) = (THREADS, self.v, self.st, self.vt);
+        format!(
+            "extern \"C\" __global__ void __launch_bounds__({t}) {name}(const Args<{words}> p) {{
   const i64 channels = (i64)p.w[0], inner = (i64)p.w[1], count = (i64)p.w[2], parts = (i64)p.w[3];
-  const {st}* x = (const {st}*)p.w[4];
-  {ot}* means = ({ot}*)p.w[5];
-  {ot}* vars = ({ot}*)p.w[6];
-  const i64 b = blockIdx.x, c = b / parts, part = b - c * parts;
+{pointers}  const i64 b = blockIdx.x, c = b / parts, part = b - c * parts;
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   typedef union {{ {vt} v; {st} e[{v}]; }} Vec;
   // The thread's next vector starts at value j of the channel: run o, offset i.
@@ -98,9 +123,29 @@ pub(crate) fn source(sig: &MomentsSig) -> String {
   const i64 j = part * count + (i64)t * {v};
   i64 o = j / inner, i = j - o * inner;
   const i64 vectors = count / {v};
-  {at} n = 0, m = 0, q = 0;
-  i64 k = t;"
+"
+        )
+    }
+}
+
+/// The CUDA C source of a slice a block ([`Stage::Whole`], [`Stage::Slices`]), named
+/// `strata_channel_moments`.
+pub(crate) fn source(sig: &MomentsSig) -> String {
+    let slice = Slice::new(sig.dtype, sig.vector);
+    let (at, vt, v) = (slice.at, slice.vt, slice.v);
+    let load = |e: &str| slice.load(e);
+    let (t, warps) = (THREADS, THREADS / 32);
+    let ot = slice.output(sig.stage);
+    let store = |v: &str| slice.store(sig.stage, v);
+    let mut s = slice.open(
+        "strata_channel_moments",
+        WORDS,
+        &format!(
+            "  const {st}* x = (const {st}*)p.w[4];\n  {ot}* means = ({ot}*)p.w[5];\n  {ot}* vars = ({ot}*)p.w[6];\n",
+            st = slice.st
+        ),
     );
+    let _ = writeln!(s, "  {at} n = 0, m = 0, q = 0;\n  i64 k = t;");
     // `r` vectors loaded into `into`, the place advancing past each.
     let load_round = |s: &mut String, into: &str, r: usize| {
         let _ = writeln!(s, "#pragma unroll\n    for (int r = 0; r < {r}; r++) {{\n      {into}[r].v = *(const {vt}*)(x + (o * channels + c) * inner + i);\n      i += step_i; o += step_o;\n      if (i >= inner) {{ i -= inner; o++; }}\n    }}");
@@ -232,41 +277,21 @@ pub(crate) const GRAD_WORDS: usize = 10;
 /// `g·(x − mean)` over its vectors of `x` and `g` (read at the same places), the block adds
 /// the threads', and thread 0 stores `Σg` and `Σg·(x − mean)·rstd`.
 pub(crate) fn grad_source(sig: &GradSumsSig) -> String {
-    let (d, v) = (sig.dtype, sig.vector);
-    let (st, at, vt) = (
-        storage_type(d),
-        compute_type(d.accumulator()),
-        vector_type(v * d.itemsize()),
-    );
-    let load = |e: &str| {
-        let value = from_storage(d, e);
-        match compute_type(d) == at {
-            true => value,
-            false => format!("({at}){value}"),
-        }
-    };
+    let slice = Slice::new(sig.dtype, sig.vector);
+    let (st, at, vt, v) = (slice.st, slice.at, slice.vt, slice.v);
+    let load = |e: &str| slice.load(e);
     let (t, warps) = (THREADS, THREADS / 32);
-    let (ot, store): (&str, &dyn Fn(&str) -> String) = match sig.stage {
-        Stage::Whole => (st, &|v: &str| to_storage(d, v)),
-        _ => (at, &|v: &str| v.to_string()),
-    };
+    let ot = slice.output(sig.stage);
+    let store = |v: &str| slice.store(sig.stage, v);
+    let open = slice.open(
+        "strata_channel_grad_sums",
+        GRAD_WORDS,
+        &format!(
+            "  const {st}* x = (const {st}*)p.w[4];\n  const {st}* g = (const {st}*)p.w[5];\n  const {st}* mean = (const {st}*)p.w[6];\n  const {st}* rstd = (const {st}*)p.w[7];\n  {ot}* sums_g = ({ot}*)p.w[8];\n  {ot}* sums_gx = ({ot}*)p.w[9];\n"
+        ),
+    );
     format!(
-        "extern \"C\" __global__ void __launch_bounds__({t}) strata_channel_grad_sums(const Args<{GRAD_WORDS}> p) {{
-  const i64 channels = (i64)p.w[0], inner = (i64)p.w[1], count = (i64)p.w[2], parts = (i64)p.w[3];
-  const {st}* x = (const {st}*)p.w[4];
-  const {st}* g = (const {st}*)p.w[5];
-  const {st}* mean = (const {st}*)p.w[6];
-  const {st}* rstd = (const {st}*)p.w[7];
-  {ot}* sums_g = ({ot}*)p.w[8];
-  {ot}* sums_gx = ({ot}*)p.w[9];
-  const i64 b = blockIdx.x, c = b / parts, part = b - c * parts;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  typedef union {{ {vt} v; {st} e[{v}]; }} Vec;
-  const i64 step = (i64){t} * {v}, step_o = step / inner, step_i = step - step_o * inner;
-  const i64 j = part * count + (i64)t * {v};
-  i64 o = j / inner, i = j - o * inner;
-  const i64 vectors = count / {v};
-  const {at} mc = {};
+        "{open}  const {at} mc = {};
   {at} sg = 0, sgx = 0;
 #pragma unroll 4
   for (i64 k = t; k < vectors; k += {t}) {{
