@@ -87,6 +87,7 @@ pub struct WgpuBackend {
     layer_norms: PipelineCache<render::layer_norm::LayerNormSig>,
     layer_norm_forwards: PipelineCache<render::layer_norm::LayerNormForwardSig>,
     moments: PipelineCache<render::moments::MomentsSig>,
+    grad_sums: PipelineCache<render::moments::GradSumsSig>,
     staged: PipelineCache<render::staged::StagedSig>,
     /// What core's planners and fusion know of this adapter.
     target: Target,
@@ -191,8 +192,8 @@ impl WgpuBackend {
             layer_norm_dtypes: &[DType::F32],
             // (f32: scalar loads, every operand bound whole.)
             channel_moments_dtypes: &[DType::F32],
-            // Not rendered yet: batch norm's backward takes two reductions.
-            channel_sums_dtypes: &[],
+            // (The same: f32, scalar loads, bound whole.)
+            channel_sums_dtypes: &[DType::F32],
             // WGSL's atomics are 32-bit: u32 counts, f32 sums by compare-and-swap.
             histogram_accumulators: &[DType::U32, DType::F32],
             // Measured through NVIDIA's Vulkan driver (H200, 8192³): the half kernel ran at half
@@ -226,6 +227,7 @@ impl WgpuBackend {
             layer_norms: PipelineCache::default(),
             layer_norm_forwards: PipelineCache::default(),
             moments: PipelineCache::default(),
+            grad_sums: PipelineCache::default(),
             staged: PipelineCache::default(),
         })
     }
@@ -282,6 +284,7 @@ impl WgpuBackend {
             + self.layer_norms.len()
             + self.layer_norm_forwards.len()
             + self.moments.len()
+            + self.grad_sums.len()
             + self.staged.len()
     }
 

@@ -62,7 +62,7 @@ pub(super) fn channel_statistics(x: &Tensor) -> Result<Option<(Tensor, Tensor)>>
 /// each `[1, C, 1, …]` in `x`'s dtype, from one read of `x` and `g`; `None` where the backend
 /// does not run the kernel for the dtype, `g` is not of `x`'s shape and dtype or either is not
 /// contiguous (a broadcast `g` costs the reductions nothing to read), the runs of positions are
-/// shorter than [`SHORTEST_RUN`], or a binding would not hold them.
+/// shorter than [`SHORTEST_RUN`], or a binding would not hold them or their six tensors.
 pub(super) fn channel_grad_sums(
     x: &Tensor,
     g: &Tensor,
@@ -74,7 +74,11 @@ pub(super) fn channel_grad_sums(
         return Ok(None);
     };
     let (shape, d) = (x.shape(), x.dtype());
-    if g.shape() != shape || [g, mean, rstd].iter().any(|t| t.dtype() != d) || !g.is_contiguous() {
+    if g.shape() != shape
+        || [g, mean, rstd].iter().any(|t| t.dtype() != d)
+        || !g.is_contiguous()
+        || !target.binds(6)
+    {
         return Ok(None);
     }
     let dev = x.device();

@@ -439,7 +439,8 @@ fn every_layer_norm_forward_variant_validates() {
     }
 }
 
-/// Channel moments: each stage (one slice a channel, slices into scratch, their merge).
+/// Channel moments and batch norm's backward sums: each stage (one slice a channel, slices
+/// into scratch, their merge).
 #[test]
 fn every_channel_moments_variant_validates() {
     for stage in [
@@ -450,6 +451,10 @@ fn every_channel_moments_variant_validates() {
         for (caps, targets) in caps_for(&[DType::F32]) {
             check(
                 &moments::source(&moments::MomentsSig { stage }, caps),
+                targets,
+            );
+            check(
+                &moments::grad_source(&moments::GradSumsSig { stage }, caps),
                 targets,
             );
         }

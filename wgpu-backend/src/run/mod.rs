@@ -19,7 +19,7 @@ use crate::launch::{operand_info, raw, Binding};
 use crate::render::conv::ConvSig;
 use crate::render::histogram::HistogramSig;
 use crate::render::layer_norm::{LayerNormForwardSig, LayerNormSig};
-use crate::render::moments::MomentsSig;
+use crate::render::moments::{GradSumsSig, MomentsSig};
 use crate::render::softmax::SoftmaxSig;
 use crate::render::staged::StagedSig;
 use crate::render::{self, prelude};
@@ -77,6 +77,7 @@ pub(crate) enum Sig<'k> {
     LayerNorm(LayerNormSig),
     LayerNormForward(LayerNormForwardSig),
     Moments(MomentsSig),
+    GradSums(GradSumsSig),
     Staged(StagedSig),
     Conv(ConvSig),
 }
@@ -96,6 +97,7 @@ impl Sig<'_> {
             Sig::LayerNorm(_) => "strata_layer_norm_backward",
             Sig::LayerNormForward(_) => "strata_layer_norm",
             Sig::Moments(_) => "strata_channel_moments",
+            Sig::GradSums(_) => "strata_channel_grad_sums",
             Sig::Conv(ConvSig {
                 sum_partials: true, ..
             }) => "strata_conv_sum",
@@ -184,10 +186,7 @@ impl WgpuBackend {
                 self.layer_norm_steps(*weight, *columns, args)
             }
             Kernel::ChannelMoments => self.moments_steps(args),
-            // (Target::channel_sums_dtypes is empty: core takes two reductions.)
-            Kernel::ChannelGradSums => Err(Error::Unsupported(
-                "wgpu does not run batch norm's backward sums as one kernel".into(),
-            )),
+            Kernel::ChannelGradSums => self.grad_sums_steps(args),
         }
     }
 
@@ -266,6 +265,10 @@ impl WgpuBackend {
             Sig::Moments(sig) => self.moments.get(sig, |sig| {
                 self.gpu
                     .pipeline(&render::moments::source(sig, caps), sig.bindings())
+            }),
+            Sig::GradSums(sig) => self.grad_sums.get(sig, |sig| {
+                self.gpu
+                    .pipeline(&render::moments::grad_source(sig, caps), sig.bindings())
             }),
             Sig::LayerNorm(sig) => self.layer_norms.get(sig, |sig| {
                 let bindings = 5 + 2 * sig.columns as usize + sig.weight as usize;
