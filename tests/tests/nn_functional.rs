@@ -10,6 +10,7 @@ use strata::nn::functional::{
     nll_loss, nll_loss_with, one_hot, ClassLoss, Reduction, RunningStats,
 };
 use strata::prelude::*;
+use strata::RecordKind;
 use strata_tests::test_device;
 
 fn close(got: &[f64], want: &[f64], tol: f64, what: &str) {
@@ -1029,6 +1030,52 @@ fn windows(dev: &Device) -> Result<()> {
         }
     }
     assert!(max_pool2d(&x, [2, 2], [1, 1], [2, 2]).is_err());
+
+    // A window of -inf values takes its first real cell, never a padding cell (PyTorch's
+    // index); the backward adds each gradient there without reading back to the host.
+    let (h, w) = (3usize, 4usize);
+    let mut xs = vec![f64::NEG_INFINITY; h * w];
+    xs[5] = 1.0;
+    let x = Tensor::from_slice(&xs, [1, 1, h, w], dev)?.requires_grad_(true)?;
+    let (v, idx) = max_pool2d(&x, [2, 2], [1, 1], [1, 1])?;
+    let iv = idx.to_vec::<i64>()?;
+    let mut counts = vec![0.0; h * w];
+    for a in 0..=h {
+        for b in 0..=w {
+            let mut best: Option<(f64, usize)> = None;
+            for (i, j) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                let (r, c) = ((a + i).wrapping_sub(1), (b + j).wrapping_sub(1));
+                if r >= h || c >= w {
+                    continue;
+                }
+                let val = xs[r * w + c];
+                if best.is_none_or(|(bv, _)| val > bv) {
+                    best = Some((val, r * w + c));
+                }
+            }
+            let at = best.expect("a real cell in every window").1;
+            assert_eq!(iv[a * (w + 1) + b], at as i64, "-inf window ({a}, {b})");
+            counts[at] += 1.0;
+        }
+    }
+    dev.flush()?;
+    let backward = dev.profile(|| v.sum(Axes::All, false)?.backward())?;
+    let reads = backward
+        .records
+        .iter()
+        .filter(|r| matches!(r.kind, RecordKind::Download | RecordKind::Synchronize))
+        .count();
+    assert_eq!(reads, 0, "max_pool2d's backward read back:\n{backward}");
+    assert_eq!(values(&x.grad().expect("a gradient"))?, counts);
+    // Indices written after the forward pass are not trusted: the backward refuses them.
+    let (v, idx) = max_pool2d(&x, [2, 2], [1, 1], [1, 1])?;
+    let everywhere = Tensor::ones(idx.shape().to_vec(), DType::Bool, dev)?;
+    idx.masked_fill_(&everywhere, 1000)?;
+    let err = v
+        .sum(Axes::All, false)?
+        .backward()
+        .expect_err("a written index");
+    assert!(err.to_string().contains("MaxPool2dBackward"), "{err}");
 
     // Gradients against finite differences (distinct values, so the max is unique).
     gradcheck(

@@ -9,6 +9,7 @@
 //! a pooling an elementwise max or sum over the offsets (one fused kernel); their gradients
 //! come from those ops (max pooling's is one scatter to the indices its forward pass found).
 
+use crate::assign::Value;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::ops::Axes;
@@ -326,12 +327,18 @@ pub fn max_pool2d(
     let [n, c, h, w] = nchw(input, "max_pool2d")?;
     let cells = index.numel() / (n * c).max(1);
     let at = index.reshape([n, c, cells])?;
-    let saved = vec![(index.shape().to_vec(), DType::I64)];
-    let values = crate::autograd::record("MaxPool2dBackward", &[input], values, saved, move |g| {
-        let grad = Tensor::zeros([n, c, h * w], g.dtype(), g.device())?;
-        grad.scatter_add_(2, &at, g.reshape([n, c, cells])?)?;
-        Ok(vec![Some(grad.reshape([n, c, h, w])?)])
-    });
+    let saved = crate::autograd::graph::Saved::new(&at, "MaxPool2dBackward");
+    let described = vec![saved.describe()];
+    let values =
+        crate::autograd::record("MaxPool2dBackward", &[input], values, described, move |g| {
+            let grad = Tensor::zeros([n, c, h * w], g.dtype(), g.device())?;
+            // The forward's own indices, each inside its plane (`max_windows`), unwritten
+            // since (`Saved`): no check, which would read back to the host mid-backward.
+            let at = saved.get()?;
+            let g = Value::Tensor(g.reshape([n, c, cells])?);
+            grad.scatter_in_range(2, at, g, true, "max_pool2d's backward")?;
+            Ok(vec![Some(grad.reshape([n, c, h, w])?)])
+        });
     Ok((values, index))
 }
 
@@ -349,7 +356,7 @@ fn max_windows(
             input.dtype()
         )));
     }
-    let [_, _, _, w] = nchw(input, "max_pool2d")?;
+    let [_, _, h, w] = nchw(input, "max_pool2d")?;
     let pads = [
         (padding[0] as isize, padding[0] as isize),
         (padding[1] as isize, padding[1] as isize),
@@ -366,27 +373,46 @@ fn max_windows(
         .sub(padding[1] as i64)?
         .reshape([1, out[1]])?;
     let corner = rows.mul(w as i64)?.add(&cols)?;
-    let mut best: Option<(Tensor, Tensor)> = None;
+    // With padding, which cells of the padded plane are the input's: a padding cell never
+    // wins over one of them, so a window whose values are all -inf picks its first real
+    // position (as PyTorch), and every index lies in the plane (each window holds a real
+    // cell: the padding is at most half the kernel).
+    let inside = match padding != [0, 0] {
+        true => Some(Tensor::ones([1, 1, h, w], DType::Bool, dev)?.pad(&pads, false)?),
+        false => None,
+    };
+    let mut best: Option<(Tensor, Tensor, Option<Tensor>)> = None;
     for i in 0..kernel[0] {
         for j in 0..kernel[1] {
             let v = offset_view(&padded, (i, j), stride, [1, 1], out)?;
             let at = corner.add((i * w + j) as i64)?;
+            let real = match &inside {
+                Some(m) => Some(offset_view(m, (i, j), stride, [1, 1], out)?),
+                None => None,
+            };
             best = Some(match best {
                 None => {
                     let at = at.expand(v.shape().to_vec())?;
-                    (v, at)
+                    (v, at, real)
                 }
-                Some((b, bi)) => {
-                    let better = v.gt(&b)?.logical_or(&v.isnan()?)?;
+                Some((b, bi, b_real)) => {
+                    let mut better = v.gt(&b)?.logical_or(&v.isnan()?)?;
+                    let mut now_real = None;
+                    if let (Some(r), Some(br)) = (&real, &b_real) {
+                        better = better.logical_or(&r.logical_and(&br.logical_not()?)?)?;
+                        now_real = Some(Tensor::where_cond(&better, r, br)?);
+                    }
                     (
                         Tensor::where_cond(&better, &v, &b)?,
                         Tensor::where_cond(&better, &at, &bi)?,
+                        now_real,
                     )
                 }
             });
         }
     }
-    let (values, index) = best.ok_or_else(|| Error::Shape("max_pool2d: an empty kernel".into()))?;
+    let (values, index, _) =
+        best.ok_or_else(|| Error::Shape("max_pool2d: an empty kernel".into()))?;
     Ok((values, index.contiguous()?))
 }
 

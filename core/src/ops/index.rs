@@ -421,8 +421,9 @@ impl Tensor {
     }
 
     /// The scatter kernel along axis `a` over `idx`, an i64 index whose values lie in
-    /// `0..self.shape()[a]` and whose shape fits `self` off `a`: checked by the caller.
-    fn scatter_in_range(
+    /// `0..self.shape()[a]` and whose shape fits `self` off `a`: checked by the caller (or
+    /// made so by the op that produced `idx`: the kernel does not check).
+    pub(crate) fn scatter_in_range(
         &self,
         a: usize,
         idx: &Tensor,
