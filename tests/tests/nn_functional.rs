@@ -1192,6 +1192,19 @@ fn one_kernel_a_pass(dev: &Device, shape: [usize; 4], kshape: [usize; 4]) -> Res
         2,
         "conv2d backward of {what}:\n{backward}"
     );
+    // cuDNN runs each pass as a graph whose plan was built once (not the legacy calls, which
+    // rebuild it at every call), unless told otherwise.
+    let graphs = std::env::var("STRATA_CUDNN_GRAPH").map_or(true, |v| v != "0");
+    for r in forward.device_work().chain(backward.device_work()) {
+        if graphs && r.name.starts_with("cuDNN") {
+            let launch = r.launch.as_deref().unwrap_or("");
+            assert!(
+                launch.contains("(cuDNN graph"),
+                "{what}: {} ran {launch}",
+                r.name
+            );
+        }
+    }
     // cuDNN picks each pass's algorithm by timing its candidates: a Winograd one, whose f32
     // error is about 1e-4 of the values, wins some runs (seen on an H200: 8.6e-5).
     let tol = match dev.kind() {

@@ -1,12 +1,17 @@
 //! cuDNN for convolutions: the library loaded at run time (like cuBLAS), one handle per device
-//! made at the first convolution, and one plan per convolution shape (descriptors, the
-//! algorithm chosen by the rules below, its workspace size), kept for the device's life. `STRATA_CUDNN=0` turns cuDNN off: core then
-//! composes `conv2d` from matmuls.
+//! made at the first convolution, and one plan per convolution shape, kept for the device's
+//! life: the convolution as a cuDNN graph with its execution plan built once ([`graph`]), run
+//! where the operands are 16-byte aligned, and the legacy API's descriptors and algorithm
+//! (chosen by the rules below) for the calls whose operands are not, or where no graph plan
+//! qualifies (`STRATA_CUDNN_GRAPH=0`: always). `STRATA_CUDNN=0` turns cuDNN off: strata's own
+//! implicit-GEMM kernels run the convolutions.
 //!
 //! f32 runs without TF32 unless the device opted in (`set_allow_tf32`), 16-bit floats
-//! accumulate in f32 on tensor cores, f64 in f64; the algorithm is the fastest of cuDNN's
-//! candidates, timed at the shape's first call (see [`benchmarks`]), whose workspace is at most
-//! [`MAX_WORKSPACE`] bytes.
+//! accumulate in f32 on tensor cores, f64 in f64; the legacy algorithm is the fastest of
+//! cuDNN's candidates, timed at the shape's first call (see [`benchmarks`]), whose workspace is
+//! at most [`MAX_WORKSPACE`] bytes.
+
+mod graph;
 
 use crate::driver::Raw;
 use cudarc::cudnn::sys as dn;
@@ -54,6 +59,8 @@ pub(crate) struct ConvPlan {
     pub workspace: usize,
     /// The algorithm and math type, for the profiler.
     pub algo_name: String,
+    /// The same convolution as a cuDNN graph, run where the operands are aligned for it.
+    graph: Option<graph::GraphPlan>,
     /// The shape it was made for.
     pub key: ConvKey,
 }
@@ -187,6 +194,7 @@ impl Dnn {
             algo: Algo::Forward(dn::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_GEMM),
             workspace: 0,
             algo_name: String::new(),
+            graph: None,
             key: *key,
         };
         let h = handle.0;
@@ -272,6 +280,21 @@ impl Dnn {
             plan.algo_name = format!("{algo:?}, {math:?}");
             plan.algo = algo;
             plan.workspace = workspace;
+            // Where the graph cannot be built the legacy calls run the shape (the profiler
+            // says why).
+            if graphs() {
+                match graph::build(h, key, data, compute) {
+                    Ok(g) => {
+                        plan.workspace = plan.workspace.max(g.workspace);
+                        plan.algo_name = format!(
+                            "engine {} (cuDNN graph; unaligned operands: {})",
+                            g.engine, plan.algo_name
+                        );
+                        plan.graph = Some(g);
+                    }
+                    Err(e) => plan.algo_name = format!("{} (no cuDNN graph: {e})", plan.algo_name),
+                }
+            }
         }
         Ok(plan)
     }
@@ -292,6 +315,14 @@ impl Dnn {
                 &zero32 as *const f32 as *const std::ffi::c_void,
             )
         };
+        if let Some(g) = &p.graph {
+            if graph::aligned(&[call.x, call.w, call.y, workspace]) {
+                // SAFETY: as below; the plan was built for this shape on this handle.
+                return unsafe {
+                    graph::execute(handle.0, g, [call.x, call.w, call.y], workspace, stream)
+                };
+            }
+        }
         let ptr = |a: u64| a as *mut std::ffi::c_void;
         let ws = ptr(workspace);
         // SAFETY: the handle is live and used under its lock; the plan's descriptors describe
@@ -371,6 +402,12 @@ impl Drop for Dnn {
 /// which costs nothing at a shape's first call but ran up to 1.8× slower on an H200.
 fn benchmarks() -> bool {
     std::env::var("STRATA_CUDNN_BENCHMARK").map_or(true, |v| v != "0")
+}
+
+/// True when a shape's convolution runs as a cuDNN graph with its plan built once (the
+/// default); `STRATA_CUDNN_GRAPH=0` runs the legacy calls, which rebuild it at every call.
+fn graphs() -> bool {
+    std::env::var("STRATA_CUDNN_GRAPH").map_or(true, |v| v != "0")
 }
 
 /// How many ranked algorithms to ask cuDNN for.
