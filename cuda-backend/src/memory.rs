@@ -47,11 +47,6 @@ fn size_class(bytes: usize) -> usize {
     }
 }
 
-/// Whether a block of `class` may wait in the host-side cache (every class but 0).
-fn cacheable(class: usize) -> bool {
-    class > 0
-}
-
 impl Memory {
     /// Takes the device's default pool and raises its release threshold to "never".
     pub(crate) fn new(gpu: Arc<Gpu>) -> Result<Memory> {
@@ -91,9 +86,9 @@ impl Memory {
         let s = self.gpu.stream(stream)?;
         let class = size_class(bytes);
         let mut ptr = 0;
-        let reused = match cacheable(class) {
-            true => self.take_cached(stream, class),
-            false => None,
+        let reused = match class {
+            0 => None,
+            _ => self.take_cached(stream, class),
         };
         if let Some(p) = reused {
             ptr = p;
@@ -155,7 +150,7 @@ impl Memory {
 
     /// Keeps a freed block for reuse on `stream`; `false` when the cache is full.
     fn keep(&self, stream: StreamId, class: usize, ptr: u64) -> bool {
-        if !cacheable(class) {
+        if class == 0 {
             return false;
         }
         if self.cached_bytes.fetch_add(class, Ordering::Relaxed) + class > CACHE_LIMIT {

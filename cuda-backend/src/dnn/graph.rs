@@ -73,43 +73,37 @@ impl Desc {
         Ok(self)
     }
 
+    /// Reads up to `n` elements of attribute `name` (of type `ty`) into `out`: how many it
+    /// holds (at most `n` were written).
+    ///
+    /// # Safety
+    /// `out` has room for `n` elements of `ty` (null where `n` is 0).
+    unsafe fn get(&self, name: A, ty: T, n: usize, out: *mut c_void) -> Result<usize> {
+        let mut got = 0i64;
+        check(
+            dn::cudnnBackendGetAttribute(self.0, name, ty, n as i64, &mut got, out),
+            &format!("cudnnBackendGetAttribute({name:?})"),
+        )?;
+        Ok(got.max(0) as usize)
+    }
+
     /// Attribute `name`'s descriptors (up to `n`), each made of kind `kind`.
     fn descriptors(&self, name: A, kind: D, n: usize) -> Result<Vec<Desc>> {
-        let made = (0..n)
+        let mut made = (0..n)
             .map(|_| Desc::new(kind))
             .collect::<Result<Vec<_>>>()?;
         let mut raw: Vec<dn::cudnnBackendDescriptor_t> = made.iter().map(|d| d.0).collect();
-        let mut got = 0i64;
+        let desc = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         // SAFETY: `raw` holds `n` live descriptors of the attribute's kind to fill.
-        check(
-            unsafe {
-                dn::cudnnBackendGetAttribute(
-                    self.0,
-                    name,
-                    T::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                    n as i64,
-                    &mut got,
-                    raw.as_mut_ptr() as *mut c_void,
-                )
-            },
-            &format!("cudnnBackendGetAttribute({name:?})"),
-        )?;
-        let mut made = made;
-        made.truncate(got.clamp(0, n as i64) as usize);
+        let got = unsafe { self.get(name, desc, n, raw.as_mut_ptr() as *mut c_void)? };
+        made.truncate(got.min(n));
         Ok(made)
     }
 
     /// How many elements attribute `name` (of type `ty`) holds.
     fn count(&self, name: A, ty: T) -> Result<usize> {
-        let mut got = 0i64;
-        // SAFETY: a count query writes only `got`.
-        check(
-            unsafe {
-                dn::cudnnBackendGetAttribute(self.0, name, ty, 0, &mut got, std::ptr::null_mut())
-            },
-            &format!("cudnnBackendGetAttribute({name:?})"),
-        )?;
-        Ok(got.max(0) as usize)
+        // SAFETY: a count query writes nothing.
+        unsafe { self.get(name, ty, 0, std::ptr::null_mut()) }
     }
 
     /// The plain values of attribute `name` (as `W`, the size of its type `ty`): all of
@@ -124,22 +118,9 @@ impl Desc {
             return Ok(Vec::new());
         }
         let mut out = [W::default(); 16];
-        let mut got = 0i64;
         // SAFETY: `out` has room for `n` elements of the attribute's type (`W` of its size).
-        check(
-            unsafe {
-                dn::cudnnBackendGetAttribute(
-                    self.0,
-                    name,
-                    ty,
-                    n as i64,
-                    &mut got,
-                    out.as_mut_ptr() as *mut c_void,
-                )
-            },
-            &format!("cudnnBackendGetAttribute({name:?})"),
-        )?;
-        Ok(out[..got.clamp(0, n as i64) as usize].to_vec())
+        let got = unsafe { self.get(name, ty, n, out.as_mut_ptr() as *mut c_void)? };
+        Ok(out[..got.min(n)].to_vec())
     }
 }
 

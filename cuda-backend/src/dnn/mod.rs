@@ -303,6 +303,17 @@ impl Dnn {
     pub(crate) fn run(&self, call: &ConvCall, workspace: u64, stream: CUstream) -> Result<()> {
         let handle = self.handle()?.lock_unpoisoned();
         let p = &call.plan;
+        if let Some(g) = &p.graph {
+            if graph::aligned(&[call.x, call.w, call.y, workspace]) {
+                // SAFETY: the handle is live and used under its lock; the operands are the
+                // contiguous ones core allocated, the workspace a scratch buffer of the plan's
+                // size alive until the call is enqueued; the plan was built for this shape on
+                // this handle.
+                return unsafe {
+                    graph::execute(handle.0, g, [call.x, call.w, call.y], workspace, stream)
+                };
+            }
+        }
         let (one64, zero64, one32, zero32) = (1.0f64, 0.0f64, 1.0f32, 0.0f32);
         let (alpha, beta) = if p.key.dtype == DType::F64 {
             (
@@ -315,14 +326,6 @@ impl Dnn {
                 &zero32 as *const f32 as *const std::ffi::c_void,
             )
         };
-        if let Some(g) = &p.graph {
-            if graph::aligned(&[call.x, call.w, call.y, workspace]) {
-                // SAFETY: as below; the plan was built for this shape on this handle.
-                return unsafe {
-                    graph::execute(handle.0, g, [call.x, call.w, call.y], workspace, stream)
-                };
-            }
-        }
         let ptr = |a: u64| a as *mut std::ffi::c_void;
         let ws = ptr(workspace);
         // SAFETY: the handle is live and used under its lock; the plan's descriptors describe
